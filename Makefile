@@ -1,0 +1,49 @@
+# triton-operator developer entry points. `make test` and `make demo` work from a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: all venv test unit crd crd-check lint cluster-bin cluster cluster-down clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,s3]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+venv: $(STAMP)
+
+## Regenerate the CRD in crds/ from the pydantic models.
+crd: $(STAMP)
+	$(BIN)/triton-operator crd > crds/tritonmodels.yaml
+
+## Architecture contract between layers.
+lint: $(STAMP)
+	$(BIN)/lint-imports
+
+## Build (once, cached by pins) etcd, kube-apiserver, kube-controller-manager, kube-scheduler and helm.
+cluster-bin:
+	@bash e2e/toolchain/build.sh >/dev/null
+
+## Start the local control plane in the background; kubeconfig in .cluster/kubeconfig.
+cluster: $(STAMP) cluster-bin
+	$(BIN)/python -m e2e.cluster up
+
+cluster-down: $(STAMP)
+	$(BIN)/python -m e2e.cluster down
+
+## Every test: unit, real tritonserver, real control plane. Exit code 5 (nothing collected) is a failure.
+test: $(STAMP) cluster-bin lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Fast tests only (no cluster).
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
