@@ -1,0 +1,175 @@
+"""Generates the TritonModel CustomResourceDefinition from the pydantic models.
+
+Pydantic's JSON Schema is turned into a Kubernetes structural schema: `$ref`s
+are inlined, `Optional` unions collapse to their one type, titles go, and
+descriptions, defaults, enums, bounds and CEL `x-kubernetes-validations` stay.
+The output is deterministic, so `crds/` can be diffed in CI.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from . import v1alpha1 as api
+
+_DROP = {"title", "propertyNames", "$defs", "discriminator"}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node.pop("$ref").rsplit("/", 1)[-1]])
+        target.update(node)  # a field's own description/default win over the type's
+        node = target
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express a union in a structural schema: {options}")
+        merged = dict(options[0])
+        merged.update(node)
+        if merged.get("default", 0) is None:
+            del merged["default"]
+        return _resolve(merged, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {k: _resolve(v, defs) for k, v in value.items()}
+        elif key == "patternProperties":
+            out[key] = {k: _resolve(v, defs) for k, v in value.items()}
+        elif key in ("items", "additionalProperties"):
+            out[key] = _resolve(value, defs) if isinstance(value, dict) else value
+        else:
+            out[key] = _resolve(value, defs)
+    return out
+
+
+def _structural(node: Any) -> Any:
+    """Finish a resolved schema: object rules Kubernetes requires, no empty defaults."""
+    if isinstance(node, list):
+        return [_structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _structural(v) for k, v in node.items()}
+    if "patternProperties" in node:  # dict keys with a pattern: the key rule lives in CEL or the validator
+        (value,) = node.pop("patternProperties").values()
+        node["additionalProperties"] = value
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        node.pop("additionalProperties", None)
+        node["type"] = "object"
+    if node.get("additionalProperties") is False:
+        del node["additionalProperties"]  # pruning already drops unknown fields
+    if node.get("additionalProperties") is True or node.get("additionalProperties") == {}:
+        node.pop("additionalProperties")
+        node["x-kubernetes-preserve-unknown-fields"] = True
+    if "maxLength" in node and node.get("type") == "object":
+        node["maxProperties"] = node.pop("maxLength")
+    if "minLength" in node and node.get("type") == "object":
+        node["minProperties"] = node.pop("minLength")
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("type") == "array" and "items" not in node:
+        node["items"] = {"type": "string"}
+    return node
+
+
+def schema_of(model: type[api.BaseModel]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.get("$defs", {})
+    return _structural(_resolve(raw, defs))
+
+
+def openapi_schema() -> dict[str, Any]:
+    spec = schema_of(api.TritonModelSpec)
+    status = schema_of(api.TritonModelStatus)
+    spec["description"] = "Desired state of a Triton model and the replicas that serve it."
+    status["description"] = "Observed state, written by the operator."
+    return {
+        "type": "object",
+        "description": (
+            "A Triton Inference Server model, declared: how it batches, caches, streams and warms up, and "
+            "the GPU replicas that serve it. Traffic reaches a replica only once it has loaded exactly this "
+            "config and finished warm-up."
+        ),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
+            "kind": {"type": "string", "description": "Kind of this object."},
+            "metadata": {
+                "type": "object",
+                "x-kubernetes-validations": [
+                    {
+                        "rule": "self.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.name) <= 63",
+                        "message": "metadata.name must be a DNS label (lowercase letters, digits, '-'; at most 63)",
+                    }
+                ],
+            },
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{api.PLURAL}.{api.GROUP}",
+            "labels": {"app.kubernetes.io/name": "triton-operator", "app.kubernetes.io/part-of": "triton-operator"},
+        },
+        "spec": {
+            "group": api.GROUP,
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": list(api.SHORT_NAMES),
+                "categories": ["triton", "all"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": [
+                        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+                        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+                        {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
+                        {"name": "Warmed", "type": "integer", "jsonPath": ".status.warmedReplicas"},
+                        {
+                            "name": "Reason",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+                        },
+                        {"name": "Digest", "type": "string", "jsonPath": ".status.configDigest", "priority": 1},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `triton-operator crd` from operator/triton_operator/api; do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=True, width=120)

@@ -1,0 +1,624 @@
+"""The TritonModel API, version v1alpha1: the single source of the CRD.
+
+Field names are PyTriton's ModelConfig names in camelCase; the `description`
+of each field is what `kubectl explain` shows. Rules that involve one object
+and that CEL can express live here as `x-kubernetes-validations`, so the API
+server refuses them at `kubectl apply`; `triton_operator.validate` checks the
+same rules (and the ones CEL cannot express) locally with field paths.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+GROUP = "serving.triton-operator.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TritonModel"
+PLURAL = "tritonmodels"
+SINGULAR = "tritonmodel"
+SHORT_NAMES = ["tm", "tmodel"]
+
+#: Pod readiness-gate condition the operator sets once a replica has loaded the desired config and warmed up.
+WARMED_CONDITION = f"{GROUP}/warmed"
+#: `parameters` key carrying the digest of the rendered model repository.
+DIGEST_PARAMETER = "triton-operator.config-digest"
+
+MAX_LIST = 64
+MAX_TENSORS = 128
+MAX_NAME = 253
+
+# A Triton model, tensor or file name: no path separators, no "." or "..".
+ModelNameStr = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+]
+TensorNameStr = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")]
+FileNameStr = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+K8sNameStr = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_NAME, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+]
+QuantityStr = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")]
+Dim = Annotated[int, Field(ge=-1, le=2**31 - 1)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        frozen=True,
+    )
+
+
+class DataType(str, Enum):
+    """Tensor data types by their wire names (what tritonclient calls them)."""
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BF16 = "BF16"
+    BYTES = "BYTES"
+
+
+# ---------------------------------------------------------------- source
+
+
+class Source(_Model):
+    """Where the model's files come from: exactly one of `inline` or `uri`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.inline) != has(self.uri)",
+                    "message": "exactly one of inline or uri must be set",
+                    "fieldPath": ".inline",
+                }
+            ]
+        }
+    )
+
+    inline: dict[FileNameStr, Annotated[str, StringConstraints(max_length=1 << 20)]] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description=(
+            "Files placed in the model's version directory, by file name, e.g. `model.py` for the Python "
+            "backend. Text only; the whole repository must fit in a ConfigMap (1 MiB)."
+        ),
+    )
+    uri: Annotated[str, StringConstraints(max_length=2048, pattern=r"^(https://|pvc://|s3://|gs://)\S+$")] | None = (
+        Field(
+            default=None,
+            description=(
+                "Where the version directory's files are fetched from at pod start: `https://…` (a file, "
+                "or a .tar.gz/.zip archive), `pvc://<claim>/<path>`, `s3://<bucket>/<prefix>` or "
+                "`gs://<bucket>/<prefix>`."
+            ),
+        )
+    )
+    credentials_secret: K8sNameStr | None = Field(
+        default=None,
+        description=(
+            "Name of a Secret in the same namespace holding credentials for `s3://` (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY, optional AWS_ENDPOINT_URL) or `gs://` (`key.json`). Referenced, never copied."
+        ),
+    )
+    warmup_files: dict[FileNameStr, Annotated[str, StringConstraints(max_length=1 << 20)]] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description=(
+            "Binary warm-up data by file name, base64-encoded; placed in `<model>/warmup/` and named by "
+            "`modelWarmup[].inputs[].inputDataFile`."
+        ),
+    )
+
+
+# ---------------------------------------------------------------- tensors
+
+
+class Tensor(_Model):
+    """One model input or output."""
+
+    name: TensorNameStr = Field(description="Tensor name, as the model and clients use it.")
+    data_type: DataType = Field(description="Element type, by wire name (FP32, INT64, BYTES, …).")
+    dims: list[Dim] = Field(
+        max_length=16,
+        description=(
+            "Shape without the batch dimension when the model batches; -1 marks a variable-size dimension."
+        ),
+    )
+    optional: bool = Field(default=False, description="Inputs only: requests may omit this input.")
+    allow_ragged_batch: bool = Field(
+        default=False, description="Inputs only: requests in one batch may have different shapes."
+    )
+    reshape: list[Dim] | None = Field(
+        default=None,
+        max_length=16,
+        description="Shape the backend sees instead of `dims`; must hold the same number of elements.",
+    )
+
+
+# ---------------------------------------------------------------- batching
+
+
+class QueuePolicy(_Model):
+    """How long requests may wait in the batcher's queue, and what happens when they time out."""
+
+    timeout_action: Literal["REJECT", "DELAY"] = Field(
+        default="REJECT", description="On timeout, REJECT the request or DELAY it behind others."
+    )
+    default_timeout_microseconds: int = Field(
+        default=0, ge=0, description="Queue timeout per request; 0 means no timeout."
+    )
+    allow_timeout_override: bool = Field(default=False, description="Requests may set a shorter timeout.")
+    max_queue_size: int = Field(default=0, ge=0, description="Queue capacity; 0 means unbounded.")
+
+
+class DynamicBatcher(_Model):
+    """Triton's dynamic batcher: combines requests into server-side batches."""
+
+    max_queue_delay_microseconds: int = Field(
+        default=0, ge=0, description="How long to wait for a preferred batch size before executing."
+    )
+    preferred_batch_size: list[Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description="Batch sizes to aim for; each must be > 0 and <= maxBatchSize.",
+    )
+    preserve_ordering: bool = Field(default=False, description="Return responses in request order.")
+    priority_levels: int = Field(default=0, ge=0, le=2**31 - 1, description="Number of priority levels; 0 disables priorities.")
+    default_priority_level: int = Field(
+        default=0, ge=0, le=2**31 - 1, description="Priority of requests that set none; in [1, priorityLevels]."
+    )
+    default_queue_policy: QueuePolicy | None = Field(default=None, description="Queue policy of every level by default.")
+    priority_queue_policy: dict[Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")], QueuePolicy] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description="Queue policy per priority level (keys are levels in [1, priorityLevels]).",
+    )
+
+
+class ControlKind(str, Enum):
+    START = "START"
+    END = "END"
+    READY = "READY"
+    CORRID = "CORRID"
+
+
+class SequenceControlInput(_Model):
+    """A control tensor the sequence batcher feeds the model."""
+
+    name: TensorNameStr = Field(description="Input tensor name the model reads the control from.")
+    kind: ControlKind = Field(description="START, END, READY, or CORRID (the correlation ID).")
+    data_type: DataType = Field(
+        default=DataType.INT32,
+        description=(
+            "Type of the control tensor: INT32, FP32 or BOOL for START/END/READY; UINT64, INT64, UINT32, "
+            "INT32 or BYTES for CORRID."
+        ),
+    )
+    false_true: list[float] | None = Field(
+        default=None,
+        max_length=8,
+        description="START/END/READY: the [false, true] values; exactly two entries. Defaults to [0, 1].",
+    )
+
+
+class SequenceState(_Model):
+    """An implicit state tensor carried between requests of one sequence."""
+
+    input_name: TensorNameStr = Field(description="Input name the model reads the state from.")
+    output_name: TensorNameStr = Field(description="Output name the model writes the next state to.")
+    data_type: DataType = Field(description="Element type of the state.")
+    dims: list[Dim] = Field(max_length=16, description="Shape of the state.")
+    zero_initial_state: bool = Field(default=False, description="Start each sequence with a zero-filled state.")
+
+
+class SequenceDirect(_Model):
+    """Direct strategy: each sequence gets a batch slot for its whole life."""
+
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, description="Wait for more slots to fill.")
+    minimum_slot_utilization: float = Field(
+        default=0.0, description="Fraction of slots that must be ready before a batch runs; in [0, 1]."
+    )
+
+
+class SequenceOldest(_Model):
+    """Oldest strategy: the oldest sequences' requests are batched dynamically."""
+
+    max_candidate_sequences: int = Field(default=1, ge=1, description="Sequences considered for each batch.")
+    preferred_batch_size: list[Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]] | None = Field(
+        default=None, max_length=MAX_LIST, description="Batch sizes to aim for; each > 0 and <= maxBatchSize."
+    )
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, description="Wait for a preferred batch size.")
+    preserve_ordering: bool = Field(default=False, description="Return responses in request order.")
+
+
+class SequenceBatcher(_Model):
+    """Triton's sequence batcher, for stateful models: every request of one correlation ID goes to one instance."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!(has(self.direct) && has(self.oldest))", "message": "set at most one of direct or oldest"}
+            ]
+        }
+    )
+
+    direct: SequenceDirect | None = Field(default=None, description="The direct strategy (the default).")
+    oldest: SequenceOldest | None = Field(default=None, description="The oldest-first strategy.")
+    max_sequence_idle_microseconds: int = Field(
+        default=1_000_000, ge=1, description="A sequence idle this long is ended and its slot freed."
+    )
+    control_inputs: list[SequenceControlInput] | None = Field(
+        default=None, max_length=8, description="Control tensors: START, END, READY, CORRID."
+    )
+    state: list[SequenceState] | None = Field(default=None, max_length=16, description="Implicit state tensors.")
+
+
+# ---------------------------------------------------------------- behaviour
+
+
+class WarmupInput(_Model):
+    """Data for one input of a warm-up sample: exactly one of zeroData, randomData, inputDataFile."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.zeroData) && self.zeroData, has(self.randomData) && self.randomData, "
+                    "has(self.inputDataFile)].filter(x, x).size() == 1",
+                    "message": "set exactly one of zeroData: true, randomData: true or inputDataFile",
+                }
+            ]
+        }
+    )
+
+    data_type: DataType = Field(description="Must match the model input's dataType.")
+    dims: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] = Field(
+        max_length=16, description="Concrete shape of the sample (no -1), without the batch dimension."
+    )
+    zero_data: bool | None = Field(default=None, description="Fill with zeros (empty strings for BYTES).")
+    random_data: bool | None = Field(default=None, description="Fill with random data.")
+    input_data_file: FileNameStr | None = Field(
+        default=None, description="Read from `<model>/warmup/<file>` (see `source.warmupFiles`)."
+    )
+
+
+class Warmup(_Model):
+    """One warm-up sample Triton runs on every instance before the model turns READY."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)] = Field(description="Sample name.")
+    batch_size: int = Field(default=1, ge=1, description="Batch size of the sample; <= maxBatchSize, 1 when not batching.")
+    count: int = Field(default=1, ge=1, le=1000, description="How many times the sample runs.")
+    inputs: dict[TensorNameStr, WarmupInput] = Field(
+        max_length=MAX_TENSORS, description="Data for each model input, by input name."
+    )
+
+
+class InstanceGroup(_Model):
+    """Model instances: where they run and how many."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.kind == 'GPU' || !has(self.gpus) || size(self.gpus) == 0",
+                    "message": "gpus may be set only with kind GPU",
+                    "fieldPath": ".gpus",
+                }
+            ]
+        }
+    )
+
+    kind: Literal["GPU", "CPU", "AUTO", "MODEL"] = Field(default="GPU", description="GPU, CPU, AUTO or MODEL.")
+    count: int = Field(default=1, ge=1, le=1024, description="Instances per device (GPU) or in total (CPU).")
+    gpus: list[Annotated[int, Field(ge=0, le=1024)]] | None = Field(
+        default=None, max_length=64, description="GPU indices to place instances on (kind GPU only)."
+    )
+
+
+class EnsembleStep(_Model):
+    """One step of an ensemble: a TritonModel in the same namespace and how tensors flow through it."""
+
+    model: K8sNameStr = Field(description="Name of a TritonModel in the same namespace.")
+    model_version: int = Field(default=-1, ge=-1, description="Version to use; -1 is the latest.")
+    input_map: dict[TensorNameStr, TensorNameStr] = Field(
+        max_length=MAX_TENSORS, description="Step model input name -> ensemble tensor name."
+    )
+    output_map: dict[TensorNameStr, TensorNameStr] = Field(
+        max_length=MAX_TENSORS, description="Step model output name -> ensemble tensor name."
+    )
+
+
+class Ensemble(_Model):
+    """An ensemble's pipeline (with `platform: ensemble`)."""
+
+    steps: list[EnsembleStep] = Field(min_length=1, max_length=MAX_LIST, description="Steps, in any order.")
+
+
+# ---------------------------------------------------------------- deployment
+
+
+class Toleration(_Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Resources(_Model):
+    """Container resources; `nvidia.com/gpu` comes from `server.gpus`."""
+
+    requests: dict[str, QuantityStr] | None = Field(default=None, description="Requested cpu, memory, ….")
+    limits: dict[str, QuantityStr] | None = Field(default=None, description="Limits on cpu, memory, ….")
+
+
+class Server(_Model):
+    """The tritonserver container of each replica."""
+
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
+        default="nvcr.io/nvidia/tritonserver:24.10-py3", description="tritonserver image."
+    )
+    cache_size: QuantityStr = Field(
+        default="64Mi",
+        description="Size of the server's local response cache (used when responseCache is true).",
+    )
+    gpus: int = Field(default=1, ge=0, le=64, description="`nvidia.com/gpu` per replica.")
+    resources: Resources | None = Field(default=None, description="cpu/memory requests and limits.")
+    node_selector: dict[str, str] | None = Field(default=None, description="Node labels replicas must match.")
+    tolerations: list[Toleration] | None = Field(default=None, max_length=32, description="Taints replicas tolerate.")
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes affinity, passed to the pod as is.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    args: list[Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
+        default=None, max_length=64, description="Extra tritonserver arguments, appended as given."
+    )
+    startup_timeout_seconds: int = Field(
+        default=600, ge=10, le=86400, description="How long load plus warm-up may take before the replica restarts."
+    )
+
+
+class WarmupGate(_Model):
+    """The readiness gate that keeps a replica out of the Service until it serves the desired config, warm."""
+
+    enabled: bool = Field(default=True, description="Add the readiness gate to replicas.")
+    poll_interval_milliseconds: int = Field(
+        default=200, ge=50, le=10_000, description="How often a warming replica is checked."
+    )
+
+
+# ---------------------------------------------------------------- the spec
+
+
+class TritonModelSpec(_Model):
+    """Desired state of a Triton model and the replicas that serve it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "has(self.backend) != has(self.platform)", "message": "set exactly one of backend or platform"},
+                {
+                    "rule": "has(self.platform) && self.platform == 'ensemble' ? has(self.ensemble) : !has(self.ensemble)",
+                    "message": "ensemble.steps goes with platform: ensemble, and platform: ensemble needs ensemble.steps",
+                    "fieldPath": ".ensemble",
+                },
+                {
+                    "rule": "!(has(self.platform) && self.platform == 'ensemble' && has(self.batcher))",
+                    "message": "an ensemble cannot have a batcher: Triton's scheduling is a oneof, and ensemble_scheduling "
+                    "takes the place of dynamic_batching (the steps batch on their own)",
+                    "fieldPath": ".batcher",
+                },
+                {
+                    "rule": "!(has(self.platform) && self.platform == 'ensemble' && has(self.sequenceBatcher))",
+                    "message": "an ensemble cannot have a sequenceBatcher: ensemble_scheduling takes its place",
+                    "fieldPath": ".sequenceBatcher",
+                },
+                {
+                    "rule": "!(has(self.batcher) && has(self.sequenceBatcher))",
+                    "message": "set at most one of batcher or sequenceBatcher (Triton's scheduling is a oneof)",
+                    "fieldPath": ".sequenceBatcher",
+                },
+                {
+                    "rule": "!(has(self.platform) && self.platform == 'ensemble') || ((!has(self.instanceGroups) || "
+                    "size(self.instanceGroups) == 0) && (!has(self.modelWarmup) || size(self.modelWarmup) == 0))",
+                    "message": "an ensemble has no instanceGroups or modelWarmup of its own",
+                    "fieldPath": ".platform",
+                },
+                {
+                    "rule": "!(has(self.platform) && self.platform == 'ensemble' && has(self.source))",
+                    "message": "an ensemble has no source: its repository is built from its steps",
+                    "fieldPath": ".source",
+                },
+                {
+                    "rule": "(has(self.platform) && self.platform == 'ensemble') || has(self.source)",
+                    "message": "source is required (inline files or a uri)",
+                    "fieldPath": ".source",
+                },
+                {
+                    "rule": "!self.batching || self.maxBatchSize >= 1",
+                    "message": "maxBatchSize must be >= 1 when batching is true",
+                    "fieldPath": ".maxBatchSize",
+                },
+                {
+                    "rule": "!has(self.batcher) || !has(self.batcher.preferredBatchSize) || "
+                    "self.batcher.preferredBatchSize.all(s, s > 0 && self.batching && s <= self.maxBatchSize)",
+                    "message": "each preferredBatchSize must be > 0 and <= maxBatchSize (and batching must be true)",
+                    "fieldPath": ".batcher.preferredBatchSize",
+                },
+                {
+                    "rule": "!has(self.batcher) || self.batcher.priorityLevels == 0 || "
+                    "(self.batcher.defaultPriorityLevel >= 1 && self.batcher.defaultPriorityLevel <= self.batcher.priorityLevels)",
+                    "message": "defaultPriorityLevel must be in [1, priorityLevels]",
+                    "fieldPath": ".batcher.defaultPriorityLevel",
+                },
+                {
+                    "rule": "!has(self.batcher) || !has(self.batcher.priorityQueuePolicy) || "
+                    "self.batcher.priorityQueuePolicy.all(k, int(k) >= 1 && int(k) <= self.batcher.priorityLevels)",
+                    "message": "every priorityQueuePolicy level must be in [1, priorityLevels]",
+                    "fieldPath": ".batcher.priorityQueuePolicy",
+                },
+                {
+                    "rule": "!has(self.batcher) || !self.batcher.preserveOrdering || self.batcher.priorityLevels <= 1",
+                    "message": "preserveOrdering allows at most one priority level",
+                    "fieldPath": ".batcher.preserveOrdering",
+                },
+                {
+                    "rule": "!(self.responseCache && self.decoupled)",
+                    "message": "responseCache cannot be used with a decoupled model",
+                    "fieldPath": ".responseCache",
+                },
+                {
+                    "rule": "!(self.responseCache && has(self.sequenceBatcher))",
+                    "message": "responseCache cannot be used with sequenceBatcher",
+                    "fieldPath": ".responseCache",
+                },
+                {
+                    "rule": "!has(self.modelWarmup) || self.modelWarmup.all(w, self.batching ? w.batchSize <= self.maxBatchSize : w.batchSize == 1)",
+                    "message": "modelWarmup batchSize must be <= maxBatchSize (exactly 1 when batching is false)",
+                    "fieldPath": ".modelWarmup",
+                },
+            ]
+        }
+    )
+
+    model_name: ModelNameStr | None = Field(
+        default=None, description="The model's name in Triton; defaults to metadata.name."
+    )
+    backend: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")] | None = Field(
+        default=None, description="Triton backend, e.g. python, onnxruntime, pytorch, tensorrt."
+    )
+    platform: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")] | None = Field(
+        default=None, description="Triton platform instead of a backend, e.g. ensemble, onnxruntime_onnx."
+    )
+    source: Source | None = Field(default=None, description="The model's files (not for ensembles).")
+
+    batching: bool = Field(default=True, description="Whether the model accepts batches; false renders max_batch_size: 0.")
+    max_batch_size: int = Field(default=4, ge=0, le=2**31 - 1, description="Largest batch the model accepts.")
+    batcher: DynamicBatcher | None = Field(default=None, description="Enables Triton's dynamic batcher.")
+    sequence_batcher: SequenceBatcher | None = Field(default=None, description="Enables the sequence batcher.")
+
+    inputs: list[Tensor] | None = Field(
+        default=None,
+        max_length=MAX_TENSORS,
+        description="Input tensors.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    outputs: list[Tensor] | None = Field(
+        default=None,
+        max_length=MAX_TENSORS,
+        description="Output tensors.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    decoupled: bool = Field(default=False, description="The model may send zero or many responses per request.")
+    response_cache: bool = Field(
+        default=False, description="Cache responses in the server's local cache (sized by server.cacheSize)."
+    )
+    model_warmup: list[Warmup] | None = Field(
+        default=None, max_length=MAX_LIST, description="Warm-up samples run before the model turns READY."
+    )
+    instance_groups: list[InstanceGroup] | None = Field(
+        default=None, max_length=16, description="Model instances; Triton's default when empty."
+    )
+    parameters: dict[Annotated[str, StringConstraints(min_length=1, max_length=256)], Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+        default=None, max_length=MAX_LIST, description="Backend parameters, string to string."
+    )
+    ensemble: Ensemble | None = Field(default=None, description="Ensemble steps (with platform: ensemble).")
+
+    replicas: int = Field(default=1, ge=0, le=1000, description="Number of Triton replicas.")
+    server: Server = Field(
+        default_factory=Server, description="The tritonserver container.", json_schema_extra={"default": {}}
+    )
+    warmup_gate: WarmupGate = Field(
+        default_factory=WarmupGate, description="Traffic gating on warm-up.", json_schema_extra={"default": {}}
+    )
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.platform == "ensemble"
+
+    @property
+    def effective_max_batch_size(self) -> int:
+        return self.max_batch_size if self.batching else 0
+
+
+# ---------------------------------------------------------------- status
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: int | None = None
+    last_transition_time: str | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class ReplicaState(_Model):
+    pod: str = Field(description="Pod name.")
+    state: Literal["Pending", "Loading", "Warming", "Ready", "Failed"] = Field(description="Replica state.")
+    reason: str | None = Field(default=None, description="Why, in CamelCase.")
+    message: str | None = Field(default=None, description="Triton's own reason on failure.")
+    warmup_seconds: float | None = Field(default=None, description="Observed time from container start to gate True.")
+
+
+class TritonModelStatus(_Model):
+    """Observed state, written by the operator."""
+
+    model_config = ConfigDict(frozen=False)
+
+    observed_generation: int | None = None
+    conditions: list[Condition] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    replicas: int | None = Field(default=None, description="Replicas that exist.")
+    ready_replicas: int | None = Field(default=None, description="Replicas that are Ready (gate included).")
+    warmed_replicas: int | None = Field(default=None, description="Replicas whose gate is True.")
+    config_digest: str | None = Field(default=None, description="Digest of the desired model repository.")
+    selector: str | None = Field(default=None, description="Pod label selector, for the scale subresource.")
+    replica_states: list[ReplicaState] | None = Field(default=None, description="Per-replica state.")
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: K8sNameStr
+    namespace: str | None = None
+
+
+class TritonModel(BaseModel):
+    """A TritonModel as read from YAML or the API server."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    api_version: Literal["serving.triton-operator.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["TritonModel"]
+    metadata: ObjectMeta
+    spec: TritonModelSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def triton_name(self) -> str:
+        return self.spec.model_name or self.metadata.name

@@ -1,0 +1,225 @@
+"""The `triton-operator` command: render, validate, import, crd, and (from the controller) run and fetch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import __version__
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _load_and_check(paths: Sequence[str]):  # type: ignore[no-untyped-def]
+    from ..validate import check_documents, load_paths
+
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        _err(f"error: no such file or directory: {', '.join(missing)}")
+        return None
+    loaded = check_documents(load_paths(paths))
+    if loaded.errors:
+        _err(f"error: {len(loaded.errors)} problem(s) found:")
+        for e in sorted(loaded.errors, key=lambda e: (e.model, e.path)):
+            _err(f"  {e}")
+        return None
+    if not loaded.models:
+        _err("error: no TritonModel documents found")
+        return None
+    return loaded
+
+
+def _write_repository(rendered, out: Path) -> None:  # type: ignore[no-untyped-def]
+    for r in rendered.values():
+        for rel, data in r.files.items():
+            path = out / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from ..render.modelconfig import render_repository
+
+    loaded = _load_and_check(args.paths)
+    if loaded is None:
+        return 1
+    rendered = render_repository([m for _, m in loaded.models], cpu_only=args.cpu)
+    if args.output:
+        out = Path(args.output)
+        _write_repository(rendered, out)
+        _progress(f"Wrote model repository with {len(rendered)} model(s) to {out}")
+    for r in rendered.values():
+        print(f"# {r.name}/config.pbtxt (TritonModel {r.model.name}, digest {r.digest})")
+        print(r.config_pbtxt, end="" if r.config_pbtxt.endswith("\n") else "\n")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from ..render.modelconfig import render_repository
+    from ..triton.client import connect, load_model
+    from ..triton.local import TRITON_VERSION, LocalTritonServer, TritonNotInstalled
+    from ..validate.rules import RULES, quantity_bytes
+
+    loaded = _load_and_check(args.paths)
+    if loaded is None:
+        return 1
+    models = [m for _, m in loaded.models]
+    _progress(f"Validated {len(models)} TritonModel(s): schema and {len(RULES)} rules passed")
+    rendered = render_repository(models, cpu_only=args.cpu)
+    gpu = [m.name for m in models if any(g.kind == "GPU" for g in m.spec.instance_groups or ())]
+    if gpu and not args.cpu:
+        _progress(f"Note: {', '.join(gpu)} ask for KIND_GPU instances; pass --cpu to check them on a machine without GPUs")
+    cache = max((quantity_bytes(m.spec.server.cache_size) for m in models if m.spec.response_cache), default=0)
+    with tempfile.TemporaryDirectory(prefix="triton-validate-") as tmp:
+        repo = Path(tmp) / "models"
+        _write_repository(rendered, repo)
+        server = LocalTritonServer(model_repository=repo, cache_size=cache or None, log_path=Path(tmp) / "tritonserver.log")
+        _progress(f"Starting tritonserver {TRITON_VERSION} on {server.host} (gRPC port {server.grpc_port})…")
+        t0 = time.monotonic()
+        try:
+            server.start(timeout=args.timeout)
+        except (TritonNotInstalled, RuntimeError, TimeoutError) as exc:
+            _err(f"error: {exc}")
+            return 2
+        _progress(f"Started tritonserver in {time.monotonic() - t0:.1f}s")
+        failed = 0
+        try:
+            client = connect(server.grpc_url)
+            # steps before ensembles, so a step's own failure is reported against the step
+            order = sorted(rendered.values(), key=lambda r: (r.model.spec.is_ensemble, r.model.name))
+            width = max(len(r.name) for r in order)
+            for i, r in enumerate(order, 1):
+                _progress(f"[{i}/{len(order)}] Loading {r.name} (load and warm-up)…")
+                res = load_model(client, r.name)
+                if res.ready:
+                    warm = len(r.config.model_warmup)
+                    detail = f"loaded and warmed in {res.seconds:.2f}s"
+                    if warm:
+                        detail += f" ({warm} warm-up sample(s), {res.warmup_executions} execution(s))"
+                    print(f"{r.name:<{width}}  READY   {detail}", flush=True)
+                else:
+                    failed += 1
+                    print(f"{r.name:<{width}}  FAILED  after {res.seconds:.2f}s: {res.reason}", flush=True)
+        finally:
+            server.stop()
+        if failed and args.show_log:
+            _err("--- tritonserver log (tail) ---")
+            _err(server.log_tail(80))
+    if failed:
+        _err(f"error: {failed} of {len(rendered)} model(s) failed to load in tritonserver")
+        return 1
+    _progress(f"All {len(rendered)} model(s) READY in a real tritonserver {TRITON_VERSION}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    import yaml
+
+    from ..render.importer import import_config, k8s_name, parse_config
+
+    root = Path(args.repository)
+    if not root.is_dir():
+        _err(f"error: {root} is not a directory")
+        return 1
+    configs = sorted(p for p in root.iterdir() if (p / "config.pbtxt").is_file())
+    if not configs:
+        _err(f"error: no <model>/config.pbtxt under {root}")
+        return 1
+    parsed = {}
+    for d in configs:
+        try:
+            cfg = parse_config((d / "config.pbtxt").read_text())
+        except Exception as exc:  # noqa: BLE001 - text_format raises several types
+            _err(f"error: {d / 'config.pbtxt'}: {exc}")
+            return 1
+        if not cfg.name:
+            cfg.name = d.name
+        parsed[d] = cfg
+    names = {cfg.name: k8s_name(cfg.name) for cfg in parsed.values()}
+    docs = []
+    for d, cfg in parsed.items():
+        versions = sorted((v for v in d.iterdir() if v.is_dir() and v.name.isdigit()), key=lambda v: int(v.name))
+        files = {}
+        if versions:
+            vdir = versions[-1]
+            files = {str(f.relative_to(vdir)): f.read_bytes() for f in sorted(vdir.rglob("*")) if f.is_file() and "__pycache__" not in f.parts}
+        warm_dir = d / "warmup"
+        warm = {f.name: f.read_bytes() for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
+        res = import_config(cfg, files, warm, names)
+        for w in res.warnings:
+            _err(f"warning: {w}")
+        if args.namespace:
+            res.manifest["metadata"]["namespace"] = args.namespace
+        docs.append(res.manifest)
+    text = yaml.safe_dump_all(docs, sort_keys=False, width=120)
+    if args.output:
+        Path(args.output).write_text(text)
+        _progress(f"Wrote {len(docs)} TritonModel(s) to {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from ..api.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="triton-operator", description="Declarative NVIDIA Triton models on Kubernetes.")
+    p.add_argument("--version", action="version", version=f"triton-operator {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("render", help="render TritonModels into a Triton model repository and print each config.pbtxt")
+    r.add_argument("paths", nargs="+", metavar="FILE|DIR")
+    r.add_argument("-o", "--output", help="write the model repository here")
+    r.add_argument("--cpu", action="store_true", help="map GPU instance groups to CPU")
+    r.set_defaults(func=cmd_render)
+
+    v = sub.add_parser("validate", help="render, then load every model (and run its warm-up) in a real local tritonserver")
+    v.add_argument("paths", nargs="+", metavar="FILE|DIR")
+    v.add_argument("--cpu", action="store_true", help="map GPU instance groups to CPU, for machines without GPUs")
+    v.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for tritonserver to start")
+    v.add_argument("--show-log", action="store_true", help="print the tritonserver log tail when a model fails")
+    v.set_defaults(func=cmd_validate)
+
+    i = sub.add_parser("import", help="turn an existing Triton model repository into TritonModel YAML")
+    i.add_argument("repository", metavar="MODEL_REPOSITORY")
+    i.add_argument("-o", "--output", help="write the YAML here instead of stdout")
+    i.add_argument("-n", "--namespace", help="set metadata.namespace")
+    i.set_defaults(func=cmd_import)
+
+    c = sub.add_parser("crd", help="print the TritonModel CustomResourceDefinition")
+    c.set_defaults(func=cmd_crd)
+
+    try:
+        from ..controller.cli import add_commands
+    except ImportError:  # controller extras not importable: offline commands still work
+        pass
+    else:
+        add_commands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

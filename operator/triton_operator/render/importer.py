@@ -1,0 +1,239 @@
+"""Pure conversion of an existing Triton `ModelConfig` into a TritonModel manifest.
+
+The inverse of `render.modelconfig`: import -> render gives back an equivalent
+ModelConfig (same protobuf, less our digest parameter and instance group names).
+Fields TritonModel does not cover are reported, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from ..api.v1alpha1 import API_VERSION, DIGEST_PARAMETER, KIND
+from .modelconfig import WIRE_NAME
+
+_KIND_NAME = {v: k for k, v in pb.ModelInstanceGroup.Kind.items()}
+_CONTROL_NAME = {
+    pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: "START",
+    pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: "END",
+    pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: "READY",
+    pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: "CORRID",
+}
+_SUPPORTED = {
+    "name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching", "sequence_batching",
+    "ensemble_scheduling", "instance_group", "parameters", "model_warmup", "model_transaction_policy",
+    "response_cache",
+}  # fmt: skip
+
+
+@dataclass
+class Imported:
+    manifest: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+
+def k8s_name(triton_name: str) -> str:
+    """A DNS label for a Triton model name: lowercase, '_' and '.' -> '-'."""
+    name = re.sub(r"[^a-z0-9-]", "-", triton_name.lower()).strip("-")
+    return (name or "model")[:63].rstrip("-")
+
+
+def parse_config(text: str) -> pb.ModelConfig:
+    return text_format.Parse(text, pb.ModelConfig())
+
+
+def _tensor(t: Any, is_input: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": t.name, "dataType": WIRE_NAME[t.data_type], "dims": list(t.dims)}
+    if is_input and t.optional:
+        out["optional"] = True
+    if is_input and t.allow_ragged_batch:
+        out["allowRaggedBatch"] = True
+    if t.HasField("reshape"):
+        out["reshape"] = list(t.reshape.shape)
+    return out
+
+
+def _policy(p: pb.ModelQueuePolicy) -> dict[str, Any]:
+    return {
+        "timeoutAction": pb.ModelQueuePolicy.TimeoutAction.Name(p.timeout_action),
+        "defaultTimeoutMicroseconds": p.default_timeout_microseconds,
+        "allowTimeoutOverride": p.allow_timeout_override,
+        "maxQueueSize": p.max_queue_size,
+    }
+
+
+def _batcher(db: pb.ModelDynamicBatching) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "maxQueueDelayMicroseconds": db.max_queue_delay_microseconds,
+        "preserveOrdering": db.preserve_ordering,
+        "priorityLevels": db.priority_levels,
+        "defaultPriorityLevel": db.default_priority_level,
+    }
+    if db.preferred_batch_size:
+        out["preferredBatchSize"] = list(db.preferred_batch_size)
+    if db.HasField("default_queue_policy"):
+        out["defaultQueuePolicy"] = _policy(db.default_queue_policy)
+    if db.priority_queue_policy:
+        out["priorityQueuePolicy"] = {str(k): _policy(v) for k, v in sorted(db.priority_queue_policy.items())}
+    return out
+
+
+def _sequence(sb: pb.ModelSequenceBatching, warnings: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"maxSequenceIdleMicroseconds": sb.max_sequence_idle_microseconds or 1_000_000}
+    if sb.HasField("oldest"):
+        o = sb.oldest
+        out["oldest"] = {
+            "maxCandidateSequences": o.max_candidate_sequences,
+            "maxQueueDelayMicroseconds": o.max_queue_delay_microseconds,
+            "preserveOrdering": o.preserve_ordering,
+        }
+        if o.preferred_batch_size:
+            out["oldest"]["preferredBatchSize"] = list(o.preferred_batch_size)
+    elif sb.HasField("direct"):
+        out["direct"] = {
+            "maxQueueDelayMicroseconds": sb.direct.max_queue_delay_microseconds,
+            "minimumSlotUtilization": sb.direct.minimum_slot_utilization,
+        }
+    controls = []
+    for ci in sb.control_input:
+        for c in ci.control:
+            entry: dict[str, Any] = {"name": ci.name, "kind": _CONTROL_NAME[c.kind]}
+            if c.kind == pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+                entry["dataType"] = WIRE_NAME[c.data_type]
+            elif c.fp32_false_true:
+                entry["dataType"], entry["falseTrue"] = "FP32", list(c.fp32_false_true)
+            elif c.bool_false_true:
+                entry["dataType"], entry["falseTrue"] = "BOOL", [int(v) for v in c.bool_false_true]
+            else:
+                entry["dataType"], entry["falseTrue"] = "INT32", list(c.int32_false_true)
+            controls.append(entry)
+    if controls:
+        out["controlInputs"] = controls
+    states = []
+    for st in sb.state:
+        s: dict[str, Any] = {
+            "inputName": st.input_name,
+            "outputName": st.output_name,
+            "dataType": WIRE_NAME[st.data_type],
+            "dims": list(st.dims),
+        }
+        if any(i.zero_data for i in st.initial_state):
+            s["zeroInitialState"] = True
+        if any(i.HasField("data_file") for i in st.initial_state):
+            warnings.append(f"sequence state {st.input_name!r}: initial_state data_file is not supported and was dropped")
+        states.append(s)
+    if states:
+        out["state"] = states
+    return out
+
+
+def _warmup(w: pb.ModelWarmup) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    for name, wi in sorted(w.inputs.items()):
+        entry: dict[str, Any] = {"dataType": WIRE_NAME[wi.data_type], "dims": list(wi.dims)}
+        which = wi.WhichOneof("input_data_type")
+        if which == "random_data":
+            entry["randomData"] = True
+        elif which == "input_data_file":
+            entry["inputDataFile"] = wi.input_data_file
+        else:
+            entry["zeroData"] = True
+        inputs[name] = entry
+    return {"name": w.name, "batchSize": w.batch_size, "count": w.count or 1, "inputs": inputs}
+
+
+def import_config(
+    cfg: pb.ModelConfig,
+    files: Mapping[str, bytes] | None = None,
+    warmup_files: Mapping[str, bytes] | None = None,
+    k8s_names: Mapping[str, str] | None = None,
+    uri: str | None = None,
+) -> Imported:
+    """A TritonModel manifest for `cfg`. `files` are the version directory's files (inlined when text).
+
+    `k8s_names` maps Triton model names to TritonModel names, for ensemble steps.
+    """
+    warnings: list[str] = []
+    k8s_names = k8s_names or {}
+    for fd, _ in cfg.ListFields():
+        if fd.name not in _SUPPORTED:
+            warnings.append(f"{cfg.name}: field {fd.name!r} is not supported by TritonModel and was dropped")
+    name = k8s_names.get(cfg.name, k8s_name(cfg.name))
+    spec: dict[str, Any] = {}
+    if name != cfg.name:
+        spec["modelName"] = cfg.name
+    if cfg.platform:
+        spec["platform"] = cfg.platform
+    if cfg.backend and not (cfg.platform == "ensemble"):
+        spec["backend"] = cfg.backend
+    if cfg.max_batch_size == 0:
+        spec["batching"] = False
+    else:
+        spec["maxBatchSize"] = cfg.max_batch_size
+    if cfg.input:
+        spec["inputs"] = [_tensor(t, True) for t in cfg.input]
+    if cfg.output:
+        spec["outputs"] = [_tensor(t, False) for t in cfg.output]
+    which = cfg.WhichOneof("scheduling_choice")
+    if which == "dynamic_batching":
+        spec["batcher"] = _batcher(cfg.dynamic_batching)
+    elif which == "sequence_batching":
+        spec["sequenceBatcher"] = _sequence(cfg.sequence_batching, warnings)
+    elif which == "ensemble_scheduling":
+        spec["ensemble"] = {
+            "steps": [
+                {
+                    "model": k8s_names.get(s.model_name, k8s_name(s.model_name)),
+                    "modelVersion": s.model_version,
+                    "inputMap": dict(sorted(s.input_map.items())),
+                    "outputMap": dict(sorted(s.output_map.items())),
+                }
+                for s in cfg.ensemble_scheduling.step
+            ]
+        }
+    if cfg.instance_group:
+        groups = []
+        for g in cfg.instance_group:
+            entry: dict[str, Any] = {"kind": _KIND_NAME[g.kind].removeprefix("KIND_"), "count": g.count or 1}
+            if g.gpus:
+                entry["gpus"] = list(g.gpus)
+            groups.append(entry)
+        spec["instanceGroups"] = groups
+    params = {k: v.string_value for k, v in sorted(cfg.parameters.items()) if k != DIGEST_PARAMETER}
+    if params:
+        spec["parameters"] = params
+    if cfg.model_warmup:
+        spec["modelWarmup"] = [_warmup(w) for w in cfg.model_warmup]
+    if cfg.model_transaction_policy.decoupled:
+        spec["decoupled"] = True
+    if cfg.response_cache.enable:
+        spec["responseCache"] = True
+    if cfg.platform != "ensemble":
+        source: dict[str, Any] = {}
+        inline: dict[str, str] = {}
+        binary = []
+        for fname, data in sorted((files or {}).items()):
+            try:
+                inline[fname] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                binary.append(fname)
+        if uri or binary or "/" in "".join(inline):
+            source["uri"] = uri or f"pvc://CHANGE-ME/{cfg.name}"
+            warnings.append(
+                f"{cfg.name}: version files are binary or nested ({', '.join(binary or sorted(inline))}); "
+                f"set spec.source.uri to where they live (now {source['uri']})"
+            )
+        else:
+            source["inline"] = inline
+        if warmup_files:
+            source["warmupFiles"] = {k: base64.b64encode(v).decode() for k, v in sorted(warmup_files.items())}
+        spec["source"] = source
+    manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
+    return Imported(manifest, warnings)

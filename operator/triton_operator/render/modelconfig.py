@@ -1,0 +1,317 @@
+"""Pure rendering of a TritonModel into Triton's ModelConfig and model repository.
+
+spec -> `model_config_pb2.ModelConfig` -> `config.pbtxt` (google.protobuf.text_format).
+No string templates, no I/O. Output is deterministic byte for byte: text_format
+prints fields in declaration order and map entries sorted by key, and every
+collection we fill is sorted or kept in the user's order.
+
+The rendered config carries a `parameters` entry with a digest of the whole
+model directory (config, version files, warm-up files, and for ensembles the
+steps' digests), so a running replica can prove which repository it loaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from ..api.v1alpha1 import DIGEST_PARAMETER, TritonModel, TritonModelSpec
+
+VERSION_DIR = "1"
+
+_DTYPE = {
+    "BOOL": pb.TYPE_BOOL,
+    "UINT8": pb.TYPE_UINT8,
+    "UINT16": pb.TYPE_UINT16,
+    "UINT32": pb.TYPE_UINT32,
+    "UINT64": pb.TYPE_UINT64,
+    "INT8": pb.TYPE_INT8,
+    "INT16": pb.TYPE_INT16,
+    "INT32": pb.TYPE_INT32,
+    "INT64": pb.TYPE_INT64,
+    "FP16": pb.TYPE_FP16,
+    "FP32": pb.TYPE_FP32,
+    "FP64": pb.TYPE_FP64,
+    "BF16": pb.TYPE_BF16,
+    "BYTES": pb.TYPE_STRING,
+}
+WIRE_NAME = {v: k for k, v in _DTYPE.items()}
+
+_KIND = {
+    "GPU": pb.ModelInstanceGroup.KIND_GPU,
+    "CPU": pb.ModelInstanceGroup.KIND_CPU,
+    "AUTO": pb.ModelInstanceGroup.KIND_AUTO,
+    "MODEL": pb.ModelInstanceGroup.KIND_MODEL,
+}
+_CONTROL = {
+    "START": pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START,
+    "END": pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END,
+    "READY": pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY,
+    "CORRID": pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID,
+}
+_TIMEOUT_ACTION = {"REJECT": pb.ModelQueuePolicy.REJECT, "DELAY": pb.ModelQueuePolicy.DELAY}
+
+
+def data_type(wire: str) -> int:
+    return _DTYPE[wire]
+
+
+def _queue_policy(dst: pb.ModelQueuePolicy, policy) -> None:  # type: ignore[no-untyped-def]
+    dst.timeout_action = _TIMEOUT_ACTION[policy.timeout_action]
+    dst.default_timeout_microseconds = policy.default_timeout_microseconds
+    dst.allow_timeout_override = policy.allow_timeout_override
+    dst.max_queue_size = policy.max_queue_size
+
+
+def _tensors(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
+    for t in spec.inputs or ():
+        i = cfg.input.add(name=t.name, data_type=_DTYPE[t.data_type], dims=t.dims)
+        if t.optional:
+            i.optional = True
+        if t.allow_ragged_batch:
+            i.allow_ragged_batch = True
+        if t.reshape is not None:
+            i.reshape.shape.extend(t.reshape)
+    for t in spec.outputs or ():
+        o = cfg.output.add(name=t.name, data_type=_DTYPE[t.data_type], dims=t.dims)
+        if t.reshape is not None:
+            o.reshape.shape.extend(t.reshape)
+
+
+def _dynamic_batching(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
+    b = spec.batcher
+    assert b is not None
+    db = cfg.dynamic_batching  # touching it selects the oneof, even with every field at its default
+    db.SetInParent()
+    db.preferred_batch_size.extend(b.preferred_batch_size or ())
+    db.max_queue_delay_microseconds = b.max_queue_delay_microseconds
+    db.preserve_ordering = b.preserve_ordering
+    db.priority_levels = b.priority_levels
+    db.default_priority_level = b.default_priority_level
+    if b.default_queue_policy is not None:
+        _queue_policy(db.default_queue_policy, b.default_queue_policy)
+    for level, policy in sorted((b.priority_queue_policy or {}).items(), key=lambda kv: int(kv[0])):
+        _queue_policy(db.priority_queue_policy[int(level)], policy)
+
+
+def _sequence_batching(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
+    s = spec.sequence_batcher
+    assert s is not None
+    sb = cfg.sequence_batching
+    sb.SetInParent()
+    if s.oldest is not None:
+        o = sb.oldest
+        o.SetInParent()
+        o.max_candidate_sequences = s.oldest.max_candidate_sequences
+        o.preferred_batch_size.extend(s.oldest.preferred_batch_size or ())
+        o.max_queue_delay_microseconds = s.oldest.max_queue_delay_microseconds
+        o.preserve_ordering = s.oldest.preserve_ordering
+    elif s.direct is not None:
+        d = sb.direct
+        d.SetInParent()
+        d.max_queue_delay_microseconds = s.direct.max_queue_delay_microseconds
+        d.minimum_slot_utilization = s.direct.minimum_slot_utilization
+    sb.max_sequence_idle_microseconds = s.max_sequence_idle_microseconds
+    for c in s.control_inputs or ():
+        ci = sb.control_input.add(name=c.name)
+        ctl = ci.control.add(kind=_CONTROL[c.kind])
+        if c.kind == "CORRID":
+            ctl.data_type = _DTYPE[c.data_type]
+            continue
+        false_true = list(c.false_true) if c.false_true is not None else [0, 1]
+        if c.data_type == "FP32":
+            ctl.fp32_false_true.extend(float(v) for v in false_true)
+        elif c.data_type == "BOOL":
+            ctl.bool_false_true.extend(bool(v) for v in false_true)
+        else:
+            ctl.int32_false_true.extend(int(v) for v in false_true)
+    for st in s.state or ():
+        state = sb.state.add(
+            input_name=st.input_name, output_name=st.output_name, data_type=_DTYPE[st.data_type], dims=st.dims
+        )
+        if st.zero_initial_state:
+            state.initial_state.add(
+                name="zero", data_type=_DTYPE[st.data_type], dims=[max(d, 1) for d in st.dims], zero_data=True
+            )
+
+
+def _ensemble(model: TritonModel, steps: Mapping[str, TritonModel], cfg: pb.ModelConfig) -> None:
+    es = cfg.ensemble_scheduling
+    for step in model.spec.ensemble.steps if model.spec.ensemble else ():
+        target = steps.get(step.model)
+        s = es.step.add(model_name=target.triton_name if target else step.model, model_version=step.model_version)
+        for k, v in step.input_map.items():
+            s.input_map[k] = v
+        for k, v in step.output_map.items():
+            s.output_map[k] = v
+
+
+def _warmup(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
+    for w in spec.model_warmup or ():
+        mw = cfg.model_warmup.add(name=w.name, batch_size=w.batch_size, count=w.count)
+        for name, inp in w.inputs.items():
+            wi = mw.inputs[name]
+            wi.data_type = _DTYPE[inp.data_type]
+            wi.dims.extend(inp.dims)
+            if inp.input_data_file is not None:
+                wi.input_data_file = inp.input_data_file
+            elif inp.random_data:
+                wi.random_data = True
+            else:
+                wi.zero_data = True
+
+
+def render_model_config(
+    model: TritonModel, steps: Mapping[str, TritonModel] | None = None, *, cpu_only: bool = False
+) -> pb.ModelConfig:
+    """The ModelConfig for `model`, without the digest parameter.
+
+    `steps` maps TritonModel names (metadata.name) to the models an ensemble uses.
+    `cpu_only` maps GPU instance groups to CPU ones, for checking GPU configs on a laptop.
+    """
+    spec = model.spec
+    cfg = pb.ModelConfig(name=model.triton_name)
+    if spec.platform:
+        cfg.platform = spec.platform
+    if spec.backend:
+        cfg.backend = spec.backend
+    cfg.max_batch_size = spec.effective_max_batch_size  # printed explicitly below even when 0
+    _tensors(spec, cfg)
+    if spec.is_ensemble:
+        _ensemble(model, steps or {}, cfg)
+    elif spec.sequence_batcher is not None:
+        _sequence_batching(spec, cfg)
+    elif spec.batcher is not None:
+        _dynamic_batching(spec, cfg)
+    for g in spec.instance_groups or ():
+        kind = "CPU" if cpu_only and g.kind == "GPU" else g.kind
+        ig = cfg.instance_group.add(count=g.count, kind=_KIND[kind])
+        if kind == "GPU" and g.gpus:
+            ig.gpus.extend(g.gpus)
+    for k, v in sorted((spec.parameters or {}).items()):
+        cfg.parameters[k].string_value = v
+    _warmup(spec, cfg)
+    if spec.decoupled:
+        cfg.model_transaction_policy.decoupled = True
+    if spec.response_cache:
+        cfg.response_cache.enable = True
+    return cfg
+
+
+def config_text(cfg: pb.ModelConfig) -> str:
+    """config.pbtxt text. `max_batch_size: 0` is written explicitly: proto3 hides zero scalars."""
+    text = text_format.MessageToString(cfg, as_utf8=True)
+    if cfg.max_batch_size == 0:
+        lines = text.splitlines(keepends=True)
+        at = next((i for i, ln in enumerate(lines) if not ln.startswith(("name:", "platform:", "backend:"))), len(lines))
+        lines.insert(at, "max_batch_size: 0\n")
+        text = "".join(lines)
+    return text
+
+
+@dataclass(frozen=True)
+class RenderedModel:
+    """One model's directory in a Triton model repository."""
+
+    model: TritonModel
+    config: pb.ModelConfig  # with the digest parameter
+    files: dict[str, bytes]  # path relative to the repository root -> content
+    digest: str
+
+    @property
+    def name(self) -> str:
+        return self.model.triton_name
+
+    @property
+    def config_pbtxt(self) -> str:
+        return self.files[f"{self.name}/config.pbtxt"].decode()
+
+
+def _model_files(model: TritonModel) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    src = model.spec.source
+    if src is None:
+        return files
+    for fname, text in sorted((src.inline or {}).items()):
+        files[f"{model.triton_name}/{VERSION_DIR}/{fname}"] = text.encode()
+    for fname, b64 in sorted((src.warmup_files or {}).items()):
+        files[f"{model.triton_name}/warmup/{fname}"] = base64.b64decode(b64)
+    return files
+
+
+def digest_of(config: pb.ModelConfig, files: Mapping[str, bytes], extra: tuple[str, ...] = ()) -> str:
+    h = hashlib.sha256()
+    h.update(config_text(config).encode())
+    for path in sorted(files):
+        h.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    for e in extra:
+        h.update(b"\0" + e.encode())
+    return h.hexdigest()[:16]
+
+
+def render_model(
+    model: TritonModel, steps: Mapping[str, RenderedModel] | None = None, *, cpu_only: bool = False
+) -> RenderedModel:
+    """Render one model; an ensemble needs its steps rendered first (their digests roll it)."""
+    steps = steps or {}
+    cfg = render_model_config(model, {k: v.model for k, v in steps.items()}, cpu_only=cpu_only)
+    files = _model_files(model)
+    step_digests = tuple(f"{k}={steps[k].digest}" for k in sorted(steps))
+    digest = digest_of(cfg, files, step_digests)
+    cfg.parameters[DIGEST_PARAMETER].string_value = digest
+    files[f"{model.triton_name}/config.pbtxt"] = config_text(cfg).encode()
+    return RenderedModel(model=model, config=cfg, files=dict(sorted(files.items())), digest=digest)
+
+
+def render_repository(models: list[TritonModel], *, cpu_only: bool = False) -> dict[str, RenderedModel]:
+    """Render a set of models (validated first) into repository entries, by TritonModel name.
+
+    Steps are rendered before the ensembles that use them; an ensemble's entry
+    `files` holds only its own directory (see `repository_for` for the closure).
+    """
+    by_name = {m.name: m for m in models}
+    out: dict[str, RenderedModel] = {}
+
+    def visit(name: str, stack: tuple[str, ...]) -> RenderedModel:
+        if name in out:
+            return out[name]
+        m = by_name[name]
+        steps: dict[str, RenderedModel] = {}
+        if m.spec.ensemble:
+            for step in m.spec.ensemble.steps:
+                if step.model in by_name and step.model not in stack:
+                    steps[step.model] = visit(step.model, (*stack, name))
+        out[name] = render_model(m, steps, cpu_only=cpu_only)
+        return out[name]
+
+    for m in models:
+        visit(m.name, ())
+    return out
+
+
+def step_closure(name: str, rendered: Mapping[str, RenderedModel]) -> list[str]:
+    """`name` and every model it reaches through ensemble steps, each once, sorted."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in rendered:
+            continue
+        seen.add(n)
+        ens = rendered[n].model.spec.ensemble
+        if ens:
+            todo.extend(s.model for s in ens.steps)
+    return sorted(seen)
+
+
+def repository_for(name: str, rendered: Mapping[str, RenderedModel]) -> dict[str, bytes]:
+    """All files of the repository that serves `name`: the model plus its steps, recursively."""
+    files: dict[str, bytes] = {}
+    for n in step_closure(name, rendered):
+        files.update(rendered[n].files)
+    return dict(sorted(files.items()))

@@ -1,0 +1,99 @@
+"""Talking to a running Triton over gRPC: load models, read readiness, loaded config and statistics.
+
+The only place (with `local.py`) that talks to Triton. Synchronous tritonclient
+calls; callers in asyncio code run them in a thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from ..api.v1alpha1 import DIGEST_PARAMETER
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """What Triton says about one model: READY / LOADING / UNAVAILABLE / … with its reason."""
+
+    name: str
+    state: str
+    reason: str = ""
+    loaded_digest: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "READY"
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    name: str
+    ready: bool
+    seconds: float
+    reason: str = ""
+    warmup_executions: int = 0
+
+
+def connect(url: str, timeout: float = 5.0) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(url, verbose=False)
+
+
+def loaded_digest(client: grpcclient.InferenceServerClient, name: str, timeout: float | None = 2.0) -> str | None:
+    """The digest parameter of the config Triton actually loaded for `name`."""
+    resp = client.get_model_config(name, client_timeout=timeout)
+    param = resp.config.parameters.get(DIGEST_PARAMETER)
+    return param.string_value if param is not None and param.string_value else None
+
+
+def repository_states(client: grpcclient.InferenceServerClient, timeout: float | None = 2.0) -> dict[str, ModelState]:
+    """Every model in the repository index with its state and reason (newest version per model)."""
+    index = client.get_model_repository_index(client_timeout=timeout)
+    out: dict[str, ModelState] = {}
+    for m in index.models:
+        prev = out.get(m.name)
+        if prev is None or prev.state != "READY":
+            out[m.name] = ModelState(m.name, m.state or "UNAVAILABLE", m.reason)
+    return out
+
+
+def execution_count(client: grpcclient.InferenceServerClient, name: str) -> int:
+    stats = client.get_inference_statistics(name)
+    return sum(s.execution_count for s in stats.model_stats)
+
+
+def load_model(
+    client: grpcclient.InferenceServerClient,
+    name: str,
+    on_progress: Callable[[str], None] | None = None,
+) -> LoadResult:
+    """Load (and so warm up) one model in explicit mode; READY or Triton's own reason for failing."""
+    start = time.monotonic()
+    try:
+        client.load_model(name)
+    except InferenceServerException as exc:
+        reason = exc.message() or str(exc)
+        states = _safe_states(client)
+        if name in states and states[name].reason:
+            reason = states[name].reason
+        return LoadResult(name, False, time.monotonic() - start, reason)
+    seconds = time.monotonic() - start
+    ready = client.is_model_ready(name)
+    executions = 0
+    if ready:
+        try:
+            executions = execution_count(client, name)
+        except InferenceServerException:
+            executions = 0
+    return LoadResult(name, ready, seconds, "" if ready else "not READY after load", executions)
+
+
+def _safe_states(client: grpcclient.InferenceServerClient) -> dict[str, ModelState]:
+    try:
+        return repository_states(client)
+    except InferenceServerException:
+        return {}

@@ -1,0 +1,585 @@
+"""Semantic rules for TritonModels, pure: (models) -> [FieldError].
+
+Every rule from ../shared/TRITON_NOTES.md is here: the ones tritonserver
+enforces when it loads a config (refused here first, with the field path and
+why), and the ones it does not (which would fail late, at warm-up, or silently
+do nothing). Ensemble rules are checked across the whole set of models.
+All errors are collected; none stops the others.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..api.v1alpha1 import Tensor, TritonModel, TritonModelSpec
+from .errors import FieldError
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    triton_enforced: bool
+    summary: str
+
+
+RULES: dict[str, Rule] = {
+    r.id: r
+    for r in [
+        Rule("backend-or-platform", True, "exactly one of backend or platform"),
+        Rule("ensemble-platform", True, "ensemble.steps goes with platform: ensemble and vice versa"),
+        Rule("ensemble-scheduling-oneof", True, "no batcher or sequenceBatcher on an ensemble (scheduling is a oneof)"),
+        Rule("scheduling-oneof", True, "at most one of batcher and sequenceBatcher"),
+        Rule("ensemble-no-instances", True, "an ensemble has no instanceGroups or modelWarmup"),
+        Rule("source", False, "a non-ensemble model has a source; an ensemble has none"),
+        Rule("max-batch-size", True, "maxBatchSize >= 1 when batching"),
+        Rule("preferred-batch-size", True, "each preferredBatchSize in [1, maxBatchSize]"),
+        Rule("default-priority-level", True, "defaultPriorityLevel in [1, priorityLevels]"),
+        Rule("priority-queue-policy", True, "priorityQueuePolicy levels in [1, priorityLevels]"),
+        Rule("preserve-ordering", True, "preserveOrdering: one priority level, no DELAY with a timeout"),
+        Rule("response-cache-decoupled", True, "no responseCache with decoupled"),
+        Rule("response-cache-sequence", True, "no responseCache with sequenceBatcher"),
+        Rule("response-cache-size", False, "responseCache needs server.cacheSize > 0 or it silently does nothing"),
+        Rule("sequence-control", True, "control input data types and [false, true] pairs"),
+        Rule("sequence-strategy", True, "oldest preferredBatchSize and direct minimumSlotUtilization bounds"),
+        Rule("dims", True, "each dim >= 1 or -1"),
+        Rule("reshape", True, "reshape keeps the element count"),
+        Rule("instance-group", True, "gpus only with kind GPU"),
+        Rule("python-model-file", True, "an inline python model has model.py"),
+        Rule("warmup-batch-size", False, "warm-up batchSize <= maxBatchSize, 1 when not batching"),
+        Rule("warmup-data", False, "warm-up input has exactly one of zeroData, randomData, inputDataFile"),
+        Rule("warmup-inputs", False, "warm-up inputs are model inputs with the same type and a concrete shape"),
+        Rule("warmup-file", False, "warm-up data file exists and holds enough bytes"),
+        Rule("ensemble-step", True, "each step names a model, maps inputs and outputs"),
+        Rule("ensemble-step-model", True, "each step's model exists"),
+        Rule("ensemble-step-tensors", True, "step maps use the step model's tensor names"),
+        Rule("ensemble-tensor-written-once", True, "every ensemble tensor is written once"),
+        Rule("ensemble-outputs-written", True, "every ensemble output is written by a step"),
+        Rule("ensemble-tensor-available", True, "every step input is an ensemble input or a step output"),
+        Rule("ensemble-unused-tensor", True, "no ensemble input or step output is unused"),
+        Rule("ensemble-cycle", True, "no cycles between ensembles"),
+        Rule("ensemble-types", True, "mapped tensors agree in data type and shape"),
+        Rule("ensemble-batch-size", True, "ensemble maxBatchSize <= each batching step's"),
+        Rule("ensemble-decoupled-mix", True, "a step input mixes no tensors from different decoupled models"),
+    ]
+}
+
+
+class _Collector:
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.errors: list[FieldError] = []
+
+    def __call__(self, rule: str, path: str, message: str) -> None:
+        assert rule in RULES, rule
+        self.errors.append(FieldError(self.model, path, message, rule))
+
+
+_FIXED_SIZE = {
+    "BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2,
+    "UINT32": 4, "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8,
+}  # fmt: skip
+
+
+def _elements(dims: Sequence[int]) -> int | None:
+    return None if any(d < 0 for d in dims) else math.prod(dims)
+
+
+# ---------------------------------------------------------------- one model
+
+
+def _chunks(dims: Sequence[int]) -> list[int]:
+    """Products of the fixed runs between -1s: [2, 4, -1, 6] -> [8, 6]."""
+    out, acc = [], 1
+    for d in dims:
+        if d == -1:
+            out.append(acc)
+            acc = 1
+        else:
+            acc *= d
+    out.append(acc)
+    return out
+
+
+def _reshape_error(dims: Sequence[int], reshape: Sequence[int], max_batch: int) -> str | None:
+    """Triton's ValidateIOShape reshape rule, or None when the reshape is fine."""
+    if not reshape:
+        if max_batch == 0:
+            return "an empty reshape (a scalar) is not supported for a non-batching model"
+        return None if _elements(dims) == 1 else f"an empty reshape needs dims holding exactly 1 element, got {list(dims)}"
+    a, b = _elements(dims), _elements(reshape)
+    if (a is None) != (b is None):
+        return f"reshape {list(reshape)} and dims {list(dims)} must both be fixed or both variable-size"
+    if a is not None:
+        return None if a == b else f"reshape {list(reshape)} holds {b} elements but dims {list(dims)} hold {a}"
+    ca, cb = _chunks(dims), _chunks(reshape)
+    if len(ca) != len(cb):
+        return f"reshape {list(reshape)} and dims {list(dims)} have different numbers of variable-size dimensions"
+    if ca != cb:
+        return f"reshape {list(reshape)} and dims {list(dims)} differ in size between their variable-size dimensions"
+    return None
+
+
+def _check_tensors(spec: TritonModelSpec, err: _Collector) -> None:
+    for kind, tensors in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        seen: set[str] = set()
+        for i, t in enumerate(tensors or ()):
+            base = f"spec.{kind}[{i}]"
+            if t.name in seen:
+                err("dims", f"{base}.name", f"duplicate {kind[:-1]} name {t.name!r}")
+            seen.add(t.name)
+            if not t.dims:
+                err("dims", f"{base}.dims", "must list at least one dimension (use [1] for a single value)")
+            for j, d in enumerate(t.dims):
+                if d == 0 or d < -1:
+                    err("dims", f"{base}.dims[{j}]", f"dimension must be >= 1 or -1 (variable), got {d}")
+            if t.reshape is not None:
+                bad = [j for j, d in enumerate(t.reshape) if d == 0 or d < -1]
+                for j in bad:
+                    err("dims", f"{base}.reshape[{j}]", f"dimension must be >= 1 or -1 (variable), got {t.reshape[j]}")
+                problem = None if bad or not t.dims else _reshape_error(t.dims, t.reshape, spec.effective_max_batch_size)
+                if problem:
+                    err("reshape", f"{base}.reshape", problem)
+
+
+def _check_policy_delay(policy, path: str, err: _Collector) -> None:  # type: ignore[no-untyped-def]
+    if policy is not None and policy.timeout_action == "DELAY" and policy.default_timeout_microseconds != 0:
+        err(
+            "preserve-ordering",
+            path,
+            "with preserveOrdering, a queue policy may not DELAY requests with a non-zero timeout "
+            "(delayed requests would be reordered)",
+        )
+
+
+def _check_preferred(sizes: Sequence[int] | None, max_batch: int, path: str, err: _Collector) -> None:
+    for i, s in enumerate(sizes or ()):
+        if s <= 0:
+            err("preferred-batch-size", f"{path}[{i}]", f"preferred batch size must be > 0, got {s}")
+        elif s > max_batch:
+            why = "the model does not batch (maxBatchSize 0)" if max_batch == 0 else f"maxBatchSize is {max_batch}"
+            err("preferred-batch-size", f"{path}[{i}]", f"preferred batch size {s} exceeds maxBatchSize: {why}")
+
+
+def _check_batcher(spec: TritonModelSpec, err: _Collector) -> None:
+    b = spec.batcher
+    if b is None:
+        return
+    mbs = spec.effective_max_batch_size
+    _check_preferred(b.preferred_batch_size, mbs, "spec.batcher.preferredBatchSize", err)
+    n = b.priority_levels
+    if n > 0 and not 1 <= b.default_priority_level <= n:
+        err(
+            "default-priority-level",
+            "spec.batcher.defaultPriorityLevel",
+            f"must be in [1, {n}] (priorityLevels is {n}), got {b.default_priority_level}",
+        )
+    for key in sorted(b.priority_queue_policy or {}, key=lambda k: int(k)):
+        if not 1 <= int(key) <= n:
+            err(
+                "priority-queue-policy",
+                f"spec.batcher.priorityQueuePolicy[{key}]",
+                f"priority level {key} is outside [1, {n}] (priorityLevels is {n})",
+            )
+    if b.preserve_ordering:
+        if n > 1:
+            err("preserve-ordering", "spec.batcher.preserveOrdering", f"allows at most one priority level, got {n}")
+        _check_policy_delay(b.default_queue_policy, "spec.batcher.defaultQueuePolicy", err)
+        for key, policy in sorted((b.priority_queue_policy or {}).items()):
+            _check_policy_delay(policy, f"spec.batcher.priorityQueuePolicy[{key}]", err)
+
+
+_CORRID_TYPES = {"UINT64", "INT64", "UINT32", "INT32", "BYTES"}
+_CONTROL_TYPES = {"INT32", "FP32", "BOOL"}
+
+
+def _check_sequence(spec: TritonModelSpec, err: _Collector) -> None:
+    s = spec.sequence_batcher
+    if s is None:
+        return
+    base = "spec.sequenceBatcher"
+    for i, c in enumerate(s.control_inputs or ()):
+        p = f"{base}.controlInputs[{i}]"
+        if c.kind == "CORRID":
+            if c.data_type not in _CORRID_TYPES:
+                err("sequence-control", f"{p}.dataType", f"CORRID must be one of {sorted(_CORRID_TYPES)}, got {c.data_type}")
+            if c.false_true is not None:
+                err("sequence-control", f"{p}.falseTrue", "CORRID takes no falseTrue values")
+        else:
+            if c.data_type not in _CONTROL_TYPES:
+                err("sequence-control", f"{p}.dataType", f"{c.kind} must be INT32, FP32 or BOOL, got {c.data_type}")
+            if c.false_true is not None and len(c.false_true) != 2:
+                err("sequence-control", f"{p}.falseTrue", f"must have exactly 2 entries [false, true], got {len(c.false_true)}")
+    kinds = [c.kind for c in s.control_inputs or ()]
+    for k in sorted(set(kinds)):
+        if kinds.count(k) > 1:
+            err("sequence-control", f"{base}.controlInputs", f"control {k} is given more than once")
+    names = [c.name for c in s.control_inputs or ()]
+    for n in sorted(set(names)):
+        if names.count(n) > 1:
+            err("sequence-control", f"{base}.controlInputs", f"control tensor {n!r} is used for more than one control kind")
+    input_names = {t.name for t in spec.inputs or ()}
+    for i, c in enumerate(s.control_inputs or ()):
+        if c.name in input_names:
+            err(
+                "sequence-control",
+                f"{base}.controlInputs[{i}].name",
+                f"{c.name!r} is also declared in spec.inputs; control tensors come from the batcher, not clients",
+            )
+    if s.oldest is not None:
+        _check_preferred(s.oldest.preferred_batch_size, spec.effective_max_batch_size, f"{base}.oldest.preferredBatchSize", err)
+    if s.direct is not None and not 0.0 <= s.direct.minimum_slot_utilization <= 1.0:
+        err(
+            "sequence-strategy",
+            f"{base}.direct.minimumSlotUtilization",
+            f"must be in [0, 1], got {s.direct.minimum_slot_utilization}",
+        )
+
+
+def _check_structure(model: TritonModel, err: _Collector) -> None:
+    spec = model.spec
+    if (spec.backend is None) == (spec.platform is None):
+        err("backend-or-platform", "spec.backend", "set exactly one of backend (e.g. python) or platform (e.g. ensemble)")
+    if spec.is_ensemble != (spec.ensemble is not None):
+        if spec.is_ensemble:
+            err("ensemble-platform", "spec.ensemble", "platform: ensemble needs ensemble.steps")
+        else:
+            err("ensemble-platform", "spec.ensemble", "ensemble.steps needs platform: ensemble")
+    if spec.is_ensemble:
+        why = (
+            "Triton's scheduling choice is a protobuf oneof (dynamic_batching | sequence_batching | "
+            "ensemble_scheduling): an ensemble is scheduled by ensemble_scheduling, so a {} here would replace its "
+            "steps and tritonserver refuses to load it. Batch in the step models instead"
+        )
+        if spec.batcher is not None:
+            err("ensemble-scheduling-oneof", "spec.batcher", f"an ensemble cannot have a batcher: {why}")
+        if spec.sequence_batcher is not None:
+            err("ensemble-scheduling-oneof", "spec.sequenceBatcher", f"an ensemble cannot have a sequenceBatcher: {why}")
+        if spec.instance_groups:
+            err("ensemble-no-instances", "spec.instanceGroups", "an ensemble has no instances of its own; its steps do")
+        if spec.model_warmup:
+            err("ensemble-no-instances", "spec.modelWarmup", "an ensemble has no warm-up of its own; warm up its steps")
+        if spec.source is not None:
+            err("source", "spec.source", "an ensemble has no source: its repository is built from its steps")
+        if spec.backend is not None:
+            err("backend-or-platform", "spec.backend", "an ensemble has platform: ensemble and no backend")
+    else:
+        if spec.source is None:
+            err("source", "spec.source", "source is required: inline files or a uri")
+        if spec.batcher is not None and spec.sequence_batcher is not None:
+            err(
+                "scheduling-oneof",
+                "spec.sequenceBatcher",
+                "set at most one of batcher or sequenceBatcher: Triton's scheduling choice is a protobuf oneof",
+            )
+    if spec.batching and spec.max_batch_size < 1:
+        err("max-batch-size", "spec.maxBatchSize", "must be >= 1 when batching is true (set batching: false for 0)")
+    if spec.response_cache and spec.decoupled:
+        err("response-cache-decoupled", "spec.responseCache", "the response cache cannot serve a decoupled model")
+    if spec.response_cache and spec.sequence_batcher is not None:
+        err("response-cache-sequence", "spec.responseCache", "the response cache cannot be used with sequence batching")
+    if spec.response_cache and _quantity_bytes(spec.server.cache_size) <= 0:
+        err(
+            "response-cache-size",
+            "spec.server.cacheSize",
+            "responseCache needs a server cache; with cacheSize 0 Triton accepts the config and caches nothing",
+        )
+    for i, g in enumerate(spec.instance_groups or ()):
+        if g.kind != "GPU" and g.gpus:
+            err("instance-group", f"spec.instanceGroups[{i}].gpus", f"gpus may be set only with kind GPU, not {g.kind}")
+    src = spec.source
+    if spec.backend == "python" and src is not None and src.inline is not None and "model.py" not in src.inline:
+        err("python-model-file", "spec.source.inline", "the python backend loads model.py, which is missing")
+
+
+def _quantity_bytes(q: str) -> float:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    for suffix, mult in units.items():
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * mult
+    return float(q)
+
+
+def quantity_bytes(q: str) -> int:
+    return int(_quantity_bytes(q))
+
+
+def _bytes_elements(data: bytes) -> int | None:
+    """How many length-prefixed BYTES elements `data` holds, or None if it ends mid-element."""
+    n = off = 0
+    while off < len(data):
+        if off + 4 > len(data):
+            return None
+        (length,) = struct.unpack_from("<I", data, off)
+        if off + 4 + length > len(data):
+            return None
+        off += 4 + length
+        n += 1
+    return n
+
+
+def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
+    inputs = {t.name: t for t in spec.inputs or ()}
+    files = (spec.source.warmup_files if spec.source else None) or {}
+    fetched = spec.source is not None and spec.source.uri is not None
+    mbs = spec.effective_max_batch_size
+    for i, w in enumerate(spec.model_warmup or ()):
+        base = f"spec.modelWarmup[{i}]"
+        if mbs == 0 and w.batch_size != 1:
+            err("warmup-batch-size", f"{base}.batchSize", f"a non-batching model warms up with batchSize 1, got {w.batch_size}")
+        elif mbs > 0 and w.batch_size > mbs:
+            err("warmup-batch-size", f"{base}.batchSize", f"batchSize {w.batch_size} exceeds maxBatchSize {mbs}")
+        for name, wi in w.inputs.items():
+            p = f"{base}.inputs[{name}]"
+            chosen = [wi.zero_data is True, wi.random_data is True, wi.input_data_file is not None]
+            if sum(chosen) != 1:
+                err("warmup-data", p, "set exactly one of zeroData: true, randomData: true or inputDataFile")
+            t = inputs.get(name)
+            if t is None:
+                err(
+                    "warmup-inputs",
+                    p,
+                    f"{name!r} is not a model input (Triton would silently treat it as a control input); "
+                    f"inputs are {sorted(inputs)}",
+                )
+                continue
+            if wi.data_type != t.data_type:
+                err("warmup-inputs", f"{p}.dataType", f"is {wi.data_type} but input {name!r} is {t.data_type}")
+            if len(wi.dims) != len(t.dims) or any(m != -1 and m != d for m, d in zip(t.dims, wi.dims, strict=False)):
+                err("warmup-inputs", f"{p}.dims", f"{wi.dims} does not fit input {name!r} with dims {t.dims}")
+            if wi.input_data_file is not None:
+                data_b64 = files.get(wi.input_data_file)
+                if data_b64 is None:
+                    if not fetched:
+                        err(
+                            "warmup-file",
+                            f"{p}.inputDataFile",
+                            f"{wi.input_data_file!r} is not in spec.source.warmupFiles",
+                        )
+                    continue
+                try:
+                    data = base64.b64decode(data_b64, validate=True)
+                except (binascii.Error, ValueError):
+                    err("warmup-file", f"spec.source.warmupFiles[{wi.input_data_file}]", "is not valid base64")
+                    continue
+                count = math.prod(wi.dims)
+                if wi.data_type == "BYTES":
+                    have = _bytes_elements(data)
+                    if have != count:
+                        err(
+                            "warmup-file",
+                            f"{p}.inputDataFile",
+                            f"needs {count} BYTES elements (each a 4-byte little-endian length, then the bytes), "
+                            f"{wi.input_data_file!r} holds {'an incomplete element' if have is None else have}",
+                        )
+                else:
+                    need = count * _FIXED_SIZE[wi.data_type]
+                    if len(data) < need:
+                        err(
+                            "warmup-file",
+                            f"{p}.inputDataFile",
+                            f"needs {need} bytes for {count} {wi.data_type} elements, {wi.input_data_file!r} holds {len(data)}",
+                        )
+        missing = sorted(n for n, t in inputs.items() if not t.optional and n not in w.inputs)
+        if missing:
+            err("warmup-inputs", f"{base}.inputs", f"missing data for required inputs {missing}")
+
+
+def check_model(model: TritonModel, ident: str) -> list[FieldError]:
+    err = _Collector(ident)
+    _check_structure(model, err)
+    _check_tensors(model.spec, err)
+    _check_batcher(model.spec, err)
+    _check_sequence(model.spec, err)
+    _check_warmup(model.spec, err)
+    return err.errors
+
+
+# ---------------------------------------------------------------- ensembles
+
+
+def _full_shape(t: Tensor, max_batch: int) -> list[int]:
+    return ([-1] if max_batch > 0 else []) + list(t.dims)
+
+
+def _compatible(a: Sequence[int], b: Sequence[int]) -> bool:
+    return len(a) == len(b) and all(x == -1 or y == -1 or x == y for x, y in zip(a, b, strict=True))
+
+
+def _shape_compatible(a: Tensor, a_mbs: int, b: Tensor, b_mbs: int, *, a_reshape: bool = False) -> bool:
+    """Triton's ensemble shape agreement: dims match with -1 as a wildcard, or else the full
+    shapes do, where a batching model's shape gets a leading -1. Ensemble tensors use reshape."""
+    a_dims = list(a.reshape) if a_reshape and a.reshape is not None else list(a.dims)
+    if _compatible(a_dims, b.dims):
+        return True
+    full_a = ([-1] if a_mbs > 0 else []) + a_dims
+    return _compatible(full_a, _full_shape(b, b_mbs))
+
+
+def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
+    err = _Collector(ident)
+    spec = model.spec
+    if not spec.is_ensemble or spec.ensemble is None:
+        return err.errors
+    ens_inputs = {t.name: t for t in spec.inputs or ()}
+    ens_outputs = {t.name: t for t in spec.outputs or ()}
+    mbs = spec.effective_max_batch_size
+    # tensor -> (producer description, Tensor, max batch, decoupled source or None)
+    produced: dict[str, tuple[str, Tensor, int, str | None]] = {
+        n: ("ensemble input", t, mbs, None) for n, t in ens_inputs.items()
+    }
+    consumed: set[str] = set()
+    for i, step in enumerate(spec.ensemble.steps):
+        base = f"spec.ensemble.steps[{i}]"
+        if not step.input_map:
+            err("ensemble-step", f"{base}.inputMap", "must map at least one input")
+        if not step.output_map:
+            err("ensemble-step", f"{base}.outputMap", "must map at least one output")
+        target = models.get(step.model)
+        if target is None:
+            err("ensemble-step-model", f"{base}.model", f"TritonModel {step.model!r} is not defined")
+            continue
+        if target.spec.is_ensemble and step.model == model.name:
+            err("ensemble-cycle", f"{base}.model", "an ensemble cannot contain itself")
+            continue
+        t_inputs = {t.name: t for t in target.spec.inputs or ()}
+        t_outputs = {t.name: t for t in target.spec.outputs or ()}
+        t_mbs = target.spec.effective_max_batch_size
+        if mbs > 0 and t_mbs > 0 and mbs > t_mbs:
+            err(
+                "ensemble-batch-size",
+                "spec.maxBatchSize",
+                f"ensemble maxBatchSize {mbs} exceeds step model {step.model!r}'s maxBatchSize {t_mbs}",
+            )
+        for k in step.input_map:
+            if k not in t_inputs:
+                err("ensemble-step-tensors", f"{base}.inputMap[{k}]", f"{step.model!r} has no input {k!r}; it has {sorted(t_inputs)}")
+        for k, t in sorted(t_inputs.items()):
+            if not t.optional and k not in step.input_map:
+                err("ensemble-step-tensors", f"{base}.inputMap", f"required input {k!r} of {step.model!r} is not mapped")
+        for k, v in step.output_map.items():
+            if k not in t_outputs:
+                err("ensemble-step-tensors", f"{base}.outputMap[{k}]", f"{step.model!r} has no output {k!r}; it has {sorted(t_outputs)}")
+                continue
+            if v in produced:
+                err(
+                    "ensemble-tensor-written-once",
+                    f"{base}.outputMap[{k}]",
+                    f"ensemble tensor {v!r} is already written by the {produced[v][0]}",
+                )
+                continue
+            produced[v] = (f"output {k!r} of step {i} ({step.model})", t_outputs[k], t_mbs, step.model if target.spec.decoupled else None)
+    # second pass: every step input is available, types/shapes agree, decoupled sources are not mixed
+    for i, step in enumerate(spec.ensemble.steps):
+        target = models.get(step.model)
+        if target is None or step.model == model.name:
+            continue
+        t_inputs = {t.name: t for t in target.spec.inputs or ()}
+        t_mbs = target.spec.effective_max_batch_size
+        base = f"spec.ensemble.steps[{i}]"
+        decoupled_sources = set()
+        for k, v in step.input_map.items():
+            consumed.add(v)
+            src = produced.get(v)
+            if src is None:
+                err(
+                    "ensemble-tensor-available",
+                    f"{base}.inputMap[{k}]",
+                    f"ensemble tensor {v!r} is neither an ensemble input nor written by any step",
+                )
+                continue
+            if src[3] is not None:
+                decoupled_sources.add(src[3])
+            t = t_inputs.get(k)
+            if t is None:
+                continue
+            if src[1].data_type != t.data_type:
+                err(
+                    "ensemble-types",
+                    f"{base}.inputMap[{k}]",
+                    f"{v!r} is {src[1].data_type} ({src[0]}) but {step.model!r} input {k!r} is {t.data_type}",
+                )
+            elif not _shape_compatible(src[1], src[2], t, t_mbs, a_reshape=src[0] == "ensemble input"):
+                err(
+                    "ensemble-types",
+                    f"{base}.inputMap[{k}]",
+                    f"{v!r} has shape {src[1].dims} ({src[0]}) but {step.model!r} input {k!r} has dims {t.dims}",
+                )
+        if len(decoupled_sources) > 1:
+            err(
+                "ensemble-decoupled-mix",
+                f"{base}.inputMap",
+                f"inputs come from different decoupled models {sorted(decoupled_sources)}",
+            )
+    for j, (name, t) in enumerate(ens_outputs.items()):
+        src = produced.get(name)
+        if src is None or src[0] == "ensemble input":
+            err("ensemble-outputs-written", f"spec.outputs[{j}]", f"ensemble output {name!r} is not written by any step")
+            continue
+        if src[1].data_type != t.data_type:
+            err("ensemble-types", f"spec.outputs[{j}].dataType", f"is {t.data_type} but {src[0]} is {src[1].data_type}")
+        elif not _shape_compatible(t, mbs, src[1], src[2], a_reshape=True):
+            err("ensemble-types", f"spec.outputs[{j}].dims", f"{t.dims} does not match {src[0]} with dims {src[1].dims}")
+    out_sources = {produced[n][3] for n in ens_outputs if n in produced and produced[n][3] is not None}
+    if len(out_sources) > 1:
+        err(
+            "ensemble-decoupled-mix",
+            "spec.outputs",
+            f"ensemble outputs come from different decoupled models {sorted(out_sources)}",
+        )
+    for name, (desc, _t, _m, _d) in produced.items():
+        if name not in consumed and name not in ens_outputs:
+            path = "spec.inputs" if desc == "ensemble input" else "spec.ensemble.steps"
+            err("ensemble-unused-tensor", path, f"ensemble tensor {name!r} ({desc}) is never used")
+    return err.errors
+
+
+def _cycles(models: Mapping[str, TritonModel]) -> Iterator[tuple[str, list[str]]]:
+    """Ensembles that reach themselves through steps, with the path."""
+    for start, m in models.items():
+        if not m.spec.is_ensemble:
+            continue
+        stack = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            node, path = stack.pop()
+            ens = models[node].spec.ensemble if node in models else None
+            for s in ens.steps if ens else ():
+                if s.model == start:
+                    if len(path) > 1:
+                        yield start, [*path, start]
+                    stack.clear()
+                    break
+                if s.model not in seen and s.model in models:
+                    seen.add(s.model)
+                    stack.append((s.model, [*path, s.model]))
+
+
+def check_models(models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:
+    """All rules over a set of (identifier, model) pairs, e.g. one multi-document file."""
+    errors: list[FieldError] = []
+    by_name: dict[str, TritonModel] = {}
+    idents: dict[str, str] = {}
+    for ident, m in models:
+        if m.name in by_name:
+            errors.append(FieldError(ident, "metadata.name", f"TritonModel {m.name!r} is defined twice", "schema"))
+        by_name[m.name] = m
+        idents[m.name] = ident
+    triton_names: dict[str, str] = {}
+    for ident, m in models:
+        other = triton_names.setdefault(m.triton_name, m.name)
+        if other != m.name:
+            errors.append(
+                FieldError(ident, "spec.modelName", f"Triton model name {m.triton_name!r} is also used by {other!r}", "schema")
+            )
+        errors.extend(check_model(m, ident))
+        errors.extend(_check_ensemble(m, by_name, ident))
+    for start, path in _cycles(by_name):
+        errors.append(
+            FieldError(idents[start], "spec.ensemble.steps", f"ensembles form a cycle: {' -> '.join(path)}", "ensemble-cycle")
+        )
+    return errors
