@@ -11,9 +11,14 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 
-KUBE_VERSION=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/kube/go.mod")
+# The module is listed inside a `require ( ... )` block (or on a one-line require).
+modver() { awk -v m="$2" '($1=="require" && $2==m) {print $3; exit} ($1==m && $2 ~ /^v/) {print $2; exit}' "$1"; }
+KUBE_VERSION=$(modver "$here/kube/go.mod" k8s.io/kubernetes)
 HELM_VERSION=v3.21.4
-ETCD_VERSION=$(awk '$1=="require" && $2=="go.etcd.io/etcd/server/v3" {print $3}' "$here/etcd/go.mod")
+ETCD_VERSION=$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
+# An empty version would be stamped into the binaries (component-base parses it at start-up).
+[[ $KUBE_VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+ ]] || { echo "[cluster-bin] cannot read k8s.io/kubernetes version from kube/go.mod" >&2; exit 1; }
+[[ $ETCD_VERSION =~ ^v[0-9]+\. ]] || { echo "[cluster-bin] cannot read etcd version from etcd/go.mod" >&2; exit 1; }
 
 pins=$(cat "$here/build.sh" "$here/kube/go.mod" "$here/kube/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum" | sha256sum | cut -c1-16)
 cache_root=${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/triton-operator}
