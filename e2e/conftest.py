@@ -1,0 +1,160 @@
+"""pytest fixtures for tests against the local control plane and the GPU node agent.
+
+Owns the session's cluster (an existing reachable `KUBECONFIG`, or `LocalCluster` started here
+and stopped at the end only if this session started it), the node agent (one node `gpu-node-1`
+with 4 GPUs, run as a subprocess, or the one `python -m e2e.cluster up --gpu-node` started), a
+fresh namespace per test, and the diagnostics attached to a failed test's report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import REPO_ROOT, LocalCluster
+from e2e.kube import ApiError, Kube, condition, wait_for
+from e2e.testing import diagnostics
+
+GPU_NODE = "gpu-node-1"
+GPU_COUNT = 4
+
+
+@dataclass
+class ClusterHandle:
+    kubeconfig: Path
+    logs: Path | None  # control-plane logs, when the cluster is ours
+    local: LocalCluster | None
+
+
+@dataclass
+class NodeAgentHandle:
+    node: str
+    gpus: int
+    state_dir: Path
+    log_path: Path | None
+    process: subprocess.Popen[bytes] | None
+
+    def pod_dir(self, uid: str) -> Path:
+        return self.state_dir / "pods" / uid
+
+    def container_log(self, pod: dict, container: str) -> Path:
+        return self.pod_dir(pod["metadata"]["uid"]) / "logs" / f"{container}.log"
+
+    def container_pid(self, pod: dict, container: str) -> int:
+        return int((self.pod_dir(pod["metadata"]["uid"]) / "run" / f"{container}.pid").read_text())
+
+
+def _reachable(kubeconfig: str) -> bool:
+    try:
+        return Kube(kubeconfig, timeout=5).request("GET", "/readyz") is not None
+    except Exception:  # noqa: BLE001 - any failure means "not usable"
+        return False
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ClusterHandle]:
+    env = os.environ.get("KUBECONFIG")
+    local = LocalCluster(REPO_ROOT)
+    if env and Path(env).resolve() != local.kubeconfig.resolve() and _reachable(env):
+        yield ClusterHandle(Path(env), None, None)
+        return
+    started = not local.healthy()
+    kubeconfig = local.up()
+    try:
+        yield ClusterHandle(kubeconfig, local.logs, local)
+    finally:
+        if started:
+            local.down()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: ClusterHandle) -> Path:
+    return cluster.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kube(kubeconfig: Path) -> Kube:
+    return Kube(kubeconfig)
+
+
+def _node_ready(kube: Kube, name: str) -> bool:
+    node = kube.get_or_none("Node", name)
+    if node is None:
+        return False
+    ready = condition(node, "Ready")
+    taints = [t["key"] for t in node["spec"].get("taints") or []]
+    return bool(ready and ready["status"] == "True" and "node.kubernetes.io/not-ready" not in taints)
+
+
+@pytest.fixture(scope="session")
+def node_agent(cluster: ClusterHandle, kube: Kube) -> Iterator[NodeAgentHandle]:
+    local = cluster.local
+    if local is not None and "nodeagent" in local.running():  # started by `e2e.cluster up --gpu-node`
+        wait_for(f"node {GPU_NODE} Ready", lambda: _node_ready(kube, GPU_NODE), 60)
+        yield NodeAgentHandle(GPU_NODE, GPU_COUNT, local.dir / "nodeagent", local.logs / "nodeagent.log", None)
+        return
+    base = local.dir if local is not None else REPO_ROOT / ".cluster"
+    state_dir = base / "nodeagent-pytest"
+    log_dir = base / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / "nodeagent-pytest.log"
+    argv = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(cluster.kubeconfig), "--node", GPU_NODE,
+            "--gpus", str(GPU_COUNT), "--state-dir", str(state_dir), "--crash-backoff", "1"]
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, cwd=REPO_ROOT,  # noqa: S603
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(f"node {GPU_NODE} Ready", lambda: proc.poll() is None and _node_ready(kube, GPU_NODE), 60)
+        assert proc.poll() is None, f"node agent exited with {proc.returncode}; see {log_path}"
+        yield NodeAgentHandle(GPU_NODE, GPU_COUNT, state_dir, log_path, proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount) for one test; deleted afterwards."""
+    stem = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name,
+                                                                       "labels": {"e2e.triton-operator.io/test": "true"}}})
+    wait_for(f"default ServiceAccount in {name}", lambda: kube.get_or_none("ServiceAccount", "default", name), 30)
+    yield name
+    with contextlib.suppress(ApiError):  # pods first: the namespace controller only starts after a delay
+        kube.request("DELETE", f"/api/v1/namespaces/{name}/pods", {"kind": "DeleteOptions", "apiVersion": "v1"})
+    with contextlib.suppress(ApiError):
+        kube.delete("Namespace", name)
+    # Pods stop through the node agent (SIGTERM, grace period): wait so no process outlives its test.
+    wait_for(f"pods in {name} to be gone", lambda: not kube.items("Pod", name), 120)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    kube = funcargs.get("kube")
+    ns = funcargs.get("namespace")
+    agent = funcargs.get("node_agent")
+    cluster = funcargs.get("cluster")
+    logs = cluster.logs if cluster is not None else REPO_ROOT / ".cluster" / "logs"
+    text = diagnostics(kube, ns, agent.state_dir if agent else None, logs)
+    report.sections.append(("cluster diagnostics", text))

@@ -1,0 +1,195 @@
+"""Smoke tests of the test platform itself: real control plane, GPU node agent, real Triton pods.
+
+No operator is involved: plain Deployments, Pods and Services must behave as on a real cluster -
+scheduled by GPU capacity, Ready through readiness probes and readiness gates, listed in
+EndpointSlices with their 198.18.0.0/16 addresses, serving inference, stopped with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from e2e.cluster import REPO_ROOT
+from e2e.kube import Kube, condition, wait_for
+from e2e.testing import (
+    TRITON_IMAGE,
+    add_one_model,
+    container_status,
+    endpoints,
+    is_ready,
+    model_volume,
+    ready_endpoints,
+    service,
+    triton_container,
+    triton_pod,
+    wait_gone,
+    wait_pod,
+)
+
+pytestmark = pytest.mark.cluster
+
+POD_RANGE = ipaddress.ip_network("198.18.0.0/15")
+GATE = "e2e.triton-operator.io/never-set"
+
+
+def infer_add_one(address: str, values: list[float]) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(f"{address}:8001")
+    try:
+        inp = grpcclient.InferInput("INPUT0", [len(values)], "FP32")
+        inp.set_data_from_numpy(np.array(values, dtype=np.float32))
+        return client.infer("add_one", [inp]).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+
+
+def test_kubectl_shows_gpu_capacity(kubeconfig: Path, node_agent) -> None:
+    out = subprocess.run(
+        [str(REPO_ROOT / ".venv" / "bin" / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout
+    nodes = {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
+    node = nodes[node_agent.node]
+    assert node["status"]["capacity"]["nvidia.com/gpu"] == str(node_agent.gpus)
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(node_agent.gpus)
+    assert node["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
+    assert condition(node, "Ready")["status"] == "True"
+
+
+def test_deployment_serves_inference_through_endpointslice(kube: Kube, namespace: str, node_agent) -> None:
+    kube.create(add_one_model(namespace))
+    labels = {"app": "triton"}
+    kube.create({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "triton", "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [triton_container()], "volumes": [model_volume()]},
+            },
+        },
+    })
+    kube.create(service(namespace, "triton", labels))
+
+    def ready_pod() -> dict | None:
+        pods = kube.items("Pod", namespace, label_selector=labels)
+        return next((p for p in pods if is_ready(p)), None)
+
+    pod = wait_for("a Ready triton pod", ready_pod, 120)
+    status = pod["status"]
+    assert pod["spec"]["nodeName"] == node_agent.node
+    assert status["phase"] == "Running"
+    assert ipaddress.ip_address(status["podIP"]) in POD_RANGE
+    cs = container_status(pod, "tritonserver")
+    assert cs["ready"] and cs["started"] and "running" in cs["state"] and cs["image"] == TRITON_IMAGE
+
+    eps = wait_for("a ready endpoint for Service triton", lambda: ready_endpoints(kube, namespace, "triton"), 60)
+    assert [ep["addresses"] for ep in eps] == [[status["podIP"]]]
+    assert eps[0]["targetRef"]["name"] == pod["metadata"]["name"]
+
+    out = infer_add_one(eps[0]["addresses"][0], [1.0, 2.5, -3.0, 41.0])
+    np.testing.assert_allclose(out, [2.0, 3.5, -2.0, 42.0])
+
+    deployment = wait_for("Deployment triton available", lambda: (
+        d := kube.get("Deployment", "triton", namespace))["status"].get("availableReplicas") == 1 and d, 60)
+    assert deployment["status"]["readyReplicas"] == 1
+
+
+def test_unset_readiness_gate_keeps_pod_out_of_service(kube: Kube, namespace: str, node_agent) -> None:
+    kube.create(add_one_model(namespace))
+    labels = {"app": "gated"}
+    kube.create(triton_pod(namespace, "gated", labels, readinessGates=[{"conditionType": GATE}]))
+    kube.create(service(namespace, "gated", labels))
+
+    pod = wait_pod(kube, namespace, "gated", lambda p: container_status(p, "tritonserver").get("ready"),
+                   "container ready", 120)
+    assert condition(pod, "ContainersReady")["status"] == "True"
+    ready = condition(pod, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ReadinessGatesNotReady"
+    assert GATE in ready["message"]
+
+    eps = wait_for("the gated pod listed in the EndpointSlice", lambda: endpoints(kube, namespace, "gated"), 60)
+    assert eps[0]["addresses"] == [pod["status"]["podIP"]]
+    assert eps[0]["conditions"]["ready"] is False
+
+    # It stays out: poll for a while that the agent never flips Ready on its own.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert not is_ready(kube.get("Pod", "gated", namespace))
+        assert not ready_endpoints(kube, namespace, "gated")
+        time.sleep(0.5)
+
+    # A controller sets the gate (as the operator will): the agent keeps it and turns Ready.
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kube.patch("Pod", "gated", {"status": {"conditions": [
+        {"type": GATE, "status": "True", "reason": "Test", "lastTransitionTime": now}]}}, namespace, sub="status")
+    pod = wait_pod(kube, namespace, "gated", is_ready, "Ready after its gate was set", 30)
+    assert condition(pod, GATE)["status"] == "True"
+    wait_for("the gated pod ready in the EndpointSlice", lambda: ready_endpoints(kube, namespace, "gated"), 30)
+
+
+def test_pod_asking_for_too_many_gpus_stays_pending(kube: Kube, namespace: str, node_agent) -> None:
+    pod = triton_pod(namespace, "greedy")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(node_agent.gpus + 4)}}
+    kube.create(pod)
+    pod = wait_pod(kube, namespace, "greedy", lambda p: condition(p, "PodScheduled"), "to get PodScheduled", 60)
+    scheduled = condition(pod, "PodScheduled")
+    assert scheduled["status"] == "False" and scheduled["reason"] == "Unschedulable"
+    assert "nvidia.com/gpu" in scheduled["message"]
+    assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+
+
+def test_unknown_image_is_not_runnable(kube: Kube, namespace: str, node_agent) -> None:
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busybox", "namespace": namespace},
+                 "spec": {"containers": [{"name": "sh", "image": "busybox:1.36", "command": ["sleep", "3600"]}]}})
+    pod = wait_pod(kube, namespace, "busybox",
+                   lambda p: container_status(p, "sh").get("state", {}).get("waiting", {}).get("reason") == "ErrImagePull",
+                   "waiting with ErrImagePull", 60)
+    waiting = container_status(pod, "sh")["state"]["waiting"]
+    assert waiting["message"] == "node agent cannot run image busybox:1.36"
+    assert pod["status"]["phase"] == "Pending"
+    assert not is_ready(pod)
+
+
+def test_configmap_repository_in_none_mode_crash_loops(kube: Kube, namespace: str, node_agent) -> None:
+    """Real kubelet layout, real Triton: `..data` in a ConfigMap volume is a model Triton fails to load."""
+    kube.create(add_one_model(namespace))
+    pod = triton_pod(namespace, "none-mode")
+    pod["spec"]["containers"][0]["args"] = ["--model-repository=/models", "--allow-gpu-metrics=false"]
+    kube.create(pod)
+    pod = wait_pod(kube, namespace, "none-mode",
+                   lambda p: container_status(p, "tritonserver").get("restartCount", 0) >= 1,
+                   "restarted after tritonserver exited", 120)
+    cs = container_status(pod, "tritonserver")
+    assert cs["lastState"]["terminated"]["exitCode"] != 0
+    assert not is_ready(pod)
+    log = node_agent.container_log(pod, "tritonserver").read_text()
+    assert "failed to load model '..data'" in log
+
+
+def test_deleting_pod_sigterms_tritonserver(kube: Kube, namespace: str, node_agent) -> None:
+    kube.create(add_one_model(namespace))
+    kube.create(triton_pod(namespace, "doomed"))
+    pod = wait_pod(kube, namespace, "doomed", is_ready, "Ready", 120)
+    pid = node_agent.container_pid(pod, "tritonserver")
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[0].endswith(b"/tritonserver"), cmdline
+    assert infer_add_one(pod["status"]["podIP"], [0.0]).tolist() == [1.0]
+
+    kube.delete("Pod", "doomed", namespace)
+    wait_gone(kube, "Pod", namespace, "doomed", 60)
+    assert not Path(f"/proc/{pid}").exists(), "tritonserver still running after its pod was deleted"
+    log = node_agent.container_log(pod, "tritonserver").read_text()
+    assert "Signal (15) received." in log  # SIGTERM, not SIGKILL
+    netns = json.loads((node_agent.pod_dir(pod["metadata"]["uid"]) / "pod.json").read_text())["netns"]
+    assert netns and not Path("/run/netns", netns).exists(), "pod network namespace left behind"

@@ -1,0 +1,213 @@
+"""Helpers the e2e tests share: waiting on API state, manifests for Triton pods, diagnostics.
+
+Owns the small vocabulary tests are written in (`wait_pod`, `ready_endpoints`, `add_one_model`,
+`triton_container`) and `diagnostics()`, the text dumped when a cluster test fails: pods with
+their conditions and container states, events, and the tails of the node agent's, the API
+server's and every container's logs.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from e2e.kube import ApiError, Kube, condition, wait_for
+
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+
+ADD_ONE_CONFIG = textwrap.dedent(
+    """\
+    name: "add_one"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    instance_group [ { kind: KIND_CPU count: 1 } ]
+    """
+)
+
+ADD_ONE_MODEL = textwrap.dedent(
+    """\
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                out = pb_utils.Tensor("OUTPUT0", (x + 1).astype(np.float32))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            return responses
+    """
+)
+
+
+def add_one_model(namespace: str, name: str = "add-one-model") -> dict:
+    """A ConfigMap holding the add_one Python model; mount it with `model_volume()`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {"config.pbtxt": ADD_ONE_CONFIG, "model.py": ADD_ONE_MODEL},
+    }
+
+
+def model_volume(configmap: str = "add-one-model", model: str = "add_one") -> dict:
+    """A ConfigMap can't hold a tree: `items` lay the keys out as <model>/config.pbtxt, <model>/1/model.py."""
+    return {
+        "name": "models",
+        "configMap": {
+            "name": configmap,
+            "items": [
+                {"key": "config.pbtxt", "path": f"{model}/config.pbtxt"},
+                {"key": "model.py", "path": f"{model}/1/model.py"},
+            ],
+        },
+    }
+
+
+def triton_container(args: list[str] | None = None, gpus: int = 1, probe: bool = True) -> dict:
+    """The tritonserver container as users write it for the NGC image.
+
+    A ConfigMap volume carries the kubelet's `..data` and `..<timestamp>` directories, which
+    Triton would try to load as models; explicit mode with --load-model loads only the model.
+    """
+    c: dict[str, Any] = {
+        "name": "tritonserver",
+        "image": TRITON_IMAGE,
+        "command": ["tritonserver"],
+        "args": args
+        or [
+            "--model-repository=/models",
+            "--model-control-mode=explicit",
+            "--load-model=add_one",
+            "--allow-gpu-metrics=false",
+        ],
+        "ports": [
+            {"name": "http", "containerPort": 8000},
+            {"name": "grpc", "containerPort": 8001},
+            {"name": "metrics", "containerPort": 8002},
+        ],
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    }
+    if gpus:
+        c["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    if probe:
+        c["readinessProbe"] = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 1,
+                               "failureThreshold": 3}
+    return c
+
+
+def triton_pod(namespace: str, name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {"containers": [triton_container()], "volumes": [model_volume()], **spec},
+    }
+
+
+def service(namespace: str, name: str, selector: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": selector,
+            "ports": [
+                {"name": "http", "port": 8000, "targetPort": "http"},
+                {"name": "grpc", "port": 8001, "targetPort": "grpc"},
+            ],
+        },
+    }
+
+
+# -- waiting ------------------------------------------------------------------------------------
+
+
+def wait_pod(kube: Kube, namespace: str, name: str, pred: Callable[[dict], Any], what: str,
+             timeout: float = 90.0) -> dict:
+    def probe() -> dict | None:
+        pod = kube.get("Pod", name, namespace)
+        return pod if pred(pod) else None
+
+    return wait_for(f"pod {namespace}/{name} {what}", probe, timeout)
+
+
+def is_ready(pod: dict) -> bool:
+    c = condition(pod, "Ready")
+    return bool(c and c["status"] == "True")
+
+
+def container_status(pod: dict, name: str) -> dict:
+    for s in (pod.get("status") or {}).get("containerStatuses") or []:
+        if s["name"] == name:
+            return s
+    return {}
+
+
+def endpoints(kube: Kube, namespace: str, svc: str) -> list[dict]:
+    """Every endpoint of the Service's EndpointSlices, each with its addresses and conditions."""
+    slices = kube.items("EndpointSlice", namespace, label_selector={"kubernetes.io/service-name": svc})
+    return [ep for s in slices for ep in s.get("endpoints") or []]
+
+
+def ready_endpoints(kube: Kube, namespace: str, svc: str) -> list[dict]:
+    return [ep for ep in endpoints(kube, namespace, svc) if (ep.get("conditions") or {}).get("ready")]
+
+
+def wait_gone(kube: Kube, kind: str, namespace: str, name: str, timeout: float = 60.0) -> None:
+    wait_for(f"{kind} {namespace}/{name} to be gone", lambda: kube.get_or_none(kind, name, namespace) is None,
+             timeout)
+
+
+# -- diagnostics ----------------------------------------------------------------------------------
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"<{e}>"
+
+
+def diagnostics(kube: Kube | None, namespace: str | None, agent_state_dir: Path | None,
+                cluster_logs: Path | None) -> str:
+    out: list[str] = []
+    uids: list[str] = []
+    if kube is not None and namespace:
+        try:
+            for pod in kube.items("Pod", namespace):
+                md, st = pod["metadata"], pod.get("status") or {}
+                uids.append(md["uid"])
+                out.append(f"--- pod {md['name']} uid={md['uid']} node={pod['spec'].get('nodeName')} "
+                           f"phase={st.get('phase')} podIP={st.get('podIP')}")
+                for c in st.get("conditions") or []:
+                    out.append(f"    condition {c['type']}={c['status']} reason={c.get('reason')} "
+                               f"message={c.get('message')}")
+                for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+                    out.append(f"    container {cs['name']} ready={cs.get('ready')} restarts={cs.get('restartCount')}"
+                               f" state={json.dumps(cs.get('state'))} last={json.dumps(cs.get('lastState'))}")
+            for ev in kube.items("Event", namespace)[-30:]:
+                out.append(f"    event {ev.get('type')} {ev.get('reason')} "
+                           f"{ev['involvedObject'].get('name')}: {ev.get('message')}")
+            for ep in kube.items("EndpointSlice", namespace):
+                out.append(f"--- endpointslice {ep['metadata']['name']}: {json.dumps(ep.get('endpoints'))}")
+        except (ApiError, OSError) as e:
+            out.append(f"<diagnostics: {e}>")
+    if agent_state_dir is not None:
+        for uid in uids:
+            for log in sorted((agent_state_dir / "pods" / uid / "logs").glob("*.log")):
+                out.append(f"--- container log {log} (tail)\n{_tail(log, 60)}")
+    if cluster_logs is not None:
+        for name in ("nodeagent-pytest.log", "nodeagent.log", "kube-apiserver.log", "kube-controller-manager.log",
+                     "kube-scheduler.log"):
+            path = cluster_logs / name
+            if path.exists():
+                out.append(f"--- {path} (tail)\n{_tail(path, 30)}")
+    return "\n".join(out)
