@@ -22,6 +22,7 @@ from e2e.kube import Kube, condition, wait_for
 from e2e.testing import (
     TRITON_IMAGE,
     add_one_model,
+    consistently,
     container_status,
     endpoints,
     is_ready,
@@ -122,12 +123,9 @@ def test_unset_readiness_gate_keeps_pod_out_of_service(kube: Kube, namespace: st
     assert eps[0]["addresses"] == [pod["status"]["podIP"]]
     assert eps[0]["conditions"]["ready"] is False
 
-    # It stays out: poll for a while that the agent never flips Ready on its own.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        assert not is_ready(kube.get("Pod", "gated", namespace))
-        assert not ready_endpoints(kube, namespace, "gated")
-        time.sleep(0.5)
+    # It stays out: the agent never flips Ready on its own while the gate is unset.
+    consistently("the gated pod to stay unready and out of the Service", lambda: (
+        not is_ready(kube.get("Pod", "gated", namespace)) and not ready_endpoints(kube, namespace, "gated")), 5)
 
     # A controller sets the gate (as the operator will): the agent keeps it and turns Ready.
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -193,3 +191,89 @@ def test_deleting_pod_sigterms_tritonserver(kube: Kube, namespace: str, node_age
     assert "Signal (15) received." in log  # SIGTERM, not SIGKILL
     netns = json.loads((node_agent.pod_dir(pod["metadata"]["uid"]) / "pod.json").read_text())["netns"]
     assert netns and not Path("/run/netns", netns).exists(), "pod network namespace left behind"
+
+
+OPERATOR_IMAGE = "ghcr.io/triton-operator/triton-operator:dev"
+
+IN_CLUSTER_SCRIPT = """
+import os
+from kubernetes import client, config
+config.load_incluster_config()
+ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
+pods = client.CoreV1Api().list_namespaced_pod(ns)
+print("listed", sorted(p.metadata.name for p in pods.items), "as", os.environ["POD_NAME"], os.environ["GREETING"])
+"""
+
+
+def test_operator_image_pod_reaches_api_server_with_its_service_account(kube: Kube, namespace: str, node_agent) -> None:
+    """What the operator's own pod needs: in-cluster config, a bound token, downward API and ConfigMap env."""
+    kube.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "default-view"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}]})
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": namespace},
+                 "data": {"greeting": "hello"}})
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "in-cluster", "namespace": namespace},
+                 "spec": {"restartPolicy": "Never", "containers": [{
+                     "name": "client", "image": OPERATOR_IMAGE, "command": ["python", "-c", IN_CLUSTER_SCRIPT],
+                     "env": [
+                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                         {"name": "GREETING",
+                          "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "greeting"}}},
+                     ]}]}})
+    pod = wait_pod(kube, namespace, "in-cluster", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+                   "to finish", 90)
+    log = node_agent.container_log(pod, "client").read_text()
+    assert pod["status"]["phase"] == "Succeeded", log
+    assert "listed ['in-cluster'] as in-cluster hello" in log
+    terminated = container_status(pod, "client")["state"]["terminated"]
+    assert terminated["exitCode"] == 0 and terminated["reason"] == "Completed"
+
+
+COPY_SCRIPT = """
+import shutil, sys
+shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True, ignore=shutil.ignore_patterns("..*"))
+print("copied")
+"""
+
+
+def test_init_container_prepares_repository_in_empty_dir(kube: Kube, namespace: str, node_agent) -> None:
+    """The fetch pattern: an init container fills an emptyDir, tritonserver loads every model in it.
+
+    Also exercises an exec startup probe (run inside the container's mounts) and a gRPC readiness probe.
+    """
+    kube.create(add_one_model(namespace))
+    server = triton_container(args=["--model-repository=/models", "--allow-gpu-metrics=false"])
+    server["volumeMounts"] = [{"name": "repository", "mountPath": "/models"}]
+    server["startupProbe"] = {"exec": {"command": ["test", "-f", "/models/add_one/1/model.py"]}, "periodSeconds": 1}
+    server["readinessProbe"] = {"grpc": {"port": 8001}, "periodSeconds": 1}
+    init = {"name": "fetch", "image": OPERATOR_IMAGE, "command": ["python", "-c", COPY_SCRIPT, "/src", "/models"],
+            "volumeMounts": [{"name": "models", "mountPath": "/src", "readOnly": True},
+                             {"name": "repository", "mountPath": "/models"}]}
+    kube.create(triton_pod(namespace, "fetched", initContainers=[init], containers=[server],
+                           volumes=[model_volume(), {"name": "repository", "emptyDir": {}}]))
+    pod = wait_pod(kube, namespace, "fetched", is_ready, "Ready", 120)
+    init_status = pod["status"]["initContainerStatuses"][0]
+    assert init_status["state"]["terminated"]["exitCode"] == 0
+    assert condition(pod, "Initialized")["status"] == "True"
+    assert container_status(pod, "tritonserver")["started"] is True
+    assert infer_add_one(pod["status"]["podIP"], [5.0]).tolist() == [6.0]
+    assert "copied" in node_agent.container_log(pod, "fetch").read_text()
+
+
+def test_failing_liveness_probe_restarts_tritonserver(kube: Kube, namespace: str, node_agent) -> None:
+    kube.create(add_one_model(namespace))
+    pod = triton_pod(namespace, "unlive", terminationGracePeriodSeconds=10)
+    c = pod["spec"]["containers"][0]
+    c["startupProbe"] = {"tcpSocket": {"port": "grpc"}, "periodSeconds": 1, "failureThreshold": 60}
+    c["livenessProbe"] = {"httpGet": {"path": "/v2/models/no_such_model/ready", "port": "http"},
+                          "periodSeconds": 1, "failureThreshold": 2}
+    kube.create(pod)
+    pod = wait_pod(kube, namespace, "unlive",
+                   lambda p: container_status(p, "tritonserver").get("restartCount", 0) >= 1,
+                   "restarted by its liveness probe", 120)
+    last = container_status(pod, "tritonserver")["lastState"]["terminated"]
+    assert "failed liveness probe" in last.get("message", ""), last
+    events = kube.items("Event", namespace, field_selector={"involvedObject.name": "unlive"})
+    assert any(e["reason"] == "Killing" for e in events), [e["reason"] for e in events]
+    assert "Signal (15) received." in node_agent.container_log(pod, "tritonserver").read_text()

@@ -161,6 +161,18 @@ def ready_endpoints(kube: Kube, namespace: str, svc: str) -> list[dict]:
     return [ep for ep in endpoints(kube, namespace, svc) if (ep.get("conditions") or {}).get("ready")]
 
 
+def consistently(what: str, check: Callable[[], Any], duration: float, interval: float = 0.5) -> None:
+    """Asserts `check()` stays truthy for `duration` seconds (polled), e.g. a pod that must stay unready."""
+    import time
+
+    deadline = time.monotonic() + duration
+    while True:
+        assert check(), f"expected {what} to hold for {duration:.0f}s, but it stopped holding"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
 def wait_gone(kube: Kube, kind: str, namespace: str, name: str, timeout: float = 60.0) -> None:
     wait_for(f"{kind} {namespace}/{name} to be gone", lambda: kube.get_or_none(kind, name, namespace) is None,
              timeout)

@@ -13,7 +13,6 @@ import http.client
 import socket
 import ssl
 import subprocess
-import time
 from dataclasses import dataclass, field
 
 
@@ -151,10 +150,4 @@ class ProbeTracker:
             if self.failures >= int(self.spec.get("failureThreshold") or 3) and self.result is not False:
                 self.result = False
                 return False
-            if self.kind == "liveness" and self.failures >= int(self.spec.get("failureThreshold") or 3):
-                return False
         return None
-
-
-def now() -> float:
-    return time.monotonic()
