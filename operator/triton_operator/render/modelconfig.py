@@ -232,8 +232,17 @@ class RenderedModel:
         return self.files[f"{self.name}/config.pbtxt"].decode()
 
 
+#: Placeholder that makes an ensemble's (otherwise empty) version directory exist.
+ENSEMBLE_VERSION_PLACEHOLDER = ".keep"
+
+
 def _model_files(model: TritonModel) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
+    if model.spec.is_ensemble:
+        # Triton loads only versions that have a directory: an ensemble with no `1/` fails with
+        # "at least one version must be available under the version policy". The repository is
+        # a set of files, so an empty directory needs a (ignored) file in it.
+        files[f"{model.triton_name}/{VERSION_DIR}/{ENSEMBLE_VERSION_PLACEHOLDER}"] = b""
     src = model.spec.source
     if src is None:
         return files
