@@ -227,7 +227,7 @@ class LocalCluster:
         if not pid_alive(pid):
             return False
         argv = pid_cmdline(pid)
-        if name == "nodeagent":
+        if name.startswith("nodeagent"):
             return any("e2e.nodeagent" in a for a in argv)
         return bool(argv) and Path(argv[0]).name == name
 
@@ -436,48 +436,79 @@ class LocalCluster:
     def _scheduler_args(self, ports: Ports) -> list[str]:
         return self._kube_common("kube-scheduler", ports.scheduler)
 
-    def down(self, quiet: bool = False, grace: float = 10.0) -> None:
-        """SIGTERM every recorded process (node agents first, etcd last), SIGKILL stragglers, wipe etcd data."""
+    def down(self, quiet: bool = False, grace: float = 15.0) -> None:
+        """Stops every recorded process in reverse start order (node agents first, etcd last), wipes etcd data.
+
+        Each process gets SIGTERM and `grace` seconds before SIGKILL; the next one is signalled only
+        after it is gone, so the API server can still reach etcd while it shuts down.
+        """
+        t0 = time.monotonic()
         pids = self.read_pids()
         order = [n for n in pids if n not in COMPONENTS] + [n for n in reversed(COMPONENTS) if n in pids]
-        alive = {n: pids[n] for n in order if self._owned(n, pids[n])}
-        for name, pid in alive.items():
+        stopped, killed = [], []
+        for name in order:
+            pid = pids[name]
+            if not self._owned(name, pid):
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            if name not in COMPONENTS:  # the node agent stops its pods: let it finish first
-                _wait_gone([pid], grace + 20)
-        left = _wait_gone(list(alive.values()), grace)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        left = _wait_gone(left, 5)
-        if left:
-            raise RuntimeError(f"Processes survived SIGKILL: {left}")
-        if not quiet or alive:
-            log(f"Stopped control plane components={','.join(alive) or 'none'} killed={len(alive) and len(left)}")
+            wait = grace + 45 if name.startswith("nodeagent") else grace  # the agent stops its pods first
+            if _wait_gone([pid], wait):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                killed.append(name)
+                if _wait_gone([pid], 5):
+                    raise RuntimeError(f"{name} pid={pid} survived SIGKILL")
+            stopped.append(name)
+        if not quiet or stopped:
+            log(f"Stopped control plane components={','.join(stopped) or 'none'} "
+                f"killed={','.join(killed) or 'none'} seconds={time.monotonic() - t0:.1f}")
         self.pids_file.unlink(missing_ok=True)
         self.state_file.unlink(missing_ok=True)
         # A fresh etcd on every start: tests never see objects from an earlier run.
         subprocess.run(["rm", "-rf", str(self.dir / "etcd")], check=False)  # noqa: S603,S607
 
-    def start_node_agent(self, nodes: list[str], gpus: int, extra: list[str] | None = None) -> int:
-        """Starts `python -m e2e.nodeagent` in the background for `nodes`, recorded in the pids file."""
+    def start_node_agent(
+        self, nodes: list[str], gpus: int, extra: list[str] | None = None, name: str = "nodeagent"
+    ) -> subprocess.Popen[bytes]:
+        """Starts `python -m e2e.nodeagent` in the background for `nodes`, recorded in the pids file as `name`.
+
+        A stale agent recorded under the same name (e.g. left by a killed test session) is stopped
+        first, so two agents never drive the same node. `down` stops it before the control plane.
+        """
+        self.stop_component(name)
         args = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(self.kubeconfig), "--gpus", str(gpus),
-                "--state-dir", str(self.dir / "nodeagent")]
+                "--state-dir", str(self.dir / name)]
         for n in nodes:
             args += ["--node", n]
         args += extra or []
-        logf = open(self.logs / "nodeagent.log", "ab")  # noqa: SIM115
+        self.logs.mkdir(parents=True, exist_ok=True)
+        logf = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen(  # noqa: S603
             args, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
             start_new_session=True,
         )
         logf.close()
         pids = self.read_pids()
-        pids["nodeagent"] = proc.pid
+        pids[name] = proc.pid
         self._write_pids(pids)
-        log(f"Started nodeagent pid={proc.pid} nodes={','.join(nodes)} gpus={gpus}")
-        return proc.pid
+        log(f"Started {name} pid={proc.pid} nodes={','.join(nodes)} gpus={gpus}")
+        return proc
+
+    def stop_component(self, name: str, grace: float = 60.0) -> None:
+        """SIGTERM one recorded process (SIGKILL after `grace`) and drop it from the pids file."""
+        pids = self.read_pids()
+        pid = pids.pop(name, None)
+        if pid is not None and self._owned(name, pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            for left in _wait_gone([pid], grace):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(left, signal.SIGKILL)
+                _wait_gone([left], 5)
+            log(f"Stopped {name} pid={pid}")
+        if pid is not None and self.pids_file.exists():
+            self._write_pids(pids)
 
 
 def _http_ok(url: str) -> bool:

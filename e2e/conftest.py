@@ -103,16 +103,20 @@ def node_agent(cluster: ClusterHandle, kube: Kube) -> Iterator[NodeAgentHandle]:
         wait_for(f"node {GPU_NODE} Ready", lambda: _node_ready(kube, GPU_NODE), 60)
         yield NodeAgentHandle(GPU_NODE, GPU_COUNT, local.dir / "nodeagent", local.logs / "nodeagent.log", None)
         return
-    base = local.dir if local is not None else REPO_ROOT / ".cluster"
-    state_dir = base / "nodeagent-pytest"
-    log_dir = base / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / "nodeagent-pytest.log"
-    argv = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(cluster.kubeconfig), "--node", GPU_NODE,
-            "--gpus", str(GPU_COUNT), "--state-dir", str(state_dir), "--crash-backoff", "1"]
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, cwd=REPO_ROOT,  # noqa: S603
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    if local is not None:
+        # Recorded in .cluster/pids: a session killed hard leaves no agent that `make cluster-down` misses.
+        name = "nodeagent-pytest"
+        proc = local.start_node_agent([GPU_NODE], GPU_COUNT, ["--crash-backoff", "1"], name=name)
+        state_dir, log_path = local.dir / name, local.logs / f"{name}.log"
+    else:
+        state_dir = REPO_ROOT / ".cluster" / "nodeagent-pytest"
+        log_path = REPO_ROOT / ".cluster" / "logs" / "nodeagent-pytest.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(cluster.kubeconfig), "--node", GPU_NODE,
+                "--gpus", str(GPU_COUNT), "--state-dir", str(state_dir), "--crash-backoff", "1"]
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, cwd=REPO_ROOT,  # noqa: S603
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for(f"node {GPU_NODE} Ready", lambda: proc.poll() is None and _node_ready(kube, GPU_NODE), 60)
         assert proc.poll() is None, f"node agent exited with {proc.returncode}; see {log_path}"
@@ -125,6 +129,8 @@ def node_agent(cluster: ClusterHandle, kube: Kube) -> Iterator[NodeAgentHandle]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if local is not None:
+            local.stop_component("nodeagent-pytest")
 
 
 @pytest.fixture
