@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 from e2e.cluster import REPO_ROOT
 from e2e.kube import Kube, condition, wait_for
 from e2e.testing import (
+    ADD_ONE_CONFIG,
     TRITON_IMAGE,
     add_one_model,
     consistently,
@@ -277,3 +278,25 @@ def test_failing_liveness_probe_restarts_tritonserver(kube: Kube, namespace: str
     events = kube.items("Event", namespace, field_selector={"involvedObject.name": "unlive"})
     assert any(e["reason"] == "Killing" for e in events), [e["reason"] for e in events]
     assert "Signal (15) received." in node_agent.container_log(pod, "tritonserver").read_text()
+
+
+def test_configmap_update_reaches_running_tritonserver(kube: Kube, namespace: str, node_agent) -> None:
+    """ConfigMap volumes are re-synced (atomic `..data` swap) and Triton reloads the new config on request."""
+    kube.create(add_one_model(namespace))
+    kube.create(triton_pod(namespace, "reload"))
+    pod = wait_pod(kube, namespace, "reload", is_ready, "Ready", 120)
+    client = grpcclient.InferenceServerClient(f"{pod['status']['podIP']}:8001")
+    try:
+        assert "revision" not in client.get_model_config("add_one").config.parameters
+        config = ADD_ONE_CONFIG + 'parameters { key: "revision" value { string_value: "2" } }\n'
+        kube.patch("ConfigMap", "add-one-model", {"data": {"config.pbtxt": config}}, namespace)
+
+        def reloaded() -> str | None:
+            client.load_model("add_one")  # explicit mode: re-reads the repository
+            params = client.get_model_config("add_one").config.parameters
+            return params["revision"].string_value if "revision" in params else None
+
+        assert wait_for("tritonserver to load the updated config", reloaded, 60, interval=2) == "2"
+        assert infer_add_one(pod["status"]["podIP"], [1.0]).tolist() == [2.0]
+    finally:
+        client.close()
