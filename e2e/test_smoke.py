@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from e2e.cluster import REPO_ROOT
 from e2e.kube import Kube, condition, wait_for
@@ -292,8 +293,11 @@ def test_configmap_update_reaches_running_tritonserver(kube: Kube, namespace: st
         kube.patch("ConfigMap", "add-one-model", {"data": {"config.pbtxt": config}}, namespace)
 
         def reloaded() -> str | None:
-            client.load_model("add_one")  # explicit mode: re-reads the repository
-            params = client.get_model_config("add_one").config.parameters
+            try:
+                client.load_model("add_one")  # explicit mode: re-reads the repository
+                params = client.get_model_config("add_one").config.parameters
+            except InferenceServerException:
+                return None  # e.g. a load racing the volume swap: try again
             return params["revision"].string_value if "revision" in params else None
 
         assert wait_for("tritonserver to load the updated config", reloaded, 60, interval=2) == "2"
