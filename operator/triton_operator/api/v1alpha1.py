@@ -289,7 +289,7 @@ class WarmupInput(_Model):
     )
 
     data_type: DataType = Field(description="Must match the model input's dataType.")
-    dims: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] = Field(
+    dims: list[Dim] = Field(
         max_length=16, description="Concrete shape of the sample (no -1), without the batch dimension."
     )
     zero_data: bool | None = Field(default=None, description="Fill with zeros (empty strings for BYTES).")

@@ -100,7 +100,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             width = max(len(r.name) for r in order)
             for i, r in enumerate(order, 1):
                 _progress(f"[{i}/{len(order)}] Loading {r.name} (load and warm-up)…")
-                res = load_model(client, r.name)
+                res = load_model(client, r.name, timeout=args.load_timeout)
                 if res.ready:
                     warm = len(r.config.model_warmup)
                     detail = f"loaded and warmed in {res.seconds:.2f}s"
@@ -192,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("paths", nargs="+", metavar="FILE|DIR")
     v.add_argument("--cpu", action="store_true", help="map GPU instance groups to CPU, for machines without GPUs")
     v.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for tritonserver to start")
+    v.add_argument("--load-timeout", type=float, default=300.0, help="seconds one model may take to load and warm up")
     v.add_argument("--show-log", action="store_true", help="print the tritonserver log tail when a model fails")
     v.set_defaults(func=cmd_validate)
 

@@ -7,7 +7,6 @@ calls; callers in asyncio code run them in a thread.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import tritonclient.grpc as grpcclient
@@ -66,17 +65,19 @@ def execution_count(client: grpcclient.InferenceServerClient, name: str) -> int:
     return sum(s.execution_count for s in stats.model_stats)
 
 
-def load_model(
-    client: grpcclient.InferenceServerClient,
-    name: str,
-    on_progress: Callable[[str], None] | None = None,
-) -> LoadResult:
-    """Load (and so warm up) one model in explicit mode; READY or Triton's own reason for failing."""
+def load_model(client: grpcclient.InferenceServerClient, name: str, timeout: float = 300.0) -> LoadResult:
+    """Load (and so warm up) one model in explicit mode; READY or Triton's own reason for failing.
+
+    Some defects leave Triton LOADING forever (a Python model whose stub cannot start), so the
+    load has a deadline; past it the model is reported as failed with its repository state.
+    """
     start = time.monotonic()
     try:
-        client.load_model(name)
+        client.load_model(name, client_timeout=timeout)
     except InferenceServerException as exc:
         reason = exc.message() or str(exc)
+        if "Deadline" in reason:
+            reason = f"still not READY after {timeout:.0f}s (Triton keeps it LOADING; see the tritonserver log)"
         states = _safe_states(client)
         if name in states and states[name].reason:
             reason = states[name].reason

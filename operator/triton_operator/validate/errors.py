@@ -44,7 +44,11 @@ def field_path(loc: Iterable[object], prefix: str = "") -> str:
 def from_pydantic(model: str, exc: ValidationError, prefix: str = "") -> list[FieldError]:
     errors = []
     for e in exc.errors(include_url=False):
-        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))]
+        loc = [
+            p
+            for p in e["loc"]
+            if not (isinstance(p, str) and (p.startswith(("function-", "constrained-")) or p == "[key]"))
+        ]
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field"

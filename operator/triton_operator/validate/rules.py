@@ -292,6 +292,8 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
         if g.kind != "GPU" and g.gpus:
             err("instance-group", f"spec.instanceGroups[{i}].gpus", f"gpus may be set only with kind GPU, not {g.kind}")
     src = spec.source
+    if src is not None and (src.inline is None) == (src.uri is None):
+        err("source", "spec.source", "set exactly one of inline (files) or uri (where to fetch them)")
     if spec.backend == "python" and src is not None and src.inline is not None and "model.py" not in src.inline:
         err("python-model-file", "spec.source.inline", "the python backend loads model.py, which is missing")
 
@@ -347,6 +349,13 @@ def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
                     f"inputs are {sorted(inputs)}",
                 )
                 continue
+            for j, d in enumerate(wi.dims):
+                if d < 1:
+                    err(
+                        "warmup-inputs",
+                        f"{p}.dims[{j}]",
+                        f"warm-up shapes must be concrete (every dim >= 1), got {d}; Triton fails the load at warm-up",
+                    )
             if wi.data_type != t.data_type:
                 err("warmup-inputs", f"{p}.dataType", f"is {wi.data_type} but input {name!r} is {t.data_type}")
             if len(wi.dims) != len(t.dims) or any(m != -1 and m != d for m, d in zip(t.dims, wi.dims, strict=False)):
