@@ -100,18 +100,17 @@ def openapi_schema() -> dict[str, Any]:
             "config and finished warm-up."
         ),
         "required": ["spec"],
+        "x-kubernetes-validations": [
+            {
+                "rule": "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",
+                "message": "metadata.name must be a DNS label (lowercase letters, digits and '-', at most 63): "
+                "it names the Deployment, Service and pods",
+            }
+        ],
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object."},
             "kind": {"type": "string", "description": "Kind of this object."},
-            "metadata": {
-                "type": "object",
-                "x-kubernetes-validations": [
-                    {
-                        "rule": "self.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.name) <= 63",
-                        "message": "metadata.name must be a DNS label (lowercase letters, digits, '-'; at most 63)",
-                    }
-                ],
-            },
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },

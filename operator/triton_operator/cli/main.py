@@ -177,6 +177,16 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from ..fetch import FetchError, run
+
+    try:
+        return run(Path(args.src), Path(args.dst), args.uri or [])
+    except (FetchError, OSError) as exc:
+        _err(f"error: fetch failed: {exc}")
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triton-operator", description="Declarative NVIDIA Triton models on Kubernetes.")
     p.add_argument("--version", action="version", version=f"triton-operator {__version__}")
@@ -204,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("crd", help="print the TritonModel CustomResourceDefinition")
     c.set_defaults(func=cmd_crd)
+
+    f = sub.add_parser("fetch", help="(init container) assemble the model repository from the ConfigMap and uris")
+    f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")
+    f.add_argument("--to", dest="dst", required=True, help="model repository directory to fill")
+    f.add_argument("--uri", action="append", metavar="MODEL=URI", help="fetch a model's version files")
+    f.set_defaults(func=cmd_fetch)
 
     try:
         from ..controller.cli import add_commands

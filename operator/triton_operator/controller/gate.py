@@ -1,0 +1,172 @@
+"""The warm-up gate: a pod readiness-gate condition that turns True only when its Triton
+serves the desired config (model and every ensemble step READY, loaded digest equal to
+the one the pod was created for) and warm-up is over.
+
+One asyncio task per pod whose tritonserver container is running. It polls
+sub-second while the replica warms, backs off once it is stable, and is woken at
+once by any event on its pod (a crash flips the gate within one round trip).
+Concurrent gRPC checks are bounded, so cost stays flat with hundreds of pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.v1alpha1 import WARMED_CONDITION
+from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME, GRPC_PORT
+from ..triton.gate import Verdict, check_replica
+from . import metrics
+from .kube import Kube
+from .status import TRITON_CONTAINER, pod_condition, triton_container_status
+
+log = logging.getLogger("triton_operator.gate")
+
+STABLE_BACKOFF = (1.0, 2.0, 5.0)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _PodGate:
+    namespace: str
+    name: str
+    body: dict[str, Any]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    ready_seen_at: float | None = None
+    started_mono: float = field(default_factory=time.monotonic)
+
+
+class WarmupGate:
+    def __init__(self, kube: Kube, poll_interval: float = 0.2, max_concurrent_checks: int = 32,
+                 on_change: Any = None) -> None:
+        self.kube = kube
+        self.poll_interval = poll_interval
+        self.sem = asyncio.Semaphore(max_concurrent_checks)
+        self.pods: dict[tuple[str, str], _PodGate] = {}
+        self.on_change = on_change  # callback(namespace, model) after a gate flip
+
+    def observe(self, body: dict[str, Any], deleted: bool = False) -> None:
+        """Feed a pod watch event."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        gate = self.pods.get(key)
+        if deleted or meta.get("deletionTimestamp"):
+            if gate is not None:
+                if gate.task:
+                    gate.task.cancel()
+                self.pods.pop(key, None)
+            return
+        if not any(g.get("conditionType") == WARMED_CONDITION for g in (body.get("spec") or {}).get("readinessGates") or ()):
+            return
+        if gate is None:
+            gate = _PodGate(meta["namespace"], meta["name"], body)
+            self.pods[key] = gate
+        gate.body = body
+        gate.wake.set()
+        if gate.task is None or gate.task.done():
+            gate.task = asyncio.create_task(self._run(gate), name=f"gate-{key[0]}/{key[1]}")
+
+    async def stop(self) -> None:
+        for g in list(self.pods.values()):
+            if g.task:
+                g.task.cancel()
+        for g in list(self.pods.values()):
+            if g.task:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await g.task
+
+    async def _run(self, gate: _PodGate) -> None:
+        stable_rounds = 0
+        while (gate.namespace, gate.name) in self.pods:
+            verdict = await self._check(gate)
+            current = pod_condition(gate.body, WARMED_CONDITION)
+            want = "True" if verdict.ok else "False"
+            if current is None or current.get("status") != want or current.get("reason") != verdict.reason:
+                await self._set(gate, verdict)
+                stable_rounds = 0
+            if verdict.ok:
+                delay = STABLE_BACKOFF[min(stable_rounds, len(STABLE_BACKOFF) - 1)]
+                stable_rounds += 1
+            else:
+                delay = self._interval(gate)
+            gate.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(gate.wake.wait(), timeout=delay)
+
+    def _interval(self, gate: _PodGate) -> float:
+        ann = gate.body["metadata"].get("annotations") or {}
+        ms = ann.get("serving.triton-operator.dev/poll-interval-ms")
+        return int(ms) / 1000 if ms and ms.isdigit() else self.poll_interval
+
+    async def _check(self, gate: _PodGate) -> Verdict:
+        pod = gate.body
+        ann = pod["metadata"].get("annotations") or {}
+        cs = triton_container_status(pod)
+        ip = (pod.get("status") or {}).get("podIP")
+        running = bool(((cs or {}).get("state") or {}).get("running"))
+        if not ip or not running:
+            why = "the tritonserver container is not running" if ip else "the pod has no IP yet"
+            return Verdict(False, "TritonNotRunning", why, "Loading")
+        steps = tuple(s for s in (ann.get(ANNOTATION_STEPS) or "").split(",") if s)
+        async with self.sem:
+            verdict = await check_replica(
+                f"{ip}:{GRPC_PORT}", ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, "")
+            )
+        if verdict.ready_seen and gate.ready_seen_at is None:
+            gate.ready_seen_at = time.monotonic()
+        if not verdict.ready_seen:
+            gate.ready_seen_at = None
+        return verdict
+
+    async def _set(self, gate: _PodGate, verdict: Verdict) -> None:
+        status = "True" if verdict.ok else "False"
+        message = verdict.message
+        if verdict.ok:
+            cs = triton_container_status(gate.body) or {}
+            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+            if started:
+                t0 = dt.datetime.strptime(started[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc)
+                warm = (dt.datetime.now(dt.timezone.utc) - t0).total_seconds()
+                message += f"; warmed {warm:.1f}s after tritonserver started"
+                metrics.WARMUP_SECONDS.observe(max(warm, 0.0))
+        cond = {
+            "type": WARMED_CONDITION,
+            "status": status,
+            "reason": verdict.reason,
+            "message": message[:1024],
+            "lastProbeTime": None,
+        }
+        prev = pod_condition(gate.body, WARMED_CONDITION)
+        if prev is None or prev.get("status") != status:
+            cond["lastTransitionTime"] = _now()
+        try:
+            await asyncio.to_thread(self.kube.patch_pod_condition, gate.namespace, gate.name, cond)
+        except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next event retries
+            log.warning("Failed to patch gate pod=%s/%s error=%s", gate.namespace, gate.name, exc)
+            return
+        if verdict.ok and gate.ready_seen_at is not None:
+            metrics.READY_TO_GATE_SECONDS.observe(time.monotonic() - gate.ready_seen_at)
+        metrics.GATE_TRANSITIONS.labels(status=status, reason=verdict.reason).inc()
+        # keep our copy current so the next round compares against what we wrote
+        conds = [c for c in (gate.body.get("status") or {}).get("conditions") or () if c.get("type") != WARMED_CONDITION]
+        gate.body.setdefault("status", {})["conditions"] = [*conds, {**cond, "lastTransitionTime": cond.get("lastTransitionTime") or (prev or {}).get("lastTransitionTime")}]
+        log.info(
+            "Set readiness gate pod=%s/%s status=%s reason=%s message=%r",
+            gate.namespace, gate.name, status, verdict.reason, message,
+        )
+        if self.on_change:
+            model = (gate.body["metadata"].get("labels") or {}).get("serving.triton-operator.dev/model")
+            if model:
+                self.on_change(gate.namespace, model)
+
+
+__all__ = ["WarmupGate", "TRITON_CONTAINER"]

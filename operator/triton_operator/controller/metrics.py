@@ -1,0 +1,24 @@
+"""Prometheus metrics of the operator (prometheus-client), served by `triton-operator run --metrics-port`."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+RECONCILES = Counter("triton_operator_reconciles_total", "TritonModel reconciles", ["result"])
+RECONCILE_ERRORS = Counter("triton_operator_reconcile_errors_total", "TritonModel reconciles that failed", ["reason"])
+RECONCILE_SECONDS = Histogram(
+    "triton_operator_reconcile_duration_seconds", "Time of one TritonModel reconcile",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+API_WRITES = Counter("triton_operator_api_writes_total", "Writes the operator sent to the API server", ["kind", "verb"])
+GATE_TRANSITIONS = Counter(
+    "triton_operator_gate_transitions_total", "Readiness-gate condition changes", ["status", "reason"]
+)
+WARMUP_SECONDS = Histogram(
+    "triton_operator_warmup_duration_seconds", "Time from tritonserver container start to the gate turning True",
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+)
+READY_TO_GATE_SECONDS = Histogram(
+    "triton_operator_ready_to_gate_seconds", "Time from Triton first reporting the model READY to the gate turning True",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)

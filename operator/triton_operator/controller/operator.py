@@ -1,0 +1,123 @@
+"""kopf wiring: watches, the drift timer, the warm-up gate, liveness and metrics.
+
+Handlers are kopf `on.event` handlers and one timer, so kopf writes nothing of
+its own (no progress annotations, no finalizers): every write the operator
+makes comes from `Reconciler` or `WarmupGate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from ..api.v1alpha1 import GROUP, PLURAL, VERSION
+from ..render.kubernetes import LABEL_MODEL, MANAGED_BY, Options
+from .gate import WarmupGate
+from .kube import Kube
+from .reconcile import Cache, Reconciler
+
+log = logging.getLogger("triton_operator")
+
+OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+class State:
+    kube: Kube
+    cache: Cache
+    reconciler: Reconciler
+    gate: WarmupGate
+
+
+STATE = State()
+
+
+def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = True
+        settings.posting.enabled = False
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.networking.request_timeout = 30
+        STATE.gate = WarmupGate(STATE.kube, on_change=lambda ns, name: STATE.reconciler.request(ns, name))
+
+    @kopf.on.cleanup(registry=registry)
+    async def _cleanup(**_: Any) -> None:
+        await STATE.gate.stop()
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def _model_event(event: dict[str, Any], **_: Any) -> None:
+        body = event["object"]
+        deleted = event["type"] == "DELETED"
+        STATE.cache.put_model(body, deleted=deleted)
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        if deleted:
+            log.info("Observed TritonModel deletion namespace=%s name=%s", ns, name)
+            for dep in STATE.reconciler.dependents(ns, name):
+                STATE.reconciler.request(ns, dep)
+            return
+        STATE.reconciler.request(ns, name)
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=drift_interval, registry=registry)
+    async def _drift(namespace: str, name: str, **_: Any) -> None:
+        STATE.reconciler.request(namespace, name)
+
+    def _child_handler(group: str, version: str, plural: str) -> None:
+        @kopf.on.event(group, version, plural, labels=OWNED, registry=registry)
+        async def _child_event(event: dict[str, Any], **_: Any) -> None:
+            body = event["object"]
+            STATE.cache.put_child(body, deleted=event["type"] == "DELETED")
+            owner = (body["metadata"].get("labels") or {}).get(LABEL_MODEL)
+            if owner:
+                STATE.reconciler.request(body["metadata"]["namespace"], owner)
+
+    _child_handler("", "v1", "configmaps")
+    _child_handler("", "v1", "services")
+    _child_handler("apps", "v1", "deployments")
+    _child_handler("policy", "v1", "poddisruptionbudgets")
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)
+    async def _pod_event(event: dict[str, Any], **_: Any) -> None:
+        body = event["object"]
+        deleted = event["type"] == "DELETED"
+        model = STATE.cache.put_pod(body, deleted=deleted)
+        STATE.gate.observe(body, deleted=deleted)
+        if model:
+            STATE.reconciler.request(body["metadata"]["namespace"], model)
+
+    return registry
+
+
+async def run_operator(
+    *,
+    kubeconfig: str | None,
+    namespaces: list[str],
+    clusterwide: bool,
+    liveness: str | None,
+    options: Options,
+    drift_interval: float = 60.0,
+    stop_flag: asyncio.Event | None = None,
+) -> None:
+    STATE.kube = Kube.from_environment(kubeconfig)
+    STATE.cache = Cache()
+    STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
+    registry = build_registry(drift_interval)
+
+    @kopf.on.login(registry=registry)
+    def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # the same credentials the kubernetes client was configured with (kubeconfig or in-cluster)
+        return kopf.login_via_client(**kwargs)
+
+    await kopf.operator(
+        registry=registry,
+        clusterwide=clusterwide,
+        namespaces=namespaces,
+        liveness_endpoint=liveness,
+        standalone=True,
+        stop_flag=stop_flag,
+    )

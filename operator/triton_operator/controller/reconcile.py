@@ -1,0 +1,256 @@
+"""The one level-triggered reconcile of a TritonModel, and the in-memory view it reads from.
+
+Watch events (kopf `on.event`) keep `Cache` current for TritonModels and the
+children we own; `Reconciler.reconcile` renders the desired children, applies
+only those that differ (server-side apply, one field manager), and writes
+status only when it changed. A second reconcile of an unchanged object writes
+nothing. kopf keeps no progress annotations for us: every handler is an event
+handler or a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api.v1alpha1 import GROUP, PLURAL, VERSION, TritonModel
+from ..render.kubernetes import (
+    LABEL_MODEL,
+    Options,
+    RepositoryTooLarge,
+    render_children,
+    selector_string,
+)
+from ..render.modelconfig import render_repository
+from ..validate.errors import from_pydantic
+from ..validate.rules import check_models
+from . import metrics
+from .kube import Kube, contains
+from .status import Observed, Problem, compute_status, status_changed, transitions
+
+log = logging.getLogger("triton_operator.reconcile")
+
+CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
+
+
+@dataclass
+class Cache:
+    """Latest bodies seen on the watches, by namespace."""
+
+    models: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
+    children: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name)
+    pods: dict[tuple[str, str], dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
+
+    def put_model(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        if deleted:
+            self.models[ns].pop(name, None)
+        else:
+            self.models[ns][name] = dict(body)
+
+    def put_child(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        key = (body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
+        if deleted:
+            self.children.pop(key, None)
+        else:
+            self.children[key] = dict(body)
+
+    def put_pod(self, body: Mapping[str, Any], deleted: bool = False) -> str | None:
+        meta = body["metadata"]
+        model = (meta.get("labels") or {}).get(LABEL_MODEL)
+        if not model:
+            return None
+        bucket = self.pods[(meta["namespace"], model)]
+        if deleted:
+            bucket.pop(meta["name"], None)
+        else:
+            bucket[meta["name"]] = dict(body)
+        return model
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, cache: Cache, options: Options = Options()) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.options = options
+        self._dirty: dict[tuple[str, str], asyncio.Event] = {}
+        self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    # -- scheduling: one worker per object, coalescing bursts of events into one reconcile
+
+    def request(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        ev = self._dirty.setdefault(key, asyncio.Event())
+        ev.set()
+        task = self._workers.get(key)
+        if task is None or task.done():
+            self._workers[key] = asyncio.create_task(self._worker(key), name=f"reconcile-{namespace}/{name}")
+
+    async def _worker(self, key: tuple[str, str]) -> None:
+        ev = self._dirty[key]
+        while ev.is_set():
+            ev.clear()
+            try:
+                await self.reconcile(*key)
+            except Exception as exc:  # noqa: BLE001 - a failed reconcile is retried, never fatal
+                metrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
+                log.exception("Failed to reconcile TritonModel namespace=%s name=%s", *key)
+                await asyncio.sleep(2.0)
+                ev.set()
+
+    def dependents(self, namespace: str, name: str) -> list[str]:
+        """Ensembles in the namespace whose steps use `name`."""
+        out = []
+        for other, body in self.cache.models.get(namespace, {}).items():
+            steps = ((body.get("spec") or {}).get("ensemble") or {}).get("steps") or ()
+            if any(s.get("model") == name for s in steps):
+                out.append(other)
+        return out
+
+    # -- the reconcile
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        body = self.cache.models.get(namespace, {}).get(name)
+        if body is None:
+            return  # deleted: owner references garbage-collect the children
+        start = time.monotonic()
+        try:
+            await self._reconcile(body)
+            metrics.RECONCILES.labels(result="ok").inc()
+        except Exception:
+            metrics.RECONCILES.labels(result="error").inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - start)
+
+    def _closure(self, namespace: str, root: TritonModel) -> tuple[list[TritonModel], list[str], list[str]]:
+        """The root and every model its ensemble steps reach; plus missing step names and parse errors."""
+        models = {root.name: root}
+        missing: list[str] = []
+        errors: list[str] = []
+        todo = [root]
+        while todo:
+            m = todo.pop()
+            for step in m.spec.ensemble.steps if m.spec.ensemble else ():
+                if step.model in models:
+                    continue
+                body = self.cache.models.get(namespace, {}).get(step.model)
+                if body is None:
+                    missing.append(step.model)
+                    continue
+                try:
+                    sm = TritonModel.model_validate(body)
+                except ValidationError as exc:
+                    errors.extend(str(e) for e in from_pydantic(f"TritonModel/{step.model}", exc))
+                    continue
+                models[sm.name] = sm
+                todo.append(sm)
+        return list(models.values()), sorted(set(missing)), errors
+
+    async def _reconcile(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        generation = int(meta.get("generation", 1))
+        problem: Problem | None = None
+        digest: str | None = None
+        model: TritonModel | None = None
+        try:
+            model = TritonModel.model_validate(body)
+        except ValidationError as exc:
+            problem = Problem("InvalidSpec", "; ".join(str(e) for e in from_pydantic(f"TritonModel/{name}", exc)))
+        children: list[dict[str, Any]] = []
+        if model is not None:
+            closure, missing, step_errors = self._closure(namespace, model)
+            if missing:
+                problem = Problem(
+                    "StepModelMissing",
+                    f"ensemble step model(s) {', '.join(missing)} not found in namespace {namespace}; nothing is deployed",
+                )
+            elif step_errors:
+                problem = Problem("InvalidStepModel", "; ".join(step_errors))
+            else:
+                errors = [e for e in check_models([(f"TritonModel/{m.name}", m) for m in closure])]
+                own = [e for e in errors if e.model == f"TritonModel/{name}"]
+                if own or errors:
+                    problem = Problem("InvalidSpec", "; ".join(f"{e.path}: {e.message}" for e in (own or errors))[:2000])
+            if problem is None:
+                rendered = render_repository(closure)
+                digest = rendered[name].digest
+                try:
+                    children = render_children(model, rendered, uid, namespace, self.options)
+                except RepositoryTooLarge as exc:
+                    problem = Problem("RepositoryTooLarge", str(exc))
+        for child in children:
+            key = (child["kind"], namespace, child["metadata"]["name"])
+            existing = self.cache.children.get(key)
+            if existing is None:
+                existing = await asyncio.to_thread(self.kube.get, child["apiVersion"], child["kind"], namespace, key[2])
+            if existing is not None and contains(existing, child):
+                continue
+            applied = await asyncio.to_thread(self.kube.apply, child)
+            self.cache.put_child(applied)
+            log.info("Applied %s namespace=%s name=%s owner=TritonModel/%s", child["kind"], namespace, key[2], name)
+        if model is not None and model.spec.replicas <= 1:
+            stale = self.cache.children.get(("PodDisruptionBudget", namespace, name))
+            if stale is not None:
+                await asyncio.to_thread(self._delete_pdb, namespace, name)
+        await self._write_status(body, generation, model, digest, problem)
+        for dep in self.dependents(namespace, name):
+            self.request(namespace, dep)
+
+    def _delete_pdb(self, namespace: str, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        metrics.API_WRITES.labels(kind="PodDisruptionBudget", verb="delete").inc()
+        try:
+            self.kube._call("DELETE", self.kube.path("policy/v1", "PodDisruptionBudget", namespace, name))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self.cache.children.pop(("PodDisruptionBudget", namespace, name), None)
+
+    async def _write_status(
+        self, body: dict[str, Any], generation: int, model: TritonModel | None, digest: str | None, problem: Problem | None
+    ) -> None:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        replicas = model.spec.replicas if model is not None else int((body.get("spec") or {}).get("replicas", 1))
+        sel = f"{LABEL_MODEL}={name}" if model is None else selector_string(model)
+        obs = Observed(
+            generation=generation,
+            desired_replicas=replicas,
+            digest=digest or (body.get("status") or {}).get("configDigest"),
+            selector=sel,
+            problem=problem,
+            deployment=self.cache.children.get(("Deployment", namespace, name)),
+            pods=list(self.cache.pods.get((namespace, name), {}).values()),
+        )
+        old = body.get("status") or {}
+        new = compute_status(obs, old)
+        if not status_changed(old, new):
+            return
+        patch = dict(new)
+        for k in old:
+            if k not in patch:
+                patch[k] = None  # merge patch: drop fields we no longer report
+        updated = await asyncio.to_thread(self.kube.patch_custom_status, GROUP, VERSION, PLURAL, namespace, name, patch)
+        if updated:
+            self.cache.put_model(updated)
+        for c in transitions(old, new):
+            warn = (c["type"] == "Degraded" and c["status"] == "True") or (
+                c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ("ReplicasWarming",)
+            )
+            log.info(
+                "Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",
+                namespace, name, c["type"], c["status"], c["reason"],
+            )
+            await asyncio.to_thread(
+                self.kube.event, body, c["reason"], f"{c['type']}={c['status']}: {c['message']}", "Warning" if warn else "Normal"
+            )

@@ -1,0 +1,185 @@
+"""Pure status computation: (what was observed) -> TritonModel status, conditions and their transitions.
+
+Conditions follow Kubernetes conventions: Ready / Progressing / Degraded with
+CamelCase reasons and observedGeneration; lastTransitionTime changes only when
+a condition's status flips. No client here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.v1alpha1 import WARMED_CONDITION
+from ..render.kubernetes import ANNOTATION_DIGEST
+
+TRITON_CONTAINER = "tritonserver"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A reason nothing (new) can be deployed."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class Observed:
+    generation: int
+    desired_replicas: int
+    digest: str | None
+    selector: str
+    problem: Problem | None = None
+    deployment: Mapping[str, Any] | None = None
+    pods: Sequence[Mapping[str, Any]] = field(default_factory=list)
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(t: str | None) -> dt.datetime | None:
+    if not t:
+        return None
+    return dt.datetime.strptime(t[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc)
+
+
+def pod_condition(pod: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == ctype:
+            return c
+    return None
+
+
+def triton_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or ():
+        if cs.get("name") == TRITON_CONTAINER:
+            return cs
+    return None
+
+
+def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """One replica's state for status.replicaStates, from its gate condition and container status."""
+    name = pod["metadata"]["name"]
+    gate = pod_condition(pod, WARMED_CONDITION)
+    cs = triton_container_status(pod)
+    out: dict[str, Any] = {"pod": name}
+    waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
+    init_waiting = [
+        (s.get("state") or {}).get("waiting") for s in (pod.get("status") or {}).get("initContainerStatuses") or ()
+        if (s.get("state") or {}).get("waiting")
+    ]
+    if gate and gate.get("status") == "True":
+        out.update(state="Ready", reason=gate.get("reason") or "ModelWarmed")
+        started = _parse_time((((cs or {}).get("state") or {}).get("running") or {}).get("startedAt"))
+        turned = _parse_time(gate.get("lastTransitionTime"))
+        if started and turned and turned >= started:
+            out["warmupSeconds"] = float((turned - started).total_seconds())
+    elif gate and gate.get("reason") in ("ModelLoadFailed", "ConfigDigestMismatch"):
+        out.update(state="Failed", reason=gate["reason"], message=gate.get("message", ""))
+    elif waiting.get("reason") in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerError"):
+        out.update(state="Failed", reason=waiting["reason"], message=waiting.get("message", ""))
+    elif init_waiting and init_waiting[0].get("reason") in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff"):
+        out.update(state="Failed", reason=f"Init{init_waiting[0]['reason']}", message=init_waiting[0].get("message", ""))
+    elif cs and (cs.get("state") or {}).get("running"):
+        if gate and gate.get("reason") == "ModelWarming":
+            out.update(state="Warming", reason="ModelWarming")
+        else:
+            out.update(state="Loading", reason=(gate or {}).get("reason") or "TritonStarting")
+    else:
+        out.update(state="Pending", reason="PodPending")
+    return out
+
+
+def _cond(ctype: str, status: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
+    return {
+        "type": ctype,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+    }
+
+
+def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The whole status the operator wants, with lastTransitionTime carried over when unchanged."""
+    live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
+    states = sorted((replica_state(p) for p in live), key=lambda s: s["pod"])
+    current = [p for p in live if (p["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST) == obs.digest]
+    warmed = [p for p in current if (pod_condition(p, WARMED_CONDITION) or {}).get("status") == "True"]
+    failed = [s for s in states if s["state"] == "Failed"]
+    dep_status = (obs.deployment or {}).get("status") or {}
+    n = obs.desired_replicas
+    g = obs.generation
+
+    if obs.problem is not None:
+        p = obs.problem
+        conds = [
+            _cond("Ready", False, p.reason, p.message, g),
+            _cond("Progressing", False, p.reason, p.message, g),
+            _cond("Degraded", True, p.reason, p.message, g),
+        ]
+    else:
+        if n == 0:
+            ready = _cond("Ready", True, "ScaledToZero", "spec.replicas is 0", g)
+        elif len(warmed) >= n:
+            ready = _cond("Ready", True, "AllReplicasWarmed", f"{len(warmed)}/{n} replicas serve the desired config, warm", g)
+        elif failed:
+            ready = _cond("Ready", False, failed[0]["reason"], f"{len(warmed)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip(), g)
+        else:
+            ready = _cond("Ready", False, "ReplicasWarming", f"{len(warmed)}/{n} replicas warmed", g)
+        rolling = len(warmed) < n or len(live) > n
+        if rolling and not failed:
+            progressing = _cond("Progressing", True, "RollingOut", f"{len(warmed)}/{n} replicas at config {obs.digest} warmed", g)
+        elif rolling:
+            progressing = _cond("Progressing", False, "RolloutStalled", f"replica {failed[0]['pod']} failed: {failed[0]['reason']}", g)
+        else:
+            progressing = _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {obs.digest}", g)
+        if failed:
+            f = failed[0]
+            degraded = _cond("Degraded", True, f["reason"], f"{f['pod']}: {f.get('message') or f['reason']}", g)
+        else:
+            degraded = _cond("Degraded", False, "AsExpected", "no replica has failed", g)
+        conds = [ready, progressing, degraded]
+
+    prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
+    stamp = now()
+    for c in conds:
+        old = prev_conds.get(c["type"])
+        c["lastTransitionTime"] = old["lastTransitionTime"] if old and old.get("status") == c["status"] and old.get("lastTransitionTime") else stamp
+    status: dict[str, Any] = {
+        "observedGeneration": g,
+        "conditions": conds,
+        "replicas": int(dep_status.get("replicas", len(live)) or 0),
+        "readyReplicas": int(dep_status.get("readyReplicas", 0) or 0),
+        "warmedReplicas": len(warmed),
+        "selector": obs.selector,
+        "replicaStates": states,
+    }
+    if obs.digest:
+        status["configDigest"] = obs.digest
+    return status
+
+
+def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    return _comparable(old or {}) != _comparable(new)
+
+
+def _comparable(status: Mapping[str, Any]) -> Any:
+    out = dict(status)
+    out.pop("lastTransitionTime", None)
+    return out
+
+
+def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Conditions whose status or reason changed: each becomes an Event."""
+    prev = {c.get("type"): c for c in (old or {}).get("conditions") or ()}
+    out = []
+    for c in new.get("conditions") or ():
+        p = prev.get(c["type"])
+        if p is None or p.get("status") != c["status"] or p.get("reason") != c["reason"]:
+            out.append(c)
+    return out

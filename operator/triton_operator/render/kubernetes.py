@@ -1,0 +1,320 @@
+"""Pure rendering of a TritonModel's Kubernetes children: ConfigMap, Deployment, Service, PodDisruptionBudget.
+
+`render_children(model, rendered, options)` -> plain dicts ready for server-side
+apply. No client, no I/O: the controller applies what this returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel
+from ..validate.rules import quantity_bytes
+from .modelconfig import RenderedModel, repository_for, step_closure
+
+#: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
+CONFIGMAP_LIMIT = 1024 * 1024 - 16 * 1024
+
+LABEL_MODEL = f"{GROUP}/model"
+ANNOTATION_DIGEST = f"{GROUP}/config-digest"
+ANNOTATION_TRITON_NAME = f"{GROUP}/triton-model"
+ANNOTATION_STEPS = f"{GROUP}/triton-steps"
+MANAGED_BY = "triton-operator"
+REPO_DIR = "/models"
+CONFIG_DIR = "/config"
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+
+
+@dataclass(frozen=True)
+class Options:
+    """Operator-wide settings that shape children."""
+
+    operator_image: str = "ghcr.io/triton-operator/triton-operator:0.1.0"
+    startup_probe_period: int = 2
+
+
+class RepositoryTooLarge(ValueError):
+    def __init__(self, size: int) -> None:
+        super().__init__(
+            f"the rendered model repository is {size} bytes, over the ConfigMap limit of {CONFIGMAP_LIMIT} bytes; "
+            "move large files to spec.source.uri (https://, pvc://, s3:// or gs://)"
+        )
+        self.size = size
+
+
+def labels(model: TritonModel) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "triton",
+        "app.kubernetes.io/instance": model.name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_MODEL: model.name,
+    }
+
+
+def selector(model: TritonModel) -> dict[str, str]:
+    return {LABEL_MODEL: model.name}
+
+
+def selector_string(model: TritonModel) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector(model).items()))
+
+
+def owner_reference(model: TritonModel, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": model.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(model: TritonModel, name: str, uid: str, namespace: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(model),
+        "ownerReferences": [owner_reference(model, uid)],
+    }
+
+
+def _key(path: str) -> str:
+    """A ConfigMap key for a repository path: keys allow [-._a-zA-Z0-9] only, so flatten and disambiguate."""
+    flat = re.sub(r"[^-._a-zA-Z0-9]", "_", path)
+    return f"{flat[-200:]}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+
+
+def render_configmap(
+    model: TritonModel, rendered: Mapping[str, RenderedModel], uid: str, namespace: str
+) -> dict[str, Any]:
+    """The model repository (the model plus, for ensembles, its steps) as one ConfigMap.
+
+    Keys are flattened paths; the volume's `items` puts each back at its repository path.
+    """
+    files = repository_for(model.name, rendered)
+    data: dict[str, str] = {}
+    binary: dict[str, str] = {}
+    size = 0
+    import base64
+
+    for path, content in files.items():
+        key = _key(path)
+        size += len(key) + len(content)
+        try:
+            data[key] = content.decode("utf-8")
+        except UnicodeDecodeError:
+            binary[key] = base64.b64encode(content).decode()
+    if size > CONFIGMAP_LIMIT:
+        raise RepositoryTooLarge(size)
+    cm: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(model, f"{model.name}-repository", uid, namespace),
+        "data": data,
+    }
+    if binary:
+        cm["binaryData"] = binary
+    return cm
+
+
+def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tuple[list[str], list[dict], list[dict], list[dict]]:
+    """fetch arguments, extra volumes, mounts and env for the models in the closure whose source is a uri."""
+    args: list[str] = []
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    env: list[dict[str, Any]] = []
+    for name in step_closure(model.name, rendered):
+        m = rendered[name].model
+        src = m.spec.source
+        if src is None or src.uri is None:
+            continue
+        args += ["--uri", f"{m.triton_name}={src.uri}"]
+        if src.uri.startswith("pvc://"):
+            claim = src.uri.removeprefix("pvc://").split("/", 1)[0]
+            vol = f"pvc-{claim}"[:63]
+            if not any(v["name"] == vol for v in volumes):
+                volumes.append({"name": vol, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+                mounts.append({"name": vol, "mountPath": f"/sources/pvc/{claim}", "readOnly": True})
+        if src.credentials_secret:
+            secret = src.credentials_secret
+            if src.uri.startswith("s3://"):
+                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION"):
+                    env.append(
+                        {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": key not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}}}
+                    )
+            elif src.uri.startswith("gs://"):
+                vol = f"gcs-{secret}"[:63]
+                volumes.append({"name": vol, "secret": {"secretName": secret}})
+                mounts.append({"name": vol, "mountPath": "/var/run/secrets/gcs", "readOnly": True})
+                env.append({"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/var/run/secrets/gcs/key.json"})
+    return args, volumes, mounts, env
+
+
+def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> list[str]:
+    closure = [rendered[n].model for n in step_closure(model.name, rendered)]
+    args = [
+        f"--model-repository={REPO_DIR}",
+        "--model-control-mode=explicit",
+        f"--load-model={model.triton_name}",
+        "--strict-readiness=true",
+        "--exit-on-error=false",
+        f"--http-port={HTTP_PORT}",
+        f"--grpc-port={GRPC_PORT}",
+        f"--metrics-port={METRICS_PORT}",
+    ]
+    if any(m.spec.response_cache for m in closure):
+        size = max(quantity_bytes(m.spec.server.cache_size) for m in closure if m.spec.response_cache)
+        args.append(f"--cache-config=local,size={size}")
+    args.extend(model.spec.server.args or ())
+    return args
+
+
+def render_deployment(
+    model: TritonModel,
+    rendered: Mapping[str, RenderedModel],
+    uid: str,
+    namespace: str,
+    options: Options = Options(),
+) -> dict[str, Any]:
+    spec = model.spec
+    server = spec.server
+    digest = rendered[model.name].digest
+    uri_args, uri_volumes, uri_mounts, uri_env = _uri_args(model, rendered)
+    files = repository_for(model.name, rendered)
+    items = [{"key": _key(p), "path": p} for p in files]
+
+    resources: dict[str, Any] = {}
+    if server.resources is not None:
+        if server.resources.requests:
+            resources["requests"] = dict(server.resources.requests)
+        if server.resources.limits:
+            resources["limits"] = dict(server.resources.limits)
+    if server.gpus > 0:
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = str(server.gpus)
+
+    probe_http = lambda path: {"httpGet": {"path": path, "port": "http"}}  # noqa: E731
+    triton: dict[str, Any] = {
+        "name": "tritonserver",
+        "image": server.image,
+        "command": ["tritonserver"],
+        "args": _server_args(model, rendered),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "volumeMounts": [{"name": "models", "mountPath": REPO_DIR, "readOnly": True}],
+        "startupProbe": {
+            **probe_http("/v2/health/live"),
+            "periodSeconds": options.startup_probe_period,
+            "failureThreshold": max(1, server.startup_timeout_seconds // options.startup_probe_period),
+        },
+        "readinessProbe": {**probe_http("/v2/health/ready"), "periodSeconds": 2, "failureThreshold": 1},
+        "livenessProbe": {**probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
+    }
+    if resources:
+        triton["resources"] = resources
+    fetch: dict[str, Any] = {
+        "name": "fetch",
+        "image": options.operator_image,
+        "args": ["fetch", "--from", CONFIG_DIR, "--to", REPO_DIR, *uri_args],
+        "volumeMounts": [
+            {"name": "repository", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "models", "mountPath": REPO_DIR},
+            *uri_mounts,
+        ],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if uri_env:
+        fetch["env"] = uri_env
+    pod_spec: dict[str, Any] = {
+        "initContainers": [fetch],
+        "containers": [triton],
+        "volumes": [
+            {"name": "repository", "configMap": {"name": f"{model.name}-repository", "items": items}},
+            {"name": "models", "emptyDir": {}},
+            *uri_volumes,
+        ],
+        "securityContext": {"fsGroup": 65532},
+    }
+    if spec.warmup_gate.enabled:
+        pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
+    if server.node_selector:
+        pod_spec["nodeSelector"] = dict(server.node_selector)
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations or ()]
+    if server.gpus > 0 and not any(t.get("key") == "nvidia.com/gpu" for t in tolerations):
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if server.affinity:
+        pod_spec["affinity"] = dict(server.affinity)
+    steps = [rendered[n].model.triton_name for n in step_closure(model.name, rendered) if n != model.name]
+    annotations = {ANNOTATION_DIGEST: digest, ANNOTATION_TRITON_NAME: model.triton_name}
+    if steps:
+        annotations[ANNOTATION_STEPS] = ",".join(steps)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(model, model.name, uid, namespace),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector(model)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": labels(model), "annotations": annotations}, "spec": pod_spec},
+        },
+    }
+
+
+def render_service(model: TritonModel, uid: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(model, model.name, uid, namespace),
+        "spec": {
+            "selector": selector(model),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def render_pdb(model: TritonModel, uid: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(model, model.name, uid, namespace),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(model)}},
+    }
+
+
+def render_children(
+    model: TritonModel,
+    rendered: Mapping[str, RenderedModel],
+    uid: str,
+    namespace: str,
+    options: Options = Options(),
+) -> list[dict[str, Any]]:
+    """Every child, in apply order (the ConfigMap before the Deployment that mounts it)."""
+    children = [
+        render_configmap(model, rendered, uid, namespace),
+        render_deployment(model, rendered, uid, namespace, options),
+        render_service(model, uid, namespace),
+    ]
+    if model.spec.replicas > 1:
+        children.append(render_pdb(model, uid, namespace))
+    return children
