@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 from triton_helpers import EXAMPLES, Served, ServerPool, load_models, tensor, variant
 from tritonclient.utils import InferenceServerException
 
-from triton_operator.validate.rules import quantity_bytes
+from triton_operator.api.v1alpha1 import quantity_bytes
 
 pytestmark = pytest.mark.triton
 

@@ -44,6 +44,16 @@ K8sNameStr = Annotated[
 QuantityStr = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 Dim = Annotated[int, Field(ge=-1, le=2**31 - 1)]
 
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def quantity_bytes(q: str) -> int:
+    """Bytes in a Kubernetes quantity such as `64Mi`, `1G` or `1048576`."""
+    for suffix, mult in _UNITS.items():
+        if q.endswith(suffix):
+            return int(float(q[: -len(suffix)]) * mult)
+    return int(float(q))
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(

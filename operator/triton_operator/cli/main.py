@@ -68,7 +68,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..render.modelconfig import render_repository
     from ..triton.client import connect, load_model
     from ..triton.local import TRITON_VERSION, LocalTritonServer, TritonNotInstalled
-    from ..validate.rules import RULES, quantity_bytes
+    from ..api.v1alpha1 import quantity_bytes
+    from ..validate.rules import RULES
 
     loaded = _load_and_check(args.paths)
     if loaded is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel
-from ..validate.rules import quantity_bytes
+from ..api.v1alpha1 import quantity_bytes
 from .modelconfig import RenderedModel, repository_for, step_closure
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.

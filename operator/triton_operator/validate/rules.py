@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..api.v1alpha1 import Tensor, TritonModel, TritonModelSpec
+from ..api.v1alpha1 import Tensor, TritonModel, TritonModelSpec, quantity_bytes
 from .errors import FieldError
 
 
@@ -282,7 +282,7 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
         err("response-cache-decoupled", "spec.responseCache", "the response cache cannot serve a decoupled model")
     if spec.response_cache and spec.sequence_batcher is not None:
         err("response-cache-sequence", "spec.responseCache", "the response cache cannot be used with sequence batching")
-    if spec.response_cache and _quantity_bytes(spec.server.cache_size) <= 0:
+    if spec.response_cache and quantity_bytes(spec.server.cache_size) <= 0:
         err(
             "response-cache-size",
             "spec.server.cacheSize",
@@ -296,18 +296,6 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
         err("source", "spec.source", "set exactly one of inline (files) or uri (where to fetch them)")
     if spec.backend == "python" and src is not None and src.inline is not None and "model.py" not in src.inline:
         err("python-model-file", "spec.source.inline", "the python backend loads model.py, which is missing")
-
-
-def _quantity_bytes(q: str) -> float:
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    for suffix, mult in units.items():
-        if q.endswith(suffix):
-            return float(q[: -len(suffix)]) * mult
-    return float(q)
-
-
-def quantity_bytes(q: str) -> int:
-    return int(_quantity_bytes(q))
 
 
 def _bytes_elements(data: bytes) -> int | None:
