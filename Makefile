@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: all venv test unit crd crd-check lint cluster-bin cluster cluster-down clean
+.PHONY: all venv test unit crd docs lint cluster-bin cluster cluster-down demo clean
 
 all: test
 
@@ -22,6 +22,10 @@ venv: $(STAMP)
 crd: $(STAMP)
 	$(BIN)/triton-operator crd > crds/tritonmodels.yaml
 
+## Regenerate the TritonModel reference in README.md from the pydantic field descriptions.
+docs: $(STAMP)
+	$(BIN)/triton-operator docs --update README.md
+
 ## Architecture contract between layers.
 lint: $(STAMP)
 	$(BIN)/lint-imports
@@ -36,6 +40,10 @@ cluster: $(STAMP) cluster-bin
 
 cluster-down: $(STAMP)
 	$(BIN)/python -m e2e.cluster down
+
+## The product on an embedded local cluster: control plane, a GPU node, the operator, two models, live progress.
+demo: $(STAMP) cluster-bin
+	$(BIN)/python -m e2e.demo
 
 ## Every test: unit, real tritonserver, real control plane. Exit code 5 (nothing collected) is a failure.
 test: $(STAMP) cluster-bin lint

@@ -229,6 +229,8 @@ class LocalCluster:
         argv = pid_cmdline(pid)
         if name.startswith("nodeagent"):
             return any("e2e.nodeagent" in a for a in argv)
+        if name == "triton-operator":  # started by `make demo`
+            return any(a.endswith("triton-operator") for a in argv) and "run" in argv
         return bool(argv) and Path(argv[0]).name == name
 
     def running(self) -> dict[str, int]:

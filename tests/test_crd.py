@@ -77,3 +77,10 @@ def test_subresources_and_printer_columns() -> None:
     assert "status" in version["subresources"]
     columns = {c["name"] for c in version["additionalPrinterColumns"]}
     assert {"Ready", "Replicas", "Warmed", "Age"} <= columns
+
+
+def test_readme_reference_is_current() -> None:
+    from triton_operator.api.reference import reference_markdown
+
+    readme = (ROOT / "README.md").read_text()
+    assert reference_markdown() in readme, "README.md's TritonModel reference is stale: run `make docs`"

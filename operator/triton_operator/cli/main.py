@@ -188,6 +188,24 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_docs(args: argparse.Namespace) -> int:
+    from ..api.reference import BEGIN, END, reference_markdown
+
+    ref = reference_markdown()
+    if not args.update:
+        sys.stdout.write(ref)
+        return 0
+    path = Path(args.update)
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        _err(f"error: {path} has no generated-reference markers")
+        return 1
+    start, end = text.index(BEGIN), text.index(END) + len(END) + 1
+    path.write_text(text[:start] + ref + text[end:])
+    _progress(f"Updated the TritonModel reference in {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triton-operator", description="Declarative NVIDIA Triton models on Kubernetes.")
     p.add_argument("--version", action="version", version=f"triton-operator {__version__}")
@@ -215,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("crd", help="print the TritonModel CustomResourceDefinition")
     c.set_defaults(func=cmd_crd)
+
+    d = sub.add_parser("docs", help="print the TritonModel field reference (Markdown)")
+    d.add_argument("--update", metavar="FILE", help="replace the generated reference between its markers in FILE")
+    d.set_defaults(func=cmd_docs)
 
     f = sub.add_parser("fetch", help="(init container) assemble the model repository from the ConfigMap and uris")
     f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")
