@@ -75,11 +75,11 @@ def _fetch_https(uri: str, dst: Path) -> None:
         (dst / name).write_bytes(data)
 
 
-def _fetch_pvc(uri: str, dst: Path, root: Path = PVC_ROOT) -> None:
+def _fetch_pvc(uri: str, dst: Path) -> None:
     claim, _, sub = uri.removeprefix("pvc://").partition("/")
-    src = (root / claim / sub).resolve()
-    base = (root / claim).resolve()
-    if not str(src).startswith(str(base)):
+    src = (PVC_ROOT / claim / sub).resolve()
+    base = (PVC_ROOT / claim).resolve()
+    if src != base and base not in src.parents:
         raise FetchError(f"{uri!r} escapes the claim's mount")
     if not src.exists():
         raise FetchError(f"{uri!r}: {src} does not exist in the mounted claim")
