@@ -55,3 +55,9 @@ unit: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+## Benchmarks (not tests: they never fail on a time): `make bench` runs all, `make bench BENCH=gate` one.
+## Writes bench/results/<name>.json and bench/results/RESULTS.md. Uses its own cluster under /tmp, never .cluster.
+.PHONY: bench
+bench: $(STAMP) cluster-bin
+	$(BIN)/python -m bench.run $(BENCH)

@@ -1,0 +1,217 @@
+"""What every benchmark shares: machine facts, percentiles, the result files and the Markdown table.
+
+A result is `bench/results/<name>.json`: the machine it ran on, when, how busy the machine was
+meanwhile (other people's work on a 2-core box moves timings), a summary table (`rows`: one figure
+each, ours next to the usual approach and the target) and the raw data. `RESULTS.md` is rebuilt from
+every JSON present, so one benchmark can be re-run on its own (`make bench BENCH=gate`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+ORDER = ("gate", "first_request", "scale", "batching")
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- the machine ---------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _mem_total_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 1024 / 1024, 1)
+    return float("nan")
+
+
+def _git(*args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)  # noqa: S603,S607
+    return out.stdout.strip()
+
+
+def machine() -> dict[str, Any]:
+    from triton_operator.triton.local import TRITON_VERSION  # noqa: PLC0415
+
+    return {
+        "nproc": os.cpu_count(),
+        "memory_gib": _mem_total_gib(),
+        "cpu_model": _cpu_model(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "tritonserver": TRITON_VERSION,
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        # The operator is installed editable: what ran is HEAD plus any uncommitted change under operator/.
+        "operator_uncommitted": _git("diff", "--name-only", "HEAD", "--", "operator").split(),
+        "operator_diff_sha": hashlib.sha256(_git("diff", "HEAD", "--", "operator").encode()).hexdigest()[:12],
+    }
+
+
+class CpuMeter:
+    """Whole-machine CPU use between start and stop (from /proc/stat), and the load average at both ends."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+        self._load0 = os.getloadavg()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields), idle
+
+    def stop(self) -> dict[str, Any]:
+        total, idle = self._read()
+        dt_total, dt_idle = total - self._start[0], idle - self._start[1]
+        busy = 1 - dt_idle / dt_total if dt_total else float("nan")
+        return {
+            "cpu_busy_fraction": round(busy, 3),
+            "loadavg_start": [round(x, 2) for x in self._load0],
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            "other_pytest_running": other_pytest(),
+        }
+
+
+def other_pytest() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "pytest"], capture_output=True, text=True, check=False)  # noqa: S607
+    return [ln for ln in out.stdout.splitlines() if "pgrep" not in ln]
+
+
+# -- statistics ----------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between closest ranks (NumPy's default)."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summary(values: Iterable[float], digits: int = 4) -> dict[str, Any]:
+    xs = [float(v) for v in values]
+    if not xs:
+        return {"n": 0}
+    return {
+        "n": len(xs),
+        "min": round(min(xs), digits),
+        "p50": round(percentile(xs, 50), digits),
+        "p95": round(percentile(xs, 95), digits),
+        "p99": round(percentile(xs, 99), digits),
+        "max": round(max(xs), digits),
+        "mean": round(sum(xs) / len(xs), digits),
+    }
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.0f} ms"
+
+
+# -- result files --------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the summary table: our figure, the usual approach's, the target and whether it was met."""
+
+    figure: str
+    ours: str
+    usual: str = "-"
+    target: str = "-"
+    met: bool | None = None  # None: no target for this line
+
+
+@dataclass
+class Result:
+    name: str
+    title: str
+    method: str  # one paragraph: what was measured and how
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def write_result(result: Result, started: float, meter: CpuMeter) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "name": result.name,
+        "title": result.title,
+        "machine": machine(),
+        "seconds": round(time.monotonic() - started, 1),
+        "contention": meter.stop(),
+        "method": result.method,
+        "rows": [asdict(r) for r in result.rows],
+        "notes": result.notes,
+        "data": result.data,
+    }
+    path = RESULTS / f"{result.name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    tmp.rename(path)
+    write_markdown()
+    return path
+
+
+def write_markdown() -> Path:
+    docs = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+    names = [n for n in ORDER if n in docs] + sorted(n for n in docs if n not in ORDER)
+    out = ["# Benchmark results", "",
+           "Written by `make bench` (`python -m bench.run`); each section comes from `<name>.json` next to this",
+           "file. Benchmarks are not tests: a missed target is reported, never failed. Targets come from the",
+           "issue and were not tuned for.", ""]
+    for name in names:
+        d = docs[name]
+        m, c = d["machine"], d.get("contention", {})
+        out += [f"## {d['title']} (`{name}`)", ""]
+        out += [f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, kernel {m['kernel']}, "
+                f"Python {m['python']}, tritonserver {m['tritonserver']}, commit {m['commit']}"
+                + (f" + uncommitted operator changes (diff {m['operator_diff_sha']})" if m.get("operator_uncommitted") else "")
+                + f"; run {m['date']}, "
+                f"{d['seconds']:.0f} s; whole-machine CPU busy {c.get('cpu_busy_fraction', float('nan')):.0%} "
+                f"(load avg {c.get('loadavg_start', ['?'])[0]} -> {c.get('loadavg_end', ['?'])[0]})"
+                + ("; other pytest sessions were running" if c.get("other_pytest_running") else "") + ".", ""]
+        out += [d["method"], ""]
+        out += ["| figure | ours | usual approach | target | met |", "|---|---|---|---|---|"]
+        for r in d["rows"]:
+            met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
+            out.append(f"| {r['figure']} | {r['ours']} | {r['usual']} | {r['target']} | {met} |")
+        out.append("")
+        for note in d.get("notes") or ():
+            out.append(f"- {note}")
+        out.append("")
+    path = RESULTS / "RESULTS.md"
+    path.write_text("\n".join(out).rstrip() + "\n")
+    return path
+
+
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,58 @@
+"""`python -m bench.run [NAME ...]` (`make bench [BENCH=NAME]`): run benchmarks, write bench/results/.
+
+NAME is one of batching, scale, gate, first_request (default: all, in that order: the two that
+need no node agent first). Each benchmark writes its own JSON as soon as it finishes, so an
+interrupted run keeps what it measured and `make bench BENCH=gate` redoes just one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+from .common import log, other_pytest, write_markdown
+
+BENCHMARKS = ("batching", "scale", "gate", "first_request")
+NEEDS_NODE_AGENT = ("gate", "first_request")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
+    p.add_argument("--markdown-only", action="store_true", help="only rebuild RESULTS.md from the JSON files")
+    args = p.parse_args(argv)
+    names = [n for arg in args.names for n in arg.replace(",", " ").split()] or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        p.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
+    if args.markdown_only:
+        print(write_markdown())
+        return 0
+    failed = []
+    for name in names:
+        if name in NEEDS_NODE_AGENT and other_pytest() and not os.environ.get("BENCH_IGNORE_PYTEST"):
+            # The node agent's pods and ours share two cores: numbers would be someone else's load.
+            log(f"Waiting for other pytest sessions to finish before {name} (BENCH_IGNORE_PYTEST=1 skips this)")
+            while other_pytest():
+                time.sleep(10)
+        t0 = time.monotonic()
+        log(f"Running benchmark {name}")
+        try:
+            path = importlib.import_module(f"bench.{name}").run()
+        except Exception as exc:  # noqa: BLE001 - one broken benchmark must not hide the others' results
+            log(f"Benchmark {name} failed: {type(exc).__name__}: {exc}")
+            failed.append(name)
+            import traceback
+
+            traceback.print_exc()
+            continue
+        log(f"Finished benchmark {name} seconds={time.monotonic() - t0:.0f} result={path}")
+    print(open(write_markdown()).read())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
