@@ -1,0 +1,88 @@
+{{/* Names, labels and the image reference shared by every template. */}}
+
+{{- define "triton-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "triton-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "triton-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "triton-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "triton-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "triton-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "triton-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "triton-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's own image: it also becomes the `fetch` init container of every Triton replica. */}}
+{{- define "triton-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The rules the operator needs, the same in a ClusterRole (cluster-wide) and in each namespace's
+Role. Every rule maps to a call in operator/triton_operator/controller/ (kube.py, operator.py)
+or to kopf itself; see the chart README for the reason of each.
+*/}}
+{{- define "triton-operator.rules" -}}
+# TritonModels: kopf lists and watches them (event handlers only: kopf adds no finalizer).
+- apiGroups: ["serving.triton-operator.dev"]
+  resources: ["tritonmodels"]
+  verbs: ["list", "watch"]
+# Status: conditions, counts and the selector, written with a merge patch.
+- apiGroups: ["serving.triton-operator.dev"]
+  resources: ["tritonmodels/status"]
+  verbs: ["patch"]
+# Children: watched (kopf), read when not cached yet (GET), written with server-side apply
+# (PATCH; an apply that creates the object is also authorized as `create`).
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# PodDisruptionBudgets also: deleted when a TritonModel scales down to one replica.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Triton pods: watched for the warm-up gate and the replica counts.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# The warm-up readiness gate: one pod condition, patched on the status subresource.
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
+# Events on TritonModels when a condition flips (core/v1 Events, POST).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
