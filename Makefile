@@ -61,3 +61,17 @@ clean:
 .PHONY: bench
 bench: $(STAMP) cluster-bin
 	$(BIN)/python -m bench.run $(BENCH)
+
+## Helm chart and image lint: helm lint --strict (cluster-wide and namespaced values), hadolint.
+.PHONY: lint-chart chart-crds
+lint-chart: $(STAMP) cluster-bin
+	@helm="$$(bash e2e/toolchain/build.sh 2>/dev/null)/helm"; \
+	  "$$helm" lint --strict charts/triton-operator && \
+	  "$$helm" lint --strict charts/triton-operator --set 'watch.namespaces={team-a,team-b}'
+	$(BIN)/hadolint Dockerfile
+
+## Copy the generated CRD into the chart (run after `make crd`; tests/test_chart.py checks they match).
+chart-crds:
+	cp crds/tritonmodels.yaml charts/triton-operator/crds/tritonmodels.yaml
+
+lint: lint-chart

