@@ -93,6 +93,27 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
     return registry
 
 
+def _connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """kopf's credentials from the kubernetes client's default configuration (as kopf.login_via_client reads it)."""
+    from kubernetes import client
+
+    cfg = client.Configuration.get_default_copy()
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
+    scheme, _, token = header.rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        trust_env=settings.networking.trust_env,
+    )
+
+
 async def run_operator(
     *,
     kubeconfig: str | None,
@@ -109,9 +130,11 @@ async def run_operator(
     registry = build_registry(drift_interval)
 
     @kopf.on.login(registry=registry)
-    def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # the same credentials the kubernetes client was configured with (kubeconfig or in-cluster)
-        return kopf.login_via_client(**kwargs)
+    def _login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        # The same credentials our writes use (--kubeconfig, KUBECONFIG or in-cluster), re-read on every
+        # login: kopf.login_via_client ignores --kubeconfig and would watch another cluster, or none.
+        Kube.from_environment(kubeconfig)
+        return _connection_info(settings)
 
     await kopf.operator(
         registry=registry,
