@@ -1,8 +1,9 @@
-"""kopf wiring: watches, the drift timer, the warm-up gate, liveness and metrics.
+"""kopf wiring: watches, the drift loop, the warm-up gate, liveness and metrics.
 
-Handlers are kopf `on.event` handlers and one timer, so kopf writes nothing of
-its own (no progress annotations, no finalizers): every write the operator
-makes comes from `Reconciler` or `WarmupGate`.
+Handlers are kopf `on.event` handlers only, so kopf writes nothing of its own
+(no progress annotations, no finalizers): every write the operator makes comes
+from `Reconciler` or `WarmupGate`. Drift correction is a plain asyncio task,
+not a kopf timer: kopf puts a finalizer on every object a timer runs for.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class State:
     cache: Cache
     reconciler: Reconciler
     gate: WarmupGate
+    drift: asyncio.Task[None]
 
 
 STATE = State()
@@ -45,9 +47,11 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 330
         settings.networking.request_timeout = 30
         STATE.gate = WarmupGate(STATE.kube, on_change=lambda ns, name: STATE.reconciler.request(ns, name))
+        STATE.drift = asyncio.create_task(_drift_loop(drift_interval), name="drift")
 
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(**_: Any) -> None:
+        STATE.drift.cancel()
         await STATE.gate.stop()
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
@@ -62,10 +66,6 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
                 STATE.reconciler.request(ns, dep)
             return
         STATE.reconciler.request(ns, name)
-
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=drift_interval, registry=registry)
-    async def _drift(namespace: str, name: str, **_: Any) -> None:
-        STATE.reconciler.request(namespace, name)
 
     def _child_handler(group: str, version: str, plural: str) -> None:
         @kopf.on.event(group, version, plural, labels=OWNED, registry=registry)
@@ -91,6 +91,15 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
             STATE.reconciler.request(body["metadata"]["namespace"], model)
 
     return registry
+
+
+async def _drift_loop(interval: float) -> None:
+    """Every `interval` seconds, a reconcile of every TritonModel seen: corrects drift no event reported."""
+    while True:
+        await asyncio.sleep(interval)
+        for namespace, models in list(STATE.cache.models.items()):
+            for name in list(models):
+                STATE.reconciler.request(namespace, name)
 
 
 def _connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
