@@ -143,7 +143,8 @@ def test_contains_ignores_server_defaults_but_sees_changes() -> None:
 
 def _pod(name: str, digest: str, gate: str | None, running: bool = True, reason: str = "ModelWarmed", msg: str = "") -> dict:
     conds = [] if gate is None else [{"type": WARMED_CONDITION, "status": gate, "reason": reason, "message": msg,
-                                      "lastTransitionTime": "2026-01-01T00:00:05Z"}]
+                                      "lastTransitionTime": "2026-01-01T00:00:05Z"},
+                                     {"type": "Ready", "status": gate}]  # the kubelet follows the gate
     state = {"running": {"startedAt": "2026-01-01T00:00:01Z"}} if running else {"waiting": {"reason": "PodInitializing"}}
     return {
         "metadata": {"name": name, "annotations": {ANNOTATION_DIGEST: digest}},
@@ -164,6 +165,16 @@ def test_status_ready_when_every_replica_is_warm() -> None:
     assert all(x["observedGeneration"] == 3 for x in st["conditions"])
     assert st["warmedReplicas"] == 2 and st["configDigest"] == "d1"
     assert st["replicaStates"][0]["warmupSeconds"] == 4.0
+
+
+def test_status_not_ready_until_warmed_replicas_are_ready_pods() -> None:
+    """Warmed but not yet Ready (readiness probe not passed yet): not in the Service, so not Ready."""
+    pods = [_pod("a", "d1", "True"), _pod("b", "d1", "True")]
+    pods[1]["status"]["conditions"][1]["status"] = "False"
+    st = compute_status(Observed(3, 2, "d1", "sel", pods=pods), None)
+    c = _conds(st)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReplicasWarming")
+    assert c["Progressing"]["reason"] == "RollingOut" and st["warmedReplicas"] == 2
 
 
 def test_status_rollout_counts_only_replicas_at_the_desired_digest() -> None:

@@ -110,6 +110,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
     states = sorted((replica_state(p) for p in live), key=lambda s: s["pod"])
     current = [p for p in live if (p["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST) == obs.digest]
     warmed = [p for p in current if (pod_condition(p, WARMED_CONDITION) or {}).get("status") == "True"]
+    # Serving = in the Service: the pod is Ready (gate and readiness probe), not only warmed.
+    serving = [p for p in warmed if (pod_condition(p, "Ready") or {}).get("status") == "True"]
     failed = [s for s in states if s["state"] == "Failed"]
     dep_status = (obs.deployment or {}).get("status") or {}
     n = obs.desired_replicas
@@ -125,13 +127,13 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
     else:
         if n == 0:
             ready = _cond("Ready", True, "ScaledToZero", "spec.replicas is 0", g)
-        elif len(warmed) >= n:
-            ready = _cond("Ready", True, "AllReplicasWarmed", f"{len(warmed)}/{n} replicas serve the desired config, warm", g)
+        elif len(serving) >= n:
+            ready = _cond("Ready", True, "AllReplicasWarmed", f"{len(serving)}/{n} replicas serve the desired config, warm", g)
         elif failed:
             ready = _cond("Ready", False, failed[0]["reason"], f"{len(warmed)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip(), g)
         else:
-            ready = _cond("Ready", False, "ReplicasWarming", f"{len(warmed)}/{n} replicas warmed", g)
-        rolling = len(warmed) < n or len(live) > n
+            ready = _cond("Ready", False, "ReplicasWarming", f"{len(warmed)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
+        rolling = len(serving) < n or len(live) > n
         if rolling and not failed:
             progressing = _cond("Progressing", True, "RollingOut", f"{len(warmed)}/{n} replicas at config {obs.digest} warmed", g)
         elif rolling:
