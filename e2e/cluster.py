@@ -487,7 +487,7 @@ class LocalCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         logf = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen(  # noqa: S603
-            args, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
+            args, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
             start_new_session=True,
         )
         logf.close()
