@@ -111,7 +111,7 @@ class Kube:
         metrics.API_WRITES.labels(kind="TritonModel", verb="patch-status").inc()
         return self._call(
             "PATCH", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
-            body={"status": status}, content_type="application/merge-patch+json",
+            body={"status": status}, query=[("fieldManager", FIELD_MANAGER)], content_type="application/merge-patch+json",
         )
 
     def patch_pod_condition(self, namespace: str, name: str, condition: dict[str, Any]) -> None:
@@ -119,7 +119,8 @@ class Kube:
         metrics.API_WRITES.labels(kind="Pod", verb="patch-status").inc()
         self._call(
             "PATCH", self.path("v1", "Pod", namespace, name, "status"),
-            body={"status": {"conditions": [condition]}}, content_type="application/strategic-merge-patch+json",
+            body={"status": {"conditions": [condition]}}, query=[("fieldManager", FIELD_MANAGER)],
+            content_type="application/strategic-merge-patch+json",
         )
 
     def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
