@@ -256,3 +256,22 @@ def test_warmup_files_become_binary_configmap_data() -> None:
     )
     cm = _children(m)["ConfigMap"]
     assert list(cm["binaryData"].values()) == [base64.b64encode(b"\xff" * 16).decode()]
+
+
+# ---------------------------------------------------------------- the reconciler's cache
+
+
+def test_primed_pods_merge_under_the_watch_and_never_revive_a_deleted_pod() -> None:
+    from triton_operator.controller.reconcile import Cache
+
+    def pod(name: str, uid: str, rv: str) -> dict:
+        return {"metadata": {"name": name, "uid": uid, "namespace": "ns", "resourceVersion": rv,
+                             "labels": {"serving.triton-operator.dev/model": "m"}}}
+
+    cache = Cache()
+    cache.put_pod(pod("a", "ua", "7"))  # the watch delivered a newer a ...
+    cache.put_pod(pod("b", "ub", "5"), deleted=True)  # ... and b's deletion, before the LIST answered
+    cache.prime_pods("ns", "m", [pod("a", "ua", "6"), pod("b", "ub", "4"), pod("c", "uc", "6")])
+    bucket = cache.pods[("ns", "m")]
+    assert sorted(bucket) == ["a", "c"] and bucket["a"]["metadata"]["resourceVersion"] == "7"
+    assert ("ns", "m") in cache.primed

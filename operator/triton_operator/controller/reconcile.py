@@ -47,6 +47,9 @@ class Cache:
     models: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
     children: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name)
     pods: dict[tuple[str, str], dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
+    # (ns, model) whose pods were listed once; uids deleted before that list, which it must not revive
+    primed: set[tuple[str, str]] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
 
     def put_model(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -67,12 +70,23 @@ class Cache:
         model = (meta.get("labels") or {}).get(LABEL_MODEL)
         if not model:
             return None
-        bucket = self.pods[(meta["namespace"], model)]
+        key = (meta["namespace"], model)
+        bucket = self.pods[key]
         if deleted:
             bucket.pop(meta["name"], None)
+            if key not in self.primed:
+                self.gone.add(meta["uid"])
         else:
             bucket[meta["name"]] = dict(body)
         return model
+
+    def prime_pods(self, namespace: str, model: str, listed: list[dict[str, Any]]) -> None:
+        """Merge a LIST of the model's pods under what the watch has delivered (which is as new or newer)."""
+        bucket = self.pods[(namespace, model)]
+        for pod in listed:
+            if pod["metadata"]["uid"] not in self.gone:
+                bucket.setdefault(pod["metadata"]["name"], pod)
+        self.primed.add((namespace, model))
 
 
 class Reconciler:
@@ -192,6 +206,8 @@ class Reconciler:
             existing = self.cache.children.get(key)
             if existing is None:
                 existing = await asyncio.to_thread(self.kube.get, child["apiVersion"], child["kind"], namespace, key[2])
+                if existing is not None:  # the watch has not delivered it yet (operator start): status reads it
+                    existing = self.cache.children.setdefault(key, existing)
             if existing is not None and contains(existing, child):
                 continue
             applied = await asyncio.to_thread(self.kube.apply, child)
@@ -223,6 +239,11 @@ class Reconciler:
         namespace, name = meta["namespace"], meta["name"]
         replicas = model.spec.replicas if model is not None else int((body.get("spec") or {}).get("replicas", 1))
         sel = f"{LABEL_MODEL}={name}" if model is None else selector_string(model)
+        if (namespace, name) not in self.cache.primed:
+            # Right after the operator starts, the pod watch may not have delivered this model's pods yet:
+            # a status computed from an empty cache would flip a serving model to Ready=False.
+            listed = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_MODEL}={name}")
+            self.cache.prime_pods(namespace, name, listed)
         obs = Observed(
             generation=generation,
             desired_replicas=replicas,
