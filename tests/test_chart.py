@@ -36,7 +36,7 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 # Exactly what the operator may do: (apiGroup, resource) -> verbs. Adding a verb here means adding
 # it to templates/_helpers.tpl and to the chart README's table, with the reason.
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
-    (GROUP, PLURAL): {"list", "watch", "patch"},  # patch: kopf's finalizer for the drift timer
+    (GROUP, PLURAL): {"list", "watch"},  # event handlers only: kopf writes no finalizer
     (GROUP, f"{PLURAL}/status"): {"patch"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
