@@ -1,9 +1,11 @@
 """pytest fixtures for tests against the local control plane and the GPU node agent.
 
-Owns the session's cluster (an existing reachable `KUBECONFIG`, or `LocalCluster` started here
-and stopped at the end only if this session started it), the node agent (one node `gpu-node-1`
+Owns the session's cluster (an existing reachable `KUBECONFIG` - another root's `LocalCluster`
+keeps its logs and agent state under that root - or `LocalCluster` started here and stopped at
+the end only if this session started it), the node agent (one node `gpu-node-1`
 with 4 GPUs, run as a subprocess, or the one `python -m e2e.cluster up --gpu-node` started), a
-fresh namespace per test, and the diagnostics attached to a failed test's report.
+fresh namespace per test, and the diagnostics attached to a failed test's report (plus the
+operator's log when the test used the `operator` fixture from `operator_fixtures.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 
 from e2e.cluster import REPO_ROOT, LocalCluster
 from e2e.kube import ApiError, Kube, condition, wait_for
+from e2e.operator_fixtures import OPERATOR_NAMESPACE_PREFIX, operator, summary_lines  # noqa: F401 - fixture
 from e2e.testing import diagnostics
 
 GPU_NODE = "gpu-node-1"
@@ -61,11 +64,24 @@ def _reachable(kubeconfig: str) -> bool:
         return False
 
 
+def _local_cluster_of(kubeconfig: str) -> LocalCluster | None:
+    """The LocalCluster whose admin kubeconfig this is (`python -m e2e.cluster up --root R`), if any."""
+    path = Path(kubeconfig).resolve()
+    if path.name == "kubeconfig" and path.parent.name == ".cluster" and (path.parent / "state.json").exists():
+        return LocalCluster(path.parent.parent)
+    return None
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterHandle]:
     env = os.environ.get("KUBECONFIG")
     local = LocalCluster(REPO_ROOT)
     if env and Path(env).resolve() != local.kubeconfig.resolve() and _reachable(env):
+        other = _local_cluster_of(env)
+        if other is not None and other.healthy():
+            # Another root's control plane: its logs and node-agent state stay under that root. Never stopped here.
+            yield ClusterHandle(other.kubeconfig, other.logs, other)
+            return
         yield ClusterHandle(Path(env), None, None)
         return
     started = not local.healthy()
@@ -137,6 +153,8 @@ def node_agent(cluster: ClusterHandle, kube: Kube) -> Iterator[NodeAgentHandle]:
 def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
     """A fresh namespace (with its default ServiceAccount) for one test; deleted afterwards."""
     stem = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
+    if "operator" in request.fixturenames:  # inside the session operator's watch
+        stem = f"{OPERATOR_NAMESPACE_PREFIX}{stem}"[:40].strip("-")
     name = f"{stem}-{uuid.uuid4().hex[:5]}"
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name,
                                                                        "labels": {"e2e.triton-operator.io/test": "true"}}})
@@ -164,3 +182,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     logs = cluster.logs if cluster is not None else REPO_ROOT / ".cluster" / "logs"
     text = diagnostics(kube, ns, agent.state_dir if agent else None, logs)
     report.sections.append(("cluster diagnostics", text))
+    op = funcargs.get("operator")
+    if op is not None:
+        report.sections.append(("operator log", op.log_tail(ns)))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = summary_lines()
+    if lines:
+        terminalreporter.write_sep("-", "operator measurements")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,0 +1,256 @@
+"""The operator under test: a session fixture that installs the CRD and runs `triton-operator run`.
+
+Owns the operator subprocess of a test session (one per session, shared by every test: each
+test works in its own namespace), its log file, its metrics (`OperatorHandle.writes()` sums
+`triton_operator_api_writes_total`), `kubectl` for tests that act as a user would, and the
+TritonModel vocabulary tests are written in (`model_condition`, `wait_model`, `load_examples`).
+Measurements tests take (latencies, counts) are collected with `record()` and printed at the
+end of the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.cluster import REPO_ROOT, free_port
+from e2e.kube import RESOURCES, Kube, condition, wait_for
+
+GROUP = "serving.triton-operator.dev"
+VERSION = "v1alpha1"
+WARMED = f"{GROUP}/warmed"
+ANNOTATION_DIGEST = f"{GROUP}/config-digest"
+LABEL_MODEL = f"{GROUP}/model"
+CRD = REPO_ROOT / "crds" / "tritonmodels.yaml"
+EXAMPLES = REPO_ROOT / "examples"
+KUBECTL = REPO_ROOT / ".venv" / "bin" / "kubectl"
+OPERATOR = REPO_ROOT / ".venv" / "bin" / "triton-operator"
+DRIFT_INTERVAL = 5.0
+#: The session operator watches only namespaces named so (the `namespace` fixture of a test that uses
+#: `operator`): on a shared cluster it leaves alone every other test's TritonModels and operators.
+OPERATOR_NAMESPACE_PREFIX = "op-"
+
+# The e2e client speaks plain paths per kind; teach it the kinds the operator reads and writes.
+RESOURCES.setdefault("TritonModel", (f"/apis/{GROUP}/{VERSION}", "tritonmodels", True))
+RESOURCES.setdefault("PodDisruptionBudget", ("/apis/policy/v1", "poddisruptionbudgets", True))
+
+#: name -> value, printed in the terminal summary (observed latencies and counts).
+MEASUREMENTS: dict[str, Any] = {}
+
+
+def record(name: str, value: Any) -> None:
+    MEASUREMENTS[name] = value
+
+
+# -- kubectl ---------------------------------------------------------------------------------
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(  # noqa: S603 - our own pinned kubectl
+        [str(KUBECTL), "--kubeconfig", str(kubeconfig), *args],
+        input=stdin, capture_output=True, text=True, timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def load_examples(name: str) -> list[dict]:
+    """The TritonModel documents of examples/<name>.yaml."""
+    return [d for d in yaml.safe_load_all((EXAMPLES / f"{name}.yaml").read_text()) if d]
+
+
+def as_stream(docs: list[dict]) -> str:
+    """Documents for `kubectl apply -f -`: JSON documents in a YAML stream.
+
+    JSON, because kubectl reads YAML 1.1, where a bare `y` (a tensor name in the corpus) is a boolean;
+    a stream, not a List, because kubectl validates a List on the client, never on the server.
+    """
+    return "\n---\n".join(json.dumps(d) for d in docs)
+
+
+# -- the operator process --------------------------------------------------------------------
+
+
+@dataclass
+class OperatorHandle:
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None
+    log_path: Path
+    metrics_url: str
+    liveness_url: str
+    drift_interval: float
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as logf:
+            self.process = subprocess.Popen(  # noqa: S603 - our own entry point
+                self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
+                start_new_session=True)
+        wait_for("the operator's liveness endpoint", lambda: self.alive() and _liveness_ok(self.liveness_url), 60)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self) -> None:
+        """A new operator process (same ports, same log): its metrics start from zero."""
+        self.stop()
+        self.start()
+
+    def samples(self, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """Every sample of one metric family, keyed by its sorted labels."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:  # noqa: S310 - 127.0.0.1
+            text = resp.read().decode()
+        out: dict[tuple[tuple[str, str], ...], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == metric:
+                    out[tuple(sorted(s.labels.items()))] = s.value
+        return out
+
+    def writes(self) -> dict[str, float]:
+        """`triton_operator_api_writes_total` by "kind/verb"."""
+        return {f"{dict(k)['kind']}/{dict(k)['verb']}": v
+                for k, v in self.samples("triton_operator_api_writes_total").items()}
+
+    def total_writes(self) -> float:
+        return sum(self.writes().values())
+
+    def reconciles(self) -> float:
+        return sum(self.samples("triton_operator_reconciles_total").values())
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_since(self, offset: int = 0) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+    def log_tail(self, namespace: str | None, lines: int = 60) -> str:
+        text = self.log_since().splitlines()
+        mine = [ln for ln in text if namespace and (f"namespace={namespace} " in ln or f"{namespace}/" in ln)]
+        return "\n".join(
+            [f"(operator {'running' if self.alive() else 'not running'}; log {self.log_path})",
+             f"-- lines about namespace {namespace} (last {lines}):", *mine[-lines:],
+             f"-- last {lines // 2} lines:", *text[-(lines // 2):]]
+        )
+
+
+def _liveness_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - 127.0.0.1
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _crd_established(kube: Kube) -> bool:
+    crd = kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/tritonmodels.{GROUP}")
+    c = condition(crd, "Established")
+    return bool(c and c["status"] == "True")
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Any, kubeconfig: Path, kube: Kube, node_agent: Any) -> Iterator[OperatorHandle]:
+    """The CRD, applied server-side, and one `triton-operator run` for the whole session.
+
+    Depends on `node_agent` so that it stops first: tests' namespaces are gone by then, and no
+    replica is left whose gate nobody tends.
+    """
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
+    # kubectl validates on the server (fieldValidation=Strict) only once the CRD's OpenAPI v3 is published.
+    wait_for("the CRD's OpenAPI v3 schema", lambda: kube.request("GET", f"/openapi/v3/apis/{GROUP}/{VERSION}"), 60)
+    logs = cluster.logs or REPO_ROOT / ".cluster" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / "operator-pytest.log"
+    metrics_port, liveness_port = free_port(), free_port()
+    liveness = f"http://127.0.0.1:{liveness_port}/healthz"
+    argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--namespace", f"{OPERATOR_NAMESPACE_PREFIX}*",
+            "--metrics-port", str(metrics_port),
+            "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL)]
+    log_path.write_bytes(b"")
+    handle = OperatorHandle(argv, None, log_path, f"http://127.0.0.1:{metrics_port}/metrics", liveness, DRIFT_INTERVAL)
+    try:
+        handle.start()
+        yield handle
+    finally:
+        handle.stop()
+
+
+# -- TritonModel vocabulary --------------------------------------------------------------------
+
+
+def model_condition(tm: dict, type_: str) -> dict:
+    return condition(tm, type_) or {}
+
+
+def wait_model(kube: Kube, namespace: str, name: str, pred: Callable[[dict], Any], what: str,
+               timeout: float = 120.0, interval: float = 0.25) -> dict:
+    def probe() -> dict | None:
+        tm = kube.get("TritonModel", name, namespace)
+        return tm if pred(tm) else None
+
+    return wait_for(f"TritonModel {namespace}/{name} {what}", probe, timeout, interval)
+
+
+def is_model_ready(tm: dict) -> bool:
+    """Ready=True for the current generation."""
+    c = model_condition(tm, "Ready")
+    st = tm.get("status") or {}
+    return (c.get("status") == "True" and c.get("observedGeneration") == tm["metadata"]["generation"]
+            and st.get("observedGeneration") == tm["metadata"]["generation"])
+
+
+def gate(pod: dict) -> dict:
+    return condition(pod, WARMED) or {}
+
+
+def model_pods(kube: Kube, namespace: str, name: str) -> list[dict]:
+    return kube.items("Pod", namespace, label_selector={LABEL_MODEL: name})
+
+
+def wait_writes_settle(op: OperatorHandle, quiet: float, timeout: float = 90.0) -> dict[str, float]:
+    """Waits until the operator has written nothing for `quiet` seconds; returns the counters then."""
+    deadline = time.monotonic() + timeout
+    last = op.writes()
+    since = time.monotonic()
+    while True:
+        time.sleep(0.5)
+        now = op.writes()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"operator writes did not settle for {quiet}s within {timeout}s: {now}")
+
+
+def summary_lines() -> list[str]:
+    return [f"{k}: {v}" for k, v in MEASUREMENTS.items()]
+
+
