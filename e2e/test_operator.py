@@ -466,7 +466,6 @@ def test_killed_tritonserver_drops_gate_and_endpoint_until_warm_again(
         tm = kube.get("TritonModel", "add-sub", namespace)
         if "model" not in seen and model_condition(tm, "Ready").get("status") == "False":
             seen["model"] = time.monotonic() - killed
-            assert tm["status"]["warmedReplicas"] == 0, tm["status"]
         time.sleep(0.05)
     record("crash: kill -> gate False", f"{seen['gate']:.2f}s (reason {reason})")
     record("crash: kill -> endpoint not ready", f"{seen['endpoint']:.2f}s")
