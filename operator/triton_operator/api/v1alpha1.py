@@ -505,6 +505,12 @@ class TritonModelSpec(_Model):
                     "message": "modelWarmup batchSize must be <= maxBatchSize (exactly 1 when batching is false)",
                     "fieldPath": ".modelWarmup",
                 },
+                {
+                    "rule": "!has(self.modelWarmup) || !self.batching || self.modelWarmup.all(w, size(w.inputs) > 0)",
+                    "message": "a batching model's modelWarmup sample needs data for at least one input "
+                    "(Triton takes the batch from the first input)",
+                    "fieldPath": ".modelWarmup",
+                },
             ]
         }
     )

@@ -45,7 +45,7 @@ RULES: dict[str, Rule] = {
         Rule("response-cache-sequence", True, "no responseCache with sequenceBatcher"),
         Rule("response-cache-size", False, "responseCache needs server.cacheSize > 0 or it silently does nothing"),
         Rule("sequence-control", True, "control input data types and [false, true] pairs"),
-        Rule("sequence-strategy", True, "oldest preferredBatchSize and direct minimumSlotUtilization bounds"),
+        Rule("sequence-strategy", True, "at most one of direct or oldest; direct minimumSlotUtilization in [0, 1]"),
         Rule("dims", True, "each dim >= 1 or -1"),
         Rule("reshape", True, "reshape keeps the element count"),
         Rule("instance-group", True, "gpus only with kind GPU"),
@@ -54,6 +54,7 @@ RULES: dict[str, Rule] = {
         Rule("warmup-data", False, "warm-up input has exactly one of zeroData, randomData, inputDataFile"),
         Rule("warmup-inputs", False, "warm-up inputs are model inputs with the same type and a concrete shape"),
         Rule("warmup-file", False, "warm-up data file exists and holds enough bytes"),
+        Rule("warmup-empty", True, "a batching model's warm-up sample gives data for at least one input"),
         Rule("ensemble-step", True, "each step names a model, maps inputs and outputs"),
         Rule("ensemble-step-model", True, "each step's model exists"),
         Rule("ensemble-step-tensors", True, "step maps use the step model's tensor names"),
@@ -230,6 +231,12 @@ def _check_sequence(spec: TritonModelSpec, err: _Collector) -> None:
                 f"{base}.controlInputs[{i}].name",
                 f"{c.name!r} is also declared in spec.inputs; control tensors come from the batcher, not clients",
             )
+    if s.direct is not None and s.oldest is not None:
+        err(
+            "sequence-strategy",
+            base,
+            "set at most one of direct or oldest: the strategy is a protobuf oneof (the renderer would keep only oldest)",
+        )
     if s.oldest is not None:
         _check_preferred(s.oldest.preferred_batch_size, spec.effective_max_batch_size, f"{base}.oldest.preferredBatchSize", err)
     if s.direct is not None and not 0.0 <= s.direct.minimum_slot_utilization <= 1.0:
@@ -381,6 +388,14 @@ def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
                             f"{p}.inputDataFile",
                             f"needs {need} bytes for {count} {wi.data_type} elements, {wi.input_data_file!r} holds {len(data)}",
                         )
+        if mbs > 0 and not w.inputs:
+            err(
+                "warmup-empty",
+                f"{base}.inputs",
+                "a batching model's warm-up sample needs data for at least one input: Triton takes the sample's "
+                "batch from its first input and fails the load (\"request has 0 inputs\"), or crashes when every "
+                "input is optional",
+            )
         missing = sorted(n for n, t in inputs.items() if not t.optional and n not in w.inputs)
         if missing:
             err("warmup-inputs", f"{base}.inputs", f"missing data for required inputs {missing}")
