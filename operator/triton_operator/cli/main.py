@@ -157,6 +157,19 @@ def cmd_import(args: argparse.Namespace) -> int:
         warm_dir = d / "warmup"
         warm = {f.name: f.read_bytes() for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
         res = import_config(cfg, files, warm, names)
+        if len(versions) > 1:
+            res.warnings.append(
+                f"{cfg.name}: only the latest version directory ({versions[-1].name}) was imported, not "
+                f"{', '.join(v.name for v in versions[:-1])}"
+            )
+        extra = sorted(
+            p.name for p in d.iterdir() if p.name not in ("config.pbtxt", "warmup") and not (p.is_dir() and p.name.isdigit())
+        )
+        if extra:
+            res.warnings.append(
+                f"{cfg.name}: {', '.join(extra)} in the model directory (outside its version directory) "
+                "were not imported"
+            )
         for w in res.warnings:
             _err(f"warning: {w}")
         if args.namespace:

@@ -31,6 +31,36 @@ _SUPPORTED = {
     "ensemble_scheduling", "instance_group", "parameters", "model_warmup", "model_transaction_policy",
     "response_cache",
 }  # fmt: skip
+#: Fields TritonModel covers, by message; any other field set in one of these is reported as dropped.
+_COVERED = {
+    "inference.ModelConfig": _SUPPORTED,
+    "inference.ModelInput": {"name", "data_type", "dims", "reshape", "optional", "allow_ragged_batch"},
+    "inference.ModelOutput": {"name", "data_type", "dims", "reshape"},
+    "inference.ModelSequenceBatching": {"direct", "oldest", "max_sequence_idle_microseconds", "control_input", "state"},
+    "inference.ModelSequenceBatching.State": {"input_name", "output_name", "data_type", "dims", "initial_state"},
+    "inference.ModelInstanceGroup": {"name", "kind", "count", "gpus"},  # names are Triton's to make up
+    "inference.ModelEnsembling.Step": {"model_name", "model_version", "input_map", "output_map"},
+}
+
+
+def _repeated(fd: Any) -> bool:
+    # protobuf >= 5.29 has `is_repeated` and deprecates `label`
+    return bool(fd.is_repeated) if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+
+
+def _dropped(msg: Any, path: str = "") -> list[str]:
+    """Paths (`output[0].label_filename`) of the fields set in `msg` that a manifest cannot carry."""
+    out = []
+    covered = _COVERED.get(msg.DESCRIPTOR.full_name)
+    for fd, value in msg.ListFields():
+        here = f"{path}.{fd.name}" if path else fd.name
+        if covered is not None and fd.name not in covered:
+            out.append(here)
+        elif fd.message_type is not None and not fd.message_type.GetOptions().map_entry:
+            items = enumerate(value) if _repeated(fd) else [(None, value)]
+            for i, item in items:
+                out.extend(_dropped(item, here if i is None else f"{here}[{i}]"))
+    return out
 
 
 @dataclass
@@ -162,9 +192,8 @@ def import_config(
     """
     warnings: list[str] = []
     k8s_names = k8s_names or {}
-    for fd, _ in cfg.ListFields():
-        if fd.name not in _SUPPORTED:
-            warnings.append(f"{cfg.name}: field {fd.name!r} is not supported by TritonModel and was dropped")
+    for path in _dropped(cfg):
+        warnings.append(f"{cfg.name}: field {path!r} is not supported by TritonModel and was dropped")
     name = k8s_names.get(cfg.name, k8s_name(cfg.name))
     spec: dict[str, Any] = {}
     if name != cfg.name:
