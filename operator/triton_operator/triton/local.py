@@ -110,6 +110,17 @@ def find_install() -> TritonInstall:
     return install
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the process that started it dies (Linux prctl)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -179,6 +190,7 @@ class LocalTritonServer:
             stderr=subprocess.STDOUT,
             env=install.environment(),
             start_new_session=True,
+            preexec_fn=_die_with_parent,  # a killed test run or CLI leaves no tritonserver behind
         )
         log.close()
         deadline = time.monotonic() + timeout
