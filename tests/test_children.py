@@ -71,6 +71,7 @@ def test_deployment_shape() -> None:
     (fetch,) = pod["initContainers"]
     assert fetch["args"][:1] == ["fetch"]
     assert fetch["securityContext"]["runAsNonRoot"] is True
+    assert spec["template"]["metadata"]["annotations"]["serving.triton-operator.dev/poll-interval-ms"] == "200"
     digest = spec["template"]["metadata"]["annotations"][ANNOTATION_DIGEST]
     assert digest == render_repository([m])["m"].digest
 

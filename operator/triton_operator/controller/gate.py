@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.v1alpha1 import WARMED_CONDITION
-from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME, GRPC_PORT
+from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_POLL_MS, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME, GRPC_PORT
 from ..triton.gate import Verdict, check_replica
 from . import metrics
 from .kube import Kube
@@ -104,7 +104,7 @@ class WarmupGate:
 
     def _interval(self, gate: _PodGate) -> float:
         ann = gate.body["metadata"].get("annotations") or {}
-        ms = ann.get("serving.triton-operator.dev/poll-interval-ms")
+        ms = ann.get(ANNOTATION_POLL_MS)
         return int(ms) / 1000 if ms and ms.isdigit() else self.poll_interval
 
     async def _check(self, gate: _PodGate) -> Verdict:

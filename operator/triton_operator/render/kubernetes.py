@@ -23,6 +23,7 @@ LABEL_MODEL = f"{GROUP}/model"
 ANNOTATION_DIGEST = f"{GROUP}/config-digest"
 ANNOTATION_TRITON_NAME = f"{GROUP}/triton-model"
 ANNOTATION_STEPS = f"{GROUP}/triton-steps"
+ANNOTATION_POLL_MS = f"{GROUP}/poll-interval-ms"
 MANAGED_BY = "triton-operator"
 REPO_DIR = "/models"
 CONFIG_DIR = "/config"
@@ -261,7 +262,11 @@ def render_deployment(
     if server.affinity:
         pod_spec["affinity"] = dict(server.affinity)
     steps = [rendered[n].model.triton_name for n in step_closure(model.name, rendered) if n != model.name]
-    annotations = {ANNOTATION_DIGEST: digest, ANNOTATION_TRITON_NAME: model.triton_name}
+    annotations = {
+        ANNOTATION_DIGEST: digest,
+        ANNOTATION_TRITON_NAME: model.triton_name,
+        ANNOTATION_POLL_MS: str(spec.warmup_gate.poll_interval_milliseconds),
+    }
     if steps:
         annotations[ANNOTATION_STEPS] = ",".join(steps)
     return {
