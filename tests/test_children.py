@@ -174,7 +174,7 @@ def test_status_not_ready_until_warmed_replicas_are_ready_pods() -> None:
     pods[1]["status"]["conditions"][1]["status"] = "False"
     st = compute_status(Observed(3, 2, "d1", "sel", pods=pods), None)
     c = _conds(st)
-    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReplicasWarming")
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReplicasJoining")
     assert c["Progressing"]["reason"] == "RollingOut" and st["warmedReplicas"] == 2
 
 

@@ -132,7 +132,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
         elif failed:
             ready = _cond("Ready", False, failed[0]["reason"], f"{len(warmed)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip(), g)
         else:
-            ready = _cond("Ready", False, "ReplicasWarming", f"{len(warmed)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
+            reason = "ReplicasJoining" if len(warmed) >= n else "ReplicasWarming"  # warm, waiting for pod Ready
+            ready = _cond("Ready", False, reason, f"{len(warmed)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
         rolling = len(serving) < n or len(live) > n
         if rolling and not failed:
             progressing = _cond("Progressing", True, "RollingOut", f"{len(warmed)}/{n} replicas at config {obs.digest} warmed", g)
