@@ -29,7 +29,7 @@ from e2e.operator_fixtures import OPERATOR_NAMESPACE_PREFIX, operator, summary_l
 from e2e.testing import diagnostics
 
 GPU_NODE = "gpu-node-1"
-GPU_COUNT = 4
+GPU_COUNT = 8
 
 
 @dataclass

@@ -53,7 +53,7 @@ def bring_up(args: argparse.Namespace) -> Path:
     local = LocalCluster(REPO)
     kubeconfig = local.up()
     if "nodeagent" not in local.running():
-        local.start_node_agent([GPU_NODE], 4)
+        local.start_node_agent([GPU_NODE], 8)
     if "triton-operator" not in local.running():
         logf = open(local.logs / "triton-operator.log", "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(  # noqa: S603

@@ -1,0 +1,26 @@
+"""`make demo`, without interaction: the demo script against the session's cluster and operator."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.cluster
+def test_demo_runs_end_to_end(operator, kubeconfig: Path, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    proc = subprocess.run(  # noqa: S603 - argument array
+        [sys.executable, "-m", "e2e.demo", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "--timeout", "240"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"demo failed:\n{out}\n--- operator log ---\n{operator.log_tail(namespace)}"
+    # what the user sees: progress to Ready, a real inference through each Service's ready endpoints
+    assert "AllReplicasWarmed" in out
+    assert "= [11.0, 22.0, 33.0, 44.0]" in out, out
+    assert "-> positive" in out and "-> negative" in out, out
+    assert "make cluster-down" in out
