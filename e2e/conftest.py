@@ -117,7 +117,8 @@ def node_agent(cluster: ClusterHandle, kube: Kube) -> Iterator[NodeAgentHandle]:
     local = cluster.local
     if local is not None and "nodeagent" in local.running():  # started by `e2e.cluster up --gpu-node`
         wait_for(f"node {GPU_NODE} Ready", lambda: _node_ready(kube, GPU_NODE), 60)
-        yield NodeAgentHandle(GPU_NODE, GPU_COUNT, local.dir / "nodeagent", local.logs / "nodeagent.log", None)
+        gpus = int(kube.get("Node", GPU_NODE)["status"]["capacity"].get("nvidia.com/gpu", "0"))  # as it was started
+        yield NodeAgentHandle(GPU_NODE, gpus, local.dir / "nodeagent", local.logs / "nodeagent.log", None)
         return
     if local is not None:
         # Recorded in .cluster/pids: a session killed hard leaves no agent that `make cluster-down` misses.

@@ -26,6 +26,7 @@ OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 class State:
+    namespace_patterns: bool = False
     kube: Kube
     cache: Cache
     reconciler: Reconciler
@@ -42,6 +43,8 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.standalone = True
+        # No CRD/namespace discovery (the chart's RBAC grants neither): only glob namespace patterns need it.
+        settings.scanning.disabled = not STATE.namespace_patterns
         settings.posting.enabled = False
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
@@ -133,6 +136,7 @@ async def run_operator(
     drift_interval: float = 60.0,
     stop_flag: asyncio.Event | None = None,
 ) -> None:
+    STATE.namespace_patterns = any(ch in n for n in namespaces for ch in "*?[!")
     STATE.kube = Kube.from_environment(kubeconfig)
     STATE.cache = Cache()
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
