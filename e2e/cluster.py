@@ -160,6 +160,21 @@ class Certs:
         return path
 
 
+def agent_state_dir(cluster_dir: Path, name: str) -> Path:
+    """Where a node agent keeps its pods' volumes: under the cluster directory, unless that is in /tmp.
+
+    A pod that mounts a volume at /tmp would hide, inside its own mount namespace, any volume
+    source that lives under /tmp; so a checkout in /tmp (a CI clone, say) keeps its agent's
+    state in /var/lib/trop-e2e instead.
+    """
+    resolved = cluster_dir.resolve()
+    if resolved == Path("/tmp") or Path("/tmp") in resolved.parents:
+        import hashlib
+
+        return Path("/var/lib/trop-e2e") / hashlib.sha256(str(resolved).encode()).hexdigest()[:12] / name
+    return cluster_dir / name
+
+
 class LocalCluster:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler under `<root>/.cluster/`."""
 
@@ -480,7 +495,7 @@ class LocalCluster:
         """
         self.stop_component(name)
         args = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(self.kubeconfig), "--gpus", str(gpus),
-                "--state-dir", str(self.dir / name)]
+                "--state-dir", str(agent_state_dir(self.dir, name))]
         for n in nodes:
             args += ["--node", n]
         args += extra or []

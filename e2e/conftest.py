@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import REPO_ROOT, LocalCluster
+from e2e.cluster import REPO_ROOT, LocalCluster, agent_state_dir
 from e2e.kube import ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import OPERATOR_NAMESPACE_PREFIX, operator, summary_lines  # noqa: F401 - fixture
 from e2e.testing import diagnostics
@@ -118,15 +118,15 @@ def node_agent(cluster: ClusterHandle, kube: Kube) -> Iterator[NodeAgentHandle]:
     if local is not None and "nodeagent" in local.running():  # started by `e2e.cluster up --gpu-node`
         wait_for(f"node {GPU_NODE} Ready", lambda: _node_ready(kube, GPU_NODE), 60)
         gpus = int(kube.get("Node", GPU_NODE)["status"]["capacity"].get("nvidia.com/gpu", "0"))  # as it was started
-        yield NodeAgentHandle(GPU_NODE, gpus, local.dir / "nodeagent", local.logs / "nodeagent.log", None)
+        yield NodeAgentHandle(GPU_NODE, gpus, agent_state_dir(local.dir, "nodeagent"), local.logs / "nodeagent.log", None)
         return
     if local is not None:
         # Recorded in .cluster/pids: a session killed hard leaves no agent that `make cluster-down` misses.
         name = "nodeagent-pytest"
         proc = local.start_node_agent([GPU_NODE], GPU_COUNT, ["--crash-backoff", "1"], name=name)
-        state_dir, log_path = local.dir / name, local.logs / f"{name}.log"
+        state_dir, log_path = agent_state_dir(local.dir, name), local.logs / f"{name}.log"
     else:
-        state_dir = REPO_ROOT / ".cluster" / "nodeagent-pytest"
+        state_dir = agent_state_dir(REPO_ROOT / ".cluster", "nodeagent-pytest")
         log_path = REPO_ROOT / ".cluster" / "logs" / "nodeagent-pytest.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(cluster.kubeconfig), "--node", GPU_NODE,
