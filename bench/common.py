@@ -100,8 +100,15 @@ class CpuMeter:
 
 
 def other_pytest() -> list[str]:
+    """Running pytest sessions (other people's tests share this machine's two cores)."""
     out = subprocess.run(["pgrep", "-af", "pytest"], capture_output=True, text=True, check=False)  # noqa: S607
-    return [ln for ln in out.stdout.splitlines() if "pgrep" not in ln]
+    return [ln for ln in out.stdout.splitlines()
+            if "pgrep" not in ln and ("-m pytest" in ln or "bin/pytest" in ln or "py.test" in ln)]
+
+
+def other_e2e() -> list[str]:
+    """Running `pytest ... e2e` sessions: they run tritonserver pods through a node agent, like gate/first_request."""
+    return [ln for ln in other_pytest() if " e2e" in ln]
 
 
 # -- statistics ----------------------------------------------------------------------------------

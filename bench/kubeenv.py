@@ -1,0 +1,365 @@
+"""The benchmarks' own Kubernetes: a LocalCluster under /tmp, its node agent, and operator processes.
+
+Never the shared `.cluster/` of the repository: other people's e2e sessions run there, and a second
+operator on one cluster would fight theirs. The cluster is `e2e.cluster.LocalCluster` with another
+root (its own ports, certificates and etcd) plus the API server's audit log, so every request can be
+attributed to the client that sent it (by user agent). Also owns scraping Prometheus text (the API
+server's and the operator's /metrics) and reading a process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.cluster import LocalCluster, Ports, free_port, pid_alive
+from e2e.kube import RESOURCES, Kube, condition, wait_for
+
+from .common import REPO, log
+
+ROOT = Path(os.environ.get("BENCH_CLUSTER_ROOT", "/tmp/bench-cluster"))
+GROUP, VERSION = "serving.triton-operator.dev", "v1alpha1"
+CRD = REPO / "crds" / "tritonmodels.yaml"
+KUBECTL = Path(sys.executable).parent / "kubectl"
+OPERATOR = Path(sys.executable).parent / "triton-operator"
+NODE = "bench-node-1"
+
+RESOURCES.setdefault("TritonModel", (f"/apis/{GROUP}/{VERSION}", "tritonmodels", True))
+
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+  - level: Metadata
+"""
+
+
+class BenchCluster(LocalCluster):
+    """A LocalCluster whose API server also writes an audit log (metadata only: who, verb, resource)."""
+
+    def __init__(self, root: Path = ROOT) -> None:
+        super().__init__(root)
+        self.audit_log = self.logs / "audit.log"
+
+    def _apiserver_args(self, ports: Ports) -> list[str]:
+        policy = self.dir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        return [*super()._apiserver_args(ports), f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}", "--audit-log-format=json", "--audit-log-mode=batch",
+                "--audit-log-maxsize=0"]
+
+    def fresh(self) -> Path:
+        """A control plane with an empty etcd (down first if one runs), and the TritonModel CRD installed."""
+        self.down(quiet=True)
+        self.audit_log.unlink(missing_ok=True)
+        kubeconfig = self.up()
+        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+        kube = Kube(kubeconfig)
+        wait_for("CRD Established", lambda: _established(kube), 60)
+        return kubeconfig
+
+    # -- node agent -----------------------------------------------------------------------------
+
+    def start_agent(self, gpus: int = 64) -> subprocess.Popen[bytes]:
+        """Our own node agent (own state dir, so its own netns prefix and pod addresses); recorded in pids."""
+        self.stop_agent()
+        state = self.dir / "nodeagent"
+        argv = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(self.kubeconfig), "--node", NODE,
+                "--gpus", str(gpus), "--cpu", "64", "--memory", "256Gi", "--pods", "250",
+                "--state-dir", str(state), "--crash-backoff", "1"]
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / "nodeagent.log", "ab") as logf:
+            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,  # noqa: S603
+                                    cwd=REPO, start_new_session=True)
+        pids = self.read_pids()
+        pids["nodeagent"] = proc.pid
+        self._write_pids(pids)
+        kube = Kube(self.kubeconfig)
+        wait_for(f"node {NODE} Ready", lambda: proc.poll() is None and _node_ready(kube), 90)
+        log(f"Started node agent pid={proc.pid} node={NODE} stateDir={state}")
+        return proc
+
+    @property
+    def agent_state(self) -> Path:
+        return self.dir / "nodeagent"
+
+    def stop_agent(self) -> None:
+        """Stops our agent, then puts the shared pod bridge back if our agent removed it under another agent."""
+        if "nodeagent" not in self.read_pids():
+            return
+        self.stop_component("nodeagent", grace=90)
+        restore_bridge()
+
+    def down(self, quiet: bool = False, grace: float = 15.0) -> None:
+        had_agent = "nodeagent" in self.running()
+        super().down(quiet=quiet, grace=grace)
+        if had_agent:
+            restore_bridge()
+
+
+def restore_bridge() -> None:
+    """The node agent removes bridge trop0 on exit when no pod uses it; others' agents still need it."""
+    from e2e.nodeagent import network  # noqa: PLC0415
+
+    others = subprocess.run(["pgrep", "-f", "e2e.nodeagent"], capture_output=True, text=True, check=False)  # noqa: S607
+    if others.stdout.strip() and network.netns_supported():
+        network.ensure_bridge()
+
+
+def _established(kube: Kube) -> bool:
+    crd = kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/tritonmodels.{GROUP}")
+    c = condition(crd, "Established")
+    return bool(c and c["status"] == "True")
+
+
+def _node_ready(kube: Kube) -> bool:
+    node = kube.get_or_none("Node", NODE)
+    c = condition(node or {}, "Ready")
+    return bool(c and c["status"] == "True")
+
+
+def kubectl(kubeconfig: Path, *args: str) -> str:
+    out = subprocess.run([str(KUBECTL), "--kubeconfig", str(kubeconfig), *args],  # noqa: S603
+                         capture_output=True, text=True, check=True, timeout=120)
+    return out.stdout
+
+
+def ensure_namespace(kube: Kube, name: str) -> None:
+    if kube.get_or_none("Namespace", name) is None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(f"default ServiceAccount in {name}", lambda: kube.get_or_none("ServiceAccount", "default", name), 60)
+
+
+# -- Prometheus text -------------------------------------------------------------------------------
+
+
+def samples(text: str, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == metric:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def apiserver_requests(kube: Kube) -> Counter[str]:
+    """`apiserver_request_total` summed by "VERB resource[/subresource]" (all clients)."""
+    text = kube.request("GET", "/metrics", timeout=30)
+    out: Counter[str] = Counter()
+    for labels, value in samples(text, "apiserver_request_total").items():
+        d = dict(labels)
+        res = d.get("resource", "") + (f"/{d['subresource']}" if d.get("subresource") else "")
+        out[f"{d.get('verb', '?')} {res}"] += value
+    return out
+
+
+def delta(after: Counter[str], before: Counter[str]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0) > 0}
+
+
+def audit_requests(path: Path, since: float, until: float, agent_prefix: str | None = None) -> dict[str, Counter[str]]:
+    """Requests in the audit log between two wall-clock times, by user agent then "VERB resource[/sub]".
+
+    Only the ResponseComplete (or Panic) stage is logged, so each request is one line; a watch is
+    logged when it ends. `agent_prefix` keeps only user agents starting with it.
+    """
+    import datetime as dt  # noqa: PLC0415
+
+    out: dict[str, Counter[str]] = {}
+    if not path.exists():
+        return out
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            ts = ev.get("requestReceivedTimestamp", "")
+            try:
+                t = dt.datetime.strptime(ts[:26].rstrip("Z"), "%Y-%m-%dT%H:%M:%S.%f").replace(
+                    tzinfo=dt.timezone.utc).timestamp()
+            except ValueError:
+                continue
+            if not since <= t <= until:
+                continue
+            agent = (ev.get("userAgent") or "?").split(" ")[0]
+            if agent_prefix and not agent.startswith(agent_prefix):
+                continue
+            ref = ev.get("objectRef") or {}
+            res = ref.get("resource", ev.get("requestURI", "?").split("?")[0]) + (
+                f"/{ref['subresource']}" if ref.get("subresource") else "")
+            out.setdefault(agent, Counter())[f"{ev.get('verb', '?')} {res}"] += 1
+    return out
+
+
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection", "POST", "PUT", "PATCH", "DELETE")
+
+
+def writes_of(requests: dict[str, float] | Counter[str]) -> float:
+    return sum(v for k, v in requests.items() if k.split(" ")[0] in WRITE_VERBS)
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS / VmHWM / VmPeak (kB) of a live process."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "VmPeak"):
+                out[key] = int(value.split()[0])
+    return out
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a live process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
+    return {name: t for name, pid in pids.items() if (t := cpu_seconds(pid)) is not None}
+
+
+def cpu_delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 2) for k in after}
+
+
+@dataclass
+class OperatorProcess:
+    """One operator subprocess with its metrics and liveness endpoints on free loopback ports."""
+
+    argv: list[str]
+    log_path: Path
+    metrics_port: int | None = None
+    liveness_url: str | None = None
+    process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def ours(cls, kubeconfig: Path, log_path: Path, *extra: str) -> OperatorProcess:
+        metrics, live = free_port(), free_port()
+        url = f"http://127.0.0.1:{live}/healthz"
+        argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--metrics-port", str(metrics),
+                "--metrics-address", "127.0.0.1", "--liveness", url, *extra]
+        return cls(argv, log_path, metrics, url)
+
+    def start(self) -> OperatorProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as logf:
+            self.process = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT,  # noqa: S603
+                                            stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True,
+                                            env={**os.environ, **self.env})
+        if self.liveness_url:
+            wait_for("the operator's liveness endpoint", lambda: self._alive_and(self._live), 60, 0.1)
+        log(f"Started operator pid={self.pid} log={self.log_path}")
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def _alive_and(self, check: Callable[[], bool]) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"operator exited with {self.process.returncode}; log {self.log_path}:\n"
+                               + self.log_path.read_text(errors="replace")[-3000:])
+        return check()
+
+    def _live(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.liveness_url, timeout=2) as resp:  # noqa: S310 - 127.0.0.1
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as resp:  # noqa: S310
+            return resp.read().decode()
+
+    def writes(self) -> dict[str, float]:
+        """`triton_operator_api_writes_total` by "kind/verb"."""
+        return {f"{dict(k)['kind']}/{dict(k)['verb']}": v
+                for k, v in samples(self.metrics(), "triton_operator_api_writes_total").items()}
+
+    def memory(self) -> dict[str, int]:
+        return proc_status(self.pid)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def others_operators() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "triton-operator run"], capture_output=True, text=True, check=False)  # noqa: S607
+    return [ln for ln in out.stdout.splitlines() if "pgrep" not in ln]
+
+
+@contextlib.contextmanager
+def running(op: OperatorProcess) -> Iterator[OperatorProcess]:
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+def watch_forever(kube: Kube, kind: str, namespace: str, on_event: Callable[[str, dict[str, Any], float], None],
+                  stop: Callable[[], bool], resource_version: str | None = None) -> None:
+    """Calls `on_event(type, object, received_at)` for every watch event until `stop()`; re-watches on expiry."""
+    rv = resource_version
+    while not stop():
+        try:
+            if rv is None:
+                rv = kube.list(kind, namespace)["metadata"]["resourceVersion"]
+            for ev in kube.watch(kind, namespace, resource_version=rv, timeout_seconds=30):
+                now = time.time()
+                obj = ev.get("object") or {}
+                if ev.get("type") == "ERROR":
+                    rv = None
+                    break
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if ev.get("type") != "BOOKMARK":
+                    on_event(ev["type"], obj, now)
+                if stop():
+                    return
+        except Exception:  # noqa: BLE001 - a dropped watch is re-established from the last resourceVersion
+            if stop():
+                return
+            time.sleep(0.2)
+
+
+def pid_of(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
