@@ -40,9 +40,19 @@ log = logging.getLogger("triton_operator.reconcile")
 CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
 
 
+def _lean(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A shallow copy without metadata.managedFields: nothing here reads them, and on objects written with
+    server-side apply they roughly double the metadata (about 30 MB of peak RSS at 1000 models)."""
+    out = dict(body)
+    meta = out.get("metadata")
+    if meta and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return out
+
+
 @dataclass
 class Cache:
-    """Latest bodies seen on the watches, by namespace."""
+    """Latest bodies seen on the watches (without managedFields), by namespace."""
 
     models: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
     children: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name)
@@ -56,14 +66,14 @@ class Cache:
         if deleted:
             self.models[ns].pop(name, None)
         else:
-            self.models[ns][name] = dict(body)
+            self.models[ns][name] = _lean(body)
 
     def put_child(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
         if deleted:
             self.children.pop(key, None)
         else:
-            self.children[key] = dict(body)
+            self.children[key] = _lean(body)
 
     def put_pod(self, body: Mapping[str, Any], deleted: bool = False) -> str | None:
         meta = body["metadata"]
@@ -77,7 +87,7 @@ class Cache:
             if key not in self.primed:
                 self.gone.add(meta["uid"])
         else:
-            bucket[meta["name"]] = dict(body)
+            bucket[meta["name"]] = _lean(body)
         return model
 
     def prime_pods(self, namespace: str, model: str, listed: list[dict[str, Any]]) -> None:
@@ -85,7 +95,7 @@ class Cache:
         bucket = self.pods[(namespace, model)]
         for pod in listed:
             if pod["metadata"]["uid"] not in self.gone:
-                bucket.setdefault(pod["metadata"]["name"], pod)
+                bucket.setdefault(pod["metadata"]["name"], _lean(pod))
         self.primed.add((namespace, model))
 
 
@@ -201,13 +211,16 @@ class Reconciler:
                     children = render_children(model, rendered, uid, namespace, self.options)
                 except RepositoryTooLarge as exc:
                     problem = Problem("RepositoryTooLarge", str(exc))
+        # A model with no status was never reconciled: there is nothing of ours to GET, so apply straight away
+        # (a child left by a first reconcile that was cut short is re-applied unchanged, a no-op for the server).
+        reconciled_before = bool(body.get("status"))
         for child in children:
             key = (child["kind"], namespace, child["metadata"]["name"])
             existing = self.cache.children.get(key)
-            if existing is None:
+            if existing is None and reconciled_before:
                 existing = await asyncio.to_thread(self.kube.get, child["apiVersion"], child["kind"], namespace, key[2])
                 if existing is not None:  # the watch has not delivered it yet (operator start): status reads it
-                    existing = self.cache.children.setdefault(key, existing)
+                    existing = self.cache.children.setdefault(key, _lean(existing))
             if existing is not None and contains(existing, child):
                 continue
             applied = await asyncio.to_thread(self.kube.apply, child)
@@ -241,8 +254,11 @@ class Reconciler:
         sel = f"{LABEL_MODEL}={name}" if model is None else selector_string(model)
         if (namespace, name) not in self.cache.primed:
             # Right after the operator starts, the pod watch may not have delivered this model's pods yet:
-            # a status computed from an empty cache would flip a serving model to Ready=False.
-            listed = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_MODEL}={name}")
+            # a status computed from an empty cache would flip a serving model to Ready=False. A model with
+            # no status yet has nothing to flip, and its pods arrive on the watch.
+            listed: list[dict[str, Any]] = []
+            if body.get("status"):
+                listed = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_MODEL}={name}")
             self.cache.prime_pods(namespace, name, listed)
         obs = Observed(
             generation=generation,
