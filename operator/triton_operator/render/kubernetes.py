@@ -36,7 +36,9 @@ class Options:
     """Operator-wide settings that shape children."""
 
     operator_image: str = "ghcr.io/triton-operator/triton-operator:0.1.0"
-    startup_probe_period: int = 2
+    # The kubelet's probes, not the gate, bound how soon a warmed replica turns Ready (tritonserver opens its
+    # ports only once the model is loaded and warm): probe at the kubelet's shortest period.
+    startup_probe_period: int = 1
 
 
 class RepositoryTooLarge(ValueError):
@@ -216,7 +218,7 @@ def render_deployment(
             "periodSeconds": options.startup_probe_period,
             "failureThreshold": max(1, server.startup_timeout_seconds // options.startup_probe_period),
         },
-        "readinessProbe": {**probe_http("/v2/health/ready"), "periodSeconds": 2, "failureThreshold": 1},
+        "readinessProbe": {**probe_http("/v2/health/ready"), "periodSeconds": 1, "failureThreshold": 2},
         "livenessProbe": {**probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
     }
     if resources:
