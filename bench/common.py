@@ -140,7 +140,10 @@ def summary(values: Iterable[float], digits: int = 4) -> dict[str, Any]:
 
 
 def ms(seconds: float | None) -> str:
-    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.0f} ms"
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    x = seconds * 1000
+    return f"{x:.2f} ms" if abs(x) < 10 else f"{x:.1f} ms" if abs(x) < 100 else f"{x:.0f} ms"
 
 
 # -- result files --------------------------------------------------------------------------------

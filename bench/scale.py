@@ -309,5 +309,13 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
             f"Growth {small} -> {big} (ours): converge time x{ours_big['converge_seconds'] / max(ours_small['converge_seconds'], 1e-9):.1f}, "
             f"requests per model {ours_small['operator_requests_per_model']:.1f} -> {ours_big['operator_requests_per_model']:.1f}, "
             f"peak RSS +{grow:.0f} kB per model.")
+    for impl in impls:
+        p = get(impl, big)
+        if p and p.get("cpu_seconds_until_converged"):
+            cpu = p["cpu_seconds_until_converged"]
+            result.notes.append(
+                f"Where the time went ({impl}, {big} models, {p['converge_seconds']:.0f} s to converge, whole machine "
+                f"{p['machine_cpu_busy_until_converged']:.0%} busy): CPU seconds "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])) + ".")
     result.data = {"phases": phases}
     return write_result(result, started, meter)
