@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from e2e.kube import wait_for
+
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
 from .kubeenv import samples
 from .models import checked, example
@@ -24,6 +26,13 @@ NAMESPACE = "bench-gate"
 WAVES, WAVE = 4, 5
 HELM_PROBE = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 10}
 LABEL_MODEL = "serving.triton-operator.dev/model"
+
+
+def _probe(p: dict[str, Any] | None) -> str:
+    if not p:
+        return "none"
+    where = p.get("httpGet", {}).get("path") or next(iter(k for k in p if k in ("tcpSocket", "grpc", "exec")), "?")
+    return f"{where}, periodSeconds {p.get('periodSeconds', 10)}"
 
 
 def latencies(pods: list[PodTimeline], attr: str) -> list[float]:
@@ -41,15 +50,16 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
     timelines: dict[str, list[PodTimeline]] = {a: [] for a in approaches}
     rss: dict[str, list[float]] = {a: [] for a in approaches}
     op_metric: dict[str, float] = {}
+    probes: dict[str, Any] = {}
     with pod_cluster(NAMESPACE) as env:
         kube, ns = env.kube, env.namespace
         kube.create(tritonmodel(doc, "gated", ns))
         plain_doc = tritonmodel(doc, "plain", ns)
         for obj in plain_children(checked(plain_doc), "plain", ns, HELM_PROBE):
             kube.create(obj)
-        from e2e.kube import wait_for  # noqa: PLC0415
-
-        wait_for("the operator's Deployment gated", lambda: kube.get_or_none("Deployment", "gated", ns), 60)
+        dep = wait_for("the operator's Deployment gated", lambda: kube.get_or_none("Deployment", "gated", ns), 60)
+        triton = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "tritonserver")
+        probes = {k: triton.get(k) for k in ("startupProbe", "readinessProbe", "livenessProbe")}
         with PodWatch(kube, ns, {"gated": "gated", "plain": "plain"}) as watch:
             for i in range(waves):
                 order = ("gated", "plain") if i % 2 == 0 else ("plain", "gated")
@@ -74,10 +84,9 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
                         f"READY->Ready {', '.join(ms(x) for x in sorted(lat))}")
                     scale_to(kube, a["kind"], name, ns, 0)
                     wait_no_pods(kube, ns, a["selector"])
-        for labels, value in samples(env.operator.metrics(), "triton_operator_ready_to_gate_seconds_sum").items():
-            op_metric["sum"] = value
-        for labels, value in samples(env.operator.metrics(), "triton_operator_ready_to_gate_seconds_count").items():
-            op_metric["count"] = value
+        text = env.operator.metrics()
+        for key in ("sum", "count"):
+            op_metric[key] = sum(samples(text, f"triton_operator_ready_to_gate_seconds_{key}").values())
 
     g, p = timelines["gated"], timelines["plain"]
     stats: dict[str, Any] = {
@@ -132,14 +141,14 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
             f"{ms(sg['warmed']['p95'])} (p95) after READY (it polls every 200 ms), but pod Ready also needs "
             f"ContainersReady, which came {ms(sg['containers_ready']['p50'])} / {ms(sg['containers_ready']['p95'])} "
             "after READY: tritonserver opens its ports only after loading and warming the model, and the "
-            "operator's pod template has a startupProbe (/v2/health/live, periodSeconds 2) that first passes up "
-            "to one period later. The node agent runs the readinessProbe (periodSeconds 2) at once after the "
-            "startup probe passes; a real kubelet waits for that probe's own next period, up to 2 s more.")
+            f"operator's pod template has a startupProbe ({_probe(probes['startupProbe'])}) that first passes up "
+            f"to one period later. The node agent runs the readinessProbe ({_probe(probes['readinessProbe'])}) at "
+            "once after the startup probe passes; a real kubelet waits for that probe's own next period.")
     if sp["ready"].get("n"):
         result.notes.append(
             "The usual approach's first readiness probe fires as the container starts, while Triton is still "
             "loading (ports closed), so the next one comes periodSeconds (10 s) later: READY -> Ready is about "
             "10 s minus the load time here, anywhere in 0-10 s in general.")
-    result.data = {"stats": stats, "rss_mb": rss, "operator_ready_to_gate": op_metric,
+    result.data = {"stats": stats, "rss_mb": rss, "operator_probes": probes, "operator_ready_to_gate": op_metric,
                    "timelines": {n: [tl.__dict__ for tl in tls] for n, tls in timelines.items()}}
     return write_result(result, started, meter)
