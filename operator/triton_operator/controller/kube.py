@@ -106,6 +106,15 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Delete one object; already gone is fine."""
+        metrics.API_WRITES.labels(kind=kind, verb="delete").inc()
+        try:
+            self._call("DELETE", self.path(api_version, kind, namespace, name))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def patch_custom_status(self, group: str, version: str, plural: str, namespace: str, name: str,
                             status: dict[str, Any]) -> dict[str, Any]:
         metrics.API_WRITES.labels(kind="TritonModel", verb="patch-status").inc()

@@ -200,9 +200,9 @@ class Reconciler:
             elif step_errors:
                 problem = Problem("InvalidStepModel", "; ".join(step_errors))
             else:
-                errors = [e for e in check_models([(f"TritonModel/{m.name}", m) for m in closure])]
+                errors = check_models([(f"TritonModel/{m.name}", m) for m in closure])
                 own = [e for e in errors if e.model == f"TritonModel/{name}"]
-                if own or errors:
+                if errors:
                     problem = Problem("InvalidSpec", "; ".join(f"{e.path}: {e.message}" for e in (own or errors))[:2000])
             if problem is None:
                 rendered = render_repository(closure)
@@ -229,21 +229,11 @@ class Reconciler:
         if model is not None and model.spec.replicas <= 1:
             stale = self.cache.children.get(("PodDisruptionBudget", namespace, name))
             if stale is not None:
-                await asyncio.to_thread(self._delete_pdb, namespace, name)
+                await asyncio.to_thread(self.kube.delete, "policy/v1", "PodDisruptionBudget", namespace, name)
+                self.cache.children.pop(("PodDisruptionBudget", namespace, name), None)
         await self._write_status(body, generation, model, digest, problem)
         for dep in self.dependents(namespace, name):
             self.request(namespace, dep)
-
-    def _delete_pdb(self, namespace: str, name: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        metrics.API_WRITES.labels(kind="PodDisruptionBudget", verb="delete").inc()
-        try:
-            self.kube._call("DELETE", self.kube.path("policy/v1", "PodDisruptionBudget", namespace, name))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        self.cache.children.pop(("PodDisruptionBudget", namespace, name), None)
 
     async def _write_status(
         self, body: dict[str, Any], generation: int, model: TritonModel | None, digest: str | None, problem: Problem | None

@@ -6,6 +6,7 @@ apply. No client, no I/O: the controller applies what this returns.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from collections.abc import Mapping
@@ -104,8 +105,6 @@ def render_configmap(
     data: dict[str, str] = {}
     binary: dict[str, str] = {}
     size = 0
-    import base64
-
     for path, content in files.items():
         key = _key(path)
         size += len(key) + len(content)
