@@ -417,6 +417,9 @@ class LocalCluster:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={c('front-proxy-client.crt')}",
             f"--proxy-client-key-file={c('front-proxy-client.key')}",
+            # Webhooks (and aggregated APIs) with a service clientConfig are dialled at an endpoint address
+            # (a pod's 198.18.x), never at the ClusterIP: there is no kube-proxy.
+            "--enable-aggregator-routing=true",
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
