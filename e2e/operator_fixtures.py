@@ -95,11 +95,15 @@ class OperatorHandle:
     drift_interval: float
 
     def start(self) -> None:
+        offset = self.log_size()
         with open(self.log_path, "ab") as logf:
             self.process = subprocess.Popen(  # noqa: S603 - our own entry point
                 self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                 start_new_session=True)
         wait_for("the operator's liveness endpoint", lambda: self.alive() and _liveness_ok(self.liveness_url), 60)
+        if "--webhook-url" in self.argv:  # TritonModel writes are refused until the API server trusts our new CA
+            wait_for("the operator's webhook CA published",
+                     lambda: self.alive() and "Published the webhook CA" in self.log_since(offset), 30)
 
     def stop(self) -> None:
         if self.process is None:
@@ -188,12 +192,21 @@ def operator(cluster: Any, kubeconfig: Path, kube: Kube, node_agent: Any) -> Ite
     logs = cluster.logs or REPO_ROOT / ".cluster" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / "operator-pytest.log"
-    metrics_port, liveness_port = free_port(), free_port()
+    metrics_port, liveness_port, webhook_port = free_port(), free_port(), free_port()
     liveness = f"http://127.0.0.1:{liveness_port}/healthz"
     argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--namespace", f"{OPERATOR_NAMESPACE_PREFIX}*",
             "--metrics-port", str(metrics_port),
-            "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL)]
+            "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL),
+            # The admission webhook, called by the API server on loopback; its configuration is this
+            # session's own (the namespaces it reviews are the operator's: `op-*`).
+            "--webhook-url", f"https://127.0.0.1:{webhook_port}", "--webhook-address", "127.0.0.1",
+            "--webhook-port", str(webhook_port), "--webhook-configuration", f"triton-operator-pytest-{webhook_port}"]
     log_path.write_bytes(b"")
+    # A session killed hard leaves its webhook configuration behind, pointing at a closed port: gone first.
+    for vwc in kube.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations")["items"]:
+        if vwc["metadata"]["name"].startswith("triton-operator-pytest-"):
+            kube.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+                                   f"{vwc['metadata']['name']}")
     handle = OperatorHandle(argv, None, log_path, f"http://127.0.0.1:{metrics_port}/metrics", liveness, DRIFT_INTERVAL)
     try:
         handle.start()

@@ -96,7 +96,6 @@ class Source(_Model):
                 {
                     "rule": "has(self.inline) != has(self.uri)",
                     "message": "exactly one of inline or uri must be set",
-                    "fieldPath": ".inline",
                 }
             ]
         }
@@ -424,7 +423,11 @@ class TritonModelSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "has(self.backend) != has(self.platform)", "message": "set exactly one of backend or platform"},
+                {
+                    "rule": "has(self.backend) != has(self.platform)",
+                    "message": "set exactly one of backend or platform",
+                    "fieldPath": ".backend",
+                },
                 {
                     "rule": "has(self.platform) && self.platform == 'ensemble' ? has(self.ensemble) : !has(self.ensemble)",
                     "message": "ensemble.steps goes with platform: ensemble, and platform: ensemble needs ensemble.steps",
@@ -447,10 +450,16 @@ class TritonModelSpec(_Model):
                     "fieldPath": ".sequenceBatcher",
                 },
                 {
-                    "rule": "!(has(self.platform) && self.platform == 'ensemble') || ((!has(self.instanceGroups) || "
-                    "size(self.instanceGroups) == 0) && (!has(self.modelWarmup) || size(self.modelWarmup) == 0))",
-                    "message": "an ensemble has no instanceGroups or modelWarmup of its own",
-                    "fieldPath": ".platform",
+                    "rule": "!(has(self.platform) && self.platform == 'ensemble') || "
+                    "!has(self.instanceGroups) || size(self.instanceGroups) == 0",
+                    "message": "an ensemble has no instanceGroups of its own (its steps run on theirs)",
+                    "fieldPath": ".instanceGroups",
+                },
+                {
+                    "rule": "!(has(self.platform) && self.platform == 'ensemble') || "
+                    "!has(self.modelWarmup) || size(self.modelWarmup) == 0",
+                    "message": "an ensemble has no modelWarmup of its own (its steps warm up on their own)",
+                    "fieldPath": ".modelWarmup",
                 },
                 {
                     "rule": "!(has(self.platform) && self.platform == 'ensemble' && has(self.source))",

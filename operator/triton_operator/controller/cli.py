@@ -7,6 +7,10 @@ import asyncio
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .operator import WebhookSettings
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -26,6 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         start_http_server(args.metrics_port, addr=args.metrics_address)
         logging.getLogger("triton_operator").info("Started metrics endpoint port=%d", args.metrics_port)
     options = Options(operator_image=args.operator_image)
+    webhook = _webhook_settings(args)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -40,10 +45,31 @@ def cmd_run(args: argparse.Namespace) -> int:
             options=options,
             drift_interval=args.drift_interval,
             stop_flag=stop,
+            webhook=webhook,
         )
 
     asyncio.run(main())
     return 0
+
+
+def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
+    from ..render.webhook import WebhookTarget
+
+    if args.webhook_service:
+        ns, _, name = args.webhook_service.partition("/")
+        if not ns or not name:
+            raise SystemExit(f"--webhook-service: expected NAMESPACE/NAME, got {args.webhook_service!r}")
+        target = WebhookTarget(service_namespace=ns, service_name=name, service_port=args.webhook_service_port)
+    elif args.webhook_url:
+        if not args.webhook_url.startswith("https://"):
+            raise SystemExit(f"--webhook-url: the API server calls webhooks over https, got {args.webhook_url!r}")
+        target = WebhookTarget(url=args.webhook_url)
+    else:
+        return None
+    from .operator import WebhookSettings
+
+    return WebhookSettings(target, args.webhook_configuration, args.webhook_failure_policy, args.webhook_address,
+                           args.webhook_port)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -62,4 +88,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     r.add_argument("--drift-interval", type=float, default=60.0, help="seconds between drift-correcting reconciles")
     r.add_argument("--log-level", default="info")
+    w = r.add_argument_group("admission webhook", "served over TLS with a certificate the operator issues itself; "
+                             "off unless --webhook-service or --webhook-url says where the API server finds it")
+    where = w.add_mutually_exclusive_group()
+    where.add_argument("--webhook-service", metavar="NAMESPACE/NAME",
+                       help="the Service in front of this operator (in a cluster: the chart sets it)")
+    where.add_argument("--webhook-url", metavar="https://HOST:PORT",
+                       help="the URL the API server calls (an operator outside the cluster); the operator then "
+                            "owns the whole ValidatingWebhookConfiguration and deletes it on exit")
+    w.add_argument("--webhook-service-port", type=int, default=443, help="port of --webhook-service")
+    w.add_argument("--webhook-address", default="0.0.0.0", help="address the webhook listens on")
+    w.add_argument("--webhook-port", type=int, default=9443, help="port the webhook listens on")
+    w.add_argument("--webhook-configuration", default="triton-operator",
+                   help="name of the ValidatingWebhookConfiguration")
+    w.add_argument("--webhook-failure-policy", choices=("Fail", "Ignore"), default="Fail",
+                   help="what the API server does when the webhook cannot be reached (see README: Admission)")
     r.set_defaults(func=cmd_run)

@@ -115,6 +115,29 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    def apply_cluster(self, obj: dict[str, Any], plural: str) -> dict[str, Any]:
+        """Server-side apply of a cluster-scoped object (e.g. a ValidatingWebhookConfiguration)."""
+        group_version, name = obj["apiVersion"], obj["metadata"]["name"]
+        metrics.API_WRITES.labels(kind=obj["kind"], verb="apply").inc()
+        return self._call(
+            "PATCH", f"/apis/{group_version}/{plural}/{name}", body=obj,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")], content_type="application/apply-patch+yaml",
+        )
+
+    def json_patch_cluster(self, group_version: str, plural: str, name: str, patch: list[dict[str, Any]]) -> None:
+        """A JSON patch (RFC 6902) of a cluster-scoped object: the fields it names, nothing else."""
+        metrics.API_WRITES.labels(kind=plural, verb="patch").inc()
+        self._call("PATCH", f"/apis/{group_version}/{plural}/{name}", body=patch,
+                   query=[("fieldManager", FIELD_MANAGER)], content_type="application/json-patch+json")
+
+    def delete_cluster(self, group_version: str, plural: str, name: str) -> None:
+        metrics.API_WRITES.labels(kind=plural, verb="delete").inc()
+        try:
+            self._call("DELETE", f"/apis/{group_version}/{plural}/{name}")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def patch_custom_status(self, group: str, version: str, plural: str, namespace: str, name: str,
                             status: dict[str, Any]) -> dict[str, Any]:
         metrics.API_WRITES.labels(kind="TritonModel", verb="patch-status").inc()

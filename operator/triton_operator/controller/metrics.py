@@ -22,3 +22,6 @@ READY_TO_GATE_SECONDS = Histogram(
     "triton_operator_ready_to_gate_seconds", "Time from Triton first reporting the model READY to the gate turning True",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+ADMISSIONS = Counter(
+    "triton_operator_admission_reviews_total", "TritonModel admission reviews answered by the webhook", ["verdict"]
+)

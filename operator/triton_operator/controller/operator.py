@@ -10,19 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from ..api.v1alpha1 import GROUP, PLURAL, VERSION
 from ..render.kubernetes import LABEL_MODEL, MANAGED_BY, Options
+from ..render.webhook import WebhookTarget
 from .gate import WarmupGate
 from .kube import Kube
 from .reconcile import Cache, Reconciler
+from .webhook import AdmissionWebhook
 
 log = logging.getLogger("triton_operator")
 
 OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    target: WebhookTarget
+    configuration: str = "triton-operator"
+    failure_policy: str = "Fail"
+    address: str = "0.0.0.0"  # noqa: S104 - the API server calls in from outside the pod
+    port: int = 9443
 
 
 class State:
@@ -32,6 +44,7 @@ class State:
     reconciler: Reconciler
     gate: WarmupGate
     drift: asyncio.Task[None]
+    webhook: AdmissionWebhook | None = None
 
 
 STATE = State()
@@ -51,11 +64,15 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         settings.networking.request_timeout = 30
         STATE.gate = WarmupGate(STATE.kube, on_change=lambda ns, name: STATE.reconciler.request(ns, name))
         STATE.drift = asyncio.create_task(_drift_loop(drift_interval), name="drift")
+        if STATE.webhook is not None:  # serving before the first watch event: admission needs no cache warm-up
+            await STATE.webhook.start()
 
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(**_: Any) -> None:
         STATE.drift.cancel()
         await STATE.gate.stop()
+        if STATE.webhook is not None:
+            await STATE.webhook.stop()
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def _model_event(event: dict[str, Any], **_: Any) -> None:
@@ -135,11 +152,17 @@ async def run_operator(
     options: Options,
     drift_interval: float = 60.0,
     stop_flag: asyncio.Event | None = None,
+    webhook: WebhookSettings | None = None,
 ) -> None:
     STATE.namespace_patterns = any(ch in n for n in namespaces for ch in "*?[!")
     STATE.kube = Kube.from_environment(kubeconfig)
     STATE.cache = Cache()
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
+    STATE.webhook = None if webhook is None else AdmissionWebhook(
+        STATE.kube, webhook.target, configuration=webhook.configuration, failure_policy=webhook.failure_policy,
+        namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
+        dependents=STATE.reconciler.dependents,
+    )
     registry = build_registry(drift_interval)
 
     @kopf.on.login(registry=registry)

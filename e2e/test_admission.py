@@ -1,0 +1,175 @@
+"""Admission through a real API server: the CRD schema and CEL refuse what one object shows, the
+operator's validating webhook (TLS, its own CA, failurePolicy Fail) refuses the rest.
+
+`kubectl apply` of every spec in tests/corpus/invalid is refused with the field path and leaves
+nothing behind. A corpus file's first document is the change under test; the others are what the
+namespace already holds (applied first, at `replicas: 0`: they are context, not workload).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.kube import ApiError, Kube
+from e2e.operator_fixtures import OperatorHandle, as_stream, kubectl, load_examples, record
+
+pytestmark = pytest.mark.cluster
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "invalid"
+MANAGED = {"app.kubernetes.io/managed-by": "triton-operator"}
+VWC = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+
+def apply(kubeconfig: Path, namespace: str, *docs: dict, check: bool = True) -> str:
+    proc = kubectl(kubeconfig, "apply", "--validate=strict", "-n", namespace, "-f", "-", stdin=as_stream(list(docs)),
+                   check=check)
+    return proc.stderr if proc.returncode else ""
+
+
+def denials(op: OperatorHandle) -> float:
+    return sum(v for k, v in op.samples("triton_operator_admission_reviews_total").items()
+               if dict(k)["verdict"] == "denied")
+
+
+def placeholder(ensemble: dict) -> dict:
+    """A plain model with an ensemble's name and tensors: what a name was before it became an ensemble."""
+    spec = ensemble["spec"]
+    return {"apiVersion": ensemble["apiVersion"], "kind": ensemble["kind"], "metadata": {"name": ensemble["metadata"]["name"]},
+            "spec": {"backend": "python", "maxBatchSize": spec.get("maxBatchSize", 0), "replicas": 0,
+                     "inputs": spec["inputs"], "outputs": spec["outputs"], "instanceGroups": [{"kind": "CPU", "count": 1}],
+                     "source": {"inline": {"model.py": "# placeholder"}}}}
+
+
+def corpus() -> list[tuple[str, str, list[dict]]]:
+    out = []
+    for path in sorted(CORPUS.glob("*.yaml")):
+        text = path.read_text()
+        expect = re.search(r"^# expect: (\S+)$", text, re.M).group(1)  # type: ignore[union-attr]
+        out.append((path.stem, expect, [d for d in yaml.safe_load_all(text) if d]))
+    return out
+
+
+def fresh_namespace(kube: Kube, base: str) -> str:
+    name = f"{base[:50]}-{uuid.uuid4().hex[:5]}"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": name, "labels": {"e2e.triton-operator.io/test": "true"}}})
+    return name
+
+
+def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_nothing_is_created(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    cases = corpus()
+    by_layer = {"schema/CEL": 0, "webhook": 0}
+    extra: list[str] = []
+    try:
+        for stem, expect, (subject, *context) in cases:
+            ns = namespace
+            before: dict | None = None
+            name = subject["metadata"]["name"]
+            if context:  # a namespace of its own holding the context: names repeat across corpus files
+                ns = fresh_namespace(kube, f"{namespace}-{stem[:2]}")
+                extra.append(ns)
+                context = [copy.deepcopy(d) for d in context]
+                for d in context:
+                    d["spec"]["replicas"] = 0
+                if any(name in [s["model"] for s in (d["spec"].get("ensemble") or {}).get("steps", [])] for d in context):
+                    # The context uses the subject (a cycle): it can only have been admitted while the subject's
+                    # name was a plain model; the subject's change is what closes the cycle.
+                    apply(kubeconfig, ns, placeholder(subject))
+                    before = kube.get("TritonModel", name, ns)
+                # Dependency order: a context model is applied after the models its steps use.
+                pending = list(context)
+                while pending:
+                    ready = [d for d in pending if not any(
+                        s["model"] in {p["metadata"]["name"] for p in pending}
+                        for s in (d["spec"].get("ensemble") or {}).get("steps", []))]
+                    assert ready, f"{stem}: the context's ensembles use each other"
+                    apply(kubeconfig, ns, *ready)
+                    pending = [d for d in pending if d not in ready]
+            denied = denials(operator)
+            stderr = apply(kubeconfig, ns, subject, check=False)
+            assert stderr, f"{stem}: the API server accepted it"
+            layer = "webhook" if denials(operator) > denied else "schema/CEL"
+            by_layer[layer] += 1
+            # The webhook names the exact field; a CEL rule can name a list but not an index in it.
+            field = expect if layer == "webhook" else expect.split("[", 1)[0]
+            assert re.search(re.escape(field) + r'[:\["]', stderr), f"{stem}: refused without naming {field}: {stderr}"
+            # Nothing created: no such TritonModel (or the earlier one untouched), no child of that name.
+            now = kube.get_or_none("TritonModel", name, ns)
+            if before is None:
+                assert now is None, f"{stem}: a TritonModel {name} exists after the refusal"
+                for kind in ("ConfigMap", "Deployment", "Service"):
+                    assert kube.get_or_none(kind, name, ns) is None, f"{stem}: a {kind} {name} exists"
+            else:
+                assert now is not None and now["metadata"]["generation"] == before["metadata"]["generation"]
+                assert now["spec"] == before["spec"], f"{stem}: the refused change was stored"
+        assert not kube.items("TritonModel", namespace)
+        assert not kube.items("ConfigMap", namespace, label_selector=MANAGED)
+    finally:
+        for ns in extra:
+            try:
+                kube.delete("Namespace", ns)
+            except ApiError:
+                pass
+    record("admission: invalid corpus specs refused at kubectl apply",
+           f"{len(cases)} of {len(cases)} ({by_layer['schema/CEL']} by the CRD schema/CEL, "
+           f"{by_layer['webhook']} by the webhook)")
+    assert sum(by_layer.values()) == len(cases)
+
+
+def test_cross_object_rules_through_the_webhook(kube: Kube, kubeconfig: Path, namespace: str,
+                                                 operator: OperatorHandle) -> None:
+    docs = {d["metadata"]["name"]: d for d in load_examples("sentiment-ensemble")}
+    for d in docs.values():
+        d["spec"]["replicas"] = 0
+
+    # An ensemble before its steps: refused, naming each missing step; nothing stored.
+    stderr = apply(kubeconfig, namespace, docs["sentiment"], check=False)
+    assert "spec.ensemble.steps[0].model" in stderr and "TritonModel 'tokenizer' is not defined" in stderr, stderr
+    assert "TritonModel 'classifier' is not defined" in stderr, stderr
+    assert kube.get_or_none("TritonModel", "sentiment", namespace) is None
+
+    # Steps first, then the ensemble, in one kubectl apply (the example's document order): accepted.
+    apply(kubeconfig, namespace, docs["tokenizer"], docs["classifier"], docs["sentiment"])
+
+    # A step change that would break the ensemble using it: refused, naming the ensemble's field.
+    tokenizer = kube.get("TritonModel", "tokenizer", namespace)
+    broken = copy.deepcopy(docs["tokenizer"])
+    broken["spec"]["outputs"][0]["dataType"] = "INT32"
+    stderr = apply(kubeconfig, namespace, broken, check=False)
+    assert "would break ensemble sentiment: spec.ensemble.steps[1].inputMap[TOKEN_IDS]" in stderr, stderr
+    assert kube.get("TritonModel", "tokenizer", namespace)["metadata"]["generation"] == tokenizer["metadata"]["generation"]
+
+    # A step that uses its ensemble: a cycle, refused.
+    cls = docs["classifier"]
+    cyclic = {**cls, "spec": {"platform": "ensemble", "maxBatchSize": cls["spec"]["maxBatchSize"],
+                              "inputs": cls["spec"]["inputs"], "outputs": cls["spec"]["outputs"],
+                              "ensemble": {"steps": [{"model": "sentiment", "inputMap": {"TEXT": "TOKEN_IDS"},
+                                                      "outputMap": {"SCORE": "SCORE", "LABEL": "LABEL"}}]}}}
+    stderr = apply(kubeconfig, namespace, cyclic, check=False)
+    assert "spec.ensemble.steps" in stderr and "cycle" in stderr, stderr
+
+    # Deleting a step is never blocked (GC and namespace deletion must work); the ensemble is then reported,
+    # and a metadata-only change to it is still allowed, while a spec change is refused.
+    kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel/classifier", "--wait=true")
+    kubectl(kubeconfig, "label", "-n", namespace, "tritonmodel/sentiment", "team=a")
+    proc = kubectl(kubeconfig, "patch", "-n", namespace, "tritonmodel/sentiment", "--type=merge",
+                   "-p", '{"spec":{"maxBatchSize":4}}', check=False)
+    assert proc.returncode != 0 and "TritonModel 'classifier' is not defined" in proc.stderr, proc.stderr
+
+
+def test_webhook_configuration_and_failure_policy(kube: Kube, operator: OperatorHandle) -> None:
+    """What the operator registered: its own CA, TritonModel CREATE/UPDATE only, failurePolicy Fail."""
+    name = operator.argv[operator.argv.index("--webhook-configuration") + 1]
+    vwc = kube.request("GET", f"{VWC}/{name}")
+    [hook] = vwc["webhooks"]
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+    assert hook["rules"] == [{"apiGroups": ["serving.triton-operator.dev"], "apiVersions": ["*"],
+                              "operations": ["CREATE", "UPDATE"], "resources": ["tritonmodels"], "scope": "Namespaced"}]
+    assert hook["clientConfig"]["url"].startswith("https://127.0.0.1:") and hook["clientConfig"]["caBundle"]

@@ -1,0 +1,274 @@
+"""The validating admission webhook for TritonModels, served by the operator over TLS.
+
+At start the operator issues itself a certificate (a fresh CA and a serving certificate
+for the webhook's Service name, or for the URL's host when run outside the cluster), puts
+the CA into the ValidatingWebhookConfiguration, and serves `POST /validate-tritonmodels`.
+The certificate is renewed, and the CA bundle updated, long before it expires.
+
+Each review reads the TritonModels around the object live from the API server (never the
+watch cache, which may lag a `kubectl apply` of a step and its ensemble by milliseconds);
+the verdict itself is `validate.admission.review`, pure. A namespace this operator does not
+watch is not its business: allowed.
+
+Which configuration is written depends on where the API server finds the webhook:
+- `--webhook-service ns/name` (the chart): the chart owns the configuration; the operator
+  only writes its `caBundle`, with a JSON patch.
+- `--webhook-url https://127.0.0.1:port` (an operator run on a workstation or in tests): the
+  operator owns the whole configuration, applies it server-side, and deletes it on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import fnmatch
+import ipaddress
+import logging
+import ssl
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from ..api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from ..render.webhook import WEBHOOK_NAME, WEBHOOK_PATH, WebhookTarget, render_webhook_configuration
+from ..validate.admission import needs_review, review, steps_of
+from . import metrics
+from .kube import Kube
+
+log = logging.getLogger("triton_operator.webhook")
+
+CERT_VALIDITY = dt.timedelta(days=365)
+RENEW_AFTER = dt.timedelta(days=240)  # two thirds of the validity
+MAX_NEIGHBOURS = 256  # TritonModels read for one review, at most
+
+
+# -- certificates ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Issued:
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+    not_after: dt.datetime
+
+
+def issue_certificate(hosts: list[str], now: dt.datetime | None = None) -> Issued:
+    """A new self-signed CA and a serving certificate signed by it for `hosts` (DNS names or IPs)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator webhook CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + CERT_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + CERT_VALIDITY)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    return Issued(
+        ca.public_bytes(pem), cert.public_bytes(pem),
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        now + CERT_VALIDITY,
+    )
+
+
+# -- which namespaces are ours --------------------------------------------------------------------
+
+
+def watches(namespaces: list[str], clusterwide: bool) -> Callable[[str], bool]:
+    """kopf's namespace patterns (globs, `!` excludes) as a predicate."""
+    if clusterwide or not namespaces:
+        return lambda ns: True
+    include = [p for p in namespaces if not p.startswith("!")]
+    exclude = [p[1:] for p in namespaces if p.startswith("!")]
+    return lambda ns: any(fnmatch.fnmatchcase(ns, p) for p in include) and not any(
+        fnmatch.fnmatchcase(ns, p) for p in exclude)
+
+
+def exact_namespaces(namespaces: list[str], clusterwide: bool) -> list[str] | None:
+    """The namespaceSelector's list when every pattern is a plain name; else None (every namespace)."""
+    if clusterwide or not namespaces or any(ch in n for n in namespaces for ch in "*?[!"):
+        return None
+    return list(namespaces)
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+
+class AdmissionWebhook:
+    def __init__(self, kube: Kube, target: WebhookTarget, *, configuration: str, failure_policy: str,
+                 namespaces: list[str], clusterwide: bool, address: str, port: int,
+                 dependents: Callable[[str, str], list[str]]) -> None:
+        self.kube = kube
+        self.target = target
+        self.configuration = configuration
+        self.failure_policy = failure_policy
+        self.selector = exact_namespaces(namespaces, clusterwide)
+        self.watched = watches(namespaces, clusterwide)
+        self.address, self.port = address, port
+        self.dependents = dependents
+        self._dir = tempfile.TemporaryDirectory(prefix="triton-operator-webhook-")
+        self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._ssl.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._runner: web.AppRunner | None = None
+        self._renewal: asyncio.Task[None] | None = None
+        self._ca_bundle: bytes = b""
+
+    # lifecycle
+
+    async def start(self) -> None:
+        issued = self._load(issue_certificate(self.target.hosts()))
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_post(WEBHOOK_PATH, self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.address, self.port, ssl_context=self._ssl).start()
+        log.info("Serving the admission webhook address=%s port=%d path=%s", self.address, self.port, WEBHOOK_PATH)
+        await self._publish(issued.ca_pem)
+        self._renewal = asyncio.create_task(self._renew_loop(issued), name="webhook-certificate")
+
+    async def stop(self) -> None:
+        if self._renewal:
+            self._renewal.cancel()
+        if self.target.url:  # ours alone: a configuration left behind would point at a closed port
+            try:
+                await asyncio.to_thread(self.kube.delete_cluster, "admissionregistration.k8s.io/v1",
+                                        "validatingwebhookconfigurations", self.configuration)
+                log.info("Deleted ValidatingWebhookConfiguration name=%s", self.configuration)
+            except Exception as exc:  # noqa: BLE001 - shutting down: report, do not raise
+                log.warning("Could not delete ValidatingWebhookConfiguration name=%s: %s", self.configuration, exc)
+        if self._runner:
+            await self._runner.cleanup()
+        self._dir.cleanup()
+
+    def _load(self, issued: Issued) -> Issued:
+        """Serve `issued` from now on (new handshakes); files readable by this user only."""
+        cert, key = Path(self._dir.name) / "tls.crt", Path(self._dir.name) / "tls.key"
+        key.touch(mode=0o600)
+        key.write_bytes(issued.key_pem)
+        cert.write_bytes(issued.cert_pem)
+        self._ssl.load_cert_chain(cert, key)
+        return issued
+
+    async def _publish(self, ca_pem: bytes) -> None:
+        """Puts `ca_pem` (and the CA before it, until every serving certificate is the new one) in the configuration."""
+        encoded = base64.b64encode(ca_pem + self._ca_bundle).decode()
+        if self.target.url:
+            obj = render_webhook_configuration(self.configuration, self.target, encoded, self.failure_policy,
+                                               self.selector)
+            await asyncio.to_thread(self.kube.apply_cluster, obj, "validatingwebhookconfigurations")
+        else:
+            patch = [{"op": "test", "path": "/webhooks/0/name", "value": WEBHOOK_NAME},
+                     {"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": encoded}]
+            await asyncio.to_thread(self.kube.json_patch_cluster, "admissionregistration.k8s.io/v1",
+                                    "validatingwebhookconfigurations", self.configuration, patch)
+        self._ca_bundle = ca_pem
+        log.info("Published the webhook CA ValidatingWebhookConfiguration=%s failurePolicy=%s", self.configuration,
+                 self.failure_policy)
+
+    async def _renew_loop(self, issued: Issued) -> None:
+        while True:
+            wait = (issued.not_after - CERT_VALIDITY + RENEW_AFTER) - dt.datetime.now(dt.timezone.utc)
+            await asyncio.sleep(max(wait.total_seconds(), 60))
+            try:
+                fresh = issue_certificate(self.target.hosts())
+                await self._publish(fresh.ca_pem)  # trust the new CA first, then serve its certificate
+                issued = self._load(fresh)
+                log.info("Renewed the webhook certificate not_after=%s", issued.not_after.isoformat())
+            except Exception:
+                log.exception("Renewing the webhook certificate failed; retrying in a minute")
+
+    # the review
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            req = body["request"]
+        except (ValueError, KeyError, TypeError):
+            return web.json_response({"error": "expected an AdmissionReview"}, status=400)
+        response: dict[str, Any] = {"uid": req.get("uid"), "allowed": True}
+        try:
+            response.update(await self._review(req))
+        except Exception as exc:
+            # The API server applies the failurePolicy to errors, not to a denial: say what broke, refuse.
+            log.exception("Admission review failed uid=%s", req.get("uid"))
+            metrics.ADMISSIONS.labels(verdict="error").inc()
+            response.update({"allowed": False, "status": {
+                "code": 500, "reason": "InternalError", "message": f"triton-operator could not review: {exc}"}})
+        return web.json_response({"apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
+                                  "kind": "AdmissionReview", "response": response})
+
+    async def _review(self, req: dict[str, Any]) -> dict[str, Any]:
+        namespace, operation = req.get("namespace") or "", req.get("operation", "")
+        obj, old = req.get("object"), req.get("oldObject")
+        if not self.watched(namespace) or not needs_review(operation, obj, old):
+            metrics.ADMISSIONS.labels(verdict="skipped").inc()
+            return {}
+        assert obj is not None
+        name = obj["metadata"].get("name") or ""
+        dependents = [d for d in self.dependents(namespace, name) if d != name]
+        neighbours = await self._neighbours(namespace, name, [*steps_of(obj), *dependents])
+        verdict = review(obj, old, neighbours, [d for d in dependents if name in steps_of(neighbours.get(d))])
+        out: dict[str, Any] = {}
+        if verdict.warnings:
+            out["warnings"] = verdict.warnings[:10]
+        if verdict.allowed:
+            metrics.ADMISSIONS.labels(verdict="allowed").inc()
+            return out
+        metrics.ADMISSIONS.labels(verdict="denied").inc()
+        log.info("Denied %s namespace=%s name=%s errors=%d", operation, namespace, name, len(verdict.errors))
+        # kubectl prints the causes ("* field: message"), else the message.
+        causes = [{"field": e.path, "message": e.message, "reason": "FieldValueInvalid"} if e.model == verdict.subject
+                  else {"message": line, "reason": "FieldValueInvalid"}
+                  for e, line in zip(verdict.errors, verdict.message.splitlines()[1:], strict=True)]
+        out.update({"allowed": False, "status": {
+            "code": 422, "reason": "Invalid", "message": verdict.message,
+            "details": {"group": GROUP, "kind": KIND, "name": name, "causes": causes}}})
+        return out
+
+    async def _neighbours(self, namespace: str, name: str, start: list[str]) -> dict[str, dict[str, Any]]:
+        """Live bodies of the TritonModels reachable from `start` through ensemble steps (not `name` itself)."""
+        found: dict[str, dict[str, Any]] = {}
+        seen = {name}
+        todo = [n for n in start if n not in seen]
+        while todo and len(found) < MAX_NEIGHBOURS:
+            batch = list(dict.fromkeys(todo))
+            seen.update(batch)
+            bodies = await asyncio.gather(*(
+                asyncio.to_thread(self.kube.get_custom, GROUP, VERSION, PLURAL, namespace, n) for n in batch))
+            todo = []
+            for n, b in zip(batch, bodies, strict=True):
+                if b is not None:
+                    found[n] = b
+                    todo.extend(s for s in steps_of(b) if s not in seen)
+        return found

@@ -1,0 +1,119 @@
+"""The admission verdict on one TritonModel change, given the TritonModels around it. Pure.
+
+The CRD schema and its CEL rules refuse what one object shows on its own. What needs
+other objects is decided here, for the validating webhook (`controller/webhook.py`):
+
+- the new object passes every rule in `rules.py`, checked together with the models its
+  ensemble steps reach (step references, tensor names, types and shapes, batch sizes,
+  cycles);
+- a change to a model used as an ensemble step does not break an ensemble that uses it
+  (an error the ensemble did not have before the change is the change's fault).
+
+Metadata-only updates and objects being deleted are always allowed: garbage collection
+and namespace deletion must never be blocked by a model whose step went missing later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api.v1alpha1 import TritonModel
+from .errors import FieldError, from_pydantic
+from .rules import check_models
+
+#: How a TritonModel is named in field errors here (the same as the operator's conditions).
+IDENT = "TritonModel/{}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    errors: list[FieldError] = field(default_factory=list)  # the change's own, then those of ensembles it breaks
+    warnings: list[str] = field(default_factory=list)
+    subject: str = ""
+
+    @property
+    def message(self) -> str:
+        """One line per error, field path first; what kubectl prints after "denied the request: "."""
+        if self.allowed:
+            return ""
+        lines = [f"{len(self.errors)} error(s) in {self.subject}:"]
+        for e in self.errors:
+            if e.model == self.subject:
+                lines.append(f"{e.path}: {e.message}")
+            else:
+                lines.append(f"would break ensemble {e.model.split('/', 1)[-1]}: {e.path}: {e.message}")
+        return "\n".join(lines)
+
+
+def steps_of(body: Mapping[str, Any] | None) -> list[str]:
+    """Names of the TritonModels an object's ensemble steps use (as written; unparsed bodies are fine)."""
+    spec = (body or {}).get("spec") or {}
+    steps = (spec.get("ensemble") or {}).get("steps") or ()
+    return [s["model"] for s in steps if isinstance(s, dict) and isinstance(s.get("model"), str)]
+
+
+def needs_review(operation: str, obj: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> bool:
+    """Whether a change is checked at all: a create, or an update that changes the spec of a live object."""
+    if operation not in ("CREATE", "UPDATE") or not obj:
+        return False
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return not (operation == "UPDATE" and old is not None and old.get("spec") == obj.get("spec"))
+
+
+def _parse(name: str, body: Mapping[str, Any]) -> tuple[TritonModel | None, list[FieldError]]:
+    try:
+        return TritonModel.model_validate(body), []
+    except ValidationError as exc:
+        return None, from_pydantic(IDENT.format(name), exc)
+
+
+def review(
+    obj: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    neighbours: Mapping[str, Mapping[str, Any]],
+    dependents: Sequence[str] = (),
+) -> Verdict:
+    """The verdict on `obj` replacing `old` (None on create).
+
+    `neighbours`: the current bodies of the other TritonModels of the namespace that matter, by
+    name: every model reachable through ensemble steps from `obj` and from each of `dependents`.
+    `dependents`: names of ensembles whose steps use `obj`.
+    """
+    name = obj["metadata"]["name"]
+    subject = IDENT.format(name)
+    new, errors = _parse(name, obj)
+    if new is None:
+        return Verdict(False, errors, subject=subject)
+
+    others: dict[str, TritonModel] = {}
+    warnings: list[str] = []
+    for other, body in neighbours.items():
+        if other == name:
+            continue
+        parsed, errs = _parse(other, body)
+        if parsed is None:
+            warnings.append(f"TritonModel {other} is not valid itself and was left out: {errs[0].path}: {errs[0].message}")
+            continue
+        others[other] = parsed
+    previous = _parse(name, old)[0] if old else None
+
+    def errors_with(model: TritonModel | None) -> list[FieldError]:
+        pool = [(IDENT.format(n), m) for n, m in sorted(others.items())]
+        if model is not None:
+            pool.insert(0, (subject, model))
+        return check_models(pool)
+
+    after = errors_with(new)
+    own = [e for e in after if e.model == subject]  # a cycle through `obj` always starts there too
+    wanted = {IDENT.format(d) for d in dependents if d in others}
+    before = {(e.model, e.path, e.message) for e in errors_with(previous) if e.model in wanted}
+    broken = [e for e in after if e.model in wanted and (e.model, e.path, e.message) not in before
+              and e.rule != "ensemble-cycle"]
+    errors = own + broken
+    return Verdict(not errors, errors, warnings, subject)

@@ -1,0 +1,114 @@
+"""The webhook's verdict (`validate.admission.review`), pure: the whole invalid corpus, then the cases
+only a live namespace has (a change that breaks an ensemble using the model, metadata-only updates,
+objects being deleted). The same verdicts through a real API server: e2e/test_admission.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from triton_operator.validate.admission import needs_review, review, steps_of
+
+from test_corpus import _cases
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def _docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
+def test_every_corpus_spec_is_refused_naming_its_field(case) -> None:  # type: ignore[no-untyped-def]
+    """The first document is the change; the others are what the namespace already holds."""
+    subject, *context = _docs(case.path)
+    name = subject["metadata"]["name"]
+    neighbours = {d["metadata"]["name"]: d for d in context}
+    dependents = [n for n, d in neighbours.items() if name in steps_of(d)]
+    verdict = review(subject, None, neighbours, dependents)
+    assert not verdict.allowed, f"{case.id}: allowed"
+    paths = [e.path for e in verdict.errors]
+    assert case.expect in paths, f"{case.id}: refused without naming {case.expect}: {verdict.message}"
+    assert f"{case.expect}: " in verdict.message
+
+
+def _sentiment() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in _docs(EXAMPLES / "sentiment-ensemble.yaml")}
+
+
+def test_the_example_ensemble_and_its_steps_are_allowed() -> None:
+    docs = _sentiment()
+    ens = docs.pop("sentiment")
+    verdict = review(ens, None, docs)
+    assert verdict.allowed, verdict.message
+    assert review(docs["tokenizer"], None, {"sentiment": ens, "classifier": docs["classifier"]}, ["sentiment"]).allowed
+
+
+def test_an_ensemble_before_its_steps_is_refused_naming_each_missing_step() -> None:
+    ens = _sentiment()["sentiment"]
+    verdict = review(ens, None, {})
+    assert not verdict.allowed
+    assert {e.path for e in verdict.errors if "is not defined" in e.message} == {
+        "spec.ensemble.steps[0].model", "spec.ensemble.steps[1].model"}
+
+
+def test_a_step_change_that_breaks_its_ensemble_is_refused_with_the_ensembles_field() -> None:
+    docs = _sentiment()
+    old = docs["tokenizer"]
+    new = copy.deepcopy(old)
+    new["spec"]["outputs"][0]["dataType"] = "INT32"  # TOKEN_IDS: the classifier step reads INT64
+    verdict = review(new, old, {"sentiment": docs["sentiment"], "classifier": docs["classifier"]}, ["sentiment"])
+    assert not verdict.allowed
+    assert all(e.model == "TritonModel/sentiment" for e in verdict.errors), verdict.errors
+    assert "would break ensemble sentiment: spec.ensemble.steps[1].inputMap[TOKEN_IDS]" in verdict.message, (
+        verdict.message)
+
+
+def test_an_ensembles_existing_defects_do_not_block_an_unrelated_step_change() -> None:
+    """The ensemble already misses a step (deleted after it was admitted): a harmless change to its other step
+    is not refused for that."""
+    docs = _sentiment()
+    old = docs["tokenizer"]
+    new = copy.deepcopy(old)
+    new["spec"]["replicas"] = 3
+    verdict = review(new, old, {"sentiment": docs["sentiment"]}, ["sentiment"])  # no classifier any more
+    assert verdict.allowed, verdict.message
+
+
+def test_making_a_step_use_its_ensemble_is_refused_as_a_cycle() -> None:
+    docs = _sentiment()
+    old = docs["classifier"]
+    new = {"apiVersion": old["apiVersion"], "kind": old["kind"], "metadata": old["metadata"], "spec": {
+        "platform": "ensemble", "maxBatchSize": old["spec"]["maxBatchSize"],
+        "inputs": old["spec"]["inputs"], "outputs": old["spec"]["outputs"],
+        "ensemble": {"steps": [{"model": "sentiment", "inputMap": {"TEXT": "TOKEN_IDS"},
+                                "outputMap": {"SCORE": "SCORE", "LABEL": "LABEL"}}]}}}
+    verdict = review(new, old, {"sentiment": docs["sentiment"], "tokenizer": docs["tokenizer"]}, ["sentiment"])
+    assert not verdict.allowed
+    assert any(e.rule == "ensemble-cycle" and e.model == "TritonModel/classifier" for e in verdict.errors), verdict.errors
+
+
+def test_metadata_only_updates_and_deleting_objects_are_not_reviewed() -> None:
+    ens = _sentiment()["sentiment"]
+    labelled = copy.deepcopy(ens)
+    labelled["metadata"]["labels"] = {"team": "a"}
+    assert not needs_review("UPDATE", labelled, ens)
+    deleting = copy.deepcopy(ens)
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-21T00:00:00Z"
+    deleting["spec"]["replicas"] = 2
+    assert not needs_review("UPDATE", deleting, ens)
+    assert not needs_review("DELETE", None, ens)
+    changed = copy.deepcopy(ens)
+    changed["spec"]["replicas"] = 2
+    assert needs_review("UPDATE", changed, ens) and needs_review("CREATE", ens, None)
+
+
+def test_a_schema_error_is_refused_with_its_path_before_any_cross_object_rule() -> None:
+    doc = _sentiment()["classifier"]
+    doc["spec"]["inputs"][0]["dataType"] = "FP128"
+    verdict = review(doc, None, {})
+    assert not verdict.allowed and verdict.errors[0].path == "spec.inputs[0].dataType", verdict.errors
