@@ -39,6 +39,7 @@ GROUP, VERSION = "serving.triton-operator.dev", "v1alpha1"
 CHART = REPO_ROOT / "charts" / "triton-operator"
 KUBECTL = REPO_ROOT / ".venv" / "bin" / "kubectl"
 EXAMPLE = REPO_ROOT / "examples" / "add-sub.yaml"
+ENSEMBLE_EXAMPLE = REPO_ROOT / "examples" / "sentiment-ensemble.yaml"
 CHART_IMAGE = "ghcr.io/triton-operator/triton-operator:0.1.0"
 # What kopf may be refused without harm: run-time observation of CRDs and namespaces (it falls
 # back to what it found at start-up and to the listed namespaces). Any other 403 is a missing rule.
@@ -73,13 +74,14 @@ def helm(kubeconfig: Path, *args: str) -> str:
     return run([helm_binary(), "--kubeconfig", str(kubeconfig), *args], kubeconfig, timeout=300)
 
 
-def can_i(kubeconfig: Path, sa: str, verb: str, resource: str, namespace: str | None) -> bool:
-    """`kubectl auth can-i` as `sa`; `resource` may name a subresource (`pods/status`)."""
+def can_i(kubeconfig: Path, sa: str, verb: str, resource: str, namespace: str | None, name: str | None = None) -> bool:
+    """`kubectl auth can-i` as `sa`; `resource` may name a subresource (`pods/status`), `name` one object."""
     scope = ["-n", namespace] if namespace else ["--all-namespaces"]
     resource, _, sub = resource.partition("/")  # can-i reads TYPE/NAME: a subresource is a flag
     subresource = [f"--subresource={sub}"] if sub else []
+    target = f"{resource}/{name}" if name else resource
     proc = subprocess.run(  # noqa: S603 - our own pinned kubectl
-        [str(KUBECTL), "--kubeconfig", str(kubeconfig), "auth", "can-i", verb, resource, *subresource,
+        [str(KUBECTL), "--kubeconfig", str(kubeconfig), "auth", "can-i", verb, target, *subresource,
          f"--as={sa}", *scope],
         capture_output=True, text=True, timeout=30,
     )
@@ -97,6 +99,11 @@ class Release:
     @property
     def user(self) -> str:
         return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    @property
+    def fullname(self) -> str:
+        """The chart's `triton-operator.fullname`: its Deployment, webhook configuration, ..."""
+        return self.name if "triton-operator" in self.name else f"{self.name}-triton-operator"
 
 
 @contextlib.contextmanager
@@ -210,9 +217,35 @@ def test_namespaced_install_reconciles_add_sub_under_the_chart_service_account(
         assert fetch["image"] == CHART_IMAGE
 
         _assert_least_privilege_namespaced(kubeconfig, release, watched=namespace, tmp_path=tmp_path)
+        _assert_the_charts_webhook_refuses_a_cross_object_defect(kubeconfig, kube, release, namespace)
 
         kube.delete("TritonModel", name, namespace)  # while the operator still runs
         wait_gone(kube, "TritonModel", namespace, name)
+
+
+def _assert_the_charts_webhook_refuses_a_cross_object_defect(kubeconfig: Path, kube: Kube, release: Release,
+                                                            namespace: str) -> None:
+    """The chart's webhook path: API server -> Service -> the operator pod's 198.18.x address, TLS with the CA the
+    operator patched into the chart's ValidatingWebhookConfiguration."""
+    vwc = kube.request("GET", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{release.fullname}")
+    (hook,) = vwc["webhooks"]
+    assert hook["clientConfig"]["service"] == {"namespace": release.namespace, "name": f"{release.fullname}-webhook",
+                                               "path": "/validate-tritonmodels", "port": 443}
+    assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [namespace]
+    ensemble = next(d for d in yaml.safe_load_all(ENSEMBLE_EXAMPLE.read_text()) if d and d["metadata"]["name"] ==
+                    "sentiment")
+
+    def refused() -> str | None:
+        proc = subprocess.run(  # noqa: S603 - our own pinned kubectl
+            [str(KUBECTL), "--kubeconfig", str(kubeconfig), "apply", "-n", namespace, "-f", "-"],
+            input=json.dumps(ensemble), capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0, f"an ensemble without its steps was admitted: {proc.stdout}"
+        # Until the operator has published its CA the API server cannot call it (Fail: refused all the same).
+        return proc.stderr if "spec.ensemble.steps[0].model" in proc.stderr else None
+
+    stderr = wait_for("the chart's webhook to refuse an ensemble whose steps are missing", refused, 60, 1.0)
+    assert "TritonModel 'tokenizer' is not defined" in stderr, stderr
+    assert kube.get_or_none("TritonModel", "sentiment", namespace) is None
 
 
 def _status_appears(kube: Kube, namespace: str, name: str, seconds: int) -> bool:
@@ -237,6 +270,10 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
                            ("delete", "poddisruptionbudgets.policy"), ("patch", "pods/status"),
                            ("create", "events")):
         assert can_i(kubeconfig, sa, verb, resource, watched), f"cannot {verb} {resource} in {watched}"
+    assert can_i(kubeconfig, sa, "patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None,
+                 name=release.fullname), "cannot patch its own webhook configuration's caBundle"
+    assert not can_i(kubeconfig, sa, "patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None,
+                     name="someone-elses"), "can patch another webhook configuration"
     # Not more: no Secrets anywhere, no Nodes, no pods of its own, nothing outside the watched namespace.
     for verb, resource, ns in (
         ("get", "secrets", watched), ("list", "secrets", watched), ("watch", "secrets", watched),
@@ -247,6 +284,9 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
         ("delete", "tritonmodels.serving.triton-operator.dev", watched),
         ("delete", "deployments.apps", watched), ("create", "rolebindings.rbac.authorization.k8s.io", watched),
         ("create", "serviceaccounts/token", watched),
+        ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None),
+        ("create", "validatingwebhookconfigurations.admissionregistration.k8s.io", None),
+        ("patch", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
         ("list", "tritonmodels.serving.triton-operator.dev", own),
         ("list", "tritonmodels.serving.triton-operator.dev", "default"),
         ("list", "tritonmodels.serving.triton-operator.dev", None),

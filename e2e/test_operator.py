@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import yaml
 
 from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import (
@@ -43,7 +42,6 @@ from e2e.testing import container_status, endpoints, is_ready, ready_endpoints, 
 
 pytestmark = pytest.mark.cluster
 
-CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "invalid"
 MANAGED = {"app.kubernetes.io/managed-by": "triton-operator"}
 
 
@@ -521,48 +519,6 @@ def test_model_failing_to_initialize_is_degraded_with_tritons_reason(
     record("bad model: Degraded message", degraded["message"][:160])
 
 
-# -- invalid specs ------------------------------------------------------------------------------------
-
-REFUSED = [
-    "01-preferred-batch-size-too-large",
-    "23-ensemble-with-batcher",
-    "47-batching-with-zero-max-batch-size",
-    "48-unknown-field",
-    "50-source-inline-and-uri",
-    "53-batcher-and-sequence-batcher",
-]
-
-
-def _corpus(stem: str) -> tuple[dict, str]:
-    text = (CORPUS / f"{stem}.yaml").read_text()
-    expect = re.search(r"^# expect: (\S+)$", text, re.M).group(1)  # type: ignore[union-attr]
-    return next(yaml.safe_load_all(text)), expect
-
-
-def test_invalid_specs_never_create_children(kube: Kube, kubeconfig: Path, namespace: str,
-                                             operator: OperatorHandle) -> None:
-    for stem in REFUSED:
-        doc, expect = _corpus(stem)
-        proc = kubectl(kubeconfig, "apply", "--validate=strict", "-n", namespace, "-f", "-", stdin=as_stream([doc]),
-                       check=False)
-        assert proc.returncode != 0, f"{stem}: the API server accepted it"
-        field = re.sub(r"\[\d+\]$", "", expect)  # CEL names the list, the validator the element
-        assert field in proc.stderr, f"{stem}: refused without naming {field}: {proc.stderr}"
-    assert not kube.items("TritonModel", namespace)
-
-    # A defect only the operator sees (a zero dimension): accepted, reported, nothing deployed.
-    doc, expect = _corpus("16-dim-zero")
-    apply(kubeconfig, namespace, doc)
-    tm = wait_model(kube, namespace, "m", lambda tm: model_condition(tm, "Ready").get("reason") == "InvalidSpec",
-                    "InvalidSpec", 30)
-    assert expect in model_condition(tm, "Ready")["message"]
-    assert model_condition(tm, "Degraded")["status"] == "True"
-    assert tm["status"]["observedGeneration"] == tm["metadata"]["generation"]
-    # Children, had there been any, are applied before the status that reports on them.
-    assert not owned_children(kube, namespace)
-    assert not kube.items("ConfigMap", namespace, label_selector=MANAGED)
-
-
 # -- ensembles ------------------------------------------------------------------------------------------
 
 
@@ -578,20 +534,18 @@ def infer_sentiment(address: str, texts: list[str]) -> tuple[list[float], list[s
         client.close()
 
 
-def test_ensemble_waits_for_its_steps_serves_the_pipeline_and_rolls_with_a_step(
+def test_ensemble_is_refused_before_its_steps_serves_the_pipeline_and_rolls_with_a_step(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
     docs = {d["metadata"]["name"]: d for d in load_examples("sentiment-ensemble")}
 
-    # The steps do not exist yet: the API server cannot know, the operator reports it and deploys nothing.
-    apply(kubeconfig, namespace, docs["sentiment"])
-    tm = wait_model(kube, namespace, "sentiment",
-                    lambda tm: model_condition(tm, "Ready").get("reason") == "StepModelMissing", "StepModelMissing", 30)
-    ready = model_condition(tm, "Ready")
-    assert ready["status"] == "False" and "classifier" in ready["message"] and "tokenizer" in ready["message"]
-    assert kube.get_or_none("Deployment", "sentiment", namespace) is None
+    # The steps do not exist yet: the operator's admission webhook refuses the ensemble, naming them.
+    proc = kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream([docs["sentiment"]]), check=False)
+    assert proc.returncode != 0 and "TritonModel 'tokenizer' is not defined" in proc.stderr, proc.stderr
+    assert kube.get_or_none("TritonModel", "sentiment", namespace) is None
     assert not owned_children(kube, namespace)
 
     apply(kubeconfig, namespace, docs["tokenizer"], docs["classifier"])
+    apply(kubeconfig, namespace, docs["sentiment"])
     tm = wait_model(kube, namespace, "sentiment", is_model_ready, "Ready once its steps exist", 180)
     ann = kube.get("Deployment", "sentiment", namespace)["spec"]["template"]["metadata"]["annotations"]
     assert ann[ANNOTATION_DIGEST] == tm["status"]["configDigest"]

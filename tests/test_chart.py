@@ -36,7 +36,7 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 # Exactly what the operator may do: (apiGroup, resource) -> verbs. Adding a verb here means adding
 # it to templates/_helpers.tpl and to the chart README's table, with the reason.
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
-    (GROUP, PLURAL): {"list", "watch"},  # event handlers only: kopf writes no finalizer
+    (GROUP, PLURAL): {"get", "list", "watch"},  # event handlers only: kopf writes no finalizer; GET: the webhook
     (GROUP, f"{PLURAL}/status"): {"patch"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
@@ -175,13 +175,15 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
 # -- RBAC --------------------------------------------------------------------------------------
 
 
-def _rbac(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io/")]
+def _rbac(docs: list[dict[str, Any]], webhook: bool = False) -> list[dict[str, Any]]:
+    """The operator's RBAC; with `webhook`, also the grant to patch its own webhook configuration."""
+    return [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io/")
+            and (webhook or not d["metadata"]["name"].endswith("-webhook"))]
 
 
 @pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
 def test_rbac_has_no_wildcards_no_secrets_and_no_node_writes(helm: str, values: dict[str, Any]) -> None:
-    docs = _rbac(render(helm, **values))
+    docs = _rbac(render(helm, **values), webhook=True)
     assert docs
     for role in (d for d in docs if d["kind"] in ("Role", "ClusterRole")):
         assert "aggregationRule" not in role
@@ -220,6 +222,8 @@ def test_namespaced_mode_has_a_role_per_watched_namespace_and_nothing_cluster_wi
     docs = render(helm, **NAMESPACED)
     rbac = _rbac(docs)
     assert not [d for d in rbac if d["kind"].startswith("Cluster")], "namespaced mode grants nothing cluster-wide"
+    assert [d["metadata"]["name"] for d in _rbac(docs, webhook=True) if d["kind"] == "ClusterRole"] == [
+        f"{SA}-webhook"], "but patching its own webhook configuration"
     roles = {d["metadata"]["namespace"]: d for d in kinds(rbac, "Role")}
     bindings = {d["metadata"]["namespace"]: d for d in kinds(rbac, "RoleBinding")}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}
@@ -236,7 +240,7 @@ def test_rbac_is_enough_for_every_watch_and_write_the_operator_makes(helm: str) 
     """Cross-checks the rules against the code: kopf's watches, and the children the reconcile applies."""
     from triton_operator.controller.operator import build_registry
 
-    granted = grants(one(render(helm), "ClusterRole")["rules"])
+    granted = grants(one(_rbac(render(helm)), "ClusterRole")["rules"])
     registry = build_registry(60.0)
     for handler in registry._watching.get_all_handlers():  # kopf on.event handlers: list + watch
         sel = handler.selector
@@ -268,6 +272,53 @@ def test_rbac_is_enough_for_every_watch_and_write_the_operator_makes(helm: str) 
     assert "delete" in granted[("policy", "poddisruptionbudgets")]
     assert "patch" in granted[("", "pods/status")] and "patch" in granted[(GROUP, f"{PLURAL}/status")]
     assert "create" in granted[("", "events")]
+    assert "get" in granted[(GROUP, PLURAL)]  # the webhook reads an ensemble's steps live
+
+
+# -- the admission webhook ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_webhook_configuration_is_the_operators_own_pointed_at_its_service(helm: str, values: dict[str, Any]) -> None:
+    from triton_operator.render.webhook import WebhookTarget, render_webhook_configuration
+
+    docs = render(helm, **values)
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    svc = next(d for d in kinds(docs, "Service") if d["metadata"]["name"] == f"{SA}-webhook")
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    target = WebhookTarget(service_namespace=RELEASE_NS, service_name=svc["metadata"]["name"], service_port=443)
+    expected = render_webhook_configuration(SA, target, "", "Fail", values.get("watch.namespaces"))
+    (hook,) = vwc["webhooks"]
+    assert "caBundle" not in hook["clientConfig"]  # the operator patches it in at start
+    (want,) = expected["webhooks"]  # type: ignore[misc]
+    want["clientConfig"].pop("caBundle")
+    assert hook == want
+    assert vwc["metadata"]["name"] == SA
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert svc["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+    assert svc["spec"]["selector"].items() <= one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    assert f"--webhook-service={RELEASE_NS}/{SA}-webhook" in c["args"]
+    assert f"--webhook-configuration={SA}" in c["args"] and f"--webhook-port={ports['webhook']}" in c["args"]
+    assert "--webhook-failure-policy=Fail" in c["args"]
+    role = next(d for d in _rbac(docs, webhook=True) if d["metadata"]["name"] == f"{SA}-webhook"
+                and d["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": ["admissionregistration.k8s.io"],
+                              "resources": ["validatingwebhookconfigurations"], "resourceNames": [SA],
+                              "verbs": ["patch"]}]
+
+
+@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False}], ids=["paused", "disabled"])
+def test_no_webhook_when_paused_or_disabled(helm: str, values: dict[str, Any]) -> None:
+    docs = render(helm, **values)
+    assert not kinds(docs, "ValidatingWebhookConfiguration")
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-webhook")]
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in c["args"] if a.startswith("--webhook")]
+
+
+def test_webhook_failure_policy_is_a_value(helm: str) -> None:
+    (hook,) = one(render(helm, **{"webhook.failurePolicy": "Ignore"}), "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
 
 
 # -- the operator Deployment -------------------------------------------------------------------
@@ -318,7 +369,7 @@ def test_image_digest_reaches_the_fetch_init_container_image(helm: str) -> None:
 def test_metrics_service_and_optional_service_monitor(helm: str) -> None:
     docs = render(helm)
     assert not kinds(docs, "ServiceMonitor")
-    svc = one(docs, "Service")
+    svc = next(d for d in kinds(docs, "Service") if d["metadata"]["name"].endswith("-metrics"))
     assert svc["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()
@@ -342,6 +393,7 @@ def test_metrics_service_and_optional_service_monitor(helm: str) -> None:
     ({"runAsUser": 0}, "/runAsUser"),
     ({"metrics.port": 70000}, "/metrics/port"),
     ({"replicas": 1}, "additional properties"),
+    ({"webhook.failurePolicy": "Never"}, "/webhook/failurePolicy"),
 ])
 def test_values_schema_rejects_bad_values(helm: str, values: dict[str, Any], message: str) -> None:
     err = render_error(helm, **values)

@@ -53,11 +53,12 @@ Role. Every rule maps to a call in operator/triton_operator/controller/ (kube.py
 or to kopf itself; see the chart README for the reason of each.
 */}}
 {{- define "triton-operator.rules" -}}
-# TritonModels: kopf lists and watches them. Event handlers only (no kopf timers, daemons or
-# change handlers), so kopf writes no finalizer or annotation onto them: no patch.
+# TritonModels: kopf lists and watches them; the admission webhook reads an ensemble's steps live
+# (GET). Event handlers only (no kopf timers, daemons or change handlers), so kopf writes no
+# finalizer or annotation onto them: no patch.
 - apiGroups: ["serving.triton-operator.dev"]
   resources: ["tritonmodels"]
-  verbs: ["list", "watch"]
+  verbs: ["get", "list", "watch"]
 # Status: conditions, counts and the selector, written with a merge patch.
 - apiGroups: ["serving.triton-operator.dev"]
   resources: ["tritonmodels/status"]

@@ -157,7 +157,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
         "observedGeneration": g,
         "conditions": conds,
         "replicas": int(dep_status.get("replicas", len(live)) or 0),
-        "readyReplicas": int(dep_status.get("readyReplicas", 0) or 0),
+        # From the pods, as the conditions are: the Deployment's own count lags them by a controller sync.
+        "readyReplicas": sum(1 for p in live if (pod_condition(p, "Ready") or {}).get("status") == "True"),
         "warmedReplicas": len(warmed),
         "selector": obs.selector,
         "replicaStates": states,

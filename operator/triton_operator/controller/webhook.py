@@ -86,7 +86,7 @@ def issue_certificate(hosts: list[str], now: dt.datetime | None = None) -> Issue
             sans.append(x509.DNSName(h))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator webhook")]))  # names: SANs
         .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + CERT_VALIDITY)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)

@@ -1,0 +1,78 @@
+"""The webhook's self-issued certificate, checked the way the API server checks it: a TLS handshake that
+trusts only the issued CA and verifies the host name, for a Service name longer than a CN may be."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ssl
+import tempfile
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from triton_operator.controller.webhook import CERT_VALIDITY, exact_namespaces, issue_certificate, watches
+from triton_operator.render.webhook import WebhookTarget
+
+
+async def _handshake(issued, server_name: str) -> str:  # type: ignore[no-untyped-def]
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = Path(d) / "tls.crt", Path(d) / "tls.key"
+        cert.write_bytes(issued.cert_pem)
+        key.write_bytes(issued.key_pem)
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"ok")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        client_ctx = ssl.create_default_context(cadata=issued.ca_pem.decode())
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx,
+                                                           server_hostname=server_name)
+            data = await reader.read()
+            writer.close()
+            return data.decode()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+
+def test_a_long_service_name_is_served_and_verified() -> None:
+    target = WebhookTarget(service_namespace="namespaced-install-reconciles-add-sub-un-a202c-op",
+                           service_name="tro-triton-operator-webhook")
+    issued = issue_certificate(target.hosts())
+    assert asyncio.run(_handshake(issued, target.hosts()[0])) == "ok"
+    cert = x509.load_pem_x509_certificate(issued.cert_pem)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert sans == target.hosts()
+    assert cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) > CERT_VALIDITY - dt.timedelta(hours=1)
+
+
+def test_an_ip_url_is_served_and_another_name_is_refused() -> None:
+    target = WebhookTarget(url="https://127.0.0.1:9443")
+    issued = issue_certificate(target.hosts())
+    assert asyncio.run(_handshake(issued, "127.0.0.1")) == "ok"
+    with pytest.raises(ssl.SSLCertVerificationError):
+        asyncio.run(_handshake(issued, "example.invalid"))
+
+
+def test_another_ca_is_not_trusted() -> None:
+    hosts = ["127.0.0.1"]
+    first, second = issue_certificate(hosts), issue_certificate(hosts)
+    mixed = type(first)(second.ca_pem, first.cert_pem, first.key_pem, first.not_after)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        asyncio.run(_handshake(mixed, "127.0.0.1"))
+
+
+def test_namespace_patterns_match_like_kopf() -> None:
+    ours = watches(["op-*", "!op-private"], clusterwide=False)
+    assert ours("op-a") and not ours("op-private") and not ours("default")
+    assert watches([], clusterwide=True)("anything")
+    assert exact_namespaces(["team-a", "team-b"], False) == ["team-a", "team-b"]
+    assert exact_namespaces(["op-*"], False) is None and exact_namespaces([], True) is None
