@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 import tritonclient.grpc as grpcclient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ def get_json(kubeconfig: Path, *args: str) -> dict[str, Any]:
 
 
 def bring_up(args: argparse.Namespace) -> Path:
-    from e2e.cluster import LocalCluster
+    from e2e.cluster import LocalCluster, free_port
 
     if args.kubeconfig:
         return Path(args.kubeconfig)
@@ -56,9 +57,13 @@ def bring_up(args: argparse.Namespace) -> Path:
         local.start_node_agent([GPU_NODE], 8)
     if "triton-operator" not in local.running():
         logf = open(local.logs / "triton-operator.log", "ab")  # noqa: SIM115 - handed to the child
+        webhook = free_port()
         proc = subprocess.Popen(  # noqa: S603
             [str(VENV_BIN / "triton-operator"), "run", "--kubeconfig", str(kubeconfig), "--metrics-port", "0",
-             "--liveness", "http://127.0.0.1:18080/healthz"],
+             "--liveness", "http://127.0.0.1:18080/healthz",
+             # The admission webhook on loopback; `make cluster-down` stops the operator, which removes it.
+             "--webhook-url", f"https://127.0.0.1:{webhook}", "--webhook-address", "127.0.0.1",
+             "--webhook-port", str(webhook), "--webhook-configuration", "triton-operator-demo"],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         pids = local.read_pids()
@@ -80,6 +85,36 @@ def wait_node(kubeconfig: Path, timeout: float) -> None:
                 return
         time.sleep(0.5)
     raise TimeoutError("no Ready node")
+
+
+def wait_webhook(kubeconfig: Path, timeout: float) -> None:
+    """Until some triton-operator webhook configuration carries a CA: before that, TritonModel writes are refused."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for vwc in get_json(kubeconfig, "validatingwebhookconfigurations")["items"]:
+            hooks = vwc.get("webhooks") or []
+            if any(h["name"] == "tritonmodels.serving.triton-operator.dev" and h["clientConfig"].get("caBundle")
+                   for h in hooks):
+                say(f"[demo] The operator's admission webhook is registered ({vwc['metadata']['name']})")
+                return
+        time.sleep(0.3)
+    raise TimeoutError("the operator registered no admission webhook; see .cluster/logs/triton-operator.log")
+
+
+def refused_at_apply(kubeconfig: Path, namespace: str) -> None:
+    """An ensemble whose step name has a typo: refused by the webhook before anything exists."""
+    doc = next(d for d in yaml.safe_load_all(EXAMPLES[1].read_text()) if d and d["metadata"]["name"] == "sentiment")
+    doc["metadata"]["name"] = "sentiment-typo"
+    doc["spec"]["ensemble"]["steps"][1]["model"] = "clasifier"
+    proc = subprocess.run(  # noqa: S603
+        [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "apply", "-n", namespace, "-f", "-"],
+        input=json.dumps(doc), capture_output=True, text=True,
+    )
+    if proc.returncode == 0:
+        raise RuntimeError("an ensemble naming a missing step was admitted")
+    say("[demo] An ensemble naming a step that does not exist is refused at kubectl apply:")
+    for line in proc.stderr.strip().splitlines():
+        say(f"         {line}")
 
 
 def progress(kubeconfig: Path, namespace: str, names: list[str], timeout: float) -> None:
@@ -160,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(REPO / "crds" / "tritonmodels.yaml"))
     kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/tritonmodels.serving.triton-operator.dev")
     say("[demo] Installed the TritonModel CRD")
+    wait_webhook(kubeconfig, 60)
     ns_exists = subprocess.run(  # noqa: S603
         [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "namespace", args.namespace],
         capture_output=True,
@@ -169,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in EXAMPLES:
         kubectl(kubeconfig, "apply", "-n", args.namespace, "-f", str(f))
         say(f"[demo] Applied {f.relative_to(REPO)}")
+    refused_at_apply(kubeconfig, args.namespace)
     say("[demo] Watching the TritonModels: a replica joins its Service only after Triton has loaded the desired "
         "config and finished warm-up")
     progress(kubeconfig, args.namespace, ["add-sub", "sentiment"], args.timeout)
