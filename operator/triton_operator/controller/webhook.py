@@ -147,15 +147,19 @@ class AdmissionWebhook:
     # lifecycle
 
     async def start(self) -> None:
+        """Serve, then publish the CA. Safe to call again after a failure (kopf retries start-up activities)."""
         issued = self._load(issue_certificate(self.target.hosts()))
-        app = web.Application(client_max_size=8 * 1024 * 1024)
-        app.router.add_post(WEBHOOK_PATH, self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.address, self.port, ssl_context=self._ssl).start()
-        log.info("Serving the admission webhook address=%s port=%d path=%s", self.address, self.port, WEBHOOK_PATH)
+        if self._runner is None:
+            app = web.Application(client_max_size=8 * 1024 * 1024)
+            app.router.add_post(WEBHOOK_PATH, self._handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, self.address, self.port, ssl_context=self._ssl).start()
+            self._runner = runner
+            log.info("Serving the admission webhook address=%s port=%d path=%s", self.address, self.port, WEBHOOK_PATH)
         await self._publish(issued.ca_pem)
-        self._renewal = asyncio.create_task(self._renew_loop(issued), name="webhook-certificate")
+        if self._renewal is None:
+            self._renewal = asyncio.create_task(self._renew_loop(issued), name="webhook-certificate")
 
     async def stop(self) -> None:
         if self._renewal:
