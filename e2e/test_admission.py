@@ -173,3 +173,24 @@ def test_webhook_configuration_and_failure_policy(kube: Kube, operator: Operator
     assert hook["rules"] == [{"apiGroups": ["serving.triton-operator.dev"], "apiVersions": ["*"],
                               "operations": ["CREATE", "UPDATE"], "resources": ["tritonmodels"], "scope": "Namespaced"}]
     assert hook["clientConfig"]["url"].startswith("https://127.0.0.1:") and hook["clientConfig"]["caBundle"]
+
+
+def test_while_the_operator_is_down_changes_are_refused_and_deletes_are_not(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    """failurePolicy Fail, as documented: no TritonModel change is admitted unreviewed; deleting still works."""
+    docs = {d["metadata"]["name"]: d for d in load_examples("sentiment-ensemble")}
+    for d in docs.values():
+        d["spec"]["replicas"] = 0
+    apply(kubeconfig, namespace, docs["tokenizer"])
+    assert operator.process is not None
+    operator.process.kill()  # SIGKILL: no clean shutdown, the webhook configuration stays
+    operator.process.wait()
+    try:
+        stderr = apply(kubeconfig, namespace, docs["classifier"], check=False)
+        assert "failed calling webhook" in stderr and "tritonmodels.serving.triton-operator.dev" in stderr, stderr
+        assert kube.get_or_none("TritonModel", "classifier", namespace) is None
+        kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel/tokenizer", "--wait=true")
+    finally:
+        operator.start()  # a new CA, published before start() returns
+    apply(kubeconfig, namespace, docs["classifier"])
+    assert kube.get("TritonModel", "classifier", namespace)
