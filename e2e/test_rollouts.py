@@ -126,7 +126,7 @@ def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
         pods, before, t0 = _pod_ips(kube, namespace), load.tally(), time.monotonic()
         kubectl(kubeconfig, "scale", "-n", namespace, "tritonmodel/add-sub", "--replicas=1")
         wait_for("one replica left and the other gone", lambda: (
-            len(pods := model_pods(kube, namespace, "add-sub")) == 1 and is_ready(pods[0])), 120)
+            len(left := model_pods(kube, namespace, "add-sub")) == 1 and is_ready(left[0])), 120)
         wait_model(kube, namespace, "add-sub", is_model_ready, "Ready with 1 replica", 60)
         wait_for("the remaining replica to answer the load", lambda: _answered_by_all(load, before, kube, namespace),
                  30)
@@ -144,9 +144,9 @@ def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
 
     for name, t in phases.items():
         record(f"zero downtime: {name}", f"{t.summary()}; phase took {took[name]:.1f}s")
-    for name, pods in gone.items():
+    for name, deleted in gone.items():
         record(f"zero downtime: {name}: answered by replicas already terminating, per replica",
-               _answered_while_terminating(load, node_agent.log_path, namespace, pods))
+               _answered_while_terminating(load, node_agent.log_path, namespace, deleted))
     record("zero downtime: whole test", f"{total.summary()}; ready sets seen: {len(load.ready_sets)}; "
            f"endpoint refreshes {load.refreshes}, refresh errors {len(load.refresh_errors)}")
     assert total.failed == 0, f"{total.failed} of {total.sent} requests failed; {_failures(load)}"
