@@ -2,7 +2,8 @@
 
 No operator is involved: plain Deployments, Pods and Services must behave as on a real cluster -
 scheduled by GPU capacity, Ready through readiness probes and readiness gates, listed in
-EndpointSlices with their 198.18.0.0/16 addresses, serving inference, stopped with SIGTERM.
+EndpointSlices with their 198.18.0.0/16 addresses, serving inference, stopped with their preStop
+hooks and then SIGTERM.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import ipaddress
 import json
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +198,86 @@ def test_deleting_pod_sigterms_tritonserver(kube: Kube, namespace: str, node_age
 
 
 OPERATOR_IMAGE = "ghcr.io/triton-operator/triton-operator:dev"
+
+#: A tiny HTTP server that reports, when SIGTERM arrives, whether the preStop exec hook has already run.
+DRAIN_SCRIPT = """
+import http.server, os, signal, sys, threading
+port, name = int(sys.argv[1]), sys.argv[2]
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(name.encode())
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+def on_term(*_):
+    print(f"SIGTERM received; preStop marker present={os.path.exists('/scratch/prestop-ran')}", flush=True)
+    threading.Thread(target=server.shutdown).start()
+signal.signal(signal.SIGTERM, on_term)
+print("serving", flush=True)
+server.serve_forever()
+print("exited cleanly", flush=True)
+"""
+
+
+def _drain_container(name: str, port: int, pre_stop: dict) -> dict:
+    return {
+        "name": name, "image": OPERATOR_IMAGE, "command": ["python", "-c", DRAIN_SCRIPT, str(port), name],
+        "ports": [{"name": name[:15], "containerPort": port}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 1},
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "lifecycle": {"preStop": pre_stop},
+    }
+
+
+def _output(log: Path) -> list[str]:
+    """A container's own output lines (the agent's header line, which quotes the script, left out)."""
+    return [ln for ln in log.read_text().splitlines() if not ln.startswith("=== ")]
+
+
+def _get(ip: str, port: int) -> str:
+    with urllib.request.urlopen(f"http://{ip}:{port}/", timeout=5) as resp:  # noqa: S310 - a pod address
+        return resp.read().decode()
+
+
+def test_deleted_pod_runs_prestop_hooks_and_serves_until_sigterm(kube: Kube, namespace: str, node_agent) -> None:
+    """preStop as the kubelet runs it: each container's hook (sleep / exec), then SIGTERM, within the grace period.
+
+    While the sleep hook runs the pod is terminating - no longer a ready endpoint - and its server still answers.
+    """
+    sleep = 5
+    labels = {"app": "draining"}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "draining", "namespace": namespace, "labels": labels},
+        "spec": {
+            "terminationGracePeriodSeconds": 30,
+            "containers": [_drain_container("sleeper", 8080, {"sleep": {"seconds": sleep}}),
+                           _drain_container("execer", 8081, {"exec": {"command": ["touch", "/scratch/prestop-ran"]}})],
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+        },
+    }
+    created = kube.create(pod)
+    # kube-apiserver 1.35 keeps the sleep action (a disabled feature gate would drop it silently).
+    assert created["spec"]["containers"][0]["lifecycle"]["preStop"] == {"sleep": {"seconds": sleep}}
+    kube.create({**service(namespace, "draining", labels),
+                 "spec": {"selector": labels, "ports": [{"name": "http", "port": 8080, "targetPort": 8080}]}})
+    pod = wait_pod(kube, namespace, "draining", is_ready, "Ready", 60)
+    ip = pod["status"]["podIP"]
+    wait_for("the pod ready in the EndpointSlice", lambda: ready_endpoints(kube, namespace, "draining"), 30)
+    sleeper_log, execer_log = (node_agent.container_log(pod, c) for c in ("sleeper", "execer"))
+
+    kube.delete("Pod", "draining", namespace)
+    [ep] = wait_for("the terminating pod's endpoint to turn not ready", lambda: [
+        ep for ep in endpoints(kube, namespace, "draining")
+        if not ep["conditions"].get("ready") and ep["conditions"].get("terminating")], 30)
+    assert ep["addresses"] == [ip] and ep["conditions"]["serving"] is True
+    # Out of the Service, yet still serving: the sleeper has not been sent SIGTERM (its hook is still sleeping).
+    assert _get(ip, 8080) == "sleeper"
+    assert _output(sleeper_log) == ["serving"], "SIGTERM before the preStop sleep was over"
+
+    wait_gone(kube, "Pod", namespace, "draining", 60)
+    assert _output(sleeper_log)[1:] == ["SIGTERM received; preStop marker present=True", "exited cleanly"]
+    # The exec hook ran inside the container (its /scratch) before the container got SIGTERM.
+    assert _output(execer_log)[1:] == ["SIGTERM received; preStop marker present=True", "exited cleanly"]
 
 IN_CLUSTER_SCRIPT = """
 import os

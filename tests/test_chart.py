@@ -353,7 +353,7 @@ def test_operator_deployment_is_hardened_and_probed(helm: str) -> None:
 def test_the_default_image_is_the_one_the_operator_puts_in_fetch_init_containers(helm: str) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
-    assert chart["kubeVersion"] == ">=1.29.0-0"
+    assert chart["kubeVersion"] == ">=1.30.0-0"  # the preStop sleep action: on by default since 1.30
     (c,) = one(render(helm), "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["image"] == Options().operator_image
 

@@ -65,6 +65,10 @@ def test_deployment_shape() -> None:
     args = triton["args"]
     assert "--model-control-mode=explicit" in args and "--load-model=m" in args
     assert "--strict-readiness=true" in args
+    # Graceful termination: serve through a preStop sleep, then drain on SIGTERM, all inside the grace period.
+    assert triton["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert "--exit-timeout-secs=20" in args
+    assert pod["terminationGracePeriodSeconds"] == 30
     assert f"--cache-config=local,size={32 * 2**20}" in args
     assert args[-1] == "--log-verbose=1"
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
@@ -74,6 +78,17 @@ def test_deployment_shape() -> None:
     assert spec["template"]["metadata"]["annotations"]["serving.triton-operator.dev/poll-interval-ms"] == "200"
     digest = spec["template"]["metadata"]["annotations"][ANNOTATION_DIGEST]
     assert digest == render_repository([m])["m"].digest
+
+
+def test_grace_period_makes_room_for_the_users_own_exit_timeout() -> None:
+    """server.args come after the operator's: Triton takes the user's --exit-timeout-secs, so SIGKILL must wait for it."""
+    for args in (["--exit-timeout-secs=120"], ["--exit-timeout-secs", "120"]):
+        pod = _children(_model(server={"args": args}))["Deployment"]["spec"]["template"]["spec"]
+        (triton,) = pod["containers"]
+        assert triton["args"][-len(args):] == args
+        assert pod["terminationGracePeriodSeconds"] == 5 + 120 + 5
+    pod = _children(_model(server={"args": ["--log-verbose=1"]}))["Deployment"]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 30
 
 
 def test_config_change_rolls_the_deployment() -> None:

@@ -4,8 +4,8 @@ Owns a pod's whole life on the node, the way the kubelet's pod worker does: set 
 (network namespace + address, volumes), run init containers in order and then the containers as
 local processes, probe them, restart them per restartPolicy with crash-loop back-off, write the
 pod status (phase, IPs, container statuses, and the conditions the kubelet owns), and on deletion
-stop the processes (SIGTERM, SIGKILL after the grace period), tear the sandbox down and delete the
-pod object with grace period 0.
+stop the containers (each its preStop hook, then SIGTERM, then SIGKILL when the grace period is
+up - see `lifecycle.py`), tear the sandbox down and delete the pod object with grace period 0.
 
 Status is written with a strategic merge patch that names only the condition types the kubelet
 owns (PodReadyToStartContainers, Initialized, ContainersReady, Ready), so conditions other
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import queue
 import re
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from e2e.kube import ApiError
 from e2e.nodeagent import network
 from e2e.nodeagent.images import ImageNotRunnable, Runnable, resolve
+from e2e.nodeagent.lifecycle import MIN_GRACE, describe, pre_stop_handler, run_pre_stop
 from e2e.nodeagent.probes import ProbeResult, ProbeTracker, run_probe
 from e2e.nodeagent.volumes import PodVolumes, VolumeError, field_value, resource_value
 
@@ -187,7 +189,7 @@ class PodWorker(threading.Thread):
             self._teardown()
             return True
         if self._deleted:
-            self._stop_all(grace=2.0, reason="pod deleted")
+            self._stop_all(grace=2.0, reason="pod deleted", hooks=False)  # gone from the API: no time for hooks
             self._teardown()
             return True
         if pod["metadata"].get("deletionTimestamp"):
@@ -436,35 +438,77 @@ class PodWorker(threading.Thread):
             self.agent.event(pod, "Warning", "BackOff", "Back-off restarting failed container", r)
 
     def _kill(self, r: ContainerRun, grace: float, message: str) -> None:
+        """Stops one container without blocking the worker (a failed probe): preStop, SIGTERM, SIGKILL by deadline."""
         if r.proc is None or r.kill_deadline is not None:
             return
         r.kill_message = message
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(r.proc.pid, signal.SIGTERM)
-        r.kill_deadline = time.monotonic() + grace
+        r.kill_deadline = math.inf  # set once SIGTERM is sent; until then no probe runs and no second kill starts
+        proc, gen = r.proc, r.generation
+
+        def stop() -> None:
+            spent = self._pre_stop(self.pod, r, proc, grace)
+            if r.proc is not proc or r.generation != gen:
+                return  # exited by itself meanwhile
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            r.kill_deadline = time.monotonic() + max(grace - spent, MIN_GRACE)
+            self.wake.set()
+
+        threading.Thread(target=stop, name=f"kill-{self.key}/{r.name}", daemon=True).start()
 
     def _enforce_kill(self, r: ContainerRun, now: float) -> None:
         if r.proc is not None and r.kill_deadline is not None and now >= r.kill_deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(r.proc.pid, signal.SIGKILL)
 
-    def _stop_all(self, grace: float, reason: str) -> None:
-        """SIGTERM every running container, SIGKILL what is left after `grace` seconds."""
+    def _pre_stop(self, pod: dict, r: ContainerRun, proc: subprocess.Popen[bytes], grace: float) -> int:
+        """Runs the container's preStop hook, if any, for at most `grace` seconds; returns whole seconds spent."""
+        handler = pre_stop_handler(r.spec)
+        if handler is None or r.init or grace <= 0:
+            return 0
+        log.info("Running preStop hook pod=%s container=%s handler=%r gracePeriod=%gs", self.key, r.name,
+                 describe(handler), grace)
+        outcome = run_pre_stop(r.spec, self.ip, proc.pid, r.env, grace)
+        if not outcome.completed:
+            log.info("PreStop hook not completed in grace period pod=%s container=%s gracePeriod=%gs", self.key,
+                     r.name, grace)
+        elif outcome.error:
+            msg = f"PreStopHook failed: {describe(handler)}: {outcome.error}"
+            log.warning("Failed preStop hook pod=%s container=%s message=%r", self.key, r.name, outcome.error)
+            self.agent.event(pod, "Warning", "FailedPreStopHook", msg, r)
+        return outcome.seconds
+
+    def _stop_all(self, grace: float, reason: str, hooks: bool = True) -> None:
+        """Stops every running container as the kubelet's killContainer does, all in parallel: the preStop hook
+        (bounded by `grace`), then SIGTERM, then SIGKILL once the rest of the grace period - never less than
+        MIN_GRACE seconds - has passed."""
         running = [r for r in [*self.init_runs, *self.runs] if r.proc is not None]
-        for r in running:
-            log.info("Killing container pod=%s container=%s gracePeriod=%gs reason=%r", self.key, r.name, grace, reason)
+        pod = self.pod
+
+        def stop(r: ContainerRun) -> None:
+            proc = r.proc
+            assert proc is not None
+            spent = self._pre_stop(pod, r, proc, grace) if hooks else 0
+            left = max(grace - spent, MIN_GRACE)
+            log.info("Killing container pod=%s container=%s gracePeriod=%gs reason=%r", self.key, r.name, left, reason)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(r.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
-        deadline = time.monotonic() + grace
-        for r in running:
-            assert r.proc is not None
+                proc.send_signal(signal.SIGTERM)
             try:
-                r.proc.wait(max(0.0, deadline - time.monotonic()))
+                proc.wait(left)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(r.proc.pid, signal.SIGKILL)
-                r.proc.wait()
-            self._on_exit(self.pod, r, r.proc.returncode)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+        threads = [threading.Thread(target=stop, args=(r,), name=f"stop-{self.key}/{r.name}", daemon=True)
+                   for r in running]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in running:
+            assert r.proc is not None
+            self._on_exit(pod, r, r.proc.returncode)
             r.final = True
 
     def _terminate_and_delete(self, pod: dict) -> None:

@@ -35,7 +35,7 @@ def run_probe(probe: dict, container: dict, pod_ip: str, pid: int | None, env: d
     timeout = float(probe.get("timeoutSeconds") or 1)
     try:
         if "httpGet" in probe:
-            return _http(probe["httpGet"], container, pod_ip, timeout)
+            return http_get(probe["httpGet"], container, pod_ip, timeout)
         if "tcpSocket" in probe:
             t = probe["tcpSocket"]
             with socket.create_connection((t.get("host") or pod_ip, _port(t["port"], container)), timeout):
@@ -43,13 +43,14 @@ def run_probe(probe: dict, container: dict, pod_ip: str, pid: int | None, env: d
         if "grpc" in probe:
             return _grpc(probe["grpc"], pod_ip, timeout)
         if "exec" in probe:
-            return _exec(probe["exec"]["command"], pid, env, timeout)
+            return exec_in_container(probe["exec"]["command"], pid, env, timeout)
     except (OSError, ValueError, http.client.HTTPException) as e:
         return ProbeResult(False, f"{type(e).__name__}: {e}")
     return ProbeResult(False, "probe has no handler")
 
 
-def _http(h: dict, container: dict, pod_ip: str, timeout: float) -> ProbeResult:
+def http_get(h: dict, container: dict, pod_ip: str, timeout: float) -> ProbeResult:
+    """An httpGet handler (probe or lifecycle hook): success on any status in [200, 400)."""
     host = h.get("host") or pod_ip
     port = _port(h["port"], container)
     path = h.get("path") or "/"
@@ -93,7 +94,8 @@ def _grpc(g: dict, pod_ip: str, timeout: float) -> ProbeResult:
     return ProbeResult(False, f"service unhealthy (responded with status {status})")
 
 
-def _exec(command: list[str], pid: int | None, env: dict[str, str], timeout: float) -> ProbeResult:
+def exec_in_container(command: list[str], pid: int | None, env: dict[str, str], timeout: float) -> ProbeResult:
+    """An exec handler (probe or lifecycle hook): `command` inside the container's mount and network namespaces."""
     if pid is None:
         return ProbeResult(False, "container is not running")
     argv = ["nsenter", f"--target={pid}", "--mount", "--net", "--", *command]

@@ -40,6 +40,14 @@ class Options:
     # The kubelet's probes, not the gate, bound how soon a warmed replica turns Ready (tritonserver opens its
     # ports only once the model is loaded and warm): probe at the kubelet's shortest period.
     startup_probe_period: int = 1
+    # Graceful termination. A deleted pod leaves its Service's ready endpoints at once, but clients learn it
+    # later (kube-proxy's rule sync, meshes, ingress controllers): tritonserver keeps serving through a preStop
+    # sleep, and only then gets SIGTERM. On SIGTERM it refuses new connections and drains: it serves the
+    # connections already open and finishes in-flight requests for up to --exit-timeout-secs, then unloads.
+    # The grace period covers both plus a margin, so SIGKILL never cuts a drain short.
+    pre_stop_sleep_seconds: int = 5
+    exit_timeout_seconds: int = 20
+    termination_margin_seconds: int = 5
 
 
 class RepositoryTooLarge(ValueError):
@@ -158,7 +166,7 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
     return args, volumes, mounts, env
 
 
-def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> list[str]:
+def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel], options: Options) -> list[str]:
     closure = [rendered[n].model for n in step_closure(model.name, rendered)]
     args = [
         f"--model-repository={REPO_DIR}",
@@ -166,6 +174,7 @@ def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> l
         f"--load-model={model.triton_name}",
         "--strict-readiness=true",
         "--exit-on-error=false",
+        f"--exit-timeout-secs={options.exit_timeout_seconds}",
         f"--http-port={HTTP_PORT}",
         f"--grpc-port={GRPC_PORT}",
         f"--metrics-port={METRICS_PORT}",
@@ -175,6 +184,21 @@ def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> l
         args.append(f"--cache-config=local,size={size}")
     args.extend(model.spec.server.args or ())
     return args
+
+
+def exit_timeout(args: list[str], default: int) -> int:
+    """tritonserver's --exit-timeout-secs in `args`: the last one wins, as in Triton's own parser."""
+    value = default
+    for i, arg in enumerate(args):
+        if arg.startswith("--exit-timeout-secs="):
+            text = arg.split("=", 1)[1]
+        elif arg == "--exit-timeout-secs" and i + 1 < len(args):
+            text = args[i + 1]
+        else:
+            continue
+        if text.strip().isdigit():
+            value = int(text)
+    return value
 
 
 def render_deployment(
@@ -201,11 +225,15 @@ def render_deployment(
         resources.setdefault("limits", {})["nvidia.com/gpu"] = str(server.gpus)
 
     probe_http = lambda path: {"httpGet": {"path": path, "port": "http"}}  # noqa: E731
+    args = _server_args(model, rendered, options)
+    # A user's own --exit-timeout-secs (in server.args, after ours) is the drain Triton will take: make room for it.
+    grace = (options.pre_stop_sleep_seconds + exit_timeout(args, options.exit_timeout_seconds)
+             + options.termination_margin_seconds)
     triton: dict[str, Any] = {
         "name": "tritonserver",
         "image": server.image,
         "command": ["tritonserver"],
-        "args": _server_args(model, rendered),
+        "args": args,
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
@@ -219,6 +247,9 @@ def render_deployment(
         },
         "readinessProbe": {**probe_http("/v2/health/ready"), "periodSeconds": 1, "failureThreshold": 2},
         "livenessProbe": {**probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
+        # The kubelet's own sleep: no shell, no binary in the image. On by default since Kubernetes 1.30 (stable in
+        # 1.34), hence the chart's kubeVersion >=1.30.
+        "lifecycle": {"preStop": {"sleep": {"seconds": options.pre_stop_sleep_seconds}}},
     }
     if resources:
         triton["resources"] = resources
@@ -250,6 +281,7 @@ def render_deployment(
             *uri_volumes,
         ],
         "securityContext": {"fsGroup": 65532},
+        "terminationGracePeriodSeconds": grace,
     }
     if spec.warmup_gate.enabled:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]

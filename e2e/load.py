@@ -1,0 +1,200 @@
+"""Client load through a Service, the way a client behind kube-proxy sees it: `ServiceLoad`.
+
+There is no kube-proxy here (ClusterIPs route nowhere), so the load does its job: one thread
+lists the Service's EndpointSlices every `refresh` seconds and keeps the ready endpoints (an
+endpoint whose `conditions.ready` is unset counts as ready, as kube-proxy reads it; terminating
+endpoints are not ready), and each request goes to one of them picked at random, on a new TCP
+connection - as kube-proxy balances connections, not requests. Several threads send add-sub
+inferences over HTTP (`/v2/models/<m>/infer`, JSON) continuously, each at most `rate` per second.
+
+Every request sent is counted, and so is every failure: a refused or reset connection, a
+timeout, a non-200 answer, a wrong result, or no ready endpoint at all (what kube-proxy would
+answer with a reject). Nothing is retried. The first few failures are kept as samples.
+`tally()` is a snapshot of the counters; subtract two to get one phase of a test.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from e2e.kube import Kube
+
+SAMPLES = 10
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Counters of a load at one moment (or, subtracted, over a phase)."""
+
+    sent: int = 0
+    failed: int = 0
+    by_address: dict[str, int] = field(default_factory=dict)  # successful requests per endpoint address
+    seconds: float = 0.0
+
+    def __sub__(self, other: Tally) -> Tally:
+        return Tally(
+            self.sent - other.sent, self.failed - other.failed,
+            {a: n - other.by_address.get(a, 0) for a, n in self.by_address.items()
+             if n - other.by_address.get(a, 0)},
+            self.seconds - other.seconds,
+        )
+
+    def summary(self) -> str:
+        rate = self.sent / self.seconds if self.seconds else 0.0
+        return (f"{self.sent} sent, {self.failed} failed in {self.seconds:.1f}s ({rate:.0f}/s), "
+                f"{len(self.by_address)} replicas answered")
+
+
+class ServiceLoad:
+    """Threads sending add-sub inferences to a Service's ready endpoints until `stop()`; use as a context manager."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, service: str, model: str = "add-sub", *,
+                 threads: int = 4, rate: float = 40.0, refresh: float = 0.1, port: str = "http",
+                 timeout: float = 10.0) -> None:
+        self.kube = Kube(kubeconfig, timeout=5)
+        self.namespace, self.service, self.model, self.port = namespace, service, model, port
+        self.threads, self.rate, self.refresh, self.timeout = threads, rate, refresh, timeout
+        self._ready: tuple[tuple[str, int], ...] = ()
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self._sent = self._failed = 0
+        self._by_address: Counter[str] = Counter()
+        self._answered_at: dict[str, list[float]] = {}  # address -> wall-clock times of its correct answers
+        self._started = 0.0
+        self.samples: list[str] = []
+        self.refreshes = 0
+        self.refresh_errors: list[str] = []
+        self.ready_sets: list[tuple[str, ...]] = []  # every distinct ready set seen, in order
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> ServiceLoad:
+        self._refresh_once()
+        self._started = time.monotonic()
+        refresher = threading.Thread(target=self._refresh_loop, name="load-endpoints", daemon=True)
+        self._workers = [refresher] + [
+            threading.Thread(target=self._send_loop, args=(i,), name=f"load-{i}", daemon=True)
+            for i in range(self.threads)]
+        for t in self._workers:
+            t.start()
+        return self
+
+    def stop(self) -> Tally:
+        self._halt.set()
+        for t in self._workers:
+            t.join(self.timeout + 5)
+        stuck = [t.name for t in self._workers if t.is_alive()]
+        assert not stuck, f"load threads did not stop: {stuck}"
+        return self.tally()
+
+    def __enter__(self) -> ServiceLoad:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self._halt.set()  # a test that failed midway: stop sending, let the threads end on their own
+
+    def tally(self) -> Tally:
+        with self._lock:
+            return Tally(self._sent, self._failed, dict(self._by_address), time.monotonic() - self._started)
+
+    def answered_between(self, address: str, start: float, end: float) -> int:
+        """Correct answers from `address` that came between two wall-clock (time.time()) moments."""
+        with self._lock:
+            return sum(start < t < end for t in self._answered_at.get(address, ()))
+
+    # -- endpoints, as kube-proxy reads them ----------------------------------------------------
+
+    def _refresh_once(self) -> None:
+        slices = self.kube.items("EndpointSlice", self.namespace,
+                                 label_selector={"kubernetes.io/service-name": self.service})
+        ready: list[tuple[str, int]] = []
+        for s in slices:
+            port = next((p.get("port") for p in s.get("ports") or () if p.get("name") == self.port), None)
+            if port is None:
+                continue
+            for ep in s.get("endpoints") or ():
+                if (ep.get("conditions") or {}).get("ready", True):
+                    ready += [(a, int(port)) for a in ep.get("addresses") or ()]
+        ready.sort()
+        with self._lock:
+            if tuple(a for a, _ in ready) != (self.ready_sets[-1] if self.ready_sets else None):
+                self.ready_sets.append(tuple(a for a, _ in ready))
+            self._ready = tuple(ready)
+            self.refreshes += 1
+
+    def _refresh_loop(self) -> None:
+        while not self._halt.wait(self.refresh):
+            try:
+                self._refresh_once()
+            except Exception as e:  # noqa: BLE001 - the last good set stays in use, as kube-proxy keeps its rules
+                if len(self.refresh_errors) < SAMPLES:
+                    self.refresh_errors.append(repr(e))
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _send_loop(self, index: int) -> None:
+        rng = random.Random(index)
+        period = 1.0 / self.rate if self.rate > 0 else 0.0
+        next_at = time.monotonic()
+        n = 0
+        while not self._halt.is_set():
+            n += 1
+            a = [float(index), float(n % 1000), 1.0, -2.5]
+            b = [10.0, 20.0, float(index * 7), 0.5]
+            with self._lock:
+                endpoints = self._ready
+            target = rng.choice(endpoints) if endpoints else None
+            error = self._infer(target, a, b) if target else f"no ready endpoint in Service {self.service}'s EndpointSlices"
+            with self._lock:
+                self._sent += 1
+                if error:
+                    self._failed += 1
+                    if len(self.samples) < SAMPLES:
+                        where = f"{target[0]}:{target[1]}" if target else "-"
+                        self.samples.append(f"+{time.monotonic() - self._started:.2f}s {where}: {error}")
+                else:
+                    assert target is not None
+                    self._by_address[target[0]] += 1
+                    self._answered_at.setdefault(target[0], []).append(time.time())
+            next_at += period
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                self._halt.wait(delay)  # pacing to `rate`, not waiting for any state
+            else:
+                next_at = time.monotonic()
+
+    def _infer(self, target: tuple[str, int], a: list[float], b: list[float]) -> str:
+        """One request on a new connection; returns "" on a correct answer, else what went wrong."""
+        body = json.dumps({"inputs": [
+            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": a},
+            {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": b},
+        ], "outputs": [{"name": "OUTPUT0"}]})
+        conn = http.client.HTTPConnection(target[0], target[1], timeout=self.timeout)
+        try:
+            conn.request("POST", f"/v2/models/{self.model}/infer", body,
+                         {"Content-Type": "application/json", "Connection": "close"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            return f"{type(e).__name__}: {e}"
+        finally:
+            conn.close()
+        if resp.status != 200:
+            return f"HTTP {resp.status}: {data[:200].decode(errors='replace')}"
+        try:
+            out: Any = next(o for o in json.loads(data)["outputs"] if o["name"] == "OUTPUT0")["data"]
+        except (ValueError, KeyError, StopIteration) as e:
+            return f"unreadable answer ({e!r}): {data[:200].decode(errors='replace')}"
+        expected = [x + y for x, y in zip(a, b, strict=True)]
+        if [round(float(v), 3) for v in out] != [round(v, 3) for v in expected]:
+            return f"wrong answer {out}, expected {expected}"
+        return ""

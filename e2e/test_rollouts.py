@@ -1,0 +1,300 @@
+"""Changes to a serving model under client load: zero downtime, and a bad update that must not hurt.
+
+Clients reach the model's Service the way they would through kube-proxy (`e2e.load.ServiceLoad`:
+ready endpoints from the EndpointSlices, refreshed every 100 ms, a new connection per request,
+no retries), and every request they send is counted. A rollout, a scale down, a scale up, a bad
+update that cannot load and its revert must each lose no request. Same session operator and
+per-test namespaces as `test_operator.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.kube import Kube, wait_for
+from e2e.load import ServiceLoad, Tally
+from e2e.operator_fixtures import (
+    OperatorHandle,
+    gate,
+    is_model_ready,
+    kubectl,
+    model_condition,
+    model_pods,
+    record,
+    wait_model,
+)
+from e2e.test_operator import add_sub, apply, digest_of, live_pods, rolled_out
+from e2e.testing import consistently, is_ready, ready_endpoints
+from triton_operator.validate import Document, check_documents
+
+pytestmark = pytest.mark.cluster
+
+#: Requests every phase must have carried at least: the load sends ~160/s (4 threads x 40/s), and the
+#: shortest phase (a scale up: start, load, warm, gate, endpoint) takes 2-3 s or more.
+MIN_PER_PHASE = 150
+MIN_TOTAL = 2000
+
+
+def _two_ready_replicas(kube: Kube, kubeconfig: Path, namespace: str, doc: dict) -> dict:
+    doc["spec"]["replicas"] = 2
+    apply(kubeconfig, namespace, doc)
+    tm = wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
+                    "Ready with 2 warmed replicas", 180)
+    wait_for("2 ready endpoints", lambda: len(ready_endpoints(kube, namespace, "add-sub")) == 2, 30)
+    return tm
+
+
+def _answered_by_all(load: ServiceLoad, since: Tally, kube: Kube, namespace: str, at_least: int = 20) -> bool:
+    """Every live replica has answered `at_least` requests of the load since `since`."""
+    done = load.tally() - since
+    ips = [p["status"].get("podIP") for p in live_pods(kube, namespace, "add-sub")]
+    return bool(ips) and all(done.by_address.get(ip, 0) >= at_least for ip in ips)
+
+
+def _pod_ips(kube: Kube, namespace: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["status"]["podIP"] for p in live_pods(kube, namespace, "add-sub")}
+
+
+def _agent_time(text: str, needle: str) -> float | None:
+    """Wall-clock time of the first node-agent log line (klog format, local time) containing `needle`."""
+    for line in text.splitlines():
+        if needle in line:
+            m = re.match(r"^[IWEF](\d{4}) (\d\d:\d\d:\d\d)(\.\d+)", line)
+            if m:
+                t = time.strptime(f"{time.localtime().tm_year}{m.group(1)} {m.group(2)}", "%Y%m%d %H:%M:%S")
+                return time.mktime(t) + float(m.group(3))
+    return None
+
+
+def _answered_while_terminating(load: ServiceLoad, agent_log: Path | None, namespace: str,
+                                gone: dict[str, str]) -> str:
+    """Answers from replicas that had begun terminating (preStop running, no SIGTERM yet): without the
+    preStop sleep these requests would have met a closed port. From the node agent's log; a figure, not a check."""
+    if agent_log is None or not agent_log.exists():
+        return "n/a (no node agent log)"
+    text = agent_log.read_text(errors="replace")
+    counts = []
+    for name, ip in sorted(gone.items()):
+        began = _agent_time(text, f"Running preStop hook pod={namespace}/{name} container=tritonserver")
+        term = _agent_time(text, f"Killing container pod={namespace}/{name} container=tritonserver")
+        if began is None or term is None:
+            counts.append(f"{name}: no preStop/SIGTERM lines")
+            continue
+        counts.append(f"{load.answered_between(ip, began, term)} ({term - began:.1f}s preStop)")
+    return ", ".join(counts)
+
+
+def _failures(load: ServiceLoad) -> str:
+    return f"first failures: {load.samples}; endpoint refresh errors: {load.refresh_errors}"
+
+
+def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, node_agent) -> None:
+    tm = _two_ready_replicas(kube, kubeconfig, namespace, add_sub())
+    phases: dict[str, Tally] = {}
+    took: dict[str, float] = {}
+    gone: dict[str, dict[str, str]] = {}  # phase -> pods it deleted (name -> IP)
+
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load:
+        start = load.tally()
+        wait_for("both replicas to answer the load", lambda: _answered_by_all(load, start, kube, namespace), 30)
+
+        # A config change: replica by replica, a new warm pod joins before an old one leaves.
+        old_digest = tm["status"]["configDigest"]
+        old_pods = {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
+        pods, before, t0 = _pod_ips(kube, namespace), load.tally(), time.monotonic()
+        kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": 500}}}, namespace,
+                   type="merge")
+        tm = wait_model(kube, namespace, "add-sub",
+                        lambda tm: tm["status"].get("configDigest") != old_digest and is_model_ready(tm),
+                        "Ready at the new config", 180)
+        new_digest = tm["status"]["configDigest"]
+        wait_for("both replicas at the new config and every old one gone (terminated, not just terminating)",
+                 lambda: rolled_out(kube, namespace, "add-sub", new_digest, 2), 120)
+        wait_for("both new replicas to answer the load", lambda: _answered_by_all(load, before, kube, namespace), 30)
+        phases["rollout"], took["rollout"] = load.tally() - before, time.monotonic() - t0
+        gone["rollout"] = {n: ip for n, ip in pods.items() if n not in _pod_ips(kube, namespace)}
+        assert not old_pods & {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
+
+        # Scale down: one replica leaves the Service and is stopped while clients keep sending.
+        pods, before, t0 = _pod_ips(kube, namespace), load.tally(), time.monotonic()
+        kubectl(kubeconfig, "scale", "-n", namespace, "tritonmodel/add-sub", "--replicas=1")
+        wait_for("one replica left and the other gone", lambda: (
+            len(left := model_pods(kube, namespace, "add-sub")) == 1 and is_ready(left[0])), 120)
+        wait_model(kube, namespace, "add-sub", is_model_ready, "Ready with 1 replica", 60)
+        wait_for("the remaining replica to answer the load", lambda: _answered_by_all(load, before, kube, namespace),
+                 30)
+        phases["scale down"], took["scale down"] = load.tally() - before, time.monotonic() - t0
+        gone["scale down"] = {n: ip for n, ip in pods.items() if n not in _pod_ips(kube, namespace)}
+
+        # Scale up: the new replica joins only once warm.
+        before, t0 = load.tally(), time.monotonic()
+        kubectl(kubeconfig, "scale", "-n", namespace, "tritonmodel/add-sub", "--replicas=2")
+        wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
+                   "Ready with 2 warmed replicas", 180)
+        wait_for("both replicas to answer the load", lambda: _answered_by_all(load, before, kube, namespace), 30)
+        phases["scale up"], took["scale up"] = load.tally() - before, time.monotonic() - t0
+        total = load.stop()
+
+    for name, t in phases.items():
+        record(f"zero downtime: {name}", f"{t.summary()}; phase took {took[name]:.1f}s")
+    for name, deleted in gone.items():
+        record(f"zero downtime: {name}: answered by replicas already terminating, per replica",
+               _answered_while_terminating(load, node_agent.log_path, namespace, deleted))
+    record("zero downtime: whole test", f"{total.summary()}; ready sets seen: {len(load.ready_sets)}; "
+           f"endpoint refreshes {load.refreshes}, refresh errors {len(load.refresh_errors)}")
+    assert total.failed == 0, f"{total.failed} of {total.sent} requests failed; {_failures(load)}"
+    assert total.sent >= MIN_TOTAL, f"only {total.sent} requests sent, the load did not really run"
+    for name, t in phases.items():
+        assert t.sent >= MIN_PER_PHASE, f"{name}: only {t.sent} requests sent, the load did not really run"
+
+
+# -- a bad update ---------------------------------------------------------------------------------
+
+BROKEN = "e2e-bad-update: cannot open /weights/v2.bin"
+
+
+class StallWatcher(threading.Thread):
+    """Every `interval` seconds until stopped: what must not change while a bad update is stuck.
+
+    Records (not asserts, it is not the test's thread) every sample that breaks a rule: the old
+    replicas not all ready endpoints, an endpoint that is not one of them, the old ReplicaSet scaled
+    below 2, an old pod terminating, more than one surge pod, a new pod Ready or warmed.
+    """
+
+    def __init__(self, kubeconfig: Path, namespace: str, old: dict[str, str], old_rs: str,
+                 interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.kube = Kube(kubeconfig)
+        self.namespace, self.old, self.old_rs, self.interval = namespace, old, old_rs, interval
+        self.samples = 0
+        self.broken: list[str] = []
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self._sample()
+            except Exception as e:  # noqa: BLE001 - recorded; the test fails on it
+                self.errors.append(repr(e))
+            self._halt.wait(self.interval)
+
+    def _sample(self) -> None:
+        ns = self.namespace
+        ready = sorted(a for ep in ready_endpoints(self.kube, ns, "add-sub") for a in ep["addresses"])
+        pods = model_pods(self.kube, ns, "add-sub")
+        rs = self.kube.get("ReplicaSet", self.old_rs, ns)
+        problems = []
+        if ready != sorted(self.old.values()):
+            problems.append(f"ready endpoints {ready}, expected the old replicas {sorted(self.old.values())}")
+        if rs["spec"]["replicas"] != 2:
+            problems.append(f"old ReplicaSet scaled to {rs['spec']['replicas']}")
+        for p in pods:
+            name = p["metadata"]["name"]
+            if name in self.old and p["metadata"].get("deletionTimestamp"):
+                problems.append(f"old replica {name} terminating")
+            if name not in self.old and (is_ready(p) or gate(p).get("status") == "True"):
+                problems.append(f"new replica {name} Ready or warmed: {gate(p)}")
+        if len([p for p in pods if p["metadata"]["name"] not in self.old]) > 1:
+            problems.append(f"more than one new pod: {[p['metadata']['name'] for p in pods]}")
+        self.samples += 1
+        if problems and len(self.broken) < 10:
+            self.broken.append(f"sample {self.samples}: {'; '.join(problems)}")
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+def test_bad_update_stalls_the_rollout_while_old_replicas_serve_and_a_revert_recovers(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    doc = add_sub()
+    tm = _two_ready_replicas(kube, kubeconfig, namespace, doc)
+    good = doc["spec"]["source"]["inline"]["model.py"]
+    bad = good.replace("class TritonPythonModel:\n",
+                       f"class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError({BROKEN!r})\n\n",
+                       1)
+    assert bad != good
+    bad_doc = copy.deepcopy(doc)
+    bad_doc["spec"]["source"]["inline"]["model.py"] = bad
+    loaded = check_documents([Document("bad update", bad_doc)])
+    assert not loaded.errors, f"the bad update must pass the operator's checks to reach the pods: {loaded.errors}"
+
+    old_digest = tm["status"]["configDigest"]
+    old = {p["metadata"]["name"]: p["status"]["podIP"] for p in live_pods(kube, namespace, "add-sub")}
+    [old_rs] = [rs["metadata"]["name"] for rs in kube.items("ReplicaSet", namespace)
+                if rs["spec"]["template"]["metadata"]["annotations"].get("serving.triton-operator.dev/config-digest")
+                == old_digest]
+    phases: dict[str, Tally] = {}
+
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load:
+        start = load.tally()
+        wait_for("both replicas to answer the load", lambda: _answered_by_all(load, start, kube, namespace), 30)
+        watcher = StallWatcher(kubeconfig, namespace, old, old_rs)
+        watcher.start()
+        try:
+            before, t0 = load.tally(), time.monotonic()
+            kube.patch("TritonModel", "add-sub", {"spec": {"source": {"inline": {"model.py": bad}}}}, namespace,
+                       type="merge")
+            tm = wait_model(kube, namespace, "add-sub", lambda tm: (
+                tm["status"].get("observedGeneration") == tm["metadata"]["generation"]
+                and model_condition(tm, "Degraded").get("status") == "True"), "Degraded by the bad update", 180)
+            degraded_after = time.monotonic() - t0
+            degraded, progressing = model_condition(tm, "Degraded"), model_condition(tm, "Progressing")
+            assert degraded["reason"] == "ModelLoadFailed", degraded
+            assert BROKEN in degraded["message"], degraded
+            assert progressing["status"] == "False" and progressing["reason"] == "RolloutStalled", progressing
+            bad_digest = tm["status"]["configDigest"]
+            assert bad_digest != old_digest
+            [new] = [p for p in live_pods(kube, namespace, "add-sub") if p["metadata"]["name"] not in old]
+            assert digest_of(new) == bad_digest
+            assert gate(new).get("status") == "False" and gate(new).get("reason") == "ModelLoadFailed", gate(new)
+
+            # The rollout stays stopped: the Deployment keeps the old ReplicaSet at 2, the failed pod never joins.
+            def stalled() -> bool:
+                tm = kube.get("TritonModel", "add-sub", namespace)
+                p = kube.get("Pod", new["metadata"]["name"], namespace)
+                return (model_condition(tm, "Degraded").get("reason") == "ModelLoadFailed"
+                        and not is_ready(p) and gate(p).get("status") == "False"
+                        and kube.get("ReplicaSet", old_rs, namespace)["spec"]["replicas"] == 2
+                        and len(ready_endpoints(kube, namespace, "add-sub")) == 2)
+
+            consistently("the bad update to stay stalled behind two serving old replicas", stalled, 10)
+            phases["stalled"] = load.tally() - before
+
+            before, t0 = load.tally(), time.monotonic()
+            kube.patch("TritonModel", "add-sub", {"spec": {"source": {"inline": {"model.py": good}}}}, namespace,
+                       type="merge")
+            wait_model(kube, namespace, "add-sub", lambda tm: (
+                is_model_ready(tm) and tm["status"].get("configDigest") == old_digest
+                and model_condition(tm, "Degraded").get("status") == "False"), "Ready again after the revert", 120)
+            wait_for("the failed pod gone and only the old replicas left",
+                     lambda: rolled_out(kube, namespace, "add-sub", old_digest, 2), 120)
+        finally:
+            watcher.stop()
+        recovered = time.monotonic() - t0
+        wait_for("both replicas to answer the load", lambda: _answered_by_all(load, before, kube, namespace), 30)
+        phases["revert"] = load.tally() - before
+        total = load.stop()
+
+    for name, t in phases.items():
+        record(f"bad update: {name}", t.summary())
+    record("bad update: update -> Degraded", f"{degraded_after:.1f}s ({degraded['message'][:120]})")
+    record("bad update: revert -> Ready, failed pod gone", f"{recovered:.1f}s")
+    record("bad update: stall watcher", f"{watcher.samples} samples, {len(watcher.broken)} broke a rule")
+    assert not watcher.errors, watcher.errors[:3]
+    assert watcher.samples >= 20, watcher.samples
+    assert not watcher.broken, watcher.broken
+    # The revert was a no-op for the serving replicas: the same two pods, never restarted.
+    assert {p["metadata"]["name"] for p in live_pods(kube, namespace, "add-sub")} == set(old)
+    assert total.failed == 0, f"{total.failed} of {total.sent} requests failed; {_failures(load)}"
+    assert total.sent >= MIN_TOTAL, f"only {total.sent} requests sent, the load did not really run"
+    for name, t in phases.items():
+        assert t.sent >= MIN_PER_PHASE, f"{name}: only {t.sent} requests sent, the load did not really run"
