@@ -125,6 +125,15 @@ class OperatorHandle:
         self.process.wait()
         return pid
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process keeps its state (caches, broken connections) but runs nothing until `thaw`."""
+        assert self.process is not None and self.alive(), "the operator is not running"
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self.process is not None and self.alive():
+            self.process.send_signal(signal.SIGCONT)
+
     def samples(self, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
         """Every sample of one metric family, keyed by its sorted labels."""
         with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:  # noqa: S310 - 127.0.0.1

@@ -4,6 +4,9 @@ Owns the fault tests of the issue ("each of these is a test"):
 
 - the session operator SIGKILLed at seeded random moments while 100 TritonModels reconcile, restarted
   after each kill, with models updated and deleted between kills;
+- etcd and kube-apiserver crashed and restarted mid-run (models reconciling, a replica warming) on a
+  control plane of the test's own (`isolated_cluster`), so no other test sees the disruption; models, a
+  child and a replica are deleted before the operator's watches are back;
 - a tritonserver killed inside a serving replica: gate and endpoint drop within a second, and the
   replica comes back once restarted and warm.
 
@@ -24,13 +27,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pytest
 import urllib3
 import yaml
 
+from e2e.cluster import COMPONENTS
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.operator_fixtures import (
     ANNOTATION_DIGEST,
@@ -48,6 +52,9 @@ from e2e.operator_fixtures import (
 )
 from e2e.test_operator import add_sub, apply, endpoint_ready, infer_add_sub, one_ready_pod
 from e2e.testing import container_status, ready_endpoints, wait_pod
+
+if TYPE_CHECKING:
+    from e2e.conftest import IsolatedCluster
 
 pytestmark = pytest.mark.cluster
 
@@ -361,6 +368,81 @@ def test_operator_killed_at_random_moments_converges_without_duplicates_or_orpha
     record("operator kills: quiet after convergence", assert_operator_quiet(operator, checked))
     left = fleet.problems(kube)
     assert not left, "converged, then drifted during the quiet period:\n" + "\n".join(left)
+
+
+# -- the control plane restarted -------------------------------------------------------------------------
+
+
+def test_control_plane_restart_mid_run_converges_and_the_operator_survives(
+        isolated_cluster: IsolatedCluster) -> None:
+    iso = isolated_cluster
+    kube, ns, op = iso.kube, iso.namespace, iso.operator
+    fleet = Fleet(ns)
+    warm = load_examples("warmup")[0]
+    warm["spec"]["parameters"]["lazyInitSeconds"] = "8"  # a wide window in which the replica warms
+    docs = [fleet.add(warm, Want("serving", 1)), fleet.add(serving_model("add-sub", 1), Want("serving", 1))]
+    first = [f"zero-a{i:02d}" for i in range(30)]
+    docs += [fleet.add(zero_model(name), Want("zero")) for name in first]
+    create_all(kube, ns, docs)
+
+    # Mid-run: a replica warms (tritonserver running, gate not True yet) ...
+    def warming() -> dict | None:
+        for pod in kube.items("Pod", ns, label_selector={LABEL_MODEL: "warmup"}):
+            running = "running" in (container_status(pod, "tritonserver").get("state") or {})
+            if running and gate(pod).get("status") != "True":
+                return pod
+        return None
+
+    pod = wait_for("the warmup replica warming", warming, 120, interval=0.1)
+    add_sub_pod = one_ready_pod(kube, ns, "add-sub")
+    # ... and models reconcile: created and updated just before the crash.
+    second = [f"zero-b{i:02d}" for i in range(20)]
+    create_all(kube, ns, [fleet.add(zero_model(name), Want("zero")) for name in second])
+    for name in first[:5]:
+        update_queue_delay(kube, fleet, name)
+    pid, agent_pid = op.process.pid, iso.node_agent.process.pid
+    g = gate(kube.get("Pod", pod["metadata"]["name"], ns))
+    warming_at_crash = f"gate {g.get('status', 'unset')} {g.get('reason', '')}".strip()
+
+    crashed = time.monotonic()
+    iso.local.stop_components(("etcd", "kube-apiserver"), hard=True)
+    time.sleep(3.0)  # the control plane stays down a while: the operator's requests and watches fail meanwhile
+    # A client reconnects with back-off, so changes made right after a restart can reach the API server before
+    # the operator's watches are back, which then resume from a list that omits what was deleted meanwhile.
+    # Holding the operator until those changes are made turns that likely race into a certainty.
+    op.freeze()
+    try:
+        iso.local.start_components(("etcd", "kube-apiserver"))
+        back = time.monotonic()
+        assert set(iso.local.running()) == {*COMPONENTS, "nodeagent-pytest"}, iso.local.read_pids()
+        for name in first[5:10]:  # their children go too (garbage collector)
+            delete_model(kube, fleet, name)
+        retrying("delete Deployment zero-a10", lambda: kube.delete("Deployment", "zero-a10", ns))  # drift
+        retrying("delete the add-sub replica", lambda: kube.delete("Pod", add_sub_pod["metadata"]["name"], ns))
+    finally:
+        op.thaw()
+    print(f"etcd and kube-apiserver SIGKILLed, back after {back - crashed:.1f}s; warmup replica at the crash: "
+          f"{warming_at_crash}; deleted while the operator's watches were down: {first[5:10]}, "
+          f"Deployment zero-a10, Pod {add_sub_pod['metadata']['name']}")
+
+    # Then users carry on (the operator runs: an admission webhook in it would refuse these otherwise).
+    third = [f"zero-c{i:02d}" for i in range(10)]
+    create_all(kube, ns, [fleet.add(zero_model(name), Want("zero")) for name in third])
+    for name in second[:5]:
+        update_queue_delay(kube, fleet, name)
+
+    took = fleet.wait_converged(kube, timeout=300)
+    since_back = time.monotonic() - back
+    assert op.alive() and op.process.pid == pid, "the operator process exited during the control-plane restart"
+    assert iso.node_agent.process.poll() is None and iso.node_agent.process.pid == agent_pid, "the node agent exited"
+    record("control-plane restart: restarted", f"etcd + kube-apiserver, SIGKILL, back after {back - crashed:.1f}s "
+           f"(3 s down); warmup replica at the crash: {warming_at_crash}")
+    record("control-plane restart: converged after the API server was back", f"{since_back:.1f}s "
+           f"({took:.1f}s after the last change)")
+    record("control-plane restart: objects checked", f"{len(fleet.wants)} TritonModels, "
+           f"{sum(len(kube.items(k, ns, label_selector=MANAGED)) for k in CHILD_KINDS)} children, "
+           f"{len(kube.items('Pod', ns))} pods; operator pid {pid} survived")
+    record("control-plane restart: quiet after convergence", assert_operator_quiet(op, len(fleet.wants)))
 
 
 # -- a replica crashes ------------------------------------------------------------------------------------
