@@ -1,11 +1,13 @@
-"""A local Kubernetes control plane for tests and demos: `python -m e2e.cluster up|down|status`.
+"""A local Kubernetes control plane for tests and demos: `python -m e2e.cluster up|down|restart|status`.
 
 Owns the lifecycle of etcd, kube-apiserver, kube-controller-manager and kube-scheduler running
 as background processes bound to 127.0.0.1, the certificates and keys they use (generated with
 the openssl CLI), the admin kubeconfig in `.cluster/kubeconfig`, and the state in `.cluster/`:
 `pids`, `state.json` (ports), `logs/<component>.log`. `up` is idempotent; `down` leaves no process
-behind. Binaries come from `e2e/toolchain/build.sh` (cached by pins); `KUBEBUILDER_ASSETS` wins
-for etcd and kube-apiserver. Optionally (`up --gpu-node NAME`) a node agent is started too.
+behind; `restart` (or `stop_components` + `start_components`) stops and starts components on the
+same ports, certificates and etcd data while everything else keeps running. Binaries come from
+`e2e/toolchain/build.sh` (cached by pins); `KUBEBUILDER_ASSETS` wins for etcd and kube-apiserver.
+Optionally (`up --gpu-node NAME`) a node agent is started too.
 """
 
 from __future__ import annotations
@@ -488,6 +490,69 @@ class LocalCluster:
         # A fresh etcd on every start: tests never see objects from an earlier run.
         subprocess.run(["rm", "-rf", str(self.dir / "etcd")], check=False)  # noqa: S603,S607
 
+    def stop_components(self, components: tuple[str, ...] = ("etcd", "kube-apiserver"), hard: bool = False) -> float:
+        """Stops control-plane components for a restart (`start_components`); returns the seconds it took.
+
+        Unlike `down`, etcd's data stays, and everything else (the other components, node agents,
+        operators) keeps running and must ride it out. In reverse start order (the API server before
+        etcd), each once the previous is gone; `hard` sends SIGKILL (a crash) instead of SIGTERM. The
+        pids file keeps the stopped pids until `start_components` records the new ones.
+        """
+        unknown = set(components) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(f"not control-plane components: {sorted(unknown)}")
+        t0 = time.monotonic()
+        running = self.running()
+        for name in [n for n in reversed(COMPONENTS) if n in components and n in running]:
+            pid = running[name]
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL if hard else signal.SIGTERM)
+            if _wait_gone([pid], 5 if hard else 15):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                if _wait_gone([pid], 5):
+                    raise RuntimeError(f"{name} pid={pid} survived SIGKILL")
+        took = time.monotonic() - t0
+        log(f"Stopped {','.join(components)} signal={'KILL' if hard else 'TERM'} seconds={took:.1f}")
+        return took
+
+    def start_components(self, components: tuple[str, ...] = ("etcd", "kube-apiserver"),
+                         timeout: float = 120.0) -> float:
+        """Starts stopped components again with the same binaries, ports, certificates and etcd data, in start
+        order, each waited for as in `up`; records the new pids. Returns the seconds until all were ready."""
+        ports = self._ports()
+        if ports is None:
+            raise RuntimeError(f"no control plane under {self.dir} (no {self.state_file.name})")
+        bins = self.binaries()
+        args = {"etcd": self._etcd_args, "kube-apiserver": self._apiserver_args,
+                "kube-controller-manager": self._controller_manager_args, "kube-scheduler": self._scheduler_args}
+        probes = {
+            "etcd": lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"),
+            "kube-apiserver": lambda: self._get("/readyz") == 200,
+            "kube-controller-manager": lambda: self._get("/healthz", ports.controller_manager, verify=False) == 200,
+            "kube-scheduler": lambda: self._get("/healthz", ports.scheduler, verify=False) == 200,
+        }
+        t0 = time.monotonic()
+        pids = self.read_pids()
+        for name in [n for n in COMPONENTS if n in components]:
+            if self._owned(name, pids.get(name, 0)):
+                raise RuntimeError(f"{name} pid={pids[name]} is still running")
+            pids[name] = self._spawn(name, bins[name], args[name](ports))
+            self._write_pids(pids)
+            self._wait(f"{name} (restarted)", probes[name], {name: pids[name]}, timeout)
+        took = time.monotonic() - t0
+        log(f"Restarted {','.join(components)} seconds={took:.1f}")
+        return took
+
+    def restart(self, components: tuple[str, ...] = ("etcd", "kube-apiserver"), hard: bool = False,
+                downtime: float = 0.0) -> float:
+        """`stop_components`, `downtime` seconds, `start_components`; returns the seconds from stop to ready."""
+        t0 = time.monotonic()
+        self.stop_components(components, hard)
+        time.sleep(downtime)
+        self.start_components(components)
+        return time.monotonic() - t0
+
     def start_node_agent(
         self, nodes: list[str], gpus: int, extra: list[str] | None = None, name: str = "nodeagent"
     ) -> subprocess.Popen[bytes]:
@@ -557,7 +622,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("command", choices=["up", "down", "restart", "status"])
     parser.add_argument("--root", default=str(REPO_ROOT), help="directory holding .cluster/ (default: repo root)")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--gpu-node", action="append", default=[], help="also start a node agent for this node")
@@ -572,6 +637,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "down":
         cluster.down()
+        return 0
+    if args.command == "restart":  # etcd and the API server, keeping their data
+        cluster.restart()
         return 0
     status = cluster.status()
     print(json.dumps(status, indent=2))

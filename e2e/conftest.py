@@ -4,8 +4,10 @@ Owns the session's cluster (an existing reachable `KUBECONFIG` - another root's 
 keeps its logs and agent state under that root - or `LocalCluster` started here and stopped at
 the end only if this session started it), the node agent (one node `gpu-node-1`
 with 4 GPUs, run as a subprocess, or the one `python -m e2e.cluster up --gpu-node` started), a
-fresh namespace per test, and the diagnostics attached to a failed test's report (plus the
-operator's log when the test used the `operator` fixture from `operator_fixtures.py`).
+fresh namespace per test, `isolated_cluster` (a control plane, node agent and operator of a test's
+own, for tests that disrupt the control plane), and the diagnostics attached to a failed test's
+report (plus the operator's log when the test used the `operator` fixture from
+`operator_fixtures.py` or `isolated_cluster`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ import pytest
 
 from e2e.cluster import REPO_ROOT, LocalCluster, agent_state_dir
 from e2e.kube import ApiError, Kube, condition, wait_for
-from e2e.operator_fixtures import OPERATOR_NAMESPACE_PREFIX, operator, summary_lines  # noqa: F401 - fixture
+from e2e.operator_fixtures import (  # noqa: F401 - fixture
+    OPERATOR_NAMESPACE_PREFIX,
+    OperatorHandle,
+    operator,
+    start_operator,
+    summary_lines,
+)
 from e2e.testing import diagnostics
 
 GPU_NODE = "gpu-node-1"
@@ -150,16 +158,24 @@ def node_agent(cluster: ClusterHandle, kube: Kube) -> Iterator[NodeAgentHandle]:
             local.stop_component("nodeagent-pytest")
 
 
-@pytest.fixture
-def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
-    """A fresh namespace (with its default ServiceAccount) for one test; deleted afterwards."""
+def _namespace_name(request: pytest.FixtureRequest, for_operator: bool) -> str:
     stem = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
-    if "operator" in request.fixturenames:  # inside the session operator's watch
+    if for_operator:  # inside the operator's watch
         stem = f"{OPERATOR_NAMESPACE_PREFIX}{stem}"[:40].strip("-")
-    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    return f"{stem}-{uuid.uuid4().hex[:5]}"
+
+
+def _create_namespace(kube: Kube, name: str) -> None:
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name,
                                                                        "labels": {"e2e.triton-operator.io/test": "true"}}})
     wait_for(f"default ServiceAccount in {name}", lambda: kube.get_or_none("ServiceAccount", "default", name), 30)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount) for one test; deleted afterwards."""
+    name = _namespace_name(request, "operator" in request.fixturenames)
+    _create_namespace(kube, name)
     yield name
     with contextlib.suppress(ApiError):  # pods first: the namespace controller only starts after a delay
         kube.request("DELETE", f"/api/v1/namespaces/{name}/pods", {"kind": "DeleteOptions", "apiVersion": "v1"})
@@ -169,6 +185,49 @@ def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
     wait_for(f"pods in {name} to be gone", lambda: not kube.items("Pod", name), 120)
 
 
+@dataclass
+class IsolatedCluster:
+    """A control plane of one test's own, with its node agent, its operator and a namespace the operator watches."""
+
+    local: LocalCluster
+    kube: Kube
+    node_agent: NodeAgentHandle
+    operator: OperatorHandle
+    namespace: str
+
+
+#: Where `isolated_cluster` keeps its control plane: `LocalCluster(ISOLATED_ROOT)`, i.e. `.cluster/isolated/.cluster/`.
+ISOLATED_ROOT = REPO_ROOT / ".cluster" / "isolated"
+
+
+@pytest.fixture
+def isolated_cluster(request: pytest.FixtureRequest) -> Iterator[IsolatedCluster]:
+    """A fresh control plane (own ports, certificates, etcd data and logs under `ISOLATED_ROOT`), a node agent
+    (`gpu-node-1`, 8 GPUs) and an operator for one test that disrupts them; everything is stopped afterwards.
+
+    The session's cluster, node agent and operator are not touched: other tests never see the disruption.
+    """
+    local = LocalCluster(ISOLATED_ROOT)
+    local.down(quiet=True)  # whatever a killed session left, and its etcd data
+    kubeconfig = local.up()
+    try:
+        kube = Kube(kubeconfig)
+        name = "nodeagent-pytest"
+        proc = local.start_node_agent([GPU_NODE], GPU_COUNT, ["--crash-backoff", "1"], name=name)
+        log_path = local.logs / f"{name}.log"
+        wait_for(f"node {GPU_NODE} Ready", lambda: proc.poll() is None and _node_ready(kube, GPU_NODE), 60)
+        agent = NodeAgentHandle(GPU_NODE, GPU_COUNT, agent_state_dir(local.dir, name), log_path, proc)
+        op = start_operator(kubeconfig, kube, local.logs)
+        try:
+            ns = _namespace_name(request, for_operator=True)
+            _create_namespace(kube, ns)
+            yield IsolatedCluster(local, kube, agent, op, ns)
+        finally:
+            op.stop()
+    finally:
+        local.down()  # the node agent first (it stops its pods), then the control plane; wipes etcd data
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -176,14 +235,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when != "call" or not report.failed:
         return
     funcargs = getattr(item, "funcargs", {})
-    kube = funcargs.get("kube")
-    ns = funcargs.get("namespace")
-    agent = funcargs.get("node_agent")
-    cluster = funcargs.get("cluster")
-    logs = cluster.logs if cluster is not None else REPO_ROOT / ".cluster" / "logs"
+    iso: IsolatedCluster | None = funcargs.get("isolated_cluster")
+    if iso is not None:
+        kube, ns, agent, logs, op = iso.kube, iso.namespace, iso.node_agent, iso.local.logs, iso.operator
+    else:
+        kube = funcargs.get("kube")
+        ns = funcargs.get("namespace")
+        agent = funcargs.get("node_agent")
+        cluster = funcargs.get("cluster")
+        logs = cluster.logs if cluster is not None else REPO_ROOT / ".cluster" / "logs"
+        op = funcargs.get("operator")
     text = diagnostics(kube, ns, agent.state_dir if agent else None, logs)
     report.sections.append(("cluster diagnostics", text))
-    op = funcargs.get("operator")
     if op is not None:
         report.sections.append(("operator log", op.log_tail(ns)))
 

@@ -121,6 +121,23 @@ class OperatorHandle:
         self.stop()
         self.start()
 
+    def kill(self) -> int:
+        """SIGKILL, as the OOM killer or a node failure would: no cleanup handler runs. Returns the pid."""
+        assert self.process is not None and self.alive(), "the operator is not running"
+        pid = self.process.pid
+        self.process.kill()
+        self.process.wait()
+        return pid
+
+    def freeze(self) -> None:
+        """SIGSTOP: the process keeps its state (caches, broken connections) but runs nothing until `thaw`."""
+        assert self.process is not None and self.alive(), "the operator is not running"
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self.process is not None and self.alive():
+            self.process.send_signal(signal.SIGCONT)
+
     def samples(self, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
         """Every sample of one metric family, keyed by its sorted labels."""
         with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:  # noqa: S310 - 127.0.0.1
@@ -178,18 +195,15 @@ def _crd_established(kube: Kube) -> bool:
     return bool(c and c["status"] == "True")
 
 
-@pytest.fixture(scope="session")
-def operator(cluster: Any, kubeconfig: Path, kube: Kube, node_agent: Any) -> Iterator[OperatorHandle]:
-    """The CRD, applied server-side, and one `triton-operator run` for the whole session.
+def start_operator(kubeconfig: Path, kube: Kube, logs: Path) -> OperatorHandle:
+    """The CRD, applied server-side, and a running `triton-operator run` watching `op-*` namespaces.
 
-    Depends on `node_agent` so that it stops first: tests' namespaces are gone by then, and no
-    replica is left whose gate nobody tends.
+    Logs to `<logs>/operator-pytest.log` (emptied first); metrics and liveness on free loopback ports.
     """
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
     # kubectl validates on the server (fieldValidation=Strict) only once the CRD's OpenAPI v3 is published.
     wait_for("the CRD's OpenAPI v3 schema", lambda: kube.request("GET", f"/openapi/v3/apis/{GROUP}/{VERSION}"), 60)
-    logs = cluster.logs or REPO_ROOT / ".cluster" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / "operator-pytest.log"
     metrics_port, liveness_port, webhook_port = free_port(), free_port(), free_port()
@@ -210,6 +224,21 @@ def operator(cluster: Any, kubeconfig: Path, kube: Kube, node_agent: Any) -> Ite
     handle = OperatorHandle(argv, None, log_path, f"http://127.0.0.1:{metrics_port}/metrics", liveness, DRIFT_INTERVAL)
     try:
         handle.start()
+    except BaseException:
+        handle.stop()
+        raise
+    return handle
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Any, kubeconfig: Path, kube: Kube, node_agent: Any) -> Iterator[OperatorHandle]:
+    """The CRD, applied server-side, and one `triton-operator run` for the whole session.
+
+    Depends on `node_agent` so that it stops first: tests' namespaces are gone by then, and no
+    replica is left whose gate nobody tends.
+    """
+    handle = start_operator(kubeconfig, kube, cluster.logs or REPO_ROOT / ".cluster" / "logs")
+    try:
         yield handle
     finally:
         handle.stop()

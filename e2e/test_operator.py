@@ -8,9 +8,7 @@ children, pod conditions, EndpointSlices) and from Triton itself at the endpoint
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import threading
 import time
 import urllib.request
@@ -38,7 +36,7 @@ from e2e.operator_fixtures import (
     wait_model,
     wait_writes_settle,
 )
-from e2e.testing import container_status, endpoints, is_ready, ready_endpoints, wait_pod
+from e2e.testing import container_status, endpoints, is_ready, ready_endpoints
 
 pytestmark = pytest.mark.cluster
 
@@ -434,50 +432,6 @@ def test_scale_then_config_change_rolls_out_with_a_warm_replica_always_serving(
     assert template_digest(kube, namespace, "add-sub") == new
     for pod in live_pods(kube, namespace, "add-sub"):
         np.testing.assert_allclose(infer_add_sub(pod["status"]["podIP"]), [[11, 22, 33, 44]])
-
-
-# -- crash ------------------------------------------------------------------------------------------
-
-
-def test_killed_tritonserver_drops_gate_and_endpoint_until_warm_again(
-        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, node_agent) -> None:
-    apply(kubeconfig, namespace, add_sub())
-    wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 120)
-    pod = one_ready_pod(kube, namespace, "add-sub")
-    name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
-    wait_for("the replica's endpoint ready", lambda: endpoint_ready(kube, namespace, "add-sub", ip), 30)
-    pid = node_agent.container_pid(pod, "tritonserver")
-    assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"tritonserver")
-
-    killed = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    seen: dict[str, float] = {}
-    reason = ""
-    while len(seen) < 3:
-        assert time.monotonic() - killed < 30, f"after the kill, only saw {seen}"
-        p = kube.get("Pod", name, namespace)
-        if "gate" not in seen and gate(p).get("status") == "False":
-            seen["gate"] = time.monotonic() - killed
-            reason = gate(p).get("reason", "")
-        if "endpoint" not in seen and not endpoint_ready(kube, namespace, "add-sub", ip):
-            seen["endpoint"] = time.monotonic() - killed
-        tm = kube.get("TritonModel", "add-sub", namespace)
-        if "model" not in seen and model_condition(tm, "Ready").get("status") == "False":
-            seen["model"] = time.monotonic() - killed
-        time.sleep(0.05)
-    record("crash: kill -> gate False", f"{seen['gate']:.2f}s (reason {reason})")
-    record("crash: kill -> endpoint not ready", f"{seen['endpoint']:.2f}s")
-    record("crash: kill -> TritonModel Ready=False", f"{seen['model']:.2f}s")
-    assert seen["gate"] < 5 and seen["endpoint"] < 5, seen
-
-    pod = wait_pod(kube, namespace, name, lambda p: (
-        container_status(p, "tritonserver").get("restartCount", 0) >= 1 and gate(p).get("status") == "True"),
-        "restarted and warmed again", 90)
-    record("crash: kill -> warmed again", f"{time.monotonic() - killed:.1f}s")
-    wait_for("the replica's endpoint ready again", lambda: endpoint_ready(kube, namespace, "add-sub", ip), 30)
-    assert node_agent.container_pid(pod, "tritonserver") != pid
-    np.testing.assert_allclose(infer_add_sub(ip), [[11, 22, 33, 44]])
-    wait_model(kube, namespace, "add-sub", is_model_ready, "Ready again", 30)
 
 
 # -- failures Triton reports ------------------------------------------------------------------------

@@ -291,3 +291,40 @@ def test_primed_pods_merge_under_the_watch_and_never_revive_a_deleted_pod() -> N
     bucket = cache.pods[("ns", "m")]
     assert sorted(bucket) == ["a", "c"] and bucket["a"]["metadata"]["resourceVersion"] == "7"
     assert ("ns", "m") in cache.primed
+
+
+def test_sweep_forgets_what_a_list_lacks_unless_observed_since() -> None:
+    import time
+
+    from triton_operator.controller.reconcile import RESYNC_KINDS, Cache
+
+    def obj(kind: str, name: str, uid: str) -> dict:
+        return {"kind": kind, "metadata": {"name": name, "uid": uid, "namespace": "ns",
+                                           "labels": {"serving.triton-operator.dev/model": "m"}}}
+
+    cache = Cache()
+    cache.put_model(obj("TritonModel", "m", "um"))
+    cache.put_model(obj("TritonModel", "gone", "ug"))  # deleted while the watch was down
+    cache.put_child(obj("Deployment", "m", "ud"))  # deleted while the watch was down
+    cache.put_child(obj("Service", "m", "us"))
+    cache.put_pod(obj("Pod", "m-1", "up1"))  # deleted while the watch was down
+    since = time.monotonic()
+    cache.put_pod(obj("Pod", "m-2", "up2"))  # observed after the LIST was sent: may be newer than it
+    listed = {kind: set() for kind in RESYNC_KINDS} | {"TritonModel": {"um"}, "Service": {"us"}}
+
+    dropped = cache.sweep("ns", listed, since)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in dropped) == [
+        ("Deployment", "m"), ("Pod", "m-1"), ("TritonModel", "gone")]
+    assert list(cache.models["ns"]) == ["m"]
+    assert list(cache.children) == [("Service", "ns", "m")]
+    assert list(cache.pods[("ns", "m")]) == ["m-2"]
+    assert cache.sweep("ns", listed, since) == []
+
+
+def test_forget_model_spares_a_newer_object_of_the_same_name() -> None:
+    from triton_operator.controller.reconcile import Cache
+
+    cache = Cache()
+    cache.put_model({"kind": "TritonModel", "metadata": {"name": "m", "uid": "new", "namespace": "ns"}})
+    assert not cache.forget_model("ns", "m", "old") and "m" in cache.models["ns"]
+    assert cache.forget_model("ns", "m", "new") and "m" not in cache.models["ns"]

@@ -229,7 +229,7 @@ class NodeAgent:
                     self._renew_lease(node)
                     if time.monotonic() - last_status >= STATUS_REPORT:
                         self._report_status(node)
-                except (ApiError, OSError) as e:
+                except Exception as e:  # noqa: BLE001 - like the kubelet, outlive an API server that is away
                     log.warning("Failed to heartbeat node=%s err=%s", node.name, e)
             if time.monotonic() - last_status >= STATUS_REPORT:
                 last_status = time.monotonic()

@@ -141,6 +141,7 @@ def create_sandbox(netns: str, ip: str, hostname: str) -> None:
     (etc / "resolv.conf").write_text("# pods have no DNS in the e2e node agent\nnameserver 127.0.0.1\n")
     (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost\n{ip}\t{hostname}\n")
     _ip("netns", "add", netns)
+    ensure_bridge()  # another agent on this machine removes it when it stops with no pod attached
     veth = veth_name(netns)
     _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
     _ip("link", "set", veth, "master", BRIDGE)

@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from ..api.v1alpha1 import GROUP, PLURAL, VERSION
 from . import metrics
 
 FIELD_MANAGER = "triton-operator"
@@ -26,7 +27,11 @@ _PLURALS = {
     ("v1", "Event"): ("/api/v1", "events"),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
+    (f"{GROUP}/{VERSION}", "TritonModel"): (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
+
+#: A LIST answered with metadata only (no spec, status or data): what exists, cheaply.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
 class Kube:
@@ -50,8 +55,8 @@ class Kube:
     # -- raw calls
 
     def _call(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
-              content_type: str = "application/json") -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+              content_type: str = "application/json", accept: str = "application/json") -> Any:
+        headers = {"Accept": accept, "Content-Type": content_type}
         m, url, hdrs, ser_body, _ = self.api.param_serialize(
             method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
             auth_settings=["BearerToken"],
@@ -93,6 +98,12 @@ class Kube:
     def list(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
         query = [("labelSelector", label_selector)] if label_selector else []
         return self._call("GET", self.path(api_version, kind, namespace), query=query)["items"]
+
+    def list_uids(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> set[str]:
+        """The uids of the objects a LIST returns, fetched as metadata only."""
+        query = [("labelSelector", label_selector)] if label_selector else []
+        listed = self._call("GET", self.path(api_version, kind, namespace), query=query, accept=METADATA_LIST)
+        return {item["metadata"]["uid"] for item in listed.get("items") or ()}  # an empty list has "items": null
 
     # -- writes
 
@@ -139,12 +150,19 @@ class Kube:
                 raise
 
     def patch_custom_status(self, group: str, version: str, plural: str, namespace: str, name: str,
-                            status: dict[str, Any]) -> dict[str, Any]:
+                            status: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the status subresource; None when the object is gone."""
         metrics.API_WRITES.labels(kind="TritonModel", verb="patch-status").inc()
-        return self._call(
-            "PATCH", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
-            body={"status": status}, query=[("fieldManager", FIELD_MANAGER)], content_type="application/merge-patch+json",
-        )
+        try:
+            return self._call(
+                "PATCH", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
+                body={"status": status}, query=[("fieldManager", FIELD_MANAGER)],
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def patch_pod_condition(self, namespace: str, name: str, condition: dict[str, Any]) -> None:
         """Set one pod condition (strategic merge on `type`), keeping the kubelet's own."""

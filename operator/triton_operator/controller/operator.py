@@ -3,7 +3,8 @@
 Handlers are kopf `on.event` handlers only, so kopf writes nothing of its own
 (no progress annotations, no finalizers): every write the operator makes comes
 from `Reconciler` or `WarmupGate`. Drift correction is a plain asyncio task,
-not a kopf timer: kopf puts a finalizer on every object a timer runs for.
+not a kopf timer: kopf puts a finalizer on every object a timer runs for. Each
+round it first resyncs the cache with the API (`Reconciler.resync`).
 """
 
 from __future__ import annotations
@@ -114,9 +115,15 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
 
 
 async def _drift_loop(interval: float) -> None:
-    """Every `interval` seconds, a reconcile of every TritonModel seen: corrects drift no event reported."""
+    """Every `interval` seconds: forget what the API no longer has (deletions a restarted watch never
+    reported), then a reconcile of every TritonModel seen: corrects drift no event reported."""
     while True:
         await asyncio.sleep(interval)
+        try:
+            for pod in await STATE.reconciler.resync():
+                STATE.gate.observe(pod, deleted=True)
+        except Exception as exc:  # noqa: BLE001 - the API server may be away; the next round retries
+            log.warning("Failed to resync the cache with the API error=%r", exc)
         for namespace, models in list(STATE.cache.models.items()):
             for name in list(models):
                 STATE.reconciler.request(namespace, name)

@@ -5,7 +5,8 @@ children we own; `Reconciler.reconcile` renders the desired children, applies
 only those that differ (server-side apply, one field manager), and writes
 status only when it changed. A second reconcile of an unchanged object writes
 nothing. kopf keeps no progress annotations for us: every handler is an event
-handler or a timer.
+handler or a timer. `Reconciler.resync` drops from the cache what the API no
+longer has: deletions a restarted watch never reported.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 from ..api.v1alpha1 import GROUP, PLURAL, VERSION, TritonModel
 from ..render.kubernetes import (
     LABEL_MODEL,
+    MANAGED_BY,
     Options,
     RepositoryTooLarge,
     render_children,
@@ -38,6 +40,15 @@ from .status import Observed, Problem, compute_status, status_changed, transitio
 log = logging.getLogger("triton_operator.reconcile")
 
 CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
+#: What `Reconciler.resync` lists per namespace: kind -> (apiVersion, label selector), the watches' selectors.
+RESYNC_KINDS = {
+    "TritonModel": (f"{GROUP}/{VERSION}", None),
+    "ConfigMap": ("v1", f"app.kubernetes.io/managed-by={MANAGED_BY}"),
+    "Deployment": ("apps/v1", f"app.kubernetes.io/managed-by={MANAGED_BY}"),
+    "Service": ("v1", f"app.kubernetes.io/managed-by={MANAGED_BY}"),
+    "PodDisruptionBudget": ("policy/v1", f"app.kubernetes.io/managed-by={MANAGED_BY}"),
+    "Pod": ("v1", LABEL_MODEL),
+}
 
 
 def _lean(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -60,9 +71,21 @@ class Cache:
     # (ns, model) whose pods were listed once; uids deleted before that list, which it must not revive
     primed: set[tuple[str, str]] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
+    # uid -> time.monotonic() when the cached body was last observed (a watch event, a write's answer, a LIST)
+    seen: dict[str, float] = field(default_factory=dict)
+
+    def _observed(self, body: Mapping[str, Any], deleted: bool) -> None:
+        uid = body["metadata"].get("uid")
+        if not uid:
+            return
+        if deleted:
+            self.seen.pop(uid, None)
+        else:
+            self.seen[uid] = time.monotonic()
 
     def put_model(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        self._observed(body, deleted)
         if deleted:
             self.models[ns].pop(name, None)
         else:
@@ -70,6 +93,7 @@ class Cache:
 
     def put_child(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
+        self._observed(body, deleted)
         if deleted:
             self.children.pop(key, None)
         else:
@@ -82,6 +106,7 @@ class Cache:
             return None
         key = (meta["namespace"], model)
         bucket = self.pods[key]
+        self._observed(body, deleted)
         if deleted:
             bucket.pop(meta["name"], None)
             if key not in self.primed:
@@ -94,9 +119,47 @@ class Cache:
         """Merge a LIST of the model's pods under what the watch has delivered (which is as new or newer)."""
         bucket = self.pods[(namespace, model)]
         for pod in listed:
-            if pod["metadata"]["uid"] not in self.gone:
-                bucket.setdefault(pod["metadata"]["name"], _lean(pod))
+            if pod["metadata"]["uid"] not in self.gone and pod["metadata"]["name"] not in bucket:
+                bucket[pod["metadata"]["name"]] = _lean(pod)
+                self._observed(pod, deleted=False)
         self.primed.add((namespace, model))
+
+    def forget_model(self, namespace: str, name: str, uid: str) -> bool:
+        """Drop the model if the cache still holds this uid under its name (not a newer object of that name)."""
+        body = self.models.get(namespace, {}).get(name)
+        if body is None or body["metadata"].get("uid") != uid:
+            return False
+        self.put_model(body, deleted=True)
+        return True
+
+    def sweep(self, namespace: str, listed: Mapping[str, set[str]], since: float) -> list[dict[str, Any]]:
+        """Drops and returns the cached objects of `namespace` the API no longer has.
+
+        `listed` holds, per kind of `RESYNC_KINDS`, the uids LISTs returned that were sent at `since`
+        (time.monotonic()). An object missing from them was deleted, unless it was observed after `since`:
+        then it may be newer than the LIST, and stays.
+        """
+        def stale(body: Mapping[str, Any], kind: str) -> bool:
+            uid = body["metadata"].get("uid")
+            return uid not in listed[kind] and self.seen.get(uid, 0.0) < since
+
+        dropped: list[dict[str, Any]] = []
+        for body in list(self.models.get(namespace, {}).values()):
+            if stale(body, "TritonModel"):
+                dropped.append(body)
+                self.put_model(body, deleted=True)
+        for (kind, ns, _), body in list(self.children.items()):
+            if ns == namespace and stale(body, kind):
+                dropped.append(body)
+                self.put_child(body, deleted=True)
+        for (ns, _), bucket in list(self.pods.items()):
+            if ns != namespace:
+                continue
+            for body in list(bucket.values()):
+                if stale(body, "Pod"):
+                    dropped.append({**body, "kind": "Pod"})
+                    self.put_pod(body, deleted=True)
+        return dropped
 
 
 class Reconciler:
@@ -128,6 +191,37 @@ class Reconciler:
                 log.exception("Failed to reconcile TritonModel namespace=%s name=%s", *key)
                 await asyncio.sleep(2.0)
                 ev.set()
+
+    async def resync(self) -> list[dict[str, Any]]:
+        """Drops from the cache what the API no longer has, and reconciles whom that concerns; returns the pods dropped.
+
+        After a watch restarts (a "410 Gone" resource version, e.g. once the API server restarted), kopf lists
+        again and reports what it finds, never what was deleted in between. A TritonModel left in the cache gets
+        its garbage-collected children re-created on every reconcile, a child or pod left there hides that it is
+        gone. Metadata-only LISTs of each namespace the cache knows, compared by uid, find them.
+        """
+        namespaces = ({ns for ns, models in self.cache.models.items() if models}
+                      | {ns for _, ns, _ in self.cache.children}
+                      | {ns for (ns, _), pods in self.cache.pods.items() if pods})
+        pods: list[dict[str, Any]] = []
+        for namespace in sorted(namespaces):
+            since = time.monotonic()
+            listed = {kind: await asyncio.to_thread(self.kube.list_uids, api_version, kind, namespace, selector)
+                      for kind, (api_version, selector) in RESYNC_KINDS.items()}
+            for body in self.cache.sweep(namespace, listed, since):
+                meta = body["metadata"]
+                log.info("Forgot %s deleted while a watch was down namespace=%s name=%s",
+                         body.get("kind", "object"), namespace, meta["name"])
+                if body.get("kind") == "TritonModel":
+                    for dep in self.dependents(namespace, meta["name"]):
+                        self.request(namespace, dep)
+                    continue
+                if body.get("kind") == "Pod":
+                    pods.append(body)
+                owner = (meta.get("labels") or {}).get(LABEL_MODEL)
+                if owner:
+                    self.request(namespace, owner)
+        return pods
 
     def dependents(self, namespace: str, name: str) -> list[str]:
         """Ensembles in the namespace whose steps use `name`."""
@@ -268,8 +362,11 @@ class Reconciler:
             if k not in patch:
                 patch[k] = None  # merge patch: drop fields we no longer report
         updated = await asyncio.to_thread(self.kube.patch_custom_status, GROUP, VERSION, PLURAL, namespace, name, patch)
-        if updated:
-            self.cache.put_model(updated)
+        if updated is None:  # deleted: its DELETED event is on its way, or a restarted watch lost it
+            if self.cache.forget_model(namespace, name, meta["uid"]):
+                log.info("Forgot TritonModel gone when its status was written namespace=%s name=%s", namespace, name)
+            return
+        self.cache.put_model(updated)
         for c in transitions(old, new):
             warn = (c["type"] == "Degraded" and c["status"] == "True") or (
                 c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ("ReplicasWarming", "ReplicasJoining")
