@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import pytest
 import urllib3
-import yaml
 
 from e2e.cluster import COMPONENTS
 from e2e.kube import ApiError, Kube, wait_for
@@ -60,7 +59,6 @@ pytestmark = pytest.mark.cluster
 
 T = TypeVar("T")
 
-CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "invalid"
 MANAGED = {"app.kubernetes.io/managed-by": "triton-operator"}
 CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
 UPDATED_QUEUE_DELAY = 700  # maxQueueDelayMicroseconds of updated models (add-sub has 2000)
@@ -71,8 +69,6 @@ CONVERGED = {
              "Degraded": ("False", "AsExpected")},
     "serving": {"Ready": ("True", "AllReplicasWarmed"), "Progressing": ("False", "RolloutComplete"),
                 "Degraded": ("False", "AsExpected")},
-    "invalid": {"Ready": ("False", "InvalidSpec"), "Progressing": ("False", "InvalidSpec"),
-                "Degraded": ("True", "InvalidSpec")},
 }
 
 
@@ -89,13 +85,6 @@ def zero_model(name: str) -> dict:
 def serving_model(name: str, replicas: int) -> dict:
     doc = add_sub(name)
     doc["spec"]["replicas"] = replicas
-    return doc
-
-
-def invalid_model(name: str) -> dict:
-    """A defect only the operator sees (a zero dimension): accepted by the API server, never deployed."""
-    doc = next(yaml.safe_load_all((CORPUS / "16-dim-zero.yaml").read_text()))
-    doc["metadata"]["name"] = name
     return doc
 
 
@@ -132,8 +121,6 @@ class Fleet:
             if (c.get("status"), c.get("reason"), c.get("observedGeneration")) != (status, reason, gen):
                 out.append(f"{type_}={c.get('status')} {c.get('reason')} (generation {c.get('observedGeneration')}), "
                            f"want {status} {reason} (generation {gen})")
-        if want.kind == "invalid":
-            return out
         n = want.replicas
         counts = (st.get("replicas"), st.get("readyReplicas"), st.get("warmedReplicas"))
         if counts != (n, n, n):
@@ -183,11 +170,9 @@ class Fleet:
             out.append(f"kopf annotations {kopf}")
 
         # Exactly the children the model needs, each owned by this TritonModel (this UID) alone.
-        expected: dict[str, str] = {}
-        if want.kind != "invalid":
-            expected = {"ConfigMap": f"{name}-repository", "Deployment": name, "Service": name}
-            if want.replicas > 1:
-                expected["PodDisruptionBudget"] = name
+        expected = {"ConfigMap": f"{name}-repository", "Deployment": name, "Service": name}
+        if want.replicas > 1:
+            expected["PodDisruptionBudget"] = name
         owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel", "name": name, "uid": md["uid"],
                  "controller": True, "blockOwnerDeletion": True}
         mine: dict[str, dict] = {}
@@ -200,11 +185,6 @@ class Fleet:
                 if o["metadata"].get("ownerReferences") != [owner]:
                     out.append(f"{kind}/{o['metadata']['name']} ownerReferences {o['metadata'].get('ownerReferences')}")
                 mine[kind] = o
-        if want.kind == "invalid":
-            if pods:
-                out.append(f"pods {[p['metadata']['name'] for p in pods]} of a model that deploys nothing")
-            return out
-
         # The children carry the spec the status reports on.
         digest = st.get("configDigest")
         dep, cm = mine.get("Deployment"), mine.get("ConfigMap")
@@ -308,7 +288,7 @@ def assert_operator_quiet(op: OperatorHandle, models: int) -> str:
 
 # -- the operator killed --------------------------------------------------------------------------------
 
-ZERO_MODELS = 97
+ZERO_MODELS = 98
 SERVING = {"serving-a": 1, "serving-b": 2}  # replicas; serving-b gets a PodDisruptionBudget
 KILLS = 4
 
@@ -320,7 +300,6 @@ def test_operator_killed_at_random_moments_converges_without_duplicates_or_orpha
     print(f"operator kills: seed {seed} (E2E_FAULT_SEED={seed} replays the schedule)")
     fleet = Fleet(namespace)
     docs = [fleet.add(serving_model(name, n), Want("serving", n)) for name, n in SERVING.items()]
-    docs.append(fleet.add(invalid_model("invalid-dims"), Want("invalid")))
     zeros = [f"zero-{i:03d}" for i in range(ZERO_MODELS)]
     docs += [fleet.add(zero_model(name), Want("zero")) for name in zeros]
     total = len(docs)
