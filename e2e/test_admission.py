@@ -18,6 +18,7 @@ import yaml
 
 from e2e.kube import ApiError, Kube
 from e2e.operator_fixtures import OperatorHandle, as_stream, kubectl, load_examples, record
+from triton_operator.validate.admission import steps_of
 
 pytestmark = pytest.mark.cluster
 
@@ -78,7 +79,7 @@ def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_noth
                 context = [copy.deepcopy(d) for d in context]
                 for d in context:
                     d["spec"]["replicas"] = 0
-                if any(name in [s["model"] for s in (d["spec"].get("ensemble") or {}).get("steps", [])] for d in context):
+                if any(name in steps_of(d) for d in context):
                     # The context uses the subject (a cycle): it can only have been admitted while the subject's
                     # name was a plain model; the subject's change is what closes the cycle.
                     apply(kubeconfig, ns, placeholder(subject))
@@ -86,9 +87,8 @@ def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_noth
                 # Dependency order: a context model is applied after the models its steps use.
                 pending = list(context)
                 while pending:
-                    ready = [d for d in pending if not any(
-                        s["model"] in {p["metadata"]["name"] for p in pending}
-                        for s in (d["spec"].get("ensemble") or {}).get("steps", []))]
+                    names = {p["metadata"]["name"] for p in pending}
+                    ready = [d for d in pending if not names & set(steps_of(d))]
                     assert ready, f"{stem}: the context's ensembles use each other"
                     apply(kubeconfig, ns, *ready)
                     pending = [d for d in pending if d not in ready]

@@ -31,6 +31,7 @@ from ..render.kubernetes import (
     selector_string,
 )
 from ..render.modelconfig import render_repository
+from ..validate.admission import steps_of
 from ..validate.errors import from_pydantic
 from ..validate.rules import check_models
 from . import metrics
@@ -225,12 +226,7 @@ class Reconciler:
 
     def dependents(self, namespace: str, name: str) -> list[str]:
         """Ensembles in the namespace whose steps use `name`."""
-        out = []
-        for other, body in self.cache.models.get(namespace, {}).items():
-            steps = ((body.get("spec") or {}).get("ensemble") or {}).get("steps") or ()
-            if any(s.get("model") == name for s in steps):
-                out.append(other)
-        return out
+        return [other for other, body in self.cache.models.get(namespace, {}).items() if name in steps_of(body)]
 
     # -- the reconcile
 

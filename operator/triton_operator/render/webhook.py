@@ -7,6 +7,7 @@ operator applies it with the CA bundle of the certificate it issued itself at st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from ..api.v1alpha1 import GROUP, PLURAL
 from .kubernetes import MANAGED_BY
@@ -37,8 +38,6 @@ class WebhookTarget:
     def hosts(self) -> list[str]:
         """The names the serving certificate must carry."""
         if self.url:
-            from urllib.parse import urlsplit
-
             return [urlsplit(self.url).hostname or "localhost"]
         svc = f"{self.service_name}.{self.service_namespace}.svc"
         return [svc, f"{svc}.cluster.local"]
