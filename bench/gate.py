@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from e2e.kube import wait_for
+from e2e.testing import metric_samples
 
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
-from .kubeenv import samples
 from .models import checked, example
 from .pods import PodTimeline, PodWatch, plain_children, pod_cluster, replica_rss_mb, scale_to, tritonmodel, wait_no_pods
 
@@ -86,9 +86,8 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
                     wait_no_pods(kube, ns, a["selector"])
         text = env.operator.metrics()
         for key in ("sum", "count"):
-            op_metric[key] = sum(samples(text, f"triton_operator_ready_to_gate_seconds_{key}").values())
+            op_metric[key] = sum(metric_samples(text, f"triton_operator_ready_to_gate_seconds_{key}").values())
 
-    g, p = timelines["gated"], timelines["plain"]
     stats: dict[str, Any] = {
         name: {
             "ready": summary(latencies(tl, "ready_at")),

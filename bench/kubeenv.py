@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from e2e.cluster import LocalCluster, Ports, free_port, pid_alive
 from e2e.kube import RESOURCES, Kube, condition, wait_for
+from e2e.testing import metric_samples
 
 from .common import REPO, log
 
@@ -147,20 +146,11 @@ def ensure_namespace(kube: Kube, name: str) -> None:
 # -- Prometheus text -------------------------------------------------------------------------------
 
 
-def samples(text: str, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
-    out: dict[tuple[tuple[str, str], ...], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == metric:
-                out[tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
 def apiserver_requests(kube: Kube) -> Counter[str]:
     """`apiserver_request_total` summed by "VERB resource[/subresource]" (all clients)."""
     text = kube.request("GET", "/metrics", timeout=30)
     out: Counter[str] = Counter()
-    for labels, value in samples(text, "apiserver_request_total").items():
+    for labels, value in metric_samples(text, "apiserver_request_total").items():
         d = dict(labels)
         res = d.get("resource", "") + (f"/{d['subresource']}" if d.get("subresource") else "")
         out[f"{d.get('verb', '?')} {res}"] += value
@@ -300,7 +290,7 @@ class OperatorProcess:
     def writes(self) -> dict[str, float]:
         """`triton_operator_api_writes_total` by "kind/verb"."""
         return {f"{dict(k)['kind']}/{dict(k)['verb']}": v
-                for k, v in samples(self.metrics(), "triton_operator_api_writes_total").items()}
+                for k, v in metric_samples(self.metrics(), "triton_operator_api_writes_total").items()}
 
     def memory(self) -> dict[str, int]:
         return proc_status(self.pid)

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import REPO_ROOT, free_port
 from e2e.kube import RESOURCES, Kube, condition, wait_for
+from e2e.testing import metric_samples
 
 GROUP = "serving.triton-operator.dev"
 VERSION = "v1alpha1"
@@ -141,13 +141,7 @@ class OperatorHandle:
     def samples(self, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
         """Every sample of one metric family, keyed by its sorted labels."""
         with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:  # noqa: S310 - 127.0.0.1
-            text = resp.read().decode()
-        out: dict[tuple[tuple[str, str], ...], float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == metric:
-                    out[tuple(sorted(s.labels.items()))] = s.value
-        return out
+            return metric_samples(resp.read().decode(), metric)
 
     def writes(self) -> dict[str, float]:
         """`triton_operator_api_writes_total` by "kind/verb"."""

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from e2e.kube import ApiError, Kube, condition, wait_for
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
@@ -223,3 +225,13 @@ def diagnostics(kube: Kube | None, namespace: str | None, agent_state_dir: Path 
             if path.exists():
                 out.append(f"--- {path} (tail)\n{_tail(path, 30)}")
     return "\n".join(out)
+
+
+def metric_samples(text: str, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample of one metric in Prometheus text, keyed by its sorted labels."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == metric:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
