@@ -189,32 +189,34 @@ def _crd_established(kube: Kube) -> bool:
     return bool(c and c["status"] == "True")
 
 
-def start_operator(kubeconfig: Path, kube: Kube, logs: Path) -> OperatorHandle:
-    """The CRD, applied server-side, and a running `triton-operator run` watching `op-*` namespaces.
+def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f"{OPERATOR_NAMESPACE_PREFIX}*",
+                   log_name: str = "operator-pytest.log", webhook: bool = True) -> OperatorHandle:
+    """The CRD, applied server-side, and a running `triton-operator run` watching `pattern` namespaces.
 
-    Logs to `<logs>/operator-pytest.log` (emptied first); metrics and liveness on free loopback ports.
+    Logs to `<logs>/<log_name>` (emptied first); metrics, liveness and the webhook on free loopback ports.
     """
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
     # kubectl validates on the server (fieldValidation=Strict) only once the CRD's OpenAPI v3 is published.
     wait_for("the CRD's OpenAPI v3 schema", lambda: kube.request("GET", f"/openapi/v3/apis/{GROUP}/{VERSION}"), 60)
     logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / "operator-pytest.log"
+    log_path = logs / log_name
     metrics_port, liveness_port, webhook_port = free_port(), free_port(), free_port()
     liveness = f"http://127.0.0.1:{liveness_port}/healthz"
-    argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--namespace", f"{OPERATOR_NAMESPACE_PREFIX}*",
+    argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--namespace", pattern,
             "--metrics-port", str(metrics_port),
-            "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL),
-            # The admission webhook, called by the API server on loopback; its configuration is this
-            # session's own (the namespaces it reviews are the operator's: `op-*`).
-            "--webhook-url", f"https://127.0.0.1:{webhook_port}", "--webhook-address", "127.0.0.1",
-            "--webhook-port", str(webhook_port), "--webhook-configuration", f"triton-operator-pytest-{webhook_port}"]
+            "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL)]
     log_path.write_bytes(b"")
-    # A session killed hard leaves its webhook configuration behind, pointing at a closed port: gone first.
-    for vwc in kube.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations")["items"]:
-        if vwc["metadata"]["name"].startswith("triton-operator-pytest-"):
-            kube.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
-                                   f"{vwc['metadata']['name']}")
+    if webhook:
+        # The admission webhook, called by the API server on loopback; its configuration is this
+        # session's own (the namespaces it reviews are the operator's: `pattern`).
+        argv += ["--webhook-url", f"https://127.0.0.1:{webhook_port}", "--webhook-address", "127.0.0.1",
+                 "--webhook-port", str(webhook_port), "--webhook-configuration", f"triton-operator-pytest-{webhook_port}"]
+        # A session killed hard leaves its webhook configuration behind, pointing at a closed port: gone first.
+        for vwc in kube.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations")["items"]:
+            if vwc["metadata"]["name"].startswith("triton-operator-pytest-"):
+                kube.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+                                       f"{vwc['metadata']['name']}")
     handle = OperatorHandle(argv, None, log_path, f"http://127.0.0.1:{metrics_port}/metrics", liveness, DRIFT_INTERVAL)
     try:
         handle.start()

@@ -19,10 +19,13 @@ that writes nothing during a drift round.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from e2e.operator_fixtures import (
     load_examples,
     model_condition,
     record,
+    start_operator,
     wait_model,
     wait_writes_settle,
 )
@@ -347,6 +351,74 @@ def test_operator_killed_at_random_moments_converges_without_duplicates_or_orpha
     record("operator kills: quiet after convergence", assert_operator_quiet(operator, checked))
     left = fleet.problems(kube)
     assert not left, "converged, then drifted during the quiet period:\n" + "\n".join(left)
+
+
+# -- namespaces that appear while the operator starts -------------------------------------------------------
+
+STARTUP_BURST = 1.0  # s of back-to-back namespace creates, from the moment kopf starts observing
+STARTUP_CREATORS = 2  # client threads creating namespaces
+
+
+def test_namespaces_created_while_the_operator_starts_are_all_served(
+        cluster: Any, kubeconfig: Path, kube: Kube, operator: OperatorHandle) -> None:
+    """A second operator watches its own glob. From the moment kopf begins observing namespaces (its first
+    namespace LIST, then a namespace watch that starts with a LIST of its own), namespaces appear back to back.
+    Every one must be served, including any created between those two LISTs: kopf drops the watch's initial
+    listing, so nothing but the operator's own periodic namespace check finds them."""
+    prefix = f"opstart-{uuid.uuid4().hex[:5]}"
+    logs = Path(cluster.logs or Path(__file__).resolve().parent.parent / ".cluster" / "logs")
+    log_path = logs / "operator-startup.log"
+    log_path.unlink(missing_ok=True)
+    created: list[str] = []
+    lock = threading.Lock()
+
+    def create_namespaces(worker: int) -> None:
+        wait_for("kopf to start observing", lambda: log_path.exists()
+                 and "Initial authentication has finished" in log_path.read_text(errors="replace"), 60, interval=0.01)
+        until = time.monotonic() + STARTUP_BURST
+        n = 0
+        while time.monotonic() < until:
+            name = f"{prefix}-{worker}-{n:03d}"
+            kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            with lock:
+                created.append(name)
+            n += 1
+
+    creators = [threading.Thread(target=create_namespaces, args=(w,), name=f"ns-creator-{w}")
+                for w in range(STARTUP_CREATORS)]
+    second: OperatorHandle | None = None
+    try:
+        for t in creators:
+            t.start()
+        second = start_operator(kubeconfig, kube, logs, pattern=f"{prefix}-*", log_name=log_path.name, webhook=False)
+        for t in creators:
+            t.join()
+        assert created, "no namespace was created"
+        for name in created:
+            retrying(f"create TritonModel in {name}", lambda name=name: kube.create(zero_model("m"), name))
+
+        def unserved() -> list[str]:
+            return [ns for ns in created
+                    if not (kube.get("TritonModel", "m", ns).get("status") or {}).get("observedGeneration")]
+
+        try:
+            wait_for("a status on the TritonModel of every namespace", lambda: not unserved(), 60)
+        except TimeoutError:
+            left = unserved()
+            raise AssertionError(f"{len(left)} of {len(created)} namespaces never served: {left}\n"
+                                 f"--- {second.log_path} (tail)\n{second.log_tail(None)}") from None
+        recovered = second.log_since().count("Serving a namespace the namespace watch never reported")
+        record("startup namespaces: served", f"{len(created)} of {len(created)} (created in the first "
+                                             f"{STARTUP_BURST:.0f}s of kopf's namespace observation); "
+                                             f"{recovered} missed by kopf's watch, found by the namespace check")
+    finally:
+        for t in creators:
+            t.join()
+        if second is not None:
+            second.stop()
+        for name in created:
+            with contextlib.suppress(ApiError):
+                kube.delete("Namespace", name)
 
 
 # -- the control plane restarted -------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from triton_operator.controller.webhook import CERT_VALIDITY, exact_namespaces, issue_certificate, watches
+from triton_operator.controller.namespaces import exact_namespaces, missed, watches
+from triton_operator.controller.webhook import CERT_VALIDITY, issue_certificate
 from triton_operator.render.webhook import WebhookTarget
 
 
@@ -76,3 +77,10 @@ def test_namespace_patterns_match_like_kopf() -> None:
     assert watches([], clusterwide=True)("anything")
     assert exact_namespaces(["team-a", "team-b"], False) == ["team-a", "team-b"]
     assert exact_namespaces(["op-*"], False) is None and exact_namespaces([], True) is None
+
+
+def test_missed_namespaces_are_the_live_matching_ones_not_served() -> None:
+    ours = watches(["op-*", "!op-private"], clusterwide=False)
+    listed = {"op-a": False, "op-b": False, "op-gone": True, "op-private": False, "default": False}
+    assert missed(listed, {"op-a"}, ours) == {"op-b"}
+    assert missed(listed, {"op-a", "op-b"}, ours) == set()

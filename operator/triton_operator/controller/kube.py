@@ -105,6 +105,12 @@ class Kube:
         listed = self._call("GET", self.path(api_version, kind, namespace), query=query, accept=METADATA_LIST)
         return {item["metadata"]["uid"] for item in listed.get("items") or ()}  # an empty list has "items": null
 
+    def list_namespaces(self) -> dict[str, bool]:
+        """Every namespace's name -> whether it is being deleted, fetched as metadata only."""
+        listed = self._call("GET", "/api/v1/namespaces", accept=METADATA_LIST)
+        return {item["metadata"]["name"]: bool(item["metadata"].get("deletionTimestamp"))
+                for item in listed.get("items") or ()}
+
     # -- writes
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:

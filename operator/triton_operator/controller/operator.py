@@ -21,6 +21,7 @@ from ..render.kubernetes import LABEL_MODEL, MANAGED_BY, Options
 from ..render.webhook import WebhookTarget
 from .gate import WarmupGate
 from .kube import Kube
+from .namespaces import NamespaceSet, has_patterns
 from .reconcile import Cache, Reconciler
 from .webhook import AdmissionWebhook
 
@@ -40,6 +41,7 @@ class WebhookSettings:
 
 class State:
     namespace_patterns: bool = False
+    namespace_set: NamespaceSet | None = None  # only with glob patterns: kopf then discovers the namespaces
     kube: Kube
     cache: Cache
     reconciler: Reconciler
@@ -115,10 +117,16 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
 
 
 async def _drift_loop(interval: float) -> None:
-    """Every `interval` seconds: forget what the API no longer has (deletions a restarted watch never
-    reported), then a reconcile of every TritonModel seen: corrects drift no event reported."""
+    """Every `interval` seconds: serve the matching namespaces kopf's namespace watch missed (glob patterns
+    only), forget what the API no longer has (deletions a restarted watch never reported), then a reconcile
+    of every TritonModel seen: corrects drift no event reported."""
     while True:
         await asyncio.sleep(interval)
+        if STATE.namespace_set is not None:
+            try:
+                await STATE.namespace_set.revise()
+            except Exception as exc:  # noqa: BLE001 - the API server may be away; the next round retries
+                log.warning("Failed to check the watched namespaces error=%r", exc)
         try:
             for pod in await STATE.reconciler.resync():
                 STATE.gate.observe(pod, deleted=True)
@@ -161,8 +169,9 @@ async def run_operator(
     stop_flag: asyncio.Event | None = None,
     webhook: WebhookSettings | None = None,
 ) -> None:
-    STATE.namespace_patterns = any(ch in n for n in namespaces for ch in "*?[!")
+    STATE.namespace_patterns = has_patterns(namespaces) and not clusterwide
     STATE.kube = Kube.from_environment(kubeconfig)
+    STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if STATE.namespace_patterns else None
     STATE.cache = Cache()
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
     STATE.webhook = None if webhook is None else AdmissionWebhook(
@@ -181,6 +190,7 @@ async def run_operator(
 
     await kopf.operator(
         registry=registry,
+        insights=None if STATE.namespace_set is None else STATE.namespace_set.insights,
         clusterwide=clusterwide,
         namespaces=namespaces,
         liveness_endpoint=liveness,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
-import fnmatch
 import ipaddress
 import logging
 import ssl
@@ -43,6 +42,7 @@ from ..render.webhook import WEBHOOK_NAME, WEBHOOK_PATH, WebhookTarget, render_w
 from ..validate.admission import needs_review, review, steps_of
 from . import metrics
 from .kube import Kube
+from .namespaces import exact_namespaces, watches
 
 log = logging.getLogger("triton_operator.webhook")
 
@@ -100,26 +100,6 @@ def issue_certificate(hosts: list[str], now: dt.datetime | None = None) -> Issue
         key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
         now + CERT_VALIDITY,
     )
-
-
-# -- which namespaces are ours --------------------------------------------------------------------
-
-
-def watches(namespaces: list[str], clusterwide: bool) -> Callable[[str], bool]:
-    """kopf's namespace patterns (globs, `!` excludes) as a predicate."""
-    if clusterwide or not namespaces:
-        return lambda ns: True
-    include = [p for p in namespaces if not p.startswith("!")]
-    exclude = [p[1:] for p in namespaces if p.startswith("!")]
-    return lambda ns: any(fnmatch.fnmatchcase(ns, p) for p in include) and not any(
-        fnmatch.fnmatchcase(ns, p) for p in exclude)
-
-
-def exact_namespaces(namespaces: list[str], clusterwide: bool) -> list[str] | None:
-    """The namespaceSelector's list when every pattern is a plain name; else None (every namespace)."""
-    if clusterwide or not namespaces or any(ch in n for n in namespaces for ch in "*?[!"):
-        return None
-    return list(namespaces)
 
 
 # -- the server -----------------------------------------------------------------------------------
