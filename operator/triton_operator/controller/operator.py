@@ -40,7 +40,6 @@ class WebhookSettings:
 
 
 class State:
-    namespace_patterns: bool = False
     namespace_set: NamespaceSet | None = None  # only with glob patterns: kopf then discovers the namespaces
     kube: Kube
     cache: Cache
@@ -60,7 +59,7 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.standalone = True
         # No CRD/namespace discovery (the chart's RBAC grants neither): only glob namespace patterns need it.
-        settings.scanning.disabled = not STATE.namespace_patterns
+        settings.scanning.disabled = STATE.namespace_set is None
         settings.posting.enabled = False
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
@@ -169,9 +168,9 @@ async def run_operator(
     stop_flag: asyncio.Event | None = None,
     webhook: WebhookSettings | None = None,
 ) -> None:
-    STATE.namespace_patterns = has_patterns(namespaces) and not clusterwide
     STATE.kube = Kube.from_environment(kubeconfig)
-    STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if STATE.namespace_patterns else None
+    globs = has_patterns(namespaces) and not clusterwide
+    STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if globs else None
     STATE.cache = Cache()
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
     STATE.webhook = None if webhook is None else AdmissionWebhook(
