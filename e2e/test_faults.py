@@ -360,13 +360,13 @@ STARTUP_CREATORS = 2  # client threads creating namespaces
 
 
 def test_namespaces_created_while_the_operator_starts_are_all_served(
-        cluster: Any, kubeconfig: Path, kube: Kube, operator: OperatorHandle) -> None:
+        kubeconfig: Path, kube: Kube, operator: OperatorHandle) -> None:
     """A second operator watches its own glob. From the moment kopf begins observing namespaces (its first
     namespace LIST, then a namespace watch that starts with a LIST of its own), namespaces appear back to back.
     Every one must be served, including any created between those two LISTs: kopf drops the watch's initial
     listing, so nothing but the operator's own periodic namespace check finds them."""
     prefix = f"opstart-{uuid.uuid4().hex[:5]}"
-    logs = Path(cluster.logs or Path(__file__).resolve().parent.parent / ".cluster" / "logs")
+    logs = operator.log_path.parent  # beside the session operator's log
     log_path = logs / "operator-startup.log"
     log_path.unlink(missing_ok=True)
     created: list[str] = []
