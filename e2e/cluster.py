@@ -1,13 +1,15 @@
-"""A local Kubernetes control plane for tests and demos: `python -m e2e.cluster up|down|restart|status`.
+"""A local Kubernetes cluster for tests and demos: `python -m e2e.cluster up|down|restart|status`.
 
-Owns the lifecycle of etcd, kube-apiserver, kube-controller-manager and kube-scheduler running
-as background processes bound to 127.0.0.1, the certificates and keys they use (generated with
-the openssl CLI), the admin kubeconfig in `.cluster/kubeconfig`, and the state in `.cluster/`:
-`pids`, `state.json` (ports), `logs/<component>.log`. `up` is idempotent; `down` leaves no process
-behind; `restart` (or `stop_components` + `start_components`) stops and starts components on the
-same ports, certificates and etcd data while everything else keeps running. Binaries come from
-`e2e/toolchain/build.sh` (cached by pins); `KUBEBUILDER_ASSETS` wins for etcd and kube-apiserver.
-Optionally (`up --gpu-node NAME`) a node agent is started too.
+Owns the lifecycle of etcd, kube-apiserver, kube-controller-manager and kube-scheduler (bound to
+127.0.0.1; the API server also listens on the first node's bridge address so pods reach it through
+the `kubernetes` Service), of the real nodes under them (`e2e/node.py`: containerd, a kubelet and
+our fake-GPU device plugin per node, one kube-proxy), the certificates and keys they use (openssl
+CLI), the admin kubeconfig in `.cluster/kubeconfig`, and the state in `.cluster/`: `pids`,
+`state.json` (ports, subnet block), `logs/<component>.log`. `up` is idempotent; `down` leaves no
+process, mount, cgroup, bridge, route or KUBE-* chain behind; `restart` (or `stop_components` +
+`start_components`) stops and starts control-plane components on the same ports, certificates and
+etcd data while everything else keeps running. Binaries come from `e2e/toolchain/build.sh` (cached
+by pins; `KUBEBUILDER_ASSETS` wins for etcd and kube-apiserver); images from `e2e/images.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -25,19 +28,24 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from e2e import node as node_mod
+from e2e.node import Node, NodeNetwork
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "toolchain" / "build.sh"
 
-#: Reserved benchmarking range (RFC 2544); pods get 198.18.0.0/16 (node agent), Services 198.19.0.0/16.
-SERVICE_CIDR = "198.19.0.0/16"
+#: Reserved benchmarking range (RFC 2544): node bridges and pods in 198.18.0.0/16, Services in 198.19.0.0/16.
+SERVICE_CIDR = node_mod.SERVICE_CIDR
 KUBERNETES_SERVICE_IP = "198.19.0.1"
-#: Address of the node agent's bridge: pods reach the API server here (proxied to 127.0.0.1).
-POD_GATEWAY_IP = "198.18.0.1"
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+NODE_BINARIES = ("kubelet", "kube-proxy", "fake-gpu-plugin")
+#: The nodes `up` starts by default: two GPU nodes with 4 (fake) GPUs each.
+DEFAULT_NODES = ("gpu-node-1", "gpu-node-2")
+DEFAULT_GPUS = 4
 
 
 def log(msg: str) -> None:
@@ -83,10 +91,15 @@ class Ports:
     apiserver: int
     controller_manager: int
     scheduler: int
+    kube_proxy_healthz: int = 0
+    kube_proxy_metrics: int = 0
+    #: node name -> [kubelet port, kubelet healthz port]
+    nodes: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
-    def allocate(cls) -> Ports:
-        return cls(free_port(), free_port(), free_port(), free_port(), free_port())
+    def allocate(cls, nodes: tuple[str, ...] = ()) -> Ports:
+        return cls(free_port(), free_port(), free_port(), free_port(), free_port(), free_port(), free_port(),
+                   {n: [free_port(), free_port()] for n in nodes})
 
 
 class Certs:
@@ -100,8 +113,16 @@ class Certs:
 
     def exists(self) -> bool:
         names = ["ca.crt", "ca.key", "apiserver.crt", "sa.key", "sa.pub", "admin.crt"]
-        names += ["kube-controller-manager.crt", "kube-scheduler.crt", "front-proxy-client.crt"]
+        names += ["kube-controller-manager.crt", "kube-scheduler.crt", "front-proxy-client.crt", "kube-proxy.crt",
+                  "apiserver-kubelet-client.crt"]
         return all(self.p(n).exists() for n in names)
+
+    def node(self, name: str) -> str:
+        """The kubelet's client certificate (the Node authorizer's `system:node:<name>`); returns its user name."""
+        user = f"kubelet-{name}"
+        if not self.p(f"{user}.crt").exists():
+            self._leaf(user, f"/O=system:nodes/CN=system:node:{name}", "clientAuth")
+        return user
 
     def generate(self) -> None:
         self.pki.mkdir(parents=True, exist_ok=True)
@@ -114,12 +135,15 @@ class Certs:
         )
         sans = ["DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
                 "DNS:kubernetes.default.svc.cluster.local", "IP:127.0.0.1", f"IP:{KUBERNETES_SERVICE_IP}",
-                f"IP:{POD_GATEWAY_IP}"]
+                *(f"IP:198.18.{block}.1" for block in node_mod.SUBNET_BLOCKS)]
         self._leaf("apiserver", "/CN=kube-apiserver", "serverAuth", sans)
         self._leaf("admin", "/O=system:masters/CN=kubernetes-admin", "clientAuth")
         self._leaf("kube-controller-manager", "/CN=system:kube-controller-manager", "clientAuth")
         self._leaf("kube-scheduler", "/CN=system:kube-scheduler", "clientAuth")
         self._leaf("front-proxy-client", "/CN=front-proxy-client", "clientAuth")
+        self._leaf("kube-proxy", "/CN=system:kube-proxy", "clientAuth")
+        # The API server's client certificate towards kubelets (logs, exec, port-forward).
+        self._leaf("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", "clientAuth")
         self._key("sa.key")
         _run(["openssl", "ec", "-in", str(self.p("sa.key")), "-pubout", "-out", str(self.p("sa.pub"))])
 
@@ -162,25 +186,17 @@ class Certs:
         return path
 
 
-def agent_state_dir(cluster_dir: Path, name: str) -> Path:
-    """Where a node agent keeps its pods' volumes: under the cluster directory, unless that is in /tmp.
-
-    A pod that mounts a volume at /tmp would hide, inside its own mount namespace, any volume
-    source that lives under /tmp; so a checkout in /tmp (a CI clone, say) keeps its agent's
-    state in /var/lib/trop-e2e instead.
-    """
-    resolved = cluster_dir.resolve()
-    if resolved == Path("/tmp") or Path("/tmp") in resolved.parents:
-        import hashlib
-
-        return Path("/var/lib/trop-e2e") / hashlib.sha256(str(resolved).encode()).hexdigest()[:12] / name
-    return cluster_dir / name
-
-
 class LocalCluster:
-    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler under `<root>/.cluster/`."""
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler under `<root>/.cluster/`, and real nodes.
 
-    def __init__(self, root: Path | str = REPO_ROOT, bin_dir: Path | None = None) -> None:
+    `nodes` are started by `up` (each a containerd, a kubelet and the fake-GPU plugin with `gpus`
+    devices); `kube_proxy` adds one kube-proxy. Two clusters on one machine each get their own
+    subnet block, bridges and cgroups, but only one may run kube-proxy: its iptables chains are
+    host-wide.
+    """
+
+    def __init__(self, root: Path | str = REPO_ROOT, bin_dir: Path | None = None,
+                 nodes: tuple[str, ...] = DEFAULT_NODES, gpus: int = DEFAULT_GPUS, kube_proxy: bool = True) -> None:
         self.root = Path(root)
         self.dir = self.root / ".cluster"
         self.logs = self.dir / "logs"
@@ -189,11 +205,14 @@ class LocalCluster:
         self.kubeconfig = self.dir / "kubeconfig"
         self.certs = Certs(self.dir / "pki")
         self._bin_dir = bin_dir
+        self.node_names = tuple(nodes)
+        self.gpus = gpus
+        self.kube_proxy = kube_proxy
 
     # -- binaries -----------------------------------------------------------------------------
 
     def binaries(self) -> dict[str, Path]:
-        """Paths of the four binaries; runs the (cached) toolchain build when needed."""
+        """Paths of the control-plane and node binaries; runs the (cached) toolchain build when needed."""
         bin_dir = self._bin_dir
         if bin_dir is None:
             env_dir = os.environ.get("TRITON_OPERATOR_CLUSTER_BIN")
@@ -205,7 +224,7 @@ class LocalCluster:
                 )
                 bin_dir = Path(out.stdout.strip().splitlines()[-1])
             self._bin_dir = bin_dir
-        found = {name: bin_dir / name for name in COMPONENTS}
+        found = {name: bin_dir / name for name in (*COMPONENTS, *NODE_BINARIES)}
         assets = os.environ.get("KUBEBUILDER_ASSETS")
         if assets:
             for name in ("etcd", "kube-apiserver"):
@@ -213,7 +232,7 @@ class LocalCluster:
                     found[name] = Path(assets) / name
         missing = [str(p) for p in found.values() if not os.access(p, os.X_OK)]
         if missing:
-            raise FileNotFoundError(f"Control-plane binaries missing: {missing} (run `make cluster-bin`)")
+            raise FileNotFoundError(f"Cluster binaries missing: {missing} (run `make cluster-bin`)")
         return found
 
     # -- state --------------------------------------------------------------------------------
@@ -230,32 +249,55 @@ class LocalCluster:
     def _write_pids(self, pids: dict[str, int]) -> None:
         self.pids_file.write_text("".join(f"{n} {p}\n" for n, p in pids.items()))
 
+    def _state(self) -> dict:
+        return json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
+
     def _ports(self) -> Ports | None:
-        if not self.state_file.exists():
-            return None
-        return Ports(**json.loads(self.state_file.read_text())["ports"])
+        state = self._state()
+        return Ports(**state["ports"]) if state else None
 
     def server(self) -> str | None:
         ports = self._ports()
         return f"https://127.0.0.1:{ports.apiserver}" if ports else None
+
+    def nodes(self) -> list[Node]:
+        """The cluster's nodes as recorded at `up` (empty before)."""
+        state = self._state()
+        if not state:
+            return []
+        ports = Ports(**state["ports"])
+        cid = node_mod.short_id(self.dir)
+        return [Node(name, NodeNetwork(cid, i + 1, state["block"] + i), state.get("gpus", self.gpus), self.dir,
+                     *ports.nodes[name]) for i, name in enumerate(state.get("nodes", []))]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise LookupError(f"no node {name} in {self.dir}")
+
+    @property
+    def apiserver_address(self) -> str:
+        """The address pods reach the API server at: the first node's bridge (`--advertise-address`)."""
+        return f"198.18.{self._state()['block']}.1"
 
     def _owned(self, name: str, pid: int) -> bool:
         """The pid still runs our component (not a recycled pid)."""
         if not pid_alive(pid):
             return False
         argv = pid_cmdline(pid)
-        if name.startswith("nodeagent"):
-            return any("e2e.nodeagent" in a for a in argv)
-        if name == "triton-operator":  # started by `make demo`
+        if name == "triton-operator":  # started by `make demo` before the chart existed
             return any(a.endswith("triton-operator") for a in argv) and "run" in argv
-        return bool(argv) and Path(argv[0]).name == name
+        return bool(argv) and Path(argv[0]).name == name.rsplit("/", 1)[-1]
 
     def running(self) -> dict[str, int]:
         return {n: p for n, p in self.read_pids().items() if self._owned(n, p)}
 
     def healthy(self) -> bool:
         server = self.server()
-        if not server or set(self.running()) < set(COMPONENTS):
+        expected = set(COMPONENTS) | {f"{n}/{b}" for n in self._state().get("nodes", [])
+                                      for b in ("containerd", "kubelet", "fake-gpu-plugin")}
+        if not server or not expected <= set(self.running()):
             return False
         return self._get("/readyz") == 200
 
@@ -265,6 +307,8 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.exists() else None,
             "server": self.server(),
             "components": {n: {"pid": p, "running": n in running} for n, p in self.read_pids().items()},
+            "nodes": [{"name": n.name, "ip": n.ip, "gpus": n.gpus, "containerd": n.containerd_address}
+                      for n in self.nodes()],
             "healthy": self.healthy(),
         }
 
@@ -275,13 +319,14 @@ class LocalCluster:
         ctx.load_cert_chain(str(self.certs.p("admin.crt")), str(self.certs.p("admin.key")))
         return ctx
 
-    def _get(self, path: str, port: int | None = None, verify: bool = True) -> int:
+    def _get(self, path: str, port: int | None = None, verify: bool = True, scheme: str = "https") -> int:
         ports = self._ports()
         assert ports is not None
-        url = f"https://127.0.0.1:{port or ports.apiserver}{path}"
+        url = f"{scheme}://127.0.0.1:{port or ports.apiserver}{path}"
         ctx = self._ssl() if verify else ssl._create_unverified_context()  # noqa: S323 - self-signed component certs
         try:
-            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:  # noqa: S310 - https to loopback
+            with urllib.request.urlopen(url, context=ctx if scheme == "https" else None,  # noqa: S310 - loopback
+                                        timeout=5) as resp:
                 return resp.status
         except urllib.error.HTTPError as e:
             return e.code
@@ -290,30 +335,39 @@ class LocalCluster:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def up(self, timeout: float = 120.0) -> Path:
-        """Starts the control plane unless it already runs healthy; returns the kubeconfig path."""
+    def up(self, timeout: float = 180.0) -> Path:
+        """Starts the control plane and the nodes unless they already run healthy; returns the kubeconfig path."""
         t0 = time.monotonic()
         if self.healthy():
-            log(f"Control plane already running and healthy server={self.server()} kubeconfig={self.kubeconfig}")
+            log(f"Cluster already running and healthy server={self.server()} kubeconfig={self.kubeconfig}")
             return self.kubeconfig
-        if self.running():
-            log("Found a partially running control plane; stopping it before a fresh start")
+        if self.running() or self.nodes():
+            log("Found a partially running cluster; stopping it before a fresh start")
             self.down(quiet=True)
         bins = self.binaries()
+        from e2e import images  # noqa: PLC0415 - building images is only needed here
+
+        built = images.build_all(log=lambda m: print(m, flush=True))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         cold = not self.certs.exists()
         if cold:
             self.certs.generate()
             log(f"Generated certificates and service-account key dir={self.certs.pki}")
-        ports = Ports.allocate()
-        self.state_file.write_text(json.dumps({"ports": ports.__dict__}, indent=2) + "\n")
+        ports = Ports.allocate(self.node_names)
+        block = node_mod.pick_block()
+        self.state_file.write_text(json.dumps({"ports": ports.__dict__, "block": block, "nodes": list(self.node_names),
+                                               "gpus": self.gpus, "kube_proxy": self.kube_proxy}, indent=2) + "\n")
         server = f"https://127.0.0.1:{ports.apiserver}"
         self.certs.kubeconfig(server, "admin", self.kubeconfig)
         self.certs.kubeconfig(server, "kube-controller-manager", self.dir / "kube-controller-manager.kubeconfig")
         self.certs.kubeconfig(server, "kube-scheduler", self.dir / "kube-scheduler.kubeconfig")
+        self.certs.kubeconfig(server, "kube-proxy", self.dir / "kube-proxy.kubeconfig")
+        nodes = self.nodes()
         pids: dict[str, int] = {}
         try:
+            for n in nodes:  # the first bridge carries the API server's advertised address
+                n.network.up()
             pids["etcd"] = self._spawn("etcd", bins["etcd"], self._etcd_args(ports))
             self._write_pids(pids)
             self._wait("etcd", lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"), pids, timeout)
@@ -325,6 +379,11 @@ class LocalCluster:
             )
             pids["kube-scheduler"] = self._spawn("kube-scheduler", bins["kube-scheduler"], self._scheduler_args(ports))
             self._write_pids(pids)
+            for n in nodes:
+                self._start_node(n, bins, built, pids, timeout)
+            if self.kube_proxy and nodes:
+                pids["kube-proxy"] = self._spawn("kube-proxy", bins["kube-proxy"], self._kube_proxy_args(ports, nodes[0]))
+                self._write_pids(pids)
             self._wait(
                 "kube-controller-manager /healthz",
                 lambda: self._get("/healthz", ports.controller_manager, verify=False) == 200,
@@ -334,22 +393,80 @@ class LocalCluster:
             self._wait(
                 "kube-scheduler /healthz", lambda: self._get("/healthz", ports.scheduler, verify=False) == 200, pids, timeout
             )
+            if self.kube_proxy and nodes:
+                self._wait("kube-proxy /healthz",
+                           lambda: _http_ok(f"http://127.0.0.1:{ports.kube_proxy_healthz}/healthz"), pids, timeout)
             self._wait(
                 "default ServiceAccount",
                 lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default") == 200,
                 pids,
                 timeout,
             )
+            for n in nodes:
+                self._wait(f"node {n.name} Ready with {n.gpus} nvidia.com/gpu", lambda n=n: self._node_ready(n), pids,
+                           timeout)
         except BaseException:
-            log(f"Control plane failed to start; logs in {self.logs}")
+            log(f"Cluster failed to start; logs in {self.logs}")
             self.down(quiet=True)
             raise
         kind = "cold" if cold else "warm"
-        log(f"Control plane ready start={kind} seconds={time.monotonic() - t0:.1f} server={server}")
+        log(f"Cluster ready start={kind} nodes={len(nodes)} seconds={time.monotonic() - t0:.1f} server={server}")
         log(f"Wrote kubeconfig path={self.kubeconfig}  (export KUBECONFIG={self.kubeconfig})")
         return self.kubeconfig
 
+    def _start_node(self, n: Node, bins: dict[str, Path], built: list, pids: dict[str, int], timeout: float) -> None:
+        from e2e import images  # noqa: PLC0415
+
+        n.prepare(self.certs.pki, images.PAUSE_IMAGE)
+        pids[f"{n.name}/containerd"] = self._spawn(f"{n.name}/containerd", Path(shutil.which("containerd") or "containerd"),
+                                                   n.containerd_args())
+        self._write_pids(pids)
+        n.wait_containerd(timeout)
+        images.import_into(built, n.containerd_address, log=lambda m: print(m, flush=True))
+        user = self.certs.node(n.name)
+        kubeconfig = self.certs.kubeconfig(self.server() or "", user, self.dir / f"{user}.kubeconfig")
+        pids[f"{n.name}/fake-gpu-plugin"] = self._spawn(f"{n.name}/fake-gpu-plugin", bins["fake-gpu-plugin"],
+                                                        n.plugin_args())
+        pids[f"{n.name}/kubelet"] = self._spawn(f"{n.name}/kubelet", bins["kubelet"], n.kubelet_args(kubeconfig))
+        self._write_pids(pids)
+
+    def _node_ready(self, n: Node) -> bool:
+        try:
+            node = self._get_json(f"/api/v1/nodes/{n.name}")
+        except OSError:
+            return False
+        ready = [c for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+        gpus = node.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "0")
+        return bool(ready and ready[0]["status"] == "True" and int(gpus) == n.gpus)
+
+    def _get_json(self, path: str) -> dict:
+        ports = self._ports()
+        assert ports is not None
+        with urllib.request.urlopen(f"https://127.0.0.1:{ports.apiserver}{path}", context=self._ssl(),  # noqa: S310
+                                    timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def _kube_proxy_args(self, ports: Ports, first: Node) -> list[str]:
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "iptables",
+            "clientConnection": {"kubeconfig": str(self.dir / "kube-proxy.kubeconfig")},
+            "hostnameOverride": first.name,
+            "healthzBindAddress": f"127.0.0.1:{ports.kube_proxy_healthz}",
+            "metricsBindAddress": f"127.0.0.1:{ports.kube_proxy_metrics}",
+            "clusterCIDR": "198.18.0.0/16",
+            "nodePortAddresses": [node_mod.TEST_RANGE],
+            # No sysctl writes: conntrack limits and route_localnet stay as the machine has them.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"localhostNodePorts": False, "minSyncPeriod": "0s", "syncPeriod": "30s"},
+        }
+        path = self.dir / "kube-proxy.yaml"
+        path.write_text(json.dumps(config, indent=2) + "\n")
+        return [f"--config={path}", "--v=1"]
+
     def _spawn(self, name: str, binary: Path, args: list[str]) -> int:
+        (self.logs / f"{name}.log").parent.mkdir(parents=True, exist_ok=True)
         logf = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         logf.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {binary} {' '.join(args)}\n".encode())
         logf.flush()
@@ -398,10 +515,11 @@ class LocalCluster:
         c = self.certs.p
         return [
             f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-            "--bind-address=127.0.0.1",
+            *self._apiserver_address_args(),
             f"--secure-port={ports.apiserver}",
-            "--advertise-address=127.0.0.1",
-            "--endpoint-reconciler-type=none",
+            f"--kubelet-client-certificate={c('apiserver-kubelet-client.crt')}",
+            f"--kubelet-client-key={c('apiserver-kubelet-client.key')}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
             f"--client-ca-file={c('ca.crt')}",
@@ -419,13 +537,20 @@ class LocalCluster:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={c('front-proxy-client.crt')}",
             f"--proxy-client-key-file={c('front-proxy-client.key')}",
-            # Webhooks (and aggregated APIs) with a service clientConfig are dialled at an endpoint address
-            # (a pod's 198.18.x), never at the ClusterIP: there is no kube-proxy.
+            # Webhooks and aggregated APIs are dialled at an endpoint address (a pod's 198.18.x), not through
+            # the ClusterIP: the API server then works without kube-proxy too (an isolated cluster has none).
             "--enable-aggregator-routing=true",
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
         ]
+
+    def _apiserver_address_args(self) -> list[str]:
+        """With nodes, the API server also listens on the first node's bridge and advertises that address, so the
+        `kubernetes` Service leads pods to it; without nodes it stays on loopback."""
+        if not self._state().get("nodes"):
+            return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
+        return ["--bind-address=0.0.0.0", f"--advertise-address={self.apiserver_address}"]
 
     def _kube_common(self, name: str, port: int) -> list[str]:
         kubeconfig = self.dir / f"{name}.kubeconfig"
@@ -459,36 +584,66 @@ class LocalCluster:
         return self._kube_common("kube-scheduler", ports.scheduler)
 
     def down(self, quiet: bool = False, grace: float = 15.0) -> None:
-        """Stops every recorded process in reverse start order (node agents first, etcd last), wipes etcd data.
+        """Stops everything recorded and removes what the nodes left on the machine; wipes etcd data.
 
-        Each process gets SIGTERM and `grace` seconds before SIGKILL; the next one is signalled only
-        after it is gone, so the API server can still reach etcd while it shuts down.
+        Order: other processes (a demo's operator), the controller-manager and scheduler (no new pods),
+        kube-proxy (and its rules), each node's kubelet and plugin, then every container, shim, pod network
+        namespace, mount and cgroup of the node, its containerd and bridge; the API server, etcd last.
+        Each process gets SIGTERM and `grace` seconds before SIGKILL. Imported images stay in each node's
+        containerd root, so the next `up` of this cluster does not import them again.
         """
         t0 = time.monotonic()
         pids = self.read_pids()
-        order = [n for n in pids if n not in COMPONENTS] + [n for n in reversed(COMPONENTS) if n in pids]
+        nodes = self.nodes()
+        node_procs = [f"{n.name}/{b}" for n in nodes for b in ("kubelet", "fake-gpu-plugin")]
+        control = ["kube-controller-manager", "kube-scheduler"]
+        order = [n for n in pids if n not in COMPONENTS and "/" not in n and n != "kube-proxy"]
+        order += control + ["kube-proxy"] + node_procs
         stopped, killed = [], []
-        for name in order:
-            pid = pids[name]
-            if not self._owned(name, pid):
-                continue
+
+        def stop(name: str) -> None:
+            pid = pids.get(name)
+            if pid is None or not self._owned(name, pid):
+                return
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            wait = grace + 45 if name.startswith("nodeagent") else grace  # the agent stops its pods first
-            if _wait_gone([pid], wait):
+            if _wait_gone([pid], grace):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 killed.append(name)
                 if _wait_gone([pid], 5):
                     raise RuntimeError(f"{name} pid={pid} survived SIGKILL")
             stopped.append(name)
+
+        for name in order:
+            stop(name)
+        if "kube-proxy" in pids and self._bin_dir_or_none("kube-proxy"):
+            subprocess.run([str(self._bin_dir_or_none("kube-proxy")), "--cleanup"], check=False,  # noqa: S603
+                           capture_output=True)
+        swept = {}
+        for n in nodes:
+            swept[n.name] = n.sweep()
+            stop(f"{n.name}/containerd")
+            n.sweep()  # what containerd's own exit left mounted
+            n.remove_state()
+        for name in [c for c in reversed(COMPONENTS) if c not in control]:
+            stop(name)
+        if nodes:
+            node_mod.host_routes_down()
+            node_mod.kubelet_chains_cleanup()
         if not quiet or stopped:
-            log(f"Stopped control plane components={','.join(stopped) or 'none'} "
-                f"killed={','.join(killed) or 'none'} seconds={time.monotonic() - t0:.1f}")
+            log(f"Stopped cluster components={','.join(stopped) or 'none'} killed={','.join(killed) or 'none'} "
+                f"swept={swept} seconds={time.monotonic() - t0:.1f}")
         self.pids_file.unlink(missing_ok=True)
         self.state_file.unlink(missing_ok=True)
         # A fresh etcd on every start: tests never see objects from an earlier run.
         subprocess.run(["rm", "-rf", str(self.dir / "etcd")], check=False)  # noqa: S603,S607
+
+    def _bin_dir_or_none(self, name: str) -> Path | None:
+        try:
+            return self.binaries()[name]
+        except (FileNotFoundError, subprocess.CalledProcessError):
+            return None
 
     def stop_components(self, components: tuple[str, ...] = ("etcd", "kube-apiserver"), hard: bool = False) -> float:
         """Stops control-plane components for a restart (`start_components`); returns the seconds it took.
@@ -553,33 +708,6 @@ class LocalCluster:
         self.start_components(components)
         return time.monotonic() - t0
 
-    def start_node_agent(
-        self, nodes: list[str], gpus: int, extra: list[str] | None = None, name: str = "nodeagent"
-    ) -> subprocess.Popen[bytes]:
-        """Starts `python -m e2e.nodeagent` in the background for `nodes`, recorded in the pids file as `name`.
-
-        A stale agent recorded under the same name (e.g. left by a killed test session) is stopped
-        first, so two agents never drive the same node. `down` stops it before the control plane.
-        """
-        self.stop_component(name)
-        args = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(self.kubeconfig), "--gpus", str(gpus),
-                "--state-dir", str(agent_state_dir(self.dir, name))]
-        for n in nodes:
-            args += ["--node", n]
-        args += extra or []
-        self.logs.mkdir(parents=True, exist_ok=True)
-        logf = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115
-        proc = subprocess.Popen(  # noqa: S603
-            args, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-            start_new_session=True,
-        )
-        logf.close()
-        pids = self.read_pids()
-        pids[name] = proc.pid
-        self._write_pids(pids)
-        log(f"Started {name} pid={proc.pid} nodes={','.join(nodes)} gpus={gpus}")
-        return proc
-
     def stop_component(self, name: str, grace: float = 60.0) -> None:
         """SIGTERM one recorded process (SIGKILL after `grace`) and drop it from the pids file."""
         pids = self.read_pids()
@@ -624,16 +752,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down", "restart", "status"])
     parser.add_argument("--root", default=str(REPO_ROOT), help="directory holding .cluster/ (default: repo root)")
-    parser.add_argument("--timeout", type=float, default=120.0)
-    parser.add_argument("--gpu-node", action="append", default=[], help="also start a node agent for this node")
-    parser.add_argument("--gpus", type=int, default=4, help="GPUs per node for --gpu-node")
+    parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--node", action="append", default=[],
+                        help=f"a node to start (repeatable; default: {', '.join(DEFAULT_NODES)})")
+    parser.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="fake GPUs per node")
+    parser.add_argument("--no-kube-proxy", action="store_true", help="no kube-proxy (another cluster runs one)")
     args = parser.parse_args(argv)
-    cluster = LocalCluster(Path(args.root))
+    cluster = LocalCluster(Path(args.root), nodes=tuple(args.node) or DEFAULT_NODES, gpus=args.gpus,
+                           kube_proxy=not args.no_kube_proxy)
     if args.command == "up":
-        was_healthy = cluster.healthy()
         cluster.up(timeout=args.timeout)
-        if args.gpu_node and not (was_healthy and "nodeagent" in cluster.running()):
-            cluster.start_node_agent(args.gpu_node, args.gpus)
         return 0
     if args.command == "down":
         cluster.down()

@@ -1,12 +1,12 @@
-"""pytest fixtures for tests against the local control plane and the GPU node agent.
+"""pytest fixtures for tests against the local cluster: a real control plane and real nodes.
 
 Owns the session's cluster (an existing reachable `KUBECONFIG` - another root's `LocalCluster`
-keeps its logs and agent state under that root - or `LocalCluster` started here and stopped at
-the end only if this session started it), the node agent (one node `gpu-node-1`
-with 4 GPUs, run as a subprocess, or the one `python -m e2e.cluster up --gpu-node` started), a
-fresh namespace per test, `isolated_cluster` (a control plane, node agent and operator of a test's
-own, for tests that disrupt the control plane), and the diagnostics attached to a failed test's
-report (plus the operator's log when the test used the `operator` fixture from
+keeps its logs under that root - or `LocalCluster` started here with two real nodes, containerd +
+kubelet + the fake-GPU device plugin each, and kube-proxy, stopped at the end only if this session
+started it), `nodes` (what tests read from the nodes: container logs through the API server, host
+pids through containerd), a fresh namespace per test, `isolated_cluster` (a control plane, a node and
+an operator of a test's own, for tests that disrupt the control plane), and the diagnostics attached
+to a failed test's report (plus the operator's log when the test used the `operator` fixture from
 `operator_fixtures.py` or `isolated_cluster`).
 """
 
@@ -15,9 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,10 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import REPO_ROOT, LocalCluster, agent_state_dir
+from e2e.cluster import REPO_ROOT, LocalCluster
 from e2e.kube import ApiError, Kube, condition, wait_for
+from e2e.node import Node
 from e2e.operator_fixtures import (  # noqa: F401 - fixture
     OPERATOR_NAMESPACE_PREFIX,
+    SESSION_LABEL,
     OperatorHandle,
     operator,
     start_operator,
@@ -37,7 +36,6 @@ from e2e.operator_fixtures import (  # noqa: F401 - fixture
 from e2e.testing import diagnostics
 
 GPU_NODE = "gpu-node-1"
-GPU_COUNT = 8
 
 
 @dataclass
@@ -48,21 +46,38 @@ class ClusterHandle:
 
 
 @dataclass
-class NodeAgentHandle:
-    node: str
-    gpus: int
-    state_dir: Path
-    log_path: Path | None
-    process: subprocess.Popen[bytes] | None
+class NodesHandle:
+    """The cluster's GPU nodes as tests see them: names, GPU counts, and what runs on them.
 
-    def pod_dir(self, uid: str) -> Path:
-        return self.state_dir / "pods" / uid
+    Container logs come through the API server (`kubectl logs`' path: API server -> kubelet), so
+    they work on any cluster; host pids need our own nodes (containerd's task list).
+    """
 
-    def container_log(self, pod: dict, container: str) -> Path:
-        return self.pod_dir(pod["metadata"]["uid"]) / "logs" / f"{container}.log"
+    kube: Kube
+    local: LocalCluster | None
+    names: list[str]
+    gpus: dict[str, int]
+
+    @property
+    def node(self) -> str:
+        return self.names[0]
+
+    def real(self, name: str) -> Node:
+        if self.local is None:
+            pytest.skip("needs this project's own local cluster (host access to the node's containerd)")
+        return self.local.node(name)
+
+    def of(self, pod: dict) -> Node:
+        return self.real(pod["spec"]["nodeName"])
+
+    def container_log(self, pod: dict, container: str, previous: bool = False) -> str:
+        md = pod["metadata"]
+        path = f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/log"
+        query = f"?container={container}" + ("&previous=true" if previous else "")
+        return self.kube.request_text("GET", path + query)
 
     def container_pid(self, pod: dict, container: str) -> int:
-        return int((self.pod_dir(pod["metadata"]["uid"]) / "run" / f"{container}.pid").read_text())
+        return self.of(pod).container_pid(pod, container)
 
 
 def _reachable(kubeconfig: str) -> bool:
@@ -121,41 +136,14 @@ def _node_ready(kube: Kube, name: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def node_agent(cluster: ClusterHandle, kube: Kube) -> Iterator[NodeAgentHandle]:
-    local = cluster.local
-    if local is not None and "nodeagent" in local.running():  # started by `e2e.cluster up --gpu-node`
-        wait_for(f"node {GPU_NODE} Ready", lambda: _node_ready(kube, GPU_NODE), 60)
-        gpus = int(kube.get("Node", GPU_NODE)["status"]["capacity"].get("nvidia.com/gpu", "0"))  # as it was started
-        yield NodeAgentHandle(GPU_NODE, gpus, agent_state_dir(local.dir, "nodeagent"), local.logs / "nodeagent.log", None)
-        return
-    if local is not None:
-        # Recorded in .cluster/pids: a session killed hard leaves no agent that `make cluster-down` misses.
-        name = "nodeagent-pytest"
-        proc = local.start_node_agent([GPU_NODE], GPU_COUNT, ["--crash-backoff", "1"], name=name)
-        state_dir, log_path = agent_state_dir(local.dir, name), local.logs / f"{name}.log"
-    else:
-        state_dir = agent_state_dir(REPO_ROOT / ".cluster", "nodeagent-pytest")
-        log_path = REPO_ROOT / ".cluster" / "logs" / "nodeagent-pytest.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(cluster.kubeconfig), "--node", GPU_NODE,
-                "--gpus", str(GPU_COUNT), "--state-dir", str(state_dir), "--crash-backoff", "1"]
-        with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, cwd=REPO_ROOT,  # noqa: S603
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_for(f"node {GPU_NODE} Ready", lambda: proc.poll() is None and _node_ready(kube, GPU_NODE), 60)
-        assert proc.poll() is None, f"node agent exited with {proc.returncode}; see {log_path}"
-        yield NodeAgentHandle(GPU_NODE, GPU_COUNT, state_dir, log_path, proc)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if local is not None:
-            local.stop_component("nodeagent-pytest")
+def nodes(cluster: ClusterHandle, kube: Kube) -> NodesHandle:
+    """The GPU nodes (`nvidia.com/gpu.present=true`), each Ready."""
+    names = sorted(n["metadata"]["name"] for n in kube.items("Node", label_selector={"nvidia.com/gpu.present": "true"}))
+    assert names, "the cluster has no GPU node (label nvidia.com/gpu.present=true)"
+    for name in names:
+        wait_for(f"node {name} Ready", lambda name=name: _node_ready(kube, name), 120)
+    gpus = {n: int(kube.get("Node", n)["status"]["allocatable"].get("nvidia.com/gpu", "0")) for n in names}
+    return NodesHandle(kube, cluster.local, names, gpus)
 
 
 def _namespace_name(request: pytest.FixtureRequest, for_operator: bool) -> str:
@@ -166,8 +154,10 @@ def _namespace_name(request: pytest.FixtureRequest, for_operator: bool) -> str:
 
 
 def _create_namespace(kube: Kube, name: str) -> None:
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name,
-                                                                       "labels": {"e2e.triton-operator.io/test": "true"}}})
+    labels = {"e2e.triton-operator.io/test": "true"}
+    if name.startswith(OPERATOR_NAMESPACE_PREFIX):  # reviewed by the session operator's webhook
+        labels[SESSION_LABEL[0]] = SESSION_LABEL[1]
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
     wait_for(f"default ServiceAccount in {name}", lambda: kube.get_or_none("ServiceAccount", "default", name), 30)
 
 
@@ -181,17 +171,17 @@ def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
         kube.request("DELETE", f"/api/v1/namespaces/{name}/pods", {"kind": "DeleteOptions", "apiVersion": "v1"})
     with contextlib.suppress(ApiError):
         kube.delete("Namespace", name)
-    # Pods stop through the node agent (SIGTERM, grace period): wait so no process outlives its test.
+    # Pods stop through their kubelet (preStop, SIGTERM, grace period): wait so no process outlives its test.
     wait_for(f"pods in {name} to be gone", lambda: not kube.items("Pod", name), 120)
 
 
 @dataclass
 class IsolatedCluster:
-    """A control plane of one test's own, with its node agent, its operator and a namespace the operator watches."""
+    """A control plane of one test's own, with one real node, its operator and a namespace the operator watches."""
 
     local: LocalCluster
     kube: Kube
-    node_agent: NodeAgentHandle
+    nodes: NodesHandle
     operator: OperatorHandle
     namespace: str
 
@@ -202,30 +192,27 @@ ISOLATED_ROOT = REPO_ROOT / ".cluster" / "isolated"
 
 @pytest.fixture
 def isolated_cluster(request: pytest.FixtureRequest) -> Iterator[IsolatedCluster]:
-    """A fresh control plane (own ports, certificates, etcd data and logs under `ISOLATED_ROOT`), a node agent
-    (`gpu-node-1`, 8 GPUs) and an operator for one test that disrupts them; everything is stopped afterwards.
+    """A fresh control plane (own ports, certificates, etcd data and logs under `ISOLATED_ROOT`), one real node
+    (`gpu-node-1`, 4 GPUs, its own subnet, bridge and cgroups; no kube-proxy: the session's owns the host's
+    iptables) and a host-process operator for one test that disrupts them; everything is stopped afterwards.
 
-    The session's cluster, node agent and operator are not touched: other tests never see the disruption.
+    The session's cluster and operator are not touched: other tests never see the disruption.
     """
-    local = LocalCluster(ISOLATED_ROOT)
+    local = LocalCluster(ISOLATED_ROOT, nodes=(GPU_NODE,), kube_proxy=False)
     local.down(quiet=True)  # whatever a killed session left, and its etcd data
     kubeconfig = local.up()
     try:
         kube = Kube(kubeconfig)
-        name = "nodeagent-pytest"
-        proc = local.start_node_agent([GPU_NODE], GPU_COUNT, ["--crash-backoff", "1"], name=name)
-        log_path = local.logs / f"{name}.log"
-        wait_for(f"node {GPU_NODE} Ready", lambda: proc.poll() is None and _node_ready(kube, GPU_NODE), 60)
-        agent = NodeAgentHandle(GPU_NODE, GPU_COUNT, agent_state_dir(local.dir, name), log_path, proc)
+        handle = NodesHandle(kube, local, [GPU_NODE], {GPU_NODE: local.gpus})
         op = start_operator(kubeconfig, kube, local.logs)
         try:
             ns = _namespace_name(request, for_operator=True)
             _create_namespace(kube, ns)
-            yield IsolatedCluster(local, kube, agent, op, ns)
+            yield IsolatedCluster(local, kube, handle, op, ns)
         finally:
             op.stop()
     finally:
-        local.down()  # the node agent first (it stops its pods), then the control plane; wipes etcd data
+        local.down()  # the kubelet, every container and the node's host state, then the control plane
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -237,15 +224,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     funcargs = getattr(item, "funcargs", {})
     iso: IsolatedCluster | None = funcargs.get("isolated_cluster")
     if iso is not None:
-        kube, ns, agent, logs, op = iso.kube, iso.namespace, iso.node_agent, iso.local.logs, iso.operator
+        kube, ns, logs, op = iso.kube, iso.namespace, iso.local.logs, iso.operator
     else:
         kube = funcargs.get("kube")
         ns = funcargs.get("namespace")
-        agent = funcargs.get("node_agent")
         cluster = funcargs.get("cluster")
         logs = cluster.logs if cluster is not None else REPO_ROOT / ".cluster" / "logs"
         op = funcargs.get("operator")
-    text = diagnostics(kube, ns, agent.state_dir if agent else None, logs)
+    text = diagnostics(kube, ns, logs)
     report.sections.append(("cluster diagnostics", text))
     if op is not None:
         report.sections.append(("operator log", op.log_tail(ns)))

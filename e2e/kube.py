@@ -123,6 +123,15 @@ class Kube:
             raise ApiError(resp.status, payload, method, path)
         return payload
 
+    def request_text(self, method: str, path: str, timeout: float | None = None) -> str:
+        """A plain-text answer (a container log through `pods/log`), never parsed as JSON."""
+        resp = self._http.request(method, self.host + path, headers={"Accept": "*/*", **{
+            k: v for k, v in self._headers().items() if k != "Accept"}}, timeout=timeout or self.timeout)
+        text = resp.data.decode(errors="replace") if resp.data else ""
+        if resp.status >= 400:
+            raise ApiError(resp.status, text, method, path)
+        return text
+
     @staticmethod
     def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
         prefix, plural, namespaced = RESOURCES[kind]

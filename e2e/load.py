@@ -1,11 +1,13 @@
-"""Client load through a Service, the way a client behind kube-proxy sees it: `ServiceLoad`.
+"""Client load through a Service: `ServiceLoad`.
 
-There is no kube-proxy here (ClusterIPs route nowhere), so the load does its job: one thread
-lists the Service's EndpointSlices every `refresh` seconds and keeps the ready endpoints (an
-endpoint whose `conditions.ready` is unset counts as ready, as kube-proxy reads it; terminating
-endpoints are not ready), and each request goes to one of them picked at random, on a new TCP
-connection - as kube-proxy balances connections, not requests. Several threads send add-sub
-inferences over HTTP (`/v2/models/<m>/infer`, JSON) continuously, each at most `rate` per second.
+By default (`via="cluster-ip"`) every request goes to the Service's ClusterIP on a new TCP connection,
+and kube-proxy on this machine picks the replica, exactly as for a client in the cluster. For tests
+that need per-replica figures, `via="endpoints"` does kube-proxy's job in the client instead: the
+ready endpoints of the Service's EndpointSlices (an endpoint whose `conditions.ready` is unset counts
+as ready, as kube-proxy reads it; terminating endpoints are not ready), one picked at random per
+request. Either way one thread re-reads the EndpointSlices every `refresh` seconds and records every
+distinct ready set, and several threads send add-sub inferences over HTTP (`/v2/models/<m>/infer`,
+JSON) continuously, each at most `rate` per second.
 
 Every request sent is counted, and so is every failure: a refused or reset connection, a
 timeout, a non-200 answer, a wrong result, or no ready endpoint at all (what kube-proxy would
@@ -58,8 +60,12 @@ class ServiceLoad:
 
     def __init__(self, kubeconfig: Path, namespace: str, service: str, model: str = "add-sub", *,
                  threads: int = 4, rate: float = 40.0, refresh: float = 0.1, port: str = "http",
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, via: str = "cluster-ip") -> None:
+        if via not in ("cluster-ip", "endpoints"):
+            raise ValueError(f"via: cluster-ip or endpoints, not {via!r}")
         self.kube = Kube(kubeconfig, timeout=5)
+        self.via = via
+        self._cluster_ip: tuple[str, int] | None = None
         self.namespace, self.service, self.model, self.port = namespace, service, model, port
         self.threads, self.rate, self.refresh, self.timeout = threads, rate, refresh, timeout
         self._ready: tuple[tuple[str, int], ...] = ()
@@ -78,6 +84,10 @@ class ServiceLoad:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> ServiceLoad:
+        if self.via == "cluster-ip":
+            svc = self.kube.get("Service", self.service, self.namespace)["spec"]
+            port = next(p["port"] for p in svc["ports"] if p.get("name") == self.port)
+            self._cluster_ip = (svc["clusterIP"], int(port))
         self._refresh_once()
         self._started = time.monotonic()
         refresher = threading.Thread(target=self._refresh_loop, name="load-endpoints", daemon=True)
@@ -152,7 +162,7 @@ class ServiceLoad:
             b = [10.0, 20.0, float(index * 7), 0.5]
             with self._lock:
                 endpoints = self._ready
-            target = rng.choice(endpoints) if endpoints else None
+            target = self._cluster_ip or (rng.choice(endpoints) if endpoints else None)
             error = self._infer(target, a, b) if target else f"no ready endpoint in Service {self.service}'s EndpointSlices"
             with self._lock:
                 self._sent += 1

@@ -1,17 +1,21 @@
-"""The operator under test: a session fixture that installs the CRD and runs `triton-operator run`.
+"""The operator under test: the chart installed with `helm`, or `triton-operator run` as a host process.
 
-Owns the operator subprocess of a test session (one per session, shared by every test: each
-test works in its own namespace), its log file, its metrics (`OperatorHandle.writes()` sums
-`triton_operator_api_writes_total`), `kubectl` for tests that act as a user would, and the
-TritonModel vocabulary tests are written in (`model_condition`, `wait_model`, `load_examples`).
-Measurements tests take (latencies, counts) are collected with `record()` and printed at the
-end of the session.
+Owns the session's operator (`ChartOperator`: `helm upgrade --install charts/triton-operator`, the
+operator running in-cluster from the image built from our Dockerfile, under the chart's
+ServiceAccount; shared by every test, each in its own `op-*` namespace), the host-process operator
+(`OperatorHandle`, kept for tests that need their own control plane or a second operator), their
+logs and metrics (`writes()` sums `triton_operator_api_writes_total`), `kubectl` and `helm` for
+tests that act as a user would, and the TritonModel vocabulary tests are written in
+(`model_condition`, `wait_model`, `load_examples`). Measurements tests take (latencies, counts) are
+collected with `record()` and printed at the end of the session.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import signal
 import subprocess
 import time
@@ -37,10 +41,15 @@ CRD = REPO_ROOT / "crds" / "tritonmodels.yaml"
 EXAMPLES = REPO_ROOT / "examples"
 KUBECTL = REPO_ROOT / ".venv" / "bin" / "kubectl"
 OPERATOR = REPO_ROOT / ".venv" / "bin" / "triton-operator"
+CHART = REPO_ROOT / "charts" / "triton-operator"
 DRIFT_INTERVAL = 5.0
 #: The session operator watches only namespaces named so (the `namespace` fixture of a test that uses
 #: `operator`): on a shared cluster it leaves alone every other test's TritonModels and operators.
 OPERATOR_NAMESPACE_PREFIX = "op-"
+#: ... and its webhook reviews only namespaces labelled so (the same `namespace` fixture sets it).
+SESSION_LABEL = ("e2e.triton-operator.io/operator", "session")
+#: The session's release: `helm -n triton-system ... trop`.
+RELEASE, RELEASE_NAMESPACE = "trop", "triton-system"
 
 # The e2e client speaks plain paths per kind; teach it the kinds the operator reads and writes.
 RESOURCES.setdefault("TritonModel", (f"/apis/{GROUP}/{VERSION}", "tritonmodels", True))
@@ -85,6 +94,22 @@ def as_stream(docs: list[dict]) -> str:
 # -- the operator process --------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
+def helm_binary() -> str:
+    """helm, built from its Go module by the toolchain script (cached by pins)."""
+    proc = subprocess.run(["bash", str(REPO_ROOT / "e2e" / "toolchain" / "build.sh")],  # noqa: S603,S607
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=3600)
+    assert proc.returncode == 0, f"e2e/toolchain/build.sh failed:\n{proc.stderr[-3000:]}"
+    return str(Path(proc.stdout.strip().splitlines()[-1]) / "helm")
+
+
+def helm(kubeconfig: Path, *args: str, timeout: float = 300) -> str:
+    proc = subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), *args],  # noqa: S603
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
+    assert proc.returncode == 0, f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
 @dataclass
 class OperatorHandle:
     argv: list[str]
@@ -93,6 +118,14 @@ class OperatorHandle:
     metrics_url: str
     liveness_url: str
     drift_interval: float
+
+    @property
+    def webhook_configuration(self) -> str:
+        return self.argv[self.argv.index("--webhook-configuration") + 1]
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.log_path.parent
 
     def start(self) -> None:
         offset = self.log_size()
@@ -226,14 +259,150 @@ def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f
     return handle
 
 
-@pytest.fixture(scope="session")
-def operator(cluster: Any, kubeconfig: Path, kube: Kube, node_agent: Any) -> Iterator[OperatorHandle]:
-    """The CRD, applied server-side, and one `triton-operator run` for the whole session.
+class ChartOperator(OperatorHandle):
+    """The operator as users run it: installed by `helm` from charts/triton-operator, one pod running the
+    image built from our Dockerfile as 65532 with a read-only root filesystem, under the chart's ServiceAccount.
 
-    Depends on `node_agent` so that it stops first: tests' namespaces are gone by then, and no
-    replica is left whose gate nobody tends.
+    Same vocabulary as the host-process `OperatorHandle`: `kill()` SIGKILLs the operator's container (its
+    main process on the node; the kubelet restarts it), `start()` waits for the container that follows,
+    `freeze()`/`thaw()` stop and continue it, logs come through the API server, metrics from the pod.
     """
-    handle = start_operator(kubeconfig, kube, cluster.logs or REPO_ROOT / ".cluster" / "logs")
+
+    def __init__(self, kubeconfig: Path, kube: Kube, logs: Path, pid_of: Callable[[dict], int],
+                 values: list[str]) -> None:
+        super().__init__([], None, logs / "operator-pytest.log", "", "", DRIFT_INTERVAL)
+        self.kubeconfig, self.kube, self.pid_of, self.values = kubeconfig, kube, pid_of, values
+        self.fullname = f"{RELEASE}-triton-operator"
+        self._restarts = -1
+
+    @property
+    def webhook_configuration(self) -> str:
+        return self.fullname
+
+    def install(self) -> None:
+        helm(self.kubeconfig, "upgrade", "--install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
+             "--create-namespace", *self.values)
+        self.start()
+
+    def pod(self) -> dict | None:
+        pods = self.kube.items("Pod", RELEASE_NAMESPACE,
+                               label_selector={"app.kubernetes.io/instance": RELEASE})
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return live[0] if live else None
+
+    def _container(self) -> dict:
+        pod = self.pod()
+        for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+            if cs["name"] == "operator":
+                return cs
+        return {}
+
+    @property
+    def metrics_url(self) -> str:  # type: ignore[override]
+        pod = self.pod()
+        return f"http://{(pod or {}).get('status', {}).get('podIP')}:8081/metrics"
+
+    @metrics_url.setter
+    def metrics_url(self, _: str) -> None:
+        pass
+
+    def alive(self) -> bool:
+        return "running" in (self._container().get("state") or {})
+
+    def start(self) -> None:
+        """Waits for the next operator container (after `kill`, or the first): running, live, its webhook CA
+        published. The kubelet does the restarting."""
+        before = self._restarts
+
+        def up() -> bool:
+            cs = self._container()
+            return (cs.get("restartCount", 0) > before and cs.get("ready") is True
+                    and "Published the webhook CA" in self.log_since())
+
+        wait_for("the operator's container running, ready and its webhook CA published", up, 180)
+        self._restarts = self._container().get("restartCount", 0)
+
+    def stop(self) -> None:
+        """`helm uninstall`: the chart's objects go, and the operator pod stops through its kubelet."""
+        with contextlib.suppress(AssertionError):
+            helm(self.kubeconfig, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
+
+    def kill(self) -> int:
+        pod = self.pod()
+        assert pod is not None and self.alive(), "the operator is not running"
+        pid = self.pid_of(pod)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def freeze(self) -> None:
+        pod = self.pod()
+        assert pod is not None and self.alive(), "the operator is not running"
+        os.kill(self.pid_of(pod), signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        pod = self.pod()
+        if pod is not None and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid_of(pod), signal.SIGCONT)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def log_since(self, offset: int = 0) -> str:
+        pod = self.pod()
+        if pod is None:
+            return ""
+        md = pod["metadata"]
+        try:
+            text = self.kube.request_text(
+                "GET", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}/log?container=operator", timeout=15)
+        except Exception:  # noqa: BLE001 - a container that is not up yet has no log
+            return ""
+        return text[offset:]
+
+    def log_size(self) -> int:
+        return len(self.log_since())
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.log_path.parent
+
+    def log_tail(self, namespace: str | None, lines: int = 60) -> str:
+        text = self.log_since().splitlines()
+        mine = [ln for ln in text if namespace and (f"namespace={namespace} " in ln or f"{namespace}/" in ln)]
+        return "\n".join(
+            [f"(operator pod {((self.pod() or {}).get('metadata') or {}).get('name')}, "
+             f"{'running' if self.alive() else 'not running'}; helm release {RELEASE_NAMESPACE}/{RELEASE})",
+             f"-- lines about namespace {namespace} (last {lines}):", *mine[-lines:],
+             f"-- last {lines // 2} lines:", *text[-(lines // 2):]]
+        )
+
+
+def session_values() -> list[str]:
+    """The chart values of the session's operator: serve `op-*` namespaces (cluster-wide RBAC), review only the
+    namespaces labelled for the session, a 5 s drift interval for quick tests."""
+    key, value = SESSION_LABEL
+    return ["--set", f"watch.namespacePattern={OPERATOR_NAMESPACE_PREFIX}*",
+            "--set", f"operator.driftInterval={int(DRIFT_INTERVAL)}",
+            "--set-string", f"webhook.namespaceSelector.matchLabels.{key.replace('.', chr(92) + '.')}={value}"]
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Any, kubeconfig: Path, kube: Kube, nodes: Any) -> Iterator[OperatorHandle]:
+    """The chart, installed once for the whole session; uninstalled at the end.
+
+    Depends on `nodes` so that the operator pod has somewhere to run; tests' namespaces are gone by
+    the time it is uninstalled, so no replica is left whose gate nobody tends.
+    """
+    handle = ChartOperator(kubeconfig, kube, cluster.logs or REPO_ROOT / ".cluster" / "logs",
+                           lambda pod: nodes.container_pid(pod, "operator"), session_values())
+    try:
+        handle.install()
+    except BaseException:
+        print(handle.log_tail(None))
+        handle.stop()
+        raise
     try:
         yield handle
     finally:

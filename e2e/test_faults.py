@@ -366,7 +366,7 @@ def test_namespaces_created_while_the_operator_starts_are_all_served(
     Every one must be served, including any created between those two LISTs: kopf drops the watch's initial
     listing, so nothing but the operator's own periodic namespace check finds them."""
     prefix = f"opstart-{uuid.uuid4().hex[:5]}"
-    logs = operator.log_path.parent  # beside the session operator's log
+    logs = operator.logs_dir  # beside the session operator's log
     log_path = logs / "operator-startup.log"
     log_path.unlink(missing_ok=True)
     created: list[str] = []
@@ -454,7 +454,8 @@ def test_control_plane_restart_mid_run_converges_and_the_operator_survives(
     create_all(kube, ns, [fleet.add(zero_model(name), Want("zero")) for name in second])
     for name in first[:5]:
         update_queue_delay(kube, fleet, name)
-    pid, agent_pid = op.process.pid, iso.node_agent.process.pid
+    kubelet = f"{iso.nodes.node}/kubelet"
+    pid, kubelet_pid = op.process.pid, iso.local.running()[kubelet]
     g = gate(kube.get("Pod", pod["metadata"]["name"], ns))
     warming_at_crash = f"gate {g.get('status', 'unset')} {g.get('reason', '')}".strip()
 
@@ -468,7 +469,7 @@ def test_control_plane_restart_mid_run_converges_and_the_operator_survives(
     try:
         iso.local.start_components(("etcd", "kube-apiserver"))
         back = time.monotonic()
-        assert set(iso.local.running()) == {*COMPONENTS, "nodeagent-pytest"}, iso.local.read_pids()
+        assert set(COMPONENTS) | {kubelet} <= set(iso.local.running()), iso.local.read_pids()
         for name in first[5:10]:  # their children go too (garbage collector)
             delete_model(kube, fleet, name)
         retrying("delete Deployment zero-a10", lambda: kube.delete("Deployment", "zero-a10", ns))  # drift
@@ -488,7 +489,7 @@ def test_control_plane_restart_mid_run_converges_and_the_operator_survives(
     took = fleet.wait_converged(kube, timeout=300)
     since_back = time.monotonic() - back
     assert op.alive() and op.process.pid == pid, "the operator process exited during the control-plane restart"
-    assert iso.node_agent.process.poll() is None and iso.node_agent.process.pid == agent_pid, "the node agent exited"
+    assert iso.local.running().get(kubelet) == kubelet_pid, "the kubelet exited during the control-plane restart"
     record("control-plane restart: restarted", f"etcd + kube-apiserver, SIGKILL, back after {back - crashed:.1f}s "
            f"(3 s down); warmup replica at the crash: {warming_at_crash}")
     record("control-plane restart: converged after the API server was back", f"{since_back:.1f}s "
@@ -503,13 +504,13 @@ def test_control_plane_restart_mid_run_converges_and_the_operator_survives(
 
 
 def test_killed_tritonserver_drops_gate_and_endpoint_within_a_second_until_warm_again(
-        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, node_agent: Any) -> None:
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any) -> None:
     apply(kubeconfig, namespace, add_sub())
     wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 120)
     pod = one_ready_pod(kube, namespace, "add-sub")
     name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
     wait_for("the replica's endpoint ready", lambda: endpoint_ready(kube, namespace, "add-sub", ip), 30)
-    pid = node_agent.container_pid(pod, "tritonserver")
+    pid = nodes.container_pid(pod, "tritonserver")
     assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"tritonserver")
 
     killed = time.monotonic()
@@ -541,6 +542,6 @@ def test_killed_tritonserver_drops_gate_and_endpoint_within_a_second_until_warm_
         "restarted and warmed again", 90)
     record("crash: kill -> warmed again", f"{time.monotonic() - killed:.1f}s")
     wait_for("the replica's endpoint ready again", lambda: endpoint_ready(kube, namespace, "add-sub", ip), 30)
-    assert node_agent.container_pid(pod, "tritonserver") != pid
+    assert nodes.container_pid(pod, "tritonserver") != pid
     np.testing.assert_allclose(infer_add_sub(ip), [[11, 22, 33, 44]])
     wait_model(kube, namespace, "add-sub", is_model_ready, "Ready again", 30)

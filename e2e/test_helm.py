@@ -174,7 +174,7 @@ def is_model_ready(tm: dict[str, Any]) -> bool:
 
 
 def test_namespaced_install_reconciles_add_sub_under_the_chart_service_account(
-    kubeconfig: Path, kube: Kube, node_agent: Any, namespace: str, tmp_path: Path,
+    kubeconfig: Path, kube: Kube, nodes: Any, namespace: str, tmp_path: Path,
 ) -> None:
     doc = next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d)
     name = doc["metadata"]["name"]
@@ -208,7 +208,7 @@ def test_namespaced_install_reconciles_add_sub_under_the_chart_service_account(
             assert seen.get(f"triton_operator_api_writes_total{{kind={kind},verb={verb}}}", 0) >= 1, (kind, verb)
         assert not [k for k, v in seen.items() if k.startswith("triton_operator_reconcile_errors_total") and v], seen
         # ... and was refused nothing it needs.
-        log = node_agent.container_log(pod, "operator").read_text()
+        log = nodes.container_log(pod, "operator")
         refused = [ln for ln in log.splitlines() if "Forbidden" in ln and not OPTIONAL_FORBIDDEN.search(ln)]
         assert not refused, "\n".join(refused[:10])
         # TRITON_OPERATOR_IMAGE: the fetch init container runs the chart's image.

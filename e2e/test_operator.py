@@ -288,7 +288,7 @@ def test_delete_garbage_collects_every_child(kube: Kube, kubeconfig: Path, names
 
 
 def test_warming_replica_stays_out_of_the_service_until_warm(
-        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, node_agent) -> None:
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes) -> None:
     lazy = 4.0
     doc = load_examples("warmup")[0]
     doc["spec"]["parameters"]["lazyInitSeconds"] = str(lazy)
@@ -356,7 +356,7 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
     g = gate(kube.get("Pod", name, namespace))
     tm = wait_model(kube, namespace, "warmup", is_model_ready, "Ready", 30)
     # The same latency from the logs: Triton's "successfully loaded" -> the operator's gate patch.
-    loaded = _seconds_of_day(node_agent.container_log(pod, "tritonserver").read_text(), "successfully loaded 'warmup'")
+    loaded = _seconds_of_day(nodes.container_log(pod, "tritonserver"), "successfully loaded 'warmup'")
     gated = _seconds_of_day(operator.log_since(), f"Set readiness gate pod={namespace}/{name} status=True")
     if loaded is not None and gated is not None:
         record("warm-up: Triton 'successfully loaded' -> gate patched (logs)", f"{gated - loaded:.3f}s")

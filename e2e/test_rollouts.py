@@ -1,8 +1,8 @@
 """Changes to a serving model under client load: zero downtime, and a bad update that must not hurt.
 
-Clients reach the model's Service the way they would through kube-proxy (`e2e.load.ServiceLoad`:
-ready endpoints from the EndpointSlices, refreshed every 100 ms, a new connection per request,
-no retries), and every request they send is counted. A rollout, a scale down, a scale up, a bad
+Clients reach the model through its Service's ClusterIP and kube-proxy (`e2e.load.ServiceLoad`: a
+new connection per request, no retries), and every request they send is counted; which replicas
+answered comes from each replica's own Triton statistics. A rollout, a scale down, a scale up, a bad
 update that cannot load and its revert must each lose no request. Same session operator and
 per-test namespaces as `test_operator.py`.
 """
@@ -10,12 +10,13 @@ per-test namespaces as `test_operator.py`.
 from __future__ import annotations
 
 import copy
-import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad, Tally
@@ -50,44 +51,30 @@ def _two_ready_replicas(kube: Kube, kubeconfig: Path, namespace: str, doc: dict)
     return tm
 
 
-def _answered_by_all(load: ServiceLoad, since: Tally, kube: Kube, namespace: str, at_least: int = 20) -> bool:
-    """Every live replica has answered `at_least` requests of the load since `since`."""
-    done = load.tally() - since
-    ips = [p["status"].get("podIP") for p in live_pods(kube, namespace, "add-sub")]
-    return bool(ips) and all(done.by_address.get(ip, 0) >= at_least for ip in ips)
-
-
-def _pod_ips(kube: Kube, namespace: str) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["status"]["podIP"] for p in live_pods(kube, namespace, "add-sub")}
-
-
-def _agent_time(text: str, needle: str) -> float | None:
-    """Wall-clock time of the first node-agent log line (klog format, local time) containing `needle`."""
-    for line in text.splitlines():
-        if needle in line:
-            m = re.match(r"^[IWEF](\d{4}) (\d\d:\d\d:\d\d)(\.\d+)", line)
-            if m:
-                t = time.strptime(f"{time.localtime().tm_year}{m.group(1)} {m.group(2)}", "%Y%m%d %H:%M:%S")
-                return time.mktime(t) + float(m.group(3))
-    return None
-
-
-def _answered_while_terminating(load: ServiceLoad, agent_log: Path | None, namespace: str,
-                                gone: dict[str, str]) -> str:
-    """Answers from replicas that had begun terminating (preStop running, no SIGTERM yet): without the
-    preStop sleep these requests would have met a closed port. From the node agent's log; a figure, not a check."""
-    if agent_log is None or not agent_log.exists():
-        return "n/a (no node agent log)"
-    text = agent_log.read_text(errors="replace")
-    counts = []
-    for name, ip in sorted(gone.items()):
-        began = _agent_time(text, f"Running preStop hook pod={namespace}/{name} container=tritonserver")
-        term = _agent_time(text, f"Killing container pod={namespace}/{name} container=tritonserver")
-        if began is None or term is None:
-            counts.append(f"{name}: no preStop/SIGTERM lines")
+def _served(kube: Kube, namespace: str) -> dict[str, int]:
+    """Successful inferences of add-sub per live replica (pod name), from each replica's own Triton statistics:
+    the load goes through the ClusterIP, so only the replicas know which of them answered."""
+    out = {}
+    for p in live_pods(kube, namespace, "add-sub"):
+        ip = p["status"].get("podIP")
+        if not ip:
             continue
-        counts.append(f"{load.answered_between(ip, began, term)} ({term - began:.1f}s preStop)")
-    return ", ".join(counts)
+        client = grpcclient.InferenceServerClient(f"{ip}:8001")
+        try:
+            stats = client.get_inference_statistics("add-sub", as_json=True)
+            out[p["metadata"]["name"]] = sum(int(m["inference_stats"]["success"].get("count", 0))
+                                             for m in stats.get("model_stats", []))
+        except InferenceServerException:
+            out[p["metadata"]["name"]] = 0  # not serving yet
+        finally:
+            client.close()
+    return out
+
+
+def _answered_by_all(since: dict[str, int], kube: Kube, namespace: str, at_least: int = 20) -> bool:
+    """Every live replica has answered `at_least` more requests (by its Triton statistics) than at `since`."""
+    now = _served(kube, namespace)
+    return bool(now) and all(n - since.get(name, 0) >= at_least for name, n in now.items())
 
 
 def _failures(load: ServiceLoad) -> str:
@@ -95,20 +82,20 @@ def _failures(load: ServiceLoad) -> str:
 
 
 def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
-        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, node_agent) -> None:
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes) -> None:
     tm = _two_ready_replicas(kube, kubeconfig, namespace, add_sub())
     phases: dict[str, Tally] = {}
     took: dict[str, float] = {}
-    gone: dict[str, dict[str, str]] = {}  # phase -> pods it deleted (name -> IP)
 
     with ServiceLoad(kubeconfig, namespace, "add-sub") as load:
-        start = load.tally()
-        wait_for("both replicas to answer the load", lambda: _answered_by_all(load, start, kube, namespace), 30)
+        served = _served(kube, namespace)
+        wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
 
         # A config change: replica by replica, a new warm pod joins before an old one leaves.
         old_digest = tm["status"]["configDigest"]
         old_pods = {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
-        pods, before, t0 = _pod_ips(kube, namespace), load.tally(), time.monotonic()
+        before, t0 = load.tally(), time.monotonic()
+        served = _served(kube, namespace)
         kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": 500}}}, namespace,
                    type="merge")
         tm = wait_model(kube, namespace, "add-sub",
@@ -117,36 +104,33 @@ def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
         new_digest = tm["status"]["configDigest"]
         wait_for("both replicas at the new config and every old one gone (terminated, not just terminating)",
                  lambda: rolled_out(kube, namespace, "add-sub", new_digest, 2), 120)
-        wait_for("both new replicas to answer the load", lambda: _answered_by_all(load, before, kube, namespace), 30)
+        wait_for("both new replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
         phases["rollout"], took["rollout"] = load.tally() - before, time.monotonic() - t0
-        gone["rollout"] = {n: ip for n, ip in pods.items() if n not in _pod_ips(kube, namespace)}
         assert not old_pods & {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
 
         # Scale down: one replica leaves the Service and is stopped while clients keep sending.
-        pods, before, t0 = _pod_ips(kube, namespace), load.tally(), time.monotonic()
+        before, t0 = load.tally(), time.monotonic()
+        served = _served(kube, namespace)
         kubectl(kubeconfig, "scale", "-n", namespace, "tritonmodel/add-sub", "--replicas=1")
         wait_for("one replica left and the other gone", lambda: (
             len(left := model_pods(kube, namespace, "add-sub")) == 1 and is_ready(left[0])), 120)
         wait_model(kube, namespace, "add-sub", is_model_ready, "Ready with 1 replica", 60)
-        wait_for("the remaining replica to answer the load", lambda: _answered_by_all(load, before, kube, namespace),
+        wait_for("the remaining replica to answer the load", lambda: _answered_by_all(served, kube, namespace),
                  30)
         phases["scale down"], took["scale down"] = load.tally() - before, time.monotonic() - t0
-        gone["scale down"] = {n: ip for n, ip in pods.items() if n not in _pod_ips(kube, namespace)}
 
         # Scale up: the new replica joins only once warm.
         before, t0 = load.tally(), time.monotonic()
+        served = _served(kube, namespace)
         kubectl(kubeconfig, "scale", "-n", namespace, "tritonmodel/add-sub", "--replicas=2")
         wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
                    "Ready with 2 warmed replicas", 180)
-        wait_for("both replicas to answer the load", lambda: _answered_by_all(load, before, kube, namespace), 30)
+        wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
         phases["scale up"], took["scale up"] = load.tally() - before, time.monotonic() - t0
         total = load.stop()
 
     for name, t in phases.items():
         record(f"zero downtime: {name}", f"{t.summary()}; phase took {took[name]:.1f}s")
-    for name, deleted in gone.items():
-        record(f"zero downtime: {name}: answered by replicas already terminating, per replica",
-               _answered_while_terminating(load, node_agent.log_path, namespace, deleted))
     record("zero downtime: whole test", f"{total.summary()}; ready sets seen: {len(load.ready_sets)}; "
            f"endpoint refreshes {load.refreshes}, refresh errors {len(load.refresh_errors)}")
     assert total.failed == 0, f"{total.failed} of {total.sent} requests failed; {_failures(load)}"
@@ -235,12 +219,13 @@ def test_bad_update_stalls_the_rollout_while_old_replicas_serve_and_a_revert_rec
     phases: dict[str, Tally] = {}
 
     with ServiceLoad(kubeconfig, namespace, "add-sub") as load:
-        start = load.tally()
-        wait_for("both replicas to answer the load", lambda: _answered_by_all(load, start, kube, namespace), 30)
+        served = _served(kube, namespace)
+        wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
         watcher = StallWatcher(kubeconfig, namespace, old, old_rs)
         watcher.start()
         try:
             before, t0 = load.tally(), time.monotonic()
+            served = _served(kube, namespace)
             kube.patch("TritonModel", "add-sub", {"spec": {"source": {"inline": {"model.py": bad}}}}, namespace,
                        type="merge")
             tm = wait_model(kube, namespace, "add-sub", lambda tm: (
@@ -270,6 +255,7 @@ def test_bad_update_stalls_the_rollout_while_old_replicas_serve_and_a_revert_rec
             phases["stalled"] = load.tally() - before
 
             before, t0 = load.tally(), time.monotonic()
+            served = _served(kube, namespace)
             kube.patch("TritonModel", "add-sub", {"spec": {"source": {"inline": {"model.py": good}}}}, namespace,
                        type="merge")
             wait_model(kube, namespace, "add-sub", lambda tm: (
@@ -280,7 +266,7 @@ def test_bad_update_stalls_the_rollout_while_old_replicas_serve_and_a_revert_rec
         finally:
             watcher.stop()
         recovered = time.monotonic() - t0
-        wait_for("both replicas to answer the load", lambda: _answered_by_all(load, before, kube, namespace), 30)
+        wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
         phases["revert"] = load.tally() - before
         total = load.stop()
 

@@ -1,4 +1,4 @@
-"""Smoke tests of the test platform itself: real control plane, GPU node agent, real Triton pods.
+"""Smoke tests of the test platform itself: real control plane, real GPU nodes (kubelet + containerd), real Triton pods.
 
 No operator is involved: plain Deployments, Pods and Services must behave as on a real cluster -
 scheduled by GPU capacity, Ready through readiness probes and readiness gates, listed in
@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from e2e.cluster import REPO_ROOT
 from e2e.kube import Kube, condition, wait_for
+from e2e.node import LogFollower
 from e2e.testing import (
     ADD_ONE_CONFIG,
     TRITON_IMAGE,
@@ -55,20 +56,32 @@ def infer_add_one(address: str, values: list[float]) -> np.ndarray:
         client.close()
 
 
-def test_kubectl_shows_gpu_capacity(kubeconfig: Path, node_agent) -> None:
-    out = subprocess.run(
-        [str(REPO_ROOT / ".venv" / "bin" / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"],
-        check=True, capture_output=True, text=True, timeout=60,
-    ).stdout
-    nodes = {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
-    node = nodes[node_agent.node]
-    assert node["status"]["capacity"]["nvidia.com/gpu"] == str(node_agent.gpus)
-    assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(node_agent.gpus)
-    assert node["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
-    assert condition(node, "Ready")["status"] == "True"
+def test_kubectl_shows_real_gpu_nodes(kubeconfig: Path, nodes) -> None:
+    """`kubectl get nodes`: kubelets on containerd, GPUs advertised by the device plugin, GPU feature labels."""
+    kubectl = str(REPO_ROOT / ".venv" / "bin" / "kubectl")
+    out = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"],  # noqa: S603
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    listed = {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
+    assert len(nodes.names) >= 2 or nodes.local is None, f"expected two GPU nodes, got {nodes.names}"
+    for name in nodes.names:
+        node = listed[name]
+        info = node["status"]["nodeInfo"]
+        assert info["containerRuntimeVersion"].startswith("containerd://"), info
+        assert info["kubeletVersion"].startswith("v1."), info
+        assert node["status"]["capacity"]["nvidia.com/gpu"] == str(nodes.gpus[name])
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(nodes.gpus[name])
+        labels = node["metadata"]["labels"]
+        assert labels["nvidia.com/gpu.present"] == "true" and labels["nvidia.com/gpu.count"] == str(nodes.gpus[name])
+        assert "nvidia.com/gpu.product" in labels
+        assert condition(node, "Ready")["status"] == "True"
+        [internal] = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
+        assert ipaddress.ip_address(internal) in POD_RANGE
+    wide = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "wide"],  # noqa: S603
+                          check=True, capture_output=True, text=True, timeout=60).stdout
+    assert wide.count("containerd://") >= len(nodes.names), wide
 
 
-def test_deployment_serves_inference_through_endpointslice(kube: Kube, namespace: str, node_agent) -> None:
+def test_deployment_serves_inference_through_endpointslice(kube: Kube, namespace: str, nodes) -> None:
     kube.create(add_one_model(namespace))
     labels = {"app": "triton"}
     kube.create({
@@ -92,7 +105,7 @@ def test_deployment_serves_inference_through_endpointslice(kube: Kube, namespace
 
     pod = wait_for("a Ready triton pod", ready_pod, 120)
     status = pod["status"]
-    assert pod["spec"]["nodeName"] == node_agent.node
+    assert pod["spec"]["nodeName"] == nodes.node
     assert status["phase"] == "Running"
     assert ipaddress.ip_address(status["podIP"]) in POD_RANGE
     cs = container_status(pod, "tritonserver")
@@ -104,13 +117,17 @@ def test_deployment_serves_inference_through_endpointslice(kube: Kube, namespace
 
     out = infer_add_one(eps[0]["addresses"][0], [1.0, 2.5, -3.0, 41.0])
     np.testing.assert_allclose(out, [2.0, 3.5, -2.0, 42.0])
+    # The same through the Service's ClusterIP: kube-proxy's DNAT on this machine, a test address throughout.
+    cluster_ip = kube.get("Service", "triton", namespace)["spec"]["clusterIP"]
+    assert ipaddress.ip_address(cluster_ip) in ipaddress.ip_network("198.19.0.0/16")
+    np.testing.assert_allclose(infer_add_one(cluster_ip, [7.0]), [8.0])
 
     deployment = wait_for("Deployment triton available", lambda: (
         d := kube.get("Deployment", "triton", namespace))["status"].get("availableReplicas") == 1 and d, 60)
     assert deployment["status"]["readyReplicas"] == 1
 
 
-def test_unset_readiness_gate_keeps_pod_out_of_service(kube: Kube, namespace: str, node_agent) -> None:
+def test_unset_readiness_gate_keeps_pod_out_of_service(kube: Kube, namespace: str, nodes) -> None:
     kube.create(add_one_model(namespace))
     labels = {"app": "gated"}
     kube.create(triton_pod(namespace, "gated", labels, readinessGates=[{"conditionType": GATE}]))
@@ -127,11 +144,11 @@ def test_unset_readiness_gate_keeps_pod_out_of_service(kube: Kube, namespace: st
     assert eps[0]["addresses"] == [pod["status"]["podIP"]]
     assert eps[0]["conditions"]["ready"] is False
 
-    # It stays out: the agent never flips Ready on its own while the gate is unset.
+    # It stays out: the kubelet never flips Ready on its own while the gate is unset.
     consistently("the gated pod to stay unready and out of the Service", lambda: (
         not is_ready(kube.get("Pod", "gated", namespace)) and not ready_endpoints(kube, namespace, "gated")), 5)
 
-    # A controller sets the gate (as the operator will): the agent keeps it and turns Ready.
+    # A controller sets the gate (as the operator will): the kubelet keeps it and turns Ready.
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     kube.patch("Pod", "gated", {"status": {"conditions": [
         {"type": GATE, "status": "True", "reason": "Test", "lastTransitionTime": now}]}}, namespace, sub="status")
@@ -140,9 +157,40 @@ def test_unset_readiness_gate_keeps_pod_out_of_service(kube: Kube, namespace: st
     wait_for("the gated pod ready in the EndpointSlice", lambda: ready_endpoints(kube, namespace, "gated"), 30)
 
 
-def test_pod_asking_for_too_many_gpus_stays_pending(kube: Kube, namespace: str, node_agent) -> None:
+def test_kubelet_allocates_gpus_through_the_device_plugin(kube: Kube, namespace: str, nodes) -> None:
+    """The kubelet's own device manager hands out the plugin's devices: a container sees its IDs, and once every
+    GPU of every node is taken the next GPU pod stays Pending."""
+    per_node = nodes.gpus[nodes.node]
+    total = sum(nodes.gpus.values())
+    holders = []
+    for i in range(total // per_node):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"holder-{i}", "namespace": namespace},
+               "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                   "name": "hold", "image": OPERATOR_IMAGE, "command": ["python", "-c",
+                                                                       "import time; time.sleep(3600)"],
+                   "resources": {"limits": {"nvidia.com/gpu": str(per_node)}}}]}}
+        kube.create(pod)
+        holders.append(f"holder-{i}")
+    running = [wait_pod(kube, namespace, n, lambda p: container_status(p, "hold").get("started"), "running", 120)
+               for n in holders]
+    seen: set[str] = set()
+    for pod in running:
+        environ = Path(f"/proc/{nodes.container_pid(pod, 'hold')}/environ").read_bytes().split(b"\0")
+        [visible] = [e.decode().split("=", 1)[1] for e in environ if e.startswith(b"NVIDIA_VISIBLE_DEVICES=")]
+        ids = visible.split(",")
+        assert len(ids) == per_node and all(i.startswith(pod["spec"]["nodeName"] + "-gpu") for i in ids), ids
+        seen.update(ids)
+    assert len(seen) == total, seen
+    assert {p["spec"]["nodeName"] for p in running} == set(nodes.names)
+    kube.create({**triton_pod(namespace, "one-more")})
+    pod = wait_pod(kube, namespace, "one-more", lambda p: condition(p, "PodScheduled"), "to get PodScheduled", 60)
+    assert condition(pod, "PodScheduled")["status"] == "False"
+    assert "nvidia.com/gpu" in condition(pod, "PodScheduled")["message"]
+
+
+def test_pod_asking_for_too_many_gpus_stays_pending(kube: Kube, namespace: str, nodes) -> None:
     pod = triton_pod(namespace, "greedy")
-    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(node_agent.gpus + 4)}}
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(nodes.gpus[nodes.node] + 4)}}
     kube.create(pod)
     pod = wait_pod(kube, namespace, "greedy", lambda p: condition(p, "PodScheduled"), "to get PodScheduled", 60)
     scheduled = condition(pod, "PodScheduled")
@@ -151,19 +199,21 @@ def test_pod_asking_for_too_many_gpus_stays_pending(kube: Kube, namespace: str, 
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
 
 
-def test_unknown_image_is_not_runnable(kube: Kube, namespace: str, node_agent) -> None:
+def test_image_missing_from_the_node_is_never_pulled_from_outside(kube: Kube, namespace: str, nodes) -> None:
+    """No registry is reachable: an image that was not imported into the node's containerd fails at once."""
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busybox", "namespace": namespace},
-                 "spec": {"containers": [{"name": "sh", "image": "busybox:1.36", "command": ["sleep", "3600"]}]}})
+                 "spec": {"containers": [{"name": "sh", "image": "busybox:1.36", "command": ["sleep", "3600"],
+                                          "imagePullPolicy": "Never"}]}})
     pod = wait_pod(kube, namespace, "busybox",
-                   lambda p: container_status(p, "sh").get("state", {}).get("waiting", {}).get("reason") == "ErrImagePull",
-                   "waiting with ErrImagePull", 60)
+                   lambda p: container_status(p, "sh").get("state", {}).get("waiting", {}).get("reason")
+                   == "ErrImageNeverPull", "waiting with ErrImageNeverPull", 60)
     waiting = container_status(pod, "sh")["state"]["waiting"]
-    assert waiting["message"] == "node agent cannot run image busybox:1.36"
+    assert "busybox:1.36" in waiting["message"] and "not present" in waiting["message"], waiting
     assert pod["status"]["phase"] == "Pending"
     assert not is_ready(pod)
 
 
-def test_configmap_repository_in_none_mode_crash_loops(kube: Kube, namespace: str, node_agent) -> None:
+def test_configmap_repository_in_none_mode_crash_loops(kube: Kube, namespace: str, nodes) -> None:
     """Real kubelet layout, real Triton: `..data` in a ConfigMap volume is a model Triton fails to load."""
     kube.create(add_one_model(namespace))
     pod = triton_pod(namespace, "none-mode")
@@ -175,29 +225,42 @@ def test_configmap_repository_in_none_mode_crash_loops(kube: Kube, namespace: st
     cs = container_status(pod, "tritonserver")
     assert cs["lastState"]["terminated"]["exitCode"] != 0
     assert not is_ready(pod)
-    log = node_agent.container_log(pod, "tritonserver").read_text()
+    log = nodes.container_log(pod, "tritonserver", previous=True)
     assert "failed to load model '..data'" in log
 
 
-def test_deleting_pod_sigterms_tritonserver(kube: Kube, namespace: str, node_agent) -> None:
+def _netns_holding(ip: str) -> list[str]:
+    """Network namespaces on this machine that hold `ip` (a pod's sandbox, while it exists)."""
+    found = []
+    for ns in sorted(Path("/run/netns").glob("*")) if Path("/run/netns").is_dir() else []:
+        out = subprocess.run(["ip", "-n", ns.name, "-4", "-o", "addr"], capture_output=True, text=True,  # noqa: S603,S607
+                             check=False).stdout
+        if f"inet {ip}/" in out:
+            found.append(ns.name)
+    return found
+
+
+def test_deleting_pod_sigterms_tritonserver(kube: Kube, namespace: str, nodes) -> None:
     kube.create(add_one_model(namespace))
     kube.create(triton_pod(namespace, "doomed"))
     pod = wait_pod(kube, namespace, "doomed", is_ready, "Ready", 120)
-    pid = node_agent.container_pid(pod, "tritonserver")
+    pid = nodes.container_pid(pod, "tritonserver")
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert cmdline[0].endswith(b"/tritonserver"), cmdline
-    assert infer_add_one(pod["status"]["podIP"], [0.0]).tolist() == [1.0]
+    assert cmdline[0].endswith(b"tritonserver"), cmdline
+    ip = pod["status"]["podIP"]
+    assert infer_add_one(ip, [0.0]).tolist() == [1.0]
+    assert _netns_holding(ip), f"no network namespace holds the pod's address {ip}"
+    follower = LogFollower(nodes.of(pod), pod, "tritonserver")
 
     kube.delete("Pod", "doomed", namespace)
     wait_gone(kube, "Pod", namespace, "doomed", 60)
     assert not Path(f"/proc/{pid}").exists(), "tritonserver still running after its pod was deleted"
-    log = node_agent.container_log(pod, "tritonserver").read_text()
-    assert "Signal (15) received." in log  # SIGTERM, not SIGKILL
-    netns = json.loads((node_agent.pod_dir(pod["metadata"]["uid"]) / "pod.json").read_text())["netns"]
-    assert netns and not Path("/run/netns", netns).exists(), "pod network namespace left behind"
+    assert "Signal (15) received." in follower.stop()  # SIGTERM, not SIGKILL
+    wait_for("the pod's network namespace released", lambda: not _netns_holding(ip), 30)
 
 
-OPERATOR_IMAGE = "ghcr.io/triton-operator/triton-operator:dev"
+#: The image built from our Dockerfile (`make images`), as the chart names it.
+OPERATOR_IMAGE = "ghcr.io/triton-operator/triton-operator:0.1.0"
 
 #: A tiny HTTP server that reports, when SIGTERM arrives, whether the preStop exec hook has already run.
 DRAIN_SCRIPT = """
@@ -229,9 +292,9 @@ def _drain_container(name: str, port: int, pre_stop: dict) -> dict:
     }
 
 
-def _output(log: Path) -> list[str]:
-    """A container's own output lines (the agent's header line, which quotes the script, left out)."""
-    return [ln for ln in log.read_text().splitlines() if not ln.startswith("=== ")]
+def _output(log: LogFollower) -> list[str]:
+    """A container's output lines so far."""
+    return log.text().splitlines()
 
 
 def _get(ip: str, port: int) -> str:
@@ -239,7 +302,7 @@ def _get(ip: str, port: int) -> str:
         return resp.read().decode()
 
 
-def test_deleted_pod_runs_prestop_hooks_and_serves_until_sigterm(kube: Kube, namespace: str, node_agent) -> None:
+def test_deleted_pod_runs_prestop_hooks_and_serves_until_sigterm(kube: Kube, namespace: str, nodes) -> None:
     """preStop as the kubelet runs it: each container's hook (sleep / exec), then SIGTERM, within the grace period.
 
     While the sleep hook runs the pod is terminating - no longer a ready endpoint - and its server still answers.
@@ -263,7 +326,7 @@ def test_deleted_pod_runs_prestop_hooks_and_serves_until_sigterm(kube: Kube, nam
     pod = wait_pod(kube, namespace, "draining", is_ready, "Ready", 60)
     ip = pod["status"]["podIP"]
     wait_for("the pod ready in the EndpointSlice", lambda: ready_endpoints(kube, namespace, "draining"), 30)
-    sleeper_log, execer_log = (node_agent.container_log(pod, c) for c in ("sleeper", "execer"))
+    sleeper_log, execer_log = (LogFollower(nodes.of(pod), pod, c) for c in ("sleeper", "execer"))
 
     kube.delete("Pod", "draining", namespace)
     [ep] = wait_for("the terminating pod's endpoint to turn not ready", lambda: [
@@ -275,6 +338,7 @@ def test_deleted_pod_runs_prestop_hooks_and_serves_until_sigterm(kube: Kube, nam
     assert _output(sleeper_log) == ["serving"], "SIGTERM before the preStop sleep was over"
 
     wait_gone(kube, "Pod", namespace, "draining", 60)
+    sleeper_log.stop(), execer_log.stop()
     assert _output(sleeper_log)[1:] == ["SIGTERM received; preStop marker present=True", "exited cleanly"]
     # The exec hook ran inside the container (its /scratch) before the container got SIGTERM.
     assert _output(execer_log)[1:] == ["SIGTERM received; preStop marker present=True", "exited cleanly"]
@@ -289,7 +353,7 @@ print("listed", sorted(p.metadata.name for p in pods.items), "as", os.environ["P
 """
 
 
-def test_operator_image_pod_reaches_api_server_with_its_service_account(kube: Kube, namespace: str, node_agent) -> None:
+def test_operator_image_pod_reaches_api_server_with_its_service_account(kube: Kube, namespace: str, nodes) -> None:
     """What the operator's own pod needs: in-cluster config, a bound token, downward API and ConfigMap env."""
     kube.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "default-view"},
@@ -307,7 +371,7 @@ def test_operator_image_pod_reaches_api_server_with_its_service_account(kube: Ku
                      ]}]}})
     pod = wait_pod(kube, namespace, "in-cluster", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
                    "to finish", 90)
-    log = node_agent.container_log(pod, "client").read_text()
+    log = nodes.container_log(pod, "client")
     assert pod["status"]["phase"] == "Succeeded", log
     assert "listed ['in-cluster'] as in-cluster hello" in log
     terminated = container_status(pod, "client")["state"]["terminated"]
@@ -321,7 +385,7 @@ print("copied")
 """
 
 
-def test_init_container_prepares_repository_in_empty_dir(kube: Kube, namespace: str, node_agent) -> None:
+def test_init_container_prepares_repository_in_empty_dir(kube: Kube, namespace: str, nodes) -> None:
     """The fetch pattern: an init container fills an emptyDir, tritonserver loads every model in it.
 
     Also exercises an exec startup probe (run inside the container's mounts) and a gRPC readiness probe.
@@ -342,10 +406,10 @@ def test_init_container_prepares_repository_in_empty_dir(kube: Kube, namespace: 
     assert condition(pod, "Initialized")["status"] == "True"
     assert container_status(pod, "tritonserver")["started"] is True
     assert infer_add_one(pod["status"]["podIP"], [5.0]).tolist() == [6.0]
-    assert "copied" in node_agent.container_log(pod, "fetch").read_text()
+    assert "copied" in nodes.container_log(pod, "fetch")
 
 
-def test_failing_liveness_probe_restarts_tritonserver(kube: Kube, namespace: str, node_agent) -> None:
+def test_failing_liveness_probe_restarts_tritonserver(kube: Kube, namespace: str, nodes) -> None:
     kube.create(add_one_model(namespace))
     pod = triton_pod(namespace, "unlive", terminationGracePeriodSeconds=10)
     c = pod["spec"]["containers"][0]
@@ -360,10 +424,10 @@ def test_failing_liveness_probe_restarts_tritonserver(kube: Kube, namespace: str
     assert "failed liveness probe" in last.get("message", ""), last
     events = kube.items("Event", namespace, field_selector={"involvedObject.name": "unlive"})
     assert any(e["reason"] == "Killing" for e in events), [e["reason"] for e in events]
-    assert "Signal (15) received." in node_agent.container_log(pod, "tritonserver").read_text()
+    assert "Signal (15) received." in nodes.container_log(pod, "tritonserver", previous=True)
 
 
-def test_configmap_update_reaches_running_tritonserver(kube: Kube, namespace: str, node_agent) -> None:
+def test_configmap_update_reaches_running_tritonserver(kube: Kube, namespace: str, nodes) -> None:
     """ConfigMap volumes are re-synced (atomic `..data` swap) and Triton reloads the new config on request."""
     kube.create(add_one_model(namespace))
     kube.create(triton_pod(namespace, "reload"))

@@ -190,23 +190,34 @@ def _tail(path: Path, lines: int = 40) -> str:
         return f"<{e}>"
 
 
-def diagnostics(kube: Kube | None, namespace: str | None, agent_state_dir: Path | None,
-                cluster_logs: Path | None) -> str:
+def diagnostics(kube: Kube | None, namespace: str | None, cluster_logs: Path | None) -> str:
+    """What went on in a failed test's namespace: pods, containers (with their logs, read through the API
+    server as `kubectl logs` does), events and EndpointSlices, then the tails of the cluster's own logs
+    (API server, controller-manager, scheduler, and each node's kubelet and containerd)."""
     out: list[str] = []
-    uids: list[str] = []
     if kube is not None and namespace:
         try:
             for pod in kube.items("Pod", namespace):
                 md, st = pod["metadata"], pod.get("status") or {}
-                uids.append(md["uid"])
                 out.append(f"--- pod {md['name']} uid={md['uid']} node={pod['spec'].get('nodeName')} "
                            f"phase={st.get('phase')} podIP={st.get('podIP')}")
                 for c in st.get("conditions") or []:
                     out.append(f"    condition {c['type']}={c['status']} reason={c.get('reason')} "
                                f"message={c.get('message')}")
-                for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+                statuses = (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
+                for cs in statuses:
                     out.append(f"    container {cs['name']} ready={cs.get('ready')} restarts={cs.get('restartCount')}"
                                f" state={json.dumps(cs.get('state'))} last={json.dumps(cs.get('lastState'))}")
+                for cs in statuses:
+                    if "waiting" in (cs.get("state") or {}) and not cs.get("restartCount"):
+                        continue  # never started: no log
+                    try:
+                        text = kube.request_text(
+                            "GET", f"/api/v1/namespaces/{namespace}/pods/{md['name']}/log?container={cs['name']}"
+                                   "&tailLines=60", timeout=10)
+                    except (ApiError, OSError) as e:
+                        text = f"<{e}>"
+                    out.append(f"--- container log {md['name']}/{cs['name']} (tail)\n{text}")
             for ev in kube.items("Event", namespace)[-30:]:
                 out.append(f"    event {ev.get('type')} {ev.get('reason')} "
                            f"{ev['involvedObject'].get('name')}: {ev.get('message')}")
@@ -214,13 +225,10 @@ def diagnostics(kube: Kube | None, namespace: str | None, agent_state_dir: Path 
                 out.append(f"--- endpointslice {ep['metadata']['name']}: {json.dumps(ep.get('endpoints'))}")
         except (ApiError, OSError) as e:
             out.append(f"<diagnostics: {e}>")
-    if agent_state_dir is not None:
-        for uid in uids:
-            for log in sorted((agent_state_dir / "pods" / uid / "logs").glob("*.log")):
-                out.append(f"--- container log {log} (tail)\n{_tail(log, 60)}")
     if cluster_logs is not None:
-        for name in ("nodeagent-pytest.log", "nodeagent.log", "kube-apiserver.log", "kube-controller-manager.log",
-                     "kube-scheduler.log"):
+        names = ["kube-apiserver.log", "kube-controller-manager.log", "kube-scheduler.log", "kube-proxy.log"]
+        names += sorted(str(p.relative_to(cluster_logs)) for p in cluster_logs.glob("*/*.log"))
+        for name in names:
             path = cluster_logs / name
             if path.exists():
                 out.append(f"--- {path} (tail)\n{_tail(path, 30)}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the local control plane's binaries from Go modules into a cache that is
+# Builds the local cluster's binaries (control plane, kubelet, kube-proxy, helm) from Go modules into a cache that is
 # keyed by the pins, so a second run is a no-op and a pin change rebuilds.
 #
 #   e2e/toolchain/build.sh            print the directory holding the binaries
@@ -20,7 +20,8 @@ ETCD_VERSION=$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
 [[ $KUBE_VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+ ]] || { echo "[cluster-bin] cannot read k8s.io/kubernetes version from kube/go.mod" >&2; exit 1; }
 [[ $ETCD_VERSION =~ ^v[0-9]+\. ]] || { echo "[cluster-bin] cannot read etcd version from etcd/go.mod" >&2; exit 1; }
 
-pins=$(cat "$here/build.sh" "$here/kube/go.mod" "$here/kube/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum" | sha256sum | cut -c1-16)
+pins=$(cat "$here/build.sh" "$here/kube/go.mod" "$here/kube/go.sum" "$here/kube/cmd/fake-gpu-plugin/main.go" \
+  "$here/etcd/go.mod" "$here/etcd/go.sum" | sha256sum | cut -c1-16)
 cache_root=${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/triton-operator}
 out="$cache_root/bin/$pins"
 mkdir -p "$out"
@@ -42,6 +43,13 @@ build_kube() {
   log "building $name $KUBE_VERSION"
   (cd "$here/kube" && go build -ldflags "$flags" -o "$out/$name.tmp" "k8s.io/kubernetes/cmd/$name")
   mv "$out/$name.tmp" "$out/$name"
+}
+
+# Our device plugin: advertises fake nvidia.com/gpu devices through the kubelet's device-plugin API.
+build_plugin() {
+  log "building fake-gpu-plugin"
+  (cd "$here/kube" && go build -ldflags "-s -w" -o "$out/fake-gpu-plugin.tmp" ./cmd/fake-gpu-plugin)
+  mv "$out/fake-gpu-plugin.tmp" "$out/fake-gpu-plugin"
 }
 
 build_etcd() {
@@ -73,7 +81,8 @@ fi
 
 start=$(date +%s)
 have etcd || build_etcd
-for b in kube-apiserver kube-controller-manager kube-scheduler; do have "$b" || build_kube "$b"; done
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do have "$b" || build_kube "$b"; done
 have helm || build_helm
+have fake-gpu-plugin || build_plugin
 log "binaries ready in $out ($(( $(date +%s) - start ))s)"
 echo "$out"

@@ -67,6 +67,17 @@ class Kube:
             raise ApiException(status=resp.status, reason=resp.reason, http_resp=None)
         return json.loads(data) if data else None
 
+    def serves_tritonmodels(self) -> bool:
+        """Whether the API server serves TritonModels yet (discovery, readable by every authenticated user:
+        no CRD permission needed)."""
+        try:
+            found = self._call("GET", f"/apis/{GROUP}/{VERSION}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == PLURAL for r in (found or {}).get("resources") or [])
+
     @staticmethod
     def path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
         prefix, plural = _PLURALS[(api_version, kind)]

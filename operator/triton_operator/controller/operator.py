@@ -10,11 +10,14 @@ round it first resyncs the cache with the API (`Reconciler.resync`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
+from aiohttp import web
 
 from ..api.v1alpha1 import GROUP, PLURAL, VERSION
 from ..render.kubernetes import LABEL_MODEL, MANAGED_BY, Options
@@ -157,6 +160,58 @@ def _connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     )
 
 
+#: How often the operator looks for its CRD while it is not there yet.
+CRD_POLL_SECONDS = 2.0
+
+
+async def wait_for_crd(kube: Kube, liveness: str | None, stop_flag: asyncio.Event | None) -> bool:
+    """Returns once the API server serves TritonModels (False if asked to stop first).
+
+    Helm, Argo CD and Flux do not promise to create the CRD before the operator starts, and kopf
+    only looks for its resources once at start-up (it can re-scan only with permission to watch
+    CRDs, which a namespaced install lacks). So the operator waits for the CRD first, answering its
+    liveness endpoint meanwhile (it is alive: waiting is its job), and hands the port to kopf after.
+    """
+    try:
+        if await asyncio.to_thread(kube.serves_tritonmodels):
+            return True
+    except Exception as exc:  # noqa: BLE001 - the API server may be unreachable for a while: keep waiting
+        log.warning("Could not look up TritonModels in API discovery: %s", exc)
+    log.info("Waiting for the TritonModel CRD group=%s version=%s poll=%.0fs", GROUP, VERSION, CRD_POLL_SECONDS)
+    server = await _serve_liveness(liveness)
+    try:
+        while not (stop_flag is not None and stop_flag.is_set()):
+            try:
+                if await asyncio.to_thread(kube.serves_tritonmodels):
+                    log.info("Found the TritonModel CRD group=%s version=%s", GROUP, VERSION)
+                    return True
+            except Exception as exc:  # noqa: BLE001
+                log.warning("Could not look up TritonModels in API discovery: %s", exc)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop_flag.wait() if stop_flag else asyncio.sleep(CRD_POLL_SECONDS),
+                                       CRD_POLL_SECONDS)
+        return False
+    finally:
+        if server is not None:
+            await server.cleanup()
+
+
+async def _serve_liveness(liveness: str | None) -> web.AppRunner | None:
+    if not liveness:
+        return None
+    url = urlsplit(liveness)
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.json_response({"waiting": "TritonModel CRD"})
+
+    app = web.Application()
+    app.router.add_get(url.path or "/", ok)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, url.hostname, url.port or 80).start()
+    return runner
+
+
 async def run_operator(
     *,
     kubeconfig: str | None,
@@ -169,6 +224,8 @@ async def run_operator(
     webhook: WebhookSettings | None = None,
 ) -> None:
     STATE.kube = Kube.from_environment(kubeconfig)
+    if not await wait_for_crd(STATE.kube, liveness, stop_flag):
+        return
     globs = has_patterns(namespaces) and not clusterwide
     STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if globs else None
     STATE.cache = Cache()

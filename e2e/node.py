@@ -1,0 +1,576 @@
+"""Real Kubernetes nodes on this machine: containerd, a kubelet, our fake-GPU device plugin, and kube-proxy.
+
+Owns everything a node needs below the API server and everything it leaves behind:
+
+- `NodeNetwork`: the node's bridge (its address is the node IP and the pods' gateway), the host's
+  `unreachable 198.18.0.0/15` guard route, the Service CIDR route and `net.ipv4.ip_forward`.
+- `Node`: one containerd (own root, state, socket and CNI config), the images imported into it,
+  one kubelet (own root dir, ports, `cgroupRoot`, pod log dir) built from the pinned
+  `k8s.io/kubernetes` module, and `fake-gpu-plugin` advertising `nvidia.com/gpu` through the
+  kubelet's device-plugin API; `teardown()` leaves no shim, mount, netns, cgroup or bridge behind.
+- `KubeProxy`: one kube-proxy (iptables mode) for all nodes of a cluster (they share the host's
+  network namespace); `cleanup` removes its KUBE-* rules.
+
+Processes are started detached and recorded by `LocalCluster` in its pids file; this module only
+builds their command lines, configs and the host state around them. Facts it relies on are in
+../shared/K8S_NOTES.md, "A real node".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The reserved benchmarking range (RFC 2544): every address of a local cluster lies inside it.
+TEST_RANGE = "198.18.0.0/15"
+SERVICE_CIDR = "198.19.0.0/16"
+#: Nodes of one cluster take consecutive /24s from a block; blocks of clusters running at once differ.
+SUBNET_BLOCKS = (200, 210, 220, 230)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CNI_BIN = "/usr/lib/cni"
+#: Labels NVIDIA's GPU feature discovery puts on a GPU node (the values describe a CPU stand-in).
+GFD_LABELS = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "Tesla-T4-FAKE",
+    "nvidia.com/gpu.memory": "15360",
+    "nvidia.com/gpu.family": "turing",
+    "nvidia.com/gpu.compute.major": "7",
+    "nvidia.com/gpu.compute.minor": "5",
+    "nvidia.com/gpu.machine": "triton-operator-e2e",
+    "nvidia.com/cuda.driver.major": "550",
+    "nvidia.com/mig.capable": "false",
+    "nvidia.com/gfd.timestamp": "0",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[node] {msg}", flush=True)
+
+
+def run(argv: list[str], check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)  # noqa: S603
+
+
+def short_id(path: Path) -> str:
+    """Four hex digits naming a cluster directory in host-wide names (bridges, cgroups, state)."""
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:4]
+
+
+def state_root(cluster_dir: Path) -> Path:
+    """Short host paths for node state: unix sockets must stay under 108 bytes."""
+    return Path("/var/lib/trop") / short_id(cluster_dir)
+
+
+def _used_blocks() -> set[int]:
+    out = run(["ip", "-4", "-o", "addr"], check=False).stdout
+    return {int(m.group(1)) // 10 * 10 for m in re.finditer(r"inet 198\.18\.(\d+)\.1/24", out)}
+
+
+def pick_block(preferred: int | None = None) -> int:
+    """A block of /24s (198.18.<block+i>.0/24 for node i) no running cluster uses."""
+    used = _used_blocks()
+    if preferred is not None and preferred not in used:
+        return preferred
+    for block in SUBNET_BLOCKS:
+        if block not in used:
+            return block
+    raise RuntimeError(f"every subnet block {SUBNET_BLOCKS} of {TEST_RANGE} is in use by another local cluster")
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """The node's bridge and subnet: 198.18.<third>.0/24, the bridge holding .1 (the node IP)."""
+
+    cluster_id: str
+    index: int
+    third: int
+
+    @property
+    def bridge(self) -> str:
+        return f"trop{self.cluster_id}n{self.index}"  # IFNAMSIZ: 15
+
+    @property
+    def ip(self) -> str:
+        return f"198.18.{self.third}.1"
+
+    @property
+    def subnet(self) -> str:
+        return f"198.18.{self.third}.0/24"
+
+    def up(self) -> None:
+        if run(["ip", "link", "show", self.bridge], check=False).returncode != 0:
+            run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        if self.ip not in run(["ip", "-4", "-o", "addr", "show", "dev", self.bridge]).stdout:
+            run(["ip", "addr", "add", f"{self.ip}/24", "dev", self.bridge])
+        run(["ip", "link", "set", self.bridge, "up"])
+        host_routes_up(self.bridge)
+
+    def down(self) -> None:
+        run(["ip", "link", "del", self.bridge], check=False)
+
+
+def host_routes_up(bridge: str) -> None:
+    """The guard route (nothing in the test range ever follows the default route), the Service CIDR
+    route (a local connect() looks a route up before kube-proxy's DNAT) and forwarding between bridges."""
+    routes = run(["ip", "-4", "route", "show", "table", "main"]).stdout
+    if "unreachable 198.18.0.0/15" not in routes:
+        run(["ip", "route", "add", "unreachable", TEST_RANGE])
+    if f"{SERVICE_CIDR} dev" not in routes:
+        run(["ip", "route", "add", SERVICE_CIDR, "dev", bridge])
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+
+
+def host_routes_down() -> None:
+    """Removes the host-wide routes once no bridge of any local cluster is left."""
+    links = run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout
+    if re.search(r"\btrop[0-9a-f]{4}n\d+\b", links):
+        # Another cluster's bridge: it still needs the guard; the Service route may point at a gone bridge.
+        routes = run(["ip", "-4", "route", "show", SERVICE_CIDR], check=False).stdout
+        if not routes.strip():
+            bridge = re.search(r"\b(trop[0-9a-f]{4}n\d+)\b", links)
+            if bridge:
+                run(["ip", "route", "add", SERVICE_CIDR, "dev", bridge.group(1)], check=False)
+        return
+    run(["ip", "route", "del", SERVICE_CIDR], check=False)
+    run(["ip", "route", "del", "unreachable", TEST_RANGE], check=False)
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("0\n")
+
+
+@dataclass
+class Node:
+    """One real node: containerd + kubelet + device plugin, under `state_root(cluster_dir)/<name>`."""
+
+    name: str
+    network: NodeNetwork
+    gpus: int
+    cluster_dir: Path
+    kubelet_port: int
+    healthz_port: int
+
+    # -- paths ------------------------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        return state_root(self.cluster_dir) / self.name
+
+    @property
+    def containerd_address(self) -> str:
+        return str(self.root / "containerd.sock")
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def pod_logs_dir(self) -> Path:
+        return self.root / "pod-logs"
+
+    @property
+    def cgroup_name(self) -> str:
+        return f"trop{self.network.cluster_id}n{self.network.index}"
+
+    @property
+    def logs(self) -> Path:
+        return self.cluster_dir / "logs"
+
+    @property
+    def ip(self) -> str:
+        return self.network.ip
+
+    # -- configuration ------------------------------------------------------------------------------
+
+    def prepare(self, pki: Path, pause_image: str) -> None:
+        """Bridge, cgroups and the config files of containerd, CNI and the kubelet."""
+        self.network.up()
+        for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs.d"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._cgroups_up()
+        (self.root / "containerd.toml").write_text(self._containerd_config(pause_image))
+        # No registry is reachable from here, and no pull may try one: every registry host resolves to a
+        # closed loopback port, so a missing image fails at once (ErrImagePull) instead of leaving the machine.
+        (self.root / "certs.d/_default").mkdir(parents=True, exist_ok=True)
+        (self.root / "certs.d/_default/hosts.toml").write_text('server = "http://127.0.0.1:1"\n')
+        (self.root / "cni/net.d/10-trop.conflist").write_text(json.dumps(self._cni_config(), indent=2) + "\n")
+        (self.root / "kubelet.yaml").write_text(json.dumps(self._kubelet_config(pki), indent=2) + "\n")
+
+    def _containerd_config(self, pause_image: str) -> str:
+        r = self.root
+        return f"""version = 2
+root = "{r}/containerd/root"
+state = "{r}/containerd/state"
+oom_score = 0
+[grpc]
+  address = "{self.containerd_address}"
+[ttrpc]
+  address = "{self.containerd_address}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{r}/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause_image}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{r}/certs.d"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "{r}/cni/net.d"
+    max_conf_num = 1
+"""
+
+    def _cni_config(self) -> dict:
+        net = self.network
+        return {
+            "cniVersion": "1.0.0",
+            "name": f"trop-{net.cluster_id}-{self.name}",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": net.bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": net.subnet, "gateway": net.ip}]],
+                    # Pods get no default route: only the test range (pods, nodes, Services) is reachable.
+                    "routes": [{"dst": TEST_RANGE}],
+                    "dataDir": str(self.root / "cni/ipam"),
+                },
+            }],
+        }
+
+    def _kubelet_config(self, pki: Path) -> dict:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": self.ip,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(pki / "ca.crt")},
+            },
+            "authorization": {"mode": "Webhook"},
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{self.cgroup_name}",
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_address}",
+            "podLogsDir": str(self.pod_logs_dir),
+            # No DNS server for pods: they reach nothing outside the test range anyway.
+            "resolvConf": "",
+            # Images are imported, never pulled: the kubelet must not garbage-collect them.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                             "nodefs.inodesFree": "1%"},
+            # ConfigMap volume updates reach pods on the pod's next sync.
+            "syncFrequency": "10s",
+            "nodeStatusUpdateFrequency": "4s",
+            "serializeImagePulls": False,
+            "rotateCertificates": False,
+            "serverTLSBootstrap": False,
+            "protectKernelDefaults": False,
+            "makeIPTablesUtilChains": True,
+            "shutdownGracePeriod": "0s",
+            "maxPods": 110,
+        }
+
+    def kubelet_args(self, kubeconfig: Path) -> list[str]:
+        labels = {**GFD_LABELS, "nvidia.com/gpu.count": str(self.gpus)} if self.gpus else {}
+        return [
+            f"--config={self.root / 'kubelet.yaml'}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={self.kubelet_dir}",
+            f"--cert-dir={self.kubelet_dir / 'pki'}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.ip}",
+            *([f"--node-labels={','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else []),
+            "--v=1",
+        ]
+
+    def containerd_args(self) -> list[str]:
+        return ["--config", str(self.root / "containerd.toml"), "--log-level", "warn"]
+
+    def plugin_args(self) -> list[str]:
+        return ["--registry-dir", str(self.kubelet_dir / "plugins_registry"), "--count", str(self.gpus),
+                "--prefix", self.name]
+
+    def wait_containerd(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while run(["ctr", "--address", self.containerd_address, "version"], check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"containerd of {self.name} did not answer on {self.containerd_address}")
+            time.sleep(0.1)
+
+    # -- cgroups ------------------------------------------------------------------------------------
+
+    def _hierarchies(self) -> list[Path]:
+        out = []
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            dev, mnt, fstype, *_ = line.split()
+            if fstype == "cgroup":
+                out.append(Path(mnt))
+        return out
+
+    def _cgroups_up(self) -> None:
+        """`cgroupRoot` must exist in every v1 hierarchy before the kubelet starts; cpuset needs cpus and mems."""
+        for h in self._hierarchies():
+            d = h / self.cgroup_name
+            d.mkdir(exist_ok=True)
+            if (h / "cpuset.cpus").exists():
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (d / f).read_text().strip():
+                        (d / f).write_text((h / f).read_text())
+
+    def _cgroup_dirs(self) -> list[Path]:
+        return [h / self.cgroup_name for h in self._hierarchies() if (h / self.cgroup_name).is_dir()]
+
+    def _cgroup_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for d in self._cgroup_dirs():
+            for procs in d.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError):
+                    pids.update(int(p) for p in procs.read_text().split())
+        return pids
+
+    # -- what tests look at ---------------------------------------------------------------------
+
+    def ctr(self, *args: str, check: bool = True) -> str:
+        return run(["ctr", "--address", self.containerd_address, "-n", "k8s.io", *args], check=check).stdout
+
+    def container_id(self, pod: dict, container: str) -> str:
+        for st in (pod.get("status") or {}).get("containerStatuses") or []:
+            if st["name"] == container and st.get("containerID"):
+                return st["containerID"].split("://", 1)[1]
+        raise LookupError(f"no running container {container} in pod {pod['metadata']['name']}")
+
+    def container_pid(self, pod: dict, container: str) -> int:
+        """The host pid of a container's main process (containerd's task)."""
+        cid = self.container_id(pod, container)
+        for line in self.ctr("tasks", "ls").splitlines()[1:]:
+            parts = line.split()
+            if parts and parts[0] == cid:
+                return int(parts[1])
+        raise LookupError(f"container {container} ({cid[:12]}) of pod {pod['metadata']['name']} has no task")
+
+    def container_log(self, pod: dict, container: str) -> Path:
+        """The newest log file the kubelet keeps for a container (restarts get a new file)."""
+        meta = pod["metadata"]
+        d = self.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container
+        files = sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
+        if not files:
+            raise FileNotFoundError(f"no log of container {container} under {d}")
+        return files[-1]
+
+    def all_container_logs(self, pod: dict, container: str) -> str:
+        meta = pod["metadata"]
+        d = self.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container
+        files = sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
+        return "".join(f.read_text(errors="replace") for f in files)
+
+    # -- teardown ---------------------------------------------------------------------------------
+
+    def sweep(self) -> dict[str, int]:
+        """After the kubelet is stopped: stop every container and sandbox, then containerd's leftovers.
+
+        Returns counts of what was removed. Safe to call when nothing runs.
+        """
+        counts = {"tasks": 0, "netns": 0, "mounts": 0, "cgroups": 0, "processes": 0}
+        answering = Path(self.containerd_address).exists() and run(
+            ["ctr", "--address", self.containerd_address, "version"], check=False, timeout=10).returncode == 0
+        if answering:
+            tasks = [ln.split()[0] for ln in self.ctr("tasks", "ls", check=False).splitlines()[1:] if ln.strip()]
+            for t in tasks:
+                self.ctr("tasks", "kill", "--signal", "SIGKILL", t, check=False)
+            counts["tasks"] = len(tasks)
+        # Whatever is still in the node's cgroups (containers, shims, pause) is SIGKILLed.
+        for _ in range(50):
+            pids = self._cgroup_pids() | self._shim_pids()
+            if not pids:
+                break
+            counts["processes"] += len(pids)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        if answering:  # containers (and their snapshots) go; images stay for the next start
+            for c in self.ctr("containers", "ls", "-q", check=False).split():
+                self.ctr("tasks", "delete", "--force", c, check=False)
+                self.ctr("containers", "rm", c, check=False)
+        counts["netns"] = self._remove_netns()
+        counts["mounts"] = self._unmount_all()
+        counts["cgroups"] = self._remove_cgroups()
+        return counts
+
+    def _shim_pids(self) -> set[int]:
+        pids = set()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                if argv and argv[0].endswith(b"containerd-shim-runc-v2") and self.containerd_address.encode() in argv:
+                    pids.add(int(proc.name))
+        return pids
+
+    def _remove_netns(self) -> int:
+        """Pod network namespaces (`/run/netns/cni-*`) holding an address of this node's subnet."""
+        removed = 0
+        netns_dir = Path("/run/netns")
+        subnet = ipaddress.ip_network(self.network.subnet)
+        for ns in sorted(netns_dir.glob("cni-*")) if netns_dir.is_dir() else []:
+            out = run(["ip", "-n", ns.name, "-4", "-o", "addr"], check=False).stdout
+            addrs = [ipaddress.ip_address(m) for m in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out)]
+            if any(a in subnet for a in addrs):
+                run(["ip", "netns", "delete", ns.name], check=False)
+                removed += 1
+        return removed
+
+    def _unmount_all(self) -> int:
+        mounts = []
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            mnt = line.split()[1].replace("\\040", " ")
+            if mnt == str(self.root) or mnt.startswith(str(self.root) + "/"):
+                mounts.append(mnt)
+        for mnt in sorted(mounts, key=len, reverse=True):
+            if run(["umount", mnt], check=False).returncode != 0:
+                run(["umount", "-l", mnt], check=False)
+        return len(mounts)
+
+    def _remove_cgroups(self) -> int:
+        removed = 0
+        for d in self._cgroup_dirs():
+            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+                    removed += 1
+            with contextlib.suppress(OSError):
+                d.rmdir()
+                removed += 1
+        return removed
+
+    def remove_state(self) -> None:
+        """The bridge and everything under the node's root but containerd's image store."""
+        self.network.down()
+        for p in self.root.iterdir() if self.root.is_dir() else []:
+            if p.name != "containerd":
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        for p in (self.root / "containerd").iterdir() if (self.root / "containerd").is_dir() else []:
+            if p.name != "root":
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def kubelet_chains_cleanup() -> None:
+    """The chains every kubelet installs (KUBE-FIREWALL drops non-loopback sources to 127.0.0.0/8, the
+    canaries), in IPv4 and IPv6; only once no kubelet of any local cluster runs any more."""
+    if run(["pgrep", "-x", "kubelet"], check=False).returncode == 0:
+        return
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            rules = run([tool, "-t", table, "-S"], check=False).stdout.splitlines()
+            for rule in rules:
+                if rule.startswith("-A ") and "KUBE-" in rule and not rule.startswith("-A KUBE-"):
+                    run([tool, "-t", table, *rule.replace("-A ", "-D ", 1).split()], check=False)
+            chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
+            for chain in chains:
+                run([tool, "-t", table, "-F", chain], check=False)
+            for chain in chains:
+                run([tool, "-t", table, "-X", chain], check=False)
+
+
+def leftovers() -> list[str]:
+    """What a torn-down machine must not have: a description per leftover (empty when clean)."""
+    found = []
+    ps = run(["ps", "-eo", "pid,args"], check=False).stdout
+    for line in ps.splitlines():
+        if re.search(r"containerd-shim|/kubelet |fake-gpu-plugin|kube-proxy", line) and "/var/lib/trop/" in line:
+            found.append(f"process: {line.strip()}")
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        if "/var/lib/trop/" in line.split()[1]:
+            found.append(f"mount: {line.split()[1]}")
+    links = run(["ip", "-o", "link", "show"], check=False).stdout
+    found += [f"link: {m}" for m in re.findall(r"\b(trop[0-9a-f]{4}n\d+)\b", links)]
+    for h in CGROUP_ROOT.iterdir():
+        found += [f"cgroup: {d}" for d in h.glob("trop*n*") if d.is_dir()]
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            found += [f"{tool} {table}: {r}" for r in run([tool, "-t", table, "-S"], check=False).stdout.splitlines()
+                      if "KUBE-" in r]
+    return found
+
+
+def cri_log_text(raw: str) -> str:
+    """A container's output from the kubelet's CRI log format (`<time> <stream> <P|F> <text>` per line;
+    `P` lines are parts of one longer line)."""
+    out: list[str] = []
+    part = ""
+    for line in raw.splitlines():
+        fields = line.split(" ", 3)
+        if len(fields) < 4:
+            continue
+        part += fields[3]
+        if fields[2] == "F":
+            out.append(part)
+            part = ""
+    return "\n".join(out) + ("\n" if out else "")
+
+
+class LogFollower:
+    """Copies a container's log file on its node while it grows, so the output outlives the pod (the kubelet
+    removes a deleted pod's logs, and the API server no longer serves them)."""
+
+    def __init__(self, node: Node, pod: dict, container: str) -> None:
+        import threading  # noqa: PLC0415
+
+        self.path = node.container_log(pod, container)
+        self._raw = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"follow-{container}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        offset = 0
+        while not self._stop.is_set():
+            try:
+                with open(self.path, encoding="utf-8", errors="replace") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                    offset += len(chunk.encode())
+                    self._raw += chunk
+            except OSError:
+                return  # removed with its pod: everything before is kept
+            self._stop.wait(0.05)
+
+    def text(self) -> str:
+        return cri_log_text(self._raw)
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join(5)
+        return self.text()
