@@ -1,4 +1,4 @@
-"""The benchmarks' own Kubernetes: a LocalCluster under /tmp, its node agent, and operator processes.
+"""The benchmarks' own Kubernetes: a LocalCluster under /tmp with one real node, and operator processes.
 
 Never the shared `.cluster/` of the repository: other people's e2e sessions run there, and a second
 operator on one cluster would fight theirs. The cluster is `e2e.cluster.LocalCluster` with another
@@ -51,7 +51,9 @@ class BenchCluster(LocalCluster):
     """A LocalCluster whose API server also writes an audit log (metadata only: who, verb, resource)."""
 
     def __init__(self, root: Path = ROOT) -> None:
-        super().__init__(root)
+        # One real node (containerd + kubelet + the fake-GPU plugin); no kube-proxy: the benches dial pods
+        # directly, and an e2e session on the same machine may own the host's kube-proxy rules.
+        super().__init__(root, nodes=(NODE,), gpus=16, kube_proxy=False)
         self.audit_log = self.logs / "audit.log"
 
     def _apiserver_args(self, ports: Ports) -> list[str]:
@@ -71,52 +73,15 @@ class BenchCluster(LocalCluster):
         wait_for("CRD Established", lambda: _established(kube), 60)
         return kubeconfig
 
-    # -- node agent -----------------------------------------------------------------------------
+    # -- the node -----------------------------------------------------------------------------------
 
-    def start_agent(self, gpus: int = 64) -> subprocess.Popen[bytes]:
-        """Our own node agent (own state dir, so its own netns prefix and pod addresses); recorded in pids."""
-        self.stop_agent()
-        state = self.dir / "nodeagent"
-        argv = [sys.executable, "-m", "e2e.nodeagent", "--kubeconfig", str(self.kubeconfig), "--node", NODE,
-                "--gpus", str(gpus), "--cpu", "64", "--memory", "256Gi", "--pods", "250",
-                "--state-dir", str(state), "--crash-backoff", "1"]
-        self.logs.mkdir(parents=True, exist_ok=True)
-        with open(self.logs / "nodeagent.log", "ab") as logf:
-            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,  # noqa: S603
-                                    cwd=REPO, start_new_session=True)
-        pids = self.read_pids()
-        pids["nodeagent"] = proc.pid
-        self._write_pids(pids)
+    def start_agent(self) -> None:
+        """The node is part of `up`: waits until it is Ready (kept for the benches' own vocabulary)."""
         kube = Kube(self.kubeconfig)
-        wait_for(f"node {NODE} Ready", lambda: proc.poll() is None and _node_ready(kube), 90)
-        log(f"Started node agent pid={proc.pid} node={NODE} stateDir={state}")
-        return proc
+        wait_for(f"node {NODE} Ready", lambda: _node_ready(kube), 90)
 
-    @property
-    def agent_state(self) -> Path:
-        return self.dir / "nodeagent"
-
-    def stop_agent(self) -> None:
-        """Stops our agent, then puts the shared pod bridge back if our agent removed it under another agent."""
-        if "nodeagent" not in self.read_pids():
-            return
-        self.stop_component("nodeagent", grace=90)
-        restore_bridge()
-
-    def down(self, quiet: bool = False, grace: float = 15.0) -> None:
-        had_agent = "nodeagent" in self.running()
-        super().down(quiet=quiet, grace=grace)
-        if had_agent:
-            restore_bridge()
-
-
-def restore_bridge() -> None:
-    """The node agent removes bridge trop0 on exit when no pod uses it; others' agents still need it."""
-    from e2e.nodeagent import network  # noqa: PLC0415
-
-    others = subprocess.run(["pgrep", "-f", "e2e.nodeagent"], capture_output=True, text=True, check=False)  # noqa: S607
-    if others.stdout.strip() and network.netns_supported():
-        network.ensure_bridge()
+    def container_pid(self, pod: dict, container: str) -> int:
+        return self.node(pod["spec"]["nodeName"]).container_pid(pod, container)
 
 
 def _established(kube: Kube) -> bool:

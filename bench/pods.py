@@ -238,8 +238,9 @@ def tree_rss_kb(pid: int) -> int:
 
 def replica_rss_mb(cluster: BenchCluster, pods: list[PodTimeline]) -> list[float]:
     out = []
+    kube = Kube(cluster.kubeconfig)
     for tl in pods:
-        pid_file = cluster.agent_state / "pods" / tl.uid / "run" / "tritonserver.pid"
-        with contextlib.suppress(OSError, ValueError):
-            out.append(round(tree_rss_kb(int(pid_file.read_text().strip())) / 1024, 1))
+        with contextlib.suppress(OSError, ValueError, LookupError):
+            pod = next(p for p in kube.items("Pod") if p["metadata"]["uid"] == tl.uid)
+            out.append(round(tree_rss_kb(cluster.container_pid(pod, "tritonserver")) / 1024, 1))
     return out

@@ -347,7 +347,7 @@ class LocalCluster:
         bins = self.binaries()
         from e2e import images  # noqa: PLC0415 - building images is only needed here
 
-        built = images.build_all(log=lambda m: print(m, flush=True))
+        built = images.build_all(log=lambda m: print(m, flush=True)) if self.node_names else []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         cold = not self.certs.exists()
@@ -429,6 +429,27 @@ class LocalCluster:
                                                         n.plugin_args())
         pids[f"{n.name}/kubelet"] = self._spawn(f"{n.name}/kubelet", bins["kubelet"], n.kubelet_args(kubeconfig))
         self._write_pids(pids)
+
+    def stop_kubelet(self, name: str) -> None:
+        """Stops one node's kubelet (SIGKILL: a node that vanished); its containers keep running in containerd."""
+        pids = self.read_pids()
+        pid = pids.get(f"{name}/kubelet")
+        if pid is not None and self._owned(f"{name}/kubelet", pid):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone([pid], 10)
+        log(f"Stopped the kubelet of node {name}")
+
+    def start_kubelet(self, name: str, timeout: float = 120.0) -> None:
+        """Starts a stopped kubelet again with its config and root dir; returns once the node is Ready."""
+        n = self.node(name)
+        bins = self.binaries()
+        user = self.certs.node(name)
+        pids = self.read_pids()
+        pids[f"{name}/kubelet"] = self._spawn(f"{name}/kubelet", bins["kubelet"],
+                                              n.kubelet_args(self.dir / f"{user}.kubeconfig"))
+        self._write_pids(pids)
+        self._wait(f"node {name} Ready again", lambda: self._node_ready(n), {f"{name}/kubelet": pids[f"{name}/kubelet"]},
+                   timeout)
 
     def _node_ready(self, n: Node) -> bool:
         try:
@@ -541,6 +562,9 @@ class LocalCluster:
             # the ClusterIP: the API server then works without kube-proxy too (an isolated cluster has none).
             "--enable-aggregator-routing=true",
             "--allow-privileged=true",
+            # A lost node's pods are evicted after 10 s, not the default 5 minutes (node-loss tests).
+            "--default-not-ready-toleration-seconds=10",
+            "--default-unreachable-toleration-seconds=10",
             "--profiling=false",
             "--v=1",
         ]
@@ -578,6 +602,8 @@ class LocalCluster:
             f"--cluster-signing-key-file={c('ca.key')}",
             "--allocate-node-cidrs=false",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # A node whose kubelet stopped renewing its Lease (every 2.5 s here) is NotReady after 12 s.
+            "--node-monitor-grace-period=12s",
         ]
 
     def _scheduler_args(self, ports: Ports) -> list[str]:

@@ -1,10 +1,12 @@
 """`make demo`: the whole product on an embedded local cluster, shown as it happens.
 
-Brings up the local control plane and a fake GPU node (e2e/cluster.py, e2e/nodeagent),
-installs the CRD, starts the operator, applies two examples (add-sub with warm-up and
-the sentiment ensemble), prints live progress of the TritonModels and their replicas
-(Loading -> Warming -> Ready, gated in), then sends a sample inference to each through
-the Service's ready endpoints. The cluster is left running.
+Brings up the local cluster (e2e/cluster.py: a control plane, two real GPU nodes - containerd and a
+kubelet each, with our fake-GPU device plugin - and kube-proxy; the images built from our
+Dockerfiles imported into each node), installs the operator with `helm upgrade --install
+charts/triton-operator` (CRD included) and waits until it serves, applies two examples (add-sub
+with warm-up and the sentiment ensemble), prints live progress of the TritonModels and their
+replicas (Loading -> Warming -> Ready, gated in), then sends a sample inference to each through the
+Service's ClusterIP (kube-proxy). The cluster is left running.
 
     python -m e2e.demo [--kubeconfig PATH] [--namespace demo] [--timeout 300]
 """
@@ -27,7 +29,6 @@ import tritonclient.grpc as grpcclient
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 EXAMPLES = [REPO / "examples" / "add-sub.yaml", REPO / "examples" / "sentiment-ensemble.yaml"]
-GPU_NODE = "gpu-node-1"
 
 
 def say(msg: str) -> None:
@@ -46,43 +47,65 @@ def get_json(kubeconfig: Path, *args: str) -> dict[str, Any]:
     return json.loads(kubectl(kubeconfig, "get", *args, "-o", "json"))
 
 
+RELEASE, RELEASE_NAMESPACE = "triton-operator", "triton-system"
+
+
 def bring_up(args: argparse.Namespace) -> Path:
-    from e2e.cluster import LocalCluster, free_port
+    from e2e.cluster import LocalCluster
 
     if args.kubeconfig:
         return Path(args.kubeconfig)
     local = LocalCluster(REPO)
-    kubeconfig = local.up()
-    if "nodeagent" not in local.running():
-        local.start_node_agent([GPU_NODE], 8)
-    if "triton-operator" not in local.running():
-        logf = open(local.logs / "triton-operator.log", "ab")  # noqa: SIM115 - handed to the child
-        webhook = free_port()
-        proc = subprocess.Popen(  # noqa: S603
-            [str(VENV_BIN / "triton-operator"), "run", "--kubeconfig", str(kubeconfig), "--metrics-port", "0",
-             "--liveness", "http://127.0.0.1:18080/healthz",
-             # The admission webhook on loopback; `make cluster-down` stops the operator, which removes it.
-             "--webhook-url", f"https://127.0.0.1:{webhook}", "--webhook-address", "127.0.0.1",
-             "--webhook-port", str(webhook), "--webhook-configuration", "triton-operator-demo"],
-            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        pids = local.read_pids()
-        pids["triton-operator"] = proc.pid
-        local._write_pids(pids)
-        say(f"[demo] Started the operator pid={proc.pid} log={local.logs / 'triton-operator.log'}")
-    return kubeconfig
+    stale = local.read_pids().get("triton-operator")  # a host-process operator from an older demo: never reused
+    if stale is not None:
+        local.stop_component("triton-operator")
+        say(f"[demo] Stopped an operator process an older demo left pid={stale}")
+    return local.up()
 
 
-def wait_node(kubeconfig: Path, timeout: float) -> None:
+def helm_binary() -> str:
+    out = subprocess.run(["bash", str(REPO / "e2e" / "toolchain" / "build.sh")],  # noqa: S603,S607
+                         check=True, capture_output=True, text=True).stdout
+    return str(Path(out.strip().splitlines()[-1]) / "helm")
+
+
+def install_operator(kubeconfig: Path, timeout: float) -> None:
+    """`helm upgrade --install` of the chart, then wait until the operator serves: its pod Ready and its webhook
+    CA published (TritonModel writes are refused before that). An operator that does not serve is never reused:
+    a pod that is not Ready within the timeout fails the demo with its log."""
+    say("[demo] Installing the operator: helm upgrade --install triton-operator charts/triton-operator")
+    subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", "--install", RELEASE,  # noqa: S603
+                    str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
+                    "--wait", "--timeout", f"{int(timeout)}s"], check=True, capture_output=True, text=True)
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/tritonmodels.serving.triton-operator.dev")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pods = get_json(kubeconfig, "pods", "-n", RELEASE_NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}")
+        for pod in pods["items"]:
+            ready = [c for c in pod["status"].get("conditions", []) if c["type"] == "Ready"]
+            if ready and ready[0]["status"] == "True" and not pod["metadata"].get("deletionTimestamp"):
+                image = pod["spec"]["containers"][0]["image"]
+                say(f"[demo] The operator runs in pod {RELEASE_NAMESPACE}/{pod['metadata']['name']} on "
+                    f"{pod['spec']['nodeName']} (image {image}, uid {pod['spec']['securityContext'].get('runAsUser')})")
+                return
+        time.sleep(0.5)
+    log = subprocess.run([str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "logs", "-n",  # noqa: S603
+                          RELEASE_NAMESPACE, f"deployment/{RELEASE}", "--tail=40"], capture_output=True, text=True)
+    raise TimeoutError(f"the operator pod is not Ready after {timeout:.0f}s:\n{log.stdout}{log.stderr}")
+
+
+def wait_nodes(kubeconfig: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         nodes = get_json(kubeconfig, "nodes")["items"]
-        for n in nodes:
-            ready = [c for c in n["status"].get("conditions", []) if c["type"] == "Ready"]
-            if ready and ready[0]["status"] == "True":
-                gpus = n["status"].get("capacity", {}).get("nvidia.com/gpu", "0")
-                say(f"[demo] Node {n['metadata']['name']} is Ready with nvidia.com/gpu={gpus}")
-                return
+        ready = [n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True"
+                                         for c in n["status"].get("conditions", []))]
+        if ready and len(ready) == len(nodes):
+            for n in ready:
+                info = n["status"]["nodeInfo"]
+                say(f"[demo] Node {n['metadata']['name']} is Ready: kubelet {info['kubeletVersion']}, "
+                    f"{info['containerRuntimeVersion']}, nvidia.com/gpu={n['status']['allocatable'].get('nvidia.com/gpu', '0')}")
+            return
         time.sleep(0.5)
     raise TimeoutError("no Ready node")
 
@@ -98,7 +121,8 @@ def wait_webhook(kubeconfig: Path, timeout: float) -> None:
                 say(f"[demo] The operator's admission webhook is registered ({vwc['metadata']['name']})")
                 return
         time.sleep(0.3)
-    raise TimeoutError("the operator registered no admission webhook; see .cluster/logs/triton-operator.log")
+    raise TimeoutError(f"the operator registered no admission webhook; see `kubectl logs -n {RELEASE_NAMESPACE} "
+                       f"deployment/{RELEASE}`")
 
 
 def refused_at_apply(kubeconfig: Path, namespace: str) -> None:
@@ -149,12 +173,11 @@ def progress(kubeconfig: Path, namespace: str, names: list[str], timeout: float)
 
 
 def ready_address(kubeconfig: Path, namespace: str, service: str) -> str:
+    """The Service's ClusterIP, once it has a ready endpoint: kube-proxy sends each connection to a warmed replica."""
     slices = get_json(kubeconfig, "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={service}")
-    for s in slices["items"]:
-        for ep in s.get("endpoints") or []:
-            if (ep.get("conditions") or {}).get("ready"):
-                return ep["addresses"][0]
-    raise RuntimeError(f"service {service} has no ready endpoint")
+    if not any((ep.get("conditions") or {}).get("ready") for s in slices["items"] for ep in s.get("endpoints") or []):
+        raise RuntimeError(f"service {service} has no ready endpoint")
+    return get_json(kubeconfig, "service", "-n", namespace, service)["spec"]["clusterIP"]
 
 
 def sample_inference(kubeconfig: Path, namespace: str) -> None:
@@ -168,7 +191,7 @@ def sample_inference(kubeconfig: Path, namespace: str) -> None:
     t = time.monotonic()
     res = client.infer("add-sub", inputs)
     ms = (time.monotonic() - t) * 1000
-    say(f"[demo] add-sub via endpoint {addr}:8001: {a[0].tolist()} + {b[0].tolist()} = "
+    say(f"[demo] add-sub via Service add-sub {addr}:8001: {a[0].tolist()} + {b[0].tolist()} = "
         f"{res.as_numpy('OUTPUT0')[0].tolist()} ({ms:.1f} ms, first request after the gate opened)")
 
     addr = ready_address(kubeconfig, namespace, "sentiment")
@@ -179,7 +202,7 @@ def sample_inference(kubeconfig: Path, namespace: str) -> None:
     res = client.infer("sentiment", [inp])
     labels = [x.decode() if isinstance(x, bytes) else str(x) for x in res.as_numpy("LABEL").reshape(-1)]
     for text, label in zip(texts.reshape(-1), labels, strict=True):
-        say(f"[demo] sentiment via endpoint {addr}:8001: {text.decode()!r} -> {label}")
+        say(f"[demo] sentiment via Service sentiment {addr}:8001: {text.decode()!r} -> {label}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,13 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300)
     args = p.parse_args(argv)
     t0 = time.monotonic()
-    say("[demo] Bringing up the local control plane, a GPU node and the operator…")
+    say("[demo] Bringing up the local cluster (control plane, two GPU nodes, images) and the operator…")
     kubeconfig = bring_up(args)
-    wait_node(kubeconfig, 90)
-    kubectl(kubeconfig, "apply", "--server-side", "-f", str(REPO / "crds" / "tritonmodels.yaml"))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/tritonmodels.serving.triton-operator.dev")
-    say("[demo] Installed the TritonModel CRD")
-    wait_webhook(kubeconfig, 60)
+    wait_nodes(kubeconfig, 120)
+    if not args.kubeconfig:
+        install_operator(kubeconfig, args.timeout)
+    wait_webhook(kubeconfig, 120)
     ns_exists = subprocess.run(  # noqa: S603
         [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "namespace", args.namespace],
         capture_output=True,
@@ -214,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"[demo] Done in {time.monotonic() - t0:.0f}s. The cluster keeps running:")
     say(f"  export KUBECONFIG={kubeconfig}")
     say(f"  .venv/bin/kubectl get tritonmodels,pods,endpointslices -n {args.namespace}")
+    say(f"  .venv/bin/kubectl get nodes -o wide; .venv/bin/kubectl logs -n {RELEASE_NAMESPACE} deployment/{RELEASE}")
     say("  make cluster-down     # stop everything")
     return 0
 

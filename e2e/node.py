@@ -292,6 +292,8 @@ oom_score = 0
             # ConfigMap volume updates reach pods on the pod's next sync.
             "syncFrequency": "10s",
             "nodeStatusUpdateFrequency": "4s",
+            # The Lease is renewed every quarter of this: a stopped kubelet is noticed within seconds.
+            "nodeLeaseDurationSeconds": 10,
             "serializeImagePulls": False,
             "rotateCertificates": False,
             "serverTLSBootstrap": False,
@@ -504,24 +506,30 @@ def kubelet_chains_cleanup() -> None:
                 run([tool, "-t", table, "-X", chain], check=False)
 
 
-def leftovers() -> list[str]:
-    """What a torn-down machine must not have: a description per leftover (empty when clean)."""
+def leftovers(cluster_dir: Path | None = None) -> list[str]:
+    """What a torn-down cluster must not leave on the machine, one line per leftover (empty when clean): its
+    processes, mounts, bridges and cgroups, and - for every cluster (`cluster_dir` None) - KUBE-* rules."""
+    cid = short_id(cluster_dir) if cluster_dir is not None else "[0-9a-f]{4}"
+    root = str(state_root(cluster_dir)) if cluster_dir is not None else "/var/lib/trop/"
     found = []
-    ps = run(["ps", "-eo", "pid,args"], check=False).stdout
-    for line in ps.splitlines():
-        if re.search(r"containerd-shim|/kubelet |fake-gpu-plugin|kube-proxy", line) and "/var/lib/trop/" in line:
-            found.append(f"process: {line.strip()}")
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if root in args:
+                    found.append(f"process {proc.name}: {args[:160]}")
     for line in Path("/proc/self/mounts").read_text().splitlines():
-        if "/var/lib/trop/" in line.split()[1]:
+        if line.split()[1].startswith(root):
             found.append(f"mount: {line.split()[1]}")
     links = run(["ip", "-o", "link", "show"], check=False).stdout
-    found += [f"link: {m}" for m in re.findall(r"\b(trop[0-9a-f]{4}n\d+)\b", links)]
+    found += [f"link: {m}" for m in re.findall(rf"\b(trop{cid}n\d+)\b", links)]
     for h in CGROUP_ROOT.iterdir():
-        found += [f"cgroup: {d}" for d in h.glob("trop*n*") if d.is_dir()]
-    for tool in ("iptables", "ip6tables"):
-        for table in ("filter", "nat", "mangle"):
-            found += [f"{tool} {table}: {r}" for r in run([tool, "-t", table, "-S"], check=False).stdout.splitlines()
-                      if "KUBE-" in r]
+        found += [f"cgroup: {d}" for d in h.iterdir() if d.is_dir() and re.fullmatch(rf"trop{cid}n\d+", d.name)]
+    if cluster_dir is None:
+        for tool in ("iptables", "ip6tables"):
+            for table in ("filter", "nat", "mangle"):
+                found += [f"{tool} {table}: {r}" for r in run([tool, "-t", table, "-S"], check=False).stdout.splitlines()
+                          if "KUBE-" in r]
     return found
 
 

@@ -41,21 +41,21 @@ build_kube() {
     flags+=" -X $pkg.gitCommit=0000000000000000000000000000000000000000 -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   done
   log "building $name $KUBE_VERSION"
-  (cd "$here/kube" && go build -ldflags "$flags" -o "$out/$name.tmp" "k8s.io/kubernetes/cmd/$name")
-  mv "$out/$name.tmp" "$out/$name"
+  (cd "$here/kube" && go build -ldflags "$flags" -o "$out/$name.tmp.$$" "k8s.io/kubernetes/cmd/$name")
+  mv "$out/$name.tmp.$$" "$out/$name"
 }
 
 # Our device plugin: advertises fake nvidia.com/gpu devices through the kubelet's device-plugin API.
 build_plugin() {
   log "building fake-gpu-plugin"
-  (cd "$here/kube" && go build -ldflags "-s -w" -o "$out/fake-gpu-plugin.tmp" ./cmd/fake-gpu-plugin)
-  mv "$out/fake-gpu-plugin.tmp" "$out/fake-gpu-plugin"
+  (cd "$here/kube" && go build -ldflags "-s -w" -o "$out/fake-gpu-plugin.tmp.$$" ./cmd/fake-gpu-plugin)
+  mv "$out/fake-gpu-plugin.tmp.$$" "$out/fake-gpu-plugin"
 }
 
 build_etcd() {
   log "building etcd $ETCD_VERSION"
-  (cd "$here/etcd" && go build -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module" -o "$out/etcd.tmp" .)
-  mv "$out/etcd.tmp" "$out/etcd"
+  (cd "$here/etcd" && go build -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module" -o "$out/etcd.tmp.$$" .)
+  mv "$out/etcd.tmp.$$" "$out/etcd"
 }
 
 build_helm() {

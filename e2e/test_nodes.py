@@ -1,0 +1,113 @@
+"""The real nodes themselves: losing one, and what tearing one down leaves behind.
+
+- Node loss: one node's kubelet is SIGKILLed (the machine vanished, its containers do not know). The
+  node turns NotReady, its replica leaves the Service's ready endpoints, the taint-based eviction
+  deletes it, and the operator's Deployment replaces it on the other node, where it joins only
+  through the warm-up gate. The kubelet is started again afterwards and cleans up.
+- Teardown: a cluster of the test's own with one node runs a pod with ConfigMap, projected-token and
+  emptyDir volumes; after `down` nothing of it is left: no process, mount, bridge or cgroup.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster import REPO_ROOT, LocalCluster
+from e2e.kube import Kube, condition, wait_for
+from e2e.node import leftovers
+from e2e.operator_fixtures import OperatorHandle, gate, is_model_ready, record, wait_model
+from e2e.test_operator import add_sub, apply, live_pods
+from e2e.testing import container_status, is_ready, ready_endpoints, wait_pod
+
+pytestmark = pytest.mark.cluster
+
+
+def _node_ready(kube: Kube, name: str) -> str:
+    return (condition(kube.get("Node", name), "Ready") or {}).get("status", "")
+
+
+def test_lost_node_replica_leaves_the_service_and_is_replaced_on_the_other_node(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any) -> None:
+    if len(nodes.names) < 2:
+        pytest.skip("needs two nodes")
+    doc = add_sub()
+    doc["spec"]["replicas"] = 2
+    # Spread the replicas (soft): one of them sits on the node that is not the operator's.
+    doc["spec"]["server"] = {**doc["spec"].get("server", {}), "affinity": {"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"serving.triton-operator.dev/model": "add-sub"}}}}]}}}
+    apply(kubeconfig, namespace, doc)
+    wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
+               "Ready with 2 warmed replicas", 180)
+    operator_node = operator.pod()["spec"]["nodeName"] if hasattr(operator, "pod") else None
+    pods = live_pods(kube, namespace, "add-sub")
+    victims = [p for p in pods if p["spec"]["nodeName"] != operator_node]
+    if not victims:
+        pytest.skip(f"both replicas landed on the operator's node {operator_node}")
+    victim = victims[0]
+    lost, ip = victim["spec"]["nodeName"], victim["status"]["podIP"]
+    survivor = next(n for n in nodes.names if n != lost)
+
+    t0 = time.monotonic()
+    nodes.local.stop_kubelet(lost)
+    try:
+        wait_for(f"node {lost} NotReady", lambda: _node_ready(kube, lost) in ("False", "Unknown"), 60)
+        not_ready = time.monotonic() - t0
+        wait_for(f"the lost replica {ip} out of the Service's ready endpoints", lambda: ip not in [
+            a for ep in ready_endpoints(kube, namespace, "add-sub") for a in ep["addresses"]], 60)
+        out_of_service = time.monotonic() - t0
+
+        def replaced() -> list[dict] | None:
+            fresh = [p for p in live_pods(kube, namespace, "add-sub")
+                     if p["metadata"]["uid"] != victim["metadata"]["uid"] and p["spec"].get("nodeName") == survivor]
+            return fresh if len(fresh) == 2 and all(is_ready(p) for p in fresh) else None
+
+        fresh = wait_for(f"two ready replicas on {survivor}", replaced, 180)
+        back = time.monotonic() - t0
+        for p in fresh:
+            assert gate(p).get("status") == "True", gate(p)  # joined through the warm-up gate
+        assert len(ready_endpoints(kube, namespace, "add-sub")) == 2
+        wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
+                   "Ready with 2 warmed replicas again", 60)
+        record("node loss: kubelet killed -> node NotReady", f"{not_ready:.1f}s")
+        record("node loss: kubelet killed -> replica out of the endpoints", f"{out_of_service:.1f}s")
+        record("node loss: kubelet killed -> 2 warmed replicas on the other node", f"{back:.1f}s")
+    finally:
+        nodes.local.start_kubelet(lost)
+    # The restarted kubelet stops what the evicted pod left running.
+    wait_for("the evicted replica gone", lambda: kube.get_or_none("Pod", victim["metadata"]["name"], namespace) is None,
+             120)
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[LocalCluster]:
+    local = LocalCluster(REPO_ROOT / ".cluster" / "teardown", nodes=("gpu-node-1",), kube_proxy=False)
+    local.down(quiet=True)
+    local.up()
+    try:
+        yield local
+    finally:
+        local.down()
+
+
+def test_down_leaves_no_process_mount_bridge_or_cgroup(own_cluster: LocalCluster) -> None:
+    kube = Kube(own_cluster.kubeconfig)
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": "default"},
+                 "data": {"a": "b"}})
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busy", "namespace": "default"}, "spec": {
+        "containers": [{"name": "c", "image": "ghcr.io/triton-operator/triton-operator:0.1.0",
+                        "command": ["python", "-c", "import time; time.sleep(3600)"],
+                        "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}, {"name": "scratch", "mountPath": "/s"}]}],
+        "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}, {"name": "scratch", "emptyDir": {}}]}})
+    wait_pod(kube, "default", "busy", lambda p: container_status(p, "c").get("started"), "running", 120)
+    during = leftovers(own_cluster.dir)
+    assert any(x.startswith("mount:") for x in during) and any(x.startswith("cgroup:") for x in during), during
+    assert any(x.startswith("link:") for x in during), during
+    own_cluster.down()
+    assert leftovers(own_cluster.dir) == []
