@@ -65,7 +65,9 @@ RULES: dict[str, Rule] = {
         Rule("ensemble-cycle", True, "no cycles between ensembles"),
         Rule("ensemble-types", True, "mapped tensors agree in data type and shape"),
         Rule("ensemble-batch-size", True, "ensemble maxBatchSize <= each batching step's"),
-        Rule("ensemble-decoupled-mix", True, "a step input mixes no tensors from different decoupled models"),
+        Rule("ensemble-decoupled-mix", True,
+             "a step's inputs (and the ensemble's outputs) all come from one decoupled model's responses, or none"),
+        Rule("ensemble-step-version", True, "a step asks for version -1 (latest) or 1, the one version a model serves"),
     ]
 }
 
@@ -432,6 +434,74 @@ def _shape_compatible(a: Tensor, a_mbs: int, b: Tensor, b_mbs: int, *, a_reshape
     return _compatible(full_a, _full_shape(b, b_mbs))
 
 
+#: The versions a TritonModel serves: its files are version 1 of its Triton model; -1 means the latest.
+SERVED_VERSIONS = (-1, 1)
+
+
+def _stream_name(stream: tuple[int, str] | None) -> str:
+    return "the ensemble's inputs" if stream is None else f"decoupled step {stream[0]} ({stream[1]})"
+
+
+def _decoupled(model: TritonModel, models: Mapping[str, TritonModel], seen: frozenset[str] = frozenset()) -> bool:
+    """Whether a step model answers decoupled: an ensemble does when one of its steps does (Triton marks it so)."""
+    if not model.spec.is_ensemble or model.spec.ensemble is None:
+        return model.spec.decoupled
+    seen = seen | {model.name}
+    return any(
+        _decoupled(models[s.model], models, seen)
+        for s in model.spec.ensemble.steps if s.model in models and s.model not in seen
+    )
+
+
+def _check_decoupled_streams(model: TritonModel, models: Mapping[str, TritonModel], err: _Collector) -> None:
+    """Triton's rule for decoupled steps, which may answer one request with any number of responses.
+
+    Each tensor belongs to a stream: the ensemble's inputs are one, every decoupled step starts a new one
+    (two steps of one decoupled model are two streams), and a step that is not decoupled passes on the stream
+    of its inputs. A step whose inputs come from different streams, or ensemble outputs that do, cannot be
+    paired response by response: Triton refuses the ensemble ("receives inputs originated from different
+    decoupled models"). Steps run once all their inputs exist, in any order the data allows.
+    """
+    assert model.spec.ensemble is not None
+    stream: dict[str, tuple[int, str] | None] = {t.name: None for t in model.spec.inputs or ()}
+    pending = [
+        (i, s, models[s.model]) for i, s in enumerate(model.spec.ensemble.steps)
+        if s.model in models and s.model != model.name and s.input_map
+    ]
+    progress = True
+    while pending and progress:
+        progress = False
+        for item in list(pending):
+            i, step, target = item
+            if any(v not in stream for v in step.input_map.values()):
+                continue
+            pending.remove(item)
+            progress = True
+            came_from = {v: stream[v] for v in step.input_map.values()}
+            streams = list(dict.fromkeys(came_from.values()))
+            if len(streams) > 1:
+                err(
+                    "ensemble-decoupled-mix",
+                    f"spec.ensemble.steps[{i}].inputMap",
+                    "inputs come from different streams of responses: "
+                    + ", ".join(f"{v!r} from {_stream_name(s)}" for v, s in came_from.items())
+                    + "; a decoupled model answers a request with any number of responses, so Triton cannot pair "
+                    "them and refuses the ensemble",
+                )
+            out = (i, step.model) if _decoupled(target, models) else streams[0]
+            for v in step.output_map.values():
+                stream.setdefault(v, out)
+    outputs = {t.name: stream[t.name] for t in model.spec.outputs or () if t.name in stream}
+    if len(set(outputs.values())) > 1:
+        err(
+            "ensemble-decoupled-mix",
+            "spec.outputs",
+            "ensemble outputs come from different streams of responses: "
+            + ", ".join(f"{n!r} from {_stream_name(s)}" for n, s in outputs.items())
+            + "; Triton cannot pair the responses of a decoupled step with others and refuses the ensemble",
+        )
+
+
 def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
     err = _Collector(ident)
     spec = model.spec
@@ -440,10 +510,8 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
     ens_inputs = {t.name: t for t in spec.inputs or ()}
     ens_outputs = {t.name: t for t in spec.outputs or ()}
     mbs = spec.effective_max_batch_size
-    # tensor -> (producer description, Tensor, max batch, decoupled source or None)
-    produced: dict[str, tuple[str, Tensor, int, str | None]] = {
-        n: ("ensemble input", t, mbs, None) for n, t in ens_inputs.items()
-    }
+    # tensor -> (producer description, Tensor, max batch)
+    produced: dict[str, tuple[str, Tensor, int]] = {n: ("ensemble input", t, mbs) for n, t in ens_inputs.items()}
     consumed: set[str] = set()
     for i, step in enumerate(spec.ensemble.steps):
         base = f"spec.ensemble.steps[{i}]"
@@ -451,6 +519,13 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
             err("ensemble-step", f"{base}.inputMap", "must map at least one input")
         if not step.output_map:
             err("ensemble-step", f"{base}.outputMap", "must map at least one output")
+        if step.model_version not in SERVED_VERSIONS:
+            err(
+                "ensemble-step-version",
+                f"{base}.modelVersion",
+                f"TritonModel {step.model!r} serves only version 1 (its files are its model's version 1), so version "
+                f"{step.model_version} never loads and Triton refuses the ensemble; use -1 (the latest) or 1",
+            )
         target = models.get(step.model)
         if target is None:
             err("ensemble-step-model", f"{base}.model", f"TritonModel {step.model!r} is not defined")
@@ -484,8 +559,8 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
                     f"ensemble tensor {v!r} is already written by the {produced[v][0]}",
                 )
                 continue
-            produced[v] = (f"output {k!r} of step {i} ({step.model})", t_outputs[k], t_mbs, step.model if target.spec.decoupled else None)
-    # second pass: every step input is available, types/shapes agree, decoupled sources are not mixed
+            produced[v] = (f"output {k!r} of step {i} ({step.model})", t_outputs[k], t_mbs)
+    # second pass: every step input is available, types and shapes agree
     for i, step in enumerate(spec.ensemble.steps):
         target = models.get(step.model)
         if target is None or step.model == model.name:
@@ -493,7 +568,6 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
         t_inputs = {t.name: t for t in target.spec.inputs or ()}
         t_mbs = target.spec.effective_max_batch_size
         base = f"spec.ensemble.steps[{i}]"
-        decoupled_sources = set()
         for k, v in step.input_map.items():
             consumed.add(v)
             src = produced.get(v)
@@ -504,8 +578,6 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
                     f"ensemble tensor {v!r} is neither an ensemble input nor written by any step",
                 )
                 continue
-            if src[3] is not None:
-                decoupled_sources.add(src[3])
             t = t_inputs.get(k)
             if t is None:
                 continue
@@ -521,12 +593,6 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
                     f"{base}.inputMap[{k}]",
                     f"{v!r} has shape {src[1].dims} ({src[0]}) but {step.model!r} input {k!r} has dims {t.dims}",
                 )
-        if len(decoupled_sources) > 1:
-            err(
-                "ensemble-decoupled-mix",
-                f"{base}.inputMap",
-                f"inputs come from different decoupled models {sorted(decoupled_sources)}",
-            )
     for j, (name, t) in enumerate(ens_outputs.items()):
         src = produced.get(name)
         if src is None or src[0] == "ensemble input":
@@ -536,14 +602,8 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
             err("ensemble-types", f"spec.outputs[{j}].dataType", f"is {t.data_type} but {src[0]} is {src[1].data_type}")
         elif not _shape_compatible(t, mbs, src[1], src[2], a_reshape=True):
             err("ensemble-types", f"spec.outputs[{j}].dims", f"{t.dims} does not match {src[0]} with dims {src[1].dims}")
-    out_sources = {produced[n][3] for n in ens_outputs if n in produced and produced[n][3] is not None}
-    if len(out_sources) > 1:
-        err(
-            "ensemble-decoupled-mix",
-            "spec.outputs",
-            f"ensemble outputs come from different decoupled models {sorted(out_sources)}",
-        )
-    for name, (desc, _t, _m, _d) in produced.items():
+    _check_decoupled_streams(model, models, err)
+    for name, (desc, _t, _m) in produced.items():
         if name not in consumed and name not in ens_outputs:
             path = "spec.inputs" if desc == "ensemble input" else "spec.ensemble.steps"
             err("ensemble-unused-tensor", path, f"ensemble tensor {name!r} ({desc}) is never used")
