@@ -524,3 +524,85 @@ def test_imported_yaml_loads_ready_in_triton(hand_written: Path, tmp_path: Path,
         )
     assert "legacy_detector" in proc.stdout and "(2 warm-up sample(s)" in proc.stdout
     assert f"All {len(expected)} model(s) READY" in proc.stderr
+
+
+# ---------------------------------------------------------------- ensembles Triton would refuse are refused at import
+
+STEP_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 4
+input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+{extra}
+"""
+JOIN_CONFIG = """
+name: "join"
+backend: "python"
+max_batch_size: 4
+input [ { name: "A", data_type: TYPE_FP32, dims: [ 4 ] }, { name: "B", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+ENSEMBLE_CONFIG = """
+name: "pipe"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "x", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "y", data_type: TYPE_FP32, dims: [ 4 ] } ]
+ensemble_scheduling { step [ %s ] }
+"""
+
+
+def _repository(root: Path, configs: dict[str, str], versions: dict[str, list[int]]) -> Path:
+    for name, text in configs.items():
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "config.pbtxt").write_text(text)
+        for v in versions.get(name, [1]):
+            (d / str(v)).mkdir()
+            if "ensemble" not in text:
+                (d / str(v) / "model.py").write_text(GENERIC_MODEL)
+    return root
+
+
+def _version_repository(root: Path, step_version: int, versions: list[int]) -> Path:
+    step = '{ model_name: "pre", model_version: %d, input_map { key: "IN", value: "x" }, output_map { key: "OUT", value: "y" } }'
+    return _repository(root, {"pre": STEP_CONFIG.format(name="pre", extra=""), "pipe": ENSEMBLE_CONFIG % (step % step_version)},
+                       {"pre": versions})
+
+
+@pytest.mark.parametrize(("step_version", "versions", "why"), [
+    (2, [1], "has no version 2"),
+    (1, [1, 3], "version 1 is not imported"),
+])
+def test_import_refuses_a_step_version_the_imported_model_does_not_serve(
+        step_version: int, versions: list[int], why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = _version_repository(tmp_path / "repo", step_version, versions)
+    rc, out, err = cli(["import", str(repo)], capsys)
+    assert rc == 1, err
+    assert out == "", "nothing is written for a repository with a defect"
+    assert "TritonModel/pipe: spec.ensemble.steps[0].modelVersion: " in err and why in err, err
+
+
+def test_import_maps_the_imported_step_version_to_version_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The latest version directory becomes the TritonModel (served as version 1): a step asking for it asks for 1."""
+    repo = _version_repository(tmp_path / "repo", 3, [1, 3])
+    rc, out, err = cli(["import", str(repo)], capsys)
+    assert rc == 0, err
+    docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out)}
+    assert docs["pipe"]["spec"]["ensemble"]["steps"][0]["modelVersion"] == 1
+    assert "warning: pipe: step 0 asks for version 3 of 'pre'" in err, err
+
+
+def test_import_refuses_an_ensemble_mixing_decoupled_streams(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    steps = ('{ model_name: "stream", model_version: -1, input_map { key: "IN", value: "x" }, output_map { key: "OUT", value: "mid" } },'
+             '{ model_name: "join", model_version: -1, input_map { key: "A", value: "mid" }, input_map { key: "B", value: "x" },'
+             ' output_map { key: "OUT", value: "y" } }')
+    repo = _repository(tmp_path / "repo", {
+        "stream": STEP_CONFIG.format(name="stream", extra="model_transaction_policy { decoupled: true }"),
+        "join": JOIN_CONFIG, "pipe": ENSEMBLE_CONFIG % steps}, {})
+    rc, out, err = cli(["import", str(repo)], capsys)
+    assert rc == 1 and out == "", err
+    assert "TritonModel/pipe: spec.ensemble.steps[1].inputMap: inputs come from different streams" in err, err

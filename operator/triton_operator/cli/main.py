@@ -127,6 +127,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     import yaml
 
     from ..render.importer import import_config, k8s_name, parse_config
+    from ..validate import Document, FieldError, check_documents
 
     root = Path(args.repository)
     if not root.is_dir():
@@ -147,16 +148,24 @@ def cmd_import(args: argparse.Namespace) -> int:
             cfg.name = d.name
         parsed[d] = cfg
     names = {cfg.name: k8s_name(cfg.name) for cfg in parsed.values()}
+    version_dirs = {
+        d: sorted((v for v in d.iterdir() if v.is_dir() and v.name.isdigit()), key=lambda v: int(v.name))
+        for d in parsed
+    }
+    served = {cfg.name: [int(v.name) for v in version_dirs[d]] for d, cfg in parsed.items()}
     docs = []
+    problems: list[FieldError] = []
     for d, cfg in parsed.items():
-        versions = sorted((v for v in d.iterdir() if v.is_dir() and v.name.isdigit()), key=lambda v: int(v.name))
+        versions = version_dirs[d]
         files = {}
         if versions:
             vdir = versions[-1]
             files = {str(f.relative_to(vdir)): f.read_bytes() for f in sorted(vdir.rglob("*")) if f.is_file() and "__pycache__" not in f.parts}
         warm_dir = d / "warmup"
         warm = {f.name: f.read_bytes() for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
-        res = import_config(cfg, files, warm, names)
+        res = import_config(cfg, files, warm, names, versions=served)
+        ident = f"TritonModel/{res.manifest['metadata']['name']}"
+        problems.extend(FieldError(ident, p.path, p.message, "import") for p in res.problems)
         if len(versions) > 1:
             res.warnings.append(
                 f"{cfg.name}: only the latest version directory ({versions[-1].name}) was imported, not "
@@ -175,6 +184,16 @@ def cmd_import(args: argparse.Namespace) -> int:
         if args.namespace:
             res.manifest["metadata"]["namespace"] = args.namespace
         docs.append(res.manifest)
+    # The same rules as render and the webhook: a repository Triton would refuse is not turned into YAML.
+    said = {(e.model, e.path) for e in problems}
+    checked = check_documents([Document(f"{root}#{i}", doc) for i, doc in enumerate(docs)])
+    problems.extend(e for e in checked.errors if (e.model, e.path) not in said)
+    if problems:
+        problems = sorted(set(problems), key=lambda e: (e.model, e.path))
+        _err(f"error: {len(problems)} problem(s) found:")
+        for e in problems:
+            _err(f"  {e}")
+        return 1
     text = yaml.safe_dump_all(docs, sort_keys=False, width=120)
     if args.output:
         Path(args.output).write_text(text)

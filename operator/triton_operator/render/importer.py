@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,10 +63,19 @@ def _dropped(msg: Any, path: str = "") -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class ImportProblem:
+    """A defect the manifest cannot carry: the field it would be in, and why."""
+
+    path: str
+    message: str
+
+
 @dataclass
 class Imported:
     manifest: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    problems: list[ImportProblem] = field(default_factory=list)
 
 
 def k8s_name(triton_name: str) -> str:
@@ -179,18 +188,47 @@ def _warmup(w: pb.ModelWarmup) -> dict[str, Any]:
     return {"name": w.name, "batchSize": w.batch_size, "count": w.count or 1, "inputs": inputs}
 
 
+def _step_version(
+    cfg: pb.ModelConfig, i: int, step: pb.ModelEnsembling.Step, versions: Mapping[str, Sequence[int]],
+    warnings: list[str], problems: list[ImportProblem],
+) -> int:
+    """The step's modelVersion in TritonModel terms: a TritonModel serves only the version directory imported
+    (the latest) and serves it as version 1."""
+    asked, have = step.model_version, sorted(versions.get(step.model_name) or ())
+    if asked == -1 or not have:
+        return asked
+    if asked == have[-1]:
+        if asked != 1:
+            warnings.append(
+                f"{cfg.name}: step {i} asks for version {asked} of {step.model_name!r}, the version imported; "
+                "a TritonModel serves it as version 1, so the step asks for 1"
+            )
+        return 1
+    if asked in have:
+        why = (f"version {asked} is not imported: only the latest version directory of {step.model_name!r} "
+               f"({have[-1]}) becomes its TritonModel")
+    else:
+        why = (f"{step.model_name!r} has no version {asked} (it has {', '.join(map(str, have))}), "
+               "so Triton refuses this ensemble")
+    problems.append(ImportProblem(f"spec.ensemble.steps[{i}].modelVersion", f"{why}; ask for -1 (the latest)"))
+    return asked
+
+
 def import_config(
     cfg: pb.ModelConfig,
     files: Mapping[str, bytes] | None = None,
     warmup_files: Mapping[str, bytes] | None = None,
     k8s_names: Mapping[str, str] | None = None,
     uri: str | None = None,
+    versions: Mapping[str, Sequence[int]] | None = None,
 ) -> Imported:
     """A TritonModel manifest for `cfg`. `files` are the version directory's files (inlined when text).
 
-    `k8s_names` maps Triton model names to TritonModel names, for ensemble steps.
+    `k8s_names` maps Triton model names to TritonModel names, for ensemble steps. `versions` gives the
+    version directories of each model in the repository, to check the versions ensemble steps ask for.
     """
     warnings: list[str] = []
+    problems: list[ImportProblem] = []
     k8s_names = k8s_names or {}
     for path in _dropped(cfg):
         warnings.append(f"{cfg.name}: field {path!r} is not supported by TritonModel and was dropped")
@@ -220,11 +258,11 @@ def import_config(
             "steps": [
                 {
                     "model": k8s_names.get(s.model_name, k8s_name(s.model_name)),
-                    "modelVersion": s.model_version,
+                    "modelVersion": _step_version(cfg, i, s, versions or {}, warnings, problems),
                     "inputMap": dict(sorted(s.input_map.items())),
                     "outputMap": dict(sorted(s.output_map.items())),
                 }
-                for s in cfg.ensemble_scheduling.step
+                for i, s in enumerate(cfg.ensemble_scheduling.step)
             ]
         }
     if cfg.instance_group:
@@ -265,4 +303,4 @@ def import_config(
             source["warmupFiles"] = {k: base64.b64encode(v).decode() for k, v in sorted(warmup_files.items())}
         spec["source"] = source
     manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
-    return Imported(manifest, warnings)
+    return Imported(manifest, warnings, problems)

@@ -14,7 +14,7 @@ from ..api.v1alpha1 import API_VERSION, KIND, TritonModel
 from .errors import FieldError, from_pydantic
 from .rules import RULES, check_models
 
-__all__ = ["RULES", "FieldError", "Loaded", "check_documents", "load_documents", "load_paths"]
+__all__ = ["RULES", "Document", "FieldError", "Loaded", "check_documents", "load_documents", "load_paths"]
 
 
 @dataclass(frozen=True)
