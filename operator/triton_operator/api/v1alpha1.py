@@ -345,7 +345,14 @@ class EnsembleStep(_Model):
     """One step of an ensemble: a TritonModel in the same namespace and how tensors flow through it."""
 
     model: K8sNameStr = Field(description="Name of a TritonModel in the same namespace.")
-    model_version: int = Field(default=-1, ge=-1, description="Version to use; -1 is the latest.")
+    model_version: int = Field(
+        default=-1,
+        ge=-1,
+        description=(
+            "Version of the step model to use: -1 (the latest) or 1. A TritonModel's files are version 1 of its "
+            "Triton model and no other version exists, so any other value is refused."
+        ),
+    )
     input_map: dict[TensorNameStr, TensorNameStr] = Field(
         max_length=MAX_TENSORS, description="Step model input name -> ensemble tensor name."
     )
