@@ -1,0 +1,245 @@
+"""A model's source: what identifies its files (and so rolls replicas when it changes), content pins
+(`sha256` for https, `objectVersion` for S3 and GCS) that `fetch` enforces, and the warm-up files a
+`uri` model needs in `warmupFiles`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import sys
+import tarfile
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from triton_operator.api.v1alpha1 import TritonModel
+from triton_operator.cli.main import main
+from triton_operator.fetch import FetchError, fetch_uri, run
+from triton_operator.render.kubernetes import ANNOTATION_DIGEST, render_children
+from triton_operator.render.modelconfig import render_repository
+from triton_operator.validate import Document, check_documents
+
+UID = "00000000-0000-0000-0000-000000000001"
+
+
+def _body(source: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.triton-operator.dev/v1alpha1",
+        "kind": "TritonModel",
+        "metadata": {"name": "m"},
+        "spec": {
+            "backend": "python",
+            "inputs": [{"name": "INPUT", "dataType": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUTPUT", "dataType": "FP32", "dims": [4]}],
+            "instanceGroups": [{"kind": "CPU", "count": 1}],
+            "source": source,
+            **spec,
+        },
+    }
+
+
+def _errors(body: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(e.path, e.message) for e in check_documents([Document("m.yaml#0", body)]).errors]
+
+
+def _digest(source: dict[str, Any]) -> str:
+    return render_repository([TritonModel.model_validate(_body(source))])["m"].digest
+
+
+def _template_digest(source: dict[str, Any]) -> str:
+    model = TritonModel.model_validate(_body(source))
+    [dep] = [c for c in render_children(model, render_repository([model]), UID, "ns") if c["kind"] == "Deployment"]
+    return dep["spec"]["template"]["metadata"]["annotations"][ANNOTATION_DIGEST]
+
+
+# ---------------------------------------------------------------- the source's identity is in the digest
+
+
+def test_a_uri_change_changes_the_digest_and_the_pod_template() -> None:
+    a = {"uri": "https://models.example.com/m-v1.tar.gz"}
+    b = {"uri": "https://models.example.com/m-v2.tar.gz"}
+    assert _digest(a) != _digest(b)
+    assert _template_digest(a) != _template_digest(b), "the Deployment must roll to the new files"
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ({"uri": "https://h/m.tar.gz", "sha256": "a" * 64}, {"uri": "https://h/m.tar.gz", "sha256": "b" * 64}),
+    ({"uri": "https://h/m.tar.gz"}, {"uri": "https://h/m.tar.gz", "sha256": "b" * 64}),
+    ({"uri": "s3://b/m.tar.gz", "objectVersion": "v1"}, {"uri": "s3://b/m.tar.gz", "objectVersion": "v2"}),
+    ({"uri": "gs://b/m.tar.gz", "objectVersion": "1700000000000001"}, {"uri": "gs://b/m.tar.gz", "objectVersion": "1700000000000002"}),
+])
+def test_a_pin_change_changes_the_digest(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert _digest(a) != _digest(b)
+
+
+def test_credentials_are_not_the_files_identity() -> None:
+    assert _digest({"uri": "s3://b/m/", "credentialsSecret": "one"}) == _digest({"uri": "s3://b/m/", "credentialsSecret": "two"})
+
+
+# ---------------------------------------------------------------- pins: where they apply
+
+
+@pytest.mark.parametrize(("source", "path", "says"), [
+    ({"uri": "s3://b/m/", "sha256": "a" * 64}, "spec.source.sha256", "https://"),
+    ({"uri": "pvc://claim/m", "sha256": "a" * 64}, "spec.source.sha256", "https://"),
+    ({"uri": "https://h/m.tar.gz", "objectVersion": "3"}, "spec.source.objectVersion", "s3:// or gs://"),
+    ({"uri": "s3://b/models/", "objectVersion": "v1"}, "spec.source.uri", "one object"),
+    ({"uri": "gs://b/m.tar.gz", "objectVersion": "latest"}, "spec.source.objectVersion", "generation"),
+    ({"inline": {"model.py": "pass\n"}, "sha256": "a" * 64}, "spec.source.sha256", "https://"),
+])
+def test_a_pin_that_cannot_apply_is_refused_naming_it(source: dict[str, Any], path: str, says: str) -> None:
+    errors = _errors(_body(source))
+    assert any(p == path and says in msg for p, msg in errors), errors
+
+
+def test_a_malformed_sha256_is_refused_by_the_schema() -> None:
+    errors = _errors(_body({"uri": "https://h/m.tar.gz", "sha256": "not-hex"}))
+    assert any(p == "spec.source.sha256" for p, _ in errors), errors
+
+
+@pytest.mark.parametrize("source", [
+    {"uri": "https://h/m.tar.gz", "sha256": "0" * 64},
+    {"uri": "s3://b/models/m.tar.gz", "objectVersion": "3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY"},
+    {"uri": "gs://b/models/model.py", "objectVersion": "1700000000000001"},
+])
+def test_pins_where_they_apply_are_accepted(source: dict[str, Any]) -> None:
+    assert _errors(_body(source)) == []
+
+
+# ---------------------------------------------------------------- warm-up data of a uri model
+
+
+def test_a_uri_model_reading_warmup_data_not_in_warmup_files_is_refused_naming_it() -> None:
+    """fetch writes a uri model's files to <model>/1/; Triton reads warm-up data from <model>/warmup/."""
+    body = _body({"uri": "s3://bucket/models/m/"}, modelWarmup=[
+        {"name": "sample", "inputs": {"INPUT": {"dataType": "FP32", "dims": [4], "inputDataFile": "input.bin"}}}])
+    errors = _errors(body)
+    assert any(p == "spec.modelWarmup[0].inputs[INPUT].inputDataFile" and "warmupFiles" in msg
+               for p, msg in errors), errors
+    body["spec"]["source"]["warmupFiles"] = {"input.bin": base64.b64encode(bytes(16)).decode()}
+    assert _errors(body) == []
+
+
+# ---------------------------------------------------------------- fetch enforces the pins
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class _Response(io.BytesIO):
+    def __enter__(self) -> _Response:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes]:
+    """https:// URLs answered from this dict, in place of the network."""
+    import triton_operator.fetch as fetch
+
+    pages: dict[str, bytes] = {}
+    monkeypatch.setattr(fetch.urllib.request, "urlopen", lambda url, timeout=None: _Response(pages[url]))
+    return pages
+
+
+def test_fetch_checks_the_sha256_of_an_https_archive(served: dict[str, bytes], tmp_path: Path) -> None:
+    archive = _tar({"model.py": b"print('v1')\n"})
+    served["https://h/m.tar.gz"] = archive
+    good = hashlib.sha256(archive).hexdigest()
+    fetch_uri("m", "https://h/m.tar.gz", tmp_path / "ok", sha256=good)
+    assert (tmp_path / "ok" / "m" / "1" / "model.py").read_bytes() == b"print('v1')\n"
+
+    served["https://h/m.tar.gz"] = _tar({"model.py": b"print('v2, replaced behind the same URL')\n"})
+    with pytest.raises(FetchError, match=f"sha256 mismatch.*expected {good}") as exc:
+        fetch_uri("m", "https://h/m.tar.gz", tmp_path / "changed", sha256=good)
+    assert "https://h/m.tar.gz" in str(exc.value)
+    assert not (tmp_path / "changed" / "m" / "1" / "model.py").exists(), "nothing unverified is unpacked"
+
+
+def test_fetch_command_fails_clearly_on_a_sha256_mismatch(served: dict[str, bytes], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    served["https://h/model.py"] = b"print('hello')\n"
+    rc = main(["fetch", "--from", str(tmp_path / "cm"), "--to", str(tmp_path / "repo"),
+               "--uri", "m=https://h/model.py", "--sha256", f"m={'0' * 64}"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"error: fetch failed: sha256 mismatch for https://h/model.py: expected {'0' * 64}, got " in err
+    rc = main(["fetch", "--from", str(tmp_path / "cm"), "--to", str(tmp_path / "repo"),
+               "--uri", "m=https://h/model.py", "--sha256", f"m={hashlib.sha256(b'print(chr(104))').hexdigest()}"])
+    assert rc == 1
+    ok = hashlib.sha256(b"print('hello')\n").hexdigest()
+    assert run(tmp_path / "cm", tmp_path / "repo", ["m=https://h/model.py"], sha256={"m": ok}) == 0
+    assert (tmp_path / "repo" / "m" / "1" / "model.py").read_bytes() == b"print('hello')\n"
+
+
+def test_rendered_fetch_arguments_carry_the_pins() -> None:
+    model = TritonModel.model_validate(_body({"uri": "https://h/m.tar.gz", "sha256": "c" * 64}))
+    [dep] = [c for c in render_children(model, render_repository([model]), UID, "ns") if c["kind"] == "Deployment"]
+    [fetch] = dep["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["args"][-4:] == ["--uri", "m=https://h/m.tar.gz", "--sha256", f"m={'c' * 64}"]
+    model = TritonModel.model_validate(_body({"uri": "s3://b/m.tar.gz", "objectVersion": "v7"}))
+    [dep] = [c for c in render_children(model, render_repository([model]), UID, "ns") if c["kind"] == "Deployment"]
+    [fetch] = dep["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["args"][-4:] == ["--uri", "m=s3://b/m.tar.gz", "--object-version", "m=v7"]
+
+
+class _FakeS3:
+    def __init__(self, objects: dict[tuple[str, str, str], bytes]) -> None:
+        self.objects = objects
+        self.calls: list[dict[str, str]] = []
+
+    def get_object(self, **kwargs: str) -> dict[str, Any]:
+        self.calls.append(kwargs)
+        return {"Body": io.BytesIO(self.objects[(kwargs["Bucket"], kwargs["Key"], kwargs["VersionId"])])}
+
+
+def test_fetch_s3_object_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    s3 = _FakeS3({("bucket", "models/m.tar.gz", "v1"): _tar({"model.py": b"v1\n"}),
+                  ("bucket", "models/m.tar.gz", "v2"): _tar({"model.py": b"v2\n"})})
+    monkeypatch.setitem(sys.modules, "boto3", types.SimpleNamespace(client=lambda *a, **k: s3))
+    fetch_uri("m", "s3://bucket/models/m.tar.gz", tmp_path, object_version="v1")
+    assert s3.calls == [{"Bucket": "bucket", "Key": "models/m.tar.gz", "VersionId": "v1"}]
+    assert (tmp_path / "m" / "1" / "model.py").read_bytes() == b"v1\n"
+
+
+class _FakeBlob:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def download_as_bytes(self) -> bytes:
+        return self.data
+
+
+class _FakeBucket:
+    def __init__(self, blobs: dict[tuple[str, int], bytes], calls: list[tuple[str, int]]) -> None:
+        self.blobs, self.calls = blobs, calls
+
+    def blob(self, name: str, generation: int | None = None) -> _FakeBlob:
+        self.calls.append((name, generation))  # type: ignore[arg-type]
+        return _FakeBlob(self.blobs[(name, generation)])  # type: ignore[index]
+
+
+def test_fetch_gcs_generation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[str, int]] = []
+    bucket = _FakeBucket({("models/model.py", 17): b"generation 17\n"}, calls)
+    storage = types.SimpleNamespace(Client=lambda: types.SimpleNamespace(bucket=lambda name: bucket))
+    cloud = types.ModuleType("google.cloud")
+    cloud.storage = storage  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "google.cloud", cloud)
+    monkeypatch.setitem(sys.modules, "google.cloud.storage", storage)
+    fetch_uri("m", "gs://bucket/models/model.py", tmp_path, object_version="17")
+    assert calls == [("models/model.py", 17)]
+    assert (tmp_path / "m" / "1" / "model.py").read_bytes() == b"generation 17\n"
