@@ -325,6 +325,10 @@ def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
     inputs = {t.name: t for t in spec.inputs or ()}
     files = (spec.source.warmup_files if spec.source else None) or {}
     fetched = spec.source is not None and spec.source.uri is not None
+    where = (
+        " (files fetched from spec.source.uri go to the version directory, but Triton reads warm-up data from "
+        "<model>/warmup/)" if fetched else ""
+    )
     mbs = spec.effective_max_batch_size
     for i, w in enumerate(spec.model_warmup or ()):
         base = f"spec.modelWarmup[{i}]"
@@ -360,12 +364,11 @@ def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
             if wi.input_data_file is not None:
                 data_b64 = files.get(wi.input_data_file)
                 if data_b64 is None:
-                    if not fetched:
-                        err(
-                            "warmup-file",
-                            f"{p}.inputDataFile",
-                            f"{wi.input_data_file!r} is not in spec.source.warmupFiles",
-                        )
+                    err(
+                        "warmup-file",
+                        f"{p}.inputDataFile",
+                        f"{wi.input_data_file!r} is not in spec.source.warmupFiles{where}",
+                    )
                     continue
                 try:
                     data = base64.b64decode(data_b64, validate=True)
