@@ -6,10 +6,15 @@ uri-sourced model's version files: `https://` (a file or a .tar.gz/.tgz/.zip
 archive), `pvc://claim/path` (mounted at /sources/pvc/<claim>), `s3://` (boto3)
 and `gs://` (google-cloud-storage). Credentials come from the environment or
 mounted Secret files, never from arguments.
+
+Pins: an https:// download is checked against its `sha256` before anything is
+unpacked; with an object version, `s3://` and `gs://` fetch exactly that version
+(S3 VersionId, GCS generation) of the one object the uri names.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -61,18 +66,37 @@ def _safe_extract_zip(data: bytes, dst: Path) -> None:
         z.extractall(dst)
 
 
-def _fetch_https(uri: str, dst: Path) -> None:
-    if not uri.startswith("https://"):
-        raise FetchError(f"only https:// is allowed, got {uri!r}")
-    with urllib.request.urlopen(uri, timeout=60) as resp:  # noqa: S310 - scheme checked above
-        data = resp.read()
-    name = PurePosixPath(uri.split("?", 1)[0]).name or "model"
+def _place(name: str, data: bytes, dst: Path) -> None:
+    """One downloaded object into the version directory: an archive unpacked, any other file as `name`."""
     if name.endswith((".tar.gz", ".tgz", ".tar")):
         _safe_extract_tar(data, dst)
     elif name.endswith(".zip"):
         _safe_extract_zip(data, dst)
     else:
         (dst / name).write_bytes(data)
+
+
+def _fetch_https(uri: str, dst: Path, sha256: str | None = None) -> None:
+    if not uri.startswith("https://"):
+        raise FetchError(f"only https:// is allowed, got {uri!r}")
+    with urllib.request.urlopen(uri, timeout=60) as resp:  # noqa: S310 - scheme checked above
+        data = resp.read()
+    if sha256 is not None:
+        got = hashlib.sha256(data).hexdigest()
+        if got != sha256.lower():
+            raise FetchError(
+                f"sha256 mismatch for {uri}: expected {sha256}, got {got} ({len(data)} bytes); the content behind "
+                "the URL is not the pinned one: restore it, or change spec.source.sha256 to accept it"
+            )
+    _place(PurePosixPath(uri.split("?", 1)[0]).name or "model", data, dst)
+
+
+def _object(uri: str) -> tuple[str, str]:
+    """(bucket, key) of an s3:// or gs:// uri that names one object."""
+    bucket, _, key = uri.split("://", 1)[1].partition("/")
+    if not key or key.endswith("/"):
+        raise FetchError(f"{uri!r} names a prefix; an object version pins one object (a file or an archive)")
+    return bucket, key
 
 
 def _fetch_pvc(uri: str, dst: Path) -> None:
@@ -89,13 +113,18 @@ def _fetch_pvc(uri: str, dst: Path) -> None:
         shutil.copy2(src, dst / src.name)
 
 
-def _fetch_s3(uri: str, dst: Path) -> None:
+def _fetch_s3(uri: str, dst: Path, version: str | None = None) -> None:
     try:
         import boto3  # noqa: PLC0415 - optional dependency
     except ImportError as exc:
         raise FetchError("s3:// needs boto3 (install triton-operator[s3])") from exc
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     s3 = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+    if version is not None:
+        bucket, key = _object(uri)
+        body = s3.get_object(Bucket=bucket, Key=key, VersionId=version)["Body"]
+        _place(PurePosixPath(key).name, body.read(), dst)
+        return
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
             rel = PurePosixPath(obj["Key"]).relative_to(prefix) if prefix else PurePosixPath(obj["Key"])
@@ -106,13 +135,20 @@ def _fetch_s3(uri: str, dst: Path) -> None:
             s3.download_file(bucket, obj["Key"], str(target))
 
 
-def _fetch_gs(uri: str, dst: Path) -> None:
+def _fetch_gs(uri: str, dst: Path, version: str | None = None) -> None:
     try:
         from google.cloud import storage  # noqa: PLC0415 - optional dependency
     except ImportError as exc:
         raise FetchError("gs:// needs google-cloud-storage (install triton-operator[gcs])") from exc
-    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
     client = storage.Client()
+    if version is not None:
+        if not version.isdigit():
+            raise FetchError(f"a GCS object version is its generation, a number; got {version!r}")
+        bucket_name, key = _object(uri)
+        blob = client.bucket(bucket_name).blob(key, generation=int(version))
+        _place(PurePosixPath(key).name, blob.download_as_bytes(), dst)
+        return
+    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
     for blob in client.list_blobs(bucket, prefix=prefix):
         rel = PurePosixPath(blob.name).relative_to(prefix) if prefix else PurePosixPath(blob.name)
         if ".." in rel.parts or blob.name.endswith("/"):
@@ -122,30 +158,61 @@ def _fetch_gs(uri: str, dst: Path) -> None:
         blob.download_to_filename(str(target))
 
 
-FETCHERS = {"https://": _fetch_https, "pvc://": _fetch_pvc, "s3://": _fetch_s3, "gs://": _fetch_gs}
+SCHEMES = ("https://", "pvc://", "s3://", "gs://")
 
 
-def fetch_uri(model: str, uri: str, repo: Path) -> None:
+def fetch_uri(model: str, uri: str, repo: Path, *, sha256: str | None = None, object_version: str | None = None) -> None:
+    """Place `model`'s version files from `uri`, checked against its pins."""
     if "/" in model or model.startswith("."):
         raise FetchError(f"invalid model name {model!r}")
+    if not uri.startswith(SCHEMES):
+        raise FetchError(f"unsupported uri {uri!r}: use https://, pvc://, s3:// or gs://")
+    if sha256 is not None and not uri.startswith("https://"):
+        raise FetchError(f"a sha256 pin applies to an https:// uri, not {uri!r}")
+    if object_version is not None and not uri.startswith(("s3://", "gs://")):
+        raise FetchError(f"an object version applies to an s3:// or gs:// uri, not {uri!r}")
     dst = repo / model / VERSION_DIR
     dst.mkdir(parents=True, exist_ok=True)
-    for prefix, fn in FETCHERS.items():
-        if uri.startswith(prefix):
-            fn(uri, dst)
-            return
-    raise FetchError(f"unsupported uri {uri!r}: use https://, pvc://, s3:// or gs://")
+    if uri.startswith("https://"):
+        _fetch_https(uri, dst, sha256)
+    elif uri.startswith("pvc://"):
+        _fetch_pvc(uri, dst)
+    elif uri.startswith("s3://"):
+        _fetch_s3(uri, dst, object_version)
+    else:
+        _fetch_gs(uri, dst, object_version)
 
 
-def run(src: Path, dst: Path, uris: list[str]) -> int:
+def pairs(values: list[str], flag: str) -> dict[str, str]:
+    """`MODEL=VALUE` arguments by model."""
+    out: dict[str, str] = {}
+    for v in values:
+        model, sep, value = v.partition("=")
+        if not sep or not model or not value:
+            raise FetchError(f"{flag} takes MODEL=VALUE, got {v!r}")
+        out[model] = value
+    return out
+
+
+def run(
+    src: Path,
+    dst: Path,
+    uris: list[str],
+    sha256: dict[str, str] | None = None,
+    object_versions: dict[str, str] | None = None,
+) -> int:
+    sha256, object_versions = sha256 or {}, object_versions or {}
+    by_model = pairs(uris, "--uri")
+    stray = sorted((set(sha256) | set(object_versions)) - set(by_model))
+    if stray:
+        raise FetchError(f"a pin names model(s) with no --uri: {', '.join(stray)}")
     dst.mkdir(parents=True, exist_ok=True)
     n = copy_repository(src, dst) if src.exists() else 0
     _log(f"Copied rendered repository files={n} from={src} to={dst}")
-    for spec in uris:
-        model, sep, uri = spec.partition("=")
-        if not sep:
-            raise FetchError(f"--uri takes MODEL=URI, got {spec!r}")
-        _log(f"Fetching model files model={model} uri={uri}")
-        fetch_uri(model, uri, dst)
+    for model, uri in by_model.items():
+        pin = {"sha256": sha256.get(model), "objectVersion": object_versions.get(model)}
+        said = "".join(f" {k}={v}" for k, v in pin.items() if v)
+        _log(f"Fetching model files model={model} uri={uri}{said}")
+        fetch_uri(model, uri, dst, sha256=pin["sha256"], object_version=pin["objectVersion"])
         _log(f"Fetched model files model={model}")
     return 0

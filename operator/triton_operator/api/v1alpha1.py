@@ -115,9 +115,27 @@ class Source(_Model):
             description=(
                 "Where the version directory's files are fetched from at pod start: `https://…` (a file, "
                 "or a .tar.gz/.zip archive), `pvc://<claim>/<path>`, `s3://<bucket>/<prefix>` or "
-                "`gs://<bucket>/<prefix>`."
+                "`gs://<bucket>/<prefix>` (or one object there, with objectVersion). A change to uri, sha256 or "
+                "objectVersion rolls the replicas; new files behind an unchanged uri are not noticed until a "
+                "replica restarts, so pin them with sha256 or objectVersion."
             ),
         )
+    )
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        default=None,
+        description=(
+            "For an `https://` uri: the SHA-256 of the file or archive it names, as 64 lowercase hex digits. "
+            "Each replica's fetch step checks the download against it before unpacking and fails on a mismatch, "
+            "so different content behind the same URL never loads; changing it rolls the replicas."
+        ),
+    )
+    object_version: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^\S+$")] | None = Field(
+        default=None,
+        description=(
+            "For an `s3://` or `gs://` uri naming one object (a file, or a .tar.gz/.tgz/.zip archive; not a prefix "
+            "ending in `/`): the version to fetch, an S3 VersionId or a GCS generation number. Needs versioning "
+            "on the bucket. Every replica fetches exactly that version; changing it rolls the replicas."
+        ),
     )
     credentials_secret: K8sNameStr | None = Field(
         default=None,
@@ -130,8 +148,9 @@ class Source(_Model):
         default=None,
         max_length=MAX_LIST,
         description=(
-            "Binary warm-up data by file name, base64-encoded; placed in `<model>/warmup/` and named by "
-            "`modelWarmup[].inputs[].inputDataFile`."
+            "Binary warm-up data by file name, base64-encoded; placed in `<model>/warmup/`, where Triton reads "
+            "`modelWarmup[].inputs[].inputDataFile`. Also for a `uri` model: its fetched files go to the version "
+            "directory, never to `warmup/`, so every inputDataFile must be here."
         ),
     )
 
@@ -304,7 +323,11 @@ class WarmupInput(_Model):
     zero_data: bool | None = Field(default=None, description="Fill with zeros (empty strings for BYTES).")
     random_data: bool | None = Field(default=None, description="Fill with random data.")
     input_data_file: FileNameStr | None = Field(
-        default=None, description="Read from `<model>/warmup/<file>` (see `source.warmupFiles`)."
+        default=None,
+        description=(
+            "Read from `<model>/warmup/<file>`: the file must be in `source.warmupFiles`, also when the model's "
+            "files come from `source.uri` (a file elsewhere is refused)."
+        ),
     )
 
 

@@ -211,10 +211,11 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from ..fetch import FetchError, run
+    from ..fetch import FetchError, pairs, run
 
     try:
-        return run(Path(args.src), Path(args.dst), args.uri or [])
+        return run(Path(args.src), Path(args.dst), args.uri or [], pairs(args.sha256 or [], "--sha256"),
+                   pairs(args.object_version or [], "--object-version"))
     except (FetchError, OSError) as exc:
         _err(f"error: fetch failed: {exc}")
         return 1
@@ -274,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")
     f.add_argument("--to", dest="dst", required=True, help="model repository directory to fill")
     f.add_argument("--uri", action="append", metavar="MODEL=URI", help="fetch a model's version files")
+    f.add_argument("--sha256", action="append", metavar="MODEL=HEX", help="the SHA-256 a model's https:// download must have")
+    f.add_argument("--object-version", action="append", metavar="MODEL=VERSION",
+                   help="fetch this version of a model's s3:// (VersionId) or gs:// (generation) object")
     f.set_defaults(func=cmd_fetch)
 
     try:

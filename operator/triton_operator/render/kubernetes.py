@@ -145,6 +145,10 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
         if src is None or src.uri is None:
             continue
         args += ["--uri", f"{m.triton_name}={src.uri}"]
+        if src.sha256 is not None:
+            args += ["--sha256", f"{m.triton_name}={src.sha256}"]
+        if src.object_version is not None:
+            args += ["--object-version", f"{m.triton_name}={src.object_version}"]
         if src.uri.startswith("pvc://"):
             claim = src.uri.removeprefix("pvc://").split("/", 1)[0]
             vol = f"pvc-{claim}"[:63]

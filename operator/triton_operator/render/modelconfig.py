@@ -6,8 +6,9 @@ prints fields in declaration order and map entries sorted by key, and every
 collection we fill is sorted or kept in the user's order.
 
 The rendered config carries a `parameters` entry with a digest of the whole
-model directory (config, version files, warm-up files, and for ensembles the
-steps' digests), so a running replica can prove which repository it loaded.
+model directory (config, version files, warm-up files, the uri and content pins
+of fetched files, and for ensembles the steps' digests), so a running replica
+can prove which repository it loaded.
 """
 
 from __future__ import annotations
@@ -263,6 +264,19 @@ def digest_of(config: pb.ModelConfig, files: Mapping[str, bytes], extra: tuple[s
     return h.hexdigest()[:16]
 
 
+def source_identity(model: TritonModel) -> tuple[str, ...]:
+    """What names a fetched model's files, for the digest: its uri and pins (inline files are hashed themselves)."""
+    src = model.spec.source
+    if src is None or src.uri is None:
+        return ()
+    out = [f"source.uri={src.uri}"]
+    if src.sha256 is not None:
+        out.append(f"source.sha256={src.sha256}")
+    if src.object_version is not None:
+        out.append(f"source.objectVersion={src.object_version}")
+    return tuple(out)
+
+
 def render_model(
     model: TritonModel, steps: Mapping[str, RenderedModel] | None = None, *, cpu_only: bool = False
 ) -> RenderedModel:
@@ -271,7 +285,7 @@ def render_model(
     cfg = render_model_config(model, {k: v.model for k, v in steps.items()}, cpu_only=cpu_only)
     files = _model_files(model)
     step_digests = tuple(f"{k}={steps[k].digest}" for k in sorted(steps))
-    digest = digest_of(cfg, files, step_digests)
+    digest = digest_of(cfg, files, (*source_identity(model), *step_digests))
     cfg.parameters[DIGEST_PARAMETER].string_value = digest
     files[f"{model.triton_name}/config.pbtxt"] = config_text(cfg).encode()
     return RenderedModel(model=model, config=cfg, files=dict(sorted(files.items())), digest=digest)

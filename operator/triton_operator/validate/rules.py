@@ -36,6 +36,7 @@ RULES: dict[str, Rule] = {
         Rule("scheduling-oneof", True, "at most one of batcher and sequenceBatcher"),
         Rule("ensemble-no-instances", True, "an ensemble has no instanceGroups or modelWarmup"),
         Rule("source", False, "a non-ensemble model has a source; an ensemble has none"),
+        Rule("source-pin", False, "sha256 pins an https:// file; objectVersion pins one s3:// or gs:// object"),
         Rule("max-batch-size", True, "maxBatchSize >= 1 when batching"),
         Rule("preferred-batch-size", True, "each preferredBatchSize in [1, maxBatchSize]"),
         Rule("default-priority-level", True, "defaultPriorityLevel in [1, priorityLevels]"),
@@ -305,6 +306,33 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
         err("source", "spec.source", "set exactly one of inline (files) or uri (where to fetch them)")
     if spec.backend == "python" and src is not None and src.inline is not None and "model.py" not in src.inline:
         err("python-model-file", "spec.source.inline", "the python backend loads model.py, which is missing")
+    if src is not None:
+        _check_pins(src.uri, src.sha256, src.object_version, err)
+
+
+def _check_pins(uri: str | None, sha256: str | None, version: str | None, err: _Collector) -> None:
+    if sha256 is not None and not (uri or "").startswith("https://"):
+        err(
+            "source-pin",
+            "spec.source.sha256",
+            "sha256 pins the file or archive an https:// uri names (fetch checks the download); "
+            "pin an s3:// or gs:// object with objectVersion",
+        )
+    if version is None:
+        return
+    if not (uri or "").startswith(("s3://", "gs://")):
+        err("source-pin", "spec.source.objectVersion", "objectVersion is for an s3:// or gs:// uri; pin an https:// file with sha256")
+        return
+    assert uri is not None
+    _bucket, _, key = uri.split("://", 1)[1].partition("/")
+    if not key or key.endswith("/"):
+        err(
+            "source-pin",
+            "spec.source.uri",
+            f"with objectVersion, uri must name one object (a file or a .tar.gz/.tgz/.zip archive), not a prefix: {uri!r}",
+        )
+    if uri.startswith("gs://") and not version.isdigit():
+        err("source-pin", "spec.source.objectVersion", f"a GCS object's version is its generation, a number; got {version!r}")
 
 
 def _bytes_elements(data: bytes) -> int | None:
