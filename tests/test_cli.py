@@ -5,6 +5,7 @@ tritonserver and reports READY with the warm-up time, or FAILED with Triton's ow
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -196,10 +197,10 @@ def _triton_available() -> None:
     require_tritonserver()
 
 
-def _validate(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _validate(args: list[str], timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed console script, as a user runs it."""
     return subprocess.run([str(CONSOLE_SCRIPT), "validate", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False)  # fmt: skip
+                          timeout=timeout, check=False, env=env)  # fmt: skip
 
 
 def _explain(proc: subprocess.CompletedProcess[str]) -> str:
@@ -233,17 +234,22 @@ def test_validate_reports_the_exception_from_initialize(_triton_available: None,
 
 @pytest.mark.triton
 def test_validate_gpu_instances_need_cpu_flag_here(_triton_available: None, tmp_path: Path) -> None:
-    """This machine has no GPU: KIND_GPU fails with Triton's own reason, and --cpu maps it to KIND_CPU."""
+    """With no GPU visible, KIND_GPU fails with Triton's own reason, and --cpu maps it to KIND_CPU.
+
+    CUDA_VISIBLE_DEVICES="" hides every GPU from tritonserver (the CUDA runtime honours it), so this
+    holds on a GPU host as on a laptop.
+    """
     spec = tmp_path / "on-gpu.yaml"
     spec.write_text(GPU_MODEL)
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
-    proc = _validate([str(spec), "--load-timeout", "60"])
+    proc = _validate([str(spec), "--load-timeout", "60"], env=no_gpu)
     assert proc.returncode == 1, _explain(proc)
     assert "on-gpu ask for KIND_GPU instances; pass --cpu" in proc.stderr
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("on-gpu")), "")
     assert "FAILED" in line and "has kind KIND_GPU but no GPUs are available" in line, _explain(proc)
 
-    proc = _validate([str(spec), "--cpu", "--load-timeout", "60"])
+    proc = _validate([str(spec), "--cpu", "--load-timeout", "60"], env=no_gpu)
     assert proc.returncode == 0, _explain(proc)
     assert re.search(r"^on-gpu\s+READY\s+loaded and warmed in \d+\.\d+s \(1 warm-up sample\(s\), 1 execution\(s\)\)$",
                      proc.stdout, re.M), _explain(proc)  # fmt: skip
