@@ -402,7 +402,7 @@ class Toleration(_Model):
 
 
 class Resources(_Model):
-    """Container resources; `nvidia.com/gpu` comes from `server.gpus`."""
+    """Container resources; `nvidia.com/gpu` comes from `server.gpus` (or what the instance groups need)."""
 
     requests: dict[str, QuantityStr] | None = Field(default=None, description="Requested cpu, memory, ….")
     limits: dict[str, QuantityStr] | None = Field(default=None, description="Limits on cpu, memory, ….")
@@ -418,7 +418,18 @@ class Server(_Model):
         default="64Mi",
         description="Size of the server's local response cache (used when responseCache is true).",
     )
-    gpus: int = Field(default=1, ge=0, le=64, description="`nvidia.com/gpu` per replica.")
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description=(
+            "`nvidia.com/gpu` per replica. Default: what the instance groups need: one more than the highest "
+            "index in an instance group's `gpus`, at least 1 for a GPU or MODEL group, and 0 when every group is "
+            "CPU or AUTO or there is none (Triton then runs the model on the CPU). An ensemble's replicas run "
+            "every step, so its default is the most any step needs. A value the instance groups cannot run with "
+            "(a GPU index >= gpus, KIND_GPU with 0) is refused."
+        ),
+    )
     resources: Resources | None = Field(default=None, description="cpu/memory requests and limits.")
     node_selector: dict[str, str] | None = Field(default=None, description="Node labels replicas must match.")
     tolerations: list[Toleration] | None = Field(default=None, max_length=32, description="Taints replicas tolerate.")
@@ -613,6 +624,19 @@ class TritonModelSpec(_Model):
     @property
     def effective_max_batch_size(self) -> int:
         return self.max_batch_size if self.batching else 0
+
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs this model's own instance groups need visible: Triton places a KIND_GPU group without `gpus` on
+        every visible GPU and fails with none, `gpus: [i]` needs GPU i, KIND_MODEL leaves placement to the model
+        (a GPU, for the backends that use it), KIND_AUTO and no group fall back to the CPU."""
+        need = 0
+        for g in self.instance_groups or ():
+            if g.gpus:
+                need = max(need, max(g.gpus) + 1)
+            elif g.kind in ("GPU", "MODEL"):
+                need = max(need, 1)
+        return need
 
 
 # ---------------------------------------------------------------- status

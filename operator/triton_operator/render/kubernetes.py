@@ -205,6 +205,13 @@ def exit_timeout(args: list[str], default: int) -> int:
     return value
 
 
+def replica_gpus(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> int:
+    """`nvidia.com/gpu` per replica: `server.gpus`, or the most any model the replica loads needs."""
+    if model.spec.server.gpus is not None:
+        return model.spec.server.gpus
+    return max(rendered[n].model.spec.gpus_needed for n in step_closure(model.name, rendered))
+
+
 def render_deployment(
     model: TritonModel,
     rendered: Mapping[str, RenderedModel],
@@ -216,6 +223,7 @@ def render_deployment(
     server = spec.server
     digest = rendered[model.name].digest
     uri_args, uri_volumes, uri_mounts, uri_env = _uri_args(model, rendered)
+    gpus = replica_gpus(model, rendered)
     files = repository_for(model.name, rendered)
     items = [{"key": _key(p), "path": p} for p in files]
 
@@ -225,8 +233,8 @@ def render_deployment(
             resources["requests"] = dict(server.resources.requests)
         if server.resources.limits:
             resources["limits"] = dict(server.resources.limits)
-    if server.gpus > 0:
-        resources.setdefault("limits", {})["nvidia.com/gpu"] = str(server.gpus)
+    if gpus > 0:
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
 
     probe_http = lambda path: {"httpGet": {"path": path, "port": "http"}}  # noqa: E731
     args = _server_args(model, rendered, options)
@@ -292,7 +300,7 @@ def render_deployment(
     if server.node_selector:
         pod_spec["nodeSelector"] = dict(server.node_selector)
     tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations or ()]
-    if server.gpus > 0 and not any(t.get("key") == "nvidia.com/gpu" for t in tolerations):
+    if gpus > 0 and not any(t.get("key") == "nvidia.com/gpu" for t in tolerations):
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
     if tolerations:
         pod_spec["tolerations"] = tolerations

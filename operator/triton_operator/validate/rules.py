@@ -50,6 +50,7 @@ RULES: dict[str, Rule] = {
         Rule("dims", True, "each dim >= 1 or -1"),
         Rule("reshape", True, "reshape keeps the element count"),
         Rule("instance-group", True, "gpus only with kind GPU"),
+        Rule("server-gpus", True, "server.gpus gives every GPU the instance groups (or an ensemble's steps) use"),
         Rule("python-model-file", True, "an inline python model has model.py"),
         Rule("warmup-batch-size", False, "warm-up batchSize <= maxBatchSize, 1 when not batching"),
         Rule("warmup-data", False, "warm-up input has exactly one of zeroData, randomData, inputDataFile"),
@@ -301,6 +302,7 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
     for i, g in enumerate(spec.instance_groups or ()):
         if g.kind != "GPU" and g.gpus:
             err("instance-group", f"spec.instanceGroups[{i}].gpus", f"gpus may be set only with kind GPU, not {g.kind}")
+    _check_gpus(spec, err)
     src = spec.source
     if src is not None and (src.inline is None) == (src.uri is None):
         err("source", "spec.source", "set exactly one of inline (files) or uri (where to fetch them)")
@@ -308,6 +310,33 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
         err("python-model-file", "spec.source.inline", "the python backend loads model.py, which is missing")
     if src is not None:
         _check_pins(src.uri, src.sha256, src.object_version, err)
+
+
+def _check_gpus(spec: TritonModelSpec, err: _Collector) -> None:
+    """A replica sees `server.gpus` GPUs, numbered from 0: the instance groups must fit (None: derived, fits)."""
+    n = spec.server.gpus
+    if n is None:
+        return
+    for i, g in enumerate(spec.instance_groups or ()):
+        if g.kind != "GPU":
+            continue
+        beyond = sorted({x for x in g.gpus or () if x >= n})
+        if beyond:
+            has = "no GPU" if n == 0 else "GPU 0" if n == 1 else f"GPUs 0..{n - 1}"
+            err(
+                "server-gpus",
+                f"spec.instanceGroups[{i}].gpus",
+                f"{'GPU' if len(beyond) == 1 else 'GPUs'} {', '.join(map(str, beyond))} not visible: server.gpus is {n}, "
+                f"so a replica has {has} and Triton refuses to load (\"invalid or unsupported gpu id\"); raise "
+                f"server.gpus to {max(beyond) + 1} or leave it unset",
+            )
+        elif n == 0:
+            err(
+                "server-gpus",
+                f"spec.instanceGroups[{i}].kind",
+                "kind GPU needs a GPU, but server.gpus is 0: Triton refuses to load (\"has kind KIND_GPU but no GPUs "
+                "are available\"); use kind CPU (or AUTO), or leave server.gpus unset",
+            )
 
 
 def _check_pins(uri: str | None, sha256: str | None, version: str | None, err: _Collector) -> None:
@@ -473,6 +502,16 @@ def _stream_name(stream: tuple[int, str] | None) -> str:
     return "the ensemble's inputs" if stream is None else f"decoupled step {stream[0]} ({stream[1]})"
 
 
+def _closure_gpus(model: TritonModel, models: Mapping[str, TritonModel], seen: frozenset[str] = frozenset()) -> int:
+    """The most GPUs any model in `model`'s step closure needs (what one replica serving it must see)."""
+    seen = seen | {model.name}
+    need = model.spec.gpus_needed
+    for s in model.spec.ensemble.steps if model.spec.ensemble else ():
+        if s.model in models and s.model not in seen:
+            need = max(need, _closure_gpus(models[s.model], models, seen))
+    return need
+
+
 def _decoupled(model: TritonModel, models: Mapping[str, TritonModel], seen: frozenset[str] = frozenset()) -> bool:
     """Whether a step model answers decoupled: an ensemble does when one of its steps does (Triton marks it so)."""
     if not model.spec.is_ensemble or model.spec.ensemble is None:
@@ -634,6 +673,19 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
         elif not _shape_compatible(t, mbs, src[1], src[2], a_reshape=True):
             err("ensemble-types", f"spec.outputs[{j}].dims", f"{t.dims} does not match {src[0]} with dims {src[1].dims}")
     _check_decoupled_streams(model, models, err)
+    n = spec.server.gpus
+    for i, step in enumerate(spec.ensemble.steps):
+        target = models.get(step.model)
+        if n is None or target is None or step.model == model.name:
+            continue
+        need = _closure_gpus(target, models, frozenset({model.name}))
+        if need > n:
+            err(
+                "server-gpus",
+                "spec.server.gpus",
+                f"the ensemble's replicas run every step, and step {i} ({step.model}) needs {need} GPU(s) for its "
+                f"instance groups; server.gpus is {n}: raise it to {need} or leave it unset",
+            )
     for name, (desc, _t, _m) in produced.items():
         if name not in consumed and name not in ens_outputs:
             path = "spec.inputs" if desc == "ensemble input" else "spec.ensemble.steps"
