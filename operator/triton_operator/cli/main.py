@@ -12,8 +12,36 @@ from pathlib import Path
 from .. import __version__
 
 
+class CliError(Exception):
+    """An input or output problem, said in one line that names the file; the command exits 1."""
+
+
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _read_text(path: Path) -> str:
+    from ..validate import InputError, read_text
+
+    try:
+        return read_text(path)
+    except InputError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    except OSError as exc:
+        raise CliError(f"{exc.filename or path}: cannot write: {exc.strerror or exc}") from exc
 
 
 def _progress(msg: str) -> None:
@@ -21,13 +49,17 @@ def _progress(msg: str) -> None:
 
 
 def _load_and_check(paths: Sequence[str]):  # type: ignore[no-untyped-def]
-    from ..validate import check_documents, load_paths
+    from ..validate import InputError, check_documents, load_paths
 
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
         _err(f"error: no such file or directory: {', '.join(missing)}")
         return None
-    loaded = check_documents(load_paths(paths))
+    try:
+        docs = load_paths(paths)
+    except InputError as exc:
+        raise CliError(str(exc)) from exc
+    loaded = check_documents(docs)
     if loaded.errors:
         _err(f"error: {len(loaded.errors)} problem(s) found:")
         for e in sorted(loaded.errors, key=lambda e: (e.model, e.path)):
@@ -42,9 +74,7 @@ def _load_and_check(paths: Sequence[str]):  # type: ignore[no-untyped-def]
 def _write_repository(rendered, out: Path) -> None:  # type: ignore[no-untyped-def]
     for r in rendered.values():
         for rel, data in r.files.items():
-            path = out / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            _write(out / rel, data)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -139,8 +169,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 1
     parsed = {}
     for d in configs:
+        text = _read_text(d / "config.pbtxt")
         try:
-            cfg = parse_config((d / "config.pbtxt").read_text())
+            cfg = parse_config(text)
         except Exception as exc:  # noqa: BLE001 - text_format raises several types
             _err(f"error: {d / 'config.pbtxt'}: {exc}")
             return 1
@@ -160,9 +191,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         files = {}
         if versions:
             vdir = versions[-1]
-            files = {str(f.relative_to(vdir)): f.read_bytes() for f in sorted(vdir.rglob("*")) if f.is_file() and "__pycache__" not in f.parts}
+            files = {str(f.relative_to(vdir)): _read_bytes(f) for f in sorted(vdir.rglob("*")) if f.is_file() and "__pycache__" not in f.parts}
         warm_dir = d / "warmup"
-        warm = {f.name: f.read_bytes() for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
+        warm = {f.name: _read_bytes(f) for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
         res = import_config(cfg, files, warm, names, versions=served)
         ident = f"TritonModel/{res.manifest['metadata']['name']}"
         problems.extend(FieldError(ident, p.path, p.message, "import") for p in res.problems)
@@ -196,7 +227,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 1
     text = yaml.safe_dump_all(docs, sort_keys=False, width=120)
     if args.output:
-        Path(args.output).write_text(text)
+        _write(Path(args.output), text.encode())
         _progress(f"Wrote {len(docs)} TritonModel(s) to {args.output}")
     else:
         sys.stdout.write(text)
@@ -229,12 +260,12 @@ def cmd_docs(args: argparse.Namespace) -> int:
         sys.stdout.write(ref)
         return 0
     path = Path(args.update)
-    text = path.read_text()
+    text = _read_text(path)
     if BEGIN not in text or END not in text:
         _err(f"error: {path} has no generated-reference markers")
         return 1
     start, end = text.index(BEGIN), text.index(END) + len(END) + 1
-    path.write_text(text[:start] + ref + text[end:])
+    _write(path, (text[:start] + ref + text[end:]).encode())
     _progress(f"Updated the TritonModel reference in {path}")
     return 0
 
@@ -293,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except CliError as exc:
+        _err(f"error: {exc}")
+        return 1
     except KeyboardInterrupt:
         return 130
 

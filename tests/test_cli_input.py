@@ -1,0 +1,106 @@
+"""Every input error of the `triton-operator` commands is one line naming the file, with a non-zero exit:
+no Python traceback for a file that is not UTF-8, not readable, or not YAML."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from triton_operator.cli.main import main
+
+CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-operator"
+NOT_UTF8 = b"apiVersion: serving.triton-operator.dev/v1alpha1\nkind: TritonModel\nmetadata: {name: caf\xe9}\n"
+UTF16 = "kind: TritonModel\n".encode("utf-16")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it."""
+    return subprocess.run([str(CONSOLE_SCRIPT), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def _one_line_naming(proc: subprocess.CompletedProcess[str], path: Path, *says: str) -> None:
+    explain = f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    assert proc.returncode != 0, explain
+    assert "Traceback" not in proc.stderr, explain
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, explain
+    assert str(path) in lines[0] and lines[0].startswith("error: "), explain
+    for s in says:
+        assert s in lines[0], explain
+
+
+@pytest.mark.parametrize("command", ["render", "validate"])
+def test_a_file_that_is_not_utf8(command: str, tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(NOT_UTF8)
+    _one_line_naming(_run(command, str(bad)), bad, "not UTF-8", "0xe9", "line 3")
+
+
+def test_a_utf16_file_in_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "specs").mkdir()
+    bad = tmp_path / "specs" / "wide.yaml"
+    bad.write_bytes(UTF16)
+    _one_line_naming(_run("render", str(tmp_path / "specs"), "-o", str(tmp_path / "out")), bad, "not UTF-8")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_file(tmp_path: Path) -> None:
+    bad = tmp_path / "secret.yaml"
+    bad.write_text("kind: TritonModel\n")
+    bad.chmod(0)
+    _one_line_naming(_run("render", str(bad)), bad, "cannot read")
+
+
+def test_yaml_that_does_not_parse_is_one_line_with_its_position(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: TritonModel\nspec: [unclosed\n")
+    proc = _run("render", str(broken))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    [problem] = [ln for ln in proc.stderr.splitlines() if "not valid YAML" in ln]
+    assert str(broken) in problem and "line 3" in problem, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 2, "the count, then the one problem"
+
+
+def test_import_of_a_config_that_is_not_utf8(tmp_path: Path) -> None:
+    config = tmp_path / "repo" / "m" / "config.pbtxt"
+    config.parent.mkdir(parents=True)
+    config.write_bytes(b'name: "m"\nbackend: "python"\n# r\xe9sum\xe9\n')
+    _one_line_naming(_run("import", str(tmp_path / "repo")), config, "not UTF-8")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_import_of_an_unreadable_version_file(tmp_path: Path) -> None:
+    model = tmp_path / "repo" / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    (model / "1" / "model.py").write_text("pass\n")
+    (model / "1" / "model.py").chmod(0)
+    _one_line_naming(_run("import", str(tmp_path / "repo")), model / "1" / "model.py", "cannot read")
+
+
+def test_docs_update_of_a_file_that_is_not_utf8_or_missing(tmp_path: Path) -> None:
+    bad = tmp_path / "README.md"
+    bad.write_bytes(b"# caf\xe9\n")
+    _one_line_naming(_run("docs", "--update", str(bad)), bad, "not UTF-8")
+    _one_line_naming(_run("docs", "--update", str(tmp_path / "missing.md")), tmp_path / "missing.md", "cannot read")
+
+
+def test_an_output_path_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not input, but the same promise: `-o` onto a regular file is one line naming it."""
+    blocker = tmp_path / "out"
+    blocker.write_text("a file, not a directory\n")
+    examples = Path(__file__).resolve().parent.parent / "examples" / "add-sub.yaml"
+    _one_line_naming(_run("render", str(examples), "-o", str(blocker)), blocker, "cannot write")
+
+
+def test_in_process_the_same(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(NOT_UTF8)
+    assert main(["render", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err
