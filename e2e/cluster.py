@@ -674,7 +674,7 @@ class LocalCluster:
     def stop_components(self, components: tuple[str, ...] = ("etcd", "kube-apiserver"), hard: bool = False) -> float:
         """Stops control-plane components for a restart (`start_components`); returns the seconds it took.
 
-        Unlike `down`, etcd's data stays, and everything else (the other components, node agents,
+        Unlike `down`, etcd's data stays, and everything else (the other components, the nodes,
         operators) keeps running and must ride it out. In reverse start order (the API server before
         etcd), each once the previous is gone; `hard` sends SIGKILL (a crash) instead of SIGTERM. The
         pids file keeps the stopped pids until `start_components` records the new ones.

@@ -1,4 +1,4 @@
-"""A small JSON client for the Kubernetes API, used by the node agent, fixtures and tests.
+"""A small JSON client for the Kubernetes API, used by the fixtures and tests.
 
 Owns turning a kubeconfig into authenticated HTTP calls (via the official client's kubeconfig
 loader, so certificates, tokens and exec plugins all work) and speaking plain dicts: get, list,

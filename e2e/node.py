@@ -332,11 +332,12 @@ oom_score = 0
 
     # -- cgroups ------------------------------------------------------------------------------------
 
-    def _hierarchies(self) -> list[Path]:
+    def _hierarchies(self, v2: bool = False) -> list[Path]:
+        """The cgroup v1 hierarchies (and with `v2`, a hybrid host's unified one, where the kubelet also writes)."""
         out = []
         for line in Path("/proc/self/mounts").read_text().splitlines():
             dev, mnt, fstype, *_ = line.split()
-            if fstype == "cgroup":
+            if fstype == "cgroup" or (v2 and fstype == "cgroup2"):
                 out.append(Path(mnt))
         return out
 
@@ -351,7 +352,7 @@ oom_score = 0
                         (d / f).write_text((h / f).read_text())
 
     def _cgroup_dirs(self) -> list[Path]:
-        return [h / self.cgroup_name for h in self._hierarchies() if (h / self.cgroup_name).is_dir()]
+        return [h / self.cgroup_name for h in self._hierarchies(v2=True) if (h / self.cgroup_name).is_dir()]
 
     def _cgroup_pids(self) -> set[int]:
         pids: set[int] = set()

@@ -1,12 +1,13 @@
 """The Helm chart installed into the local control plane, its operator running under its own ServiceAccount.
 
 `helm install` (namespaced mode, the operator in its own namespace under the `restricted` Pod
-Security Standard), then the chart's operator pod - run by the node agent as the chart's
-ServiceAccount, with the projected token - reconciles examples/add-sub.yaml to Ready=True: the
-RBAC is enough. `kubectl auth can-i --as=system:serviceaccount:...` (and calls with a token from
-the TokenRequest API) show it is no more than needed: no Secrets, no Node writes, nothing outside
-the watched namespaces. Cluster-wide mode is installed and checked with `can-i` only: a
-cluster-wide operator would also reconcile every other test's TritonModels on a shared cluster.
+Security Standard), then the chart's operator pod - run by a real kubelet from the image built from
+our Dockerfile, as 65532 with a read-only root filesystem, under the chart's ServiceAccount with the
+projected token - reconciles examples/add-sub.yaml to Ready=True: the RBAC is enough. `kubectl auth
+can-i --as=system:serviceaccount:...` (and calls with a token from the TokenRequest API) show it is
+no more than needed: no Secrets, no Node writes, nothing outside the watched namespaces. The
+cluster-wide install is checked with `can-i` and then runs and reconciles a model too (tests run one
+at a time, and the session's own operator serves only `op-*` namespaces).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def installed(kubeconfig: Path, kube: Kube, name: str, namespace: str, *sets: st
         with contextlib.suppress(AssertionError):
             helm(kubeconfig, "uninstall", name, "--namespace", namespace, "--wait", "--timeout", "90s")
         kube.delete("Namespace", namespace)
-        # The operator pod stops through the node agent: no operator outlives its test.
+        # The operator pod stops through its kubelet: no operator outlives its test.
         wait_for(f"pods in {namespace} to be gone", lambda: not kube.items("Pod", namespace), 120)
 
 
@@ -307,10 +308,10 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
         assert proc.returncode != 0 and "Forbidden" in proc.stderr, (args, proc.stdout, proc.stderr)
 
 
-def test_cluster_wide_install_grants_no_secrets_and_no_node_writes(
+def test_cluster_wide_install_grants_no_secrets_and_no_node_writes_and_reconciles(
     kubeconfig: Path, kube: Kube, namespace: str,
 ) -> None:
-    """Cluster-wide RBAC, checked with can-i (replicaCount=0: see the module docstring)."""
+    """Cluster-wide RBAC, checked with can-i before the operator runs, then the operator running cluster-wide."""
     release_name = f"tro-{uuid.uuid4().hex[:6]}"
     with installed(kubeconfig, kube, release_name, f"{namespace}-op", "--set", "replicaCount=0") as release:
         sa = release.user
@@ -329,5 +330,24 @@ def test_cluster_wide_install_grants_no_secrets_and_no_node_writes(
             ("update", "tritonmodels.serving.triton-operator.dev", namespace),
         ):
             assert not can_i(kubeconfig, sa, verb, resource, ns), f"can {verb} {resource} in {ns or 'all namespaces'}"
+
+        # It runs, cluster-wide, and reconciles a model in a namespace nobody named to it.
+        helm(kubeconfig, "upgrade", release.name, str(CHART), "--namespace", release.namespace, "--reuse-values",
+             "--set", "replicaCount=1", "--wait", "--timeout", "120s")
+        (pod,) = kube.items("Pod", release.namespace, label_selector={"app.kubernetes.io/instance": release_name})
+        assert pod["spec"]["serviceAccountName"] == release.service_account
+        assert "--all-namespaces" in pod["spec"]["containers"][0]["args"]
+        doc = next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d)
+        doc["spec"]["replicas"] = 1
+        vwc = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{release.fullname}"
+        wait_for("the cluster-wide operator's webhook CA published",
+                 lambda: kube.request("GET", vwc)["webhooks"][0]["clientConfig"].get("caBundle"), 60)
+        kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(doc))
+        name = doc["metadata"]["name"]
+        tm = wait_for(f"TritonModel {namespace}/{name} Ready=True under the cluster-wide install",
+                      lambda: (t := kube.get("TritonModel", name, namespace)) and is_model_ready(t) and t, 300, 0.5)
+        assert tm["status"]["readyReplicas"] == 1, tm["status"]
+        kube.delete("TritonModel", name, namespace)  # while the operator still runs
+        wait_gone(kube, "TritonModel", namespace, name)
     assert not kube.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles",
                             params={"labelSelector": f"app.kubernetes.io/instance={release_name}"})["items"]

@@ -1,4 +1,4 @@
-"""The operator against the real control plane, with real tritonserver replicas run by the node agent.
+"""The operator against the real cluster, with real tritonserver replicas run by real kubelets.
 
 One operator per session (`operator` fixture: CRD applied server-side, `triton-operator run`
 as a subprocess, drift interval 5 s); each test in its own namespace. What users do is done

@@ -2,7 +2,7 @@
 
 Owns the small vocabulary tests are written in (`wait_pod`, `ready_endpoints`, `add_one_model`,
 `triton_container`) and `diagnostics()`, the text dumped when a cluster test fails: pods with
-their conditions and container states, events, and the tails of the node agent's, the API
+their conditions and container states, events, and the tails of the kubelets', containerds', the API
 server's and every container's logs.
 """
 

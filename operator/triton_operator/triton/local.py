@@ -4,7 +4,7 @@ Owns finding the binary, assembling a backend directory the server accepts
 (the wheel ships the Python backend's library and its per-Python stubs in
 separate places), the process environment, and starting/stopping a server on
 free loopback ports. Used by `triton-operator validate`, by the tests and by
-the e2e node agent; nothing here talks to Kubernetes.
+the benchmarks; nothing here talks to Kubernetes.
 """
 
 from __future__ import annotations
