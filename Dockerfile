@@ -5,33 +5,48 @@
 #
 # Runs as the non-root user 65532 with a read-only root filesystem: nothing is written at run
 # time outside /tmp (an emptyDir in the chart) and the volumes the fetch step writes to.
+#
+# Build arguments (the defaults build from PyPI on the official Python image):
+#   BASE          the image both stages start from: any Debian-like image with python3.11 and its
+#                 venv module (the e2e tests use a Debian bookworm base of their own, see e2e/images.py).
+#   PIP_NO_INDEX  1 = install offline, from the wheels in ./wheels only (the dependencies with the
+#                 s3 and gcs extras, and the build requirements), e.g. made with `pip wheel`.
 
-FROM python:3.11.14-slim-bookworm AS builder
+ARG BASE=python:3.11.14-slim-bookworm
 
+FROM ${BASE} AS builder
+
+ARG PIP_NO_INDEX=0
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
+    PIP_NO_INDEX=${PIP_NO_INDEX} \
+    PIP_FIND_LINKS=/wheels \
     PYTHONDONTWRITEBYTECODE=1
 
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY operator/ operator/
+# ./wheels is optional: the glob copies it when present and nothing otherwise.
+COPY pyproject.toml wheel[s] /wheels/
+# Two virtualenvs: /opt/pip holds the pip that installs, /opt/venv (no pip) is what the image runs.
+# The dependencies (s3:// and gs:// sources for `fetch` included) go in a layer of their own: a
+# source change does not reinstall them.
+RUN python -m venv /opt/pip \
+ && python -m venv --without-pip /opt/venv \
+ && /opt/pip/bin/python -c "import tomllib; p = tomllib.load(open('/wheels/pyproject.toml', 'rb'))['project']; extra = p['optional-dependencies']; print('\n'.join(p['dependencies'] + extra['s3'] + extra['gcs']))" > /tmp/requirements.txt \
+ && /opt/pip/bin/pip --python /opt/venv/bin/python install --no-cache-dir -r /tmp/requirements.txt
 
-# A virtualenv with this repository (built as a wheel) and its dependencies (s3:// and gs://
-# sources for `fetch` included). The virtualenv has no pip: nothing installs at run time.
-RUN python -m venv --without-pip /opt/venv \
- && python -m pip --python /opt/venv/bin/python install --no-cache-dir "/src[s3,gcs]"
+# This repository, built as a wheel and installed beside them; --root /app keeps its files apart so
+# that the image copies them as a layer of their own.
+COPY pyproject.toml README.md /src/
+COPY operator/ /src/operator/
+RUN /opt/pip/bin/pip --python /opt/venv/bin/python install --no-cache-dir --no-deps --root /app /src
 
-
-FROM python:3.11.14-slim-bookworm
+FROM ${BASE}
 
 LABEL org.opencontainers.image.title="triton-operator" \
       org.opencontainers.image.description="Kubernetes operator for NVIDIA Triton Inference Server models" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# The base image's own pip, setuptools and wheel are not needed at run time.
-RUN python -m pip uninstall --no-cache-dir -y setuptools wheel pip
-
-COPY --from=builder /opt/venv /opt/venv
+# The base image's own pip, setuptools and wheel (if it has them) are not needed at run time.
+RUN if python -m pip --version >/dev/null 2>&1; then python -m pip uninstall --no-cache-dir -y setuptools wheel pip; fi
 
 ENV PATH="/opt/venv/bin:${PATH}" \
     VIRTUAL_ENV=/opt/venv \
@@ -41,9 +56,11 @@ ENV PATH="/opt/venv/bin:${PATH}" \
 
 WORKDIR /tmp
 USER 65532:65532
-
 # 8080: kopf liveness (/healthz); 8081: Prometheus metrics (/metrics).
 EXPOSE 8080 8081
-
 ENTRYPOINT ["triton-operator"]
 CMD ["run"]
+
+# Last, so that a source change rebuilds only the last layer (files copied in stay root's, read-only).
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /app/ /
