@@ -30,18 +30,21 @@ docs: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/lint-imports
 
-## Build (once, cached by pins) etcd, kube-apiserver, kube-controller-manager, kube-scheduler and helm.
+## Build (once, cached by pins) etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+## kube-proxy, helm and our fake-GPU device plugin from their Go modules.
 cluster-bin:
 	@bash e2e/toolchain/build.sh >/dev/null
 
-## Start the local control plane in the background; kubeconfig in .cluster/kubeconfig.
+## Start the local cluster in the background (control plane, two GPU nodes with containerd and a kubelet each,
+## kube-proxy; images built and imported); kubeconfig in .cluster/kubeconfig.
 cluster: $(STAMP) cluster-bin
 	$(BIN)/python -m e2e.cluster up
 
 cluster-down: $(STAMP)
 	$(BIN)/python -m e2e.cluster down
 
-## The product on an embedded local cluster: control plane, a GPU node, the operator, two models, live progress.
+## The product on an embedded local cluster: two real GPU nodes, the operator installed by its chart, two models,
+## live progress, inference through the Services.
 demo: $(STAMP) cluster-bin
 	$(BIN)/python -m e2e.demo
 
@@ -68,7 +71,13 @@ lint-chart: $(STAMP) cluster-bin
 	@helm="$$(bash e2e/toolchain/build.sh 2>/dev/null)/helm"; \
 	  "$$helm" lint --strict charts/triton-operator && \
 	  "$$helm" lint --strict charts/triton-operator --set 'watch.namespaces={team-a,team-b}'
-	$(BIN)/hadolint Dockerfile
+	$(BIN)/hadolint Dockerfile e2e/images/tritonserver/Dockerfile
+
+## Container images for the real nodes (base, operator, tritonserver, pause): buildah, no Docker, no registry; cached
+## by the hash of their inputs under ~/.cache/triton-operator/images (e2e/images.py). Prints REF ARCHIVE per image.
+.PHONY: images
+images: $(STAMP)
+	$(BIN)/python -m e2e.images build
 
 ## Copy the generated CRD into the chart (run after `make crd`; tests/test_chart.py checks they match).
 chart-crds:
