@@ -45,8 +45,12 @@ LABEL org.opencontainers.image.title="triton-operator" \
       org.opencontainers.image.description="Kubernetes operator for NVIDIA Triton Inference Server models" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# The base image's own pip, setuptools and wheel (if it has them) are not needed at run time.
-RUN if python -m pip --version >/dev/null 2>&1; then python -m pip uninstall --no-cache-dir -y setuptools wheel pip; fi
+# The base image's own pip, setuptools and wheel (if it has them) are not needed at run time. The run-time
+# user gets a passwd entry: libraries ask who they are (getpass.getuser(), which kopf's identity uses, fails
+# with "uid not found" without one).
+RUN if python -m pip --version >/dev/null 2>&1; then python -m pip uninstall --no-cache-dir -y setuptools wheel pip; fi \
+ && echo "nonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin" >> /etc/passwd \
+ && echo "nonroot:x:65532:" >> /etc/group
 
 ENV PATH="/opt/venv/bin:${PATH}" \
     VIRTUAL_ENV=/opt/venv \
