@@ -1,0 +1,687 @@
+"""Container images for the local nodes, built on this machine without Docker or a registry.
+
+Owns four OCI images, the cache they live in and their import into a node's containerd:
+
+- **base** (`localhost/triton-operator/base:bookworm-<hash>`): a Debian bookworm root filesystem made by
+  `mmdebstrap` from the Debian mirror apt already uses here, with python3 (3.11) and venv; committed with
+  `buildah from scratch`. It is the `BASE` build argument of the two images below (their default, the
+  official python image, cannot be pulled here).
+- **operator** (`ghcr.io/triton-operator/triton-operator:<appVersion>`, the reference the Helm chart renders,
+  plus `localhost/triton-operator/triton-operator:dev`): the repository's own `Dockerfile`, installing
+  offline from wheels built on the host (`pip wheel`, dependencies with the s3 and gcs extras).
+- **tritonserver** (`localhost/triton-operator/tritonserver:24.10-py3-cpu` plus the CRD's default
+  `nvcr.io/nvidia/tritonserver:24.10-py3`): `e2e/images/tritonserver/Dockerfile`, the tritonserver 2.51 of
+  the nvidia-pytriton wheel laid out at NGC's paths (/opt/tritonserver/...), CPU only.
+- **pause** (`PAUSE_IMAGE`): Kubernetes' `build/pause/linux/pause.c` from the k8s.io/kubernetes module that
+  e2e/toolchain/kube pins, compiled with `gcc -Os -static`.
+
+Everything is under `${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/triton-operator}/images`: buildah's
+storage (`--root/--runroot`, vfs driver, nothing in /var/lib/containers), the oci-archive files, the
+wheels and the base root filesystem. An archive is named by a hash of exactly its inputs (files, build
+arguments, package lists, the wheels' file names, the base's hash), so a changed input rebuilds that image
+and the ones built on it, and nothing else does; a warm `build_all` only hashes and takes seconds. Every
+result is written to a temporary name and renamed, so an interrupted build leaves nothing half-made.
+
+    python -m e2e.images build                                  # prints REF ARCHIVE per image
+    python -m e2e.images import --address /path/containerd.sock # ctr images import (+ aliases), idempotent
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TRITON_CONTEXT = REPO_ROOT / "e2e" / "images" / "tritonserver"
+KUBE_MODULE_DIR = REPO_ROOT / "e2e" / "toolchain" / "kube"
+
+PAUSE_IMAGE = "localhost/triton-operator/pause:3.10"
+TRITON_REF = "localhost/triton-operator/tritonserver:24.10-py3-cpu"
+#: The CRD's default spec.server.image: tagged as an alias, the way `kind load` preloads an image offline.
+TRITON_ALIAS = "nvcr.io/nvidia/tritonserver:24.10-py3"
+OPERATOR_ALIAS = "localhost/triton-operator/triton-operator:dev"
+BASE_NAME = "localhost/triton-operator/base"
+
+#: mmdebstrap's package selection for the base. libpython3.11: the Python backend stub links it.
+DEBIAN_SUITE = "bookworm"
+DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates", "python-is-python3", "libpython3.11")
+#: What a slim image leaves out (dpkg never unpacks these paths).
+DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*",
+                 "/usr/share/lintian/*")
+#: The base's Python: wheels are built on the host by an interpreter of the same version.
+PYTHON_VERSION = (3, 11)
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Image:
+    ref: str  # primary reference
+    aliases: tuple[str, ...]  # extra tags in containerd
+    archive: Path  # oci-archive file in the cache
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message names the step and the tail of its log."""
+
+
+# -- paths and small helpers ------------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    """The same cache root as e2e/toolchain/build.sh."""
+    explicit = os.environ.get("TRITON_OPERATOR_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "triton-operator"
+
+
+def images_dir() -> Path:
+    return cache_root() / "images"
+
+
+def _sha(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        b = p.encode() if isinstance(p, str) else p
+        h.update(len(b).to_bytes(8, "big"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def _digest_inputs(inputs: dict) -> str:
+    return _sha(json.dumps(inputs, sort_keys=True))[:16]
+
+
+def _tree_digest(root: Path, rel: Sequence[str]) -> dict[str, str]:
+    """sha256 of every file under the given paths (relative to root), skipping bytecode and egg-info,
+    as the repository's .dockerignore does."""
+    out: dict[str, str] = {}
+    for r in rel:
+        p = root / r
+        files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+        for f in files:
+            parts = f.relative_to(root).parts
+            if "__pycache__" in parts or f.suffix in (".pyc", ".pyo", ".pyd") or any(
+                x.endswith(".egg-info") for x in parts
+            ):
+                continue
+            mode = "x" if os.access(f, os.X_OK) else "-"
+            out["/".join(parts)] = mode + _sha(f.read_bytes())
+    return out
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Atomically publish a directory built at `tmp` (another process may have won; theirs is equivalent)."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Runner:
+    """Runs build commands with their output in one log file per image; a failure raises with its tail."""
+
+    def __init__(self, logfile: Path, env: dict[str, str] | None = None) -> None:
+        self.logfile = logfile
+        self.env = env
+
+    def __call__(self, argv: Sequence[str | Path], *, capture: bool = False, cwd: Path | None = None,
+                 env_extra: dict[str, str] | None = None) -> str:
+        with self.logfile.open("ab") as out:
+            out.write(("\n$ " + " ".join(str(a) for a in argv) + "\n").encode())
+            out.flush()
+            proc = subprocess.run(  # noqa: S603
+                [str(a) for a in argv], cwd=cwd, env={**(self.env or os.environ), **(env_extra or {})},
+                stdout=subprocess.PIPE if capture else out, stderr=out, check=False,
+            )
+        if capture:
+            with self.logfile.open("ab") as out:
+                out.write(proc.stdout)
+        if proc.returncode != 0:
+            tail = self.logfile.read_text(errors="replace").splitlines()[-25:]
+            raise BuildError(f"{argv[0]} failed (exit {proc.returncode}), log {self.logfile}:\n" + "\n".join(tail))
+        return proc.stdout.decode() if capture else ""
+
+
+def private_var_lib_containers(root: Path, argv: Sequence[str | Path]) -> list[str | Path]:
+    """`argv` in a mount namespace of its own where /var/lib/containers is `root`/var-lib-containers.
+
+    `--root/--runroot` move buildah's storage, but containers/image still keeps its blob-info cache in
+    /var/lib/containers/cache for root; this keeps that in the cache too.
+    """
+    target = Path("/var/lib/containers")
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)  # an empty mount point, if missing
+    private = root / "var-lib-containers"
+    private.mkdir(exist_ok=True)
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+            'mount --bind "$0" /var/lib/containers && exec "$@"', private, *argv]
+
+
+class Buildah:
+    """buildah with its storage under the cache (vfs driver, so it works without overlay or fuse)."""
+
+    def __init__(self, root: Path, run: _Runner) -> None:
+        self.root = root
+        self.run = run
+
+    def argv(self, *args: str | Path) -> list[str | Path]:
+        return ["buildah", "--root", self.root / "storage", "--runroot", self.root / "run", "--storage-driver", "vfs",
+                *args]
+
+    def __call__(self, *args: str | Path, capture: bool = False) -> str:
+        return self.run(private_var_lib_containers(self.root, self.argv(*args)), capture=capture)
+
+    def script(self, script: str, *args: str | Path) -> str:
+        """A shell script (with `$BUILDAH` = this buildah) in the same mount namespace as `__call__` uses."""
+        return self.run(private_var_lib_containers(self.root, ["sh", "-euc", script, "sh", *args]),
+                        env_extra={"BUILDAH": " ".join(str(a) for a in self.argv())})
+
+    def has_image(self, ref: str) -> bool:
+        try:
+            self("inspect", "--type", "image", "--format", "{{.FromImageID}}", ref, capture=True)
+        except BuildError:
+            return False
+        return True
+
+    def push(self, ref: str, archive: Path) -> None:
+        """`buildah push` into an oci-archive whose index names `ref`, written to .tmp then renamed."""
+        tmp = archive.with_name(archive.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        self("push", "--quiet", "--format", "oci", ref, f"oci-archive:{tmp}:{ref}")
+        os.replace(tmp, archive)
+
+    def ensure(self, image: Image) -> None:
+        """Puts an image built earlier back into buildah's storage from its archive, if the storage lost it."""
+        if not self.has_image(image.ref):
+            image_id = self("pull", "--quiet", f"oci-archive:{image.archive}", capture=True).split()[-1]
+            self("tag", image_id, image.ref)
+
+
+# -- inputs ---------------------------------------------------------------------------------------------
+
+
+def debian_sources(suite: str = DEBIAN_SUITE) -> list[str]:
+    """One-line apt sources for `suite` and its -updates/-security, read from this host's apt configuration
+    (deb822 *.sources and one-line *.list), so mmdebstrap uses the mirror apt already reaches."""
+    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list")),
+             *sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))]
+    lines: list[str] = []
+    for f in files:
+        if not f.is_file():
+            continue
+        text = f.read_text(errors="replace")
+        entries: list[tuple[list[str], list[str], list[str], list[str]]] = []
+        if f.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields: dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if line.startswith("#") or ":" not in line or line[:1].isspace():
+                        continue
+                    key, _, value = line.partition(":")
+                    fields[key.strip().lower()] = value.strip()
+                if fields.get("enabled", "yes").lower() == "no":
+                    continue
+                entries.append((fields.get("types", "").split(), fields.get("uris", "").split(),
+                                fields.get("suites", "").split(), fields.get("components", "").split()))
+        else:
+            for line in text.splitlines():
+                words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+                if len(words) >= 3:
+                    entries.append(([words[0]], [words[1]], [words[2]], words[3:]))
+        for types, uris, suites, comps in entries:
+            if "deb" not in types:
+                continue
+            for uri in uris:
+                for s in suites:
+                    if s == suite or s.startswith(suite + "-") or s.startswith(suite + "/"):
+                        line = f"deb {uri} {s} {' '.join(comps or ['main'])}"
+                        if line not in lines:
+                            lines.append(line)
+    if not lines:
+        raise BuildError(f"no apt source for Debian {suite} in /etc/apt/sources.list*: mmdebstrap needs a mirror")
+    return lines
+
+
+def chart_operator_ref() -> str:
+    """The operator image the Helm chart renders by default: values.yaml's image.repository and the
+    chart's appVersion (image.tag is empty by default)."""
+    chart = (REPO_ROOT / "charts" / "triton-operator" / "Chart.yaml").read_text()
+    values = (REPO_ROOT / "charts" / "triton-operator" / "values.yaml").read_text()
+    app = re.search(r"^appVersion:\s*['\"]?([^'\"\s]+)", chart, re.M)
+    image = re.search(r"^image:\s*\n((?:[ \t]+.*\n|\s*\n)*)", values, re.M)
+    repo = re.search(r"^\s+repository:\s*['\"]?([^'\"\s]+)", image.group(1), re.M) if image else None
+    tag = re.search(r"^\s+tag:\s*['\"]?([^'\"\s#]*)", image.group(1), re.M) if image else None
+    if not (app and repo):
+        raise BuildError("cannot read image.repository (values.yaml) or appVersion (Chart.yaml) of the chart")
+    return f"{repo.group(1)}:{(tag.group(1) if tag and tag.group(1) else app.group(1))}"
+
+
+def operator_requirements() -> list[str]:
+    """pyproject's dependencies with the s3 and gcs extras, plus its build requirements (so the project
+    itself builds offline too)."""
+    import tomllib  # noqa: PLC0415 - 3.11+
+
+    data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    project = data["project"]
+    extras = project.get("optional-dependencies", {})
+    return [*project["dependencies"], *extras.get("s3", []), *extras.get("gcs", []),
+            *data.get("build-system", {}).get("requires", [])]
+
+
+def triton_requirements() -> list[str]:
+    """e2e/images/tritonserver/requirements.txt: the wheel (--no-deps) and what the test models import."""
+    lines = (TRITON_CONTEXT / "requirements.txt").read_text().splitlines()
+    return [x.split("#", 1)[0].strip() for x in lines if x.split("#", 1)[0].strip()]
+
+
+def kube_version() -> str:
+    text = (KUBE_MODULE_DIR / "go.mod").read_text()
+    m = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", text, re.M)
+    if not m:
+        raise BuildError(f"cannot read the k8s.io/kubernetes version from {KUBE_MODULE_DIR / 'go.mod'}")
+    return m.group(1)
+
+
+def pause_source() -> Path:
+    """build/pause/linux/pause.c of the k8s.io/kubernetes module in the Go module cache."""
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
+    argv = ["go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"]
+    found = subprocess.run(argv, cwd=KUBE_MODULE_DIR, env=env, capture_output=True, text=True, check=False)  # noqa: S603
+    module_dir = found.stdout.strip()
+    if found.returncode != 0 or not module_dir or not Path(module_dir, "build/pause/linux/pause.c").is_file():
+        subprocess.run(["go", "mod", "download", "k8s.io/kubernetes"], cwd=KUBE_MODULE_DIR, env=env,  # noqa: S603, S607
+                       check=True, capture_output=True)
+        module_dir = subprocess.run(argv, cwd=KUBE_MODULE_DIR, env=env, capture_output=True, text=True,  # noqa: S603
+                                    check=True).stdout.strip()
+    return Path(module_dir) / "build" / "pause" / "linux" / "pause.c"
+
+
+def _gcc_version() -> str:
+    return subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]  # noqa: S607
+
+
+# -- the builder ----------------------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.root = images_dir()
+        for sub in ("archives", "wheels", "rootfs", "logs", "contexts", "tmp", "pause", "storage", "run"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        # buildah and mmdebstrap keep big temporary files in TMPDIR (/var/tmp by default): keep them here too.
+        self.env = {**os.environ, "TMPDIR": str(self.root / "tmp"), "BUILDAH_ISOLATION": "chroot"}
+        self.keep: dict[str, list[str]] = {}
+        with contextlib.suppress(OSError, ValueError):
+            self.keep = json.loads(self.keep_file.read_text())
+        self.built_any = False
+        self.wheel_dirs: set[Path] = set()
+
+    @property
+    def keep_file(self) -> Path:
+        return self.root / "layer-cache.json"
+
+    def save_keep(self) -> None:
+        tmp = self.keep_file.with_name(self.keep_file.name + ".tmp")
+        tmp.write_text(json.dumps(self.keep, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.keep_file)
+
+    def gc(self, current: Sequence[Image]) -> None:
+        """Frees buildah's storage (vfs keeps a full copy of the file system per layer): removes the
+        working containers bud leaves behind and every image that is neither a current image nor a step
+        of the latest build of one (those stay: they are the layer cache)."""
+        t0 = time.monotonic()
+        buildah = Buildah(self.root, self.runner("gc", "storage"))
+        buildah("rm", "--all")
+        keep_refs = {i.ref for i in current}
+        prefixes = {p for ids in self.keep.values() for p in ids}
+        listed = buildah("images", "--all", "--no-trunc", "--format", "{{.ID}} {{.Name}}:{{.Tag}}", capture=True)
+        drop: list[str] = []
+        for line in listed.splitlines():
+            if not line.strip():
+                continue
+            image_id, name = line.split()[0], line.split()[-1]
+            bare = image_id.removeprefix("sha256:")
+            if name in keep_refs or any(bare.startswith(p) for p in prefixes):
+                continue
+            drop.append(bare)
+        removed = 0
+        while drop:  # children before parents: retry what still had children
+            left = []
+            for image_id in drop:
+                try:
+                    buildah("rmi", image_id)
+                    removed += 1
+                except BuildError:
+                    left.append(image_id)
+            if len(left) == len(drop):
+                break
+            drop = left
+        # Archives and wheels that no current image was built from.
+        stale = [p for p in (self.root / "archives").glob("*.oci.tar") if p not in {i.archive for i in current}]
+        stale += [p for p in (self.root / "wheels").iterdir() if p.is_dir() and p not in self.wheel_dirs]
+        for p in stale:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        self.log(f"[images] Pruned build storage images={removed} kept={len(listed.splitlines()) - removed} "
+                 f"stale_files={len(stale)} seconds={time.monotonic() - t0:.1f}")
+
+    def runner(self, name: str, key: str) -> _Runner:
+        logfile = self.root / "logs" / f"{name}-{key}.log"
+        logfile.unlink(missing_ok=True)
+        return _Runner(logfile, self.env)
+
+    def archive(self, name: str, key: str) -> Path:
+        return self.root / "archives" / f"{name}-{key}.oci.tar"
+
+    def clean_partial(self) -> None:
+        """Leftovers of an interrupted build: *.tmp files and directories, staged contexts."""
+        for d in ("archives", "rootfs", "wheels", "pause"):
+            for p in (self.root / d).glob("*.tmp*"):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        for p in (self.root / "contexts").iterdir():
+            shutil.rmtree(p, ignore_errors=True)
+
+    def built(self, name: str, ref: str, t0: float, archive: Path) -> None:
+        self.built_any = True
+        size = archive.stat().st_size / 1e6
+        self.log(f"[images] Built image name={name} ref={ref} seconds={time.monotonic() - t0:.1f} "
+                 f"size_mb={size:.0f} archive={archive}")
+
+    # -- wheels -------------------------------------------------------------------------------------
+
+    def wheels(self, name: str, requirements: Sequence[str], no_deps: bool = False) -> Path:
+        """`pip wheel` on the host into a directory named by the requirements; built once."""
+        if sys.version_info[:2] != PYTHON_VERSION:
+            raise BuildError(f"wheels for the images need Python {'.'.join(map(str, PYTHON_VERSION))} on the host "
+                             f"(the base's); this is {sys.version.split()[0]}")
+        key = _digest_inputs({"requirements": list(requirements), "no_deps": no_deps,
+                              "python": list(PYTHON_VERSION), "machine": os.uname().machine})
+        out = self.root / "wheels" / f"{name}-{key}"
+        self.wheel_dirs.add(out)
+        if out.is_dir():
+            return out
+        t0 = time.monotonic()
+        tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp", dir=out.parent))
+        run = self.runner(f"wheels-{name}", key)
+        argv = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", tmp]
+        run([*argv, *(["--no-deps"] if no_deps else []), *requirements])
+        _replace_dir(tmp, out)
+        self.log(f"[images] Built wheels name={name} count={len(list(out.glob('*.whl')))} "
+                 f"seconds={time.monotonic() - t0:.1f} dir={out}")
+        return out
+
+    def stage(self, key: str, files: dict[str, Path], wheels: Path | None) -> Path:
+        """A build context of exactly the given files (+ wheels/), hard-linked where possible."""
+        ctx = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=self.root / "contexts"))
+        for rel, src in files.items():
+            dst = ctx / rel
+            if src.is_dir():
+                shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.egg-info"))
+            else:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+        if wheels is not None:
+            (ctx / "wheels").mkdir()
+            for whl in wheels.glob("*.whl"):
+                try:
+                    os.link(whl, ctx / "wheels" / whl.name)
+                except OSError:
+                    shutil.copy2(whl, ctx / "wheels" / whl.name)
+        return ctx
+
+    def bud(self, name: str, key: str, ref: str, ctx: Path, build_args: dict[str, str], archive: Path) -> None:
+        run = self.runner(name, key)
+        buildah = Buildah(self.root, run)
+        args = [f"--build-arg={k}={v}" for k, v in sorted(build_args.items())]
+        try:
+            out = buildah("bud", "--isolation", "chroot", "--layers", "--pull=never", "--format", "oci", *args,
+                          "--file", ctx / "Dockerfile", "--tag", ref, ctx, capture=True)
+            buildah.push(ref, archive)
+        finally:
+            shutil.rmtree(ctx, ignore_errors=True)
+        # The images of every step of this build (cached or new): the layer cache the next build can use.
+        ids = re.findall(r"^--> (?:Using cache )?([0-9a-f]{11,64})\s*$", out, re.M)
+        self.keep[name] = sorted(set(ids))
+        self.save_keep()
+
+    # -- the images -----------------------------------------------------------------------------------
+
+    def base(self) -> Image:
+        sources = debian_sources()
+        inputs = {"recipe": "mmdebstrap-apt-1", "suite": DEBIAN_SUITE, "packages": list(DEBIAN_PACKAGES),
+                  "excludes": list(DPKG_EXCLUDES), "sources": sources}
+        key = _digest_inputs(inputs)
+        ref = f"{BASE_NAME}:{DEBIAN_SUITE}-{key}"
+        image = Image(ref, (), self.archive("base", key))
+        run = self.runner("base", key)
+        buildah = Buildah(self.root, run)
+        if image.archive.exists():
+            if not buildah.has_image(ref):  # storage wiped: the images built on the base need it back
+                buildah.ensure(image)
+            return image
+        t0 = time.monotonic()
+        rootfs = self.root / "rootfs" / f"{key}.tar"
+        if not rootfs.exists():
+            tmp = rootfs.with_name(rootfs.name + ".tmp")
+            run(["mmdebstrap", "--variant=apt", "--mode=root", "--format=tar", "--skip=output/dev",
+                 f"--include={','.join(DEBIAN_PACKAGES)}",
+                 *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
+                 "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+                 DEBIAN_SUITE, tmp, *sources])
+            os.replace(tmp, rootfs)
+        container = buildah("from", "--name", f"base-{key}-{os.getpid()}", "scratch", capture=True).strip()
+        try:
+            buildah.script('mnt=$($BUILDAH mount "$1"); tar -C "$mnt" --numeric-owner --xattrs -xpf "$2"; '
+                           '$BUILDAH umount "$1"', container, rootfs)
+            buildah("config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    "--env", "LANG=C.UTF-8", "--cmd", '["python3"]', "--os", "linux", "--arch", "amd64",
+                    "--label", f"org.opencontainers.image.description=Debian {DEBIAN_SUITE} + python3 (mmdebstrap)",
+                    container)
+            buildah("commit", "--quiet", "--format", "oci", "--rm", container, ref)
+        except BaseException:
+            with contextlib.suppress(BuildError):
+                buildah("rm", container)
+            raise
+        buildah.push(ref, image.archive)
+        rootfs.unlink()  # the image has it now
+        self.built("base", ref, t0, image.archive)
+        return image
+
+    def operator(self, base: Image) -> Image:
+        ref = chart_operator_ref()
+        wheels = self.wheels("operator", operator_requirements())
+        files = {"Dockerfile": REPO_ROOT / "Dockerfile", "pyproject.toml": REPO_ROOT / "pyproject.toml",
+                 "README.md": REPO_ROOT / "README.md", "operator": REPO_ROOT / "operator"}
+        build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
+        inputs = {"files": _tree_digest(REPO_ROOT, list(files)), "wheels": sorted(p.name for p in wheels.glob("*.whl")),
+                  "build_args": build_args, "ref": ref}
+        key = _digest_inputs(inputs)
+        image = Image(ref, (OPERATOR_ALIAS,), self.archive("operator", key))
+        if not image.archive.exists():
+            t0 = time.monotonic()
+            self.bud("operator", key, ref, self.stage(f"operator-{key}", files, wheels), build_args, image.archive)
+            self.built("operator", ref, t0, image.archive)
+        return image
+
+    def tritonserver(self, base: Image) -> Image:
+        wheels = self.wheels("tritonserver", triton_requirements(), no_deps=True)
+        files = {p.name: p for p in sorted(TRITON_CONTEXT.iterdir()) if p.is_file()}
+        build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
+        inputs = {"files": _tree_digest(TRITON_CONTEXT, list(files)),
+                  "wheels": sorted(p.name for p in wheels.glob("*.whl")), "build_args": build_args,
+                  "ref": TRITON_REF}
+        key = _digest_inputs(inputs)
+        image = Image(TRITON_REF, (TRITON_ALIAS,), self.archive("tritonserver", key))
+        if not image.archive.exists():
+            t0 = time.monotonic()
+            ctx = self.stage(f"tritonserver-{key}", files, wheels)
+            self.bud("tritonserver", key, TRITON_REF, ctx, build_args, image.archive)
+            self.built("tritonserver", TRITON_REF, t0, image.archive)
+        return image
+
+    def pause(self) -> Image:
+        source = pause_source()
+        cflags = ["-Os", "-static", "-Wall", "-Werror"]
+        inputs = {"source": _sha(source.read_bytes()), "kubernetes": kube_version(), "cflags": cflags,
+                  "gcc": _gcc_version(), "ref": PAUSE_IMAGE, "user": "65535:65535"}
+        key = _digest_inputs(inputs)
+        image = Image(PAUSE_IMAGE, (), self.archive("pause", key))
+        if image.archive.exists():
+            return image
+        t0 = time.monotonic()
+        run = self.runner("pause", key)
+        binary = self.root / "pause" / f"pause-{key}"
+        if not binary.exists():
+            tmp = binary.with_name(binary.name + ".tmp")
+            # As build/pause/Makefile stamps it (v$(TAG)-$(REV)): the image's tag, then the module's version.
+            version = f"v{PAUSE_IMAGE.rsplit(':', 1)[1]}-{inputs['kubernetes']}"
+            run(["gcc", *cflags, f"-DVERSION={version}", "-o", tmp, source])
+            run(["strip", tmp])
+            os.replace(tmp, binary)
+        buildah = Buildah(self.root, run)
+        container = buildah("from", "--name", f"pause-{key}-{os.getpid()}", "scratch", capture=True).strip()
+        try:
+            buildah("copy", "--chmod", "0755", container, binary, "/pause")
+            buildah("config", "--entrypoint", '["/pause"]', "--user", "65535:65535", "--os", "linux",
+                    "--arch", "amd64", "--label", "org.opencontainers.image.description=Kubernetes pause from "
+                    f"k8s.io/kubernetes {inputs['kubernetes']} build/pause/linux/pause.c", container)
+            buildah("commit", "--quiet", "--format", "oci", "--rm", container, PAUSE_IMAGE)
+        except BaseException:
+            with contextlib.suppress(BuildError):
+                buildah("rm", container)
+            raise
+        buildah.push(PAUSE_IMAGE, image.archive)
+        self.built("pause", PAUSE_IMAGE, t0, image.archive)
+        return image
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One builder at a time per cache (two test sessions may start together)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_all(log: Log = print) -> list[Image]:
+    """Builds whatever image is missing from the cache; returns base, operator, tritonserver and pause.
+
+    A warm call (nothing changed) runs no build and takes seconds.
+    """
+    t0 = time.monotonic()
+    with _locked(images_dir() / "lock"):
+        b = _Builder(log)
+        b.clean_partial()
+        base = b.base()
+        images = [base, b.operator(base), b.tritonserver(base), b.pause()]
+        if b.built_any:
+            b.gc(images)
+    log(f"[images] Images ready count={len(images)} seconds={time.monotonic() - t0:.1f} cache={b.root}")
+    return images
+
+
+# -- containerd ---------------------------------------------------------------------------------------
+
+
+def archive_digest(archive: Path) -> str:
+    """The manifest digest the archive's index.json names (what `ctr images ls` shows after import)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            raise BuildError(f"{archive} has no index.json")
+        index = json.load(member)
+    return index["manifests"][0]["digest"]
+
+
+def _ctr(address: str, *args: str) -> str:
+    proc = subprocess.run(["ctr", "--address", address, "-n", "k8s.io", *args],  # noqa: S603, S607
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise BuildError(f"ctr {' '.join(args[:2])} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def containerd_images(address: str) -> dict[str, str]:
+    """Reference -> target digest of every image in the k8s.io namespace."""
+    refs: dict[str, str] = {}
+    for line in _ctr(address, "images", "ls").splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 3 and cols[2].startswith("sha256:"):
+            refs[cols[0]] = cols[2]
+    return refs
+
+
+def import_into(images: Sequence[Image], address: str, log: Log = print, snapshotter: str = "native") -> None:
+    """`ctr images import` each image into the containerd at `address` (namespace k8s.io, unpacked for
+    `snapshotter`) and tag its aliases. Idempotent: an image whose ref already has the archive's digest
+    there is skipped, an alias already on that digest is left alone."""
+    have = containerd_images(address)
+    for image in images:
+        t0 = time.monotonic()
+        digest = archive_digest(image.archive)
+        if have.get(image.ref) != digest:
+            # --base-name: the archive's ref is a full reference; without it ctr drops the name.
+            base_name = image.ref.rsplit(":", 1)[0]
+            _ctr(address, "images", "import", "--snapshotter", snapshotter, "--base-name", base_name,
+                 str(image.archive))
+            if containerd_images(address).get(image.ref) != digest:
+                raise BuildError(f"ctr import of {image.archive} did not create {image.ref}@{digest}")
+            log(f"[images] Imported image ref={image.ref} digest={digest[:19]} address={address} "
+                f"seconds={time.monotonic() - t0:.1f}")
+        else:
+            log(f"[images] Image already present ref={image.ref} digest={digest[:19]} address={address}")
+        for alias in image.aliases:
+            if have.get(alias) != digest:
+                _ctr(address, "images", "tag", "--force", image.ref, alias)
+                log(f"[images] Tagged image ref={image.ref} alias={alias}")
+
+
+# -- CLI --------------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.images", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build the missing images; print REF ARCHIVE per image")
+    imp = sub.add_parser("import", help="build the missing images and import them into a containerd")
+    imp.add_argument("--address", required=True, help="containerd socket")
+    imp.add_argument("--snapshotter", default="native")
+    args = parser.parse_args(argv)
+    log: Log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        images = build_all(log=log)
+        if args.command == "build":
+            for image in images:
+                print(image.ref, image.archive)
+        else:
+            import_into(images, args.address, log=log, snapshotter=args.snapshotter)
+    except BuildError as e:
+        print(f"[images] {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
