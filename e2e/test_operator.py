@@ -210,7 +210,8 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
     assert tpl["metadata"]["annotations"][ANNOTATION_DIGEST] == digest
     [triton] = tpl["spec"]["containers"]
     assert triton["name"] == "tritonserver"
-    assert triton["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # add-sub's instance groups are all CPU: server.gpus defaults to what they need, none.
+    assert "nvidia.com/gpu" not in (triton.get("resources") or {}).get("limits", {}), triton.get("resources")
     assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
     assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/live"

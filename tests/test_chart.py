@@ -149,7 +149,11 @@ def _instructions() -> list[tuple[str, str]]:
 
 def test_dockerfile_is_multi_stage_pinned_non_root_with_the_cli_entrypoint() -> None:
     ins = _instructions()
-    bases = [arg.split()[0] for op, arg in ins if op == "FROM"]
+    # Global ARGs (before the first FROM) give FROM its default: `docker build .` uses what they say.
+    first_from = next(i for i, (op, _) in enumerate(ins) if op == "FROM")
+    defaults = dict(arg.split("=", 1) for op, arg in ins[:first_from] if op == "ARG" and "=" in arg)
+    bases = [re.sub(r"\$\{(\w+)\}", lambda m: defaults.get(m.group(1), m.group(0)), arg.split()[0])
+             for op, arg in ins if op == "FROM"]
     assert len(bases) >= 2, "a builder stage and a final stage"
     for base in bases:
         assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", base), f"FROM {base}: pin an exact version tag"
@@ -168,6 +172,10 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
     sources = [src for op, arg in _instructions() if op == "COPY" and "--from" not in arg for src in arg.split()[:-1]]
     assert sources
     for src in sources:
+        if "[" in src:  # an optional path (`wheel[s]` copies ./wheels when present, nothing otherwise)
+            optional = re.sub(r"\[(\w)\]", r"\1", src)
+            assert f"!{optional}/" in lines or f"!{optional}" in lines, f"COPY {src}: excluded by .dockerignore"
+            continue
         assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
         assert f"!{src}" in lines, f"COPY {src}: excluded by .dockerignore"
 
