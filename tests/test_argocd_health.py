@@ -104,6 +104,7 @@ def test_the_literal_round_trips_through_lua() -> None:
 def _pod(name: str, digest: str, gate: str, reason: str = "ModelWarmed", message: str = "", ready: str | None = None) -> dict:
     return {
         "metadata": {"name": name, "annotations": {ANNOTATION_DIGEST: digest}},
+        "spec": {"readinessGates": [{"conditionType": WARMED_CONDITION}]},  # as the template renders it
         "status": {
             "conditions": [
                 {"type": WARMED_CONDITION, "status": gate, "reason": reason, "message": message,

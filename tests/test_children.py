@@ -164,6 +164,7 @@ def _pod(name: str, digest: str, gate: str | None, running: bool = True, reason:
     state = {"running": {"startedAt": "2026-01-01T00:00:01Z"}} if running else {"waiting": {"reason": "PodInitializing"}}
     return {
         "metadata": {"name": name, "annotations": {ANNOTATION_DIGEST: digest}},
+        "spec": {"readinessGates": [{"conditionType": WARMED_CONDITION}]},  # as the template renders it
         "status": {"conditions": conds, "containerStatuses": [{"name": "tritonserver", "state": state}]},
     }
 

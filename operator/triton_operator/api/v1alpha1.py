@@ -449,7 +449,14 @@ class Server(_Model):
 class WarmupGate(_Model):
     """The readiness gate that keeps a replica out of the Service until it serves the desired config, warm."""
 
-    enabled: bool = Field(default=True, description="Add the readiness gate to replicas.")
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Add the readiness gate to replicas. When false, a replica joins the Service as soon as its readiness "
+            "probe (Triton's /v2/health/ready) passes, and the status's Ready follows the pods' readiness "
+            "(reason AllReplicasReady) instead of the gate."
+        ),
+    )
     poll_interval_milliseconds: int = Field(
         default=200, ge=50, le=10_000, description="How often a warming replica is checked."
     )
@@ -671,7 +678,10 @@ class TritonModelStatus(_Model):
     )
     replicas: int | None = Field(default=None, description="Replicas that exist.")
     ready_replicas: int | None = Field(default=None, description="Replicas that are Ready (gate included).")
-    warmed_replicas: int | None = Field(default=None, description="Replicas whose gate is True.")
+    warmed_replicas: int | None = Field(
+        default=None,
+        description="Replicas at the desired config whose gate is True (without the gate: that are Ready).",
+    )
     config_digest: str | None = Field(default=None, description="Digest of the desired model repository.")
     selector: str | None = Field(default=None, description="Pod label selector, for the scale subresource.")
     replica_states: list[ReplicaState] | None = Field(default=None, description="Per-replica state.")

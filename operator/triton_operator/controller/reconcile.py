@@ -365,7 +365,7 @@ class Reconciler:
         self.cache.put_model(updated)
         for c in transitions(old, new):
             warn = (c["type"] == "Degraded" and c["status"] == "True") or (
-                c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ("ReplicasWarming", "ReplicasJoining")
+                c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ("ReplicasWarming", "ReplicasJoining", "ReplicasStarting")
             )
             log.info(
                 "Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",

@@ -61,8 +61,29 @@ def triton_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def gated(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod was created with the warm-up readiness gate (`warmupGate.enabled`, the default)."""
+    return any(g.get("conditionType") == WARMED_CONDITION for g in (pod.get("spec") or {}).get("readinessGates") or ())
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    return (pod_condition(pod, "Ready") or {}).get("status") == "True"
+
+
+def warmed(pod: Mapping[str, Any]) -> bool:
+    """Whether the replica serves the config it was created for, warm: its gate condition is True.
+
+    A pod without the gate (`warmupGate.enabled: false`) never gets that condition: nothing is known beyond
+    what its own readiness says, so it counts once it is Ready.
+    """
+    if gated(pod):
+        return (pod_condition(pod, WARMED_CONDITION) or {}).get("status") == "True"
+    return pod_ready(pod)
+
+
 def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """One replica's state for status.replicaStates, from its gate condition and container status."""
+    """One replica's state for status.replicaStates, from its gate condition (or, without a gate, its
+    readiness) and container status."""
     name = pod["metadata"]["name"]
     gate = pod_condition(pod, WARMED_CONDITION)
     cs = triton_container_status(pod)
@@ -84,6 +105,8 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
         out.update(state="Failed", reason=waiting["reason"], message=waiting.get("message", ""))
     elif init_waiting and init_waiting[0].get("reason") in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff"):
         out.update(state="Failed", reason=f"Init{init_waiting[0]['reason']}", message=init_waiting[0].get("message", ""))
+    elif not gated(pod) and pod_ready(pod):
+        out.update(state="Ready", reason="PodReady")
     elif cs and (cs.get("state") or {}).get("running"):
         if gate and gate.get("reason") == "ModelWarming":
             out.update(state="Warming", reason="ModelWarming")
@@ -109,9 +132,11 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
     live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
     states = sorted((replica_state(p) for p in live), key=lambda s: s["pod"])
     current = [p for p in live if (p["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST) == obs.digest]
-    warmed = [p for p in current if (pod_condition(p, WARMED_CONDITION) or {}).get("status") == "True"]
+    warm = [p for p in current if warmed(p)]
     # Serving = in the Service: the pod is Ready (gate and readiness probe), not only warmed.
-    serving = [p for p in warmed if (pod_condition(p, "Ready") or {}).get("status") == "True"]
+    serving = [p for p in warm if pod_ready(p)]
+    # Without the gate (warmupGate.enabled: false) the pods' readiness is all there is to go by.
+    ungated = bool(current) and not any(gated(p) for p in current)
     failed = [s for s in states if s["state"] == "Failed"]
     dep_status = (obs.deployment or {}).get("status") or {}
     n = obs.desired_replicas
@@ -127,16 +152,22 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
     else:
         if n == 0:
             ready = _cond("Ready", True, "ScaledToZero", "spec.replicas is 0", g)
+        elif len(serving) >= n and ungated:
+            ready = _cond("Ready", True, "AllReplicasReady",
+                          f"{len(serving)}/{n} replicas at the desired config are Ready (warm-up gate disabled)", g)
         elif len(serving) >= n:
             ready = _cond("Ready", True, "AllReplicasWarmed", f"{len(serving)}/{n} replicas serve the desired config, warm", g)
         elif failed:
-            ready = _cond("Ready", False, failed[0]["reason"], f"{len(warmed)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip(), g)
+            ready = _cond("Ready", False, failed[0]["reason"], f"{len(warm)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip(), g)
+        elif ungated:
+            ready = _cond("Ready", False, "ReplicasStarting",
+                          f"{len(serving)}/{n} replicas at the desired config Ready (warm-up gate disabled)", g)
         else:
-            reason = "ReplicasJoining" if len(warmed) >= n else "ReplicasWarming"  # warm, waiting for pod Ready
-            ready = _cond("Ready", False, reason, f"{len(warmed)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
+            reason = "ReplicasJoining" if len(warm) >= n else "ReplicasWarming"  # warm, waiting for pod Ready
+            ready = _cond("Ready", False, reason, f"{len(warm)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
         rolling = len(serving) < n or len(live) > n
         if rolling and not failed:
-            progressing = _cond("Progressing", True, "RollingOut", f"{len(warmed)}/{n} replicas at config {obs.digest} warmed", g)
+            progressing = _cond("Progressing", True, "RollingOut", f"{len(warm)}/{n} replicas at config {obs.digest} warmed", g)
         elif rolling:
             progressing = _cond("Progressing", False, "RolloutStalled", f"replica {failed[0]['pod']} failed: {failed[0]['reason']}", g)
         else:
@@ -158,8 +189,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
         "conditions": conds,
         "replicas": int(dep_status.get("replicas", len(live)) or 0),
         # From the pods, as the conditions are: the Deployment's own count lags them by a controller sync.
-        "readyReplicas": sum(1 for p in live if (pod_condition(p, "Ready") or {}).get("status") == "True"),
-        "warmedReplicas": len(warmed),
+        "readyReplicas": sum(1 for p in live if pod_ready(p)),
+        "warmedReplicas": len(warm),
         "selector": obs.selector,
         "replicaStates": states,
     }

@@ -1,0 +1,75 @@
+"""The status policies of `controller.status`, pure: what a TritonModel's conditions say for what was observed.
+
+Pods here are what the API server returns for a replica: the template's readiness gate (or none, with
+`warmupGate.enabled: false`), the kubelet's Ready condition, the operator's gate condition.
+"""
+
+from __future__ import annotations
+
+from triton_operator.api.v1alpha1 import WARMED_CONDITION
+from triton_operator.controller.status import Observed, compute_status, replica_state
+from triton_operator.render.kubernetes import ANNOTATION_DIGEST
+
+
+def _pod(name: str, digest: str, *, gated: bool = True, gate: str | None = None, ready: bool = False,
+         running: bool = True) -> dict:
+    conds = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if gate is not None:
+        conds.append({"type": WARMED_CONDITION, "status": gate, "reason": "ModelWarmed" if gate == "True" else "ModelWarming",
+                      "message": "", "lastTransitionTime": "2026-01-01T00:00:05Z"})
+    state = {"running": {"startedAt": "2026-01-01T00:00:01Z"}} if running else {"waiting": {"reason": "PodInitializing"}}
+    return {
+        "metadata": {"name": name, "annotations": {ANNOTATION_DIGEST: digest}},
+        "spec": {"readinessGates": [{"conditionType": WARMED_CONDITION}]} if gated else {},
+        "status": {"conditions": conds, "containerStatuses": [{"name": "tritonserver", "state": state}]},
+    }
+
+
+def _conds(status: dict) -> dict[str, dict]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+# -- #1: warmupGate.enabled: false -------------------------------------------------------------
+
+
+def test_without_the_gate_ready_follows_the_pods_readiness() -> None:
+    """No gate, so no warmed condition is ever written: the pods' own Ready decides."""
+    obs = Observed(2, 2, "d1", "sel", pods=[_pod("a", "d1", gated=False, ready=True),
+                                            _pod("b", "d1", gated=False, ready=True)])
+    st = compute_status(obs, None)
+    c = _conds(st)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "AllReplicasReady"), c["Ready"]
+    assert "warm-up gate disabled" in c["Ready"]["message"]
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "RolloutComplete")
+    assert c["Degraded"]["status"] == "False"
+    assert (st["readyReplicas"], st["warmedReplicas"]) == (2, 2)
+    assert [s["state"] for s in st["replicaStates"]] == ["Ready", "Ready"]
+
+
+def test_without_the_gate_a_replica_not_ready_yet_keeps_the_model_progressing() -> None:
+    obs = Observed(2, 2, "d1", "sel", pods=[_pod("a", "d1", gated=False, ready=True),
+                                            _pod("b", "d1", gated=False, ready=False)])
+    c = _conds(compute_status(obs, None))
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReplicasStarting"), c["Ready"]
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RollingOut")
+
+
+def test_without_the_gate_only_replicas_at_the_desired_digest_count() -> None:
+    obs = Observed(3, 1, "d2", "sel", pods=[_pod("old", "d1", gated=False, ready=True),
+                                            _pod("new", "d2", gated=False, ready=False)])
+    c = _conds(compute_status(obs, None))
+    assert c["Ready"]["status"] == "False" and c["Progressing"]["reason"] == "RollingOut"
+
+
+def test_replica_state_of_a_pod_without_the_gate() -> None:
+    assert replica_state(_pod("a", "d1", gated=False, ready=True)) | {"pod": None} == {
+        "pod": None, "state": "Ready", "reason": "PodReady"}
+    assert replica_state(_pod("a", "d1", gated=False, ready=False))["state"] == "Loading"
+    assert replica_state(_pod("a", "d1", gated=False, running=False))["state"] == "Pending"
+
+
+def test_with_the_gate_a_ready_pod_whose_gate_is_not_true_is_not_warmed() -> None:
+    """The gate keeps its meaning: pod Ready alone never counts for a gated replica."""
+    obs = Observed(1, 1, "d1", "sel", pods=[_pod("a", "d1", gate="False", ready=True)])
+    st = compute_status(obs, None)
+    assert _conds(st)["Ready"]["status"] == "False" and st["warmedReplicas"] == 0
