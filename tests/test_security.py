@@ -3,7 +3,9 @@
 - No user string reaches a shell: nothing in the operator calls a shell, and every process the
   operator's objects start is an argument array without `sh -c`.
 - Names are validated: hostile names are refused with the field named.
-- The rendered pods: the `fetch` init step runs as non-root, with no privilege escalation.
+- The rendered pods: the `fetch` init step runs as non-root, with no privilege escalation; every pod
+  passes the Pod Security Standards' "restricted" profile (checked here as the profile's rules; by the API
+  server's own admission in e2e/test_defects.py).
 (S3/GCS credentials by Secret name and the ConfigMap size limit: tests/test_children.py.)
 """
 
@@ -108,3 +110,84 @@ def test_hostile_names_are_refused_with_the_field_named(path: tuple[str, ...], v
     verdict = review(body, None, {})
     assert not verdict.allowed
     assert any(e.path.startswith(field) for e in verdict.errors), verdict.errors
+
+
+# -- Pod Security Standards "restricted" ----------------------------------------------------------
+
+#: Volume types the "restricted" profile allows (pod-security-admission, policy/restricted_volumes.go).
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected",
+                      "secret"}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """What the Pod Security Standards "restricted" profile (latest) refuses in a pod spec: the baseline
+    controls our pods could touch, and every restricted one."""
+    out = []
+    psc = pod.get("securityContext") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            out.append(f"pod {key}")
+    for v in pod.get("volumes") or ():
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            out.append(f"volume {v['name']}: {sorted(kinds - RESTRICTED_VOLUMES)}")
+    if psc.get("runAsUser") == 0:
+        out.append("pod runAsUser 0")
+    pod_seccomp = (psc.get("seccompProfile") or {}).get("type")
+    if pod_seccomp is not None and pod_seccomp not in ("RuntimeDefault", "Localhost"):
+        out.append(f"pod seccompProfile {pod_seccomp}")
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        sc, name = c.get("securityContext") or {}, c["name"]
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation != false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or ()):
+            out.append(f"{name}: capabilities.drop lacks ALL")
+        if set(caps.get("add") or ()) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: capabilities.add {caps['add']}")
+        if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
+            out.append(f"{name}: runAsNonRoot != true")
+        if sc.get("runAsUser") == 0:
+            out.append(f"{name}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or {}).get("type") or pod_seccomp
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{name}: seccompProfile {seccomp}")
+        if any(p.get("hostPort") for p in c.get("ports") or ()):
+            out.append(f"{name}: hostPort")
+    return out
+
+
+@pytest.mark.parametrize("source", [
+    {"inline": {"model.py": "pass\n"}},
+    {"uri": "pvc://models/m"},
+    {"uri": "gs://bucket/m/", "credentialsSecret": "gcs"},
+    {"uri": "s3://bucket/m/", "credentialsSecret": "s3"},
+], ids=["inline", "pvc", "gcs", "s3"])
+def test_rendered_pods_pass_pod_security_restricted(source: dict) -> None:
+    m = _model(source=source)
+    dep = next(c for c in render_children(m, render_repository([m]), "uid", "ns") if c["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert not restricted_violations(pod), restricted_violations(pod)
+    # tritonserver runs as the same unprivileged user as fetch, on a read-only root filesystem: the Python
+    # backend's /tmp/python_env_* (and HOME) go to an emptyDir.
+    (triton,) = pod["containers"]
+    assert pod["securityContext"]["runAsUser"] == 65532 and pod["securityContext"]["runAsNonRoot"] is True
+    assert triton["securityContext"]["readOnlyRootFilesystem"] is True
+    tmp = next(m["name"] for m in triton["volumeMounts"] if m["mountPath"] == "/tmp")  # noqa: S108
+    assert {"name": tmp, "emptyDir": {}} in pod["volumes"]
+    assert {"name": "HOME", "value": "/tmp"} in triton["env"]  # noqa: S108
+
+
+def test_every_example_renders_pods_that_pass_pod_security_restricted() -> None:
+    from triton_operator.validate import check_documents, load_paths
+
+    loaded = check_documents(load_paths([Path(__file__).resolve().parent.parent / "examples"]))
+    models = [m for _, m in loaded.models]
+    rendered = render_repository(models)
+    assert len(models) >= 9
+    for m in models:
+        dep = next(c for c in render_children(m, rendered, "uid", "ns") if c["kind"] == "Deployment")
+        assert not restricted_violations(dep["spec"]["template"]["spec"]), (m.name, restricted_violations(
+            dep["spec"]["template"]["spec"]))

@@ -28,6 +28,16 @@ ANNOTATION_POLL_MS = f"{GROUP}/poll-interval-ms"
 MANAGED_BY = "triton-operator"
 REPO_DIR = "/models"
 CONFIG_DIR = "/config"
+TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
+#: The unprivileged user every container runs as (distroless' "nonroot").
+RUN_AS = 65532
+#: What every container gets: enough for the Pod Security Standards' "restricted" profile, which hardened
+#: clusters enforce (`pod-security.kubernetes.io/enforce=restricted`). The pod adds runAsNonRoot and seccomp.
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 
@@ -251,7 +261,14 @@ def render_deployment(
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "volumeMounts": [{"name": "models", "mountPath": REPO_DIR, "readOnly": True}],
+        # HOME too: NVIDIA's image has no home for this user, and libraries cache there (torch, numba).
+        "env": [{"name": "HOME", "value": TMP_DIR}],
+        "volumeMounts": [
+            {"name": "models", "mountPath": REPO_DIR, "readOnly": True},
+            # The root filesystem is read-only: the Python backend makes /tmp/python_env_* at start.
+            {"name": "tmp", "mountPath": TMP_DIR},
+        ],
+        "securityContext": dict(CONTAINER_SECURITY),
         "startupProbe": {
             **probe_http("/v2/health/live"),
             "periodSeconds": options.startup_probe_period,
@@ -274,13 +291,7 @@ def render_deployment(
             {"name": "models", "mountPath": REPO_DIR},
             *uri_mounts,
         ],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
     }
     if uri_env:
         fetch["env"] = uri_env
@@ -290,9 +301,16 @@ def render_deployment(
         "volumes": [
             {"name": "repository", "configMap": {"name": f"{model.name}-repository", "items": items}},
             {"name": "models", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
             *uri_volumes,
         ],
-        "securityContext": {"fsGroup": 65532},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "terminationGracePeriodSeconds": grace,
     }
     if spec.warmup_gate.enabled:
