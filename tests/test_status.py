@@ -73,3 +73,42 @@ def test_with_the_gate_a_ready_pod_whose_gate_is_not_true_is_not_warmed() -> Non
     obs = Observed(1, 1, "d1", "sel", pods=[_pod("a", "d1", gate="False", ready=True)])
     st = compute_status(obs, None)
     assert _conds(st)["Ready"]["status"] == "False" and st["warmedReplicas"] == 0
+
+
+# -- #10: a Deployment whose ReplicaSet cannot create pods --------------------------------------
+
+QUOTA = ('pods "add-sub-6d4f-x2x9q" is forbidden: exceeded quota: no-pods, requested: pods=1, used: pods=0, '
+         'limited: pods=0')
+
+
+def _deployment(*conditions: dict) -> dict:
+    return {"status": {"replicas": 0, "conditions": [
+        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated", "message": "..."},
+        *conditions]}}
+
+
+def test_a_replica_failure_of_the_deployment_is_degraded_with_the_api_servers_message() -> None:
+    dep = _deployment({"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": QUOTA})
+    st = compute_status(Observed(1, 1, "d1", "sel", deployment=dep, pods=[]), None)
+    c = _conds(st)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "FailedCreate"), c["Degraded"]
+    assert QUOTA in c["Degraded"]["message"]
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "FailedCreate")
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "RolloutStalled")
+    assert QUOTA in c["Progressing"]["message"]
+
+
+def test_a_cleared_replica_failure_is_not_degraded() -> None:
+    dep = _deployment({"type": "ReplicaFailure", "status": "False", "reason": "FailedCreate", "message": QUOTA})
+    c = _conds(compute_status(Observed(1, 1, "d1", "sel", deployment=dep,
+                                       pods=[_pod("a", "d1", gate="True", ready=True)]), None))
+    assert c["Degraded"]["status"] == "False" and c["Ready"]["status"] == "True"
+
+
+def test_a_failed_replica_is_reported_before_a_replica_failure() -> None:
+    """Triton's own reason says more than the quota does about a model that also failed to load."""
+    failed = _pod("a", "d1", gate="False")
+    failed["status"]["conditions"][1].update(reason="ModelLoadFailed", message="boom")
+    dep = _deployment({"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": QUOTA})
+    c = _conds(compute_status(Observed(1, 2, "d1", "sel", deployment=dep, pods=[failed]), None))
+    assert c["Degraded"]["reason"] == "ModelLoadFailed"

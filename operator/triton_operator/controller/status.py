@@ -117,6 +117,15 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def replica_failure(deployment: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The Deployment's `ReplicaFailure` condition while it holds: its ReplicaSet cannot create pods (a quota,
+    Pod Security or another admission refused them); the message is the API server's."""
+    for c in ((deployment or {}).get("status") or {}).get("conditions") or ():
+        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            return c
+    return None
+
+
 def _cond(ctype: str, status: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
     return {
         "type": ctype,
@@ -138,6 +147,9 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
     # Without the gate (warmupGate.enabled: false) the pods' readiness is all there is to go by.
     ungated = bool(current) and not any(gated(p) for p in current)
     failed = [s for s in states if s["state"] == "Failed"]
+    refused = replica_failure(obs.deployment)
+    refused_reason = (refused or {}).get("reason") or "FailedCreate"
+    refused_message = f"the Deployment's ReplicaSet cannot create pods: {(refused or {}).get('message', '')}"[:2000]
     dep_status = (obs.deployment or {}).get("status") or {}
     n = obs.desired_replicas
     g = obs.generation
@@ -159,6 +171,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
             ready = _cond("Ready", True, "AllReplicasWarmed", f"{len(serving)}/{n} replicas serve the desired config, warm", g)
         elif failed:
             ready = _cond("Ready", False, failed[0]["reason"], f"{len(warm)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip(), g)
+        elif refused:
+            ready = _cond("Ready", False, refused_reason, f"{len(serving)}/{n} Ready; {refused_message}", g)
         elif ungated:
             ready = _cond("Ready", False, "ReplicasStarting",
                           f"{len(serving)}/{n} replicas at the desired config Ready (warm-up gate disabled)", g)
@@ -166,15 +180,19 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
             reason = "ReplicasJoining" if len(warm) >= n else "ReplicasWarming"  # warm, waiting for pod Ready
             ready = _cond("Ready", False, reason, f"{len(warm)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
         rolling = len(serving) < n or len(live) > n
-        if rolling and not failed:
+        if rolling and not failed and not refused:
             progressing = _cond("Progressing", True, "RollingOut", f"{len(warm)}/{n} replicas at config {obs.digest} warmed", g)
-        elif rolling:
+        elif rolling and failed:
             progressing = _cond("Progressing", False, "RolloutStalled", f"replica {failed[0]['pod']} failed: {failed[0]['reason']}", g)
+        elif rolling:
+            progressing = _cond("Progressing", False, "RolloutStalled", refused_message, g)
         else:
             progressing = _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {obs.digest}", g)
         if failed:
             f = failed[0]
             degraded = _cond("Degraded", True, f["reason"], f"{f['pod']}: {f.get('message') or f['reason']}", g)
+        elif refused:
+            degraded = _cond("Degraded", True, refused_reason, refused_message, g)
         else:
             degraded = _cond("Degraded", False, "AsExpected", "no replica has failed", g)
         conds = [ready, progressing, degraded]
