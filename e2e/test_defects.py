@@ -7,25 +7,42 @@ a control-plane-only cluster (`KUBECONFIG=<root>/.cluster/kubeconfig` of a `Loca
 
 from __future__ import annotations
 
+import asyncio
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
 
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import (
+    CRD,
+    GROUP,
     LABEL_MODEL,
     OperatorHandle,
     gate,
     is_model_ready,
+    kubectl,
     load_examples,
     model_condition,
     wait_model,
 )
-from e2e.test_operator import add_sub, apply, digest_of, endpoint_ready, infer_add_sub, live_pods
-from e2e.testing import consistently, is_ready
+from e2e.test_operator import (
+    add_sub,
+    apply,
+    digest_of,
+    endpoint_ready,
+    infer_add_sub,
+    live_pods,
+    model_ready_over_http,
+)
+from e2e.testing import consistently, is_ready, ready_endpoints
 from triton_operator.api.v1alpha1 import TritonModel
-from triton_operator.render.kubernetes import Options, render_children
+from triton_operator.controller.kube import Kube as OperatorKube
+from triton_operator.controller.reconcile import Cache, Reconciler
+from triton_operator.render.kubernetes import Options, render_children, repository_of
 from triton_operator.render.modelconfig import render_repository
 
 pytestmark = pytest.mark.cluster
@@ -151,3 +168,173 @@ def test_a_deployment_refused_by_admission_is_degraded_with_the_api_servers_mess
     wait_model(kube, namespace, "add-sub", lambda tm: model_condition(tm, "Degraded").get("status") == "False",
                "no longer Degraded once pods can be created", 120)
     assert live_pods(kube, namespace, "add-sub")
+
+
+# -- #2: repository ConfigMaps, immutable and named by content --------------------------------------
+
+
+def _apply_crd(kube: Kube, kubeconfig: Path) -> None:
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    wait_for("CRD tritonmodels Established", lambda: (condition(kube.request(
+        "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/tritonmodels.{GROUP}"), "Established")
+        or {}).get("status") == "True", 30)
+    wait_for("TritonModels served", lambda: _served(kube), 30)
+
+
+def _served(kube: Kube) -> bool:
+    try:
+        return any(r["name"] == "tritonmodels" for r in kube.request("GET", f"/apis/{GROUP}/v1alpha1")["resources"])
+    except ApiError:
+        return False
+
+
+class InProcessOperator:
+    """The operator's own Reconciler in this process, against the test's API server, its cache fed from LISTs
+    (as the watches would feed it): a reconcile on demand, no kopf, no webhook, no gate."""
+
+    def __init__(self, kube: Kube, kubeconfig: Path, impersonate: str | None = None) -> None:
+        cfg = k8s_client.Configuration()
+        k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+        api = k8s_client.ApiClient(cfg)
+        if impersonate:
+            api.set_default_header("Impersonate-User", impersonate)
+        self.kube = kube
+        self.cache = Cache()
+        self.reconciler = Reconciler(OperatorKube(api), self.cache)
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        self.cache.put_model(self.kube.get("TritonModel", name, namespace))
+        for kind in ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget"):
+            listed = {o["metadata"]["name"]: {**o, "kind": kind}
+                      for o in self.kube.items(kind, namespace, label_selector={LABEL_MODEL: name})}
+            for key in [k for k in self.cache.children if k[0] == kind and k[1] == namespace and k[2] not in listed]:
+                del self.cache.children[key]
+            for body in listed.values():
+                self.cache.put_child(body)
+        asyncio.run(self.reconciler.reconcile(namespace, name))
+
+
+def _repositories(kube: Kube, namespace: str) -> list[str]:
+    return sorted(cm["metadata"]["name"] for cm in kube.items("ConfigMap", namespace, label_selector={LABEL_MODEL: "add-sub"}))
+
+
+def _replicaset(kube: Kube, namespace: str, repository: str) -> dict | None:
+    return next((rs for rs in kube.items("ReplicaSet", namespace, label_selector={LABEL_MODEL: "add-sub"})
+                 if repository_of(rs["spec"]["template"]) == repository), None)
+
+
+def test_repository_configmaps_are_immutable_by_content_and_collected_when_no_replicaset_uses_them(
+        kube: Kube, kubeconfig: Path, namespace: str) -> None:
+    """The operator's reconcile against the API server and its controller-manager (no operator, no node
+    needed: the pods never become Ready, so an update stalls as a bad one would)."""
+    _apply_crd(kube, kubeconfig)
+    op = InProcessOperator(kube, kubeconfig)
+    doc = add_sub()
+    kube.create({**doc, "metadata": {**doc["metadata"], "namespace": namespace}})
+    op.reconcile(namespace, "add-sub")
+    [first] = _repositories(kube, namespace)
+    assert re.fullmatch(r"add-sub-repository-[0-9a-f]{10}", first), first
+    cm = kube.get("ConfigMap", first, namespace)
+    assert cm["immutable"] is True and cm["metadata"]["ownerReferences"][0]["kind"] == "TritonModel"
+    with pytest.raises(ApiError) as refused:  # the API server keeps it as it is
+        kube.patch("ConfigMap", first, {"data": {"x": "y"}}, namespace, type="merge")
+    assert refused.value.status == 422, refused.value
+    wait_for("the first ReplicaSet, with a pod", lambda: (_replicaset(kube, namespace, first) or {}).get(
+        "status", {}).get("replicas") == 1, 60)
+
+    # An update: a new ConfigMap beside the old one, which the old ReplicaSet (still at 1) keeps using.
+    good = doc["spec"]["source"]["inline"]["model.py"]
+    kube.patch("TritonModel", "add-sub", {"spec": {"source": {"inline": {"model.py": good + "\n# v2\n"}}}}, namespace,
+               type="merge")
+    op.reconcile(namespace, "add-sub")
+    second = repository_of(kube.get("Deployment", "add-sub", namespace)["spec"]["template"])
+    assert second != first and _repositories(kube, namespace) == sorted([first, second])
+    wait_for("the surge ReplicaSet, with a pod", lambda: (_replicaset(kube, namespace, second) or {}).get(
+        "status", {}).get("replicas") == 1, 60)
+    op.reconcile(namespace, "add-sub")
+    assert _repositories(kube, namespace) == sorted([first, second]), "a ConfigMap in use was deleted"
+    assert _replicaset(kube, namespace, first)["spec"]["replicas"] == 1
+
+    # Scaled to zero, neither ReplicaSet can create a pod any more: the old one's ConfigMap goes, the
+    # desired one stays (the Deployment's template names it). Collected by the reconcile that sees it.
+    kube.patch("TritonModel", "add-sub", {"spec": {"replicas": 0}}, namespace, type="merge")
+    op.reconcile(namespace, "add-sub")
+    wait_for("both ReplicaSets scaled to zero", lambda: all(
+        (rs["spec"]["replicas"], rs["status"].get("replicas", 0)) == (0, 0)
+        for rs in kube.items("ReplicaSet", namespace, label_selector={LABEL_MODEL: "add-sub"})), 60)
+    op.reconcile(namespace, "add-sub")
+    assert _repositories(kube, namespace) == [second]
+    assert repository_of(kube.get("Deployment", "add-sub", namespace)["spec"]["template"]) == second
+
+    # Deleting the model deletes its ConfigMaps (owner references: the garbage collector).
+    kube.delete("TritonModel", "add-sub", namespace)
+    wait_for("the repository ConfigMap garbage-collected", lambda: not _repositories(kube, namespace), 60)
+
+
+BROKEN = "e2e-defects: cannot open /weights/v2.bin"
+
+
+def test_a_replica_re_created_during_a_stalled_update_serves_the_old_config(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    """Issue 12 #2: a bad update stalls on its surge pod; an old replica is then deleted (an eviction, a node
+    loss). The old ReplicaSet's replacement must fetch the old files (its template's own ConfigMap) and serve
+    the old config, while the new ReplicaSet stays stalled."""
+    doc = add_sub()
+    doc["spec"]["replicas"] = 2
+    apply(kubeconfig, namespace, doc)
+    tm = wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
+                    "Ready with 2 warmed replicas", 180)
+    old_digest = tm["status"]["configDigest"]
+    old_repository = repository_of(kube.get("Deployment", "add-sub", namespace)["spec"]["template"])
+    old = {p["metadata"]["name"] for p in live_pods(kube, namespace, "add-sub")}
+    assert len(old) == 2
+
+    good = doc["spec"]["source"]["inline"]["model.py"]
+    bad = good.replace("class TritonPythonModel:\n",
+                       f"class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError({BROKEN!r})\n\n",
+                       1)
+    assert bad != good
+    kube.patch("TritonModel", "add-sub", {"spec": {"source": {"inline": {"model.py": bad}}}}, namespace, type="merge")
+    tm = wait_model(kube, namespace, "add-sub", lambda tm: (
+        tm["status"].get("observedGeneration") == tm["metadata"]["generation"]
+        and model_condition(tm, "Degraded").get("reason") == "ModelLoadFailed"), "Degraded by the bad update", 180)
+    bad_digest = tm["status"]["configDigest"]
+    new_repository = repository_of(kube.get("Deployment", "add-sub", namespace)["spec"]["template"])
+    assert bad_digest != old_digest and new_repository != old_repository
+    assert set(_repositories(kube, namespace)) == {old_repository, new_repository}
+
+    victim = sorted(old)[0]
+    kube.delete("Pod", victim, namespace)
+
+    def replacement() -> dict | None:
+        return next((p for p in live_pods(kube, namespace, "add-sub")
+                     if p["metadata"]["name"] not in old and digest_of(p) == old_digest
+                     and gate(p).get("status") == "True" and is_ready(p)), None)
+
+    pod = wait_for("the old ReplicaSet's replacement warmed at the old digest", replacement, 180)
+    assert repository_of(pod) == old_repository, "the replacement mounts its template's own ConfigMap"
+    assert gate(pod)["reason"] == "ModelWarmed", gate(pod)
+    ip = pod["status"]["podIP"]
+    assert model_ready_over_http(ip, "add-sub") is True
+    wait_for("the replacement ready in the Service's EndpointSlice", lambda: endpoint_ready(kube, namespace, "add-sub", ip),
+             30)
+    np.testing.assert_allclose(infer_add_sub(ip), [[11, 22, 33, 44]])
+
+    # The new ReplicaSet stays stalled: its one surge pod failed, nothing else of it exists.
+    def stalled() -> bool:
+        pods = live_pods(kube, namespace, "add-sub")
+        new = [p for p in pods if digest_of(p) == bad_digest]
+        tm = kube.get("TritonModel", "add-sub", namespace)
+        return (len(new) == 1 and not is_ready(new[0]) and gate(new[0]).get("reason") == "ModelLoadFailed"
+                and len([p for p in pods if digest_of(p) == old_digest and is_ready(p)]) == 2
+                and model_condition(tm, "Degraded").get("reason") == "ModelLoadFailed"
+                and len(ready_endpoints(kube, namespace, "add-sub")) == 2)
+
+    consistently("the bad update to stay stalled behind two serving old replicas", stalled, 10)
+
+    # The revert: back to the old ReplicaSet; the bad update's ConfigMap goes once its ReplicaSet is at zero.
+    kube.patch("TritonModel", "add-sub", {"spec": {"source": {"inline": {"model.py": good}}}}, namespace, type="merge")
+    wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["configDigest"] == old_digest
+               and model_condition(tm, "Degraded").get("status") == "False", "Ready again after the revert", 120)
+    wait_for("the bad update's ConfigMap collected", lambda: _repositories(kube, namespace) == [old_repository],
+             operator.drift_interval * 4 + 60)

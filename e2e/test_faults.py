@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -173,8 +174,15 @@ class Fleet:
         if kopf:
             out.append(f"kopf annotations {kopf}")
 
-        # Exactly the children the model needs, each owned by this TritonModel (this UID) alone.
-        expected = {"ConfigMap": f"{name}-repository", "Deployment": name, "Service": name}
+        # Exactly the children the model needs, each owned by this TritonModel (this UID) alone: one repository
+        # ConfigMap, the one the Deployment's template names (immutable, named by its content; the ones of
+        # earlier configs are collected once no ReplicaSet can create pods from them).
+        deployment = next((o for o in owned.get("Deployment", ()) if o["metadata"]["name"] == name), None)
+        repository = next((v["configMap"]["name"] for v in (deployment or {}).get("spec", {}).get("template", {})
+                           .get("spec", {}).get("volumes", ()) if v.get("name") == "repository"), None)
+        if repository is None or not re.fullmatch(rf"{re.escape(name)}-repository-[0-9a-f]{{10}}", repository):
+            out.append(f"Deployment/{name} mounts repository ConfigMap {repository}, want {name}-repository-<hash>")
+        expected = {"ConfigMap": repository or f"{name}-repository-?", "Deployment": name, "Service": name}
         if want.replicas > 1:
             expected["PodDisruptionBudget"] = name
         owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel", "name": name, "uid": md["uid"],

@@ -194,11 +194,14 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
     dep = kube.get("Deployment", "add-sub", namespace)
     tpl = dep["spec"]["template"]
     # The repository ConfigMap, laid out at its repository paths by the volume's items.
+    # Immutable and named by its content: a pod re-created for this template always fetches these files.
     [volume] = [v for v in tpl["spec"]["volumes"] if "configMap" in v]
-    assert volume["configMap"]["name"] == "add-sub-repository"
+    repository = volume["configMap"]["name"]
+    assert re.fullmatch(r"add-sub-repository-[0-9a-f]{10}", repository), repository
     key_of = {item["path"]: item["key"] for item in volume["configMap"]["items"]}
     assert set(key_of) == {"add-sub/config.pbtxt", "add-sub/1/model.py"}, key_of
-    cm = kube.get("ConfigMap", "add-sub-repository", namespace)
+    cm = kube.get("ConfigMap", repository, namespace)
+    assert cm["immutable"] is True
     config = cm["data"][key_of["add-sub/config.pbtxt"]]
     assert 'key: "triton-operator.config-digest"' in config and f'string_value: "{digest}"' in config
     assert "max_batch_size: 8" in config and "dynamic_batching" in config

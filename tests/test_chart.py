@@ -38,9 +38,10 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     (GROUP, PLURAL): {"get", "list", "watch"},  # event handlers only: kopf writes no finalizer; GET: the webhook
     (GROUP, f"{PLURAL}/status"): {"patch"},
-    ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: unused repositories
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("apps", "replicasets"): {"list"},  # which repository ConfigMaps their pod templates still use
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"list", "watch"},
     ("", "pods/status"): {"patch"},
@@ -278,6 +279,7 @@ def test_rbac_is_enough_for_every_watch_and_write_the_operator_makes(helm: str) 
         plural = Kube.path(child["apiVersion"], child["kind"], "ns").rsplit("/", 1)[-1]
         assert {"get", "create", "patch"} <= granted[(group, plural)], child["kind"]
     assert "delete" in granted[("policy", "poddisruptionbudgets")]
+    assert "delete" in granted[("", "configmaps")] and "list" in granted[("apps", "replicasets")]
     assert "patch" in granted[("", "pods/status")] and "patch" in granted[(GROUP, f"{PLURAL}/status")]
     assert "create" in granted[("", "events")]
     assert "get" in granted[(GROUP, PLURAL)]  # the webhook reads an ensemble's steps live

@@ -66,11 +66,19 @@ or to kopf itself; see the chart README for the reason of each.
 # Children: watched (kopf), read when not cached yet (GET), written with server-side apply
 # (PATCH; an apply that creates the object is also authorized as `create`).
 - apiGroups: [""]
-  resources: ["configmaps", "services"]
+  resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# Repository ConfigMaps also: immutable and named by content, each deleted once no ReplicaSet uses it.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The Deployments' ReplicaSets: listed (their pod templates) to find the repository ConfigMaps still in use.
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["list"]
 # PodDisruptionBudgets also: deleted when a TritonModel scales down to one replica.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]

@@ -26,6 +26,7 @@ _PLURALS = {
     ("v1", "Pod"): ("/api/v1", "pods"),
     ("v1", "Event"): ("/api/v1", "events"),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
+    ("apps/v1", "ReplicaSet"): ("/apis/apps/v1", "replicasets"),
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
     (f"{GROUP}/{VERSION}", "TritonModel"): (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }

@@ -29,6 +29,7 @@ from ..render.kubernetes import (
     RepositoryTooLarge,
     render_children,
     selector_string,
+    unused_repositories,
 )
 from ..render.modelconfig import render_repository
 from ..validate.admission import steps_of
@@ -316,6 +317,9 @@ class Reconciler:
             applied = await asyncio.to_thread(self.kube.apply, child)
             self.cache.put_child(applied)
             log.info("Applied %s namespace=%s name=%s owner=TritonModel/%s", child["kind"], namespace, key[2], name)
+        if children:
+            repository = next(c for c in children if c["kind"] == "ConfigMap")["metadata"]["name"]
+            await self._collect_repositories(namespace, name, uid, repository)
         if model is not None and model.spec.replicas <= 1:
             stale = self.cache.children.get(("PodDisruptionBudget", namespace, name))
             if stale is not None:
@@ -324,6 +328,25 @@ class Reconciler:
         await self._write_status(body, generation, model, digest, problem)
         for dep in self.dependents(namespace, name):
             self.request(namespace, dep)
+
+    async def _collect_repositories(self, namespace: str, name: str, uid: str, desired: str) -> None:
+        """Deletes the model's repository ConfigMaps no pod can need any more (`unused_repositories`).
+
+        Level-based: the ReplicaSets are listed live, and only when the cache holds a ConfigMap of the model other
+        than the desired one (a model that did not change costs no request). A ReplicaSet scaled down later is
+        noticed on a pod event or the next drift round.
+        """
+        mine = [body for (kind, ns, _), body in self.cache.children.items()
+                if kind == "ConfigMap" and ns == namespace and (body["metadata"].get("labels") or {}).get(LABEL_MODEL) == name
+                and any(ref.get("uid") == uid for ref in body["metadata"].get("ownerReferences") or ())]
+        if all(body["metadata"]["name"] == desired for body in mine):
+            return
+        replicasets = await asyncio.to_thread(self.kube.list, "apps/v1", "ReplicaSet", namespace, f"{LABEL_MODEL}={name}")
+        for unused in unused_repositories(mine, replicasets, desired):
+            await asyncio.to_thread(self.kube.delete, "v1", "ConfigMap", namespace, unused)
+            self.cache.children.pop(("ConfigMap", namespace, unused), None)
+            log.info("Deleted repository ConfigMap no ReplicaSet uses namespace=%s name=%s owner=TritonModel/%s",
+                     namespace, unused, name)
 
     async def _write_status(
         self, body: dict[str, Any], generation: int, model: TritonModel | None, digest: str | None, problem: Problem | None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,10 +112,24 @@ def _key(path: str) -> str:
     return f"{flat[-200:]}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
+def repository_name(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> str:
+    """`<model>-repository-<hash>`: named by its content (and the model's name, so no two models share one).
+
+    A pod template names the ConfigMap it was made for, and that ConfigMap never changes (`immutable`): a pod
+    re-created for an old ReplicaSet fetches the old files, not whatever the model holds now.
+    """
+    h = hashlib.sha256(model.name.encode())
+    for path, content in sorted(repository_for(model.name, rendered).items()):
+        h.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(content).digest())
+    suffix = f"-repository-{h.hexdigest()[:10]}"
+    return model.name[: 253 - len(suffix)].rstrip("-.") + suffix
+
+
 def render_configmap(
     model: TritonModel, rendered: Mapping[str, RenderedModel], uid: str, namespace: str
 ) -> dict[str, Any]:
-    """The model repository (the model plus, for ensembles, its steps) as one ConfigMap.
+    """The model repository (the model plus, for ensembles, its steps) as one immutable ConfigMap named by its
+    content (`repository_name`).
 
     Keys are flattened paths; the volume's `items` puts each back at its repository path.
     """
@@ -135,12 +149,40 @@ def render_configmap(
     cm: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(model, f"{model.name}-repository", uid, namespace),
+        "metadata": _meta(model, repository_name(model, rendered), uid, namespace),
+        "immutable": True,
         "data": data,
     }
     if binary:
         cm["binaryData"] = binary
     return cm
+
+
+def repository_of(template: Mapping[str, Any]) -> str | None:
+    """The repository ConfigMap a pod template mounts."""
+    for v in (template.get("spec") or {}).get("volumes") or ():
+        if v.get("name") == "repository" and "configMap" in v:
+            return str(v["configMap"].get("name"))
+    return None
+
+
+def unused_repositories(
+    configmaps: Iterable[Mapping[str, Any]], replicasets: Iterable[Mapping[str, Any]], desired: str
+) -> list[str]:
+    """Names of a model's repository ConfigMaps that no pod can need any more: to delete.
+
+    Kept: `desired` (applied before the Deployment, so no ReplicaSet may name it yet) and the ConfigMap of
+    every ReplicaSet that can still create pods (`spec.replicas` > 0) or still has some (`status.replicas`).
+    A ReplicaSet scaled to zero comes back only when the Deployment's template is its own again, which only
+    the reconcile writes, and it applies that template's ConfigMap first.
+    """
+    keep = {desired}
+    for rs in replicasets:
+        active = int((rs.get("spec") or {}).get("replicas") or 0) or int((rs.get("status") or {}).get("replicas") or 0)
+        name = repository_of((rs.get("spec") or {}).get("template") or {})
+        if active and name:
+            keep.add(name)
+    return sorted(cm["metadata"]["name"] for cm in configmaps if cm["metadata"]["name"] not in keep)
 
 
 def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tuple[list[str], list[dict], list[dict], list[dict]]:
@@ -299,7 +341,7 @@ def render_deployment(
         "initContainers": [fetch],
         "containers": [triton],
         "volumes": [
-            {"name": "repository", "configMap": {"name": f"{model.name}-repository", "items": items}},
+            {"name": "repository", "configMap": {"name": repository_name(model, rendered), "items": items}},
             {"name": "models", "emptyDir": {}},
             {"name": "tmp", "emptyDir": {}},
             *uri_volumes,
@@ -386,3 +428,4 @@ def render_children(
     if model.spec.replicas > 1:
         children.append(render_pdb(model, uid, namespace))
     return children
+
