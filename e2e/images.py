@@ -22,6 +22,12 @@ arguments, package lists, the wheels' file names, the base's hash), so a changed
 and the ones built on it, and nothing else does; a warm `build_all` only hashes and takes seconds. Every
 result is written to a temporary name and renamed, so an interrupted build leaves nothing half-made.
 
+`buildah bud --layers` keeps every step in buildah's storage, so a source change reruns only the steps after
+the dependency install; `--squash` then makes the image a single layer, because the nodes' containerd uses the
+native snapshotter, which stores a full copy of the file system for every layer. After a build, working
+containers, images that are no step of a current build, and stale archives and wheels are removed (vfs also
+keeps a full copy per layer).
+
     python -m e2e.images build                                  # prints REF ARCHIVE per image
     python -m e2e.images import --address /path/containerd.sock # ctr images import (+ aliases), idempotent
 """
@@ -64,6 +70,9 @@ DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/
                  "/usr/share/lintian/*")
 #: The base's Python: wheels are built on the host by an interpreter of the same version.
 PYTHON_VERSION = (3, 11)
+
+#: How every Dockerfile is built (an input of the images' hashes too).
+BUD_FLAGS = ("--isolation", "chroot", "--layers", "--squash", "--pull=never", "--format", "oci")
 
 Log = Callable[[str], None]
 
@@ -452,8 +461,7 @@ class _Builder:
         buildah = Buildah(self.root, run)
         args = [f"--build-arg={k}={v}" for k, v in sorted(build_args.items())]
         try:
-            out = buildah("bud", "--isolation", "chroot", "--layers", "--pull=never", "--format", "oci", *args,
-                          "--file", ctx / "Dockerfile", "--tag", ref, ctx, capture=True)
+            out = buildah("bud", *BUD_FLAGS, *args, "--file", ctx / "Dockerfile", "--tag", ref, ctx, capture=True)
             buildah.push(ref, archive)
         finally:
             shutil.rmtree(ctx, ignore_errors=True)
@@ -512,7 +520,7 @@ class _Builder:
                  "README.md": REPO_ROOT / "README.md", "operator": REPO_ROOT / "operator"}
         build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
         inputs = {"files": _tree_digest(REPO_ROOT, list(files)), "wheels": sorted(p.name for p in wheels.glob("*.whl")),
-                  "build_args": build_args, "ref": ref}
+                  "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
         key = _digest_inputs(inputs)
         image = Image(ref, (OPERATOR_ALIAS,), self.archive("operator", key))
         if not image.archive.exists():
@@ -527,7 +535,7 @@ class _Builder:
         build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
         inputs = {"files": _tree_digest(TRITON_CONTEXT, list(files)),
                   "wheels": sorted(p.name for p in wheels.glob("*.whl")), "build_args": build_args,
-                  "ref": TRITON_REF}
+                  "bud": BUD_FLAGS, "ref": TRITON_REF}
         key = _digest_inputs(inputs)
         image = Image(TRITON_REF, (TRITON_ALIAS,), self.archive("tritonserver", key))
         if not image.archive.exists():
