@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from e2e.kube import ApiError, Kube
-from e2e.operator_fixtures import OperatorHandle, as_stream, kubectl, load_examples, record
+from e2e.operator_fixtures import SESSION_LABEL, OperatorHandle, as_stream, kubectl, load_examples, record
 from triton_operator.validate.admission import steps_of
 
 pytestmark = pytest.mark.cluster
@@ -58,8 +58,9 @@ def corpus() -> list[tuple[str, str, list[dict]]]:
 
 def fresh_namespace(kube: Kube, base: str) -> str:
     name = f"{base[:50]}-{uuid.uuid4().hex[:5]}"
+    # Served by the session operator (`op-*`) and reviewed by its webhook (the session label).
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-        "name": name, "labels": {"e2e.triton-operator.io/test": "true"}}})
+        "name": name, "labels": {"e2e.triton-operator.io/test": "true", SESSION_LABEL[0]: SESSION_LABEL[1]}}})
     return name
 
 

@@ -82,7 +82,7 @@ def test_operator_started_before_its_crd_serves_tritonmodels_once_the_crd_exists
             "GET", "/openapi/v3/apis/serving.triton-operator.dev/v1alpha1"), 60)
         model = {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel",
                  "metadata": {"name": "late", "namespace": TEAM},
-                 "spec": {"replicas": 0, "backend": "python", "maxBatchSize": 0,
+                 "spec": {"replicas": 0, "backend": "python", "maxBatchSize": 8,
                           "inputs": [{"name": "x", "dataType": "FP32", "dims": [1]}],
                           "outputs": [{"name": "y", "dataType": "FP32", "dims": [1]}],
                           "source": {"inline": {"model.py": "class TritonPythonModel:\n    pass\n"}}}}
