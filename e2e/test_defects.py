@@ -40,6 +40,7 @@ from e2e.test_operator import (
 )
 from e2e.testing import consistently, is_ready, ready_endpoints
 from triton_operator.api.v1alpha1 import TritonModel
+from triton_operator.controller.errors import ApiCallError
 from triton_operator.controller.kube import Kube as OperatorKube
 from triton_operator.controller.reconcile import Cache, Reconciler
 from triton_operator.render.kubernetes import Options, render_children, repository_of
@@ -338,3 +339,73 @@ def test_a_replica_re_created_during_a_stalled_update_serves_the_old_config(
                and model_condition(tm, "Degraded").get("status") == "False", "Ready again after the revert", 120)
     wait_for("the bad update's ConfigMap collected", lambda: _repositories(kube, namespace) == [old_repository],
              operator.drift_interval * 4 + 60)
+
+
+# -- #9: persistent API errors: reported on the status ---------------------------------------------
+
+
+def _reconcile_refused(op: InProcessOperator, namespace: str) -> str:
+    """Reconciles once, expecting the API server to refuse a call; returns the refusal as the reconcile raised it."""
+    with pytest.raises(ApiCallError) as refused:
+        op.reconcile(namespace, "add-sub")
+    return str(refused.value)
+
+
+def test_a_persistent_api_error_is_degraded_with_the_verb_and_the_kind(
+        kube: Kube, kubeconfig: Path, namespace: str) -> None:
+    """A 422 (a Deployment the API server finds invalid) and a 403 (RBAC without Deployments), each on the
+    TritonModel's status as Degraded=True ApiError naming the verb and the kind, cleared once it is fixed."""
+    _apply_crd(kube, kubeconfig)
+    doc = add_sub()
+    doc["spec"]["server"] = {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}
+    kube.create({**doc, "metadata": {**doc["metadata"], "namespace": namespace}})
+    op = InProcessOperator(kube, kubeconfig)
+    refusal = _reconcile_refused(op, namespace)
+    assert refusal.startswith(f"apply Deployment {namespace}/add-sub: 422"), refusal
+    degraded = model_condition(kube.get("TritonModel", "add-sub", namespace), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ApiError"), degraded
+    assert degraded["message"].startswith(f"apply Deployment {namespace}/add-sub: 422 Unprocessable Entity: "), degraded
+    assert "must be less than or equal to cpu limit" in degraded["message"], degraded
+
+    kube.patch("TritonModel", "add-sub", {"spec": {"server": {"resources": None}}}, namespace, type="merge")
+    op.reconcile(namespace, "add-sub")
+    tm = kube.get("TritonModel", "add-sub", namespace)
+    assert model_condition(tm, "Degraded")["status"] == "False", model_condition(tm, "Degraded")
+    assert kube.get_or_none("Deployment", "add-sub", namespace) is not None
+
+    # An identity whose RBAC lacks Deployments (a chart's rules older than the operator, say).
+    user = f"e2e-no-deployments-{namespace}"
+    rules = [{"apiGroups": [GROUP], "resources": ["tritonmodels"], "verbs": ["get", "list", "watch"]},
+             {"apiGroups": [GROUP], "resources": ["tritonmodels/status"], "verbs": ["patch"]},
+             {"apiGroups": [""], "resources": ["configmaps", "services"],
+              "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+             {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["list"]},
+             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    kube.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+                 {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                  "metadata": {"name": "no-deployments"}, "rules": rules})
+    kube.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+                 {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                  "metadata": {"name": "no-deployments"},
+                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-deployments"},
+                  "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    limited = InProcessOperator(kube, kubeconfig, impersonate=user)
+    kube.patch("TritonModel", "add-sub", {"spec": {"replicas": 2}}, namespace, type="merge")
+
+    def refused_with_403() -> str | None:
+        try:
+            limited.reconcile(namespace, "add-sub")
+        except ApiCallError as e:  # RBAC is cached by the API server for a moment
+            return str(e) if e.status == 403 else None
+        return None
+
+    refusal = wait_for("the reconcile refused by RBAC", refused_with_403, 30)
+    assert refusal.startswith(f"get Deployment {namespace}/add-sub: 403") or refusal.startswith(
+        f"apply Deployment {namespace}/add-sub: 403"), refusal
+    tm = kube.get("TritonModel", "add-sub", namespace)
+    degraded = model_condition(tm, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ApiError"), degraded
+    assert f"Deployment {namespace}/add-sub: 403 Forbidden: " in degraded["message"], degraded
+    assert f'User "{user}" cannot' in degraded["message"], degraded
+    assert degraded["observedGeneration"] == tm["metadata"]["generation"]

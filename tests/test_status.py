@@ -7,7 +7,7 @@ Pods here are what the API server returns for a replica: the template's readines
 from __future__ import annotations
 
 from triton_operator.api.v1alpha1 import WARMED_CONDITION
-from triton_operator.controller.status import Observed, compute_status, replica_state
+from triton_operator.controller.status import Observed, Problem, compute_status, replica_state
 from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
 
@@ -112,3 +112,26 @@ def test_a_failed_replica_is_reported_before_a_replica_failure() -> None:
     dep = _deployment({"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": QUOTA})
     c = _conds(compute_status(Observed(1, 2, "d1", "sel", deployment=dep, pods=[failed]), None))
     assert c["Degraded"]["reason"] == "ModelLoadFailed"
+
+
+# -- #9: a persistent API error ----------------------------------------------------------------
+
+
+def test_a_persistent_api_error_is_degraded_naming_the_verb_and_the_kind() -> None:
+    """The reconcile could not apply a child: Degraded says what the API server refused; Ready and
+    Progressing still say what the replicas do (here: the old config serves)."""
+    why = ('apply Deployment ns/m: 403 Forbidden: deployments.apps "m" is forbidden: User '
+           '"system:serviceaccount:triton-system:triton-operator" cannot patch resource "deployments"')
+    obs = Observed(2, 1, "d1", "sel", api_error=Problem("ApiError", why),
+                   pods=[_pod("a", "d1", gate="True", ready=True)])
+    c = _conds(compute_status(obs, None))
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"], c["Degraded"]["message"]) == ("True", "ApiError", why)
+    assert c["Ready"]["status"] == "True" and c["Progressing"]["reason"] == "RolloutComplete"
+
+
+def test_an_api_error_is_reported_before_a_failed_replica() -> None:
+    failed = _pod("a", "d1", gate="False")
+    failed["status"]["conditions"][1].update(reason="ModelLoadFailed", message="boom")
+    obs = Observed(2, 1, "d1", "sel", api_error=Problem("ApiError", "apply ConfigMap ns/m-repository-0: 422 ..."),
+                   pods=[failed])
+    assert _conds(compute_status(obs, None))["Degraded"]["reason"] == "ApiError"

@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..api.v1alpha1 import GROUP, PLURAL, VERSION
 from . import metrics
+from .errors import ApiCallError
 
 FIELD_MANAGER = "triton-operator"
 
@@ -56,7 +57,10 @@ class Kube:
     # -- raw calls
 
     def _call(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
-              content_type: str = "application/json", accept: str = "application/json") -> Any:
+              content_type: str = "application/json", accept: str = "application/json",
+              what: tuple[str, str, str | None, str | None] | None = None) -> Any:
+        """One request; an error answer raises `ApiCallError` with `what` (verb, kind, namespace, name) was asked
+        and the API server's message."""
         headers = {"Accept": accept, "Content-Type": content_type}
         m, url, hdrs, ser_body, _ = self.api.param_serialize(
             method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
@@ -65,7 +69,8 @@ class Kube:
         resp = self.api.call_api(m, url, header_params=hdrs, body=ser_body, _request_timeout=30)
         data = resp.read()
         if not 200 <= resp.status < 300:
-            raise ApiException(status=resp.status, reason=resp.reason, http_resp=None)
+            verb, kind, namespace, name = what or (method.lower(), path, None, None)
+            raise ApiCallError(verb, kind, namespace, name, resp.status, resp.reason or "", _message(data))
         return json.loads(data) if data else None
 
     def serves_tritonmodels(self) -> bool:
@@ -93,7 +98,7 @@ class Kube:
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._call("GET", self.path(api_version, kind, namespace, name))
+            return self._call("GET", self.path(api_version, kind, namespace, name), what=("get", kind, namespace, name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -101,7 +106,8 @@ class Kube:
 
     def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._call("GET", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
+            return self._call("GET", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}",
+                              what=("get", plural, namespace, name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -109,12 +115,14 @@ class Kube:
 
     def list(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
         query = [("labelSelector", label_selector)] if label_selector else []
-        return self._call("GET", self.path(api_version, kind, namespace), query=query)["items"]
+        return self._call("GET", self.path(api_version, kind, namespace), query=query,
+                          what=("list", kind, namespace, None))["items"]
 
     def list_uids(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> set[str]:
         """The uids of the objects a LIST returns, fetched as metadata only."""
         query = [("labelSelector", label_selector)] if label_selector else []
-        listed = self._call("GET", self.path(api_version, kind, namespace), query=query, accept=METADATA_LIST)
+        listed = self._call("GET", self.path(api_version, kind, namespace), query=query, accept=METADATA_LIST,
+                            what=("list", kind, namespace, None))
         return {item["metadata"]["uid"] for item in listed.get("items") or ()}  # an empty list has "items": null
 
     def list_namespaces(self) -> dict[str, bool]:
@@ -132,14 +140,14 @@ class Kube:
         metrics.API_WRITES.labels(kind=obj["kind"], verb="apply").inc()
         return self._call(
             "PATCH", path, body=obj, query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-            content_type="application/apply-patch+yaml",
+            content_type="application/apply-patch+yaml", what=("apply", obj["kind"], meta["namespace"], meta["name"]),
         )
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete one object; already gone is fine."""
         metrics.API_WRITES.labels(kind=kind, verb="delete").inc()
         try:
-            self._call("DELETE", self.path(api_version, kind, namespace, name))
+            self._call("DELETE", self.path(api_version, kind, namespace, name), what=("delete", kind, namespace, name))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -175,7 +183,7 @@ class Kube:
             return self._call(
                 "PATCH", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
                 body={"status": status}, query=[("fieldManager", FIELD_MANAGER)],
-                content_type="application/merge-patch+json",
+                content_type="application/merge-patch+json", what=("patch", "TritonModel status", namespace, name),
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -188,7 +196,7 @@ class Kube:
         self._call(
             "PATCH", self.path("v1", "Pod", namespace, name, "status"),
             body={"status": {"conditions": [condition]}}, query=[("fieldManager", FIELD_MANAGER)],
-            content_type="application/strategic-merge-patch+json",
+            content_type="application/strategic-merge-patch+json", what=("patch", "Pod status", namespace, name),
         )
 
     def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
@@ -220,6 +228,14 @@ class Kube:
             self._call("POST", self.path("v1", "Event", meta["namespace"]), body=body)
         except ApiException:
             pass  # events are best effort
+
+
+def _message(data: bytes) -> str:
+    """The `message` of the Status object an error answer carries (else the body's start)."""
+    try:
+        return str(json.loads(data).get("message") or "")
+    except (ValueError, AttributeError):
+        return data[:300].decode(errors="replace")
 
 
 def contains(existing: Any, desired: Any) -> bool:

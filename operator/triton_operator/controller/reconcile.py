@@ -12,6 +12,7 @@ longer has: deletions a restarted watch never reported.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -36,6 +37,7 @@ from ..validate.admission import steps_of
 from ..validate.errors import from_pydantic
 from ..validate.rules import check_models
 from . import metrics
+from .errors import api_failure, retry_after
 from .kube import Kube, contains
 from .status import Observed, Problem, compute_status, status_changed, transitions
 
@@ -184,15 +186,41 @@ class Reconciler:
 
     async def _worker(self, key: tuple[str, str]) -> None:
         ev = self._dirty[key]
+        failures = 0
         while ev.is_set():
             ev.clear()
             try:
                 await self.reconcile(*key)
+                failures = 0
             except Exception as exc:  # noqa: BLE001 - a failed reconcile is retried, never fatal
+                failures += 1
+                retry = retry_after(exc, failures)
                 metrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
-                log.exception("Failed to reconcile TritonModel namespace=%s name=%s", *key)
-                await asyncio.sleep(2.0)
+                if retry.failure is not None:
+                    log.warning("Failed to reconcile TritonModel namespace=%s name=%s error=%r retry=%.0fs attempt=%d",
+                                *key, retry.failure.describe(), retry.delay, failures)
+                else:
+                    log.exception("Failed to reconcile TritonModel namespace=%s name=%s retry=%.0fs attempt=%d",
+                                  *key, retry.delay, failures)
+                await self._back_off(key, retry.delay)
                 ev.set()
+
+    def _generation(self, key: tuple[str, str]) -> tuple[str, int] | None:
+        body = self.cache.models.get(key[0], {}).get(key[1])
+        return None if body is None else (body["metadata"].get("uid", ""), int(body["metadata"].get("generation", 0)))
+
+    async def _back_off(self, key: tuple[str, str], delay: float) -> None:
+        """Waits `delay` seconds before the next attempt; events meanwhile do not cut it short (pods change
+        often), a change of the spec (a new generation: someone may have fixed it) or a deletion does."""
+        generation = self._generation(key)
+        ev = self._dirty[key]
+        deadline = asyncio.get_running_loop().time() + delay
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            ev.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ev.wait(), left)
+            if self._generation(key) != generation:
+                return
 
     async def resync(self) -> list[dict[str, Any]]:
         """Drops from the cache what the API no longer has, and reconciles whom that concerns; returns the pods dropped.
@@ -302,6 +330,26 @@ class Reconciler:
                     children = render_children(model, rendered, uid, namespace, self.options)
                 except RepositoryTooLarge as exc:
                     problem = Problem("RepositoryTooLarge", str(exc))
+        refused: Exception | None = None
+        api_error: Problem | None = None
+        try:
+            await self._apply(body, model, children)
+        except Exception as exc:
+            failure = api_failure(exc)
+            if failure is None or not failure.persistent:
+                raise  # retried soon: nothing to tell the user yet
+            refused = exc  # reported on the status, then retried with backoff (the worker)
+            api_error = Problem("ApiError", failure.describe())
+        await self._write_status(body, generation, model, digest, problem, api_error)
+        for dep in self.dependents(namespace, name):
+            self.request(namespace, dep)
+        if refused is not None:
+            raise refused
+
+    async def _apply(self, body: dict[str, Any], model: TritonModel | None, children: list[dict[str, Any]]) -> None:
+        """Applies the children that differ from the cluster's, and deletes the ones no longer wanted."""
+        meta = body["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         # A model with no status was never reconciled: there is nothing of ours to GET, so apply straight away
         # (a child left by a first reconcile that was cut short is re-applied unchanged, a no-op for the server).
         reconciled_before = bool(body.get("status"))
@@ -325,9 +373,6 @@ class Reconciler:
             if stale is not None:
                 await asyncio.to_thread(self.kube.delete, "policy/v1", "PodDisruptionBudget", namespace, name)
                 self.cache.children.pop(("PodDisruptionBudget", namespace, name), None)
-        await self._write_status(body, generation, model, digest, problem)
-        for dep in self.dependents(namespace, name):
-            self.request(namespace, dep)
 
     async def _collect_repositories(self, namespace: str, name: str, uid: str, desired: str) -> None:
         """Deletes the model's repository ConfigMaps no pod can need any more (`unused_repositories`).
@@ -349,7 +394,8 @@ class Reconciler:
                      namespace, unused, name)
 
     async def _write_status(
-        self, body: dict[str, Any], generation: int, model: TritonModel | None, digest: str | None, problem: Problem | None
+        self, body: dict[str, Any], generation: int, model: TritonModel | None, digest: str | None,
+        problem: Problem | None, api_error: Problem | None = None,
     ) -> None:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
@@ -369,6 +415,7 @@ class Reconciler:
             digest=digest or (body.get("status") or {}).get("configDigest"),
             selector=sel,
             problem=problem,
+            api_error=api_error,
             deployment=self.cache.children.get(("Deployment", namespace, name)),
             pods=list(self.cache.pods.get((namespace, name), {}).values()),
         )

@@ -33,6 +33,8 @@ class Observed:
     digest: str | None
     selector: str
     problem: Problem | None = None
+    # The API server refused the reconcile's own call (e.g. a 403, a 422): Degraded, while the replicas say the rest.
+    api_error: Problem | None = None
     deployment: Mapping[str, Any] | None = None
     pods: Sequence[Mapping[str, Any]] = field(default_factory=list)
 
@@ -188,7 +190,9 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
             progressing = _cond("Progressing", False, "RolloutStalled", refused_message, g)
         else:
             progressing = _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {obs.digest}", g)
-        if failed:
+        if obs.api_error is not None:
+            degraded = _cond("Degraded", True, obs.api_error.reason, obs.api_error.message[:2000], g)
+        elif failed:
             f = failed[0]
             degraded = _cond("Degraded", True, f["reason"], f"{f['pod']}: {f.get('message') or f['reason']}", g)
         elif refused:

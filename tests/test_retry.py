@@ -1,0 +1,136 @@
+"""Retrying a failed reconcile (issue 12, #9): back off, and tell the user what the API server refused.
+
+A 403 or a 422 will not go away by itself: retried every 2 s forever it costs the API server and says
+nothing to the user. The policy (`controller.errors.retry_after`) is pure; the worker that follows it is
+run here on a virtual clock, so minutes of retries take milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from triton_operator.controller.reconcile import Cache, Reconciler
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock jumps to the next timer whenever nothing is ready to run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._now = 0.0
+
+    def time(self) -> float:
+        return self._now
+
+    def _run_once(self) -> None:
+        if not self._ready and self._scheduled:
+            self._now = max(self._now, self._scheduled[0].when())
+        super()._run_once()
+
+
+def _attempts(exc: BaseException, seconds: float, fail_first: int | None = None) -> list[float]:
+    """Virtual times at which one model's reconcile ran within `seconds` while it raised `exc` (only the first
+    `fail_first` times, if given)."""
+    loop = VirtualClockLoop()
+    times: list[float] = []
+
+    async def failing(namespace: str, name: str) -> None:
+        times.append(loop.time())
+        if fail_first is None or len(times) <= fail_first:
+            raise exc
+
+    async def main() -> None:
+        rec = Reconciler(kube=None, cache=Cache())  # type: ignore[arg-type]
+        rec.reconcile = failing  # type: ignore[method-assign]
+        rec.request("ns", "m")
+        await asyncio.sleep(seconds)
+        for task in rec._workers.values():
+            task.cancel()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    return times
+
+
+def _forbidden() -> ApiException:
+    exc = ApiException(status=403, reason="Forbidden")
+    exc.body = json.dumps({"kind": "Status", "message": 'deployments.apps "m" is forbidden: User "x" cannot patch'})
+    return exc
+
+
+def test_a_persistent_refusal_is_retried_with_exponential_backoff_up_to_five_minutes() -> None:
+    times = _attempts(_forbidden(), 3600)
+    gaps = [round(b - a, 3) for a, b in zip(times, times[1:])]
+    assert gaps[:6] == [2, 4, 8, 16, 32, 64], gaps
+    assert max(gaps) == 300 and gaps[-3:] == [300, 300, 300], gaps
+    assert len(times) < 20, f"{len(times)} attempts in an hour"
+
+
+def test_a_transient_failure_backs_off_too_but_is_retried_within_30_s() -> None:
+    """An API server restarting (503, a refused connection) comes back: keep retrying often."""
+    for exc in (ApiException(status=503, reason="Service Unavailable"), ConnectionRefusedError(111, "refused"),
+                ApiException(status=429, reason="Too Many Requests")):
+        times = _attempts(exc, 600)
+        gaps = [round(b - a, 3) for a, b in zip(times, times[1:])]
+        assert gaps[:4] == [2, 4, 8, 16] and max(gaps) == 30, (exc, gaps)
+
+
+def test_a_success_resets_the_backoff() -> None:
+    times = _attempts(_forbidden(), 600, fail_first=5)
+    assert len(times) == 6, times  # 5 failures, then one reconcile that succeeded and nothing more to do
+
+
+# -- the policy, pure --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("status", "persistent"), [
+    (400, True), (401, True), (403, True), (404, True), (405, True), (409, False), (410, True), (413, True),
+    (415, True), (422, True), (408, False), (429, False), (500, False), (502, False), (503, False), (504, False),
+])
+def test_which_refusals_are_persistent(status: int, persistent: bool) -> None:
+    from triton_operator.controller.errors import ApiCallError, retry_after
+
+    err = ApiCallError("apply", "Deployment", "ns", "m", status, "Reason", "the API server's message")
+    retry = retry_after(err, 1)
+    assert retry.delay == 2.0
+    assert (retry.failure is not None and retry.failure.persistent) == persistent
+
+
+def test_the_failure_names_the_verb_the_kind_and_the_api_servers_message() -> None:
+    from triton_operator.controller.errors import ApiCallError, retry_after
+
+    err = ApiCallError("apply", "Deployment", "team-a", "add-sub", 422, "Unprocessable Entity",
+                       'Deployment.apps "add-sub" is invalid: spec.template.spec.containers[0].resources.requests: '
+                       'Invalid value: "2": must be less than or equal to cpu limit of 1')
+    failure = retry_after(err, 3).failure
+    assert failure is not None and failure.persistent
+    assert failure.describe() == (
+        'apply Deployment team-a/add-sub: 422 Unprocessable Entity: Deployment.apps "add-sub" is invalid: '
+        'spec.template.spec.containers[0].resources.requests: Invalid value: "2": must be less than or equal to '
+        'cpu limit of 1')
+
+
+def test_a_plain_api_exception_is_classified_by_its_status_and_body() -> None:
+    from triton_operator.controller.errors import retry_after
+
+    failure = retry_after(_forbidden(), 1).failure
+    assert failure is not None and failure.persistent and failure.status == 403
+    assert "cannot patch" in failure.describe()
+
+
+def test_a_bug_is_no_api_failure_and_backs_off_like_a_persistent_one() -> None:
+    from triton_operator.controller.errors import retry_after
+
+    retry = retry_after(KeyError("spec"), 10)
+    assert retry.failure is None and retry.delay == 300.0
+
+
+def _unused(_: Any) -> None:  # keeps Any imported for the type comments above
+    return None
