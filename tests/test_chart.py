@@ -36,7 +36,7 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 # Exactly what the operator may do: (apiGroup, resource) -> verbs. Adding a verb here means adding
 # it to templates/_helpers.tpl and to the chart README's table, with the reason.
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
-    (GROUP, PLURAL): {"get", "list", "watch"},  # event handlers only: kopf writes no finalizer; GET: the webhook
+    (GROUP, PLURAL): {"get", "list", "watch"},  # event handlers only: kopf writes no finalizer; LIST: the webhook
     (GROUP, f"{PLURAL}/status"): {"patch"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: unused repositories
     ("", "services"): {"get", "list", "watch", "create", "patch"},
@@ -282,7 +282,7 @@ def test_rbac_is_enough_for_every_watch_and_write_the_operator_makes(helm: str) 
     assert "delete" in granted[("", "configmaps")] and "list" in granted[("apps", "replicasets")]
     assert "patch" in granted[("", "pods/status")] and "patch" in granted[(GROUP, f"{PLURAL}/status")]
     assert "create" in granted[("", "events")]
-    assert "get" in granted[(GROUP, PLURAL)]  # the webhook reads an ensemble's steps live
+    assert "list" in granted[(GROUP, PLURAL)]  # the webhook lists the namespace's TritonModels live
 
 
 # -- the admission webhook ---------------------------------------------------------------------

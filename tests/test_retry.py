@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -130,7 +129,3 @@ def test_a_bug_is_no_api_failure_and_backs_off_like_a_persistent_one() -> None:
 
     retry = retry_after(KeyError("spec"), 10)
     assert retry.failure is None and retry.delay == 300.0
-
-
-def _unused(_: Any) -> None:  # keeps Any imported for the type comments above
-    return None

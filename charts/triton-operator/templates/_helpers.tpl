@@ -53,9 +53,10 @@ Role. Every rule maps to a call in operator/triton_operator/controller/ (kube.py
 or to kopf itself; see the chart README for the reason of each.
 */}}
 {{- define "triton-operator.rules" -}}
-# TritonModels: kopf lists and watches them; the admission webhook reads an ensemble's steps live
-# (GET). Event handlers only (no kopf timers, daemons or change handlers), so kopf writes no
-# finalizer or annotation onto them: no patch.
+# TritonModels: kopf lists and watches them; the admission webhook lists a namespace's TritonModels
+# live for each review (an ensemble's steps and the ensembles using a step; never the watch cache).
+# GET: reads of one object. Event handlers only (no kopf timers, daemons or change handlers), so kopf
+# writes no finalizer or annotation onto them: no patch.
 - apiGroups: ["serving.triton-operator.dev"]
   resources: ["tritonmodels"]
   verbs: ["get", "list", "watch"]

@@ -104,15 +104,6 @@ class Kube:
                 return None
             raise
 
-    def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._call("GET", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}",
-                              what=("get", plural, namespace, name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
     def list(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
         query = [("labelSelector", label_selector)] if label_selector else []
         return self._call("GET", self.path(api_version, kind, namespace), query=query,

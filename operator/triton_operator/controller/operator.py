@@ -233,7 +233,6 @@ async def run_operator(
     STATE.webhook = None if webhook is None else AdmissionWebhook(
         STATE.kube, webhook.target, configuration=webhook.configuration, failure_policy=webhook.failure_policy,
         namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
-        dependents=STATE.reconciler.dependents,
     )
     registry = build_registry(drift_interval)
 

@@ -5,10 +5,12 @@ for the webhook's Service name, or for the URL's host when run outside the clust
 the CA into the ValidatingWebhookConfiguration, and serves `POST /validate-tritonmodels`.
 The certificate is renewed, and the CA bundle updated, long before it expires.
 
-Each review reads the TritonModels around the object live from the API server (never the
-watch cache, which may lag a `kubectl apply` of a step and its ensemble by milliseconds);
-the verdict itself is `validate.admission.review`, pure. A namespace this operator does not
-watch is not its business: allowed.
+Each review reads the TritonModels around the object live from the API server, with one LIST of
+the namespace's TritonModels: the ensembles that use the object (its dependents) and every model
+their steps and its own reach. Never the watch cache, which may lag a `kubectl apply` of a step and
+its ensemble by milliseconds, or a restarting watch by longer. The verdict itself is
+`validate.admission.review`, pure. A namespace this operator does not watch is not its business:
+allowed.
 
 Which configuration is written depends on where the API server finds the webhook:
 - `--webhook-service ns/name` (the chart): the chart owns the configuration; the operator
@@ -26,7 +28,7 @@ import ipaddress
 import logging
 import ssl
 import tempfile
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ..api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from ..api.v1alpha1 import GROUP, KIND, VERSION
 from ..render.webhook import WEBHOOK_NAME, WEBHOOK_PATH, WebhookTarget, render_webhook_configuration
 from ..validate.admission import needs_review, review, steps_of
 from . import metrics
@@ -107,8 +109,7 @@ def issue_certificate(hosts: list[str], now: dt.datetime | None = None) -> Issue
 
 class AdmissionWebhook:
     def __init__(self, kube: Kube, target: WebhookTarget, *, configuration: str, failure_policy: str,
-                 namespaces: list[str], clusterwide: bool, address: str, port: int,
-                 dependents: Callable[[str, str], list[str]]) -> None:
+                 namespaces: list[str], clusterwide: bool, address: str, port: int) -> None:
         self.kube = kube
         self.target = target
         self.configuration = configuration
@@ -116,7 +117,6 @@ class AdmissionWebhook:
         self.selector = exact_namespaces(namespaces, clusterwide)
         self.watched = watches(namespaces, clusterwide)
         self.address, self.port = address, port
-        self.dependents = dependents
         self._dir = tempfile.TemporaryDirectory(prefix="triton-operator-webhook-")
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._ssl.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -220,9 +220,11 @@ class AdmissionWebhook:
             return {}
         assert obj is not None
         name = obj["metadata"].get("name") or ""
-        dependents = [d for d in self.dependents(namespace, name) if d != name]
-        neighbours = await self._neighbours(namespace, name, [*steps_of(obj), *dependents])
-        verdict = review(obj, old, neighbours, [d for d in dependents if name in steps_of(neighbours.get(d))])
+        listed = await asyncio.to_thread(self.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
+        live = {b["metadata"]["name"]: b for b in listed if b["metadata"]["name"] != name}
+        dependents = sorted(other for other, body in live.items() if name in steps_of(body))
+        neighbours = reachable(live, [*steps_of(obj), *dependents])
+        verdict = review(obj, old, neighbours, dependents)
         out: dict[str, Any] = {}
         if verdict.warnings:
             out["warnings"] = verdict.warnings[:10]
@@ -240,19 +242,16 @@ class AdmissionWebhook:
             "details": {"group": GROUP, "kind": KIND, "name": name, "causes": causes}}})
         return out
 
-    async def _neighbours(self, namespace: str, name: str, start: list[str]) -> dict[str, dict[str, Any]]:
-        """Live bodies of the TritonModels reachable from `start` through ensemble steps (not `name` itself)."""
-        found: dict[str, dict[str, Any]] = {}
-        seen = {name}
-        todo = [n for n in start if n not in seen]
-        while todo and len(found) < MAX_NEIGHBOURS:
-            batch = list(dict.fromkeys(todo))
-            seen.update(batch)
-            bodies = await asyncio.gather(*(
-                asyncio.to_thread(self.kube.get_custom, GROUP, VERSION, PLURAL, namespace, n) for n in batch))
-            todo = []
-            for n, b in zip(batch, bodies, strict=True):
-                if b is not None:
-                    found[n] = b
-                    todo.extend(s for s in steps_of(b) if s not in seen)
-        return found
+
+def reachable(models: Mapping[str, Mapping[str, Any]], start: list[str]) -> dict[str, Mapping[str, Any]]:
+    """The bodies of `models` reachable from the names in `start` through ensemble steps (at most
+    MAX_NEIGHBOURS of them)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    todo = list(start)
+    while todo and len(found) < MAX_NEIGHBOURS:
+        n = todo.pop()
+        if n in found or n not in models:
+            continue
+        found[n] = models[n]
+        todo.extend(steps_of(models[n]))
+    return found
