@@ -409,3 +409,65 @@ def test_a_persistent_api_error_is_degraded_with_the_verb_and_the_kind(
     assert f"Deployment {namespace}/add-sub: 403 Forbidden: " in degraded["message"], degraded
     assert f'User "{user}" cannot' in degraded["message"], degraded
     assert degraded["observedGeneration"] == tm["metadata"]["generation"]
+
+
+# -- kubectl: the columns and the explain text the README promises ------------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_get_example() -> tuple[list[str], list[str]]:
+    """The header and the row of the `kubectl get tritonmodels` example in the README."""
+    text = README.read_text()
+    block = text[text.index("$ kubectl get tritonmodels"):]
+    block = block[:block.index("```")]
+    lines = [ln for ln in block.splitlines() if ln and not ln.startswith("$")]
+    return lines[0].split(), lines[1].split()
+
+
+def _readme_reference(prefix: str) -> dict[str, str]:
+    """README reference rows of the direct children of `prefix`: field -> description."""
+    out = {}
+    for line in README.read_text().splitlines():
+        m = re.match(rf"^\| `{re.escape(prefix)}\.([A-Za-z0-9]+)` \|.*\| (.*) \|$", line)
+        if m:
+            out[m.group(1)] = m.group(2).replace("\\|", "|")
+    return out
+
+
+def _words(text: str) -> str:
+    return " ".join(text.replace("`", "").split())
+
+
+def test_kubectl_get_and_explain_show_what_the_readme_promises(kube: Kube, kubeconfig: Path, namespace: str) -> None:
+    """Against the API server, with the CRD from crds/: the printer columns (and the short name) of
+    `kubectl get`, filled from the status the operator writes, and `kubectl explain` of spec.batcher."""
+    _apply_crd(kube, kubeconfig)
+    doc = add_sub()
+    doc["spec"]["replicas"] = 2
+    kube.create({**doc, "metadata": {**doc["metadata"], "namespace": namespace}})
+    status = {"observedGeneration": 1, "replicas": 2, "readyReplicas": 2, "warmedReplicas": 2,
+              "configDigest": "0123456789abcdef", "selector": f"{LABEL_MODEL}=add-sub",
+              "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasWarmed", "message": "2/2",
+                              "observedGeneration": 1, "lastTransitionTime": "2026-11-23T00:00:00Z"}]}
+    kube.patch("TritonModel", "add-sub", {"status": status}, namespace, sub="status", type="merge")
+
+    header, row = _readme_get_example()
+    got = kubectl(kubeconfig, "get", "tritonmodels", "-n", namespace).stdout.splitlines()
+    assert got[0].split() == header, got
+    assert got[1].split()[:-1] == row[:-1], got  # all but AGE
+    assert kubectl(kubeconfig, "get", "tm", "-n", namespace).stdout.splitlines()[0].split() == header
+    wide = kubectl(kubeconfig, "get", "tm", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == [*header[:-1], "DIGEST", "AGE"] or wide[0].split() == [*header, "DIGEST"], wide
+    assert "0123456789abcdef" in wide[1].split(), wide
+
+    explained = kubectl(kubeconfig, "explain", "tritonmodel.spec.batcher").stdout
+    words = _words(explained)
+    assert "KIND: TritonModel" in words and "FIELD: batcher <Object>" in words, explained
+    assert _words("Enables Triton's dynamic batcher.") in words, explained
+    fields = _readme_reference("spec.batcher")
+    assert set(fields) >= {"maxQueueDelayMicroseconds", "preferredBatchSize", "preserveOrdering", "priorityLevels",
+                           "defaultPriorityLevel", "defaultQueuePolicy", "priorityQueuePolicy"}, fields
+    for field, description in fields.items():
+        assert re.search(rf"^\s+{field}\s+<", explained, re.MULTILINE), f"{field} not in:\n{explained}"
+        assert _words(description) in words, f"{field}: {description!r} not in:\n{explained}"
