@@ -16,15 +16,17 @@ Owns four OCI images, the cache they live in and their import into a node's cont
   e2e/toolchain/kube pins, compiled with `gcc -Os -static`.
 
 Everything is under `${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/triton-operator}/images`: buildah's
-storage (`--root/--runroot`, vfs driver, nothing in /var/lib/containers), the oci-archive files, the
+storage (`--root/--runroot`, vfs driver; its blob-info cache, which containers/image keeps in
+/var/lib/containers/cache for root, goes there too through a private mount), the oci-archive files, the
 wheels and the base root filesystem. An archive is named by a hash of exactly its inputs (files, build
 arguments, package lists, the wheels' file names, the base's hash), so a changed input rebuilds that image
 and the ones built on it, and nothing else does; a warm `build_all` only hashes and takes seconds. Every
 result is written to a temporary name and renamed, so an interrupted build leaves nothing half-made.
 
-`buildah bud --layers` keeps every step in buildah's storage, so a source change reruns only the steps after
-the dependency install; `--squash` then makes the image a single layer, because the nodes' containerd uses the
-native snapshotter, which stores a full copy of the file system for every layer. After a build, working
+`buildah bud --layers` keeps the build stages' steps in buildah's storage, so a source change reuses the
+dependency install and reruns only the steps after it (and the short final stage); `--squash` makes the image a
+single layer, because the nodes' containerd uses the native snapshotter, which stores a full copy of the file
+system for every layer. After a build, working
 containers, images that are no step of a current build, and stale archives and wheels are removed (vfs also
 keeps a full copy per layer).
 
