@@ -66,7 +66,7 @@ def _forbidden() -> ApiException:
 
 def test_a_persistent_refusal_is_retried_with_exponential_backoff_up_to_five_minutes() -> None:
     times = _attempts(_forbidden(), 3600)
-    gaps = [round(b - a, 3) for a, b in zip(times, times[1:])]
+    gaps = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]
     assert gaps[:6] == [2, 4, 8, 16, 32, 64], gaps
     assert max(gaps) == 300 and gaps[-3:] == [300, 300, 300], gaps
     assert len(times) < 20, f"{len(times)} attempts in an hour"
@@ -77,7 +77,7 @@ def test_a_transient_failure_backs_off_too_but_is_retried_within_30_s() -> None:
     for exc in (ApiException(status=503, reason="Service Unavailable"), ConnectionRefusedError(111, "refused"),
                 ApiException(status=429, reason="Too Many Requests")):
         times = _attempts(exc, 600)
-        gaps = [round(b - a, 3) for a, b in zip(times, times[1:])]
+        gaps = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]
         assert gaps[:4] == [2, 4, 8, 16] and max(gaps) == 30, (exc, gaps)
 
 
