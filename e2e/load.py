@@ -52,7 +52,7 @@ class Tally:
     def summary(self) -> str:
         rate = self.sent / self.seconds if self.seconds else 0.0
         return (f"{self.sent} sent, {self.failed} failed in {self.seconds:.1f}s ({rate:.0f}/s), "
-                f"{len(self.by_address)} replicas answered")
+                f"to {len(self.by_address)} address(es)")
 
 
 class ServiceLoad:
