@@ -28,6 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -413,6 +414,17 @@ class LocalCluster:
         log(f"Cluster ready start={kind} nodes={len(nodes)} seconds={time.monotonic() - t0:.1f} server={server}")
         log(f"Wrote kubeconfig path={self.kubeconfig}  (export KUBECONFIG={self.kubeconfig})")
         return self.kubeconfig
+
+    @contextlib.contextmanager
+    def running_fresh(self) -> Iterator[Path]:
+        """A cluster of a test's own: whatever a killed run left is stopped, a fresh `up`, and `down` afterwards
+        whatever happens; yields the kubeconfig."""
+        self.down(quiet=True)
+        kubeconfig = self.up()
+        try:
+            yield kubeconfig
+        finally:
+            self.down()
 
     def _start_node(self, n: Node, bins: dict[str, Path], built: list, pids: dict[str, int], timeout: float) -> None:
         from e2e import images  # noqa: PLC0415

@@ -199,9 +199,9 @@ def isolated_cluster(request: pytest.FixtureRequest) -> Iterator[IsolatedCluster
     The session's cluster and operator are not touched: other tests never see the disruption.
     """
     local = LocalCluster(ISOLATED_ROOT, nodes=(GPU_NODE,), kube_proxy=False)
-    local.down(quiet=True)  # whatever a killed session left, and its etcd data
-    kubeconfig = local.up()
-    try:
+    # Whatever a killed session left goes first; afterwards the kubelet, every container and the node's host
+    # state, then the control plane.
+    with local.running_fresh() as kubeconfig:
         kube = Kube(kubeconfig)
         handle = NodesHandle(kube, local, [GPU_NODE], {GPU_NODE: local.gpus})
         op = start_operator(kubeconfig, kube, local.logs)
@@ -211,8 +211,6 @@ def isolated_cluster(request: pytest.FixtureRequest) -> Iterator[IsolatedCluster
             yield IsolatedCluster(local, kube, handle, op, ns)
         finally:
             op.stop()
-    finally:
-        local.down()  # the kubelet, every container and the node's host state, then the control plane
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -31,12 +31,8 @@ TEAM = "team-a"
 @pytest.fixture
 def control_plane() -> Iterator[LocalCluster]:
     local = LocalCluster(ROOT, nodes=())
-    local.down(quiet=True)
-    local.up()
-    try:
+    with local.running_fresh():
         yield local
-    finally:
-        local.down()
 
 
 def _token_kubeconfig(kube: Kube, admin: Path, namespace: str, sa: str, out: Path) -> Path:

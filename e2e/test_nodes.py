@@ -88,12 +88,8 @@ def test_lost_node_replica_leaves_the_service_and_is_replaced_on_the_other_node(
 @pytest.fixture
 def own_cluster() -> Iterator[LocalCluster]:
     local = LocalCluster(REPO_ROOT / ".cluster" / "teardown", nodes=("gpu-node-1",), kube_proxy=False)
-    local.down(quiet=True)
-    local.up()
-    try:
+    with local.running_fresh():
         yield local
-    finally:
-        local.down()
 
 
 def test_down_leaves_no_process_mount_bridge_or_cgroup(own_cluster: LocalCluster) -> None:
