@@ -320,14 +320,13 @@ class LocalCluster:
         ctx.load_cert_chain(str(self.certs.p("admin.crt")), str(self.certs.p("admin.key")))
         return ctx
 
-    def _get(self, path: str, port: int | None = None, verify: bool = True, scheme: str = "https") -> int:
+    def _get(self, path: str, port: int | None = None, verify: bool = True) -> int:
         ports = self._ports()
         assert ports is not None
-        url = f"{scheme}://127.0.0.1:{port or ports.apiserver}{path}"
+        url = f"https://127.0.0.1:{port or ports.apiserver}{path}"
         ctx = self._ssl() if verify else ssl._create_unverified_context()  # noqa: S323 - self-signed component certs
         try:
-            with urllib.request.urlopen(url, context=ctx if scheme == "https" else None,  # noqa: S310 - loopback
-                                        timeout=5) as resp:
+            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:  # noqa: S310 - https to loopback
                 return resp.status
         except urllib.error.HTTPError as e:
             return e.code
@@ -655,9 +654,9 @@ class LocalCluster:
 
         for name in order:
             stop(name)
-        if "kube-proxy" in pids and self._bin_dir_or_none("kube-proxy"):
-            subprocess.run([str(self._bin_dir_or_none("kube-proxy")), "--cleanup"], check=False,  # noqa: S603
-                           capture_output=True)
+        kube_proxy = self._bin_dir_or_none("kube-proxy") if "kube-proxy" in pids else None
+        if kube_proxy is not None:
+            subprocess.run([str(kube_proxy), "--cleanup"], check=False, capture_output=True)  # noqa: S603
         swept = {}
         for n in nodes:
             swept[n.name] = n.sweep()
@@ -677,7 +676,7 @@ class LocalCluster:
         # A fresh etcd on every start: tests never see objects from an earlier run.
         subprocess.run(["rm", "-rf", str(self.dir / "etcd")], check=False)  # noqa: S603,S607
 
-    def _bin_dir_or_none(self, name: str) -> Path | None:
+    def _bin_dir_or_none(self, name: str) -> Path | None:  # a binary's path, None where it cannot be had
         try:
             return self.binaries()[name]
         except (FileNotFoundError, subprocess.CalledProcessError):

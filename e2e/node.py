@@ -391,12 +391,6 @@ oom_score = 0
             raise FileNotFoundError(f"no log of container {container} under {d}")
         return files[-1]
 
-    def all_container_logs(self, pod: dict, container: str) -> str:
-        meta = pod["metadata"]
-        d = self.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container
-        files = sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
-        return "".join(f.read_text(errors="replace") for f in files)
-
     # -- teardown ---------------------------------------------------------------------------------
 
     def sweep(self) -> dict[str, int]:
