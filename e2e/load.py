@@ -20,6 +20,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -80,6 +81,7 @@ class ServiceLoad:
         self.refreshes = 0
         self.refresh_errors: list[str] = []
         self.ready_sets: list[tuple[str, ...]] = []  # every distinct ready set seen, in order
+        self.ready_history: list[str] = []  # the same, each as "+<seconds since start>s [addresses]"
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -138,6 +140,8 @@ class ServiceLoad:
         with self._lock:
             if tuple(a for a, _ in ready) != (self.ready_sets[-1] if self.ready_sets else None):
                 self.ready_sets.append(tuple(a for a, _ in ready))
+                at = time.monotonic() - self._started if self._started else 0.0
+                self.ready_history.append(f"+{at:.2f}s {list(self.ready_sets[-1])}")
             self._ready = tuple(ready)
             self.refreshes += 1
 
@@ -182,6 +186,27 @@ class ServiceLoad:
             else:
                 next_at = time.monotonic()
 
+    @staticmethod
+    def _backend_of(target: tuple[str, int], sport: int) -> str:
+        """Where kube-proxy's DNAT sent one connection, from the kernel's conntrack table (a failed connection's
+        entry outlives the failure by minutes): " (DNAT to <pod ip>:<port>, <tcp state>)", or "" if unknown."""
+        if not sport:
+            return ""
+        try:
+            out = subprocess.run(
+                ["conntrack", "-L", "-p", "tcp", "--orig-dst", target[0], "--orig-port-dst", str(target[1]),
+                 "--orig-port-src", str(sport)], capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        for line in out.splitlines():
+            fields = line.split()
+            # tcp 6 <ttl> <STATE> src=.. dst=<clusterip> sport=.. dport=.. src=<pod ip> dst=.. sport=<pod port> ...
+            replies = [f.split("=", 1)[1] for f in fields if f.startswith("src=")]
+            ports = [f.split("=", 1)[1] for f in fields if f.startswith("sport=")]
+            if len(replies) >= 2 and len(ports) >= 2:
+                return f" (DNAT to {replies[1]}:{ports[1]}, {fields[3]})"
+        return ""
+
     def _infer(self, target: tuple[str, int], a: list[float], b: list[float]) -> str:
         """One request on a new connection; returns "" on a correct answer, else what went wrong."""
         body = json.dumps({"inputs": [
@@ -189,13 +214,19 @@ class ServiceLoad:
             {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": b},
         ], "outputs": [{"name": "OUTPUT0"}]})
         conn = http.client.HTTPConnection(target[0], target[1], timeout=self.timeout)
+        sport = 0
         try:
+            conn.connect()
+            sport = conn.sock.getsockname()[1]
             conn.request("POST", f"/v2/models/{self.model}/infer", body,
                          {"Content-Type": "application/json", "Connection": "close"})
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as e:
-            return f"{type(e).__name__}: {e}"
+            if not sport and conn.sock is not None:
+                sport = conn.sock.getsockname()[1]
+            where = self._backend_of(target, sport) if self._cluster_ip else ""
+            return f"{type(e).__name__}: {e}{where}"
         finally:
             conn.close()
         if resp.status != 200:

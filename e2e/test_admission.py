@@ -15,10 +15,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from triton_operator.api.steps import steps_of
 
 from e2e.kube import ApiError, Kube
-from e2e.operator_fixtures import SESSION_LABEL, OperatorHandle, as_stream, kubectl, load_examples, record
-from triton_operator.validate.admission import steps_of
+from e2e.operator_fixtures import (
+    SESSION_LABEL,
+    OperatorHandle,
+    as_stream,
+    kubectl,
+    load_examples,
+    record,
+)
 
 pytestmark = pytest.mark.cluster
 

@@ -81,7 +81,8 @@ def _answered_by_all(since: dict[str, int], kube: Kube, namespace: str, at_least
 
 
 def _failures(load: ServiceLoad) -> str:
-    return f"first failures: {load.samples}; endpoint refresh errors: {load.refresh_errors}"
+    return (f"first failures: {load.samples}; ready endpoints over time: {load.ready_history}; "
+            f"endpoint refresh errors: {load.refresh_errors}")
 
 
 def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from triton_operator.validate.admission import needs_review, review, steps_of
-
 from test_corpus import _cases
+from triton_operator.api.steps import steps_of
+from triton_operator.validate.admission import needs_review, review
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

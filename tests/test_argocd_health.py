@@ -1,5 +1,5 @@
 """The Argo CD health check the chart ships (charts/triton-operator/argocd-health.lua), run by a real Lua
-interpreter on TritonModel objects whose status is what the operator writes (`controller.status.compute_status`).
+interpreter on TritonModel objects whose status is what the operator writes (`plan.status.compute_status`).
 
 Argo CD runs the script with the object as the global `obj` and reads `status` and `message` from the table
 it returns; the harness here does the same with `lua5.4`.
@@ -19,8 +19,15 @@ import pytest
 import yaml
 
 from triton_operator.api.v1alpha1 import WARMED_CONDITION
-from triton_operator.controller.status import Observed, Problem, compute_status
+from triton_operator.plan.status import Observed, Problem, as_dict
+from triton_operator.plan.status import compute_status as typed_status
 from triton_operator.render.kubernetes import ANNOTATION_DIGEST
+
+
+def compute_status(obs: Observed, previous: dict | None) -> dict:
+    """The status as the API server stores it (the planner's typed `TritonModelStatus`, dumped)."""
+    return as_dict(typed_status(obs, previous))
+
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "triton-operator"
 SCRIPT = CHART / "argocd-health.lua"

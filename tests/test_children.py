@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModel
-from triton_operator.controller.kube import contains
-from triton_operator.controller.status import Observed, Problem, compute_status, status_changed, transitions
+from triton_operator.plan.planner import contains
+from triton_operator.plan.status import Observed, Problem, as_dict, status_changed, transitions
+from triton_operator.plan.status import compute_status as typed_status
 from triton_operator.fetch import FetchError, copy_repository, fetch_uri
 from triton_operator.render.kubernetes import (
     ANNOTATION_DIGEST,
@@ -21,6 +22,12 @@ from triton_operator.render.kubernetes import (
 )
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import check_documents, load_paths
+
+
+def compute_status(obs: Observed, previous: dict | None) -> dict:
+    """The status as the API server stores it (the planner's typed `TritonModelStatus`, dumped)."""
+    return as_dict(typed_status(obs, previous))
+
 
 ROOT = Path(__file__).resolve().parent.parent
 UID = "00000000-0000-0000-0000-000000000001"
@@ -297,7 +304,8 @@ def test_primed_pods_merge_under_the_watch_and_never_revive_a_deleted_pod() -> N
 def test_sweep_forgets_what_a_list_lacks_unless_observed_since() -> None:
     import time
 
-    from triton_operator.controller.reconcile import RESYNC_KINDS, Cache
+    from triton_operator.api.kinds import WATCHED
+    from triton_operator.controller.reconcile import Cache
 
     def obj(kind: str, name: str, uid: str) -> dict:
         return {"kind": kind, "metadata": {"name": name, "uid": uid, "namespace": "ns",
@@ -311,7 +319,7 @@ def test_sweep_forgets_what_a_list_lacks_unless_observed_since() -> None:
     cache.put_pod(obj("Pod", "m-1", "up1"))  # deleted while the watch was down
     since = time.monotonic()
     cache.put_pod(obj("Pod", "m-2", "up2"))  # observed after the LIST was sent: may be newer than it
-    listed = {kind: set() for kind in RESYNC_KINDS} | {"TritonModel": {"um"}, "Service": {"us"}}
+    listed = {k.kind: set() for k in WATCHED} | {"TritonModel": {"um"}, "Service": {"us"}}
 
     dropped = cache.sweep("ns", listed, since)
     assert sorted((d["kind"], d["metadata"]["name"]) for d in dropped) == [

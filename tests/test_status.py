@@ -1,4 +1,4 @@
-"""The status policies of `controller.status`, pure: what a TritonModel's conditions say for what was observed.
+"""The status policies of `plan.status`, pure: what a TritonModel's conditions say for what was observed.
 
 Pods here are what the API server returns for a replica: the template's readiness gate (or none, with
 `warmupGate.enabled: false`), the kubelet's Ready condition, the operator's gate condition.
@@ -7,8 +7,14 @@ Pods here are what the API server returns for a replica: the template's readines
 from __future__ import annotations
 
 from triton_operator.api.v1alpha1 import WARMED_CONDITION
-from triton_operator.controller.status import Observed, Problem, compute_status, replica_state
+from triton_operator.plan.status import Observed, Problem, as_dict, replica_state
+from triton_operator.plan.status import compute_status as typed_status
 from triton_operator.render.kubernetes import ANNOTATION_DIGEST
+
+
+def compute_status(obs: Observed, previous: dict | None) -> dict:
+    """The status as the API server stores it (the planner's typed `TritonModelStatus`, dumped)."""
+    return as_dict(typed_status(obs, previous))
 
 
 def _pod(name: str, digest: str, *, gated: bool = True, gate: str | None = None, ready: bool = False,

@@ -12,26 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.kinds import LABEL_MODEL
+from ..api.timestamps import parse_rfc3339, rfc3339, utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
 from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_POLL_MS, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME, GRPC_PORT
 from ..triton.gate import Verdict, check_replica
 from . import metrics
 from .kube import Kube
-from .status import TRITON_CONTAINER, pod_condition, triton_container_status
+from ..plan.status import TRITON_CONTAINER, pod_condition, triton_container_status
 
 log = logging.getLogger("triton_operator.gate")
 
 STABLE_BACKOFF = (1.0, 2.0, 5.0)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -42,7 +39,6 @@ class _PodGate:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     ready_seen_at: float | None = None
-    started_mono: float = field(default_factory=time.monotonic)
 
 
 class WarmupGate:
@@ -133,9 +129,9 @@ class WarmupGate:
         if verdict.ok:
             cs = triton_container_status(gate.body) or {}
             started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
-            if started:
-                t0 = dt.datetime.strptime(started[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc)
-                warm = (dt.datetime.now(dt.timezone.utc) - t0).total_seconds()
+            t0 = parse_rfc3339(started)
+            if t0 is not None:
+                warm = (utc_now() - t0).total_seconds()
                 message += f"; warmed {warm:.1f}s after tritonserver started"
                 metrics.WARMUP_SECONDS.observe(max(warm, 0.0))
         cond = {
@@ -147,7 +143,7 @@ class WarmupGate:
         }
         prev = pod_condition(gate.body, WARMED_CONDITION)
         if prev is None or prev.get("status") != status:
-            cond["lastTransitionTime"] = _now()
+            cond["lastTransitionTime"] = rfc3339()
         try:
             await asyncio.to_thread(self.kube.patch_pod_condition, gate.namespace, gate.name, cond)
         except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next event retries
@@ -164,7 +160,7 @@ class WarmupGate:
             gate.namespace, gate.name, status, verdict.reason, message,
         )
         if self.on_change:
-            model = (gate.body["metadata"].get("labels") or {}).get("serving.triton-operator.dev/model")
+            model = (gate.body["metadata"].get("labels") or {}).get(LABEL_MODEL)
             if model:
                 self.on_change(gate.namespace, model)
 

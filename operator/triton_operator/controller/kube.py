@@ -7,30 +7,20 @@ prove that a second reconcile writes nothing.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import threading
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from ..api.kinds import kind_of
+from ..api.timestamps import rfc3339, utc_now
 from ..api.v1alpha1 import GROUP, PLURAL, VERSION
 from . import metrics
 from .errors import ApiCallError
 
 FIELD_MANAGER = "triton-operator"
 
-_PLURALS = {
-    ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
-    ("v1", "Service"): ("/api/v1", "services"),
-    ("v1", "Pod"): ("/api/v1", "pods"),
-    ("v1", "Event"): ("/api/v1", "events"),
-    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
-    ("apps/v1", "ReplicaSet"): ("/apis/apps/v1", "replicasets"),
-    ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
-    (f"{GROUP}/{VERSION}", "TritonModel"): (f"/apis/{GROUP}/{VERSION}", PLURAL),
-}
 
 #: A LIST answered with metadata only (no spec, status or data): what exists, cheaply.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -41,7 +31,6 @@ class Kube:
 
     def __init__(self, api: client.ApiClient | None = None) -> None:
         self.api = api or client.ApiClient()
-        self._lock = threading.Lock()
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None) -> Kube:
@@ -86,8 +75,8 @@ class Kube:
 
     @staticmethod
     def path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
-        prefix, plural = _PLURALS[(api_version, kind)]
-        p = f"{prefix}/namespaces/{namespace}/{plural}"
+        k = kind_of(api_version, kind)
+        p = f"{k.prefix}/namespaces/{namespace}/{k.plural}"
         if name:
             p += f"/{name}"
         if sub:
@@ -192,7 +181,7 @@ class Kube:
 
     def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         meta = involved["metadata"]
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        at = utc_now()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -207,9 +196,9 @@ class Kube:
             "type": type_,
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
-            "firstTimestamp": now[:19] + "Z",
-            "lastTimestamp": now[:19] + "Z",
-            "eventTime": now,
+            "firstTimestamp": rfc3339(at),
+            "lastTimestamp": rfc3339(at),
+            "eventTime": rfc3339(at, micro=True),
             "reportingInstance": FIELD_MANAGER,
             "action": reason,
             "count": 1,
@@ -227,18 +216,3 @@ def _message(data: bytes) -> str:
         return str(json.loads(data).get("message") or "")
     except (ValueError, AttributeError):
         return data[:300].decode(errors="replace")
-
-
-def contains(existing: Any, desired: Any) -> bool:
-    """Whether `existing` already holds every field of `desired` (server defaults may add more)."""
-    if isinstance(desired, dict):
-        if not isinstance(existing, dict):
-            return False
-        return all(k in existing and contains(existing[k], v) for k, v in desired.items())
-    if isinstance(desired, list):
-        if not isinstance(existing, list) or len(existing) != len(desired):
-            return False
-        return all(contains(e, d) for e, d in zip(existing, desired, strict=True))
-    if isinstance(desired, (int, float)) and isinstance(existing, str) or isinstance(desired, str) and isinstance(existing, (int, float)):
-        return str(existing) == str(desired)
-    return bool(existing == desired)

@@ -19,8 +19,9 @@ from urllib.parse import urlsplit
 import kopf
 from aiohttp import web
 
-from ..api.v1alpha1 import GROUP, PLURAL, VERSION
-from ..render.kubernetes import LABEL_MODEL, MANAGED_BY, Options
+from ..api.kinds import CHILDREN, LABEL_MODEL, MANAGED_BY, POD, TRITON_MODEL
+from ..api.v1alpha1 import GROUP, VERSION
+from ..render.kubernetes import Options
 from ..render.webhook import WebhookTarget
 from .gate import WarmupGate
 from .kube import Kube
@@ -79,7 +80,7 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         if STATE.webhook is not None:
             await STATE.webhook.stop()
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(TRITON_MODEL.group, TRITON_MODEL.version, TRITON_MODEL.plural, registry=registry)
     async def _model_event(event: dict[str, Any], **_: Any) -> None:
         body = event["object"]
         deleted = event["type"] == "DELETED"
@@ -101,12 +102,10 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
             if owner:
                 STATE.reconciler.request(body["metadata"]["namespace"], owner)
 
-    _child_handler("", "v1", "configmaps")
-    _child_handler("", "v1", "services")
-    _child_handler("apps", "v1", "deployments")
-    _child_handler("policy", "v1", "poddisruptionbudgets")
+    for child in CHILDREN:
+        _child_handler(child.group, child.version, child.plural)
 
-    @kopf.on.event("", "v1", "pods", labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)
+    @kopf.on.event(POD.group, POD.version, POD.plural, labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)
     async def _pod_event(event: dict[str, Any], **_: Any) -> None:
         body = event["object"]
         deleted = event["type"] == "DELETED"

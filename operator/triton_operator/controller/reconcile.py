@@ -1,12 +1,13 @@
-"""The one level-triggered reconcile of a TritonModel, and the in-memory view it reads from.
+"""The one level-triggered reconcile of a TritonModel: gather, plan (pure), carry out.
 
-Watch events (kopf `on.event`) keep `Cache` current for TritonModels and the
-children we own; `Reconciler.reconcile` renders the desired children, applies
-only those that differ (server-side apply, one field manager), and writes
-status only when it changed. A second reconcile of an unchanged object writes
-nothing. kopf keeps no progress annotations for us: every handler is an event
-handler or a timer. `Reconciler.resync` drops from the cache what the API no
-longer has: deletions a restarted watch never reported.
+Watch events (kopf `on.event`) keep `Cache` current for TritonModels, the children
+we own and their replicas. `Reconciler.reconcile` gathers a `plan.World` from the
+cache, lets `plan.plan` decide (what to apply, delete, the status, the Events) and
+carries that out: server-side apply with one field manager, a status merge patch
+only when it changed. A second reconcile of an unchanged object writes nothing.
+kopf keeps no progress annotations for us: every handler is an event handler.
+`Reconciler.resync` drops from the cache what the API no longer has: deletions a
+restarted watch never reported.
 """
 
 from __future__ import annotations
@@ -17,42 +18,23 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import ValidationError
-
-from ..api.v1alpha1 import GROUP, PLURAL, VERSION, TritonModel
-from ..render.kubernetes import (
-    LABEL_MODEL,
-    MANAGED_BY,
-    Options,
-    RepositoryTooLarge,
-    render_children,
-    selector_string,
-    unused_repositories,
-)
-from ..render.modelconfig import render_repository
-from ..validate.admission import steps_of
-from ..validate.errors import from_pydantic
-from ..validate.rules import check_models
+from ..api import steps as step_graph
+from ..api.kinds import LABEL_MODEL, REPLICA_SET, TRITON_MODEL, WATCHED
+from ..api.timestamps import utc_now
+from ..plan.planner import Plan, World, plan
+from ..plan.status import Problem
+from ..render.kubernetes import Options
 from . import metrics
 from .errors import api_failure, retry_after
-from .kube import Kube, contains
-from .status import Observed, Problem, compute_status, status_changed, transitions
+from .kube import Kube
 
 log = logging.getLogger("triton_operator.reconcile")
 
-CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
-#: What `Reconciler.resync` lists per namespace: kind -> (apiVersion, label selector), the watches' selectors.
-RESYNC_KINDS = {
-    "TritonModel": (f"{GROUP}/{VERSION}", None),
-    "ConfigMap": ("v1", f"app.kubernetes.io/managed-by={MANAGED_BY}"),
-    "Deployment": ("apps/v1", f"app.kubernetes.io/managed-by={MANAGED_BY}"),
-    "Service": ("v1", f"app.kubernetes.io/managed-by={MANAGED_BY}"),
-    "PodDisruptionBudget": ("policy/v1", f"app.kubernetes.io/managed-by={MANAGED_BY}"),
-    "Pod": ("v1", LABEL_MODEL),
-}
+#: Planning rounds of one reconcile: reads the first plan asks for (children, then ReplicaSets), then the writes.
+MAX_PLANS = 3
 
 
 def _lean(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -139,7 +121,7 @@ class Cache:
     def sweep(self, namespace: str, listed: Mapping[str, set[str]], since: float) -> list[dict[str, Any]]:
         """Drops and returns the cached objects of `namespace` the API no longer has.
 
-        `listed` holds, per kind of `RESYNC_KINDS`, the uids LISTs returned that were sent at `since`
+        `listed` holds, per kind of `api.kinds.WATCHED`, the uids LISTs returned that were sent at `since`
         (time.monotonic()). An object missing from them was deleted, unless it was observed after `since`:
         then it may be newer than the LIST, and stays.
         """
@@ -236,8 +218,8 @@ class Reconciler:
         pods: list[dict[str, Any]] = []
         for namespace in sorted(namespaces):
             since = time.monotonic()
-            listed = {kind: await asyncio.to_thread(self.kube.list_uids, api_version, kind, namespace, selector)
-                      for kind, (api_version, selector) in RESYNC_KINDS.items()}
+            listed = {k.kind: await asyncio.to_thread(self.kube.list_uids, k.api_version, k.kind, namespace, k.selector)
+                      for k in WATCHED}
             for body in self.cache.sweep(namespace, listed, since):
                 meta = body["metadata"]
                 log.info("Forgot %s deleted while a watch was down namespace=%s name=%s",
@@ -255,7 +237,7 @@ class Reconciler:
 
     def dependents(self, namespace: str, name: str) -> list[str]:
         """Ensembles in the namespace whose steps use `name`."""
-        return [other for other, body in self.cache.models.get(namespace, {}).items() if name in steps_of(body)]
+        return step_graph.dependents(name, self.cache.models.get(namespace, {}))
 
     # -- the reconcile
 
@@ -273,174 +255,105 @@ class Reconciler:
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - start)
 
-    def _closure(self, namespace: str, root: TritonModel) -> tuple[list[TritonModel], list[str], list[str]]:
-        """The root and every model its ensemble steps reach; plus missing step names and parse errors."""
-        models = {root.name: root}
-        missing: list[str] = []
-        errors: list[str] = []
-        todo = [root]
-        while todo:
-            m = todo.pop()
-            for step in m.spec.ensemble.steps if m.spec.ensemble else ():
-                if step.model in models:
-                    continue
-                body = self.cache.models.get(namespace, {}).get(step.model)
-                if body is None:
-                    missing.append(step.model)
-                    continue
-                try:
-                    sm = TritonModel.model_validate(body)
-                except ValidationError as exc:
-                    errors.extend(str(e) for e in from_pydantic(f"TritonModel/{step.model}", exc))
-                    continue
-                models[sm.name] = sm
-                todo.append(sm)
-        return list(models.values()), sorted(set(missing)), errors
+    def gather(self, body: dict[str, Any]) -> World:
+        """The planner's view of one model, from the cache."""
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        children = {(kind, cname): child for (kind, ns, cname), child in self.cache.children.items()
+                    if ns == namespace and (child["metadata"].get("labels") or {}).get(LABEL_MODEL) == name}
+        return World(
+            body=body,
+            models=self.cache.models.get(namespace, {}),
+            children=children,
+            pods=list(self.cache.pods.get((namespace, name), {}).values()),
+            now=utc_now(),
+            options=self.options,
+        )
+
+    async def _read(self, world: World, decided: Plan) -> World:
+        """Carries out a plan's reads: children by name into the cache (None: not there), ReplicaSets listed."""
+        namespace, name = world.body["metadata"]["namespace"], world.body["metadata"]["name"]
+        children = dict(world.children)
+        replicasets = world.replicasets
+        for r in decided.reads:
+            if r.kind == REPLICA_SET.kind:
+                replicasets = await asyncio.to_thread(self.kube.list, r.api_version, r.kind, namespace,
+                                                      f"{LABEL_MODEL}={name}")
+                continue
+            assert r.name is not None
+            found = await asyncio.to_thread(self.kube.get, r.api_version, r.kind, namespace, r.name)
+            if found is not None:  # the watch has not delivered it yet (operator start)
+                found = self.cache.children.setdefault((r.kind, namespace, r.name), _lean(found))
+            children[(r.kind, r.name)] = found
+        return replace(world, children=children, replicasets=replicasets)
+
+    async def _prime_pods(self, body: dict[str, Any]) -> None:
+        """Right after the operator starts, the pod watch may not have delivered this model's pods yet: a status
+        planned from an empty cache would flip a serving model to Ready=False. A model with no status yet has
+        nothing to flip, and its pods arrive on the watch."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        if (namespace, name) in self.cache.primed:
+            return
+        listed: list[dict[str, Any]] = []
+        if body.get("status"):
+            listed = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_MODEL}={name}")
+        self.cache.prime_pods(namespace, name, listed)
 
     async def _reconcile(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
-        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        generation = int(meta.get("generation", 1))
-        problem: Problem | None = None
-        digest: str | None = None
-        model: TritonModel | None = None
-        try:
-            model = TritonModel.model_validate(body)
-        except ValidationError as exc:
-            problem = Problem("InvalidSpec", "; ".join(str(e) for e in from_pydantic(f"TritonModel/{name}", exc)))
-        children: list[dict[str, Any]] = []
-        if model is not None:
-            closure, missing, step_errors = self._closure(namespace, model)
-            if missing:
-                problem = Problem(
-                    "StepModelMissing",
-                    f"ensemble step model(s) {', '.join(missing)} not found in namespace {namespace}; nothing is deployed",
-                )
-            elif step_errors:
-                problem = Problem("InvalidStepModel", "; ".join(step_errors))
-            else:
-                errors = check_models([(f"TritonModel/{m.name}", m) for m in closure])
-                own = [e for e in errors if e.model == f"TritonModel/{name}"]
-                if errors:
-                    problem = Problem("InvalidSpec", "; ".join(f"{e.path}: {e.message}" for e in (own or errors))[:2000])
-            if problem is None:
-                rendered = render_repository(closure)
-                digest = rendered[name].digest
-                try:
-                    children = render_children(model, rendered, uid, namespace, self.options)
-                except RepositoryTooLarge as exc:
-                    problem = Problem("RepositoryTooLarge", str(exc))
+        namespace, name = meta["namespace"], meta["name"]
+        await self._prime_pods(body)
+        world = self.gather(body)
+        decided = plan(world)
+        for _ in range(MAX_PLANS - 1):
+            if not decided.reads:
+                break
+            world = await self._read(world, decided)
+            decided = plan(world)
+        if decided.reads:
+            raise RuntimeError(f"the plan for TritonModel {namespace}/{name} still asks for reads: {decided.reads}")
         refused: Exception | None = None
-        api_error: Problem | None = None
         try:
-            await self._apply(body, model, children)
+            await self._carry_out(namespace, name, decided)
         except Exception as exc:
             failure = api_failure(exc)
             if failure is None or not failure.persistent:
                 raise  # retried soon: nothing to tell the user yet
             refused = exc  # reported on the status, then retried with backoff (the worker)
-            api_error = Problem("ApiError", failure.describe())
-        await self._write_status(body, generation, model, digest, problem, api_error)
+            decided = plan(replace(world, api_error=Problem("ApiError", failure.describe())))
+        await self._write_status(body, decided)
         for dep in self.dependents(namespace, name):
             self.request(namespace, dep)
         if refused is not None:
             raise refused
 
-    async def _apply(self, body: dict[str, Any], model: TritonModel | None, children: list[dict[str, Any]]) -> None:
-        """Applies the children that differ from the cluster's, and deletes the ones no longer wanted."""
-        meta = body["metadata"]
-        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        # A model with no status was never reconciled: there is nothing of ours to GET, so apply straight away
-        # (a child left by a first reconcile that was cut short is re-applied unchanged, a no-op for the server).
-        reconciled_before = bool(body.get("status"))
-        for child in children:
-            key = (child["kind"], namespace, child["metadata"]["name"])
-            existing = self.cache.children.get(key)
-            if existing is None and reconciled_before:
-                existing = await asyncio.to_thread(self.kube.get, child["apiVersion"], child["kind"], namespace, key[2])
-                if existing is not None:  # the watch has not delivered it yet (operator start): status reads it
-                    existing = self.cache.children.setdefault(key, _lean(existing))
-            if existing is not None and contains(existing, child):
-                continue
+    async def _carry_out(self, namespace: str, name: str, decided: Plan) -> None:
+        """The plan's applies, then its deletes."""
+        for child in decided.apply:
             applied = await asyncio.to_thread(self.kube.apply, child)
             self.cache.put_child(applied)
-            log.info("Applied %s namespace=%s name=%s owner=TritonModel/%s", child["kind"], namespace, key[2], name)
-        if children:
-            repository = next(c for c in children if c["kind"] == "ConfigMap")["metadata"]["name"]
-            await self._collect_repositories(namespace, name, uid, repository)
-        if model is not None and model.spec.replicas <= 1:
-            stale = self.cache.children.get(("PodDisruptionBudget", namespace, name))
-            if stale is not None:
-                await asyncio.to_thread(self.kube.delete, "policy/v1", "PodDisruptionBudget", namespace, name)
-                self.cache.children.pop(("PodDisruptionBudget", namespace, name), None)
+            log.info("Applied %s namespace=%s name=%s owner=TritonModel/%s", child["kind"], namespace,
+                     child["metadata"]["name"], name)
+        for d in decided.delete:
+            await asyncio.to_thread(self.kube.delete, d.api_version, d.kind, namespace, d.name)
+            self.cache.children.pop((d.kind, namespace, d.name), None)
+            log.info("Deleted %s namespace=%s name=%s owner=TritonModel/%s reason=%r", d.kind, namespace, d.name,
+                     name, d.why)
 
-    async def _collect_repositories(self, namespace: str, name: str, uid: str, desired: str) -> None:
-        """Deletes the model's repository ConfigMaps no pod can need any more (`unused_repositories`).
-
-        Level-based: the ReplicaSets are listed live, and only when the cache holds a ConfigMap of the model other
-        than the desired one (a model that did not change costs no request). A ReplicaSet scaled down later is
-        noticed on a pod event or the next drift round.
-        """
-        mine = [body for (kind, ns, _), body in self.cache.children.items()
-                if kind == "ConfigMap" and ns == namespace and (body["metadata"].get("labels") or {}).get(LABEL_MODEL) == name
-                and any(ref.get("uid") == uid for ref in body["metadata"].get("ownerReferences") or ())]
-        if all(body["metadata"]["name"] == desired for body in mine):
+    async def _write_status(self, body: dict[str, Any], decided: Plan) -> None:
+        """The plan's status patch, then its Events (only once the status they describe is stored)."""
+        if decided.status_patch is None:
             return
-        replicasets = await asyncio.to_thread(self.kube.list, "apps/v1", "ReplicaSet", namespace, f"{LABEL_MODEL}={name}")
-        for unused in unused_repositories(mine, replicasets, desired):
-            await asyncio.to_thread(self.kube.delete, "v1", "ConfigMap", namespace, unused)
-            self.cache.children.pop(("ConfigMap", namespace, unused), None)
-            log.info("Deleted repository ConfigMap no ReplicaSet uses namespace=%s name=%s owner=TritonModel/%s",
-                     namespace, unused, name)
-
-    async def _write_status(
-        self, body: dict[str, Any], generation: int, model: TritonModel | None, digest: str | None,
-        problem: Problem | None, api_error: Problem | None = None,
-    ) -> None:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        replicas = model.spec.replicas if model is not None else int((body.get("spec") or {}).get("replicas", 1))
-        sel = f"{LABEL_MODEL}={name}" if model is None else selector_string(model)
-        if (namespace, name) not in self.cache.primed:
-            # Right after the operator starts, the pod watch may not have delivered this model's pods yet:
-            # a status computed from an empty cache would flip a serving model to Ready=False. A model with
-            # no status yet has nothing to flip, and its pods arrive on the watch.
-            listed: list[dict[str, Any]] = []
-            if body.get("status"):
-                listed = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_MODEL}={name}")
-            self.cache.prime_pods(namespace, name, listed)
-        obs = Observed(
-            generation=generation,
-            desired_replicas=replicas,
-            digest=digest or (body.get("status") or {}).get("configDigest"),
-            selector=sel,
-            problem=problem,
-            api_error=api_error,
-            deployment=self.cache.children.get(("Deployment", namespace, name)),
-            pods=list(self.cache.pods.get((namespace, name), {}).values()),
-        )
-        old = body.get("status") or {}
-        new = compute_status(obs, old)
-        if not status_changed(old, new):
-            return
-        patch = dict(new)
-        for k in old:
-            if k not in patch:
-                patch[k] = None  # merge patch: drop fields we no longer report
-        updated = await asyncio.to_thread(self.kube.patch_custom_status, GROUP, VERSION, PLURAL, namespace, name, patch)
+        updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_MODEL.group, TRITON_MODEL.version,
+                                          TRITON_MODEL.plural, namespace, name, decided.status_patch)
         if updated is None:  # deleted: its DELETED event is on its way, or a restarted watch lost it
             if self.cache.forget_model(namespace, name, meta["uid"]):
                 log.info("Forgot TritonModel gone when its status was written namespace=%s name=%s", namespace, name)
             return
         self.cache.put_model(updated)
-        for c in transitions(old, new):
-            warn = (c["type"] == "Degraded" and c["status"] == "True") or (
-                c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ("ReplicasWarming", "ReplicasJoining", "ReplicasStarting")
-            )
-            log.info(
-                "Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",
-                namespace, name, c["type"], c["status"], c["reason"],
-            )
-            await asyncio.to_thread(
-                self.kube.event, body, c["reason"], f"{c['type']}={c['status']}: {c['message']}", "Warning" if warn else "Normal"
-            )
+        for e in decided.events:
+            log.info("Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",
+                     namespace, name, e.condition, e.status, e.reason)
+            await asyncio.to_thread(self.kube.event, body, e.reason, e.message, e.type)

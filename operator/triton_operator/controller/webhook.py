@@ -39,9 +39,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ..api import steps as step_graph
+from ..api.steps import steps_of
 from ..api.v1alpha1 import GROUP, KIND, VERSION
-from ..render.webhook import WEBHOOK_NAME, WEBHOOK_PATH, WebhookTarget, render_webhook_configuration
-from ..validate.admission import needs_review, review, steps_of
+from ..render.webhook import (
+    WEBHOOK_NAME,
+    WEBHOOK_PATH,
+    WebhookTarget,
+    render_webhook_configuration,
+)
+from ..validate.admission import needs_review, review
 from . import metrics
 from .kube import Kube
 from .namespaces import exact_namespaces, watches
@@ -222,7 +229,7 @@ class AdmissionWebhook:
         name = obj["metadata"].get("name") or ""
         listed = await asyncio.to_thread(self.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
         live = {b["metadata"]["name"]: b for b in listed if b["metadata"]["name"] != name}
-        dependents = sorted(other for other, body in live.items() if name in steps_of(body))
+        dependents = step_graph.dependents(name, live)
         neighbours = reachable(live, [*steps_of(obj), *dependents])
         verdict = review(obj, old, neighbours, dependents)
         out: dict[str, Any] = {}
@@ -246,12 +253,5 @@ class AdmissionWebhook:
 def reachable(models: Mapping[str, Mapping[str, Any]], start: list[str]) -> dict[str, Mapping[str, Any]]:
     """The bodies of `models` reachable from the names in `start` through ensemble steps (at most
     MAX_NEIGHBOURS of them)."""
-    found: dict[str, Mapping[str, Any]] = {}
-    todo = list(start)
-    while todo and len(found) < MAX_NEIGHBOURS:
-        n = todo.pop()
-        if n in found or n not in models:
-            continue
-        found[n] = models[n]
-        todo.extend(steps_of(models[n]))
-    return found
+    reached, _ = step_graph.closure(start, step_graph.of_bodies(models))
+    return {n: models[n] for n in reached[:MAX_NEIGHBOURS]}

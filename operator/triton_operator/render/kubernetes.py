@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.kinds import LABEL_MODEL, MANAGED_BY
 from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel
 from ..api.v1alpha1 import quantity_bytes
 from .modelconfig import RenderedModel, repository_for, step_closure
@@ -20,12 +21,10 @@ from .modelconfig import RenderedModel, repository_for, step_closure
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
 CONFIGMAP_LIMIT = 1024 * 1024 - 16 * 1024
 
-LABEL_MODEL = f"{GROUP}/model"
 ANNOTATION_DIGEST = f"{GROUP}/config-digest"
 ANNOTATION_TRITON_NAME = f"{GROUP}/triton-model"
 ANNOTATION_STEPS = f"{GROUP}/triton-steps"
 ANNOTATION_POLL_MS = f"{GROUP}/poll-interval-ms"
-MANAGED_BY = "triton-operator"
 REPO_DIR = "/models"
 CONFIG_DIR = "/config"
 TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own

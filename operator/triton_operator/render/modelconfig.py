@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
+from ..api import steps as step_graph
 from ..api.v1alpha1 import DIGEST_PARAMETER, TritonModel, TritonModelSpec
 
 VERSION_DIR = "1"
@@ -299,37 +300,17 @@ def render_repository(models: list[TritonModel], *, cpu_only: bool = False) -> d
     """
     by_name = {m.name: m for m in models}
     out: dict[str, RenderedModel] = {}
-
-    def visit(name: str, stack: tuple[str, ...]) -> RenderedModel:
-        if name in out:
-            return out[name]
+    for name in step_graph.order(list(by_name), step_graph.of_models(by_name)):
         m = by_name[name]
-        steps: dict[str, RenderedModel] = {}
-        if m.spec.ensemble:
-            for step in m.spec.ensemble.steps:
-                if step.model in by_name and step.model not in stack:
-                    steps[step.model] = visit(step.model, (*stack, name))
-        out[name] = render_model(m, steps, cpu_only=cpu_only)
-        return out[name]
-
-    for m in models:
-        visit(m.name, ())
+        used = {s.model: out[s.model] for s in m.spec.ensemble.steps if s.model in out} if m.spec.ensemble else {}
+        out[name] = render_model(m, used, cpu_only=cpu_only)
     return out
 
 
 def step_closure(name: str, rendered: Mapping[str, RenderedModel]) -> list[str]:
     """`name` and every model it reaches through ensemble steps, each once, sorted."""
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        n = todo.pop()
-        if n in seen or n not in rendered:
-            continue
-        seen.add(n)
-        ens = rendered[n].model.spec.ensemble
-        if ens:
-            todo.extend(s.model for s in ens.steps)
-    return sorted(seen)
+    reached, _ = step_graph.closure(name, step_graph.of_models({n: r.model for n, r in rendered.items()}))
+    return reached
 
 
 def repository_for(name: str, rendered: Mapping[str, RenderedModel]) -> dict[str, bytes]:

@@ -50,13 +50,6 @@ class Verdict:
         return "\n".join(lines)
 
 
-def steps_of(body: Mapping[str, Any] | None) -> list[str]:
-    """Names of the TritonModels an object's ensemble steps use (as written; unparsed bodies are fine)."""
-    spec = (body or {}).get("spec") or {}
-    steps = (spec.get("ensemble") or {}).get("steps") or ()
-    return [s["model"] for s in steps if isinstance(s, dict) and isinstance(s.get("model"), str)]
-
-
 def needs_review(operation: str, obj: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> bool:
     """Whether a change is checked at all: a create, or an update that changes the spec of a live object."""
     if operation not in ("CREATE", "UPDATE") or not obj:

@@ -16,6 +16,7 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..api import steps as step_graph
 from ..api.v1alpha1 import Tensor, TritonModel, TritonModelSpec, quantity_bytes
 from .errors import FieldError
 
@@ -502,14 +503,12 @@ def _stream_name(stream: tuple[int, str] | None) -> str:
     return "the ensemble's inputs" if stream is None else f"decoupled step {stream[0]} ({stream[1]})"
 
 
-def _closure_gpus(model: TritonModel, models: Mapping[str, TritonModel], seen: frozenset[str] = frozenset()) -> int:
-    """The most GPUs any model in `model`'s step closure needs (what one replica serving it must see)."""
-    seen = seen | {model.name}
-    need = model.spec.gpus_needed
-    for s in model.spec.ensemble.steps if model.spec.ensemble else ():
-        if s.model in models and s.model not in seen:
-            need = max(need, _closure_gpus(models[s.model], models, seen))
-    return need
+def _closure_gpus(model: TritonModel, models: Mapping[str, TritonModel], ensemble: str) -> int:
+    """The most GPUs any model in `model`'s step closure (not walking back into `ensemble`) needs: what one
+    replica of `ensemble`, which serves them all, must see."""
+    graph = {name: m for name, m in models.items() if name != ensemble} | {model.name: model}
+    reached, _ = step_graph.closure(model.name, step_graph.of_models(graph))
+    return max(graph[n].spec.gpus_needed for n in reached)
 
 
 def _decoupled(model: TritonModel, models: Mapping[str, TritonModel], seen: frozenset[str] = frozenset()) -> bool:
@@ -678,7 +677,7 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
         target = models.get(step.model)
         if n is None or target is None or step.model == model.name:
             continue
-        need = _closure_gpus(target, models, frozenset({model.name}))
+        need = _closure_gpus(target, models, model.name)
         if need > n:
             err(
                 "server-gpus",
@@ -695,23 +694,7 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
 
 def _cycles(models: Mapping[str, TritonModel]) -> Iterator[tuple[str, list[str]]]:
     """Ensembles that reach themselves through steps, with the path."""
-    for start, m in models.items():
-        if not m.spec.is_ensemble:
-            continue
-        stack = [(start, [start])]
-        seen: set[str] = set()
-        while stack:
-            node, path = stack.pop()
-            ens = models[node].spec.ensemble if node in models else None
-            for s in ens.steps if ens else ():
-                if s.model == start:
-                    if len(path) > 1:
-                        yield start, [*path, start]
-                    stack.clear()
-                    break
-                if s.model not in seen and s.model in models:
-                    seen.add(s.model)
-                    stack.append((s.model, [*path, s.model]))
+    return step_graph.cycles([n for n, m in models.items() if m.spec.is_ensemble], step_graph.of_models(models))
 
 
 def check_models(models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:

@@ -1,8 +1,9 @@
-"""Pure status computation: (what was observed) -> TritonModel status, conditions and their transitions.
+"""Pure status computation: (what was observed) -> a typed `TritonModelStatus`, its conditions and their transitions.
 
 Conditions follow Kubernetes conventions: Ready / Progressing / Degraded with
 CamelCase reasons and observedGeneration; lastTransitionTime changes only when
-a condition's status flips. No client here.
+a condition's status flips. The status is the pydantic model the CRD is generated
+from, so its shape is written down once. No client here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.v1alpha1 import WARMED_CONDITION
+from ..api.timestamps import parse_rfc3339, rfc3339
+from ..api.v1alpha1 import WARMED_CONDITION, Condition, ReplicaState, TritonModelStatus
 from ..render.kubernetes import ANNOTATION_DIGEST
 
 TRITON_CONTAINER = "tritonserver"
@@ -37,16 +39,6 @@ class Observed:
     api_error: Problem | None = None
     deployment: Mapping[str, Any] | None = None
     pods: Sequence[Mapping[str, Any]] = field(default_factory=list)
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(t: str | None) -> dt.datetime | None:
-    if not t:
-        return None
-    return dt.datetime.strptime(t[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc)
 
 
 def pod_condition(pod: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
@@ -97,8 +89,8 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
     ]
     if gate and gate.get("status") == "True":
         out.update(state="Ready", reason=gate.get("reason") or "ModelWarmed")
-        started = _parse_time((((cs or {}).get("state") or {}).get("running") or {}).get("startedAt"))
-        turned = _parse_time(gate.get("lastTransitionTime"))
+        started = parse_rfc3339((((cs or {}).get("state") or {}).get("running") or {}).get("startedAt"))
+        turned = parse_rfc3339(gate.get("lastTransitionTime"))
         if started and turned and turned >= started:
             out["warmupSeconds"] = float((turned - started).total_seconds())
     elif gate and gate.get("reason") in ("ModelLoadFailed", "ConfigDigestMismatch"):
@@ -138,8 +130,8 @@ def _cond(ctype: str, status: bool, reason: str, message: str, generation: int) 
     }
 
 
-def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The whole status the operator wants, with lastTransitionTime carried over when unchanged."""
+def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.datetime | None = None) -> TritonModelStatus:
+    """The whole status the operator wants, with lastTransitionTime carried over when unchanged (else `now`)."""
     live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
     states = sorted((replica_state(p) for p in live), key=lambda s: s["pod"])
     current = [p for p in live if (p["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST) == obs.digest]
@@ -202,40 +194,49 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None) -> dict[st
         conds = [ready, progressing, degraded]
 
     prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
-    stamp = now()
+    stamp = rfc3339(now)
     for c in conds:
         old = prev_conds.get(c["type"])
         c["lastTransitionTime"] = old["lastTransitionTime"] if old and old.get("status") == c["status"] and old.get("lastTransitionTime") else stamp
-    status: dict[str, Any] = {
-        "observedGeneration": g,
-        "conditions": conds,
-        "replicas": int(dep_status.get("replicas", len(live)) or 0),
+    return TritonModelStatus(
+        observed_generation=g,
+        conditions=[Condition.model_validate(c) for c in conds],
+        replicas=int(dep_status.get("replicas", len(live)) or 0),
         # From the pods, as the conditions are: the Deployment's own count lags them by a controller sync.
-        "readyReplicas": sum(1 for p in live if pod_ready(p)),
-        "warmedReplicas": len(warm),
-        "selector": obs.selector,
-        "replicaStates": states,
-    }
-    if obs.digest:
-        status["configDigest"] = obs.digest
-    return status
+        ready_replicas=sum(1 for p in live if pod_ready(p)),
+        warmed_replicas=len(warm),
+        selector=obs.selector,
+        replica_states=[ReplicaState.model_validate(s) for s in states],
+        config_digest=obs.digest or None,
+    )
 
 
-def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    return _comparable(old or {}) != _comparable(new)
+def as_dict(status: TritonModelStatus) -> dict[str, Any]:
+    """The status as the API server stores it (camelCase, unset fields left out)."""
+    return status.model_dump(by_alias=True, exclude_none=True)
 
 
-def _comparable(status: Mapping[str, Any]) -> Any:
-    out = dict(status)
-    out.pop("lastTransitionTime", None)
-    return out
+def status_changed(old: Mapping[str, Any] | None, new: TritonModelStatus | Mapping[str, Any]) -> bool:
+    """Whether writing `new` would change the stored status `old` (lastTransitionTime included: it is carried
+    over for a condition whose status holds, so an unchanged status compares equal)."""
+    return dict(old or {}) != (as_dict(new) if isinstance(new, TritonModelStatus) else dict(new))
 
 
-def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:
+def merge_patch(old: Mapping[str, Any] | None, new: TritonModelStatus) -> dict[str, Any]:
+    """A JSON merge patch from `old` to `new`: the new fields, and null for each field no longer reported."""
+    patch: dict[str, Any] = as_dict(new)
+    for k in old or {}:
+        if k not in patch:
+            patch[k] = None
+    return patch
+
+
+def transitions(old: Mapping[str, Any] | None, new: TritonModelStatus | Mapping[str, Any]) -> list[dict[str, Any]]:
     """Conditions whose status or reason changed: each becomes an Event."""
+    new_dict = as_dict(new) if isinstance(new, TritonModelStatus) else new
     prev = {c.get("type"): c for c in (old or {}).get("conditions") or ()}
     out = []
-    for c in new.get("conditions") or ():
+    for c in new_dict.get("conditions") or ():
         p = prev.get(c["type"])
         if p is None or p.get("status") != c["status"] or p.get("reason") != c["reason"]:
             out.append(c)

@@ -1,0 +1,128 @@
+"""The API-server tier (envtest style): the real `Reconciler` against a kube-apiserver and etcd, no nodes.
+
+A control plane of the module's own (`LocalCluster(nodes=())`: etcd, kube-apiserver, controller-manager and
+scheduler, so Deployments get ReplicaSets and Pending pods, and nothing runs). The test builds the operator's
+`Reconciler` itself, feeds its cache with LISTs as the watches would, and calls `reconcile` directly: the
+first call writes the children and the status, a second over an unchanged world writes nothing at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from e2e.cluster import LocalCluster
+from e2e.kube import Kube, wait_for
+from e2e.operator_fixtures import CRD, _crd_established, kubectl
+from triton_operator.api.kinds import CHILDREN, LABEL_MODEL, POD
+from triton_operator.controller import metrics
+from triton_operator.controller.kube import Kube as OperatorKube
+from triton_operator.controller.reconcile import Cache, Reconciler
+
+pytestmark = pytest.mark.cluster
+
+NS = "envtest"
+MODEL = {
+    "apiVersion": "serving.triton-operator.dev/v1alpha1",
+    "kind": "TritonModel",
+    "metadata": {"name": "add-sub", "namespace": NS},
+    "spec": {
+        "backend": "python", "replicas": 2, "maxBatchSize": 8,
+        "source": {"inline": {"model.py": "pass\n"}},
+        "inputs": [{"name": "INPUT0", "dataType": "FP32", "dims": [4]}],
+        "outputs": [{"name": "OUTPUT0", "dataType": "FP32", "dims": [4]}],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="trop-envtest-") as root:
+        cluster = LocalCluster(Path(root), nodes=(), kube_proxy=False)
+        with cluster.running_fresh() as kubeconfig:
+            kube = Kube(kubeconfig)
+            kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRD))
+            wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
+            yield kubeconfig
+
+
+def _operator_kube(kubeconfig: Path) -> OperatorKube:
+    cfg = k8s_client.Configuration()
+    k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    return OperatorKube(k8s_client.ApiClient(cfg))
+
+
+def _writes() -> dict[tuple[str, str], float]:
+    """The operator's write counter (`triton_operator_api_writes_total`), per (kind, verb)."""
+    out: dict[tuple[str, str], float] = {}
+    for family in metrics.API_WRITES.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[(sample.labels["kind"], sample.labels["verb"])] = sample.value
+    return out
+
+
+def _delta(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[str, float]:
+    return {f"{k[0]}/{k[1]}": v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def _refresh(cache: Cache, kube: OperatorKube) -> None:
+    """What the watches deliver: the models, the children and the replicas, as they are now."""
+    for body in kube.list("serving.triton-operator.dev/v1alpha1", "TritonModel", NS):
+        cache.put_model({**body, "kind": "TritonModel", "apiVersion": "serving.triton-operator.dev/v1alpha1"})
+    for k in CHILDREN:
+        for body in kube.list(k.api_version, k.kind, NS, k.selector):
+            cache.put_child({**body, "kind": k.kind, "apiVersion": k.api_version})
+    for body in kube.list(POD.api_version, POD.kind, NS, LABEL_MODEL):
+        cache.put_pod({**body, "kind": "Pod", "apiVersion": "v1"})
+
+
+def test_the_reconciler_writes_the_children_once_and_then_nothing(apiserver: Path) -> None:
+    kube, op = Kube(apiserver), _operator_kube(apiserver)
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    kube.create(MODEL, NS)
+    cache = Cache()
+    reconciler = Reconciler(op, cache)
+
+    async def reconcile() -> None:
+        await reconciler.reconcile(NS, "add-sub")
+
+    _refresh(cache, op)
+    before = _writes()
+    asyncio.run(reconcile())
+    first = _delta(before, _writes())
+    assert first == {"ConfigMap/apply": 1, "Deployment/apply": 1, "Service/apply": 1, "PodDisruptionBudget/apply": 1,
+                     "TritonModel/patch-status": 1, "Event/create": 3}, first
+    tm = kube.get("TritonModel", "add-sub", NS)
+    assert tm["status"]["observedGeneration"] == 1 and tm["status"]["configDigest"]
+    assert {c["type"]: c["reason"] for c in tm["status"]["conditions"]}["Ready"] == "ReplicasWarming"
+
+    # The controller-manager makes the ReplicaSet and two pods, which stay Pending: no node.
+    wait_for("two Pending replicas", lambda: len(kube.items("Pod", NS)) == 2, 60)
+    wait_for("the Deployment's status to count them",
+             lambda: (kube.get("Deployment", "add-sub", NS).get("status") or {}).get("replicas") == 2, 60)
+    _refresh(cache, op)
+    asyncio.run(reconcile())  # the world changed (two pods): the status says so
+    tm = kube.get("TritonModel", "add-sub", NS)
+    assert [s["state"] for s in tm["status"]["replicaStates"]] == ["Pending", "Pending"]
+
+    _refresh(cache, op)
+    before = _writes()
+    asyncio.run(reconcile())
+    assert _delta(before, _writes()) == {}, "a reconcile of an unchanged world must write nothing"
+
+    # A child changed behind the operator's back is put back, and only that one.
+    kube.patch("Service", "add-sub", {"spec": {"ports": [{"name": "http", "port": 8000, "targetPort": 9999}]}}, NS,
+               type="strategic")
+    _refresh(cache, op)
+    before = _writes()
+    asyncio.run(reconcile())
+    assert _delta(before, _writes()) == {"Service/apply": 1}
+    ports = {p["name"]: p["targetPort"] for p in kube.get("Service", "add-sub", NS)["spec"]["ports"]}
+    assert ports["http"] == "http"

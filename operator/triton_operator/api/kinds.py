@@ -1,0 +1,62 @@
+"""The one table of the Kubernetes kinds the operator reads and writes.
+
+It drives the watches (`controller.operator`), the resync LISTs (`controller.reconcile`), the REST paths
+(`controller.kube`) and the labels the children carry (`render.kubernetes`): a kind is added here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .v1alpha1 import GROUP, PLURAL, VERSION
+
+#: The label every child and every replica carries: which TritonModel it belongs to.
+LABEL_MODEL = f"{GROUP}/model"
+#: `app.kubernetes.io/managed-by` on every child the operator applies.
+MANAGED_BY = "triton-operator"
+#: The label selector of the children's watches and resync LISTs.
+OWNED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A namespaced kind: its REST coordinates and how the operator selects the objects it cares about."""
+
+    kind: str
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    selector: str | None = None  # label selector of its watch and resync LIST; None: every object
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def prefix(self) -> str:
+        """The REST path prefix: /api/v1 or /apis/<group>/<version>."""
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+
+TRITON_MODEL = Kind("TritonModel", GROUP, VERSION, PLURAL)
+CONFIG_MAP = Kind("ConfigMap", "", "v1", "configmaps", OWNED_SELECTOR)
+DEPLOYMENT = Kind("Deployment", "apps", "v1", "deployments", OWNED_SELECTOR)
+SERVICE = Kind("Service", "", "v1", "services", OWNED_SELECTOR)
+PDB = Kind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", OWNED_SELECTOR)
+POD = Kind("Pod", "", "v1", "pods", LABEL_MODEL)  # the replicas: the Deployment's, labelled with their model
+REPLICA_SET = Kind("ReplicaSet", "apps", "v1", "replicasets")  # read (repository garbage collection), not watched
+EVENT = Kind("Event", "", "v1", "events")  # written only
+
+#: The children a reconcile applies, owner-referenced to their TritonModel and labelled `MANAGED_BY`.
+CHILDREN: tuple[Kind, ...] = (CONFIG_MAP, DEPLOYMENT, SERVICE, PDB)
+#: What the operator watches (and the drift round re-lists): the models, their children and their replicas.
+WATCHED: tuple[Kind, ...] = (TRITON_MODEL, *CHILDREN, POD)
+#: Every kind the operator's client addresses.
+ALL: tuple[Kind, ...] = (*WATCHED, REPLICA_SET, EVENT)
+
+_BY_API_VERSION = {(k.api_version, k.kind): k for k in ALL}
+
+
+def kind_of(api_version: str, kind: str) -> Kind:
+    """The table's entry for an apiVersion and kind (KeyError for a kind the operator never addresses)."""
+    return _BY_API_VERSION[(api_version, kind)]

@@ -1,0 +1,253 @@
+"""Every decision of a TritonModel's reconcile, pure: `plan(world) -> Plan`.
+
+The controller gathers a `World` (the model as read, its namespace's other TritonModels, the children and
+replicas it has cached), calls `plan`, carries out what the `Plan` says and records what it wrote. When the
+planner needs to see more before it can decide (a child the cache has not delivered yet, the ReplicaSets that
+still use old repository ConfigMaps) it asks for those reads instead, and the controller plans again with
+them. In the shape of cert-manager's controllers: gather, evaluate purely, write only what changed.
+
+A plan carried out leaves a world whose plan is empty (`Plan.empty`): that is the idempotence the unit tests
+check property-wise, and what makes a second reconcile of an unchanged model write nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api.kinds import CONFIG_MAP, DEPLOYMENT, LABEL_MODEL, PDB, REPLICA_SET
+from ..api import steps as step_graph
+from ..api.v1alpha1 import TritonModel, TritonModelStatus
+from ..render.kubernetes import (
+    Options,
+    RepositoryTooLarge,
+    render_children,
+    selector_string,
+    unused_repositories,
+)
+from ..render.modelconfig import render_repository
+from ..validate.errors import from_pydantic
+from ..validate.rules import check_models
+from .status import Observed, Problem, as_dict, compute_status, merge_patch, status_changed, transitions
+
+#: Ready=False reasons that are a model on its way, not in trouble: their Events are Normal, not Warning.
+ON_ITS_WAY = frozenset({"ReplicasWarming", "ReplicasJoining", "ReplicasStarting"})
+
+ChildKey = tuple[str, str]  # (kind, name) within the model's namespace
+
+
+def contains(existing: Any, desired: Any) -> bool:
+    """Whether `existing` already holds every field of `desired` (server defaults may add more)."""
+    if isinstance(desired, dict):
+        if not isinstance(existing, dict):
+            return False
+        return all(k in existing and contains(existing[k], v) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(existing, list) or len(existing) != len(desired):
+            return False
+        return all(contains(e, d) for e, d in zip(existing, desired, strict=True))
+    if isinstance(desired, (int, float)) and isinstance(existing, str) or isinstance(desired, str) and isinstance(existing, (int, float)):
+        return str(existing) == str(desired)
+    return bool(existing == desired)
+
+
+@dataclass(frozen=True)
+class World:
+    """What the controller gathered for one reconcile of `body`."""
+
+    body: Mapping[str, Any]  # the TritonModel as read, status included
+    # The namespace's TritonModels by name (the model itself among them): ensemble steps are looked up here.
+    models: Mapping[str, Mapping[str, Any]]
+    # The model's children, by (kind, name). A key mapped to None was read from the API and is not there.
+    children: Mapping[ChildKey, Mapping[str, Any] | None]
+    pods: Sequence[Mapping[str, Any]]  # the model's replicas
+    now: dt.datetime
+    options: Options = field(default_factory=Options)
+    # The model's ReplicaSets, listed live; None when not listed (the plan asks when it needs them).
+    replicasets: Sequence[Mapping[str, Any]] | None = None
+    # The API server refused one of the last plan's writes for good (a 403, a 422): reported as Degraded.
+    api_error: Problem | None = None
+
+
+@dataclass(frozen=True)
+class Read:
+    """Something the planner must see before it decides: one child by name, or a kind's LIST (name None)."""
+
+    api_version: str
+    kind: str
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    api_version: str
+    kind: str
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """An Event on the TritonModel: one per condition whose status or reason changed."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+    condition: str  # the condition it tells of, and its new status
+    status: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    reads: tuple[Read, ...] = ()  # when not empty, nothing else is decided yet: read these and plan again
+    apply: tuple[dict[str, Any], ...] = ()  # server-side apply, in this order
+    delete: tuple[Delete, ...] = ()  # after the applies
+    status: TritonModelStatus | None = None  # None: the stored status is already right
+    status_patch: dict[str, Any] | None = None  # the merge patch that writes `status`
+    events: tuple[Event, ...] = ()  # after the status is written
+    digest: str | None = None  # the desired config digest (None: nothing can be deployed)
+    problem: Problem | None = None  # why nothing (new) is deployed
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to read, write or tell: the world is as the model wants it."""
+        return not (self.reads or self.apply or self.delete or self.status is not None or self.events)
+
+
+def _closure(root: TritonModel, models: Mapping[str, Mapping[str, Any]]) -> tuple[list[TritonModel], list[str], list[str]]:
+    """The root and every model its ensemble steps reach (parsed); the missing step names; parse errors."""
+    parsed: dict[str, TritonModel] = {root.name: root}
+    errors: list[str] = []
+
+    def steps(name: str) -> list[str] | None:
+        if name not in parsed:
+            body = models.get(name)
+            if body is None:
+                return None
+            try:
+                parsed[name] = TritonModel.model_validate(body)
+            except ValidationError as exc:
+                errors.extend(str(e) for e in from_pydantic(f"TritonModel/{name}", exc))
+                return []
+        m = parsed[name]
+        return [s.model for s in m.spec.ensemble.steps] if m.spec.ensemble else []
+
+    reached, missing = step_graph.closure(root.name, steps)
+    return [parsed[n] for n in reached if n in parsed], missing, errors
+
+
+def _desired(world: World, model: TritonModel) -> tuple[list[dict[str, Any]], str | None, Problem | None]:
+    """The children the model wants, its config digest, or the problem that stops it being deployed."""
+    namespace, name = world.body["metadata"]["namespace"], model.name
+    closure, missing, step_errors = _closure(model, world.models)
+    if missing:
+        return [], None, Problem(
+            "StepModelMissing",
+            f"ensemble step model(s) {', '.join(sorted(set(missing)))} not found in namespace {namespace}; nothing is deployed")
+    if step_errors:
+        return [], None, Problem("InvalidStepModel", "; ".join(step_errors))
+    errors = check_models([(f"TritonModel/{m.name}", m) for m in closure])
+    if errors:
+        own = [e for e in errors if e.model == f"TritonModel/{name}"]
+        return [], None, Problem("InvalidSpec", "; ".join(f"{e.path}: {e.message}" for e in (own or errors))[:2000])
+    rendered = render_repository(closure)
+    digest = rendered[name].digest
+    try:
+        return render_children(model, rendered, world.body["metadata"]["uid"], namespace, world.options), digest, None
+    except RepositoryTooLarge as exc:
+        return [], digest, Problem("RepositoryTooLarge", str(exc))
+
+
+def _owned_by(body: Mapping[str, Any], name: str, uid: str) -> bool:
+    meta = body["metadata"]
+    return ((meta.get("labels") or {}).get(LABEL_MODEL) == name
+            and any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or ()))
+
+
+def plan(world: World) -> Plan:
+    """What one reconcile of `world.body` does: the reads it needs first, or the writes and the status."""
+    body = world.body
+    meta = body["metadata"]
+    name, uid = meta["name"], meta["uid"]
+    generation = int(meta.get("generation", 1))
+    stored = body.get("status") or {}
+
+    problem: Problem | None = None
+    model: TritonModel | None = None
+    try:
+        model = TritonModel.model_validate(body)
+    except ValidationError as exc:
+        problem = Problem("InvalidSpec", "; ".join(str(e) for e in from_pydantic(f"TritonModel/{name}", exc)))
+    desired: list[dict[str, Any]] = []
+    digest: str | None = None
+    if model is not None:
+        desired, digest, problem = _desired(world, model)
+
+    # Reads: a child the cache lacks. A model with no status was never reconciled: nothing of ours can exist,
+    # so its children are applied straight away (one left by a first reconcile cut short is re-applied
+    # unchanged, a no-op for the server).
+    reads = [Read(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in desired
+             if stored and (c["kind"], c["metadata"]["name"]) not in world.children]
+    apply = tuple(c for c in desired if not contains(world.children.get((c["kind"], c["metadata"]["name"])), c))
+
+    delete: list[Delete] = []
+    if desired:
+        # Repository ConfigMaps no pod can need any more; the ReplicaSets say which ones still may.
+        repository = next(c for c in desired if c["kind"] == CONFIG_MAP.kind)["metadata"]["name"]
+        mine = [c for (kind, _), c in sorted(world.children.items()) if c is not None and kind == CONFIG_MAP.kind
+                and _owned_by(c, name, uid)]
+        if any(c["metadata"]["name"] != repository for c in mine):
+            if world.replicasets is None:
+                reads.append(Read(REPLICA_SET.api_version, REPLICA_SET.kind))
+            else:
+                delete += [Delete(CONFIG_MAP.api_version, CONFIG_MAP.kind, unused, "no ReplicaSet uses it")
+                           for unused in unused_repositories(mine, world.replicasets, repository)]
+    if model is not None and model.spec.replicas <= 1 and world.children.get((PDB.kind, name)) is not None:
+        delete.append(Delete(PDB.api_version, PDB.kind, name, "spec.replicas is 1 or less"))
+    if reads:
+        return Plan(reads=tuple(reads), digest=digest, problem=problem)
+
+    # The status, from the replicas as they are (the writes above change no pod at once).
+    replicas = model.spec.replicas if model is not None else int((body.get("spec") or {}).get("replicas", 1))
+    observed = Observed(
+        generation=generation,
+        desired_replicas=replicas,
+        digest=digest or stored.get("configDigest"),
+        selector=f"{LABEL_MODEL}={name}" if model is None else selector_string(model),
+        problem=problem,
+        api_error=world.api_error,
+        deployment=world.children.get((DEPLOYMENT.kind, name)),
+        pods=world.pods,
+    )
+    status = compute_status(observed, stored, world.now)
+    if not status_changed(stored, status):
+        return Plan(apply=apply, delete=tuple(delete), digest=digest, problem=problem)
+    events = tuple(
+        Event("Warning" if (c["type"] == "Degraded" and c["status"] == "True")
+              or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY) else "Normal",
+              c["reason"], f"{c['type']}={c['status']}: {c['message']}", c["type"], c["status"])
+        for c in transitions(stored, status))
+    return Plan(apply=apply, delete=tuple(delete), status=status, status_patch=merge_patch(stored, status),
+                events=events, digest=digest, problem=problem)
+
+
+def carried_out(world: World, done: Plan, applied: Mapping[ChildKey, Mapping[str, Any]] | None = None) -> World:
+    """The world after `done` was carried out in full: what the controller's cache then holds.
+
+    `applied` are the API server's answers to the applies (defaults: the applied objects themselves).
+    """
+    children: dict[ChildKey, Mapping[str, Any] | None] = dict(world.children)
+    for c in done.apply:
+        key = (c["kind"], c["metadata"]["name"])
+        children[key] = (applied or {}).get(key, c)
+    for d in done.delete:
+        children.pop((d.kind, d.name), None)
+    body = world.body
+    if done.status is not None:
+        body = {**body, "status": as_dict(done.status)}
+    models = {**world.models, body["metadata"]["name"]: body}
+    return replace(world, body=body, models=models, children=children, api_error=world.api_error)

@@ -1,0 +1,312 @@
+"""The reconcile's decisions, pure: `plan.planner.plan(World) -> Plan`.
+
+A small in-memory API server (`_Api`) stands in for the cluster only to carry plans out: it stores what is
+applied (adding the server-side fields a real one adds), deletes, and answers reads. The decisions
+themselves are the planner's, unchanged. The e2e "0 writes on a second reconcile" tests check the same
+idempotence against a real API server; `e2e/test_reconciler.py` calls the real `Reconciler` twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModelStatus
+from triton_operator.plan.planner import Plan, Read, World, carried_out, plan
+from triton_operator.plan.status import Problem
+from triton_operator.render.kubernetes import ANNOTATION_DIGEST
+
+NS = "team-a"
+UID = "00000000-0000-0000-0000-00000000000a"
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _body(name: str = "m", uid: str = UID, *, status: dict[str, Any] | None = None, generation: int = 1,
+          **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "serving.triton-operator.dev/v1alpha1",
+        "kind": "TritonModel",
+        "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": generation},
+        "spec": {"backend": "python", "source": {"inline": {"model.py": "pass\n"}}, **spec},
+    }
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def _ensemble(name: str, step: str) -> dict[str, Any]:
+    body = _body(name, uid=f"uid-{name}", platform="ensemble",
+                 inputs=[{"name": "IN", "dataType": "FP32", "dims": [4]}],
+                 outputs=[{"name": "OUT", "dataType": "FP32", "dims": [4]}],
+                 ensemble={"steps": [{"model": step, "inputMap": {"INPUT0": "IN"}, "outputMap": {"OUTPUT0": "OUT"}}]})
+    del body["spec"]["backend"], body["spec"]["source"]
+    return body
+
+
+def _world(body: Mapping[str, Any], *, models: Mapping[str, Mapping[str, Any]] | None = None,
+           children: Mapping[tuple[str, str], Any] | None = None, pods: list[dict[str, Any]] | None = None,
+           now: dt.datetime = T0, **kw: Any) -> World:
+    return World(body=body, models={body["metadata"]["name"]: body, **(models or {})}, children=children or {},
+                 pods=pods or [], now=now, **kw)
+
+
+def _pod(name: str, digest: str, *, warm: bool, ready: bool, terminating: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NS, "uid": f"uid-{name}", "labels": {LABEL_MODEL: "m"},
+                            "annotations": {ANNOTATION_DIGEST: digest}}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "metadata": meta,
+        "spec": {"readinessGates": [{"conditionType": WARMED_CONDITION}]},
+        "status": {
+            "podIP": "198.18.200.10",
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False"},
+                {"type": WARMED_CONDITION, "status": "True" if warm else "False",
+                 "reason": "ModelWarmed" if warm else "ModelWarming", "lastTransitionTime": "2026-01-01T00:00:05Z"},
+            ],
+            "containerStatuses": [{"name": "tritonserver", "state": {"running": {"startedAt": "2026-01-01T00:00:01Z"}}}],
+        },
+    }
+
+
+class _Api:
+    """Objects by (kind, name), as a server-side apply leaves them: what was applied plus server fields."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes = 0
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self.writes += 1
+        key = (obj["kind"], obj["metadata"]["name"])
+        stored = copy.deepcopy(dict(obj))
+        stored["metadata"] = {**stored["metadata"], "uid": f"uid-{key[0]}-{key[1]}", "resourceVersion": str(self.writes)}
+        stored.setdefault("status", {})  # the server adds fields the desired object never names
+        self.objects[key] = stored
+        return stored
+
+    def delete(self, kind: str, name: str) -> None:
+        self.writes += 1
+        self.objects.pop((kind, name), None)
+
+
+def _settle(world: World, api: _Api, cache: dict[tuple[str, str], Any]) -> tuple[World, Plan]:
+    """What `Reconciler._reconcile` does: plan, do the reads it asks for (from `api`), plan again; then carry
+    the plan out against `api` and return the world the cache then shows."""
+    decided = plan(world)
+    for _ in range(3):
+        if not decided.reads:
+            break
+        children = dict(world.children)
+        replicasets = world.replicasets
+        for r in decided.reads:
+            if r.kind == "ReplicaSet":
+                replicasets = [o for (k, _), o in api.objects.items() if k == "ReplicaSet"]
+            else:
+                assert r.name is not None
+                children[(r.kind, r.name)] = api.objects.get((r.kind, r.name))
+        world = replace(world, children=children, replicasets=replicasets)
+        decided = plan(world)
+    assert not decided.reads, f"still reading after three plans: {decided.reads}"
+    answers = {(c["kind"], c["metadata"]["name"]): api.apply(c) for c in decided.apply}
+    for d in decided.delete:
+        api.delete(d.kind, d.name)
+    after = carried_out(world, decided, answers)
+    cache.clear()
+    cache.update({k: v for k, v in after.children.items() if v is not None})
+    return replace(after, replicasets=None), decided
+
+
+# -- decisions -------------------------------------------------------------------------------------
+
+
+def test_a_new_model_applies_its_children_in_order_and_reports_that_it_rolls_out() -> None:
+    decided = plan(_world(_body(replicas=2)))
+    assert [c["kind"] for c in decided.apply] == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
+    assert not decided.reads, "a model with no status was never reconciled: nothing of ours to read first"
+    assert isinstance(decided.status, TritonModelStatus)
+    conds = {c.type: c for c in decided.status.conditions or ()}
+    assert conds["Ready"].status == "False" and conds["Ready"].reason == "ReplicasWarming"
+    assert conds["Progressing"].reason == "RollingOut"
+    assert decided.status_patch is not None and decided.status_patch["configDigest"] == decided.digest
+    # A model on its way is no warning.
+    assert {e.condition: e.type for e in decided.events} == {"Ready": "Normal", "Progressing": "Normal", "Degraded": "Normal"}
+
+
+def test_a_reconciled_model_whose_child_the_cache_lacks_reads_it_before_deciding() -> None:
+    first = plan(_world(_body()))
+    body = _body(status=first.status_patch)
+    decided = plan(_world(body))
+    assert {(r.kind, r.name) for r in decided.reads} == {(c["kind"], c["metadata"]["name"]) for c in first.apply}
+    assert not decided.apply and decided.status is None, "nothing is decided before the reads"
+
+
+def test_a_child_read_and_not_found_is_applied() -> None:
+    first = plan(_world(_body()))
+    body = _body(status=first.status_patch)
+    gone = {(c["kind"], c["metadata"]["name"]): None for c in first.apply}
+    decided = plan(_world(body, children=gone))
+    assert [c["kind"] for c in decided.apply] == ["ConfigMap", "Deployment", "Service"]
+
+
+def test_a_child_that_drifted_is_applied_again_and_only_that_one() -> None:
+    api, cache = _Api(), {}
+    world, _ = _settle(_world(_body()), api, cache)
+    drifted = copy.deepcopy(cache[("Service", "m")])
+    drifted["spec"]["ports"][0]["port"] = 9999
+    decided = plan(replace(world, children={**world.children, ("Service", "m"): drifted}))
+    assert [c["kind"] for c in decided.apply] == ["Service"]
+
+
+def test_scaling_to_one_replica_deletes_the_pdb() -> None:
+    api, cache = _Api(), {}
+    world, _ = _settle(_world(_body(replicas=3)), api, cache)
+    assert ("PodDisruptionBudget", "m") in world.children
+    one = {**world.body, "spec": {**world.body["spec"], "replicas": 1}}
+    decided = plan(replace(world, body=one, models={"m": one}))
+    assert [(d.kind, d.name) for d in decided.delete] == [("PodDisruptionBudget", "m")]
+
+
+def test_old_repositories_are_deleted_once_no_replicaset_uses_them() -> None:
+    api, cache = _Api(), {}
+    world, _ = _settle(_world(_body()), api, cache)
+    old_repo = next(n for k, n in world.children if k == "ConfigMap")
+    old_rs = {"kind": "ReplicaSet", "metadata": {"name": "m-1", "labels": {LABEL_MODEL: "m"}},
+              "spec": {"replicas": 1, "template": api.objects[("Deployment", "m")]["spec"]["template"]},
+              "status": {"replicas": 1}}
+    api.objects[("ReplicaSet", "m-1")] = old_rs
+    changed = {**world.body, "spec": {**world.body["spec"], "maxBatchSize": 8}, "metadata": {**world.body["metadata"], "generation": 2}}
+    world = replace(world, body=changed, models={"m": changed})
+    first = plan(world)
+    # The new repository's ConfigMap is not cached yet (read it: it may exist), and an old one is: which
+    # ReplicaSets still use it?
+    assert sorted(r.kind for r in first.reads) == ["ConfigMap", "ReplicaSet"]
+    world, decided = _settle(world, api, cache)
+    assert not decided.delete, "the old ReplicaSet still has a replica: its repository stays"
+    old_rs["spec"]["replicas"] = 0
+    old_rs["status"]["replicas"] = 0
+    world, decided = _settle(world, api, cache)
+    assert [(d.kind, d.name) for d in decided.delete] == [("ConfigMap", old_repo)]
+
+
+def test_a_missing_step_model_deploys_nothing_and_says_which() -> None:
+    ens = _ensemble("ens", "absent")
+    decided = plan(_world(ens))
+    assert not decided.apply
+    assert decided.problem is not None and decided.problem.reason == "StepModelMissing"
+    assert "absent" in decided.problem.message
+    conds = {c.type: c for c in decided.status.conditions or ()}  # type: ignore[union-attr]
+    assert conds["Degraded"].status == "True"
+    assert {e.condition: e.type for e in decided.events}["Degraded"] == "Warning"
+
+
+def test_an_ensemble_deploys_once_its_step_exists() -> None:
+    ens = _ensemble("ens", "m")
+    step = _body(inputs=[{"name": "INPUT0", "dataType": "FP32", "dims": [4]}],
+                 outputs=[{"name": "OUTPUT0", "dataType": "FP32", "dims": [4]}])
+    decided = plan(_world(ens, models={"m": step}))
+    assert decided.problem is None, decided.problem
+    assert [c["kind"] for c in decided.apply] == ["ConfigMap", "Deployment", "Service"]
+
+
+def test_an_invalid_spec_is_degraded_and_writes_no_child() -> None:
+    decided = plan(_world(_body(maxBatchSize=4, batcher={"preferredBatchSize": [8]})))
+    assert not decided.apply and decided.problem is not None and decided.problem.reason == "InvalidSpec"
+    assert "spec.batcher.preferredBatchSize" in decided.problem.message
+
+
+def test_an_api_error_is_degraded_with_the_servers_words() -> None:
+    world = _world(_body())
+    decided = plan(replace(world, api_error=Problem("ApiError", "apply Deployment team-a/m: 403 Forbidden")))
+    conds = {c.type: c for c in decided.status.conditions or ()}  # type: ignore[union-attr]
+    assert conds["Degraded"].reason == "ApiError" and "403" in (conds["Degraded"].message or "")
+
+
+def test_serving_replicas_make_the_model_ready_and_the_transition_an_event() -> None:
+    api, cache = _Api(), {}
+    world, first = _settle(_world(_body(replicas=2)), api, cache)
+    digest = first.digest
+    assert digest
+    pods = [_pod("m-a", digest, warm=True, ready=True), _pod("m-b", digest, warm=True, ready=True)]
+    decided = plan(replace(world, pods=pods, now=T0 + dt.timedelta(seconds=30)))
+    conds = {c.type: c for c in decided.status.conditions or ()}  # type: ignore[union-attr]
+    assert conds["Ready"].status == "True" and conds["Ready"].reason == "AllReplicasWarmed"
+    assert conds["Ready"].last_transition_time == "2026-01-01T00:00:30Z", "Ready flipped: a new transition time"
+    assert conds["Degraded"].last_transition_time == "2026-01-01T00:00:00Z", "Degraded held: its time is kept"
+    assert [(e.condition, e.reason) for e in decided.events] == [("Ready", "AllReplicasWarmed"), ("Progressing", "RolloutComplete")]
+
+
+def test_a_removed_status_field_is_nulled_in_the_patch() -> None:
+    stale = {"configDigest": "old", "observedGeneration": 1, "somethingWeNoLongerWrite": 3}
+    decided = plan(_world(_body(status=stale), children={}))
+    assert decided.reads  # reconciled before (it has a status): read the children first
+    gone = {(r.kind, r.name): None for r in decided.reads}
+    decided = plan(_world(_body(status=stale), children=gone))
+    assert decided.status_patch is not None and decided.status_patch["somethingWeNoLongerWrite"] is None
+
+
+def test_reads_are_a_read_not_a_write() -> None:
+    assert Plan(reads=(Read("v1", "Service", "m"),)).empty is False
+    assert Plan().empty
+
+
+# -- idempotence, property-wise ---------------------------------------------------------------------
+
+
+@st.composite
+def worlds(draw: Any) -> tuple[World, _Api, dict[tuple[str, str], Any]]:
+    """A model (replicas, batching, a cache, a response cache, the gate), optionally reconciled before with
+    some of its children lost from the cache or drifted, and replicas in any state at any digest."""
+    spec: dict[str, Any] = {"replicas": draw(st.integers(0, 3))}
+    if draw(st.booleans()):
+        spec["maxBatchSize"] = draw(st.sampled_from([4, 8]))
+        if draw(st.booleans()):
+            spec["batcher"] = {"maxQueueDelayMicroseconds": draw(st.integers(0, 1000))}
+    if draw(st.booleans()):
+        spec["responseCache"] = True
+    if draw(st.booleans()):
+        spec["warmupGate"] = {"enabled": False}
+    api, cache = _Api(), {}
+    world = _world(_body(**spec), now=T0)
+    if draw(st.booleans()):  # reconciled before, then changed
+        world, _ = _settle(world, api, cache)
+        if draw(st.booleans()):
+            spec2 = {**spec, "replicas": draw(st.integers(0, 3))}
+            body = _body(status=world.body.get("status"), generation=2, **spec2)
+            world = replace(world, body=body, models={"m": body})
+        for key in list(cache):
+            what = draw(st.sampled_from(["keep", "lose", "drift"]))
+            if what == "lose":
+                cache.pop(key)
+            elif what == "drift":
+                cache[key] = {**cache[key], "metadata": {**cache[key]["metadata"], "labels": {LABEL_MODEL: "m"}}}
+        world = replace(world, children=dict(cache))
+    digest = plan(replace(world, children={k: api.objects.get(k) for k in world.children})).digest or "none"
+    pods = []
+    for i in range(draw(st.integers(0, 4))):
+        at = draw(st.sampled_from([digest, "old"]))
+        warm = draw(st.booleans())
+        pods.append(_pod(f"m-{i}", at, warm=warm, ready=warm and draw(st.booleans()),
+                         terminating=draw(st.booleans())))
+    return replace(world, pods=pods, now=T0 + dt.timedelta(seconds=draw(st.integers(0, 100)))), api, cache
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_planning_again_over_a_plans_result_writes_nothing(case: tuple[World, _Api, dict[tuple[str, str], Any]]) -> None:
+    world, api, cache = case
+    after, _ = _settle(world, api, cache)
+    writes = api.writes
+    again, second = _settle(replace(after, now=after.now + dt.timedelta(seconds=5)), api, cache)
+    assert not second.apply and not second.delete, f"second plan writes children: {second.apply} {second.delete}"
+    assert second.status is None and not second.events, f"second plan rewrites the status: {second.status_patch}"
+    assert api.writes == writes
+    assert again.body == after.body
