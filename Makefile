@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: all venv test unit crd docs lint cluster-bin cluster cluster-down demo clean
+.PHONY: all venv test unit triton e2e crd docs lint cluster-bin cluster cluster-down demo clean
 
 all: test
 
@@ -26,9 +26,11 @@ crd: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/triton-operator docs --update README.md
 
-## Architecture contract between layers.
+## The layers (import-linter), ruff, mypy --strict on operator/ (and, below, helm lint and hadolint).
 lint: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/ruff check operator tests e2e bench
+	$(BIN)/mypy
 
 ## Build (once, cached by pins) etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 ## kube-proxy, helm and our fake-GPU device plugin from their Go modules.
@@ -52,9 +54,17 @@ demo: $(STAMP) cluster-bin
 test: $(STAMP) cluster-bin lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## Fast tests only (no cluster).
+## The fast tests: no tritonserver, no cluster.
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not triton and not cluster" $(PYTEST_ARGS)
+
+## The tests against a real tritonserver (no cluster).
+triton: $(STAMP)
+	$(BIN)/python -m pytest -m "triton and not cluster" $(PYTEST_ARGS)
+
+## The tests against the local cluster: control plane, real nodes, the operator from its image and chart.
+e2e: $(STAMP) cluster-bin
+	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

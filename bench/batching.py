@@ -62,7 +62,7 @@ def server_counts(client: grpcclient.InferenceServerClient, model: str) -> tuple
 def load(url: str, model: str, concurrency: int, seconds: float, warmup: float) -> dict[str, Any]:
     argv = [python(), "-m", "bench.loadgen", "--url", url, "--model", model, "-c", str(concurrency),
             "--seconds", str(seconds), "--warmup", str(warmup), "--output", "OUTPUT", "--output", "BATCHED_WITH"]
-    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True, timeout=seconds + warmup + 120)  # noqa: S603
+    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True, timeout=seconds + warmup + 120)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

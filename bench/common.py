@@ -52,18 +52,18 @@ def _mem_total_gib() -> float:
 
 
 def _git(*args: str) -> str:
-    out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)  # noqa: S603,S607
+    out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
     return out.stdout.strip()
 
 
 def machine() -> dict[str, Any]:
-    from triton_operator.triton.local import TRITON_VERSION  # noqa: PLC0415
+    from triton_operator.triton.local import TRITON_VERSION
 
     return {
         "nproc": os.cpu_count(),
         "memory_gib": _mem_total_gib(),
         "cpu_model": _cpu_model(),
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "tritonserver": TRITON_VERSION,
@@ -101,7 +101,7 @@ class CpuMeter:
 
 def other_pytest() -> list[str]:
     """Running pytest sessions (other people's tests share this machine's two cores)."""
-    out = subprocess.run(["pgrep", "-af", "pytest"], capture_output=True, text=True, check=False)  # noqa: S607
+    out = subprocess.run(["pgrep", "-af", "pytest"], capture_output=True, text=True, check=False)
     return [ln for ln in out.stdout.splitlines()
             if "pgrep" not in ln and ("-m pytest" in ln or "bin/pytest" in ln or "py.test" in ln)]
 

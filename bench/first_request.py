@@ -159,7 +159,7 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
                     want = fr.count(name) + wave
                     t0 = time.time()
                     scale_to(kube, a["kind"], name, ns, wave)
-                    wait_for(f"{wave} first requests to {name}", lambda: fr.count(name) >= want, 300, 0.2)
+                    wait_for(f"{wave} first requests to {name}", lambda name=name, want=want: fr.count(name) >= want, 300, 0.2)
                     with fr.lock:
                         got = fr.results[name][-wave:]
                     log(f"Wave {i + 1}/{waves} {name}: first requests "

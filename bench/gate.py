@@ -69,7 +69,7 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
                     t0 = time.time()
                     scale_to(kube, a["kind"], name, ns, wave)
 
-                    def ready() -> list[PodTimeline] | None:
+                    def ready(before: set[str] = before, name: str = name) -> list[PodTimeline] | None:
                         with watch.lock:
                             new = [p for n, p in watch.pods.items() if n not in before and n.startswith(f"{name}-")]
                         done = [p for p in new if p.ready_at and p.model_ready_at]

@@ -97,7 +97,7 @@ def _node_ready(kube: Kube) -> bool:
 
 
 def kubectl(kubeconfig: Path, *args: str) -> str:
-    out = subprocess.run([str(KUBECTL), "--kubeconfig", str(kubeconfig), *args],  # noqa: S603
+    out = subprocess.run([str(KUBECTL), "--kubeconfig", str(kubeconfig), *args],
                          capture_output=True, text=True, check=True, timeout=120)
     return out.stdout
 
@@ -132,7 +132,7 @@ def audit_requests(path: Path, since: float, until: float, agent_prefix: str | N
     Only the ResponseComplete (or Panic) stage is logged, so each request is one line; a watch is
     logged when it ends. `agent_prefix` keeps only user agents starting with it.
     """
-    import datetime as dt  # noqa: PLC0415
+    import datetime as dt
 
     out: dict[str, Counter[str]] = {}
     if not path.exists():
@@ -146,7 +146,7 @@ def audit_requests(path: Path, since: float, until: float, agent_prefix: str | N
             ts = ev.get("requestReceivedTimestamp", "")
             try:
                 t = dt.datetime.strptime(ts[:26].rstrip("Z"), "%Y-%m-%dT%H:%M:%S.%f").replace(
-                    tzinfo=dt.timezone.utc).timestamp()
+                    tzinfo=dt.UTC).timestamp()
             except ValueError:
                 continue
             if not since <= t <= until:
@@ -221,7 +221,7 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as logf:
-            self.process = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT,  # noqa: S603
+            self.process = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True,
                                             env={**os.environ, **self.env})
         if self.liveness_url:
@@ -249,7 +249,7 @@ class OperatorProcess:
             return False
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as resp:
             return resp.read().decode()
 
     def writes(self) -> dict[str, float]:
@@ -274,7 +274,7 @@ class OperatorProcess:
 
 
 def others_operators() -> list[str]:
-    out = subprocess.run(["pgrep", "-af", "triton-operator run"], capture_output=True, text=True, check=False)  # noqa: S607
+    out = subprocess.run(["pgrep", "-af", "triton-operator run"], capture_output=True, text=True, check=False)
     return [ln for ln in out.stdout.splitlines() if "pgrep" not in ln]
 
 

@@ -60,7 +60,7 @@ def pod_cluster(namespace: str) -> Iterator[Env]:
 
 def plain_children(model: TritonModel, name: str, namespace: str, probe: dict[str, Any]) -> list[dict[str, Any]]:
     """ConfigMap + Deployment + Service serving `model` the usual way: `probe` as readiness, no gate."""
-    from triton_operator.render.modelconfig import render_repository  # noqa: PLC0415
+    from triton_operator.render.modelconfig import render_repository
 
     rendered = render_repository([model])
     children = {c["kind"]: copy.deepcopy(c) for c in render_children(model, rendered, "0", namespace)}
@@ -105,7 +105,7 @@ def wait_no_pods(kube: Kube, namespace: str, selector: dict[str, str], timeout: 
 def rfc3339(ts: str | None) -> float | None:
     if not ts:
         return None
-    return dt.datetime.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+    return dt.datetime.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
 
 
 @dataclass
@@ -198,7 +198,7 @@ class PodWatch:
                     if client.is_model_ready(model, client_timeout=1.0):
                         tl.model_ready_at = time.time()
                         return
-                except Exception:  # noqa: BLE001 - not up yet: poll again
+                except Exception:  # noqa: BLE001, S110 - not up yet: poll again
                     pass
                 time.sleep(POLL_SECONDS)
         finally:

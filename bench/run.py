@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 import time
+from pathlib import Path
 
 from .common import log, other_e2e, write_markdown
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             continue
         log(f"Finished benchmark {name} seconds={time.monotonic() - t0:.0f} result={path}")
-    print(open(write_markdown()).read())
+    print(Path(write_markdown()).read_text())
     return 1 if failed else 0
 
 

@@ -310,7 +310,8 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
     if ours_small and ours_big and big != small:
         grow = (ours_big["peak_rss_mb"] - ours_small["peak_rss_mb"]) * 1024 / (big - small)
         result.notes.append(
-            f"Growth {small} -> {big} (ours): converge time x{ours_big['converge_seconds'] / max(ours_small['converge_seconds'], 1e-9):.1f}, "
+            f"Growth {small} -> {big} (ours): converge time "
+            f"x{ours_big['converge_seconds'] / max(ours_small['converge_seconds'], 1e-9):.1f}, "
             f"requests per model {ours_small['operator_requests_per_model']:.1f} -> {ours_big['operator_requests_per_model']:.1f}, "
             f"peak RSS +{grow:.0f} kB per model.")
     for impl in impls:

@@ -60,7 +60,7 @@ def free_port() -> int:
 
 
 def _run(argv: list[str], **kw: object) -> None:
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)  # noqa: S603
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
 
 
 def pid_alive(pid: int) -> bool:
@@ -220,7 +220,7 @@ class LocalCluster:
             if env_dir:
                 bin_dir = Path(env_dir)
             else:
-                out = subprocess.run(  # noqa: S603
+                out = subprocess.run(
                     ["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True
                 )
                 bin_dir = Path(out.stdout.strip().splitlines()[-1])
@@ -326,7 +326,7 @@ class LocalCluster:
         url = f"https://127.0.0.1:{port or ports.apiserver}{path}"
         ctx = self._ssl() if verify else ssl._create_unverified_context()  # noqa: S323 - self-signed component certs
         try:
-            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:  # noqa: S310 - https to loopback
+            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
                 return resp.status
         except urllib.error.HTTPError as e:
             return e.code
@@ -345,7 +345,7 @@ class LocalCluster:
             log("Found a partially running cluster; stopping it before a fresh start")
             self.down(quiet=True)
         bins = self.binaries()
-        from e2e import images  # noqa: PLC0415 - building images is only needed here
+        from e2e import images
 
         built = images.build_all(log=lambda m: print(m, flush=True)) if self.node_names else []
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -426,7 +426,7 @@ class LocalCluster:
             self.down()
 
     def _start_node(self, n: Node, bins: dict[str, Path], built: list, pids: dict[str, int], timeout: float) -> None:
-        from e2e import images  # noqa: PLC0415
+        from e2e import images
 
         n.prepare(self.certs.pki, images.PAUSE_IMAGE)
         pids[f"{n.name}/containerd"] = self._spawn(f"{n.name}/containerd", Path(shutil.which("containerd") or "containerd"),
@@ -474,7 +474,7 @@ class LocalCluster:
     def _get_json(self, path: str) -> dict:
         ports = self._ports()
         assert ports is not None
-        with urllib.request.urlopen(f"https://127.0.0.1:{ports.apiserver}{path}", context=self._ssl(),  # noqa: S310
+        with urllib.request.urlopen(f"https://127.0.0.1:{ports.apiserver}{path}", context=self._ssl(),
                                     timeout=5) as resp:
             return json.loads(resp.read())
 
@@ -502,7 +502,7 @@ class LocalCluster:
         logf = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         logf.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {binary} {' '.join(args)}\n".encode())
         logf.flush()
-        proc = subprocess.Popen(  # noqa: S603 - argument array
+        proc = subprocess.Popen(
             [str(binary), *args],
             stdout=logf,
             stderr=subprocess.STDOUT,
@@ -514,7 +514,7 @@ class LocalCluster:
         log(f"Started {name} pid={proc.pid} log={self.logs / (name + '.log')}")
         return proc.pid
 
-    def _wait(self, what: str, probe, pids: dict[str, int], timeout: float) -> None:  # noqa: ANN001
+    def _wait(self, what: str, probe, pids: dict[str, int], timeout: float) -> None:
         t0 = time.monotonic()
         while not probe():
             for name, pid in pids.items():
@@ -656,7 +656,7 @@ class LocalCluster:
             stop(name)
         kube_proxy = self._bin_dir_or_none("kube-proxy") if "kube-proxy" in pids else None
         if kube_proxy is not None:
-            subprocess.run([str(kube_proxy), "--cleanup"], check=False, capture_output=True)  # noqa: S603
+            subprocess.run([str(kube_proxy), "--cleanup"], check=False, capture_output=True)
         swept = {}
         for n in nodes:
             swept[n.name] = n.sweep()
@@ -674,7 +674,7 @@ class LocalCluster:
         self.pids_file.unlink(missing_ok=True)
         self.state_file.unlink(missing_ok=True)
         # A fresh etcd on every start: tests never see objects from an earlier run.
-        subprocess.run(["rm", "-rf", str(self.dir / "etcd")], check=False)  # noqa: S603,S607
+        subprocess.run(["rm", "-rf", str(self.dir / "etcd")], check=False)
 
     def _bin_dir_or_none(self, name: str) -> Path | None:  # a binary's path, None where it cannot be had
         try:

@@ -193,7 +193,7 @@ ISOLATED_ROOT = REPO_ROOT / ".cluster" / "isolated"
 @pytest.fixture
 def isolated_cluster(request: pytest.FixtureRequest) -> Iterator[IsolatedCluster]:
     """A fresh control plane (own ports, certificates, etcd data and logs under `ISOLATED_ROOT`), one real node
-    (`gpu-node-1`, 4 GPUs, its own subnet, bridge and cgroups; no kube-proxy: the session's owns the host's
+    (`gpu-node-1` with `DEFAULT_GPUS` fake GPUs, its own subnet, bridge and cgroups; no kube-proxy: the session's owns the host's
     iptables) and a host-process operator for one test that disrupts them; everything is stopped afterwards.
 
     The session's cluster and operator are not touched: other tests never see the disruption.

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 import tritonclient.grpc as grpcclient
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -36,7 +36,7 @@ def say(msg: str) -> None:
 
 
 def kubectl(kubeconfig: Path, *args: str, capture: bool = True) -> str:
-    out = subprocess.run(  # noqa: S603 - argument array
+    out = subprocess.run(
         [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), *args],
         check=True, text=True, capture_output=capture,
     )
@@ -64,7 +64,7 @@ def bring_up(args: argparse.Namespace) -> Path:
 
 
 def helm_binary() -> str:
-    out = subprocess.run(["bash", str(REPO / "e2e" / "toolchain" / "build.sh")],  # noqa: S603,S607
+    out = subprocess.run(["bash", str(REPO / "e2e" / "toolchain" / "build.sh")],
                          check=True, capture_output=True, text=True).stdout
     return str(Path(out.strip().splitlines()[-1]) / "helm")
 
@@ -74,7 +74,7 @@ def install_operator(kubeconfig: Path, timeout: float) -> None:
     CA published (TritonModel writes are refused before that). An operator that does not serve is never reused:
     a pod that is not Ready within the timeout fails the demo with its log."""
     say("[demo] Installing the operator: helm upgrade --install triton-operator charts/triton-operator")
-    subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", "--install", RELEASE,  # noqa: S603
+    subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", "--install", RELEASE,
                     str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
                     "--wait", "--timeout", f"{int(timeout)}s"], check=True, capture_output=True, text=True)
     kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/tritonmodels.serving.triton-operator.dev")
@@ -89,7 +89,7 @@ def install_operator(kubeconfig: Path, timeout: float) -> None:
                     f"{pod['spec']['nodeName']} (image {image}, uid {pod['spec']['securityContext'].get('runAsUser')})")
                 return
         time.sleep(0.5)
-    log = subprocess.run([str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "logs", "-n",  # noqa: S603
+    log = subprocess.run([str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "logs", "-n",
                           RELEASE_NAMESPACE, f"deployment/{RELEASE}", "--tail=40"], capture_output=True, text=True)
     raise TimeoutError(f"the operator pod is not Ready after {timeout:.0f}s:\n{log.stdout}{log.stderr}")
 
@@ -130,7 +130,7 @@ def refused_at_apply(kubeconfig: Path, namespace: str) -> None:
     doc = next(d for d in yaml.safe_load_all(EXAMPLES[1].read_text()) if d and d["metadata"]["name"] == "sentiment")
     doc["metadata"]["name"] = "sentiment-typo"
     doc["spec"]["ensemble"]["steps"][1]["model"] = "clasifier"
-    proc = subprocess.run(  # noqa: S603
+    proc = subprocess.run(
         [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "apply", "-n", namespace, "-f", "-"],
         input=json.dumps(doc), capture_output=True, text=True,
     )
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.kubeconfig:
         install_operator(kubeconfig, args.timeout)
     wait_webhook(kubeconfig, 120)
-    ns_exists = subprocess.run(  # noqa: S603
+    ns_exists = subprocess.run(
         [str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "namespace", args.namespace],
         capture_output=True,
     ).returncode == 0

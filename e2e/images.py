@@ -159,7 +159,7 @@ class _Runner:
         with self.logfile.open("ab") as out:
             out.write(("\n$ " + " ".join(str(a) for a in argv) + "\n").encode())
             out.flush()
-            proc = subprocess.run(  # noqa: S603
+            proc = subprocess.run(
                 [str(a) for a in argv], cwd=cwd, env={**(self.env or os.environ), **(env_extra or {})},
                 stdout=subprocess.PIPE if capture else out, stderr=out, check=False,
             )
@@ -288,7 +288,7 @@ def chart_operator_ref() -> str:
 def operator_requirements() -> list[str]:
     """pyproject's dependencies with the s3 and gcs extras, plus its build requirements (so the project
     itself builds offline too)."""
-    import tomllib  # noqa: PLC0415 - 3.11+
+    import tomllib
 
     data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     project = data["project"]
@@ -315,18 +315,18 @@ def pause_source() -> Path:
     """build/pause/linux/pause.c of the k8s.io/kubernetes module in the Go module cache."""
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
     argv = ["go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"]
-    found = subprocess.run(argv, cwd=KUBE_MODULE_DIR, env=env, capture_output=True, text=True, check=False)  # noqa: S603
+    found = subprocess.run(argv, cwd=KUBE_MODULE_DIR, env=env, capture_output=True, text=True, check=False)
     module_dir = found.stdout.strip()
     if found.returncode != 0 or not module_dir or not Path(module_dir, "build/pause/linux/pause.c").is_file():
-        subprocess.run(["go", "mod", "download", "k8s.io/kubernetes"], cwd=KUBE_MODULE_DIR, env=env,  # noqa: S603, S607
+        subprocess.run(["go", "mod", "download", "k8s.io/kubernetes"], cwd=KUBE_MODULE_DIR, env=env,
                        check=True, capture_output=True)
-        module_dir = subprocess.run(argv, cwd=KUBE_MODULE_DIR, env=env, capture_output=True, text=True,  # noqa: S603
+        module_dir = subprocess.run(argv, cwd=KUBE_MODULE_DIR, env=env, capture_output=True, text=True,
                                     check=True).stdout.strip()
     return Path(module_dir) / "build" / "pause" / "linux" / "pause.c"
 
 
 def _gcc_version() -> str:
-    return subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]  # noqa: S607
+    return subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
 
 
 # -- the builder ----------------------------------------------------------------------------------------
@@ -626,7 +626,7 @@ def archive_digest(archive: Path) -> str:
 
 
 def _ctr(address: str, *args: str) -> str:
-    proc = subprocess.run(["ctr", "--address", address, "-n", "k8s.io", *args],  # noqa: S603, S607
+    proc = subprocess.run(["ctr", "--address", address, "-n", "k8s.io", *args],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise BuildError(f"ctr {' '.join(args[:2])} failed: {proc.stderr.strip()}")

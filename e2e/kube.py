@@ -179,7 +179,7 @@ class Kube:
         patch: Any,
         namespace: str | None = None,
         sub: str | None = None,
-        type: str = "strategic",  # noqa: A002 - mirrors kubectl's --type
+        type: str = "strategic",
         field_manager: str | None = None,
         force: bool | None = None,
     ) -> dict:

@@ -12,8 +12,8 @@ Owns everything a node needs below the API server and everything it leaves behin
   network namespace); `cleanup` removes its KUBE-* rules.
 
 Processes are started detached and recorded by `LocalCluster` in its pids file; this module only
-builds their command lines, configs and the host state around them. Facts it relies on are in
-../shared/K8S_NOTES.md, "A real node".
+builds their command lines, configs and the host state around them. Each kubelet and containerd
+setting a node needs on this machine kind is set in `Node` below, with the reason beside it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def log(msg: str) -> None:
 
 
 def run(argv: list[str], check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)  # noqa: S603
+    return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)
 
 
 def short_id(path: Path) -> str:
@@ -336,7 +336,7 @@ oom_score = 0
         """The cgroup v1 hierarchies (and with `v2`, a hybrid host's unified one, where the kubelet also writes)."""
         out = []
         for line in Path("/proc/self/mounts").read_text().splitlines():
-            dev, mnt, fstype, *_ = line.split()
+            _, mnt, fstype, *_ = line.split()
             if fstype == "cgroup" or (v2 and fstype == "cgroup2"):
                 out.append(Path(mnt))
         return out
@@ -549,7 +549,7 @@ class LogFollower:
     removes a deleted pod's logs, and the API server no longer serves them)."""
 
     def __init__(self, node: Node, pod: dict, container: str) -> None:
-        import threading  # noqa: PLC0415
+        import threading
 
         self.path = node.container_log(pod, container)
         self._raw = ""

@@ -68,7 +68,7 @@ def record(name: str, value: Any) -> None:
 
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(  # noqa: S603 - our own pinned kubectl
+    proc = subprocess.run(
         [str(KUBECTL), "--kubeconfig", str(kubeconfig), *args],
         input=stdin, capture_output=True, text=True, timeout=timeout,
     )
@@ -97,14 +97,14 @@ def as_stream(docs: list[dict]) -> str:
 @functools.lru_cache(maxsize=1)
 def helm_binary() -> str:
     """helm, built from its Go module by the toolchain script (cached by pins)."""
-    proc = subprocess.run(["bash", str(REPO_ROOT / "e2e" / "toolchain" / "build.sh")],  # noqa: S603,S607
+    proc = subprocess.run(["bash", str(REPO_ROOT / "e2e" / "toolchain" / "build.sh")],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=3600)
     assert proc.returncode == 0, f"e2e/toolchain/build.sh failed:\n{proc.stderr[-3000:]}"
     return str(Path(proc.stdout.strip().splitlines()[-1]) / "helm")
 
 
 def helm(kubeconfig: Path, *args: str, timeout: float = 300) -> str:
-    proc = subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), *args],  # noqa: S603
+    proc = subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
     assert proc.returncode == 0, f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
@@ -130,7 +130,7 @@ class OperatorHandle:
     def start(self) -> None:
         offset = self.log_size()
         with open(self.log_path, "ab") as logf:
-            self.process = subprocess.Popen(  # noqa: S603 - our own entry point
+            self.process = subprocess.Popen(
                 self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                 start_new_session=True)
         wait_for("the operator's liveness endpoint", lambda: self.alive() and _liveness_ok(self.liveness_url), 60)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from triton_operator.api.steps import steps_of
 
 from e2e.kube import ApiError, Kube
 from e2e.operator_fixtures import (
@@ -26,6 +25,7 @@ from e2e.operator_fixtures import (
     load_examples,
     record,
 )
+from triton_operator.api.steps import steps_of
 
 pytestmark = pytest.mark.cluster
 

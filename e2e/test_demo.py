@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.mark.cluster
 def test_demo_runs_end_to_end(operator, kubeconfig: Path, namespace: str) -> None:  # type: ignore[no-untyped-def]
-    proc = subprocess.run(  # noqa: S603 - argument array
+    proc = subprocess.run(
         [sys.executable, "-m", "e2e.demo", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "--timeout", "240"],
         cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )

@@ -53,7 +53,7 @@ RESOURCES.setdefault("TritonModel", (f"/apis/{GROUP}/{VERSION}", "tritonmodels",
 
 @lru_cache(maxsize=1)
 def helm_binary() -> str:
-    proc = subprocess.run(["bash", str(REPO_ROOT / "e2e" / "toolchain" / "build.sh")],  # noqa: S603,S607
+    proc = subprocess.run(["bash", str(REPO_ROOT / "e2e" / "toolchain" / "build.sh")],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=3600)
     assert proc.returncode == 0, f"e2e/toolchain/build.sh failed:\n{proc.stderr[-3000:]}"
     return str(Path(proc.stdout.strip().splitlines()[-1]) / "helm")
@@ -61,7 +61,7 @@ def helm_binary() -> str:
 
 def run(argv: list[str], kubeconfig: Path, stdin: str | None = None, timeout: float = 180) -> str:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,  # noqa: S603
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO_ROOT)
     assert proc.returncode == 0, f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
@@ -81,7 +81,7 @@ def can_i(kubeconfig: Path, sa: str, verb: str, resource: str, namespace: str | 
     resource, _, sub = resource.partition("/")  # can-i reads TYPE/NAME: a subresource is a flag
     subresource = [f"--subresource={sub}"] if sub else []
     target = f"{resource}/{name}" if name else resource
-    proc = subprocess.run(  # noqa: S603 - our own pinned kubectl
+    proc = subprocess.run(
         [str(KUBECTL), "--kubeconfig", str(kubeconfig), "auth", "can-i", verb, target, *subresource,
          f"--as={sa}", *scope],
         capture_output=True, text=True, timeout=30,
@@ -237,7 +237,7 @@ def _assert_the_charts_webhook_refuses_a_cross_object_defect(kubeconfig: Path, k
                     "sentiment")
 
     def refused() -> str | None:
-        proc = subprocess.run(  # noqa: S603 - our own pinned kubectl
+        proc = subprocess.run(
             [str(KUBECTL), "--kubeconfig", str(kubeconfig), "apply", "-n", namespace, "-f", "-"],
             input=json.dumps(ensemble), capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0, f"an ensemble without its steps was admitted: {proc.stdout}"
@@ -303,7 +303,7 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
     kubectl(sa_config, "get", "tritonmodels", "-n", watched)
     for args in (("get", "secrets", "-n", watched), ("get", "tritonmodels", "-n", "default"),
                  ("get", "nodes")):
-        proc = subprocess.run([str(KUBECTL), "--kubeconfig", str(sa_config), *args],  # noqa: S603
+        proc = subprocess.run([str(KUBECTL), "--kubeconfig", str(sa_config), *args],
                               capture_output=True, text=True, timeout=30)
         assert proc.returncode != 0 and "Forbidden" in proc.stderr, (args, proc.stdout, proc.stderr)
 

@@ -61,14 +61,14 @@ def test_operator_started_before_its_crd_serves_tritonmodels_once_the_crd_exists
     liveness = f"http://127.0.0.1:{free_port()}/healthz"
     log_path = control_plane.logs / "operator-install-order.log"
     with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(  # noqa: S603 - our own entry point
+        proc = subprocess.Popen(
             [str(OPERATOR), "run", "--kubeconfig", str(as_chart), "--namespace", TEAM, "--metrics-port", "0",
              "--liveness", liveness, "--drift-interval", "5"],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
     try:
         wait_for("the operator waiting for its CRD", lambda: "Waiting for the TritonModel CRD" in log_path.read_text(),
                  60)
-        with urllib.request.urlopen(liveness, timeout=5) as resp:  # noqa: S310 - loopback
+        with urllib.request.urlopen(liveness, timeout=5) as resp:
             assert resp.status == 200  # alive while it waits: the kubelet's liveness probe does not restart it
         time.sleep(10)  # the scenario itself: the CRD arrives 10 s after the operator started
         assert proc.poll() is None, log_path.read_text()

@@ -80,7 +80,7 @@ def model_ready_over_http(ip: str, model: str) -> bool | None:
     which proves nothing either way.
     """
     try:
-        with urllib.request.urlopen(f"http://{ip}:8000/v2/models/{model}/ready", timeout=5) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"http://{ip}:8000/v2/models/{model}/ready", timeout=5) as resp:
             return resp.status == 200
     except urllib.error.HTTPError:
         return False

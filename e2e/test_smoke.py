@@ -59,7 +59,7 @@ def infer_add_one(address: str, values: list[float]) -> np.ndarray:
 def test_kubectl_shows_real_gpu_nodes(kubeconfig: Path, nodes) -> None:
     """`kubectl get nodes`: kubelets on containerd, GPUs advertised by the device plugin, GPU feature labels."""
     kubectl = str(REPO_ROOT / ".venv" / "bin" / "kubectl")
-    out = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"],  # noqa: S603
+    out = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"],
                          check=True, capture_output=True, text=True, timeout=60).stdout
     listed = {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
     assert len(nodes.names) >= 2 or nodes.local is None, f"expected two GPU nodes, got {nodes.names}"
@@ -76,7 +76,7 @@ def test_kubectl_shows_real_gpu_nodes(kubeconfig: Path, nodes) -> None:
         assert condition(node, "Ready")["status"] == "True"
         [internal] = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
         assert ipaddress.ip_address(internal) in POD_RANGE
-    wide = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "wide"],  # noqa: S603
+    wide = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "wide"],
                           check=True, capture_output=True, text=True, timeout=60).stdout
     assert wide.count("containerd://") >= len(nodes.names), wide
 
@@ -236,7 +236,7 @@ def _netns_holding(ip: str) -> list[str]:
     """Network namespaces on this machine that hold `ip` (a pod's sandbox, while it exists)."""
     found = []
     for ns in sorted(Path("/run/netns").glob("*")) if Path("/run/netns").is_dir() else []:
-        out = subprocess.run(["ip", "-n", ns.name, "-4", "-o", "addr"], capture_output=True, text=True,  # noqa: S603,S607
+        out = subprocess.run(["ip", "-n", ns.name, "-4", "-o", "addr"], capture_output=True, text=True,
                              check=False).stdout
         if f"inet {ip}/" in out:
             found.append(ns.name)
@@ -301,7 +301,7 @@ def _output(log: LogFollower) -> list[str]:
 
 
 def _get(ip: str, port: int) -> str:
-    with urllib.request.urlopen(f"http://{ip}:{port}/", timeout=5) as resp:  # noqa: S310 - a pod address
+    with urllib.request.urlopen(f"http://{ip}:{port}/", timeout=5) as resp:
         return resp.read().decode()
 
 

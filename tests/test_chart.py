@@ -54,7 +54,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
 
 @lru_cache(maxsize=1)
 def _helm_or_reason() -> tuple[str | None, str]:
-    proc = subprocess.run(["bash", str(ROOT / "e2e" / "toolchain" / "build.sh")],  # noqa: S603,S607
+    proc = subprocess.run(["bash", str(ROOT / "e2e" / "toolchain" / "build.sh")],
                           capture_output=True, text=True, cwd=ROOT, timeout=3600)
     helm = Path(proc.stdout.strip().splitlines()[-1]) / "helm" if proc.returncode == 0 and proc.stdout.strip() else None
     if helm is not None and helm.is_file():
@@ -73,7 +73,7 @@ def helm() -> str:
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)  # noqa: S603
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 def _sets(values: dict[str, Any]) -> list[str]:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModel
+from triton_operator.fetch import FetchError, copy_repository, fetch_uri
 from triton_operator.plan.planner import contains
 from triton_operator.plan.status import Observed, Problem, as_dict, status_changed, transitions
 from triton_operator.plan.status import compute_status as typed_status
-from triton_operator.fetch import FetchError, copy_repository, fetch_uri
 from triton_operator.render.kubernetes import (
     ANNOTATION_DIGEST,
     CONFIGMAP_LIMIT,
@@ -202,7 +202,8 @@ def test_status_not_ready_until_warmed_replicas_are_ready_pods() -> None:
 
 
 def test_status_rollout_counts_only_replicas_at_the_desired_digest() -> None:
-    obs = Observed(4, 2, "d2", "sel", pods=[_pod("a", "d1", "True"), _pod("b", "d1", "True"), _pod("c", "d2", "False", reason="ModelWarming")])
+    obs = Observed(4, 2, "d2", "sel", pods=[_pod("a", "d1", "True"), _pod("b", "d1", "True"),
+                                            _pod("c", "d2", "False", reason="ModelWarming")])
     c = _conds(compute_status(obs, None))
     assert c["Ready"]["status"] == "False" and c["Progressing"]["reason"] == "RollingOut"
 
@@ -257,7 +258,7 @@ def test_fetch_copies_the_configmap_tree_without_its_bookkeeping(tmp_path: Path)
 
 
 def test_fetch_pvc_source_and_path_escape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import triton_operator.fetch as fetch
+    from triton_operator import fetch
 
     root = tmp_path / "pvc"
     (root / "claim" / "models" / "m").mkdir(parents=True)

@@ -69,7 +69,7 @@ def _http_infer(conn: http.client.HTTPConnection, seconds: float) -> list[float]
 
 def _pending(server: LocalTritonServer) -> int:
     """Requests Triton has received and queued, not yet executing (`nv_inference_pending_request_count`)."""
-    with urllib.request.urlopen(f"http://{server.host}:{server.metrics_port}/metrics", timeout=5) as resp:  # noqa: S310
+    with urllib.request.urlopen(f"http://{server.host}:{server.metrics_port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

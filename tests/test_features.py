@@ -320,7 +320,8 @@ def test_priority_queue_rejects_flood_and_serves_high_priority(priority_queue: S
         assert done_order.index("high0") < done_order.index(waited) and done_order.index("high1") < done_order.index(
             waited
         ), s.why(f"level-1 requests did not overtake the queued level-2 request: completion order {done_order}")
-    print(f"priority queue: {len(rejected)} rejected ({next(iter(rejected.values()))!r}), succeeded in order {[t for t in done_order if t in ok]}")
+    print(f"priority queue: {len(rejected)} rejected ({next(iter(rejected.values()))!r}), "
+          f"succeeded in order {[t for t in done_order if t in ok]}")
 
 
 # ---------------------------------------------------------------- 6. ensemble

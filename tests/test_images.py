@@ -22,7 +22,7 @@ def test_operator_ref_is_what_the_chart_and_the_renderer_use() -> None:
 
 
 def test_tritonserver_alias_is_the_crd_default_image() -> None:
-    assert images.TRITON_ALIAS == Server().image
+    assert Server().image == images.TRITON_ALIAS
 
 
 def test_tritonserver_wheel_is_the_one_pyproject_pins() -> None:

@@ -25,7 +25,7 @@ from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
 NS = "team-a"
 UID = "00000000-0000-0000-0000-00000000000a"
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def _body(name: str = "m", uid: str = UID, *, status: dict[str, Any] | None = None, generation: int = 1,

@@ -148,7 +148,7 @@ class _Response(io.BytesIO):
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes]:
     """https:// URLs answered from this dict, in place of the network."""
-    import triton_operator.fetch as fetch
+    from triton_operator import fetch
 
     pages: dict[str, bytes] = {}
     monkeypatch.setattr(fetch.urllib.request, "urlopen", lambda url, timeout=None: _Response(pages[url]))

@@ -20,12 +20,11 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import np_to_triton_dtype
 
-from triton_operator.api.v1alpha1 import TritonModel
+from triton_operator.api.v1alpha1 import TritonModel, quantity_bytes
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.triton.client import LoadResult, load_model
 from triton_operator.triton.local import LocalTritonServer, TritonNotInstalled, find_install
 from triton_operator.validate import check_documents, load_documents, load_paths
-from triton_operator.api.v1alpha1 import quantity_bytes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"

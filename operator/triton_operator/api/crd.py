@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from . import v1alpha1 as api
 
@@ -41,9 +42,7 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     for key, value in node.items():
         if key in _DROP:
             continue
-        if key == "properties":
-            out[key] = {k: _resolve(v, defs) for k, v in value.items()}
-        elif key == "patternProperties":
+        if key == "properties" or key == "patternProperties":
             out[key] = {k: _resolve(v, defs) for k, v in value.items()}
         elif key in ("items", "additionalProperties"):
             out[key] = _resolve(value, defs) if isinstance(value, dict) else value
@@ -81,10 +80,11 @@ def _structural(node: Any) -> Any:
     return node
 
 
-def schema_of(model: type[api.BaseModel]) -> dict[str, Any]:
+def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.get("$defs", {})
-    return _structural(_resolve(raw, defs))
+    schema: dict[str, Any] = _structural(_resolve(raw, defs))
+    return schema
 
 
 def openapi_schema() -> dict[str, Any]:

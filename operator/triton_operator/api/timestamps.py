@@ -6,12 +6,12 @@ import datetime as dt
 
 
 def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def rfc3339(at: dt.datetime | None = None, *, micro: bool = False) -> str:
     """`at` (default: now) as the API writes it: 2026-01-02T03:04:05Z, or with microseconds (an Event's eventTime)."""
-    at = (at or utc_now()).astimezone(dt.timezone.utc)
+    at = (at or utc_now()).astimezone(dt.UTC)
     return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -19,4 +19,4 @@ def parse_rfc3339(text: str | None) -> dt.datetime | None:
     """A timestamp the API wrote (seconds resolution is all conditions keep); None for none."""
     if not text:
         return None
-    return dt.datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.timezone.utc)
+    return dt.datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)

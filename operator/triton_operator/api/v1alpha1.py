@@ -55,6 +55,11 @@ def quantity_bytes(q: str) -> int:
     return int(float(q))
 
 
+#: A model parameter's key and value, as Triton's ModelParameter takes them.
+ParameterKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+ParameterValue = Annotated[str, StringConstraints(max_length=4096)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -558,7 +563,8 @@ class TritonModelSpec(_Model):
                     "fieldPath": ".responseCache",
                 },
                 {
-                    "rule": "!has(self.modelWarmup) || self.modelWarmup.all(w, self.batching ? w.batchSize <= self.maxBatchSize : w.batchSize == 1)",
+                    "rule": "!has(self.modelWarmup) || self.modelWarmup.all(w, self.batching"
+                            " ? w.batchSize <= self.maxBatchSize : w.batchSize == 1)",
                     "message": "modelWarmup batchSize must be <= maxBatchSize (exactly 1 when batching is false)",
                     "fieldPath": ".modelWarmup",
                 },
@@ -611,7 +617,7 @@ class TritonModelSpec(_Model):
     instance_groups: list[InstanceGroup] | None = Field(
         default=None, max_length=16, description="Model instances; Triton's default when empty."
     )
-    parameters: dict[Annotated[str, StringConstraints(min_length=1, max_length=256)], Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+    parameters: dict[ParameterKey, ParameterValue] | None = Field(
         default=None, max_length=MAX_LIST, description="Backend parameters, string to string."
     )
     ensemble: Ensemble | None = Field(default=None, description="Ensemble steps (with platform: ensemble).")

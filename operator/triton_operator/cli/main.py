@@ -17,6 +17,7 @@ class CliError(Exception):
 
 
 def _err(msg: str) -> None:
+    """Errors, warnings and progress: stderr, so stdout carries only what a command outputs."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -42,10 +43,6 @@ def _write(path: Path, data: bytes) -> None:
         path.write_bytes(data)
     except OSError as exc:
         raise CliError(f"{exc.filename or path}: cannot write: {exc.strerror or exc}") from exc
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _load_and_check(paths: Sequence[str]):  # type: ignore[no-untyped-def]
@@ -87,7 +84,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.output:
         out = Path(args.output)
         _write_repository(rendered, out)
-        _progress(f"Wrote model repository with {len(rendered)} model(s) to {out}")
+        _err(f"Wrote model repository with {len(rendered)} model(s) to {out}")
     for r in rendered.values():
         print(f"# {r.name}/config.pbtxt (TritonModel {r.model.name}, digest {r.digest})")
         print(r.config_pbtxt, end="" if r.config_pbtxt.endswith("\n") else "\n")
@@ -95,34 +92,34 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from ..api.v1alpha1 import quantity_bytes
     from ..render.modelconfig import render_repository
     from ..triton.client import connect, load_model
     from ..triton.local import TRITON_VERSION, LocalTritonServer, TritonNotInstalled
-    from ..api.v1alpha1 import quantity_bytes
     from ..validate.rules import RULES
 
     loaded = _load_and_check(args.paths)
     if loaded is None:
         return 1
     models = [m for _, m in loaded.models]
-    _progress(f"Validated {len(models)} TritonModel(s): schema and {len(RULES)} rules passed")
+    _err(f"Validated {len(models)} TritonModel(s): schema and {len(RULES)} rules passed")
     rendered = render_repository(models, cpu_only=args.cpu)
     gpu = [m.name for m in models if any(g.kind == "GPU" for g in m.spec.instance_groups or ())]
     if gpu and not args.cpu:
-        _progress(f"Note: {', '.join(gpu)} ask for KIND_GPU instances; pass --cpu to check them on a machine without GPUs")
+        _err(f"Note: {', '.join(gpu)} ask for KIND_GPU instances; pass --cpu to check them on a machine without GPUs")
     cache = max((quantity_bytes(m.spec.server.cache_size) for m in models if m.spec.response_cache), default=0)
     with tempfile.TemporaryDirectory(prefix="triton-validate-") as tmp:
         repo = Path(tmp) / "models"
         _write_repository(rendered, repo)
         server = LocalTritonServer(model_repository=repo, cache_size=cache or None, log_path=Path(tmp) / "tritonserver.log")
-        _progress(f"Starting tritonserver {TRITON_VERSION} on {server.host} (gRPC port {server.grpc_port})…")
+        _err(f"Starting tritonserver {TRITON_VERSION} on {server.host} (gRPC port {server.grpc_port})…")
         t0 = time.monotonic()
         try:
             server.start(timeout=args.timeout)
         except (TritonNotInstalled, RuntimeError, TimeoutError) as exc:
             _err(f"error: {exc}")
             return 2
-        _progress(f"Started tritonserver in {time.monotonic() - t0:.1f}s")
+        _err(f"Started tritonserver in {time.monotonic() - t0:.1f}s")
         failed = 0
         try:
             client = connect(server.grpc_url)
@@ -130,7 +127,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             order = sorted(rendered.values(), key=lambda r: (r.model.spec.is_ensemble, r.model.name))
             width = max(len(r.name) for r in order)
             for i, r in enumerate(order, 1):
-                _progress(f"[{i}/{len(order)}] Loading {r.name} (load and warm-up)…")
+                _err(f"[{i}/{len(order)}] Loading {r.name} (load and warm-up)…")
                 res = load_model(client, r.name, timeout=args.load_timeout)
                 if res.ready:
                     warm = len(r.config.model_warmup)
@@ -149,7 +146,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if failed:
         _err(f"error: {failed} of {len(rendered)} model(s) failed to load in tritonserver")
         return 1
-    _progress(f"All {len(rendered)} model(s) READY in a real tritonserver {TRITON_VERSION}")
+    _err(f"All {len(rendered)} model(s) READY in a real tritonserver {TRITON_VERSION}")
     return 0
 
 
@@ -191,7 +188,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         files = {}
         if versions:
             vdir = versions[-1]
-            files = {str(f.relative_to(vdir)): _read_bytes(f) for f in sorted(vdir.rglob("*")) if f.is_file() and "__pycache__" not in f.parts}
+            files = {str(f.relative_to(vdir)): _read_bytes(f) for f in sorted(vdir.rglob("*"))
+                     if f.is_file() and "__pycache__" not in f.parts}
         warm_dir = d / "warmup"
         warm = {f.name: _read_bytes(f) for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
         res = import_config(cfg, files, warm, names, versions=served)
@@ -228,7 +226,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     text = yaml.safe_dump_all(docs, sort_keys=False, width=120)
     if args.output:
         _write(Path(args.output), text.encode())
-        _progress(f"Wrote {len(docs)} TritonModel(s) to {args.output}")
+        _err(f"Wrote {len(docs)} TritonModel(s) to {args.output}")
     else:
         sys.stdout.write(text)
     return 0
@@ -266,7 +264,7 @@ def cmd_docs(args: argparse.Namespace) -> int:
         return 1
     start, end = text.index(BEGIN), text.index(END) + len(END) + 1
     _write(path, (text[:start] + ref + text[end:]).encode())
-    _progress(f"Updated the TritonModel reference in {path}")
+    _err(f"Updated the TritonModel reference in {path}")
     return 0
 
 
@@ -313,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     try:
         from ..controller.cli import add_commands
-    except ImportError:  # controller extras not importable: offline commands still work
+    except ImportError:  # kopf or kubernetes not installed: the offline commands (render, validate...) still work
         pass
     else:
         add_commands(sub)

@@ -80,7 +80,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     r.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig (default: in-cluster)")
     r.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL to serve")
     r.add_argument("--metrics-port", type=int, default=8081, help="Prometheus metrics port (0 disables)")
-    r.add_argument("--metrics-address", default="0.0.0.0")
+    r.add_argument("--metrics-address", default="0.0.0.0")  # noqa: S104 - Prometheus scrapes the pod from outside
     r.add_argument(
         "--operator-image",
         default=os.environ.get("TRITON_OPERATOR_IMAGE", "ghcr.io/triton-operator/triton-operator:0.1.0"),
@@ -97,7 +97,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                        help="the URL the API server calls (an operator outside the cluster); the operator then "
                             "owns the whole ValidatingWebhookConfiguration and deletes it on exit")
     w.add_argument("--webhook-service-port", type=int, default=443, help="port of --webhook-service")
-    w.add_argument("--webhook-address", default="0.0.0.0", help="address the webhook listens on")
+    w.add_argument("--webhook-address", default="0.0.0.0",  # noqa: S104 - the API server calls in from outside the pod
+                   help="address the webhook listens on")
     w.add_argument("--webhook-port", type=int, default=9443, help="port the webhook listens on")
     w.add_argument("--webhook-configuration", default="triton-operator",
                    help="name of the ValidatingWebhookConfiguration")

@@ -20,11 +20,11 @@ from typing import Any
 from ..api.kinds import LABEL_MODEL
 from ..api.timestamps import parse_rfc3339, rfc3339, utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
+from ..plan.status import TRITON_CONTAINER, pod_condition, triton_container_status
 from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_POLL_MS, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME, GRPC_PORT
-from ..triton.gate import Verdict, check_replica
+from ..triton.replica import ReplicaVerdict, check_replica
 from . import metrics
 from .kube import Kube
-from ..plan.status import TRITON_CONTAINER, pod_condition, triton_container_status
 
 log = logging.getLogger("triton_operator.gate")
 
@@ -103,7 +103,7 @@ class WarmupGate:
         ms = ann.get(ANNOTATION_POLL_MS)
         return int(ms) / 1000 if ms and ms.isdigit() else self.poll_interval
 
-    async def _check(self, gate: _PodGate) -> Verdict:
+    async def _check(self, gate: _PodGate) -> ReplicaVerdict:
         pod = gate.body
         ann = pod["metadata"].get("annotations") or {}
         cs = triton_container_status(pod)
@@ -111,7 +111,7 @@ class WarmupGate:
         running = bool(((cs or {}).get("state") or {}).get("running"))
         if not ip or not running:
             why = "the tritonserver container is not running" if ip else "the pod has no IP yet"
-            return Verdict(False, "TritonNotRunning", why, "Loading")
+            return ReplicaVerdict(False, "TritonNotRunning", why)
         steps = tuple(s for s in (ann.get(ANNOTATION_STEPS) or "").split(",") if s)
         async with self.sem:
             verdict = await check_replica(
@@ -123,7 +123,7 @@ class WarmupGate:
             gate.ready_seen_at = None
         return verdict
 
-    async def _set(self, gate: _PodGate, verdict: Verdict) -> None:
+    async def _set(self, gate: _PodGate, verdict: ReplicaVerdict) -> None:
         status = "True" if verdict.ok else "False"
         message = verdict.message
         if verdict.ok:
@@ -154,7 +154,8 @@ class WarmupGate:
         metrics.GATE_TRANSITIONS.labels(status=status, reason=verdict.reason).inc()
         # keep our copy current so the next round compares against what we wrote
         conds = [c for c in (gate.body.get("status") or {}).get("conditions") or () if c.get("type") != WARMED_CONDITION]
-        gate.body.setdefault("status", {})["conditions"] = [*conds, {**cond, "lastTransitionTime": cond.get("lastTransitionTime") or (prev or {}).get("lastTransitionTime")}]
+        since = cond.get("lastTransitionTime") or (prev or {}).get("lastTransitionTime")
+        gate.body.setdefault("status", {})["conditions"] = [*conds, {**cond, "lastTransitionTime": since}]
         log.info(
             "Set readiness gate pod=%s/%s status=%s reason=%s message=%r",
             gate.namespace, gate.name, status, verdict.reason, message,
@@ -165,4 +166,4 @@ class WarmupGate:
                 self.on_change(gate.namespace, model)
 
 
-__all__ = ["WarmupGate", "TRITON_CONTAINER"]
+__all__ = ["TRITON_CONTAINER", "WarmupGate"]

@@ -22,6 +22,8 @@ from .errors import ApiCallError
 FIELD_MANAGER = "triton-operator"
 
 
+Items = list[dict[str, Any]]
+
 #: A LIST answered with metadata only (no spec, status or data): what exists, cheaply.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
@@ -56,7 +58,7 @@ class Kube:
             auth_settings=["BearerToken"],
         )
         resp = self.api.call_api(m, url, header_params=hdrs, body=ser_body, _request_timeout=30)
-        data = resp.read()
+        data: bytes = resp.read()
         if not 200 <= resp.status < 300:
             verb, kind, namespace, name = what or (method.lower(), path, None, None)
             raise ApiCallError(verb, kind, namespace, name, resp.status, resp.reason or "", _message(data))
@@ -87,16 +89,19 @@ class Kube:
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._call("GET", self.path(api_version, kind, namespace, name), what=("get", kind, namespace, name))
+            found: dict[str, Any] = self._call("GET", self.path(api_version, kind, namespace, name),
+                                               what=("get", kind, namespace, name))
+            return found
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def list(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+    def list(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> Items:
         query = [("labelSelector", label_selector)] if label_selector else []
-        return self._call("GET", self.path(api_version, kind, namespace), query=query,
-                          what=("list", kind, namespace, None))["items"]
+        items: Items = self._call("GET", self.path(api_version, kind, namespace), query=query,
+                                  what=("list", kind, namespace, None))["items"]
+        return items
 
     def list_uids(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> set[str]:
         """The uids of the objects a LIST returns, fetched as metadata only."""
@@ -118,10 +123,11 @@ class Kube:
         meta = obj["metadata"]
         path = self.path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         metrics.API_WRITES.labels(kind=obj["kind"], verb="apply").inc()
-        return self._call(
+        applied: dict[str, Any] = self._call(
             "PATCH", path, body=obj, query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             content_type="application/apply-patch+yaml", what=("apply", obj["kind"], meta["namespace"], meta["name"]),
         )
+        return applied
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete one object; already gone is fine."""
@@ -136,12 +142,13 @@ class Kube:
         """Server-side apply of a cluster-scoped object (e.g. a ValidatingWebhookConfiguration)."""
         group_version, name = obj["apiVersion"], obj["metadata"]["name"]
         metrics.API_WRITES.labels(kind=obj["kind"], verb="apply").inc()
-        return self._call(
+        applied: dict[str, Any] = self._call(
             "PATCH", f"/apis/{group_version}/{plural}/{name}", body=obj,
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")], content_type="application/apply-patch+yaml",
         )
+        return applied
 
-    def json_patch_cluster(self, group_version: str, plural: str, name: str, patch: list[dict[str, Any]]) -> None:
+    def json_patch_cluster(self, group_version: str, plural: str, name: str, patch: Items) -> None:
         """A JSON patch (RFC 6902) of a cluster-scoped object: the fields it names, nothing else."""
         metrics.API_WRITES.labels(kind=plural, verb="patch").inc()
         self._call("PATCH", f"/apis/{group_version}/{plural}/{name}", body=patch,
@@ -160,11 +167,12 @@ class Kube:
         """Merge-patch the status subresource; None when the object is gone."""
         metrics.API_WRITES.labels(kind="TritonModel", verb="patch-status").inc()
         try:
-            return self._call(
+            updated: dict[str, Any] = self._call(
                 "PATCH", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
                 body={"status": status}, query=[("fieldManager", FIELD_MANAGER)],
                 content_type="application/merge-patch+json", what=("patch", "TritonModel status", namespace, name),
             )
+            return updated
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 # kopf takes the insights it serves from as a keyword of kopf.operator(); the class is not re-exported.
-from kopf._cogs.structs.references import Insights
+from kopf._cogs.structs.references import Insights, NamespaceName
 
 from .kube import Kube
 
@@ -64,7 +64,7 @@ class NamespaceSet:
         async with self.insights.revised:
             found = missed(listed, {ns for ns in self.insights.namespaces if ns is not None}, self.watched)
             if found:
-                self.insights.namespaces.update(found)
+                self.insights.namespaces.update(NamespaceName(ns) for ns in found)
                 self.insights.revised.notify_all()
         for name in sorted(found):
             log.warning("Serving a namespace the namespace watch never reported namespace=%s", name)

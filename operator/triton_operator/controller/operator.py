@@ -81,7 +81,7 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
             await STATE.webhook.stop()
 
     @kopf.on.event(TRITON_MODEL.group, TRITON_MODEL.version, TRITON_MODEL.plural, registry=registry)
-    async def _model_event(event: dict[str, Any], **_: Any) -> None:
+    async def _model_event(event: kopf.RawEvent, **_: Any) -> None:
         body = event["object"]
         deleted = event["type"] == "DELETED"
         STATE.cache.put_model(body, deleted=deleted)
@@ -95,7 +95,7 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
 
     def _child_handler(group: str, version: str, plural: str) -> None:
         @kopf.on.event(group, version, plural, labels=OWNED, registry=registry)
-        async def _child_event(event: dict[str, Any], **_: Any) -> None:
+        async def _child_event(event: kopf.RawEvent, **_: Any) -> None:
             body = event["object"]
             STATE.cache.put_child(body, deleted=event["type"] == "DELETED")
             owner = (body["metadata"].get("labels") or {}).get(LABEL_MODEL)
@@ -106,8 +106,8 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         _child_handler(child.group, child.version, child.plural)
 
     @kopf.on.event(POD.group, POD.version, POD.plural, labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)
-    async def _pod_event(event: dict[str, Any], **_: Any) -> None:
-        body = event["object"]
+    async def _pod_event(event: kopf.RawEvent, **_: Any) -> None:
+        body: dict[str, Any] = dict(event["object"])
         deleted = event["type"] == "DELETED"
         model = STATE.cache.put_pod(body, deleted=deleted)
         STATE.gate.observe(body, deleted=deleted)

@@ -87,7 +87,7 @@ class Cache:
 
     def put_pod(self, body: Mapping[str, Any], deleted: bool = False) -> str | None:
         meta = body["metadata"]
-        model = (meta.get("labels") or {}).get(LABEL_MODEL)
+        model: str | None = (meta.get("labels") or {}).get(LABEL_MODEL)
         if not model:
             return None
         key = (meta["namespace"], model)
@@ -149,10 +149,10 @@ class Cache:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, cache: Cache, options: Options = Options()) -> None:
+    def __init__(self, kube: Kube, cache: Cache, options: Options | None = None) -> None:
         self.kube = kube
         self.cache = cache
-        self.options = options
+        self.options = options or Options()
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
 
@@ -174,7 +174,7 @@ class Reconciler:
             try:
                 await self.reconcile(*key)
                 failures = 0
-            except Exception as exc:  # noqa: BLE001 - a failed reconcile is retried, never fatal
+            except Exception as exc:
                 failures += 1
                 retry = retry_after(exc, failures)
                 metrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()

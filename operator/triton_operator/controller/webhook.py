@@ -73,7 +73,7 @@ class Issued:
 
 def issue_certificate(hosts: list[str], now: dt.datetime | None = None) -> Issued:
     """A new self-signed CA and a serving certificate signed by it for `hosts` (DNS names or IPs)."""
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator webhook CA")])
     ca = (
@@ -189,7 +189,7 @@ class AdmissionWebhook:
 
     async def _renew_loop(self, issued: Issued) -> None:
         while True:
-            wait = (issued.not_after - CERT_VALIDITY + RENEW_AFTER) - dt.datetime.now(dt.timezone.utc)
+            wait = (issued.not_after - CERT_VALIDITY + RENEW_AFTER) - dt.datetime.now(dt.UTC)
             await asyncio.sleep(max(wait.total_seconds(), 60))
             try:
                 fresh = issue_certificate(self.target.hosts())

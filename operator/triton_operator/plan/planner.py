@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.kinds import CONFIG_MAP, DEPLOYMENT, LABEL_MODEL, PDB, REPLICA_SET
 from ..api import steps as step_graph
+from ..api.kinds import CONFIG_MAP, DEPLOYMENT, LABEL_MODEL, PDB, REPLICA_SET
 from ..api.v1alpha1 import TritonModel, TritonModelStatus
 from ..render.kubernetes import (
     Options,
@@ -50,7 +50,8 @@ def contains(existing: Any, desired: Any) -> bool:
         if not isinstance(existing, list) or len(existing) != len(desired):
             return False
         return all(contains(e, d) for e, d in zip(existing, desired, strict=True))
-    if isinstance(desired, (int, float)) and isinstance(existing, str) or isinstance(desired, str) and isinstance(existing, (int, float)):
+    number, text = (int, float), str
+    if (isinstance(desired, number) and isinstance(existing, text)) or (isinstance(desired, text) and isinstance(existing, number)):
         return str(existing) == str(desired)
     return bool(existing == desired)
 

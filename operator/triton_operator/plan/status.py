@@ -42,17 +42,13 @@ class Observed:
 
 
 def pod_condition(pod: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
-    for c in (pod.get("status") or {}).get("conditions") or ():
-        if c.get("type") == ctype:
-            return c
-    return None
+    conditions: Sequence[Mapping[str, Any]] = (pod.get("status") or {}).get("conditions") or ()
+    return next((c for c in conditions if c.get("type") == ctype), None)
 
 
 def triton_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or ():
-        if cs.get("name") == TRITON_CONTAINER:
-            return cs
-    return None
+    statuses: Sequence[Mapping[str, Any]] = (pod.get("status") or {}).get("containerStatuses") or ()
+    return next((cs for cs in statuses if cs.get("name") == TRITON_CONTAINER), None)
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
@@ -83,8 +79,8 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
     cs = triton_container_status(pod)
     out: dict[str, Any] = {"pod": name}
     waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
-    init_waiting = [
-        (s.get("state") or {}).get("waiting") for s in (pod.get("status") or {}).get("initContainerStatuses") or ()
+    init_waiting: list[Mapping[str, Any]] = [
+        (s.get("state") or {})["waiting"] for s in (pod.get("status") or {}).get("initContainerStatuses") or ()
         if (s.get("state") or {}).get("waiting")
     ]
     if gate and gate.get("status") == "True":
@@ -114,10 +110,8 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
 def replica_failure(deployment: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The Deployment's `ReplicaFailure` condition while it holds: its ReplicaSet cannot create pods (a quota,
     Pod Security or another admission refused them); the message is the API server's."""
-    for c in ((deployment or {}).get("status") or {}).get("conditions") or ():
-        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
-            return c
-    return None
+    conditions: Sequence[Mapping[str, Any]] = ((deployment or {}).get("status") or {}).get("conditions") or ()
+    return next((c for c in conditions if c.get("type") == "ReplicaFailure" and c.get("status") == "True"), None)
 
 
 def _cond(ctype: str, status: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
@@ -164,7 +158,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
         elif len(serving) >= n:
             ready = _cond("Ready", True, "AllReplicasWarmed", f"{len(serving)}/{n} replicas serve the desired config, warm", g)
         elif failed:
-            ready = _cond("Ready", False, failed[0]["reason"], f"{len(warm)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip(), g)
+            why = f"{len(warm)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip()
+            ready = _cond("Ready", False, failed[0]["reason"], why, g)
         elif refused:
             ready = _cond("Ready", False, refused_reason, f"{len(serving)}/{n} Ready; {refused_message}", g)
         elif ungated:
@@ -197,7 +192,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
     stamp = rfc3339(now)
     for c in conds:
         old = prev_conds.get(c["type"])
-        c["lastTransitionTime"] = old["lastTransitionTime"] if old and old.get("status") == c["status"] and old.get("lastTransitionTime") else stamp
+        held = old is not None and old.get("status") == c["status"] and old.get("lastTransitionTime")
+        c["lastTransitionTime"] = old["lastTransitionTime"] if held and old is not None else stamp
     return TritonModelStatus(
         observed_generation=g,
         conditions=[Condition.model_validate(c) for c in conds],

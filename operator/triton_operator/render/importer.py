@@ -194,7 +194,8 @@ def _step_version(
 ) -> int:
     """The step's modelVersion in TritonModel terms: a TritonModel serves only the version directory imported
     (the latest) and serves it as version 1."""
-    asked, have = step.model_version, sorted(versions.get(step.model_name) or ())
+    asked: int = step.model_version
+    have = sorted(versions.get(step.model_name) or ())
     if asked == -1 or not have:
         return asked
     if asked == have[-1]:
@@ -238,7 +239,7 @@ def import_config(
         spec["modelName"] = cfg.name
     if cfg.platform:
         spec["platform"] = cfg.platform
-    if cfg.backend and not (cfg.platform == "ensemble"):
+    if cfg.backend and cfg.platform != "ensemble":
         spec["backend"] = cfg.backend
     if cfg.max_batch_size == 0:
         spec["batching"] = False

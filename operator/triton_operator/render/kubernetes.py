@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL, MANAGED_BY
-from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel
-from ..api.v1alpha1 import quantity_bytes
+from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel, quantity_bytes
 from .modelconfig import RenderedModel, repository_for, step_closure
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
@@ -66,6 +65,9 @@ class RepositoryTooLarge(ValueError):
             "move large files to spec.source.uri (https://, pvc://, s3:// or gs://)"
         )
         self.size = size
+
+
+Objects = list[dict[str, Any]]
 
 
 def labels(model: TritonModel) -> dict[str, str]:
@@ -184,7 +186,7 @@ def unused_repositories(
     return sorted(cm["metadata"]["name"] for cm in configmaps if cm["metadata"]["name"] not in keep)
 
 
-def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tuple[list[str], list[dict], list[dict], list[dict]]:
+def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tuple[list[str], Objects, Objects, Objects]:
     """fetch arguments, extra volumes, mounts and env for the models in the closure whose source is a uri."""
     args: list[str] = []
     volumes: list[dict[str, Any]] = []
@@ -211,7 +213,8 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
             if src.uri.startswith("s3://"):
                 for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION"):
                     env.append(
-                        {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": key not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}}}
+                        {"name": key, "valueFrom": {"secretKeyRef": {
+                            "name": secret, "key": key, "optional": key not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}}}
                     )
             elif src.uri.startswith("gs://"):
                 vol = f"gcs-{secret}"[:63]
@@ -287,7 +290,8 @@ def render_deployment(
     if gpus > 0:
         resources.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
 
-    probe_http = lambda path: {"httpGet": {"path": path, "port": "http"}}  # noqa: E731
+    def probe_http(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}}
     args = _server_args(model, rendered, options)
     # A user's own --exit-timeout-secs (in server.args, after ours) is the drain Triton will take: make room for it.
     grace = (options.pre_stop_sleep_seconds + exit_timeout(args, options.exit_timeout_seconds)

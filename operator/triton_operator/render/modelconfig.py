@@ -60,7 +60,8 @@ _TIMEOUT_ACTION = {"REJECT": pb.ModelQueuePolicy.REJECT, "DELAY": pb.ModelQueueP
 
 
 def data_type(wire: str) -> int:
-    return _DTYPE[wire]
+    code: int = _DTYPE[wire]
+    return code
 
 
 def _queue_policy(dst: pb.ModelQueuePolicy, policy) -> None:  # type: ignore[no-untyped-def]
@@ -207,7 +208,7 @@ def render_model_config(
 
 def config_text(cfg: pb.ModelConfig) -> str:
     """config.pbtxt text. `max_batch_size: 0` is written explicitly: proto3 hides zero scalars."""
-    text = text_format.MessageToString(cfg, as_utf8=True)
+    text: str = text_format.MessageToString(cfg, as_utf8=True)
     if cfg.max_batch_size == 0:
         lines = text.splitlines(keepends=True)
         at = next((i for i, ln in enumerate(lines) if not ln.startswith(("name:", "platform:", "backend:"))), len(lines))

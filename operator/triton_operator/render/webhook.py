@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ..api.kinds import MANAGED_BY
 from ..api.v1alpha1 import GROUP, PLURAL
-from .kubernetes import MANAGED_BY
 
 WEBHOOK_NAME = f"{PLURAL}.{GROUP}"
 WEBHOOK_PATH = "/validate-tritonmodels"

@@ -97,7 +97,7 @@ def _digest(text: str) -> str:
 def find_install() -> TritonInstall:
     """Locate tritonserver in the nvidia-pytriton wheel, or raise TritonNotInstalled."""
     try:
-        import pytriton  # noqa: PLC0415  (optional dependency)
+        import pytriton
     except ImportError as exc:
         raise TritonNotInstalled(
             "tritonserver not found: install the 'server' extra (pip install 'triton-operator[server]')"
@@ -124,7 +124,8 @@ def _die_with_parent() -> None:
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @dataclass
@@ -184,13 +185,13 @@ class LocalTritonServer:
             os.close(fd)
             self.log_path = Path(name)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the process lifetime
-        self.process = subprocess.Popen(  # noqa: S603 - argument array, no shell
+        self.process = subprocess.Popen(
             self.command(install),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=install.environment(),
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # a killed test run or CLI leaves no tritonserver behind
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl(PR_SET_PDEATHSIG): a killed run leaves no tritonserver
         )
         log.close()
         deadline = time.monotonic() + timeout

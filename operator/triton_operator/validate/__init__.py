@@ -61,10 +61,6 @@ class Loaded:
     models: list[tuple[str, TritonModel]] = field(default_factory=list)
     errors: list[FieldError] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
 
 def _yaml_files(path: Path) -> list[Path]:
     if path.is_dir():

@@ -30,7 +30,7 @@ IDENT = "TritonModel/{}"
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AdmissionVerdict:
     allowed: bool
     errors: list[FieldError] = field(default_factory=list)  # the change's own, then those of ensembles it breaks
     warnings: list[str] = field(default_factory=list)
@@ -71,7 +71,7 @@ def review(
     old: Mapping[str, Any] | None,
     neighbours: Mapping[str, Mapping[str, Any]],
     dependents: Sequence[str] = (),
-) -> Verdict:
+) -> AdmissionVerdict:
     """The verdict on `obj` replacing `old` (None on create).
 
     `neighbours`: the current bodies of the other TritonModels of the namespace that matter, by
@@ -82,7 +82,7 @@ def review(
     subject = IDENT.format(name)
     new, errors = _parse(name, obj)
     if new is None:
-        return Verdict(False, errors, subject=subject)
+        return AdmissionVerdict(False, errors, subject=subject)
 
     others: dict[str, TritonModel] = {}
     warnings: list[str] = []
@@ -109,4 +109,4 @@ def review(
     broken = [e for e in after if e.model in wanted and (e.model, e.path, e.message) not in before
               and e.rule != "ensemble-cycle"]
     errors = own + broken
-    return Verdict(not errors, errors, warnings, subject)
+    return AdmissionVerdict(not errors, errors, warnings, subject)

@@ -1,7 +1,7 @@
 """Semantic rules for TritonModels, pure: (models) -> [FieldError].
 
-Every rule from ../shared/TRITON_NOTES.md is here: the ones tritonserver
-enforces when it loads a config (refused here first, with the field path and
+Every config rule tritonserver has is here (each one in `RULES`, with the README's rule table generated
+from it): the ones tritonserver enforces when it loads a config (refused here first, with the field path and
 why), and the ones it does not (which would fail late, at warm-up, or silently
 do nothing). Ensemble rules are checked across the whole set of models.
 All errors are collected; none stops the others.
@@ -647,20 +647,20 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
                     f"ensemble tensor {v!r} is neither an ensemble input nor written by any step",
                 )
                 continue
-            t = t_inputs.get(k)
-            if t is None:
+            wanted = t_inputs.get(k)
+            if wanted is None:
                 continue
-            if src[1].data_type != t.data_type:
+            if src[1].data_type != wanted.data_type:
                 err(
                     "ensemble-types",
                     f"{base}.inputMap[{k}]",
-                    f"{v!r} is {src[1].data_type} ({src[0]}) but {step.model!r} input {k!r} is {t.data_type}",
+                    f"{v!r} is {src[1].data_type} ({src[0]}) but {step.model!r} input {k!r} is {wanted.data_type}",
                 )
-            elif not _shape_compatible(src[1], src[2], t, t_mbs, a_reshape=src[0] == "ensemble input"):
+            elif not _shape_compatible(src[1], src[2], wanted, t_mbs, a_reshape=src[0] == "ensemble input"):
                 err(
                     "ensemble-types",
                     f"{base}.inputMap[{k}]",
-                    f"{v!r} has shape {src[1].dims} ({src[0]}) but {step.model!r} input {k!r} has dims {t.dims}",
+                    f"{v!r} has shape {src[1].dims} ({src[0]}) but {step.model!r} input {k!r} has dims {wanted.dims}",
                 )
     for j, (name, t) in enumerate(ens_outputs.items()):
         src = produced.get(name)
