@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from triton_operator import repository
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.validate.rules import check_models
@@ -39,11 +40,7 @@ def checked(doc: Mapping[str, Any]) -> TritonModel:
 
 def write_repository(models: list[TritonModel], repo: Path) -> dict[str, RenderedModel]:
     rendered = render_repository(models)
-    for r in rendered.values():
-        for rel, data in r.files.items():
-            dest = repo / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
+    repository.write_repository(rendered, repo)
     return rendered
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from triton_helpers import EXAMPLES
 
+from tests.triton_helpers import EXAMPLES
 from triton_operator.cli.main import main
 from triton_operator.validate import check_documents, load_paths
 
@@ -192,7 +192,7 @@ spec:
 
 @pytest.fixture(scope="module")
 def _triton_available() -> None:
-    from triton_helpers import require_tritonserver
+    from tests.triton_helpers import require_tritonserver
 
     require_tritonserver()
 

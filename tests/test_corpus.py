@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.modelconfig import render_repository
+from triton_operator.repository import write_repository
 from triton_operator.validate import RULES, check_documents, load_paths
 
 CORPUS = Path(__file__).parent / "corpus" / "invalid"
@@ -121,40 +122,6 @@ def _models_bypassing_rules(case: Case) -> list[TritonModel]:
     return out
 
 
-class _Server:
-    """One explicit-mode tritonserver for the corpus; replaced when a defect leaves a model stuck LOADING."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.server = None
-        self.n = 0
-
-    def get(self):  # type: ignore[no-untyped-def]
-        from triton_operator.triton.local import LocalTritonServer
-
-        if self.server is None:
-            self.n += 1
-            repo = self.root / f"repo{self.n}"
-            repo.mkdir()
-            self.server = LocalTritonServer(
-                model_repository=repo, model_control_mode="explicit", cache_size=1 << 20,
-                extra_args=["--exit-timeout-secs=2"],
-            ).start()
-        return self.server
-
-    def discard(self) -> None:
-        if self.server is not None:
-            self.server.stop(grace=3)
-            self.server = None
-
-
-@pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    holder = _Server(tmp_path_factory.mktemp("corpus"))
-    yield holder
-    holder.discard()
-
-
 LOAD_TIMEOUT = 30  # a defect that leaves Triton LOADING forever is refused too: it never serves
 
 
@@ -163,16 +130,13 @@ LOAD_TIMEOUT = 30  # a defect that leaves Triton LOADING forever is refused too:
 def test_triton_refuses_the_same_defect(case: Case, triton) -> None:  # type: ignore[no-untyped-def]
     import tritonclient.grpc as grpcclient
 
-    server = triton.get()
+    server, _ = triton.get()
     repo = Path(server.model_repository)
     for child in repo.iterdir():
         shutil.rmtree(child)
     models = _models_bypassing_rules(case)
     rendered = render_repository(models, cpu_only=False)
-    for r in rendered.values():
-        for rel, data in r.files.items():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            (repo / rel).write_bytes(data)
+    write_repository(rendered, repo)
     target = models[0].triton_name
     if case.triton_append:
         cfg = repo / target / "config.pbtxt"

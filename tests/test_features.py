@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from triton_helpers import EXAMPLES, Served, ServerPool, load_models, tensor, variant
 from tritonclient.utils import InferenceServerException
 
+from tests.triton_helpers import EXAMPLES, Served, ServerPool, load_models, tensor, variant
 from triton_operator.api.v1alpha1 import quantity_bytes
 
 pytestmark = pytest.mark.triton

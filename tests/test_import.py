@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 from google.protobuf import text_format
-from triton_helpers import EXAMPLES
 from tritonclient.grpc import model_config_pb2 as pb
 
+from tests.triton_helpers import EXAMPLES
 from triton_operator.api.v1alpha1 import DIGEST_PARAMETER
 from triton_operator.cli.main import main
 from triton_operator.render.importer import parse_config
@@ -499,7 +499,7 @@ def test_import_console_script(hand_written: Path, tmp_path: Path) -> None:
 def test_imported_yaml_loads_ready_in_triton(hand_written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`triton-operator validate` (the console script) on imported YAML: two examples and the hand-written
     repository, every model READY in a real tritonserver after load and warm-up."""
-    from triton_helpers import require_tritonserver
+    from tests.triton_helpers import require_tritonserver
 
     require_tritonserver()
     paths = []

@@ -35,7 +35,9 @@ from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import SharedTriton
 from triton_operator.render.modelconfig import render_repository
+from triton_operator.repository import write_repository
 from triton_operator.validate import check_documents, load_documents
 
 GENERIC_MODEL = (Path(__file__).parent / "models" / "generic_model.py").read_text()
@@ -583,53 +585,6 @@ def test_generator_writes_valid_and_invalid_specs() -> None:
 # ---------------------------------------------------------------- the property, against a real tritonserver
 
 
-class _SharedServer:
-    """One explicit-mode tritonserver with a response cache; replaced when a load gets stuck or it dies."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.server: Any = None
-        self.client: grpcclient.InferenceServerClient | None = None
-        self.starts = 0
-
-    def get(self) -> tuple[Any, grpcclient.InferenceServerClient]:
-        from triton_operator.triton.local import LocalTritonServer
-
-        if self.server is None or self.server.process.poll() is not None:
-            self.discard()
-            self.starts += 1
-            repo = self.root / f"repo{self.starts}"
-            repo.mkdir()
-            self.server = LocalTritonServer(
-                model_repository=repo,
-                model_control_mode="explicit",
-                cache_size=16 << 20,
-                log_path=self.root / f"tritonserver{self.starts}.log",
-                extra_args=["--exit-timeout-secs=2"],
-            ).start()
-            self.client = grpcclient.InferenceServerClient(self.server.grpc_url)
-        assert self.client is not None
-        return self.server, self.client
-
-    def discard(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-        if self.server is not None:
-            self.server.stop(grace=3)
-            self.server = None
-
-
-@pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from triton_helpers import require_tritonserver
-
-    require_tritonserver()
-    holder = _SharedServer(tmp_path_factory.mktemp("property"))
-    yield holder
-    holder.discard()
-
-
 #: What a gRPC call says when the server went away under it (as opposed to Triton refusing a load).
 TRANSPORT_ERRORS = ("Socket closed", "Stream removed", "failed to connect", "Connection reset", "Broken pipe")
 
@@ -650,7 +605,7 @@ def _log_since(server: Any, offset: int, limit: int = 4000) -> str:
         return f.read().decode(errors="replace")[-limit:]
 
 
-def _load_and_check(triton: _SharedServer, doc: dict[str, Any], stats: Counter[str], load_times: list[float]) -> None:
+def _load_and_check(triton: SharedTriton, doc: dict[str, Any], stats: Counter[str], load_times: list[float]) -> None:
     loaded = check_documents(load_documents(yaml.safe_dump(doc), "<generated>"))
     if loaded.errors:
         stats["refused"] += 1
@@ -660,10 +615,7 @@ def _load_and_check(triton: _SharedServer, doc: dict[str, Any], stats: Counter[s
     rendered = render_repository(models, cpu_only=True)  # as `triton-operator validate --cpu`: no GPUs here
     server, client = triton.get()
     repo = Path(server.model_repository)
-    for r in rendered.values():
-        for rel, data in r.files.items():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            (repo / rel).write_bytes(data)
+    write_repository(rendered, repo)
     (r,) = rendered.values()
     name = r.name
     log_start = server.log_path.stat().st_size
@@ -698,8 +650,7 @@ def _load_and_check(triton: _SharedServer, doc: dict[str, Any], stats: Counter[s
 def test_an_empty_warmup_sample_really_breaks_triton(doc: dict[str, Any], tmp_path: Path) -> None:
     """The defect behind rule `warmup-empty`, rendered anyway (schema only) into a throwaway server:
     Triton refuses the load, or dies."""
-    from triton_helpers import require_tritonserver, write_repository
-
+    from tests.triton_helpers import require_tritonserver, write_repository
     from triton_operator.api.v1alpha1 import TritonModel
     from triton_operator.triton.local import LocalTritonServer
 
@@ -726,7 +677,7 @@ def test_an_empty_warmup_sample_really_breaks_triton(doc: dict[str, Any], tmp_pa
 
 @pytest.mark.triton
 @pytest.mark.timeout(600)
-def test_any_spec_the_validator_accepts_loads_in_triton(triton: _SharedServer, record_property: Any) -> None:
+def test_any_spec_the_validator_accepts_loads_in_triton(triton: SharedTriton, record_property: Any) -> None:
     stats: Counter[str] = Counter()
     load_times: list[float] = []
     serial = iter(range(1, 1_000_000))

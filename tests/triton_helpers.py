@@ -1,7 +1,7 @@
 """Helpers for tests that run TritonModels in a real tritonserver (from the nvidia-pytriton wheel).
 
-Import directly (`from triton_helpers import ...`): tests/ has no __init__.py, so pytest puts it on
-sys.path. Nothing here mocks Triton: a YAML file is checked with the operator's validator, rendered
+Imported as `from tests.triton_helpers import ...` (tests/ is a package); the shared tritonserver fixture
+is `triton`, in tests/conftest.py. Nothing here mocks Triton: a YAML file is checked with the operator's validator, rendered
 with its renderer, written to a model repository, and served by `LocalTritonServer`.
 """
 
@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import np_to_triton_dtype
 
+from triton_operator import repository
 from triton_operator.api.v1alpha1 import TritonModel, quantity_bytes
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.triton.client import LoadResult, load_model
@@ -68,12 +69,7 @@ def variant(path: Path | str, edit: Callable[[dict[str, Any]], None]) -> list[Tr
 
 
 def write_repository(rendered: Mapping[str, RenderedModel], repo: Path) -> Path:
-    for r in rendered.values():
-        for rel, data in r.files.items():
-            dest = repo / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-    return repo
+    return repository.write_repository(rendered, repo)
 
 
 def cache_size_for(models: Iterable[TritonModel]) -> int | None:

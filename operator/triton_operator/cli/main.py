@@ -6,10 +6,14 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import __version__
+
+if TYPE_CHECKING:
+    from ..render.modelconfig import RenderedModel
 
 
 class CliError(Exception):
@@ -68,10 +72,13 @@ def _load_and_check(paths: Sequence[str]):  # type: ignore[no-untyped-def]
     return loaded
 
 
-def _write_repository(rendered, out: Path) -> None:  # type: ignore[no-untyped-def]
-    for r in rendered.values():
-        for rel, data in r.files.items():
-            _write(out / rel, data)
+def _write_repository(rendered: Mapping[str, RenderedModel], out: Path) -> None:
+    from ..repository import write_repository
+
+    try:
+        write_repository(rendered, out)
+    except OSError as exc:
+        raise CliError(f"{exc.filename or out}: cannot write: {exc.strerror or exc}") from exc
 
 
 def cmd_render(args: argparse.Namespace) -> int:

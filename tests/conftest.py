@@ -1,0 +1,61 @@
+"""Fixtures shared by tests/: `triton`, the one explicit-mode tritonserver the corpus and property tests load
+models into (a real one, from the nvidia-pytriton wheel; skipped with the reason when the wheel is missing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+class SharedTriton:
+    """One explicit-mode tritonserver with a 16 MiB response cache, started on first use; `discard()` stops it
+    (a load stuck LOADING, a server that died), and the next `get()` starts a fresh one on an empty repository."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.server: Any = None
+        self.client: Any = None
+        self.starts = 0
+
+    def get(self) -> tuple[Any, Any]:
+        """The running server (a `LocalTritonServer`, its repository in `server.model_repository`) and a gRPC
+        client to it."""
+        import tritonclient.grpc as grpcclient
+
+        from triton_operator.triton.local import LocalTritonServer
+
+        if self.server is None or self.server.process.poll() is not None:
+            self.discard()
+            self.starts += 1
+            repo = self.root / f"repo{self.starts}"
+            repo.mkdir()
+            self.server = LocalTritonServer(
+                model_repository=repo,
+                model_control_mode="explicit",
+                cache_size=16 << 20,
+                log_path=self.root / f"tritonserver{self.starts}.log",
+                extra_args=["--exit-timeout-secs=2"],
+            ).start()
+            self.client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        return self.server, self.client
+
+    def discard(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.server is not None:
+            self.server.stop(grace=3)
+            self.server = None
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTriton]:
+    from tests.triton_helpers import require_tritonserver
+
+    require_tritonserver()
+    shared = SharedTriton(tmp_path_factory.mktemp("triton"))
+    yield shared
+    shared.discard()
