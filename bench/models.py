@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from triton_operator import repository
+from triton_operator import files
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.validate.rules import check_models
@@ -40,7 +40,7 @@ def checked(doc: Mapping[str, Any]) -> TritonModel:
 
 def write_repository(models: list[TritonModel], repo: Path) -> dict[str, RenderedModel]:
     rendered = render_repository(models)
-    repository.write_repository(rendered, repo)
+    files.write_repository(rendered, repo)
     return rendered
 
 

@@ -22,8 +22,9 @@ from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import CRD, _crd_established, kubectl
 from triton_operator.api.kinds import CHILDREN, LABEL_MODEL, POD
 from triton_operator.controller import metrics
+from triton_operator.controller.cache import Cache
 from triton_operator.controller.kube import Kube as OperatorKube
-from triton_operator.controller.reconcile import Cache, Reconciler
+from triton_operator.controller.reconcile import Reconciler
 
 pytestmark = pytest.mark.cluster
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_corpus import _cases
 
+from tests.test_corpus import _cases
 from triton_operator.api.steps import steps_of
 from triton_operator.validate.admission import needs_review, review
 

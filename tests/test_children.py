@@ -11,6 +11,7 @@ import pytest
 
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModel
 from triton_operator.fetch import FetchError, copy_repository, fetch_uri
+from triton_operator.files import load_paths
 from triton_operator.plan.planner import contains
 from triton_operator.plan.status import Observed, Problem, as_dict, status_changed, transitions
 from triton_operator.plan.status import compute_status as typed_status
@@ -21,7 +22,7 @@ from triton_operator.render.kubernetes import (
     render_children,
 )
 from triton_operator.render.modelconfig import render_repository
-from triton_operator.validate import check_documents, load_paths
+from triton_operator.validate import check_documents
 
 
 def compute_status(obs: Observed, previous: dict | None) -> dict:
@@ -287,7 +288,7 @@ def test_warmup_files_become_binary_configmap_data() -> None:
 
 
 def test_primed_pods_merge_under_the_watch_and_never_revive_a_deleted_pod() -> None:
-    from triton_operator.controller.reconcile import Cache
+    from triton_operator.controller.cache import Cache
 
     def pod(name: str, uid: str, rv: str) -> dict:
         return {"metadata": {"name": name, "uid": uid, "namespace": "ns", "resourceVersion": rv,
@@ -306,7 +307,7 @@ def test_sweep_forgets_what_a_list_lacks_unless_observed_since() -> None:
     import time
 
     from triton_operator.api.kinds import WATCHED
-    from triton_operator.controller.reconcile import Cache
+    from triton_operator.controller.cache import Cache
 
     def obj(kind: str, name: str, uid: str) -> dict:
         return {"kind": kind, "metadata": {"name": name, "uid": uid, "namespace": "ns",
@@ -332,7 +333,7 @@ def test_sweep_forgets_what_a_list_lacks_unless_observed_since() -> None:
 
 
 def test_forget_model_spares_a_newer_object_of_the_same_name() -> None:
-    from triton_operator.controller.reconcile import Cache
+    from triton_operator.controller.cache import Cache
 
     cache = Cache()
     cache.put_model({"kind": "TritonModel", "metadata": {"name": "m", "uid": "new", "namespace": "ns"}})

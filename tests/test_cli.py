@@ -16,7 +16,8 @@ import yaml
 
 from tests.triton_helpers import EXAMPLES
 from triton_operator.cli.main import main
-from triton_operator.validate import check_documents, load_paths
+from triton_operator.files import load_paths
+from triton_operator.validate import check_documents
 
 CORPUS = Path(__file__).parent / "corpus" / "invalid"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-operator"

@@ -21,9 +21,9 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from triton_operator.api.v1alpha1 import TritonModel
+from triton_operator.files import load_paths, write_repository
 from triton_operator.render.modelconfig import render_repository
-from triton_operator.repository import write_repository
-from triton_operator.validate import RULES, check_documents, load_paths
+from triton_operator.validate import RULES, check_documents
 
 CORPUS = Path(__file__).parent / "corpus" / "invalid"
 GENERIC_MODEL = (Path(__file__).parent / "models" / "generic_model.py").read_text()

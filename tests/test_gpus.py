@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from triton_operator.api.v1alpha1 import TritonModel
+from triton_operator.files import load_paths
 from triton_operator.render.kubernetes import render_children
 from triton_operator.render.modelconfig import render_repository
-from triton_operator.validate import Document, check_documents, load_paths
+from triton_operator.validate import Document, check_documents
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 UID = "00000000-0000-0000-0000-000000000001"

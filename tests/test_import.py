@@ -21,8 +21,9 @@ from tritonclient.grpc import model_config_pb2 as pb
 from tests.triton_helpers import EXAMPLES
 from triton_operator.api.v1alpha1 import DIGEST_PARAMETER
 from triton_operator.cli.main import main
-from triton_operator.render.importer import parse_config
-from triton_operator.validate import check_documents, load_paths
+from triton_operator.files import load_paths
+from triton_operator.importer import parse_config
+from triton_operator.validate import check_documents
 
 EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
 GENERIC_MODEL = (Path(__file__).parent / "models" / "generic_model.py").read_text()

@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import SharedTriton
+from triton_operator.files import write_repository
 from triton_operator.render.modelconfig import render_repository
-from triton_operator.repository import write_repository
 from triton_operator.validate import check_documents, load_documents
 
 GENERIC_MODEL = (Path(__file__).parent / "models" / "generic_model.py").read_text()

@@ -11,8 +11,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from triton_operator.api.v1alpha1 import DIGEST_PARAMETER, TritonModel
+from triton_operator.files import load_paths
 from triton_operator.render.modelconfig import config_text, render_repository, repository_for
-from triton_operator.validate import check_documents, load_paths
+from triton_operator.validate import check_documents
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -13,7 +13,8 @@ import json
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from triton_operator.controller.reconcile import Cache, Reconciler
+from triton_operator.controller.cache import Cache
+from triton_operator.controller.reconcile import Reconciler
 
 
 class VirtualClockLoop(asyncio.SelectorEventLoop):

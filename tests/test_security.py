@@ -181,7 +181,8 @@ def test_rendered_pods_pass_pod_security_restricted(source: dict) -> None:
 
 
 def test_every_example_renders_pods_that_pass_pod_security_restricted() -> None:
-    from triton_operator.validate import check_documents, load_paths
+    from triton_operator.files import load_paths
+    from triton_operator.validate import check_documents
 
     loaded = check_documents(load_paths([Path(__file__).resolve().parent.parent / "examples"]))
     models = [m for _, m in loaded.models]

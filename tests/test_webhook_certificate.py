@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from triton_operator.controller.certificates import CERT_VALIDITY, issue_certificate
 from triton_operator.controller.namespaces import exact_namespaces, missed, watches
-from triton_operator.controller.webhook import CERT_VALIDITY, issue_certificate
 from triton_operator.render.webhook import WebhookTarget
 
 

@@ -20,12 +20,13 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import np_to_triton_dtype
 
-from triton_operator import repository
+from triton_operator import files
 from triton_operator.api.v1alpha1 import TritonModel, quantity_bytes
+from triton_operator.files import load_paths
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.triton.client import LoadResult, load_model
 from triton_operator.triton.local import LocalTritonServer, TritonNotInstalled, find_install
-from triton_operator.validate import check_documents, load_documents, load_paths
+from triton_operator.validate import check_documents, load_documents
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -69,7 +70,7 @@ def variant(path: Path | str, edit: Callable[[dict[str, Any]], None]) -> list[Tr
 
 
 def write_repository(rendered: Mapping[str, RenderedModel], repo: Path) -> Path:
-    return repository.write_repository(rendered, repo)
+    return files.write_repository(rendered, repo)
 
 
 def cache_size_for(models: Iterable[TritonModel]) -> int | None:

@@ -26,7 +26,7 @@ def _err(msg: str) -> None:
 
 
 def _read_text(path: Path) -> str:
-    from ..validate import InputError, read_text
+    from ..files import InputError, read_text
 
     try:
         return read_text(path)
@@ -50,7 +50,8 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def _load_and_check(paths: Sequence[str]):  # type: ignore[no-untyped-def]
-    from ..validate import InputError, check_documents, load_paths
+    from ..files import InputError, load_paths
+    from ..validate import check_documents
 
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
@@ -73,7 +74,7 @@ def _load_and_check(paths: Sequence[str]):  # type: ignore[no-untyped-def]
 
 
 def _write_repository(rendered: Mapping[str, RenderedModel], out: Path) -> None:
-    from ..repository import write_repository
+    from ..files import write_repository
 
     try:
         write_repository(rendered, out)
@@ -160,7 +161,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     import yaml
 
-    from ..render.importer import import_config, k8s_name, parse_config
+    from ..importer import import_config, k8s_name, parse_config
     from ..validate import Document, FieldError, check_documents
 
     root = Path(args.repository)
@@ -316,12 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fetch this version of a model's s3:// (VersionId) or gs:// (generation) object")
     f.set_defaults(func=cmd_fetch)
 
-    try:
-        from ..controller.cli import add_commands
-    except ImportError:  # kopf or kubernetes not installed: the offline commands (render, validate...) still work
-        pass
-    else:
-        add_commands(sub)
+    from .run import add_commands  # `run` imports the controller (kopf, kubernetes) only when it runs
+
+    add_commands(sub)
     return p
 
 

@@ -23,10 +23,11 @@ from ..api.kinds import CHILDREN, LABEL_MODEL, MANAGED_BY, POD, TRITON_MODEL
 from ..api.v1alpha1 import GROUP, VERSION
 from ..render.kubernetes import Options
 from ..render.webhook import WebhookTarget
+from .cache import Cache
 from .gate import WarmupGate
 from .kube import Kube
 from .namespaces import NamespaceSet, has_patterns
-from .reconcile import Cache, Reconciler
+from .reconcile import Reconciler
 from .webhook import AdmissionWebhook
 
 log = logging.getLogger("triton_operator")

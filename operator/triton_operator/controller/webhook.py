@@ -24,20 +24,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
-import ipaddress
 import logging
 import ssl
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..api import steps as step_graph
 from ..api.steps import steps_of
@@ -48,67 +41,15 @@ from ..render.webhook import (
     WebhookTarget,
     render_webhook_configuration,
 )
-from ..validate.admission import needs_review, review
+from ..validate.admission import needs_review, reachable, review
 from . import metrics
+from .certificates import CERT_VALIDITY, RENEW_AFTER, Issued, issue_certificate
 from .kube import Kube
 from .namespaces import exact_namespaces, watches
 
 log = logging.getLogger("triton_operator.webhook")
 
-CERT_VALIDITY = dt.timedelta(days=365)
-RENEW_AFTER = dt.timedelta(days=240)  # two thirds of the validity
-MAX_NEIGHBOURS = 256  # TritonModels read for one review, at most
 
-
-# -- certificates ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Issued:
-    ca_pem: bytes
-    cert_pem: bytes
-    key_pem: bytes
-    not_after: dt.datetime
-
-
-def issue_certificate(hosts: list[str], now: dt.datetime | None = None) -> Issued:
-    """A new self-signed CA and a serving certificate signed by it for `hosts` (DNS names or IPs)."""
-    now = now or dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator webhook CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + CERT_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for h in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            sans.append(x509.DNSName(h))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator webhook")]))  # names: SANs
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + CERT_VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    return Issued(
-        ca.public_bytes(pem), cert.public_bytes(pem),
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-        now + CERT_VALIDITY,
-    )
 
 
 # -- the server -----------------------------------------------------------------------------------
@@ -248,10 +189,3 @@ class AdmissionWebhook:
             "code": 422, "reason": "Invalid", "message": verdict.message,
             "details": {"group": GROUP, "kind": KIND, "name": name, "causes": causes}}})
         return out
-
-
-def reachable(models: Mapping[str, Mapping[str, Any]], start: list[str]) -> dict[str, Mapping[str, Any]]:
-    """The bodies of `models` reachable from the names in `start` through ensemble steps (at most
-    MAX_NEIGHBOURS of them)."""
-    reached, _ = step_graph.closure(start, step_graph.of_bodies(models))
-    return {n: models[n] for n in reached[:MAX_NEIGHBOURS]}

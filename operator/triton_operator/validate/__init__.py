@@ -1,10 +1,11 @@
-"""Validation of TritonModels: schema (pydantic) plus semantic rules, pure, collecting every error."""
+"""Validation of TritonModels: schema (pydantic) plus semantic rules, pure, collecting every error.
+
+Documents come in as parsed YAML (`load_documents`); reading files is `triton_operator.files`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -14,30 +15,7 @@ from ..api.v1alpha1 import API_VERSION, KIND, TritonModel
 from .errors import FieldError, from_pydantic
 from .rules import RULES, check_models
 
-__all__ = [
-    "RULES", "Document", "FieldError", "InputError", "Loaded", "check_documents", "load_documents", "load_paths",
-    "read_text",
-]
-
-
-class InputError(Exception):
-    """A file that cannot be read as UTF-8 text. `str()` is one line naming the file."""
-
-
-def read_text(path: Path) -> str:
-    """The UTF-8 text of `path`, or an InputError saying in one line why not."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise InputError(
-            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line}, offset {exc.start}); "
-            "save it as UTF-8"
-        ) from exc
+__all__ = ["RULES", "Document", "FieldError", "Loaded", "check_documents", "load_documents"]
 
 
 def yaml_problem(exc: Exception) -> str:
@@ -60,32 +38,6 @@ class Document:
 class Loaded:
     models: list[tuple[str, TritonModel]] = field(default_factory=list)
     errors: list[FieldError] = field(default_factory=list)
-
-
-def _yaml_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
-    return [path]
-
-
-def load_paths(paths: Iterable[str | Path]) -> list[Document]:
-    """Every YAML document in the given files and directories (recursively), in a stable order.
-
-    A file that cannot be read as UTF-8 raises InputError; one that is not YAML becomes a Document
-    holding the error, reported with the others."""
-    docs: list[Document] = []
-    for p in paths:
-        for f in _yaml_files(Path(p)):
-            text = read_text(f)
-            try:
-                items = list(yaml.safe_load_all(text))
-            except yaml.YAMLError as exc:
-                docs.append(Document(f"{f}", exc))
-                continue
-            for i, body in enumerate(items):
-                if body is not None:
-                    docs.append(Document(f"{f}#{i}", body))
-    return docs
 
 
 def load_documents(text: str, ident: str = "<stdin>") -> list[Document]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..api import steps as step_graph
 from ..api.v1alpha1 import TritonModel
 from .errors import FieldError, from_pydantic
 from .rules import check_models
@@ -110,3 +111,14 @@ def review(
               and e.rule != "ensemble-cycle"]
     errors = own + broken
     return AdmissionVerdict(not errors, errors, warnings, subject)
+
+
+#: TritonModels read for one review, at most.
+MAX_NEIGHBOURS = 256
+
+
+def reachable(models: Mapping[str, Mapping[str, Any]], start: list[str]) -> dict[str, Mapping[str, Any]]:
+    """The bodies of `models` reachable from the names in `start` through ensemble steps (at most
+    MAX_NEIGHBOURS of them)."""
+    reached, _ = step_graph.closure(start, step_graph.of_bodies(models))
+    return {n: models[n] for n in reached[:MAX_NEIGHBOURS]}

@@ -1,4 +1,4 @@
-"""`triton-operator run`: the operator process."""
+"""`triton-operator run`: the operator process (its arguments; the operator itself is `controller.operator`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import signal
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .operator import WebhookSettings
+    from ..controller.operator import WebhookSettings
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
+    from ..controller.operator import run_operator
     from ..render.kubernetes import Options
-    from .operator import run_operator
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -66,7 +66,7 @@ def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
         target = WebhookTarget(url=args.webhook_url)
     else:
         return None
-    from .operator import WebhookSettings
+    from ..controller.operator import WebhookSettings
 
     return WebhookSettings(target, args.webhook_configuration, args.webhook_failure_policy, args.webhook_address,
                            args.webhook_port)

@@ -16,8 +16,8 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from ..api.v1alpha1 import API_VERSION, DIGEST_PARAMETER, KIND
-from .modelconfig import WIRE_NAME
+from .api.v1alpha1 import API_VERSION, DIGEST_PARAMETER, KIND
+from .render.modelconfig import WIRE_NAME
 
 _KIND_NAME = {v: k for k, v in pb.ModelInstanceGroup.Kind.items()}
 _CONTROL_NAME = {

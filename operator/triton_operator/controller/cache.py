@@ -1,0 +1,127 @@
+"""The operator's view of the cluster: the latest TritonModels, children and replicas the watches delivered.
+
+Kept current by the kopf event handlers (`controller.operator`) and by the reconcile's own writes; read by
+`Reconciler.gather`. `Cache.sweep` drops what a LIST no longer shows (deletions a restarted watch never
+reported). Bodies are kept without metadata.managedFields.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.kinds import LABEL_MODEL
+
+
+def lean(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A shallow copy without metadata.managedFields: nothing here reads them, and on objects written with
+    server-side apply they roughly double the metadata (about 30 MB of peak RSS at 1000 models)."""
+    out = dict(body)
+    meta = out.get("metadata")
+    if meta and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return out
+
+
+@dataclass
+class Cache:
+    """Latest bodies seen on the watches (without managedFields), by namespace."""
+
+    models: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
+    children: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, ns, name)
+    pods: dict[tuple[str, str], dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
+    # (ns, model) whose pods were listed once; uids deleted before that list, which it must not revive
+    primed: set[tuple[str, str]] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
+    # uid -> time.monotonic() when the cached body was last observed (a watch event, a write's answer, a LIST)
+    seen: dict[str, float] = field(default_factory=dict)
+
+    def _observed(self, body: Mapping[str, Any], deleted: bool) -> None:
+        uid = body["metadata"].get("uid")
+        if not uid:
+            return
+        if deleted:
+            self.seen.pop(uid, None)
+        else:
+            self.seen[uid] = time.monotonic()
+
+    def put_model(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        self._observed(body, deleted)
+        if deleted:
+            self.models[ns].pop(name, None)
+        else:
+            self.models[ns][name] = lean(body)
+
+    def put_child(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        key = (body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
+        self._observed(body, deleted)
+        if deleted:
+            self.children.pop(key, None)
+        else:
+            self.children[key] = lean(body)
+
+    def put_pod(self, body: Mapping[str, Any], deleted: bool = False) -> str | None:
+        meta = body["metadata"]
+        model: str | None = (meta.get("labels") or {}).get(LABEL_MODEL)
+        if not model:
+            return None
+        key = (meta["namespace"], model)
+        bucket = self.pods[key]
+        self._observed(body, deleted)
+        if deleted:
+            bucket.pop(meta["name"], None)
+            if key not in self.primed:
+                self.gone.add(meta["uid"])
+        else:
+            bucket[meta["name"]] = lean(body)
+        return model
+
+    def prime_pods(self, namespace: str, model: str, listed: list[dict[str, Any]]) -> None:
+        """Merge a LIST of the model's pods under what the watch has delivered (which is as new or newer)."""
+        bucket = self.pods[(namespace, model)]
+        for pod in listed:
+            if pod["metadata"]["uid"] not in self.gone and pod["metadata"]["name"] not in bucket:
+                bucket[pod["metadata"]["name"]] = lean(pod)
+                self._observed(pod, deleted=False)
+        self.primed.add((namespace, model))
+
+    def forget_model(self, namespace: str, name: str, uid: str) -> bool:
+        """Drop the model if the cache still holds this uid under its name (not a newer object of that name)."""
+        body = self.models.get(namespace, {}).get(name)
+        if body is None or body["metadata"].get("uid") != uid:
+            return False
+        self.put_model(body, deleted=True)
+        return True
+
+    def sweep(self, namespace: str, listed: Mapping[str, set[str]], since: float) -> list[dict[str, Any]]:
+        """Drops and returns the cached objects of `namespace` the API no longer has.
+
+        `listed` holds, per kind of `api.kinds.WATCHED`, the uids LISTs returned that were sent at `since`
+        (time.monotonic()). An object missing from them was deleted, unless it was observed after `since`:
+        then it may be newer than the LIST, and stays.
+        """
+        def stale(body: Mapping[str, Any], kind: str) -> bool:
+            uid = body["metadata"].get("uid")
+            return uid not in listed[kind] and self.seen.get(uid, 0.0) < since
+
+        dropped: list[dict[str, Any]] = []
+        for body in list(self.models.get(namespace, {}).values()):
+            if stale(body, "TritonModel"):
+                dropped.append(body)
+                self.put_model(body, deleted=True)
+        for (kind, ns, _), body in list(self.children.items()):
+            if ns == namespace and stale(body, kind):
+                dropped.append(body)
+                self.put_child(body, deleted=True)
+        for (ns, _), bucket in list(self.pods.items()):
+            if ns != namespace:
+                continue
+            for body in list(bucket.values()):
+                if stale(body, "Pod"):
+                    dropped.append({**body, "kind": "Pod"})
+                    self.put_pod(body, deleted=True)
+        return dropped
