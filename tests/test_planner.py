@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModelStatus
-from triton_operator.plan.planner import Plan, Read, World, carried_out, plan
+from triton_operator.plan.planner import Plan, Read, World, carried_out, contains, plan
 from triton_operator.plan.status import Problem
 from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
@@ -310,3 +310,12 @@ def test_planning_again_over_a_plans_result_writes_nothing(case: tuple[World, _A
     assert second.status is None and not second.events, f"second plan rewrites the status: {second.status_patch}"
     assert api.writes == writes
     assert again.body == after.body
+
+
+def test_contains_ignores_server_defaults_but_sees_changes() -> None:
+    desired = {"spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}}
+    existing = {"spec": {"replicas": 2, "revisionHistoryLimit": 10,
+                         "template": {"spec": {"containers": [{"name": "a", "image": "x", "imagePullPolicy": "IfNotPresent"}]}}}}
+    assert contains(existing, desired)
+    desired["spec"]["replicas"] = 3
+    assert not contains(existing, desired)

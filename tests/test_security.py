@@ -6,7 +6,7 @@
 - The rendered pods: the `fetch` init step runs as non-root, with no privilege escalation; every pod
   passes the Pod Security Standards' "restricted" profile (checked here as the profile's rules; by the API
   server's own admission in e2e/test_defects.py).
-(S3/GCS credentials by Secret name and the ConfigMap size limit: tests/test_children.py.)
+(S3/GCS credentials by Secret name and the ConfigMap size limit: tests/test_render_children.py.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Pods here are what the API server returns for a replica: the template's readines
 from __future__ import annotations
 
 from triton_operator.api.v1alpha1 import WARMED_CONDITION
-from triton_operator.plan.status import Observed, Problem, as_dict, replica_state
+from triton_operator.plan.status import Observed, Problem, as_dict, replica_state, status_changed, transitions
 from triton_operator.plan.status import compute_status as typed_status
 from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
@@ -141,3 +141,76 @@ def test_an_api_error_is_reported_before_a_failed_replica() -> None:
     obs = Observed(2, 1, "d1", "sel", api_error=Problem("ApiError", "apply ConfigMap ns/m-repository-0: 422 ..."),
                    pods=[failed])
     assert _conds(compute_status(obs, None))["Degraded"]["reason"] == "ApiError"
+
+
+# -- rollouts, failures and transitions ------------------------------------------------------------
+
+
+def _replica(name: str, digest: str, gate: str | None, running: bool = True, reason: str = "ModelWarmed", msg: str = "") -> dict:
+    conds = [] if gate is None else [{"type": WARMED_CONDITION, "status": gate, "reason": reason, "message": msg,
+                                      "lastTransitionTime": "2026-01-01T00:00:05Z"},
+                                     {"type": "Ready", "status": gate}]  # the kubelet follows the gate
+    state = {"running": {"startedAt": "2026-01-01T00:00:01Z"}} if running else {"waiting": {"reason": "PodInitializing"}}
+    return {
+        "metadata": {"name": name, "annotations": {ANNOTATION_DIGEST: digest}},
+        "spec": {"readinessGates": [{"conditionType": WARMED_CONDITION}]},  # as the template renders it
+        "status": {"conditions": conds, "containerStatuses": [{"name": "tritonserver", "state": state}]},
+    }
+
+
+def test_status_ready_when_every_replica_is_warm() -> None:
+    obs = Observed(3, 2, "d1", "sel", pods=[_replica("a", "d1", "True"), _replica("b", "d1", "True")])
+    st = compute_status(obs, None)
+    c = _conds(st)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "AllReplicasWarmed")
+    assert c["Progressing"]["status"] == "False" and c["Degraded"]["status"] == "False"
+    assert all(x["observedGeneration"] == 3 for x in st["conditions"])
+    assert st["warmedReplicas"] == 2 and st["configDigest"] == "d1"
+    assert st["replicaStates"][0]["warmupSeconds"] == 4.0
+
+
+def test_status_not_ready_until_warmed_replicas_are_ready_pods() -> None:
+    """Warmed but not yet Ready (readiness probe not passed yet): not in the Service, so not Ready."""
+    pods = [_replica("a", "d1", "True"), _replica("b", "d1", "True")]
+    pods[1]["status"]["conditions"][1]["status"] = "False"
+    st = compute_status(Observed(3, 2, "d1", "sel", pods=pods), None)
+    c = _conds(st)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReplicasJoining")
+    assert c["Progressing"]["reason"] == "RollingOut" and st["warmedReplicas"] == 2
+
+
+def test_status_rollout_counts_only_replicas_at_the_desired_digest() -> None:
+    obs = Observed(4, 2, "d2", "sel", pods=[_replica("a", "d1", "True"), _replica("b", "d1", "True"),
+                                            _replica("c", "d2", "False", reason="ModelWarming")])
+    c = _conds(compute_status(obs, None))
+    assert c["Ready"]["status"] == "False" and c["Progressing"]["reason"] == "RollingOut"
+
+
+def test_status_degraded_carries_tritons_reason() -> None:
+    why = "model m is UNAVAILABLE: ZeroDivisionError: division by zero"
+    obs = Observed(1, 1, "d1", "sel", pods=[_replica("a", "d1", "False", reason="ModelLoadFailed", msg=why)])
+    st = compute_status(obs, None)
+    c = _conds(st)
+    assert c["Degraded"]["status"] == "True" and "ZeroDivisionError" in c["Degraded"]["message"]
+    assert st["replicaStates"][0]["state"] == "Failed" and "ZeroDivisionError" in st["replicaStates"][0]["message"]
+
+
+def test_status_problem_blocks_everything() -> None:
+    obs = Observed(1, 1, None, "sel", problem=Problem("StepModelMissing", "step model x not found"))
+    c = _conds(compute_status(obs, None))
+    assert c["Ready"]["reason"] == "StepModelMissing" and c["Degraded"]["status"] == "True"
+
+
+def test_transition_time_moves_only_when_status_flips() -> None:
+    obs = Observed(1, 1, "d1", "sel", pods=[_replica("a", "d1", "False", reason="ModelWarming")])
+    first = compute_status(obs, None)
+    old = {**first, "conditions": [{**c, "lastTransitionTime": "2020-01-01T00:00:00Z"} for c in first["conditions"]]}
+    again = compute_status(obs, old)
+    assert not status_changed(old, again), "the same observation must produce the same status (no write)"
+    assert not transitions(old, again)
+    obs.pods = [_replica("a", "d1", "True")]
+    later = compute_status(obs, old)
+    ready = _conds(later)["Ready"]
+    assert ready["lastTransitionTime"] != "2020-01-01T00:00:00Z"
+    assert _conds(later)["Degraded"]["lastTransitionTime"] == "2020-01-01T00:00:00Z"
+    assert {c["type"] for c in transitions(old, later)} == {"Ready", "Progressing"}

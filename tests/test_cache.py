@@ -1,0 +1,57 @@
+"""The controller's watch cache (`controller.cache.Cache`): primed pods, the resync sweep, forgetting a model."""
+
+from __future__ import annotations
+
+
+def test_primed_pods_merge_under_the_watch_and_never_revive_a_deleted_pod() -> None:
+    from triton_operator.controller.cache import Cache
+
+    def pod(name: str, uid: str, rv: str) -> dict:
+        return {"metadata": {"name": name, "uid": uid, "namespace": "ns", "resourceVersion": rv,
+                             "labels": {"serving.triton-operator.dev/model": "m"}}}
+
+    cache = Cache()
+    cache.put_pod(pod("a", "ua", "7"))  # the watch delivered a newer a ...
+    cache.put_pod(pod("b", "ub", "5"), deleted=True)  # ... and b's deletion, before the LIST answered
+    cache.prime_pods("ns", "m", [pod("a", "ua", "6"), pod("b", "ub", "4"), pod("c", "uc", "6")])
+    bucket = cache.pods[("ns", "m")]
+    assert sorted(bucket) == ["a", "c"] and bucket["a"]["metadata"]["resourceVersion"] == "7"
+    assert ("ns", "m") in cache.primed
+
+
+def test_sweep_forgets_what_a_list_lacks_unless_observed_since() -> None:
+    import time
+
+    from triton_operator.api.kinds import WATCHED
+    from triton_operator.controller.cache import Cache
+
+    def obj(kind: str, name: str, uid: str) -> dict:
+        return {"kind": kind, "metadata": {"name": name, "uid": uid, "namespace": "ns",
+                                           "labels": {"serving.triton-operator.dev/model": "m"}}}
+
+    cache = Cache()
+    cache.put_model(obj("TritonModel", "m", "um"))
+    cache.put_model(obj("TritonModel", "gone", "ug"))  # deleted while the watch was down
+    cache.put_child(obj("Deployment", "m", "ud"))  # deleted while the watch was down
+    cache.put_child(obj("Service", "m", "us"))
+    cache.put_pod(obj("Pod", "m-1", "up1"))  # deleted while the watch was down
+    since = time.monotonic()
+    cache.put_pod(obj("Pod", "m-2", "up2"))  # observed after the LIST was sent: may be newer than it
+    listed = {k.kind: set() for k in WATCHED} | {"TritonModel": {"um"}, "Service": {"us"}}
+
+    dropped = cache.sweep("ns", listed, since)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in dropped) == [
+        ("Deployment", "m"), ("Pod", "m-1"), ("TritonModel", "gone")]
+    assert list(cache.models["ns"]) == ["m"]
+    assert list(cache.children) == [("Service", "ns", "m")]
+    assert list(cache.pods[("ns", "m")]) == ["m-2"]
+    assert cache.sweep("ns", listed, since) == []
+
+
+def test_forget_model_spares_a_newer_object_of_the_same_name() -> None:
+    from triton_operator.controller.cache import Cache
+
+    cache = Cache()
+    cache.put_model({"kind": "TritonModel", "metadata": {"name": "m", "uid": "new", "namespace": "ns"}})
+    assert not cache.forget_model("ns", "m", "old") and "m" in cache.models["ns"]
+    assert cache.forget_model("ns", "m", "new") and "m" not in cache.models["ns"]

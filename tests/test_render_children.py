@@ -1,0 +1,150 @@
+"""Pure rendering of a TritonModel's Kubernetes children (`render.kubernetes`): shape, rollout triggers,
+the repository ConfigMap and its limit, sources and credentials."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModel
+from triton_operator.files import load_paths
+from triton_operator.render.kubernetes import (
+    ANNOTATION_DIGEST,
+    CONFIGMAP_LIMIT,
+    RepositoryTooLarge,
+    render_children,
+)
+from triton_operator.render.modelconfig import render_repository
+from triton_operator.validate import check_documents
+
+ROOT = Path(__file__).resolve().parent.parent
+UID = "00000000-0000-0000-0000-000000000001"
+
+
+def _model(name: str = "m", **spec: object) -> TritonModel:
+    body = {
+        "apiVersion": "serving.triton-operator.dev/v1alpha1",
+        "kind": "TritonModel",
+        "metadata": {"name": name},
+        "spec": {"backend": "python", "source": {"inline": {"model.py": "pass\n"}}, **spec},
+    }
+    return TritonModel.model_validate(body)
+
+
+def _children(model: TritonModel, others: list[TritonModel] = ()) -> dict[str, dict]:  # type: ignore[assignment]
+    rendered = render_repository([model, *others])
+    return {c["kind"]: c for c in render_children(model, rendered, UID, "ns")}
+
+
+def test_children_and_owner_references() -> None:
+    kids = _children(_model(replicas=1))
+    assert set(kids) == {"ConfigMap", "Deployment", "Service"}, "no PodDisruptionBudget for a single replica"
+    for c in kids.values():
+        (ref,) = c["metadata"]["ownerReferences"]
+        assert ref["kind"] == "TritonModel" and ref["uid"] == UID and ref["controller"] is True
+    assert "PodDisruptionBudget" in _children(_model(replicas=3))
+
+
+def test_deployment_shape() -> None:
+    m = _model(replicas=2, responseCache=True, server={"gpus": 2, "cacheSize": "32Mi", "args": ["--log-verbose=1"]})
+    dep = _children(m)["Deployment"]
+    spec = dep["spec"]
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = spec["template"]["spec"]
+    assert pod["readinessGates"] == [{"conditionType": WARMED_CONDITION}]
+    (triton,) = pod["containers"]
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert {p["containerPort"] for p in triton["ports"]} == {8000, 8001, 8002}
+    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert triton["startupProbe"]["failureThreshold"] * triton["startupProbe"]["periodSeconds"] >= 600
+    args = triton["args"]
+    assert "--model-control-mode=explicit" in args and "--load-model=m" in args
+    assert "--strict-readiness=true" in args
+    # Graceful termination: serve through a preStop sleep, then drain on SIGTERM, all inside the grace period.
+    assert triton["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert "--exit-timeout-secs=20" in args
+    assert pod["terminationGracePeriodSeconds"] == 30
+    assert f"--cache-config=local,size={32 * 2**20}" in args
+    assert args[-1] == "--log-verbose=1"
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    (fetch,) = pod["initContainers"]
+    assert fetch["args"][:1] == ["fetch"]
+    assert fetch["securityContext"]["runAsNonRoot"] is True
+    assert spec["template"]["metadata"]["annotations"]["serving.triton-operator.dev/poll-interval-ms"] == "200"
+    digest = spec["template"]["metadata"]["annotations"][ANNOTATION_DIGEST]
+    assert digest == render_repository([m])["m"].digest
+
+
+def test_grace_period_makes_room_for_the_users_own_exit_timeout() -> None:
+    """server.args come after the operator's: Triton takes the user's --exit-timeout-secs, so SIGKILL must wait for it."""
+    for args in (["--exit-timeout-secs=120"], ["--exit-timeout-secs", "120"]):
+        pod = _children(_model(server={"args": args}))["Deployment"]["spec"]["template"]["spec"]
+        (triton,) = pod["containers"]
+        assert triton["args"][-len(args):] == args
+        assert pod["terminationGracePeriodSeconds"] == 5 + 120 + 5
+    pod = _children(_model(server={"args": ["--log-verbose=1"]}))["Deployment"]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 30
+
+
+def test_config_change_rolls_the_deployment() -> None:
+    a = _children(_model(maxBatchSize=4))["Deployment"]["spec"]["template"]
+    b = _children(_model(maxBatchSize=8))["Deployment"]["spec"]["template"]
+    assert a["metadata"]["annotations"][ANNOTATION_DIGEST] != b["metadata"]["annotations"][ANNOTATION_DIGEST]
+
+
+def test_configmap_holds_the_repository_at_its_paths() -> None:
+    kids = _children(_model())
+    cm, dep = kids["ConfigMap"], kids["Deployment"]
+    items = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "repository")["configMap"]["items"]
+    paths = {i["path"]: cm["data"][i["key"]] for i in items}
+    assert set(paths) == {"m/config.pbtxt", "m/1/model.py"}
+    assert "triton-operator.config-digest" in paths["m/config.pbtxt"]
+
+
+def test_ensemble_repository_includes_steps() -> None:
+    loaded = check_documents(load_paths([ROOT / "examples" / "sentiment-ensemble.yaml"]))
+    models = {m.name: m for _, m in loaded.models}
+    rendered = render_repository(list(models.values()))
+    kids = {c["kind"]: c for c in render_children(models["sentiment"], rendered, UID, "ns")}
+    items = next(v for v in kids["Deployment"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "repository")
+    dirs = {i["path"].split("/")[0] for i in items["configMap"]["items"]}
+    assert dirs == {"sentiment", "tokenizer", "classifier"}
+    ann = kids["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert set(ann["serving.triton-operator.dev/triton-steps"].split(",")) == {"tokenizer", "classifier"}
+
+
+def test_repository_over_the_configmap_limit_is_refused() -> None:
+    big = "x" * (CONFIGMAP_LIMIT + 1)
+    with pytest.raises(RepositoryTooLarge, match="over the ConfigMap limit"):
+        _children(_model(source={"inline": {"model.py": "pass\n", "weights.txt": big}}))
+
+
+def test_credentials_are_referenced_by_secret_name_never_copied() -> None:
+    m = _model(source={"uri": "s3://bucket/models/m", "credentialsSecret": "s3-creds"})
+    kids = _children(m)
+    blob = json.dumps(kids["ConfigMap"])
+    assert "s3-creds" not in blob and "AWS_" not in blob
+    (fetch,) = kids["Deployment"]["spec"]["template"]["spec"]["initContainers"]
+    refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in fetch["env"]}
+    assert refs == {"s3-creds"}
+    assert "--uri" in fetch["args"] and "m=s3://bucket/models/m" in fetch["args"]
+
+
+def test_pvc_source_mounts_the_claim_read_only() -> None:
+    kids = _children(_model(source={"uri": "pvc://models/add-sub"}))
+    pod = kids["Deployment"]["spec"]["template"]["spec"]
+    vol = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    assert vol["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+
+
+def test_warmup_files_become_binary_configmap_data() -> None:
+    m = _model(
+        inputs=[{"name": "I", "dataType": "FP32", "dims": [4]}],
+        source={"inline": {"model.py": "pass\n"}, "warmupFiles": {"i.bin": base64.b64encode(b"\xff" * 16).decode()}},
+        modelWarmup=[{"name": "w", "inputs": {"I": {"dataType": "FP32", "dims": [4], "inputDataFile": "i.bin"}}}],
+    )
+    cm = _children(m)["ConfigMap"]
+    assert list(cm["binaryData"].values()) == [base64.b64encode(b"\xff" * 16).decode()]
