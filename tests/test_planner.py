@@ -319,3 +319,32 @@ def test_contains_ignores_server_defaults_but_sees_changes() -> None:
     assert contains(existing, desired)
     desired["spec"]["replicas"] = 3
     assert not contains(existing, desired)
+
+
+# -- the warm-up gate's decision (plan.gate) ---------------------------------------------------------
+
+from triton_operator.plan.gate import gate_condition, with_condition  # noqa: E402 - this section's own imports
+
+
+def test_the_gate_writes_nothing_when_the_pod_already_says_so() -> None:
+    pod = _pod("m-a", "d", warm=True, ready=True)
+    assert gate_condition(pod, True, "ModelWarmed", "model m is READY", T0) is None
+
+
+def test_the_gate_turning_true_stamps_the_transition_and_the_warm_up_time() -> None:
+    pod = _pod("m-a", "d", warm=False, ready=False)
+    write = gate_condition(pod, True, "ModelWarmed", "model m is READY", T0 + dt.timedelta(seconds=9))
+    assert write is not None
+    assert write.condition["status"] == "True" and write.condition["lastTransitionTime"] == "2026-01-01T00:00:09Z"
+    assert write.warmup_seconds == 8.0, "the container started at 00:00:01"
+    assert write.condition["message"].endswith("warmed 8.0s after tritonserver started")
+    stored = {c["type"]: c for c in with_condition(pod, write.condition)}
+    assert stored[WARMED_CONDITION]["status"] == "True" and stored["Ready"]["status"] == "False"
+
+
+def test_a_new_reason_with_the_same_status_keeps_the_transition_time() -> None:
+    pod = _pod("m-a", "d", warm=False, ready=False)  # False, ModelWarming, since 00:00:05
+    write = gate_condition(pod, False, "ModelLoadFailed", "model m is UNAVAILABLE: boom", T0 + dt.timedelta(seconds=20))
+    assert write is not None and "lastTransitionTime" not in write.condition and write.warmup_seconds is None
+    stored = {c["type"]: c for c in with_condition(pod, write.condition)}
+    assert stored[WARMED_CONDITION]["lastTransitionTime"] == "2026-01-01T00:00:05Z"

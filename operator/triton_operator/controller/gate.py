@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL
-from ..api.timestamps import parse_rfc3339, rfc3339, utc_now
+from ..api.timestamps import utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
-from ..plan.status import TRITON_CONTAINER, pod_condition, triton_container_status
+from ..plan.gate import GateWrite, gate_condition, with_condition
+from ..plan.status import TRITON_CONTAINER, triton_container_status
 from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_POLL_MS, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME, GRPC_PORT
 from ..triton.replica import ReplicaVerdict, check_replica
 from . import metrics
@@ -84,10 +85,9 @@ class WarmupGate:
         stable_rounds = 0
         while (gate.namespace, gate.name) in self.pods:
             verdict = await self._check(gate)
-            current = pod_condition(gate.body, WARMED_CONDITION)
-            want = "True" if verdict.ok else "False"
-            if current is None or current.get("status") != want or current.get("reason") != verdict.reason:
-                await self._set(gate, verdict)
+            write = gate_condition(gate.body, verdict.ok, verdict.reason, verdict.message, utc_now())
+            if write is not None:
+                await self._set(gate, verdict, write)
                 stable_rounds = 0
             if verdict.ok:
                 delay = STABLE_BACKOFF[min(stable_rounds, len(STABLE_BACKOFF) - 1)]
@@ -123,39 +123,21 @@ class WarmupGate:
             gate.ready_seen_at = None
         return verdict
 
-    async def _set(self, gate: _PodGate, verdict: ReplicaVerdict) -> None:
-        status = "True" if verdict.ok else "False"
-        message = verdict.message
-        if verdict.ok:
-            cs = triton_container_status(gate.body) or {}
-            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
-            t0 = parse_rfc3339(started)
-            if t0 is not None:
-                warm = (utc_now() - t0).total_seconds()
-                message += f"; warmed {warm:.1f}s after tritonserver started"
-                metrics.WARMUP_SECONDS.observe(max(warm, 0.0))
-        cond = {
-            "type": WARMED_CONDITION,
-            "status": status,
-            "reason": verdict.reason,
-            "message": message[:1024],
-            "lastProbeTime": None,
-        }
-        prev = pod_condition(gate.body, WARMED_CONDITION)
-        if prev is None or prev.get("status") != status:
-            cond["lastTransitionTime"] = rfc3339()
+    async def _set(self, gate: _PodGate, verdict: ReplicaVerdict, write: GateWrite) -> None:
+        cond = write.condition
+        status, message = cond["status"], cond["message"]
         try:
             await asyncio.to_thread(self.kube.patch_pod_condition, gate.namespace, gate.name, cond)
         except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next event retries
             log.warning("Failed to patch gate pod=%s/%s error=%s", gate.namespace, gate.name, exc)
             return
+        if write.warmup_seconds is not None:
+            metrics.WARMUP_SECONDS.observe(write.warmup_seconds)
         if verdict.ok and gate.ready_seen_at is not None:
             metrics.READY_TO_GATE_SECONDS.observe(time.monotonic() - gate.ready_seen_at)
         metrics.GATE_TRANSITIONS.labels(status=status, reason=verdict.reason).inc()
         # keep our copy current so the next round compares against what we wrote
-        conds = [c for c in (gate.body.get("status") or {}).get("conditions") or () if c.get("type") != WARMED_CONDITION]
-        since = cond.get("lastTransitionTime") or (prev or {}).get("lastTransitionTime")
-        gate.body.setdefault("status", {})["conditions"] = [*conds, {**cond, "lastTransitionTime": since}]
+        gate.body.setdefault("status", {})["conditions"] = with_condition(gate.body, cond)
         log.info(
             "Set readiness gate pod=%s/%s status=%s reason=%s message=%r",
             gate.namespace, gate.name, status, verdict.reason, message,

@@ -1,0 +1,52 @@
+"""The warm-up gate's decision, pure: which readiness-gate condition a replica's pod should carry for what its
+Triton answered (`triton.replica.ReplicaVerdict`), and whether that differs from what it carries."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..api.timestamps import parse_rfc3339, rfc3339
+from ..api.v1alpha1 import WARMED_CONDITION
+from .status import pod_condition, triton_container_status
+
+
+@dataclass(frozen=True)
+class GateWrite:
+    condition: dict[str, Any]  # the pod condition to patch (strategic merge on `type`)
+    warmup_seconds: float | None  # container start -> warm, when the gate turns True
+
+
+def gate_condition(pod: Mapping[str, Any], ok: bool, reason: str, message: str, now: dt.datetime) -> GateWrite | None:
+    """The condition to write, or None when the pod already carries this status and reason (no write)."""
+    status = "True" if ok else "False"
+    current = pod_condition(pod, WARMED_CONDITION)
+    if current is not None and current.get("status") == status and current.get("reason") == reason:
+        return None
+    warm: float | None = None
+    if ok:
+        started = parse_rfc3339(
+            (((triton_container_status(pod) or {}).get("state") or {}).get("running") or {}).get("startedAt"))
+        if started is not None:
+            warm = max((now - started).total_seconds(), 0.0)
+            message += f"; warmed {warm:.1f}s after tritonserver started"
+    condition: dict[str, Any] = {
+        "type": WARMED_CONDITION,
+        "status": status,
+        "reason": reason,
+        "message": message[:1024],
+        "lastProbeTime": None,
+    }
+    if current is None or current.get("status") != status:
+        condition["lastTransitionTime"] = rfc3339(now)
+    return GateWrite(condition, warm)
+
+
+def with_condition(pod: Mapping[str, Any], written: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's conditions once `written` is stored: what the next round compares against."""
+    previous = pod_condition(pod, WARMED_CONDITION) or {}
+    others = [dict(c) for c in (pod.get("status") or {}).get("conditions") or () if c.get("type") != WARMED_CONDITION]
+    since = written.get("lastTransitionTime") or previous.get("lastTransitionTime")
+    return [*others, {**written, "lastTransitionTime": since}]
