@@ -433,7 +433,7 @@ class LocalCluster:
                                                    n.containerd_args())
         self._write_pids(pids)
         n.wait_containerd(timeout)
-        images.import_into(built, n.containerd_address, log=lambda m: print(m, flush=True))
+        images.import_into(built, n.containerd_address, log=lambda m: print(m, flush=True), snapshotter=n.snapshotter)
         user = self.certs.node(n.name)
         kubeconfig = self.certs.kubeconfig(self.server() or "", user, self.dir / f"{user}.kubeconfig")
         pids[f"{n.name}/fake-gpu-plugin"] = self._spawn(f"{n.name}/fake-gpu-plugin", bins["fake-gpu-plugin"],

@@ -25,8 +25,8 @@ result is written to a temporary name and renamed, so an interrupted build leave
 
 `buildah bud --layers` keeps the build stages' steps in buildah's storage, so a source change reuses the
 dependency install and reruns only the steps after it (and the short final stage); `--squash` makes the image a
-single layer, because the nodes' containerd uses the native snapshotter, which stores a full copy of the file
-system for every layer. After a build, working
+single layer: one layer to unpack per node, and where a node falls back to containerd's native snapshotter
+(no overlay mounts), one full copy of the file system instead of one per layer. After a build, working
 containers, images that are no step of a current build, and stale archives and wheels are removed (vfs also
 keeps a full copy per layer).
 

@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,31 @@ def host_routes_down() -> None:
     Path("/proc/sys/net/ipv4/ip_forward").write_text("0\n")
 
 
+
+_OVERLAY: dict[str, bool] = {}
+
+
+def overlay_supported(directory: Path) -> bool:
+    """Whether an overlay mount works on `directory`'s filesystem (it does not on every machine: an overlay
+    root filesystem cannot be an overlay's upper directory, some sandboxes refuse the mount). Tried once per
+    directory and process, in a scratch directory that is removed afterwards."""
+    key = str(directory)
+    if key not in _OVERLAY:
+        directory.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".overlay-probe-", dir=directory))
+        try:
+            for sub in ("lower", "upper", "work", "merged"):
+                (scratch / sub).mkdir()
+            opts = f"lowerdir={scratch / 'lower'},upperdir={scratch / 'upper'},workdir={scratch / 'work'}"
+            mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(scratch / "merged")],
+                                     capture_output=True).returncode == 0
+            if mounted:
+                subprocess.run(["umount", str(scratch / "merged")], capture_output=True)
+            _OVERLAY[key] = mounted
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return _OVERLAY[key]
+
 @dataclass
 class Node:
     """One real node: containerd + kubelet + device plugin, under `state_root(cluster_dir)/<name>`."""
@@ -187,6 +213,16 @@ class Node:
     def ip(self) -> str:
         return self.network.ip
 
+    @property
+    def snapshotter(self) -> str:
+        """containerd's snapshotter: overlayfs where the node's filesystem can carry overlay mounts, else native.
+
+        native copies the whole image into a new directory for every container (about 1 GB for tritonserver,
+        containerd busy at 100% of a core for tens of seconds per replica start on this machine kind);
+        overlayfs mounts the image's layers read-only under a per-container upper directory, as real nodes do.
+        """
+        return "overlayfs" if overlay_supported(self.root) else "native"
+
     # -- configuration ------------------------------------------------------------------------------
 
     def prepare(self, pki: Path, pause_image: str) -> None:
@@ -195,6 +231,7 @@ class Node:
         for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs.d"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._cgroups_up()
+        self._image_store_for(self.snapshotter)
         (self.root / "containerd.toml").write_text(self._containerd_config(pause_image))
         # No registry is reachable from here, and no pull may try one: every registry host resolves to a
         # closed loopback port, so a missing image fails at once (ErrImagePull) instead of leaving the machine.
@@ -202,6 +239,15 @@ class Node:
         (self.root / "certs.d/_default/hosts.toml").write_text('server = "http://127.0.0.1:1"\n')
         (self.root / "cni/net.d/10-trop.conflist").write_text(json.dumps(self._cni_config(), indent=2) + "\n")
         (self.root / "kubelet.yaml").write_text(json.dumps(self._kubelet_config(pki), indent=2) + "\n")
+
+    def _image_store_for(self, snapshotter: str) -> None:
+        """containerd's root (its image store, kept between runs) unpacked for another snapshotter is dropped:
+        the images are imported again, once, rather than kept twice."""
+        store = self.root / "containerd" / "root"
+        marker = self.root / "containerd" / "snapshotter"
+        if store.exists() and (not marker.exists() or marker.read_text().strip() != snapshotter):
+            shutil.rmtree(store, ignore_errors=True)
+        marker.write_text(snapshotter + "\n")
 
     def _containerd_config(self, pause_image: str) -> str:
         r = self.root
@@ -226,7 +272,7 @@ oom_score = 0
   stream_server_port = "0"
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
+    snapshotter = "{self.snapshotter}"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
@@ -479,7 +525,7 @@ oom_score = 0
             if p.name != "containerd":
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         for p in (self.root / "containerd").iterdir() if (self.root / "containerd").is_dir() else []:
-            if p.name != "root":
+            if p.name not in ("root", "snapshotter"):
                 shutil.rmtree(p, ignore_errors=True)
 
 
