@@ -191,13 +191,6 @@ spec:
 """
 
 
-@pytest.fixture(scope="module")
-def _triton_available() -> None:
-    from tests.triton_helpers import require_tritonserver
-
-    require_tritonserver()
-
-
 def _validate(args: list[str], timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed console script, as a user runs it."""
     return subprocess.run([str(CONSOLE_SCRIPT), "validate", *args], capture_output=True, text=True,
@@ -209,7 +202,7 @@ def _explain(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.triton
-def test_validate_example_is_ready_with_warmup_time(_triton_available: None) -> None:
+def test_validate_example_is_ready_with_warmup_time() -> None:
     proc = _validate([str(EXAMPLES / "add-sub.yaml")])
     assert proc.returncode == 0, _explain(proc)
     # add-sub has one warm-up sample with count 2: Triton runs it twice before READY
@@ -222,7 +215,7 @@ def test_validate_example_is_ready_with_warmup_time(_triton_available: None) -> 
 
 
 @pytest.mark.triton
-def test_validate_reports_the_exception_from_initialize(_triton_available: None, tmp_path: Path) -> None:
+def test_validate_reports_the_exception_from_initialize(tmp_path: Path) -> None:
     spec = tmp_path / "broken-init.yaml"
     spec.write_text(RAISES_IN_INITIALIZE)
     proc = _validate([str(spec), "--load-timeout", "60"])
@@ -234,7 +227,7 @@ def test_validate_reports_the_exception_from_initialize(_triton_available: None,
 
 
 @pytest.mark.triton
-def test_validate_gpu_instances_need_cpu_flag_here(_triton_available: None, tmp_path: Path) -> None:
+def test_validate_gpu_instances_need_cpu_flag_here(tmp_path: Path) -> None:
     """With no GPU visible, KIND_GPU fails with Triton's own reason, and --cpu maps it to KIND_CPU.
 
     CUDA_VISIBLE_DEVICES="" hides every GPU from tritonserver (the CUDA runtime honours it), so this
@@ -257,7 +250,7 @@ def test_validate_gpu_instances_need_cpu_flag_here(_triton_available: None, tmp_
 
 
 @pytest.mark.triton
-def test_validate_invalid_spec_never_starts_a_server(_triton_available: None, tmp_path: Path) -> None:
+def test_validate_invalid_spec_never_starts_a_server(tmp_path: Path) -> None:
     proc = _validate([str(_invalid_set(tmp_path))], timeout=60)
     assert proc.returncode == 1, _explain(proc)
     assert "Starting tritonserver" not in proc.stderr

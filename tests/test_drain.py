@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.triton_helpers import models_from_yaml, require_tritonserver, write_repository
+from tests.triton_helpers import models_from_yaml, write_repository
 from triton_operator.render.kubernetes import exit_timeout, render_children
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.triton.client import load_model
@@ -79,7 +79,6 @@ def _pending(server: LocalTritonServer) -> int:
 
 
 def test_sigterm_drains_in_flight_requests_and_open_connections_within_the_grace_period(tmp_path: Path) -> None:
-    require_tritonserver()
     [model] = models_from_yaml(SLOW)
     rendered = render_repository([model])
     pod = next(c for c in render_children(model, rendered, "uid", "ns") if c["kind"] == "Deployment")[

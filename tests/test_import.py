@@ -500,9 +500,7 @@ def test_import_console_script(hand_written: Path, tmp_path: Path) -> None:
 def test_imported_yaml_loads_ready_in_triton(hand_written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`triton-operator validate` (the console script) on imported YAML: two examples and the hand-written
     repository, every model READY in a real tritonserver after load and warm-up."""
-    from tests.triton_helpers import require_tritonserver
 
-    require_tritonserver()
     paths = []
     for example in ("add-sub.yaml", "sentiment-ensemble.yaml"):
         repo, out = tmp_path / Path(example).stem, tmp_path / f"{Path(example).stem}-imported.yaml"

@@ -650,11 +650,10 @@ def _load_and_check(triton: SharedTriton, doc: dict[str, Any], stats: Counter[st
 def test_an_empty_warmup_sample_really_breaks_triton(doc: dict[str, Any], tmp_path: Path) -> None:
     """The defect behind rule `warmup-empty`, rendered anyway (schema only) into a throwaway server:
     Triton refuses the load, or dies."""
-    from tests.triton_helpers import require_tritonserver, write_repository
+    from tests.triton_helpers import write_repository
     from triton_operator.api.v1alpha1 import TritonModel
     from triton_operator.triton.local import LocalTritonServer
 
-    require_tritonserver()
     doc = _named(doc, 0)
     assert {e.rule for e in _check(doc)} == {"warmup-empty"}
     rendered = render_repository([TritonModel.model_validate(doc)])

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import np_to_triton_dtype
@@ -25,21 +24,13 @@ from triton_operator.api.v1alpha1 import TritonModel, quantity_bytes
 from triton_operator.files import load_paths
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.triton.client import LoadResult, load_model
-from triton_operator.triton.local import LocalTritonServer, TritonNotInstalled, find_install
+from triton_operator.triton.local import LocalTritonServer
 from triton_operator.validate import check_documents, load_documents
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
 
 T = TypeVar("T")
-
-
-def require_tritonserver() -> None:
-    """Skip (with the reason) when the nvidia-pytriton wheel is not installed."""
-    try:
-        find_install()
-    except TritonNotInstalled as exc:
-        pytest.skip(f"no real tritonserver: {exc}")
 
 
 # ---------------------------------------------------------------- spec -> repository
@@ -143,7 +134,6 @@ def start_served(
     `cache_size` defaults to what the models' spec.server.cacheSize asks for (see `cache_size_for`).
     `on_start` gets the server as soon as it runs, so the caller can stop it even if a load fails.
     """
-    require_tritonserver()
     rendered = render_repository(models)
     write_repository(rendered, repo)
     server = LocalTritonServer(
