@@ -1,12 +1,10 @@
 """Changes to a serving model under client load: zero downtime, and a bad update that must not hurt.
 
-Clients pick a ready endpoint of the model's Service from its EndpointSlices, refreshed every 100 ms, as
-kube-proxy would (`e2e.load.ServiceLoad(via="endpoints")`: a new connection per request, no retries), and
-every request they send is counted; which replicas answered comes from each replica's own Triton
-statistics. Through the ClusterIP and the real kube-proxy (`via="cluster-ip"`) the same rollout lost 4
-requests of ~13000 in two runs of three (4 concurrent requests timing out at once, 10 s, mid-rollout): not
-yet explained, so this test keeps the endpoint-level client until it is (see the issue notes). A rollout, a scale down, a scale up, a bad
-update that cannot load and its revert must each lose no request. Same session operator and
+Clients send to the model Service's ClusterIP, through the real kube-proxy (`e2e.load.ServiceLoad`, a new
+connection per request, no retries), and every request they send is counted; which replicas answered comes
+from each replica's own Triton statistics. A rollout, a scale down, a scale up, a bad update that cannot
+load and its revert must each lose no request. A failed request names the pod kube-proxy sent it to (the
+kernel's conntrack entry for its connection). Same session operator and
 per-test namespaces as `test_operator.py`.
 """
 
@@ -91,7 +89,7 @@ def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
     phases: dict[str, Tally] = {}
     took: dict[str, float] = {}
 
-    with ServiceLoad(kubeconfig, namespace, "add-sub", via="endpoints") as load:
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load:
         served = _served(kube, namespace)
         wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
 
@@ -222,7 +220,7 @@ def test_bad_update_stalls_the_rollout_while_old_replicas_serve_and_a_revert_rec
                 == old_digest]
     phases: dict[str, Tally] = {}
 
-    with ServiceLoad(kubeconfig, namespace, "add-sub", via="endpoints") as load:
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load:
         served = _served(kube, namespace)
         wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
         watcher = StallWatcher(kubeconfig, namespace, old, old_rs)

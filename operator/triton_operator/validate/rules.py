@@ -511,15 +511,12 @@ def _closure_gpus(model: TritonModel, models: Mapping[str, TritonModel], ensembl
     return max(graph[n].spec.gpus_needed for n in reached)
 
 
-def _decoupled(model: TritonModel, models: Mapping[str, TritonModel], seen: frozenset[str] = frozenset()) -> bool:
-    """Whether a step model answers decoupled: an ensemble does when one of its steps does (Triton marks it so)."""
-    if not model.spec.is_ensemble or model.spec.ensemble is None:
-        return model.spec.decoupled
-    seen = seen | {model.name}
-    return any(
-        _decoupled(models[s.model], models, seen)
-        for s in model.spec.ensemble.steps if s.model in models and s.model not in seen
-    )
+def _decoupled(model: TritonModel, models: Mapping[str, TritonModel]) -> bool:
+    """Whether a step model answers decoupled: an ensemble does when one of the models its steps reach does
+    (Triton marks it so)."""
+    graph = {**models, model.name: model}
+    reached, _ = step_graph.closure(model.name, step_graph.of_models(graph, ensembles_only=True))
+    return any(graph[n].spec.decoupled for n in reached if not graph[n].spec.is_ensemble or graph[n].spec.ensemble is None)
 
 
 def _check_decoupled_streams(model: TritonModel, models: Mapping[str, TritonModel], err: _Collector) -> None:
