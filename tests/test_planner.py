@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModelStatus
-from triton_operator.plan.planner import Plan, Read, World, carried_out, contains, plan
+from triton_operator.plan.planner import Apply, Plan, Read, World, carried_out, contains, differs, plan
 from triton_operator.plan.status import Problem
 from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
@@ -99,30 +99,29 @@ class _Api:
 
 
 def _settle(world: World, api: _Api, cache: dict[tuple[str, str], Any]) -> tuple[World, Plan]:
-    """What `Reconciler._reconcile` does: plan, do the reads it asks for (from `api`), plan again; then carry
-    the plan out against `api` and return the world the cache then shows."""
+    """What `Reconciler._reconcile` does: plan, do the reads it asks for (from `api`) and plan again; carry the
+    applies out (a `verify` one read from `api` first, applied only if it differs) and the deletes; plan once
+    more over the result for the status. Returns the world the cache then shows, and the status plan."""
     decided = plan(world)
-    for _ in range(3):
-        if not decided.reads:
-            break
-        children = dict(world.children)
-        replicasets = world.replicasets
-        for r in decided.reads:
-            if r.kind == "ReplicaSet":
-                replicasets = [o for (k, _), o in api.objects.items() if k == "ReplicaSet"]
-            else:
-                assert r.name is not None
-                children[(r.kind, r.name)] = api.objects.get((r.kind, r.name))
-        world = replace(world, children=children, replicasets=replicasets)
+    if decided.reads:
+        world = replace(world, replicasets=[o for (k, _), o in api.objects.items() if k == "ReplicaSet"])
         decided = plan(world)
-    assert not decided.reads, f"still reading after three plans: {decided.reads}"
-    answers = {(c["kind"], c["metadata"]["name"]): api.apply(c) for c in decided.apply}
+    children = dict(world.children)
+    for a in decided.apply:
+        key = (a.obj["kind"], a.obj["metadata"]["name"])
+        if a.verify:
+            children[key] = api.objects.get(key)
+            if not differs(children[key], a.obj):
+                continue
+        children[key] = api.apply(a.obj)
     for d in decided.delete:
         api.delete(d.kind, d.name)
-    after = carried_out(world, decided, answers)
+        children.pop((d.kind, d.name), None)
+    after = plan(replace(world, children=children))
+    settled = carried_out(replace(world, children=children), replace(after, apply=(), delete=()))
     cache.clear()
-    cache.update({k: v for k, v in after.children.items() if v is not None})
-    return replace(after, replicasets=None), decided
+    cache.update({k: v for k, v in settled.children.items() if v is not None})
+    return replace(settled, replicasets=None), replace(after, apply=decided.apply, delete=decided.delete)
 
 
 # -- decisions -------------------------------------------------------------------------------------
@@ -130,8 +129,8 @@ def _settle(world: World, api: _Api, cache: dict[tuple[str, str], Any]) -> tuple
 
 def test_a_new_model_applies_its_children_in_order_and_reports_that_it_rolls_out() -> None:
     decided = plan(_world(_body(replicas=2)))
-    assert [c["kind"] for c in decided.apply] == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
-    assert not decided.reads, "a model with no status was never reconciled: nothing of ours to read first"
+    assert [a.obj["kind"] for a in decided.apply] == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
+    assert not any(a.verify for a in decided.apply), "a model with no status was never reconciled: nothing to verify"
     assert isinstance(decided.status, TritonModelStatus)
     conds = {c.type: c for c in decided.status.conditions or ()}
     assert conds["Ready"].status == "False" and conds["Ready"].reason == "ReplicasWarming"
@@ -141,20 +140,28 @@ def test_a_new_model_applies_its_children_in_order_and_reports_that_it_rolls_out
     assert {e.condition: e.type for e in decided.events} == {"Ready": "Normal", "Progressing": "Normal", "Degraded": "Normal"}
 
 
-def test_a_reconciled_model_whose_child_the_cache_lacks_reads_it_before_deciding() -> None:
+def test_a_reconciled_model_whose_child_the_cache_lacks_verifies_it_in_apply_order() -> None:
     first = plan(_world(_body()))
     body = _body(status=first.status_patch)
     decided = plan(_world(body))
-    assert {(r.kind, r.name) for r in decided.reads} == {(c["kind"], c["metadata"]["name"]) for c in first.apply}
-    assert not decided.apply and decided.status is None, "nothing is decided before the reads"
+    assert [(a.obj["kind"], a.verify) for a in decided.apply] == [
+        ("ConfigMap", True), ("Deployment", True), ("Service", True)], "read each first: it may exist unchanged"
+
+
+def test_a_verified_child_is_applied_only_if_it_differs() -> None:
+    *_, service = [a.obj for a in plan(_world(_body())).apply]
+    assert differs(None, service), "not there: apply"
+    assert not differs({**service, "status": {"loadBalancer": {}}}, service), "there, with server fields: leave it"
+    assert differs({**service, "spec": {**service["spec"], "selector": {"other": "x"}}}, service)
 
 
 def test_a_child_read_and_not_found_is_applied() -> None:
     first = plan(_world(_body()))
     body = _body(status=first.status_patch)
-    gone = {(c["kind"], c["metadata"]["name"]): None for c in first.apply}
+    gone = {(a.obj["kind"], a.obj["metadata"]["name"]): None for a in first.apply}
     decided = plan(_world(body, children=gone))
-    assert [c["kind"] for c in decided.apply] == ["ConfigMap", "Deployment", "Service"]
+    assert [(a.obj["kind"], a.verify) for a in decided.apply] == [("ConfigMap", False), ("Deployment", False),
+                                                                 ("Service", False)]
 
 
 def test_a_child_that_drifted_is_applied_again_and_only_that_one() -> None:
@@ -163,7 +170,7 @@ def test_a_child_that_drifted_is_applied_again_and_only_that_one() -> None:
     drifted = copy.deepcopy(cache[("Service", "m")])
     drifted["spec"]["ports"][0]["port"] = 9999
     decided = plan(replace(world, children={**world.children, ("Service", "m"): drifted}))
-    assert [c["kind"] for c in decided.apply] == ["Service"]
+    assert [a.obj["kind"] for a in decided.apply] == ["Service"]
 
 
 def test_scaling_to_one_replica_deletes_the_pdb() -> None:
@@ -186,9 +193,8 @@ def test_old_repositories_are_deleted_once_no_replicaset_uses_them() -> None:
     changed = {**world.body, "spec": {**world.body["spec"], "maxBatchSize": 8}, "metadata": {**world.body["metadata"], "generation": 2}}
     world = replace(world, body=changed, models={"m": changed})
     first = plan(world)
-    # The new repository's ConfigMap is not cached yet (read it: it may exist), and an old one is: which
-    # ReplicaSets still use it?
-    assert sorted(r.kind for r in first.reads) == ["ConfigMap", "ReplicaSet"]
+    # An old repository ConfigMap is cached besides the new one: which ReplicaSets still use it?
+    assert [r.kind for r in first.reads] == ["ReplicaSet"] and not first.delete, "nothing deleted before knowing"
     world, decided = _settle(world, api, cache)
     assert not decided.delete, "the old ReplicaSet still has a replica: its repository stays"
     old_rs["spec"]["replicas"] = 0
@@ -214,7 +220,7 @@ def test_an_ensemble_deploys_once_its_step_exists() -> None:
                  outputs=[{"name": "OUTPUT0", "dataType": "FP32", "dims": [4]}])
     decided = plan(_world(ens, models={"m": step}))
     assert decided.problem is None, decided.problem
-    assert [c["kind"] for c in decided.apply] == ["ConfigMap", "Deployment", "Service"]
+    assert [a.obj["kind"] for a in decided.apply] == ["ConfigMap", "Deployment", "Service"]
 
 
 def test_an_invalid_spec_is_degraded_and_writes_no_child() -> None:
@@ -247,14 +253,13 @@ def test_serving_replicas_make_the_model_ready_and_the_transition_an_event() -> 
 def test_a_removed_status_field_is_nulled_in_the_patch() -> None:
     stale = {"configDigest": "old", "observedGeneration": 1, "somethingWeNoLongerWrite": 3}
     decided = plan(_world(_body(status=stale), children={}))
-    assert decided.reads  # reconciled before (it has a status): read the children first
-    gone = {(r.kind, r.name): None for r in decided.reads}
-    decided = plan(_world(_body(status=stale), children=gone))
     assert decided.status_patch is not None and decided.status_patch["somethingWeNoLongerWrite"] is None
 
 
 def test_reads_are_a_read_not_a_write() -> None:
-    assert Plan(reads=(Read("v1", "Service", "m"),)).empty is False
+    reading = Plan(reads=(Read("apps/v1", "ReplicaSet"),))
+    assert reading.writes_nothing and not reading.empty
+    assert not Plan(apply=(Apply({"kind": "Service"}),)).writes_nothing
     assert Plan().empty
 
 

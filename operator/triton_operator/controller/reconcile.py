@@ -22,7 +22,7 @@ from typing import Any
 from ..api import steps as step_graph
 from ..api.kinds import LABEL_MODEL, REPLICA_SET, TRITON_MODEL, WATCHED
 from ..api.timestamps import utc_now
-from ..plan.planner import Plan, World, plan
+from ..plan.planner import Plan, World, differs, plan
 from ..plan.status import Problem
 from ..render.kubernetes import Options
 from . import metrics
@@ -31,10 +31,6 @@ from .errors import api_failure, retry_after
 from .kube import Kube
 
 log = logging.getLogger("triton_operator.reconcile")
-
-#: Planning rounds of one reconcile: reads the first plan asks for (children, then ReplicaSets), then the writes.
-MAX_PLANS = 3
-
 
 class Reconciler:
     def __init__(self, kube: Kube, cache: Cache, options: Options | None = None) -> None:
@@ -159,21 +155,14 @@ class Reconciler:
         )
 
     async def _read(self, world: World, decided: Plan) -> World:
-        """Carries out a plan's reads: children by name into the cache (None: not there), ReplicaSets listed."""
+        """Carries out a plan's reads: the model's objects of a kind, listed live."""
         namespace, name = world.body["metadata"]["namespace"], world.body["metadata"]["name"]
-        children = dict(world.children)
         replicasets = world.replicasets
         for r in decided.reads:
-            if r.kind == REPLICA_SET.kind:
-                replicasets = await asyncio.to_thread(self.kube.list, r.api_version, r.kind, namespace,
-                                                      f"{LABEL_MODEL}={name}")
-                continue
-            assert r.name is not None
-            found = await asyncio.to_thread(self.kube.get, r.api_version, r.kind, namespace, r.name)
-            if found is not None:  # the watch has not delivered it yet (operator start)
-                found = self.cache.children.setdefault((r.kind, namespace, r.name), lean(found))
-            children[(r.kind, r.name)] = found
-        return replace(world, children=children, replicasets=replicasets)
+            assert r.kind == REPLICA_SET.kind, r  # the one kind the planner reads
+            replicasets = await asyncio.to_thread(self.kube.list, r.api_version, r.kind, namespace,
+                                                  f"{LABEL_MODEL}={name}")
+        return replace(world, replicasets=replicasets)
 
     async def _prime_pods(self, body: dict[str, Any]) -> None:
         """Right after the operator starts, the pod watch may not have delivered this model's pods yet: a status
@@ -193,13 +182,10 @@ class Reconciler:
         await self._prime_pods(body)
         world = self.gather(body)
         decided = plan(world)
-        for _ in range(MAX_PLANS - 1):
-            if not decided.reads:
-                break
+        if decided.reads:  # old repository ConfigMaps: which ReplicaSets still use them?
             world = await self._read(world, decided)
             decided = plan(world)
-        if decided.reads:
-            raise RuntimeError(f"the plan for TritonModel {namespace}/{name} still asks for reads: {decided.reads}")
+        api_error: Problem | None = None
         refused: Exception | None = None
         try:
             await self._carry_out(namespace, name, decided)
@@ -208,20 +194,29 @@ class Reconciler:
             if failure is None or not failure.persistent:
                 raise  # retried soon: nothing to tell the user yet
             refused = exc  # reported on the status, then retried with backoff (the worker)
-            decided = plan(replace(world, api_error=Problem("ApiError", failure.describe())))
-        await self._write_status(body, decided)
+            api_error = Problem("ApiError", failure.describe())
+        # The status, planned again over what the writes left in the cache (the API server's answers).
+        after = plan(replace(self.gather(body), replicasets=world.replicasets, api_error=api_error))
+        await self._write_status(body, after)
         for dep in self.dependents(namespace, name):
             self.request(namespace, dep)
         if refused is not None:
             raise refused
 
     async def _carry_out(self, namespace: str, name: str, decided: Plan) -> None:
-        """The plan's applies, then its deletes."""
-        for child in decided.apply:
+        """The plan's applies (a `verify` one only if the object read now differs), in order, then its deletes."""
+        for a in decided.apply:
+            child = a.obj
+            key = (child["kind"], namespace, child["metadata"]["name"])
+            if a.verify:
+                existing = await asyncio.to_thread(self.kube.get, child["apiVersion"], child["kind"], namespace, key[2])
+                if existing is not None:  # the watch has not delivered it yet (operator start)
+                    existing = self.cache.children.setdefault(key, lean(existing))
+                if not differs(existing, child):
+                    continue
             applied = await asyncio.to_thread(self.kube.apply, child)
             self.cache.put_child(applied)
-            log.info("Applied %s namespace=%s name=%s owner=TritonModel/%s", child["kind"], namespace,
-                     child["metadata"]["name"], name)
+            log.info("Applied %s namespace=%s name=%s owner=TritonModel/%s", child["kind"], namespace, key[2], name)
         for d in decided.delete:
             await asyncio.to_thread(self.kube.delete, d.api_version, d.kind, namespace, d.name)
             self.cache.children.pop((d.kind, namespace, d.name), None)

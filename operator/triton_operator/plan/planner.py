@@ -1,13 +1,20 @@
 """Every decision of a TritonModel's reconcile, pure: `plan(world) -> Plan`.
 
 The controller gathers a `World` (the model as read, its namespace's other TritonModels, the children and
-replicas it has cached), calls `plan`, carries out what the `Plan` says and records what it wrote. When the
-planner needs to see more before it can decide (a child the cache has not delivered yet, the ReplicaSets that
-still use old repository ConfigMaps) it asks for those reads instead, and the controller plans again with
-them. In the shape of cert-manager's controllers: gather, evaluate purely, write only what changed.
+replicas it has cached), calls `plan`, carries out what the `Plan` says and records what it wrote. In the
+shape of cert-manager's controllers: gather, evaluate purely, write only what changed.
 
-A plan carried out leaves a world whose plan is empty (`Plan.empty`): that is the idempotence the unit tests
-check property-wise, and what makes a second reconcile of an unchanged model write nothing.
+Two things the cache may not know yet are left to the execution, in a form that keeps the decision here:
+- a child the cache lacks, of a model reconciled before (right after an operator start, before the watch
+  delivered it): an `Apply` with `verify`, which the controller reads first and applies only if
+  `differs(existing, desired)`; in apply order, as one reconcile always did;
+- whether old repository ConfigMaps are still used: the plan `reads` the model's ReplicaSets, and the
+  controller plans again with them before deleting anything.
+
+The status is planned from the world as it is; the controller plans once more after carrying out the writes
+(the cache then holds what the API server answered) and writes that plan's status. A plan carried out leaves
+a world whose plan writes nothing (`Plan.writes_nothing`): the idempotence the unit tests check
+property-wise, and what makes a second reconcile of an unchanged model write nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +45,11 @@ from .status import Observed, Problem, as_dict, compute_status, merge_patch, sta
 ON_ITS_WAY = frozenset({"ReplicasWarming", "ReplicasJoining", "ReplicasStarting"})
 
 ChildKey = tuple[str, str]  # (kind, name) within the model's namespace
+
+
+def differs(existing: Any, desired: Mapping[str, Any]) -> bool:
+    """Whether a child must be applied: it does not exist, or lacks or changed a field we set."""
+    return existing is None or not contains(existing, desired)
 
 
 def contains(existing: Any, desired: Any) -> bool:
@@ -76,11 +88,19 @@ class World:
 
 @dataclass(frozen=True)
 class Read:
-    """Something the planner must see before it decides: one child by name, or a kind's LIST (name None)."""
+    """What the planner must see before it decides what to delete: a LIST of the model's objects of a kind."""
 
     api_version: str
     kind: str
-    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Apply:
+    """A child to server-side apply. With `verify`, the cache does not know it: read it first, and apply only
+    if `differs(existing, obj)` (it may exist, unchanged, from before an operator restart)."""
+
+    obj: dict[str, Any]
+    verify: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,8 +124,8 @@ class Event:
 
 @dataclass(frozen=True)
 class Plan:
-    reads: tuple[Read, ...] = ()  # when not empty, nothing else is decided yet: read these and plan again
-    apply: tuple[dict[str, Any], ...] = ()  # server-side apply, in this order
+    reads: tuple[Read, ...] = ()  # when not empty, the deletes are not decided yet: read these and plan again
+    apply: tuple[Apply, ...] = ()  # server-side apply, in this order
     delete: tuple[Delete, ...] = ()  # after the applies
     status: TritonModelStatus | None = None  # None: the stored status is already right
     status_patch: dict[str, Any] | None = None  # the merge patch that writes `status`
@@ -114,9 +134,14 @@ class Plan:
     problem: Problem | None = None  # why nothing (new) is deployed
 
     @property
+    def writes_nothing(self) -> bool:
+        """No child to apply or delete, no status to write, nothing to tell: the world is as the model wants it."""
+        return not (self.apply or self.delete or self.status is not None or self.events)
+
+    @property
     def empty(self) -> bool:
-        """Nothing to read, write or tell: the world is as the model wants it."""
-        return not (self.reads or self.apply or self.delete or self.status is not None or self.events)
+        """Nothing to read either."""
+        return self.writes_nothing and not self.reads
 
 
 def _closure(root: TritonModel, models: Mapping[str, Mapping[str, Any]]) -> tuple[list[TritonModel], list[str], list[str]]:
@@ -170,7 +195,7 @@ def _owned_by(body: Mapping[str, Any], name: str, uid: str) -> bool:
 
 
 def plan(world: World) -> Plan:
-    """What one reconcile of `world.body` does: the reads it needs first, or the writes and the status."""
+    """What one reconcile of `world.body` does: the writes, the reads the deletes wait for, the status."""
     body = world.body
     meta = body["metadata"]
     name, uid = meta["name"], meta["uid"]
@@ -188,12 +213,13 @@ def plan(world: World) -> Plan:
     if model is not None:
         desired, digest, problem = _desired(world, model)
 
-    # Reads: a child the cache lacks. A model with no status was never reconciled: nothing of ours can exist,
-    # so its children are applied straight away (one left by a first reconcile cut short is re-applied
-    # unchanged, a no-op for the server).
-    reads = [Read(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in desired
-             if stored and (c["kind"], c["metadata"]["name"]) not in world.children]
-    apply = tuple(c for c in desired if not contains(world.children.get((c["kind"], c["metadata"]["name"])), c))
+    # A child the cache lacks is verified first, if the model was reconciled before; a model with no status was
+    # never reconciled: nothing of ours can exist, so its children are applied straight away (one left by a
+    # first reconcile cut short is re-applied unchanged, a no-op for the server).
+    apply = tuple(
+        Apply(c, verify=bool(stored)) if (c["kind"], c["metadata"]["name"]) not in world.children else Apply(c)
+        for c in desired if differs(world.children.get((c["kind"], c["metadata"]["name"])), c))
+    reads: list[Read] = []
 
     delete: list[Delete] = []
     if desired:
@@ -203,15 +229,13 @@ def plan(world: World) -> Plan:
                 and _owned_by(c, name, uid)]
         if any(c["metadata"]["name"] != repository for c in mine):
             if world.replicasets is None:
-                reads.append(Read(REPLICA_SET.api_version, REPLICA_SET.kind))
+                if world.api_error is None:  # a refused write stops the reconcile: no deletes, no reads
+                    reads.append(Read(REPLICA_SET.api_version, REPLICA_SET.kind))
             else:
                 delete += [Delete(CONFIG_MAP.api_version, CONFIG_MAP.kind, unused, "no ReplicaSet uses it")
                            for unused in unused_repositories(mine, world.replicasets, repository)]
     if model is not None and model.spec.replicas <= 1 and world.children.get((PDB.kind, name)) is not None:
         delete.append(Delete(PDB.api_version, PDB.kind, name, "spec.replicas is 1 or less"))
-    if reads:
-        return Plan(reads=tuple(reads), digest=digest, problem=problem)
-
     # The status, from the replicas as they are (the writes above change no pod at once).
     replicas = model.spec.replicas if model is not None else int((body.get("spec") or {}).get("replicas", 1))
     observed = Observed(
@@ -226,14 +250,14 @@ def plan(world: World) -> Plan:
     )
     status = compute_status(observed, stored, world.now)
     if not status_changed(stored, status):
-        return Plan(apply=apply, delete=tuple(delete), digest=digest, problem=problem)
+        return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), digest=digest, problem=problem)
     events = tuple(
         Event("Warning" if (c["type"] == "Degraded" and c["status"] == "True")
               or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY) else "Normal",
               c["reason"], f"{c['type']}={c['status']}: {c['message']}", c["type"], c["status"])
         for c in transitions(stored, status))
-    return Plan(apply=apply, delete=tuple(delete), status=status, status_patch=merge_patch(stored, status),
-                events=events, digest=digest, problem=problem)
+    return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), status=status,
+                status_patch=merge_patch(stored, status), events=events, digest=digest, problem=problem)
 
 
 def carried_out(world: World, done: Plan, applied: Mapping[ChildKey, Mapping[str, Any]] | None = None) -> World:
@@ -242,9 +266,9 @@ def carried_out(world: World, done: Plan, applied: Mapping[ChildKey, Mapping[str
     `applied` are the API server's answers to the applies (defaults: the applied objects themselves).
     """
     children: dict[ChildKey, Mapping[str, Any] | None] = dict(world.children)
-    for c in done.apply:
-        key = (c["kind"], c["metadata"]["name"])
-        children[key] = (applied or {}).get(key, c)
+    for a in done.apply:
+        key = (a.obj["kind"], a.obj["metadata"]["name"])
+        children[key] = (applied or {}).get(key, children.get(key) or a.obj)
     for d in done.delete:
         children.pop((d.kind, d.name), None)
     body = world.body
