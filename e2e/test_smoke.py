@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from e2e.cluster import REPO_ROOT
 from e2e.kube import Kube, condition, wait_for
 from e2e.node import LogFollower
+from e2e.operator_fixtures import record
 from e2e.testing import (
     ADD_ONE_CONFIG,
     TRITON_IMAGE,
@@ -121,9 +122,23 @@ def test_deployment_serves_inference_through_endpointslice(kube: Kube, namespace
     out = infer_add_one(eps[0]["addresses"][0], [1.0, 2.5, -3.0, 41.0])
     np.testing.assert_allclose(out, [2.0, 3.5, -2.0, 42.0])
     # The same through the Service's ClusterIP: kube-proxy's DNAT on this machine, a test address throughout.
+    # kube-proxy programs the endpoint after it turned ready (its rule sync runs at most once a second): until
+    # then the ClusterIP rejects, as on any cluster.
     cluster_ip = kube.get("Service", "triton", namespace)["spec"]["clusterIP"]
     assert ipaddress.ip_address(cluster_ip) in ipaddress.ip_network("198.19.0.0/16")
-    np.testing.assert_allclose(infer_add_one(cluster_ip, [7.0]), [8.0])
+    ready_at = time.monotonic()
+
+    def through_cluster_ip() -> np.ndarray | None:
+        try:
+            return infer_add_one(cluster_ip, [7.0])
+        except InferenceServerException as exc:
+            if "Connection refused" in str(exc):
+                return None  # REJECT: kube-proxy's rules do not have the endpoint yet
+            raise
+
+    np.testing.assert_allclose(wait_for("kube-proxy to send the ClusterIP to the endpoint", through_cluster_ip, 30,
+                                        0.1), [8.0])
+    record("ClusterIP answers after its endpoint turned ready (kube-proxy's sync)", f"{time.monotonic() - ready_at:.2f}s")
 
     deployment = wait_for("Deployment triton available", lambda: (
         d := kube.get("Deployment", "triton", namespace))["status"].get("availableReplicas") == 1 and d, 60)
