@@ -260,12 +260,14 @@ def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f
 
 
 class ChartOperator(OperatorHandle):
-    """The operator as users run it: installed by `helm` from charts/triton-operator, one pod running the
-    image built from our Dockerfile as 65532 with a read-only root filesystem, under the chart's ServiceAccount.
+    """The operator as users run it: installed by `helm` from charts/triton-operator, two pods (the chart's
+    default) running the image built from our Dockerfile as 65532 with a read-only root filesystem, under the
+    chart's ServiceAccount. Both serve the webhook; the holder of the leader Lease reconciles.
 
-    Same vocabulary as the host-process `OperatorHandle`: `kill()` SIGKILLs the operator's container (its
-    main process on the node; the kubelet restarts it), `start()` waits for the container that follows,
-    `freeze()`/`thaw()` stop and continue it, logs come through the API server, metrics from the pod.
+    Same vocabulary as the host-process `OperatorHandle`, about the one that reconciles: `pod()` is the
+    leader's pod, `kill()` SIGKILLs the leader's container (its main process on the node; the kubelet
+    restarts it, as a follower), `start()` waits until every replica runs and a live process leads,
+    `freeze()`/`thaw()` stop and continue every replica (a hung operator), logs and metrics are the leader's.
     """
 
     def __init__(self, kubeconfig: Path, kube: Kube, logs: Path, pid_of: Callable[[dict], int],
@@ -273,7 +275,8 @@ class ChartOperator(OperatorHandle):
         super().__init__([], None, logs / "operator-pytest.log", "", "", DRIFT_INTERVAL)
         self.kubeconfig, self.kube, self.pid_of, self.values = kubeconfig, kube, pid_of, values
         self.fullname = f"{RELEASE}-triton-operator"
-        self._restarts = -1
+        self.replicas = 2  # the chart's default
+        self._killed: tuple[str, int] = ("", 0)  # the pod whose container kill() hit, and its restartCount then
 
     @property
     def webhook_configuration(self) -> str:
@@ -284,18 +287,31 @@ class ChartOperator(OperatorHandle):
              "--create-namespace", *self.values)
         self.start()
 
-    def pod(self) -> dict | None:
-        pods = self.kube.items("Pod", RELEASE_NAMESPACE,
-                               label_selector={"app.kubernetes.io/instance": RELEASE})
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        return live[0] if live else None
+    def pods(self) -> list[dict]:
+        """The operator's live pods, by name."""
+        pods = self.kube.items("Pod", RELEASE_NAMESPACE, label_selector={"app.kubernetes.io/instance": RELEASE})
+        return sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")), key=lambda p: p["metadata"]["name"])
 
-    def _container(self) -> dict:
-        pod = self.pod()
+    def holder(self) -> str:
+        """The leader Lease's holderIdentity (`<pod name>_<process id>`), or "" while nobody holds it."""
+        lease = self.kube.get_or_none("Lease", self.fullname, RELEASE_NAMESPACE)
+        return ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+
+    def pod(self) -> dict | None:
+        """The leader's pod (else any, while nobody leads)."""
+        pods = self.pods()
+        leader = self.holder().split("_")[0]
+        return next((p for p in pods if p["metadata"]["name"] == leader), pods[0] if pods else None)
+
+    @staticmethod
+    def _operator_status(pod: dict | None) -> dict:
         for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
             if cs["name"] == "operator":
                 return cs
         return {}
+
+    def _container(self) -> dict:
+        return self._operator_status(self.pod())
 
     @property
     def metrics_url(self) -> str:  # type: ignore[override]
@@ -310,17 +326,23 @@ class ChartOperator(OperatorHandle):
         return "running" in (self._container().get("state") or {})
 
     def start(self) -> None:
-        """Waits for the next operator container (after `kill`, or the first): running, live, its webhook CA
-        published. The kubelet does the restarting."""
-        before = self._restarts
+        """Waits until every operator replica runs and is ready (each serves the webhook), the one `kill()`
+        hit has been restarted by its kubelet, and a live process holds the Lease (its log says it became the
+        leader under the identity the Lease holds)."""
+        killed, before = self._killed
 
         def up() -> bool:
-            cs = self._container()
-            return (cs.get("restartCount", 0) > before and cs.get("ready") is True
-                    and "Published the webhook CA" in self.log_since())
+            pods = self.pods()
+            if len(pods) < self.replicas or not all(self._operator_status(p).get("ready") is True for p in pods):
+                return False
+            if killed and self._operator_status(next((p for p in pods if p["metadata"]["name"] == killed), None)
+                                                ).get("restartCount", 0) <= before:
+                return False
+            holder = self.holder()
+            return bool(holder) and f"identity={holder}" in self.log_since() and "Became the leader" in self.log_since()
 
-        wait_for("the operator's container running, ready and its webhook CA published", up, 180)
-        self._restarts = self._container().get("restartCount", 0)
+        wait_for(f"{self.replicas} operator replicas running and ready, and a live leader", up, 180)
+        self._killed = ("", 0)
 
     def stop(self) -> None:
         """`helm uninstall`: the chart's objects go, and the operator pod stops through its kubelet."""
@@ -328,22 +350,26 @@ class ChartOperator(OperatorHandle):
             helm(self.kubeconfig, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
 
     def kill(self) -> int:
+        """SIGKILLs the leader's container; returns its pid on the node."""
         pod = self.pod()
         assert pod is not None and self.alive(), "the operator is not running"
+        self._killed = (pod["metadata"]["name"], self._operator_status(pod).get("restartCount", 0))
         pid = self.pid_of(pod)
         os.kill(pid, signal.SIGKILL)
         return pid
 
     def freeze(self) -> None:
-        pod = self.pod()
-        assert pod is not None and self.alive(), "the operator is not running"
-        os.kill(self.pid_of(pod), signal.SIGSTOP)
+        """SIGSTOPs every replica: the pods are there, nothing answers (a hung or overloaded operator)."""
+        pods = [p for p in self.pods() if "running" in (self._operator_status(p).get("state") or {})]
+        assert pods, "the operator is not running"
+        for p in pods:
+            os.kill(self.pid_of(p), signal.SIGSTOP)
 
     def thaw(self) -> None:
-        pod = self.pod()
-        if pod is not None and self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid_of(pod), signal.SIGCONT)
+        for p in self.pods():
+            if "running" in (self._operator_status(p).get("state") or {}):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid_of(p), signal.SIGCONT)
 
     def restart(self) -> None:
         self.kill()
@@ -379,12 +405,19 @@ class ChartOperator(OperatorHandle):
         )
 
 
+#: The session operator's leader Lease duration (chart value leaderElection.leaseSeconds).
+LEASE_SECONDS = 6
+
+
 def session_values() -> list[str]:
     """The chart values of the session's operator: serve `op-*` namespaces (cluster-wide RBAC), review only the
     namespaces labelled for the session, a 5 s drift interval for quick tests."""
     key, value = SESSION_LABEL
     return ["--set", f"watch.namespacePattern={OPERATOR_NAMESPACE_PREFIX}*",
             "--set", f"operator.driftInterval={int(DRIFT_INTERVAL)}",
+            # A shorter Lease than the chart's 15 s, so that tests which kill the leader wait less for a follower.
+            "--set", f"leaderElection.leaseSeconds={LEASE_SECONDS}", "--set", "leaderElection.renewSeconds=4",
+            "--set", "leaderElection.retrySeconds=1",
             "--set-string", f"webhook.namespaceSelector.matchLabels.{key.replace('.', chr(92) + '.')}={value}"]
 
 

@@ -226,8 +226,8 @@ def test_namespaced_install_reconciles_add_sub_under_the_chart_service_account(
 
 def _assert_the_charts_webhook_refuses_a_cross_object_defect(kubeconfig: Path, kube: Kube, release: Release,
                                                             namespace: str) -> None:
-    """The chart's webhook path: API server -> Service -> the operator pod's 198.18.x address, TLS with the CA the
-    operator patched into the chart's ValidatingWebhookConfiguration."""
+    """The chart's webhook path: API server -> Service -> an operator pod's 198.18.x address, TLS with the
+    certificate of the chart's Secret, whose CA the chart put into the ValidatingWebhookConfiguration."""
     vwc = kube.request("GET", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{release.fullname}")
     (hook,) = vwc["webhooks"]
     assert hook["clientConfig"]["service"] == {"namespace": release.namespace, "name": f"{release.fullname}-webhook",
@@ -271,10 +271,15 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
                            ("delete", "poddisruptionbudgets.policy"), ("patch", "pods/status"),
                            ("create", "events")):
         assert can_i(kubeconfig, sa, verb, resource, watched), f"cannot {verb} {resource} in {watched}"
-    assert can_i(kubeconfig, sa, "patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None,
-                 name=release.fullname), "cannot patch its own webhook configuration's caBundle"
+    # Leader election: its own Lease in its own namespace, and no other.
+    for verb in ("get", "update"):
+        assert can_i(kubeconfig, sa, verb, "leases.coordination.k8s.io", own, name=release.fullname), f"cannot {verb} its Lease"
+        assert not can_i(kubeconfig, sa, verb, "leases.coordination.k8s.io", own, name="someone-elses"), f"can {verb} another Lease"
+    assert can_i(kubeconfig, sa, "create", "leases.coordination.k8s.io", own)
+    assert not can_i(kubeconfig, sa, "create", "leases.coordination.k8s.io", watched)
+    # The chart writes the webhook configuration's caBundle (the certificate is its Secret): the operator cannot.
     assert not can_i(kubeconfig, sa, "patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None,
-                     name="someone-elses"), "can patch another webhook configuration"
+                     name=release.fullname), "can patch its own webhook configuration: nothing needs to"
     # Not more: no Secrets anywhere, no Nodes, no pods of its own, nothing outside the watched namespace.
     for verb, resource, ns in (
         ("get", "secrets", watched), ("list", "secrets", watched), ("watch", "secrets", watched),

@@ -268,7 +268,7 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
     wait_for("the new operator to reconcile, then one drift round", lambda: (
         operator.reconciles() >= 2 and time.monotonic() - restarted > operator.drift_interval + 1), 30)
     record("writes after an operator restart", f"{operator.writes()} in {operator.reconciles():.0f} reconciles "
-           "(the webhook configuration gets the new process's CA; nothing in the namespace changes)")
+           "(nothing in the namespace changes)")
     changed = {k: v for k, v in resource_versions(kube, namespace).items() if versions.get(k) != v}
     assert not changed, f"a restarted operator changed {sorted(changed)}: {operator.writes()}"
 

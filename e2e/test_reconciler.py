@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +128,55 @@ def test_the_reconciler_writes_the_children_once_and_then_nothing(apiserver: Pat
     assert _delta(before, _writes()) == {"Service/apply": 1}
     ports = {p["name"]: p["targetPort"] for p in kube.get("Service", "add-sub", NS)["spec"]["ports"]}
     assert ports["http"] == "http"
+
+
+# -- leader election on a real Lease ------------------------------------------------------------------
+
+
+def test_one_leader_at_a_time_a_follower_takes_over_a_lease_left_unrenewed_and_at_once_a_released_one(
+        apiserver: Path) -> None:
+    from triton_operator.controller.leader import LeaderElection
+
+    kube = Kube(apiserver)
+    if kube.get_or_none("Namespace", "lease-test") is None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lease-test"}})
+    a = LeaderElection(_operator_kube(apiserver), "lease-test", "trop", "replica-a", lease_seconds=3,
+                       renew_seconds=2, retry_seconds=0.5)
+    b = LeaderElection(_operator_kube(apiserver), "lease-test", "trop", "replica-b", lease_seconds=3,
+                       renew_seconds=2, retry_seconds=0.5)
+    assert a.try_acquire_or_renew(), "a free Lease is taken"
+    assert not b.try_acquire_or_renew(), "a Lease renewed within its duration is not"
+    assert a.try_acquire_or_renew(), "its holder renews it"
+    lease = kube.request("GET", "/apis/coordination.k8s.io/v1/namespaces/lease-test/leases/trop")
+    assert lease["spec"]["holderIdentity"] == "replica-a" and lease["spec"]["leaseDurationSeconds"] == 3
+
+    # a stops renewing (a SIGKILLed or frozen leader): b waits the whole duration on its own clock, then takes it.
+    async def take_over() -> float:
+        t0 = time.monotonic()
+        assert await b.acquire(asyncio.Event())
+        return time.monotonic() - t0
+
+    waited = asyncio.run(take_over())
+    assert 3 <= waited < 3 + 2, f"took over after {waited:.1f}s, the Lease lasts 3 s"
+    lease = kube.request("GET", "/apis/coordination.k8s.io/v1/namespaces/lease-test/leases/trop")
+    assert lease["spec"]["holderIdentity"] == "replica-b" and lease["spec"]["leaseTransitions"] == 1
+
+    # a comes back: a follower now; b loses nothing. b shuts down cleanly and gives the Lease up: a takes it
+    # on its next try, without waiting the duration.
+    assert not a.try_acquire_or_renew()
+    b._leading = True  # as after acquire()
+    b.release()
+    assert a.try_acquire_or_renew(), "a released Lease is free at once"
+
+    # The leader whose renewals fail steps down before anyone else may take over.
+    async def renew_fails() -> bool:
+        lost = asyncio.Event()
+        a._leading = True
+        a.kube = _operator_kube(apiserver)
+        a.namespace = "no-such-namespace"  # every renewal now fails (404 on the namespace's Lease, then 404 on create)
+        holder = asyncio.create_task(a.hold(lost))
+        await asyncio.wait_for(lost.wait(), 10)
+        await holder
+        return a.leading
+
+    assert asyncio.run(renew_fails()) is False

@@ -72,6 +72,15 @@ def _served(kube: Kube, namespace: str) -> dict[str, int]:
     return out
 
 
+def _wait_answered(what: str, load: ServiceLoad, since: dict[str, int], kube: Kube, namespace: str) -> None:
+    """Waits (30 s) until every live replica answered 20 more requests; on timeout says what the load saw."""
+    try:
+        wait_for(what, lambda: _answered_by_all(since, kube, namespace), 30)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; answered per replica since: {since} -> {_served(kube, namespace)}; "
+                             f"load so far: {load.tally().summary()}; {_failures(load)}") from exc
+
+
 def _answered_by_all(since: dict[str, int], kube: Kube, namespace: str, at_least: int = 20) -> bool:
     """Every live replica has answered `at_least` more requests (by its Triton statistics) than at `since`."""
     now = _served(kube, namespace)
@@ -91,7 +100,7 @@ def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
 
     with ServiceLoad(kubeconfig, namespace, "add-sub") as load:
         served = _served(kube, namespace)
-        wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
+        _wait_answered("both replicas to answer the load", load, served, kube, namespace)
 
         # A config change: replica by replica, a new warm pod joins before an old one leaves.
         old_digest = tm["status"]["configDigest"]
@@ -106,7 +115,7 @@ def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
         new_digest = tm["status"]["configDigest"]
         wait_for("both replicas at the new config and every old one gone (terminated, not just terminating)",
                  lambda: rolled_out(kube, namespace, "add-sub", new_digest, 2), 120)
-        wait_for("both new replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
+        _wait_answered("both new replicas to answer the load", load, served, kube, namespace)
         phases["rollout"], took["rollout"] = load.tally() - before, time.monotonic() - t0
         assert not old_pods & {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
 
@@ -117,8 +126,7 @@ def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
         wait_for("one replica left and the other gone", lambda: (
             len(left := model_pods(kube, namespace, "add-sub")) == 1 and is_ready(left[0])), 120)
         wait_model(kube, namespace, "add-sub", is_model_ready, "Ready with 1 replica", 60)
-        wait_for("the remaining replica to answer the load", lambda: _answered_by_all(served, kube, namespace),
-                 30)
+        _wait_answered("the remaining replica to answer the load", load, served, kube, namespace)
         phases["scale down"], took["scale down"] = load.tally() - before, time.monotonic() - t0
 
         # Scale up: the new replica joins only once warm.
@@ -127,7 +135,7 @@ def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
         kubectl(kubeconfig, "scale", "-n", namespace, "tritonmodel/add-sub", "--replicas=2")
         wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
                    "Ready with 2 warmed replicas", 180)
-        wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
+        _wait_answered("both replicas to answer the load", load, served, kube, namespace)
         phases["scale up"], took["scale up"] = load.tally() - before, time.monotonic() - t0
         total = load.stop()
 
@@ -222,7 +230,7 @@ def test_bad_update_stalls_the_rollout_while_old_replicas_serve_and_a_revert_rec
 
     with ServiceLoad(kubeconfig, namespace, "add-sub") as load:
         served = _served(kube, namespace)
-        wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
+        _wait_answered("both replicas to answer the load", load, served, kube, namespace)
         watcher = StallWatcher(kubeconfig, namespace, old, old_rs)
         watcher.start()
         try:
@@ -268,7 +276,7 @@ def test_bad_update_stalls_the_rollout_while_old_replicas_serve_and_a_revert_rec
         finally:
             watcher.stop()
         recovered = time.monotonic() - t0
-        wait_for("both replicas to answer the load", lambda: _answered_by_all(served, kube, namespace), 30)
+        _wait_answered("both replicas to answer the load", load, served, kube, namespace)
         phases["revert"] = load.tally() - before
         total = load.stop()
 

@@ -7,6 +7,7 @@ hardening, values.schema.json, the chart's CRD copy, and `hadolint Dockerfile`.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -185,9 +186,10 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
 
 
 def _rbac(docs: list[dict[str, Any]], webhook: bool = False) -> list[dict[str, Any]]:
-    """The operator's RBAC; with `webhook`, also the grant to patch its own webhook configuration."""
+    """The operator's RBAC for what it watches and writes; with `webhook` (an older name, kept for the callers),
+    also every other grant of the chart: the leader-election Lease in the release's namespace."""
     return [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io/")
-            and (webhook or not d["metadata"]["name"].endswith("-webhook"))]
+            and (webhook or not d["metadata"]["name"].endswith(("-webhook", "-leader-election")))]
 
 
 @pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
@@ -230,9 +232,8 @@ def test_cluster_wide_mode_binds_one_cluster_role_to_the_service_account(helm: s
 def test_namespaced_mode_has_a_role_per_watched_namespace_and_nothing_cluster_wide(helm: str) -> None:
     docs = render(helm, **NAMESPACED)
     rbac = _rbac(docs)
-    assert not [d for d in rbac if d["kind"].startswith("Cluster")], "namespaced mode grants nothing cluster-wide"
-    assert [d["metadata"]["name"] for d in _rbac(docs, webhook=True) if d["kind"] == "ClusterRole"] == [
-        f"{SA}-webhook"], "but patching its own webhook configuration"
+    assert not [d for d in _rbac(docs, webhook=True) if d["kind"].startswith("Cluster")], (
+        "namespaced mode grants nothing cluster-wide (the chart, not the operator, writes the webhook's caBundle)")
     roles = {d["metadata"]["namespace"]: d for d in kinds(rbac, "Role")}
     bindings = {d["metadata"]["namespace"]: d for d in kinds(rbac, "RoleBinding")}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}
@@ -299,7 +300,8 @@ def test_webhook_configuration_is_the_operators_own_pointed_at_its_service(helm:
     target = WebhookTarget(service_namespace=RELEASE_NS, service_name=svc["metadata"]["name"], service_port=443)
     expected = render_webhook_configuration(SA, target, "", "Fail", values.get("watch.namespaces"))
     (hook,) = vwc["webhooks"]
-    assert "caBundle" not in hook["clientConfig"]  # the operator patches it in at start
+    secret = next(d for d in kinds(docs, "Secret") if d["metadata"]["name"] == f"{SA}-webhook-tls")
+    assert hook["clientConfig"].pop("caBundle") == secret["data"]["ca.crt"], "the CA of the Secret every replica serves"
     (want,) = expected["webhooks"]  # type: ignore[misc]
     want["clientConfig"].pop("caBundle")
     assert hook == want
@@ -310,11 +312,9 @@ def test_webhook_configuration_is_the_operators_own_pointed_at_its_service(helm:
     assert f"--webhook-service={RELEASE_NS}/{SA}-webhook" in c["args"]
     assert f"--webhook-configuration={SA}" in c["args"] and f"--webhook-port={ports['webhook']}" in c["args"]
     assert "--webhook-failure-policy=Fail" in c["args"]
-    role = next(d for d in _rbac(docs, webhook=True) if d["metadata"]["name"] == f"{SA}-webhook"
-                and d["kind"] == "ClusterRole")
-    assert role["rules"] == [{"apiGroups": ["admissionregistration.k8s.io"],
-                              "resources": ["validatingwebhookconfigurations"], "resourceNames": [SA],
-                              "verbs": ["patch"]}]
+    assert "--webhook-cert-dir=/etc/triton-operator/webhook-tls" in c["args"]
+    assert not [d for d in _rbac(docs, webhook=True) if d["metadata"]["name"] == f"{SA}-webhook"], (
+        "the operator no longer patches the configuration: nothing to grant")
 
 
 @pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False}], ids=["paused", "disabled"])
@@ -339,7 +339,8 @@ def test_operator_deployment_is_hardened_and_probed(helm: str) -> None:
     deploy = one(docs, "Deployment")
     pod = deploy["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     assert pod["serviceAccountName"] == SA
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 65532
@@ -395,7 +396,8 @@ def test_metrics_service_and_optional_service_monitor(helm: str) -> None:
 @pytest.mark.parametrize(("values", "message"), [
     ({"replicaCount": -1}, "/replicaCount"),
     ({"replicaCount": "one"}, "/replicaCount"),
-    ({"replicaCount": 2}, "/replicaCount"),
+    ({"leaderElection.leaseSeconds": 1}, "/leaderElection/leaseSeconds"),
+    ({"webhook.certManager.issuerRef": {"kind": "Vault"}}, "/webhook/certManager/issuerRef/kind"),
     ({"watch.namespaces": ["Team_A"]}, "/watch/namespaces/0"),
     ({"watch.namespaces": "team-a"}, "/watch/namespaces"),
     ({"image.pullPolicy": "Sometimes"}, "/image/pullPolicy"),
@@ -435,3 +437,70 @@ def test_readme_documents_the_crd_upgrade_path() -> None:
     readme = (CHART / "README.md").read_text()
     assert "kubectl apply --server-side" in readme and "crds/" in readme
     assert "never upgrades" in readme or "does not upgrade" in readme
+
+
+# -- availability: two replicas, one leader, one certificate ------------------------------------------
+
+
+def test_two_replicas_elect_a_leader_on_a_lease_of_their_own(helm: str) -> None:
+    docs = render(helm)
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--leader-elect" in c["args"]
+    assert f"--leader-election-lease={RELEASE_NS}/{SA}" in c["args"]
+    assert {"--leader-election-lease-seconds=15", "--leader-election-renew-seconds=10",
+            "--leader-election-retry-seconds=2"} <= set(c["args"])
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
+    role = next(d for d in kinds(docs, "Role") if d["metadata"]["name"] == f"{SA}-leader-election")
+    assert role["metadata"]["namespace"] == RELEASE_NS
+    assert grants(role["rules"]) == {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+    named = [r for r in role["rules"] if "update" in r["verbs"]]
+    assert named and all(r.get("resourceNames") == [SA] for r in named), "update only the release's own Lease"
+    binding = next(d for d in kinds(docs, "RoleBinding") if d["metadata"]["name"] == f"{SA}-leader-election")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": RELEASE_NS}]
+
+
+def test_a_pdb_and_spread_keep_one_operator_replica_through_disruptions(helm: str) -> None:
+    docs = render(helm)
+    pdb = one(docs, "PodDisruptionBudget")
+    pod = one(docs, "Deployment")["spec"]["template"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert not kinds(render(helm, replicaCount=1), "PodDisruptionBudget"), "one replica: a PDB would block drains"
+
+
+def test_every_replica_serves_the_one_certificate_the_chart_makes(helm: str) -> None:
+    from cryptography import x509
+
+    docs = render(helm)
+    secret = next(d for d in kinds(docs, "Secret") if d["metadata"]["name"] == f"{SA}-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"{SA}-webhook.{RELEASE_NS}.svc" in names, "the name the API server dials"
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert {"name": "webhook-tls", "mountPath": "/etc/triton-operator/webhook-tls", "readOnly": True} in c["volumeMounts"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert vol["secret"]["secretName"] == secret["metadata"]["name"]
+    assert {i["key"] for i in vol["secret"]["items"]} == {"tls.crt", "tls.key"}, "the key is never in ca.crt's place"
+
+
+def test_with_cert_manager_the_certificate_and_the_ca_bundle_are_cert_managers(helm: str) -> None:
+    docs = render(helm, **{"webhook.certManager.enabled": True})
+    assert not [d for d in kinds(docs, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    cert = one(docs, "Certificate")
+    assert cert["spec"]["secretName"] == f"{SA}-webhook-tls"
+    assert f"{SA}-webhook.{RELEASE_NS}.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {"name": f"{SA}-selfsigned", "kind": "Issuer"}
+    assert one(docs, "Issuer")["spec"] == {"selfSigned": {}}
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    assert vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{RELEASE_NS}/{SA}-webhook"
+    assert "caBundle" not in vwc["webhooks"][0]["clientConfig"], "cainjector writes it"
+    docs = render(helm, **{"webhook.certManager.enabled": True, "webhook.certManager.issuerRef.name": "corp-ca",
+                           "webhook.certManager.issuerRef.kind": "ClusterIssuer"})
+    assert not kinds(docs, "Issuer")
+    assert one(docs, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}

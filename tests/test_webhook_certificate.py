@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import ssl
 import tempfile
 from pathlib import Path
@@ -84,3 +85,59 @@ def test_missed_namespaces_are_the_live_matching_ones_not_served() -> None:
     listed = {"op-a": False, "op-b": False, "op-gone": True, "op-private": False, "default": False}
     assert missed(listed, {"op-a"}, ours) == {"op-b"}
     assert missed(listed, {"op-a", "op-b"}, ours) == set()
+
+
+# -- the chart's certificate, shared by every replica (--webhook-cert-dir) ------------------------------
+
+
+def _served_certificate(port: int, ca_pem: bytes) -> x509.Certificate:
+    """The certificate a TLS handshake with 127.0.0.1:`port` gets, verified against `ca_pem`."""
+    import socket
+    import ssl
+
+    ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    ctx.check_hostname = False  # the name is checked below, on the certificate itself
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def test_a_mounted_certificate_is_served_as_is_and_reloaded_when_the_secret_changes(tmp_path: Path) -> None:
+    import asyncio
+
+    from triton_operator.controller.webhook import AdmissionWebhook
+    from triton_operator.render.webhook import WebhookTarget
+    from triton_operator.triton.local import free_port
+
+    hosts = ["trop-webhook.triton-system.svc"]
+    first, second = issue_certificate(hosts), issue_certificate(hosts)
+    (tmp_path / "tls.crt").write_bytes(first.cert_pem)
+    (tmp_path / "tls.key").write_bytes(first.key_pem)
+    port = free_port()
+
+    class NoApi:  # the chart's mode writes nothing: any call would be a failure
+        def __getattr__(self, name: str) -> None:
+            raise AssertionError(f"the webhook called the API ({name}) in --webhook-cert-dir mode")
+
+    async def run() -> tuple[x509.Certificate, x509.Certificate]:
+        webhook = AdmissionWebhook(NoApi(), WebhookTarget(service_namespace="triton-system", service_name="trop-webhook"),  # type: ignore[arg-type]
+                                   configuration="trop", failure_policy="Fail", namespaces=[], clusterwide=True,
+                                   address="127.0.0.1", port=port, cert_dir=str(tmp_path))
+        await webhook.start()
+        try:
+            before = await asyncio.to_thread(_served_certificate, port, first.ca_pem)
+            (tmp_path / "tls.crt").write_bytes(second.cert_pem)  # the kubelet updates a Secret's files in place
+            (tmp_path / "tls.key").write_bytes(second.key_pem)
+            os.utime(tmp_path / "tls.crt", (1e9, 2e9))
+            webhook._load_mounted()  # what the reload loop does every minute
+            after = await asyncio.to_thread(_served_certificate, port, second.ca_pem)
+            return before, after
+        finally:
+            webhook._renewal and webhook._renewal.cancel()
+            if webhook._runner:
+                await webhook._runner.cleanup()
+
+    before, after = asyncio.run(run())
+    assert before.serial_number == x509.load_pem_x509_certificate(first.cert_pem).serial_number
+    assert after.serial_number == x509.load_pem_x509_certificate(second.cert_pem).serial_number

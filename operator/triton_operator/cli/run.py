@@ -7,10 +7,12 @@ import asyncio
 import logging
 import os
 import signal
+import socket
+import uuid
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..controller.operator import WebhookSettings
+    from ..controller.operator import ElectionSettings, WebhookSettings
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -31,13 +33,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.getLogger("triton_operator").info("Started metrics endpoint port=%d", args.metrics_port)
     options = Options(operator_image=args.operator_image)
     webhook = _webhook_settings(args)
+    election = _election_settings(args)
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_operator(
+        return await run_operator(
             kubeconfig=args.kubeconfig,
             namespaces=args.namespace or [],
             clusterwide=args.all_namespaces,
@@ -46,10 +49,29 @@ def cmd_run(args: argparse.Namespace) -> int:
             drift_interval=args.drift_interval,
             stop_flag=stop,
             webhook=webhook,
+            election=election,
         )
 
-    asyncio.run(main())
-    return 0
+    return asyncio.run(main())
+
+
+def _election_settings(args: argparse.Namespace) -> ElectionSettings | None:
+    if not args.leader_elect:
+        return None
+    from ..controller.operator import ElectionSettings
+
+    namespace, _, name = args.leader_election_lease.partition("/")
+    # One identity per process, as client-go's controllers make theirs (host name + "_" + a UUID): a leader's
+    # container restarted by its kubelet is a new candidate, not the old holder renewing a Lease it never lost.
+    identity = args.leader_election_identity or f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    if not namespace or not name:
+        raise SystemExit(f"--leader-election-lease: expected NAMESPACE/NAME, got {args.leader_election_lease!r}")
+    if not 0 < args.leader_election_retry_seconds < args.leader_election_renew_seconds < args.leader_election_lease_seconds:
+        raise SystemExit("--leader-election-*: need 0 < retry < renew < lease seconds (a leader must step down "
+                         "before a follower may take over)")
+    return ElectionSettings(namespace, name, identity, lease_seconds=args.leader_election_lease_seconds,
+                            renew_seconds=args.leader_election_renew_seconds,
+                            retry_seconds=args.leader_election_retry_seconds)
 
 
 def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
@@ -69,7 +91,7 @@ def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
     from ..controller.operator import WebhookSettings
 
     return WebhookSettings(target, args.webhook_configuration, args.webhook_failure_policy, args.webhook_address,
-                           args.webhook_port)
+                           args.webhook_port, args.webhook_cert_dir)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -104,4 +126,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="name of the ValidatingWebhookConfiguration")
     w.add_argument("--webhook-failure-policy", choices=("Fail", "Ignore"), default="Fail",
                    help="what the API server does when the webhook cannot be reached (see README: Admission)")
+    w.add_argument("--webhook-cert-dir", metavar="DIR",
+                   help="serve tls.crt and tls.key from DIR (a mounted Secret every replica shares; reloaded when "
+                        "it changes) instead of a self-issued certificate; the configuration's caBundle is then "
+                        "left to whoever made the Secret (the chart)")
+    e = r.add_argument_group("leader election", "with several replicas, exactly one reconciles and drives the "
+                             "warm-up gates: the holder of a coordination.k8s.io Lease; every replica serves the webhook")
+    e.add_argument("--leader-elect", action="store_true", help="take part in leader election (the chart sets it)")
+    e.add_argument("--leader-election-lease", metavar="NAMESPACE/NAME", default="triton-system/triton-operator",
+                   help="the Lease")
+    e.add_argument("--leader-election-identity", help="this process's name in the Lease (default: $POD_NAME, else "
+                   "the host name, then _ and 8 random hex digits)")
+    e.add_argument("--leader-election-lease-seconds", type=float, default=15.0,
+                   help="how long a follower waits on a Lease its holder stopped renewing")
+    e.add_argument("--leader-election-renew-seconds", type=float, default=10.0,
+                   help="how long the leader tries to renew before it steps down (less than the lease)")
+    e.add_argument("--leader-election-retry-seconds", type=float, default=2.0, help="between two tries")
     r.set_defaults(func=cmd_run)

@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from ..api.kinds import kind_of
+from ..api.kinds import LEASE, kind_of
 from ..api.timestamps import rfc3339, utc_now
 from ..api.v1alpha1 import GROUP, PLURAL, VERSION
 from . import metrics
@@ -129,6 +129,24 @@ class Kube:
         )
         return applied
 
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST a new object; a 409 (it exists) raises ApiCallError like any refusal."""
+        meta = obj["metadata"]
+        _count_write(obj["kind"], "create")
+        created: dict[str, Any] = self._call("POST", self.path(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj,
+                                             query=[("fieldManager", FIELD_MANAGER)],
+                                             what=("create", obj["kind"], meta["namespace"], meta["name"]))
+        return created
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT an object read before: its metadata.resourceVersion makes it conditional (409 if it changed since)."""
+        meta = obj["metadata"]
+        _count_write(obj["kind"], "update")
+        replaced: dict[str, Any] = self._call(
+            "PUT", self.path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]), body=obj,
+            query=[("fieldManager", FIELD_MANAGER)], what=("update", obj["kind"], meta["namespace"], meta["name"]))
+        return replaced
+
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete one object; already gone is fine."""
         metrics.API_WRITES.labels(kind=kind, verb="delete").inc()
@@ -224,3 +242,11 @@ def _message(data: bytes) -> str:
         return str(json.loads(data).get("message") or "")
     except (ValueError, AttributeError):
         return data[:300].decode(errors="replace")
+
+
+def _count_write(kind: str, verb: str) -> None:
+    """The Lease's renewals (one every retry period, even when idle) are counted apart from the reconcile's writes."""
+    if kind == LEASE.kind:
+        metrics.LEASE_WRITES.labels(verb=verb).inc()
+    else:
+        metrics.API_WRITES.labels(kind=kind, verb=verb).inc()

@@ -10,7 +10,10 @@ RECONCILE_SECONDS = Histogram(
     "triton_operator_reconcile_duration_seconds", "Time of one TritonModel reconcile",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
-API_WRITES = Counter("triton_operator_api_writes_total", "Writes the operator sent to the API server", ["kind", "verb"])
+API_WRITES = Counter("triton_operator_api_writes_total", "Writes the operator sent to the API server (the leader Lease's "
+                     "apart: triton_operator_lease_writes_total)", ["kind", "verb"])
+LEASE_WRITES = Counter("triton_operator_lease_writes_total",
+                       "Writes of the leader-election Lease: taking it, renewing it every retry period, releasing it", ["verb"])
 GATE_TRANSITIONS = Counter(
     "triton_operator_gate_transitions_total", "Readiness-gate condition changes", ["status", "reason"]
 )

@@ -26,6 +26,7 @@ from ..render.webhook import WebhookTarget
 from .cache import Cache
 from .gate import WarmupGate
 from .kube import Kube
+from .leader import LeaderElection
 from .namespaces import NamespaceSet, has_patterns
 from .reconcile import Reconciler
 from .webhook import AdmissionWebhook
@@ -36,12 +37,28 @@ OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 @dataclass(frozen=True)
+class ElectionSettings:
+    """Leader election on the Lease `namespace/name` (the chart: the release's namespace and full name); the
+    identity is the pod's name. Timings as client-go's defaults for controllers: 15 s, 10 s, 2 s."""
+
+    namespace: str
+    name: str
+    identity: str
+    lease_seconds: float = 15.0
+    renew_seconds: float = 10.0
+    retry_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
 class WebhookSettings:
     target: WebhookTarget
     configuration: str = "triton-operator"
     failure_policy: str = "Fail"
     address: str = "0.0.0.0"  # noqa: S104 - the API server calls in from outside the pod
     port: int = 9443
+    # A directory holding tls.crt and tls.key (the chart's Secret, shared by every replica): served as is,
+    # reloaded when it changes; the configuration's caBundle is then the chart's. None: self-issued.
+    cert_dir: str | None = None
 
 
 class State:
@@ -71,15 +88,11 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         settings.networking.request_timeout = 30
         STATE.gate = WarmupGate(STATE.kube, on_change=lambda ns, name: STATE.reconciler.request(ns, name))
         STATE.drift = asyncio.create_task(_drift_loop(drift_interval), name="drift")
-        if STATE.webhook is not None:  # serving before the first watch event: admission needs no cache warm-up
-            await STATE.webhook.start()
 
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(**_: Any) -> None:
         STATE.drift.cancel()
         await STATE.gate.stop()
-        if STATE.webhook is not None:
-            await STATE.webhook.stop()
 
     @kopf.on.event(TRITON_MODEL.group, TRITON_MODEL.version, TRITON_MODEL.plural, registry=registry)
     async def _model_event(event: kopf.RawEvent, **_: Any) -> None:
@@ -178,7 +191,7 @@ async def wait_for_crd(kube: Kube, liveness: str | None, stop_flag: asyncio.Even
     except Exception as exc:  # noqa: BLE001 - the API server may be unreachable for a while: keep waiting
         log.warning("Could not look up TritonModels in API discovery: %s", exc)
     log.info("Waiting for the TritonModel CRD group=%s version=%s poll=%.0fs", GROUP, VERSION, CRD_POLL_SECONDS)
-    server = await _serve_liveness(liveness)
+    server = await _serve_liveness(liveness, "waiting for the TritonModel CRD")
     try:
         while not (stop_flag is not None and stop_flag.is_set()):
             try:
@@ -196,13 +209,14 @@ async def wait_for_crd(kube: Kube, liveness: str | None, stop_flag: asyncio.Even
             await server.cleanup()
 
 
-async def _serve_liveness(liveness: str | None) -> web.AppRunner | None:
+async def _serve_liveness(liveness: str | None, state: str) -> web.AppRunner | None:
+    """The liveness endpoint while kopf (which serves it otherwise) is not running yet: alive, and why waiting."""
     if not liveness:
         return None
     url = urlsplit(liveness)
 
     async def ok(_: web.Request) -> web.Response:
-        return web.json_response({"waiting": "TritonModel CRD"})
+        return web.json_response({"state": state})
 
     app = web.Application()
     app.router.add_get(url.path or "/", ok)
@@ -222,10 +236,14 @@ async def run_operator(
     drift_interval: float = 60.0,
     stop_flag: asyncio.Event | None = None,
     webhook: WebhookSettings | None = None,
-) -> None:
+    election: ElectionSettings | None = None,
+) -> int:
+    """Runs until `stop_flag` (0), or until this replica loses the leader Lease (1: the process exits and
+    the kubelet restarts it as a follower, as client-go's controllers do)."""
+    stop = stop_flag or asyncio.Event()
     STATE.kube = Kube.from_environment(kubeconfig)
-    if not await wait_for_crd(STATE.kube, liveness, stop_flag):
-        return
+    if not await wait_for_crd(STATE.kube, liveness, stop):
+        return 0
     globs = has_patterns(namespaces) and not clusterwide
     STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if globs else None
     STATE.cache = Cache()
@@ -233,22 +251,61 @@ async def run_operator(
     STATE.webhook = None if webhook is None else AdmissionWebhook(
         STATE.kube, webhook.target, configuration=webhook.configuration, failure_policy=webhook.failure_policy,
         namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
+        cert_dir=webhook.cert_dir,
     )
-    registry = build_registry(drift_interval)
+    elector = None if election is None else LeaderElection(
+        STATE.kube, election.namespace, election.name, election.identity,
+        lease_seconds=election.lease_seconds, renew_seconds=election.renew_seconds, retry_seconds=election.retry_seconds)
+    lost = asyncio.Event()
+    tasks: list[asyncio.Task[Any]] = []
+    if STATE.webhook is not None:  # every replica, leader or not, and before any watch: admission needs no cache
+        await STATE.webhook.start()
+    try:
+        if elector is not None:
+            server = await _serve_liveness(liveness, "following: another replica leads")
+            try:
+                if not await elector.acquire(stop):
+                    return 0
+            finally:
+                if server is not None:
+                    await server.cleanup()
+            tasks.append(asyncio.create_task(elector.hold(lost), name="lease"))
+        kopf_stop = asyncio.Event()
 
-    @kopf.on.login(registry=registry)
-    def _login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
-        # The same credentials our writes use (--kubeconfig, KUBECONFIG or in-cluster), re-read on every
-        # login: kopf.login_via_client ignores --kubeconfig and would watch another cluster, or none.
-        Kube.from_environment(kubeconfig)
-        return _connection_info(settings)
+        async def relay() -> None:  # kopf stops on either: asked to, or no longer the leader
+            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            kopf_stop.set()
 
-    await kopf.operator(
-        registry=registry,
-        insights=None if STATE.namespace_set is None else STATE.namespace_set.insights,
-        clusterwide=clusterwide,
-        namespaces=namespaces,
-        liveness_endpoint=liveness,
-        standalone=True,
-        stop_flag=stop_flag,
-    )
+        tasks.append(asyncio.create_task(relay(), name="stop-relay"))
+        registry = build_registry(drift_interval)
+
+        @kopf.on.login(registry=registry)
+        def _login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+            # The same credentials our writes use (--kubeconfig, KUBECONFIG or in-cluster), re-read on every
+            # login: kopf.login_via_client ignores --kubeconfig and would watch another cluster, or none.
+            Kube.from_environment(kubeconfig)
+            return _connection_info(settings)
+
+        await kopf.operator(
+            registry=registry,
+            insights=None if STATE.namespace_set is None else STATE.namespace_set.insights,
+            clusterwide=clusterwide,
+            namespaces=namespaces,
+            liveness_endpoint=liveness,
+            standalone=True,
+            stop_flag=kopf_stop,
+        )
+    finally:
+        for t in tasks:
+            t.cancel()
+        if elector is not None and not lost.is_set():
+            await asyncio.to_thread(elector.release)
+        if STATE.webhook is not None:
+            await STATE.webhook.stop()
+    if lost.is_set():
+        log.error("Exiting: no longer the leader (the kubelet restarts this replica as a follower)")
+        return 1
+    return 0

@@ -57,7 +57,7 @@ log = logging.getLogger("triton_operator.webhook")
 
 class AdmissionWebhook:
     def __init__(self, kube: Kube, target: WebhookTarget, *, configuration: str, failure_policy: str,
-                 namespaces: list[str], clusterwide: bool, address: str, port: int) -> None:
+                 namespaces: list[str], clusterwide: bool, address: str, port: int, cert_dir: str | None = None) -> None:
         self.kube = kube
         self.target = target
         self.configuration = configuration
@@ -71,12 +71,18 @@ class AdmissionWebhook:
         self._runner: web.AppRunner | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._ca_bundle: bytes = b""
+        self.cert_dir = Path(cert_dir) if cert_dir else None
+        self._cert_stamp: tuple[float, float] | None = None
 
     # lifecycle
 
     async def start(self) -> None:
-        """Serve, then publish the CA. Safe to call again after a failure (kopf retries start-up activities)."""
-        issued = self._load(issue_certificate(self.target.hosts()))
+        """Serve, then publish the CA (a self-issued certificate) or watch the mounted one (`cert_dir`)."""
+        issued: Issued | None = None
+        if self.cert_dir is not None:
+            self._load_mounted()
+        else:
+            issued = self._load(issue_certificate(self.target.hosts()))
         if self._runner is None:
             app = web.Application(client_max_size=8 * 1024 * 1024)
             app.router.add_post(WEBHOOK_PATH, self._handle)
@@ -85,6 +91,11 @@ class AdmissionWebhook:
             await web.TCPSite(runner, self.address, self.port, ssl_context=self._ssl).start()
             self._runner = runner
             log.info("Serving the admission webhook address=%s port=%d path=%s", self.address, self.port, WEBHOOK_PATH)
+        if self.cert_dir is not None:
+            if self._renewal is None:
+                self._renewal = asyncio.create_task(self._reload_loop(), name="webhook-certificate")
+            return
+        assert issued is not None
         await self._publish(issued.ca_pem)
         if self._renewal is None:
             self._renewal = asyncio.create_task(self._renew_loop(issued), name="webhook-certificate")
@@ -102,6 +113,25 @@ class AdmissionWebhook:
         if self._runner:
             await self._runner.cleanup()
         self._dir.cleanup()
+
+    def _load_mounted(self) -> None:
+        """Serve the certificate in `cert_dir` (tls.crt, tls.key), if it changed since last loaded."""
+        assert self.cert_dir is not None
+        cert, key = self.cert_dir / "tls.crt", self.cert_dir / "tls.key"
+        stamp = (cert.stat().st_mtime, key.stat().st_mtime)
+        if stamp != self._cert_stamp:
+            self._ssl.load_cert_chain(cert, key)
+            self._cert_stamp = stamp
+            log.info("Loaded the webhook certificate dir=%s", self.cert_dir)
+
+    async def _reload_loop(self) -> None:
+        """A Secret's new content reaches the mounted files within the kubelet's sync period: pick it up."""
+        while True:
+            await asyncio.sleep(60)
+            try:
+                self._load_mounted()
+            except Exception:
+                log.exception("Reloading the webhook certificate failed; retrying in a minute")
 
     def _load(self, issued: Issued) -> Issued:
         """Serve `issued` from now on (new handshakes); files readable by this user only."""

@@ -1,0 +1,95 @@
+"""The operator stays available: two replicas (the chart's default), one leader on a Lease, both serving the
+webhook. The session operator, installed by the chart; its Lease lasts `LEASE_SECONDS` (6 s, shorter than the
+chart's 15 s default so that the test waits less)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.kube import Kube, wait_for
+from e2e.operator_fixtures import (
+    KUBECTL,
+    LEASE_SECONDS,
+    OperatorHandle,
+    is_model_ready,
+    model_condition,
+    record,
+    wait_model,
+)
+from e2e.test_operator import add_sub, apply, rolled_out
+
+pytestmark = pytest.mark.cluster
+
+
+class DryRunApplies(threading.Thread):
+    """`kubectl apply --dry-run=server` of a valid TritonModel every `period` seconds: each one goes through the
+    validating webhook (dry runs are reviewed like writes), and none changes anything. Every answer is kept."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, doc: dict, period: float = 0.25) -> None:
+        super().__init__(name="dry-run-applies", daemon=True)
+        self.kubeconfig, self.namespace, self.doc, self.period = kubeconfig, namespace, doc, period
+        self.halt = threading.Event()
+        self.answers: list[tuple[float, int, str]] = []  # (monotonic time, exit code, stderr)
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            proc = subprocess.run(
+                [str(KUBECTL), "--kubeconfig", str(self.kubeconfig), "apply", "--dry-run=server", "-n", self.namespace,
+                 "-f", "-"], input=json.dumps(self.doc), capture_output=True, text=True, timeout=60)
+            self.answers.append((time.monotonic(), proc.returncode, proc.stderr.strip()))
+            self.halt.wait(self.period)
+
+
+def test_the_leader_killed_mid_rollout_a_follower_takes_over_the_rollout_completes_and_no_apply_is_refused(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    pods = operator.pods()  # type: ignore[attr-defined]
+    assert len(pods) == 2, f"the chart's default is two operator replicas: {[p['metadata']['name'] for p in pods]}"
+    doc = add_sub()
+    doc["spec"]["replicas"] = 2
+    apply(kubeconfig, namespace, doc)
+    tm = wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
+                    "Ready with 2 warmed replicas", 180)
+    old_digest = tm["status"]["configDigest"]
+    probe = add_sub("probe")
+    probe["spec"]["replicas"] = 0
+
+    applies = DryRunApplies(kubeconfig, namespace, probe)
+    applies.start()
+    try:
+        kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": 700}}}, namespace,
+                   type="merge")
+        wait_model(kube, namespace, "add-sub", lambda tm: tm["status"].get("configDigest") != old_digest
+                   and model_condition(tm, "Progressing").get("reason") == "RollingOut", "rolling out", 60)
+        leader_before = operator.holder()  # type: ignore[attr-defined]
+        killed_at = time.monotonic()
+        pid = operator.kill()
+        new_leader = wait_for("another process to take the Lease", lambda: (
+            (h := operator.holder()) and h != leader_before and h), LEASE_SECONDS * 4, 0.1)  # type: ignore[attr-defined]
+        took_over = time.monotonic() - killed_at
+        tm = wait_model(kube, namespace, "add-sub", lambda tm: tm["status"].get("configDigest") != old_digest
+                        and is_model_ready(tm), "Ready at the new config", 180)
+        wait_for("both replicas at the new config, every old one gone",
+                 lambda: rolled_out(kube, namespace, "add-sub", tm["status"]["configDigest"], 2), 120)
+        completed = time.monotonic() - killed_at
+    finally:
+        applies.halt.set()
+        applies.join(70)
+    operator.start()  # both replicas running again (the killed one restarted, a follower now) and a live leader
+
+    refused = [(round(t - killed_at, 2), err) for t, rc, err in applies.answers if rc != 0]
+    during = [a for a in applies.answers if killed_at <= a[0] <= killed_at + took_over + 2]
+    record("availability: leader SIGKILLed mid-rollout -> a follower holds the Lease",
+           f"{took_over:.1f}s (Lease {LEASE_SECONDS}s; {leader_before} -> {new_leader}, pid {pid})")
+    record("availability: rollout completed after the kill", f"{completed:.1f}s")
+    record("availability: dry-run applies through the webhook meanwhile",
+           f"{len(applies.answers)} sent, {len(refused)} refused ({len(during)} during the takeover)")
+    assert took_over <= LEASE_SECONDS + 2, (
+        f"the follower took {took_over:.1f}s to take over a Lease of {LEASE_SECONDS}s (it retries every 1 s)")
+    assert len(during) >= 10, f"only {len(during)} applies were sent during the takeover: the test proved nothing"
+    assert not refused, f"applies refused while the leader was down: {refused[:5]}"
