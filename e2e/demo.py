@@ -70,9 +70,9 @@ def helm_binary() -> str:
 
 
 def install_operator(kubeconfig: Path, timeout: float) -> None:
-    """`helm upgrade --install` of the chart, then wait until the operator serves: its pod Ready and its webhook
-    CA published (TritonModel writes are refused before that). An operator that does not serve is never reused:
-    a pod that is not Ready within the timeout fails the demo with its log."""
+    """`helm upgrade --install` of the chart, then wait until the operator serves: every replica Ready (each serves
+    the webhook) and one of them holding the leader Lease (it reconciles). An operator that does not serve is
+    never reused: replicas not Ready, or no leader, within the timeout fail the demo with the log."""
     say("[demo] Installing the operator: helm upgrade --install triton-operator charts/triton-operator")
     subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", "--install", RELEASE,
                     str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
@@ -80,14 +80,21 @@ def install_operator(kubeconfig: Path, timeout: float) -> None:
     kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/tritonmodels.serving.triton-operator.dev")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pods = get_json(kubeconfig, "pods", "-n", RELEASE_NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}")
-        for pod in pods["items"]:
-            ready = [c for c in pod["status"].get("conditions", []) if c["type"] == "Ready"]
-            if ready and ready[0]["status"] == "True" and not pod["metadata"].get("deletionTimestamp"):
+        pods = [p for p in get_json(kubeconfig, "pods", "-n", RELEASE_NAMESPACE, "-l",
+                                    f"app.kubernetes.io/instance={RELEASE}")["items"]
+                if not p["metadata"].get("deletionTimestamp")]
+        ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in p["status"].get("conditions", []))]
+        leases = get_json(kubeconfig, "leases", "-n", RELEASE_NAMESPACE)["items"]
+        holder = next(((lease.get("spec") or {}).get("holderIdentity") or "" for lease in leases
+                       if lease["metadata"]["name"] == f"{RELEASE}"), "")
+        if ready and len(ready) == len(pods) and holder:
+            for pod in ready:
                 image = pod["spec"]["containers"][0]["image"]
-                say(f"[demo] The operator runs in pod {RELEASE_NAMESPACE}/{pod['metadata']['name']} on "
+                role = "leader" if holder.split("_")[0] == pod["metadata"]["name"] else "follower"
+                say(f"[demo] Operator replica {RELEASE_NAMESPACE}/{pod['metadata']['name']} ({role}) on "
                     f"{pod['spec']['nodeName']} (image {image}, uid {pod['spec']['securityContext'].get('runAsUser')})")
-                return
+            return
         time.sleep(0.5)
     log = subprocess.run([str(VENV_BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "logs", "-n",
                           RELEASE_NAMESPACE, f"deployment/{RELEASE}", "--tail=40"], capture_output=True, text=True)
