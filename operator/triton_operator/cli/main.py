@@ -14,6 +14,7 @@ from .. import __version__
 
 if TYPE_CHECKING:
     from ..render.modelconfig import RenderedModel
+    from ..validate import Loaded
 
 
 class CliError(Exception):
@@ -49,7 +50,7 @@ def _write(path: Path, data: bytes) -> None:
         raise CliError(f"{exc.filename or path}: cannot write: {exc.strerror or exc}") from exc
 
 
-def _load_and_check(paths: Sequence[str]):  # type: ignore[no-untyped-def]
+def _load_and_check(paths: Sequence[str]) -> Loaded | None:
     from ..files import InputError, load_paths
     from ..validate import check_documents
 

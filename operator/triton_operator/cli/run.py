@@ -94,7 +94,7 @@ def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
                            args.webhook_port, args.webhook_cert_dir)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = sub.add_parser("run", help="run the operator (watches TritonModels and gates replicas on warm-up)")
     scope = r.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", help="watch this namespace (repeatable)")

@@ -22,7 +22,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ..api import steps as step_graph
-from ..api.v1alpha1 import DIGEST_PARAMETER, TritonModel, TritonModelSpec
+from ..api.v1alpha1 import DIGEST_PARAMETER, QueuePolicy, TritonModel, TritonModelSpec
 
 VERSION_DIR = "1"
 
@@ -64,7 +64,7 @@ def data_type(wire: str) -> int:
     return code
 
 
-def _queue_policy(dst: pb.ModelQueuePolicy, policy) -> None:  # type: ignore[no-untyped-def]
+def _queue_policy(dst: pb.ModelQueuePolicy, policy: QueuePolicy) -> None:
     dst.timeout_action = _TIMEOUT_ACTION[policy.timeout_action]
     dst.default_timeout_microseconds = policy.default_timeout_microseconds
     dst.allow_timeout_override = policy.allow_timeout_override

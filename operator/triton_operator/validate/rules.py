@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..api import steps as step_graph
-from ..api.v1alpha1 import Tensor, TritonModel, TritonModelSpec, quantity_bytes
+from ..api.v1alpha1 import QueuePolicy, Tensor, TritonModel, TritonModelSpec, quantity_bytes
 from .errors import FieldError
 
 
@@ -152,7 +152,7 @@ def _check_tensors(spec: TritonModelSpec, err: _Collector) -> None:
                     err("reshape", f"{base}.reshape", problem)
 
 
-def _check_policy_delay(policy, path: str, err: _Collector) -> None:  # type: ignore[no-untyped-def]
+def _check_policy_delay(policy: QueuePolicy | None, path: str, err: _Collector) -> None:
     if policy is not None and policy.timeout_action == "DELAY" and policy.default_timeout_microseconds != 0:
         err(
             "preserve-ordering",
