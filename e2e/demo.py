@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import yaml
+from tritonclient.utils import InferenceServerException
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -187,6 +188,19 @@ def ready_address(kubeconfig: Path, namespace: str, service: str) -> str:
     return get_json(kubeconfig, "service", "-n", namespace, service)["spec"]["clusterIP"]
 
 
+def through_kube_proxy(call: Any, seconds: float = 20.0) -> Any:
+    """`call()`, tried again while the ClusterIP refuses: kube-proxy programs a Service's first ready endpoint at
+    its next rule sync (at most one a second, later on a busy machine), and rejects connections until then."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return call()
+        except InferenceServerException as exc:
+            if "Connection refused" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def sample_inference(kubeconfig: Path, namespace: str) -> None:
     addr = ready_address(kubeconfig, namespace, "add-sub")
     client = grpcclient.InferenceServerClient(f"{addr}:8001")
@@ -196,7 +210,7 @@ def sample_inference(kubeconfig: Path, namespace: str) -> None:
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     t = time.monotonic()
-    res = client.infer("add-sub", inputs)
+    res = through_kube_proxy(lambda: client.infer("add-sub", inputs))
     ms = (time.monotonic() - t) * 1000
     say(f"[demo] add-sub via Service add-sub {addr}:8001: {a[0].tolist()} + {b[0].tolist()} = "
         f"{res.as_numpy('OUTPUT0')[0].tolist()} ({ms:.1f} ms, first request after the gate opened)")
@@ -206,7 +220,7 @@ def sample_inference(kubeconfig: Path, namespace: str) -> None:
     texts = np.array([[b"a great and really good demo"], [b"bad, awful and boring"]], dtype=np.object_)
     inp = grpcclient.InferInput("TEXT", list(texts.shape), "BYTES")
     inp.set_data_from_numpy(texts)
-    res = client.infer("sentiment", [inp])
+    res = through_kube_proxy(lambda: client.infer("sentiment", [inp]))
     labels = [x.decode() if isinstance(x, bytes) else str(x) for x in res.as_numpy("LABEL").reshape(-1)]
     for text, label in zip(texts.reshape(-1), labels, strict=True):
         say(f"[demo] sentiment via Service sentiment {addr}:8001: {text.decode()!r} -> {label}")
