@@ -8,7 +8,6 @@ every JSON present, so one benchmark can be re-run on its own (`make bench BENCH
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import math
@@ -57,13 +56,14 @@ def _git(*args: str) -> str:
 
 
 def machine() -> dict[str, Any]:
+    from triton_operator.api.timestamps import rfc3339
     from triton_operator.triton.local import TRITON_VERSION
 
     return {
         "nproc": os.cpu_count(),
         "memory_gib": _mem_total_gib(),
         "cpu_model": _cpu_model(),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": rfc3339(),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "tritonserver": TRITON_VERSION,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime as dt
 import socket
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from e2e.kube import Kube, condition, wait_for
+from triton_operator.api.timestamps import parse_rfc3339
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModel
 from triton_operator.render.kubernetes import render_children
 
@@ -103,9 +103,9 @@ def wait_no_pods(kube: Kube, namespace: str, selector: dict[str, str], timeout: 
 
 
 def rfc3339(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    return dt.datetime.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
+    """An API timestamp as a Unix time (None for none)."""
+    parsed = parse_rfc3339(ts)
+    return None if parsed is None else parsed.timestamp()
 
 
 @dataclass

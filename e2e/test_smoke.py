@@ -40,6 +40,7 @@ from e2e.testing import (
     wait_gone,
     wait_pod,
 )
+from triton_operator.api.timestamps import rfc3339
 
 pytestmark = pytest.mark.cluster
 
@@ -167,7 +168,7 @@ def test_unset_readiness_gate_keeps_pod_out_of_service(kube: Kube, namespace: st
         not is_ready(kube.get("Pod", "gated", namespace)) and not ready_endpoints(kube, namespace, "gated")), 5)
 
     # A controller sets the gate (as the operator will): the kubelet keeps it and turns Ready.
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = rfc3339()
     kube.patch("Pod", "gated", {"status": {"conditions": [
         {"type": GATE, "status": "True", "reason": "Test", "lastTransitionTime": now}]}}, namespace, sub="status")
     pod = wait_pod(kube, namespace, "gated", is_ready, "Ready after its gate was set", 30)
