@@ -22,7 +22,8 @@ from e2e.operator_fixtures import (
     record,
     wait_model,
 )
-from e2e.test_operator import add_sub, apply, rolled_out
+from e2e.test_operator import add_sub, rolled_out
+from e2e.test_rollouts import _two_ready_replicas
 
 pytestmark = pytest.mark.cluster
 
@@ -50,11 +51,7 @@ def test_the_leader_killed_mid_rollout_a_follower_takes_over_the_rollout_complet
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
     pods = operator.pods()  # type: ignore[attr-defined]
     assert len(pods) == 2, f"the chart's default is two operator replicas: {[p['metadata']['name'] for p in pods]}"
-    doc = add_sub()
-    doc["spec"]["replicas"] = 2
-    apply(kubeconfig, namespace, doc)
-    tm = wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
-                    "Ready with 2 warmed replicas", 180)
+    tm = _two_ready_replicas(kube, kubeconfig, namespace, add_sub())
     old_digest = tm["status"]["configDigest"]
     probe = add_sub("probe")
     probe["spec"]["replicas"] = 0

@@ -135,15 +135,16 @@ def test_the_reconciler_writes_the_children_once_and_then_nothing(apiserver: Pat
 
 def test_one_leader_at_a_time_a_follower_takes_over_a_lease_left_unrenewed_and_at_once_a_released_one(
         apiserver: Path) -> None:
-    from triton_operator.controller.leader import LeaderElection
+    from dataclasses import replace
+
+    from triton_operator.controller.leader import ElectionSettings, LeaderElection
 
     kube = Kube(apiserver)
     if kube.get_or_none("Namespace", "lease-test") is None:
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lease-test"}})
-    a = LeaderElection(_operator_kube(apiserver), "lease-test", "trop", "replica-a", lease_seconds=3,
-                       renew_seconds=2, retry_seconds=0.5)
-    b = LeaderElection(_operator_kube(apiserver), "lease-test", "trop", "replica-b", lease_seconds=3,
-                       renew_seconds=2, retry_seconds=0.5)
+    timings = {"lease_seconds": 3, "renew_seconds": 2, "retry_seconds": 0.5}
+    a = LeaderElection(_operator_kube(apiserver), ElectionSettings("lease-test", "trop", "replica-a", **timings))
+    b = LeaderElection(_operator_kube(apiserver), ElectionSettings("lease-test", "trop", "replica-b", **timings))
     assert a.try_acquire_or_renew(), "a free Lease is taken"
     assert not b.try_acquire_or_renew(), "a Lease renewed within its duration is not"
     assert a.try_acquire_or_renew(), "its holder renews it"
@@ -173,7 +174,8 @@ def test_one_leader_at_a_time_a_follower_takes_over_a_lease_left_unrenewed_and_a
         lost = asyncio.Event()
         a._leading = True
         a.kube = _operator_kube(apiserver)
-        a.namespace = "no-such-namespace"  # every renewal now fails (404 on the namespace's Lease, then 404 on create)
+        # Every renewal now fails (404 on the namespace's Lease, then 404 on create).
+        a.settings = replace(a.settings, namespace="no-such-namespace")
         holder = asyncio.create_task(a.hold(lost))
         await asyncio.wait_for(lost.wait(), 10)
         await holder

@@ -12,7 +12,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..controller.operator import ElectionSettings, WebhookSettings
+    from ..controller.leader import ElectionSettings
+    from ..controller.operator import WebhookSettings
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -58,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _election_settings(args: argparse.Namespace) -> ElectionSettings | None:
     if not args.leader_elect:
         return None
-    from ..controller.operator import ElectionSettings
+    from ..controller.leader import ElectionSettings
 
     namespace, _, name = args.leader_election_lease.partition("/")
     # One identity per process, as client-go's controllers make theirs (host name + "_" + a UUID): a leader's

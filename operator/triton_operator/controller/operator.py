@@ -26,7 +26,7 @@ from ..render.webhook import WebhookTarget
 from .cache import Cache
 from .gate import WarmupGate
 from .kube import Kube
-from .leader import LeaderElection
+from .leader import ElectionSettings, LeaderElection
 from .namespaces import NamespaceSet, has_patterns
 from .reconcile import Reconciler
 from .webhook import AdmissionWebhook
@@ -34,19 +34,6 @@ from .webhook import AdmissionWebhook
 log = logging.getLogger("triton_operator")
 
 OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
-
-
-@dataclass(frozen=True)
-class ElectionSettings:
-    """Leader election on the Lease `namespace/name` (the chart: the release's namespace and full name); the
-    identity is the pod's name. Timings as client-go's defaults for controllers: 15 s, 10 s, 2 s."""
-
-    namespace: str
-    name: str
-    identity: str
-    lease_seconds: float = 15.0
-    renew_seconds: float = 10.0
-    retry_seconds: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -253,9 +240,7 @@ async def run_operator(
         namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
         cert_dir=webhook.cert_dir,
     )
-    elector = None if election is None else LeaderElection(
-        STATE.kube, election.namespace, election.name, election.identity,
-        lease_seconds=election.lease_seconds, renew_seconds=election.renew_seconds, retry_seconds=election.retry_seconds)
+    elector = None if election is None else LeaderElection(STATE.kube, election)
     lost = asyncio.Event()
     tasks: list[asyncio.Task[Any]] = []
     if STATE.webhook is not None:  # every replica, leader or not, and before any watch: admission needs no cache
