@@ -20,6 +20,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import socket
 import subprocess
 import threading
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.kube import Kube
+from triton_operator.api.timestamps import rfc3339
 
 SAMPLES = 10
 
@@ -77,11 +79,15 @@ class ServiceLoad:
         self._by_address: Counter[str] = Counter()
         self._answered_at: dict[str, list[float]] = {}  # address -> wall-clock times of its correct answers
         self._started = 0.0
+        self.started_at = ""
         self.samples: list[str] = []
         self.refreshes = 0
         self.refresh_errors: list[str] = []
         self.ready_sets: list[tuple[str, ...]] = []  # every distinct ready set seen, in order
         self.ready_history: list[str] = []  # the same, each as "+<seconds since start>s [addresses]"
+        self._states: list[str] = []
+        #: every change of the Service's endpoints (pod names and conditions included), "+<seconds>s [...]"
+        self.endpoint_history: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -92,6 +98,7 @@ class ServiceLoad:
             self._cluster_ip = (svc["clusterIP"], int(port))
         self._refresh_once()
         self._started = time.monotonic()
+        self.started_at = rfc3339()  # "+<seconds>" in the samples counts from here
         refresher = threading.Thread(target=self._refresh_loop, name="load-endpoints", daemon=True)
         self._workers = [refresher] + [
             threading.Thread(target=self._send_loop, args=(i,), name=f"load-{i}", daemon=True)
@@ -129,15 +136,25 @@ class ServiceLoad:
         slices = self.kube.items("EndpointSlice", self.namespace,
                                  label_selector={"kubernetes.io/service-name": self.service})
         ready: list[tuple[str, int]] = []
+        states: list[str] = []  # every endpoint, ready or not: "<address> <pod> ready|serving|terminating"
         for s in slices:
             port = next((p.get("port") for p in s.get("ports") or () if p.get("name") == self.port), None)
             if port is None:
                 continue
             for ep in s.get("endpoints") or ():
-                if (ep.get("conditions") or {}).get("ready", True):
+                cond = ep.get("conditions") or {}
+                if cond.get("ready", True):
                     ready += [(a, int(port)) for a in ep.get("addresses") or ()]
+                flags = [k for k in ("ready", "serving", "terminating") if cond.get(k, k != "terminating")]
+                pod = (ep.get("targetRef") or {}).get("name", "?")
+                states += [f"{a} {pod} {'/'.join(flags) or 'not-ready'}" for a in ep.get("addresses") or ()]
         ready.sort()
+        states.sort()
         with self._lock:
+            if states != self._states:
+                self._states = states
+                at = time.monotonic() - self._started if self._started else 0.0
+                self.endpoint_history.append(f"+{at:.2f}s {states}")
             if tuple(a for a, _ in ready) != (self.ready_sets[-1] if self.ready_sets else None):
                 self.ready_sets.append(tuple(a for a, _ in ready))
                 at = time.monotonic() - self._started if self._started else 0.0
@@ -216,15 +233,19 @@ class ServiceLoad:
         conn = http.client.HTTPConnection(target[0], target[1], timeout=self.timeout)
         sport = 0
         try:
-            conn.connect()
-            sport = conn.sock.getsockname()[1]
+            # The socket is bound before it connects, so a connect that times out still has a source port
+            # to find its conntrack entry (where kube-proxy's DNAT sent the SYN) by.
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            conn.sock = sock
+            sock.settimeout(self.timeout)
+            sock.bind(("", 0))
+            sport = sock.getsockname()[1]
+            sock.connect(target)
             conn.request("POST", f"/v2/models/{self.model}/infer", body,
                          {"Content-Type": "application/json", "Connection": "close"})
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as e:
-            if not sport and conn.sock is not None:
-                sport = conn.sock.getsockname()[1]
             where = self._backend_of(target, sport) if self._cluster_ip else ""
             return f"{type(e).__name__}: {e}{where}"
         finally:

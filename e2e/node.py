@@ -108,9 +108,23 @@ class NodeNetwork:
     def subnet(self) -> str:
         return f"198.18.{self.third}.0/24"
 
+    @property
+    def mac(self) -> str:
+        """The bridge's own MAC: locally administered, from the cluster id, the node index and the subnet.
+
+        A Linux bridge without an address of its own takes the lowest MAC of its ports and changes it when
+        that port goes, i.e. whenever that pod's veth is deleted. The node IP (every pod's gateway, the source
+        of the kubelet's probes) then answers under a new MAC and the node's other pods must re-learn it. On
+        this machine they do at once (an ARP exchange updates them), but a node must not depend on it: an
+        address set explicitly stays.
+        """
+        return f"02:74:{self.cluster_id[:2]}:{self.cluster_id[2:4]}:{self.index:02x}:{self.third:02x}"
+
     def up(self) -> None:
         if run(["ip", "link", "show", self.bridge], check=False).returncode != 0:
-            run(["ip", "link", "add", self.bridge, "type", "bridge"])
+            run(["ip", "link", "add", self.bridge, "address", self.mac, "type", "bridge"])
+        # Also on a bridge left by an earlier run: its address must be set, not inherited from a port.
+        run(["ip", "link", "set", self.bridge, "address", self.mac])
         if self.ip not in run(["ip", "-4", "-o", "addr", "show", "dev", self.bridge]).stdout:
             run(["ip", "addr", "add", f"{self.ip}/24", "dev", self.bridge])
         run(["ip", "link", "set", self.bridge, "up"])

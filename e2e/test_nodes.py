@@ -4,12 +4,16 @@
   node turns NotReady, its replica leaves the Service's ready endpoints, the taint-based eviction
   deletes it, and the operator's Deployment replaces it on the other node, where it joins only
   through the warm-up gate. The kubelet is started again afterwards and cleans up.
+- A pod deleted on a node leaves the node's other pods reachable at once, and the node's bridge keeps its
+  MAC (a bridge without one of its own takes its lowest port's, and changes it when that pod's veth goes).
 - Teardown: a cluster of the test's own with one node runs a pod with ConfigMap, projected-token and
   emptyDir volumes; after `down` nothing of it is left: no process, mount, bridge or cgroup.
 """
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +22,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster import REPO_ROOT, LocalCluster
+from e2e.images import PAUSE_IMAGE
 from e2e.kube import Kube, condition, wait_for
 from e2e.node import leftovers
 from e2e.operator_fixtures import OperatorHandle, gate, is_model_ready, record, wait_model
@@ -83,6 +88,61 @@ def test_lost_node_replica_leaves_the_service_and_is_replaced_on_the_other_node(
     # The restarted kubelet stops what the evicted pod left running.
     wait_for("the evicted replica gone", lambda: kube.get_or_none("Pod", victim["metadata"]["name"], namespace) is None,
              120)
+
+
+def _reachable(ip: str, timeout: float = 3.0) -> bool:
+    """The pod's kernel answers a TCP SYN to a closed port (with a reset) within `timeout`: its network path
+    from this host and back (the node's bridge, its veth, its gateway entry for the node IP) works."""
+    try:
+        with socket.create_connection((ip, 9), timeout=timeout):
+            return True  # nothing listens on 9 in a pause container, but an answer is an answer
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def _port_of(bridge: str, pod_ip: str) -> str:
+    """The bridge port (host-side veth) behind a pod: the pod's MAC from the host's neighbour entry, then the
+    bridge's forwarding entry that learned it."""
+    neigh = subprocess.run(["ip", "neigh", "show", pod_ip], capture_output=True, text=True, check=True).stdout.split()
+    mac = neigh[neigh.index("lladdr") + 1]
+    for line in subprocess.run(["bridge", "fdb", "show", "br", bridge], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+        f = line.split()
+        if f[0] == mac and "dev" in f:
+            return f[f.index("dev") + 1]
+    raise AssertionError(f"no forwarding entry on {bridge} for {pod_ip} ({mac})")
+
+
+def test_a_deleted_pod_leaves_the_other_pods_on_its_node_reachable(
+        kube: Kube, namespace: str, nodes: Any) -> None:
+    node = nodes.names[0]
+    bridge = nodes.local.node(node).network.bridge
+    names = [f"p{i}" for i in range(3)]
+    for name in names:
+        kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}]}})
+    ips = {n: wait_pod(kube, namespace, n, lambda p: is_ready(p) and p["status"].get("podIP"), "Ready", 90)
+           ["status"]["podIP"] for n in names}
+    for name, ip in ips.items():  # each pod now has a neighbour entry for the node IP (its gateway)
+        assert _reachable(ip), f"pod {name} ({ip}) unreachable before anything was deleted"
+    ports = {n: _port_of(bridge, ip) for n, ip in ips.items()}
+    macs = {n: Path(f"/sys/class/net/{port}/address").read_text().strip() for n, port in ports.items()}
+    bridge_mac = Path(f"/sys/class/net/{bridge}/address").read_text().strip()
+    # The pod whose veth has the lowest MAC: the one a bridge without its own address took its MAC from.
+    victim = min(macs, key=lambda n: macs[n])
+    kube.delete("Pod", victim, namespace)
+    wait_for(f"pod {victim} gone", lambda: kube.get_or_none("Pod", victim, namespace) is None, 60)
+    wait_for(f"{victim}'s veth {ports[victim]} removed", lambda: not Path(f"/sys/class/net/{ports[victim]}").exists(),
+             30)
+    after = Path(f"/sys/class/net/{bridge}/address").read_text().strip()
+    unreachable = [f"{n} ({ips[n]})" for n in names if n != victim and not _reachable(ips[n])]
+    assert not unreachable, (
+        f"after {victim} (veth MAC {macs[victim]}) was deleted, {unreachable} no longer answered from the host; "
+        f"bridge {bridge} MAC {bridge_mac} -> {after}")
+    assert after == bridge_mac, f"bridge {bridge} changed its MAC from {bridge_mac} to {after}"
 
 
 @pytest.fixture

@@ -88,8 +88,21 @@ def _answered_by_all(since: dict[str, int], kube: Kube, namespace: str, at_least
 
 
 def _failures(load: ServiceLoad) -> str:
-    return (f"first failures: {load.samples}; ready endpoints over time: {load.ready_history}; "
-            f"endpoint refresh errors: {load.refresh_errors}")
+    return (f"load started {load.started_at}; first failures: {load.samples}; ready endpoints over time: {load.ready_history}; "
+            f"endpoint refresh errors: {load.refresh_errors}; every endpoint change: {load.endpoint_history}; "
+            f"the kubelets' and controllers' warnings: {_warnings(load.kube, load.namespace)}")
+
+
+def _warnings(kube: Kube, namespace: str, limit: int = 15) -> list[str]:
+    """The namespace's Warning events (failed probes, restarts, back-offs), oldest first, with their times:
+    what a replica went through while the load failed."""
+    try:
+        events = [e for e in kube.items("Event", namespace) if e.get("type") == "Warning"]
+    except Exception as e:  # noqa: BLE001 - a failure message must still come out
+        return [f"<events: {e!r}>"]
+    events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return [f"{e.get('lastTimestamp') or e.get('eventTime')} {e['involvedObject'].get('name')} {e.get('reason')}"
+            f" x{e.get('count', 1)}: {(e.get('message') or '')[:160]}" for e in events[:limit]]
 
 
 def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
