@@ -38,7 +38,7 @@ from e2e.operator_fixtures import (
     wait_model,
     wait_writes_settle,
 )
-from e2e.testing import container_status, endpoints, is_ready, ready_endpoints
+from e2e.testing import container_status, endpoints, is_ready, kstatus, ready_endpoints
 
 pytestmark = pytest.mark.cluster
 
@@ -183,6 +183,7 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
         "type": "Progressing", "status": "False", "reason": "RolloutComplete", "observedGeneration": md["generation"],
         "message": f"all replicas serve config {digest}", "lastTransitionTime": None}
     assert model_condition(tm, "Degraded")["status"] == "False"
+    assert kstatus(tm) == ("Current", "Resource is Ready"), "Flux's health check on the live object"
     assert (st["replicas"], st["readyReplicas"], st["warmedReplicas"]) == (1, 1, 1)
     assert st["selector"] == f"{LABEL_MODEL}=add-sub"
     [replica] = st["replicaStates"]
@@ -304,6 +305,7 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
     t: dict[str, float] = {}
     warming_samples = 0
     gate_reasons: set[str] = set()
+    flux: tuple[str, str] | None = None
     deadline = time.monotonic() + 120
     while "endpoint_ready" not in t:
         assert time.monotonic() < deadline, f"timed out; saw {t}"
@@ -328,6 +330,8 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
             assert not ep_ready, "a warming replica is a ready endpoint"
             warming_samples += 1
             gate_reasons.add(g.get("reason", "(none)"))
+            if flux is None:  # Flux's health check (kstatus) on the live object while its one replica warms
+                flux = kstatus(kube.get("TritonModel", "warmup", namespace))
         time.sleep(0.1)
 
     # The replica was kept out for the whole warm-up: by the API server's own clocks (second resolution),
@@ -337,6 +341,7 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
     gated_at = _rfc3339(gate(pod)["lastTransitionTime"])
     assert gated_at - started >= lazy - 1, (started, gated_at)
     assert warming_samples >= 5, f"only {warming_samples} samples saw the replica warming"
+    assert flux is not None and flux[0] == "InProgress", f"kstatus of the model while its replica warmed: {flux}"
     # The gate follows Triton, and the endpoint follows the gate (a poll sees each one no earlier).
     assert "gate_true" in t and t["triton_ready"] <= t["gate_true"] <= t["endpoint_ready"], t
     gate_latency = t["gate_true"] - t["triton_ready"]
@@ -498,6 +503,9 @@ def test_model_failing_to_initialize_is_degraded_with_tritons_reason(
     assert gate(pod)["status"] == "False" and gate(pod)["reason"] == "ModelLoadFailed"
     assert not ready_endpoints(kube, namespace, "broken")
     record("bad model: Degraded message", degraded["message"][:160])
+    # Flux's health check (kstatus) on the live object: Failed, not InProgress, with Triton's reason.
+    status, message = kstatus(kube.get("TritonModel", "broken", namespace))
+    assert status == "Failed" and "e2e-broken" in message, (status, message)
 
 
 # -- ensembles ------------------------------------------------------------------------------------------
@@ -535,6 +543,14 @@ def test_ensemble_is_refused_before_its_steps_serves_the_pipeline_and_rolls_with
     texts = ["what a great wonderful day", "awful terrible service", "the cat sat"]
     scores, labels = infer_sentiment(ep["addresses"][0], texts)
     assert labels == ["positive", "negative", "neutral"] and scores == [3.5, -4.0, 0.0], (scores, labels)
+    # The steps (spec.replicas 0 in the example) run no replica of their own: the ensemble's pods serve them.
+    for step in ("tokenizer", "classifier"):
+        st = wait_model(kube, namespace, step, lambda tm: tm["status"].get("servedBy") == ["sentiment"],
+                        "served by the ensemble", 60)
+        ready = model_condition(st, "Ready")
+        assert (ready["status"], ready["reason"]) == ("True", "ServedByEnsembles"), ready
+        assert not model_pods(kube, namespace, step), f"{step} runs pods of its own"
+        assert kube.get("Deployment", step, namespace)["spec"]["replicas"] == 0
 
     # A change to a step rolls the ensemble's replicas: they serve the new step.
     old = ann[ANNOTATION_DIGEST]

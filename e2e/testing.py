@@ -218,6 +218,14 @@ def diagnostics(kube: Kube | None, namespace: str | None, cluster_logs: Path | N
                     except (ApiError, OSError) as e:
                         text = f"<{e}>"
                     out.append(f"--- container log {md['name']}/{cs['name']} (tail)\n{text}")
+                    if cs.get("restartCount"):  # why the last one ended: its log, kept by the kubelet
+                        try:
+                            text = kube.request_text(
+                                "GET", f"/api/v1/namespaces/{namespace}/pods/{md['name']}/log?container={cs['name']}"
+                                       "&previous=true&tailLines=60", timeout=10)
+                        except (ApiError, OSError) as e:
+                            text = f"<{e}>"
+                        out.append(f"--- previous container log {md['name']}/{cs['name']} (tail)\n{text}")
             for ev in kube.items("Event", namespace)[-30:]:
                 out.append(f"    event {ev.get('type')} {ev.get('reason')} "
                            f"{ev['involvedObject'].get('name')}: {ev.get('message')}")
@@ -243,3 +251,19 @@ def metric_samples(text: str, metric: str) -> dict[tuple[tuple[str, str], ...], 
             if s.name == metric:
                 out[tuple(sorted(s.labels.items()))] = s.value
     return out
+
+
+def kstatus(obj: dict) -> tuple[str, str]:
+    """What Flux's health checks compute for a live object: `status.Compute` of sigs.k8s.io/cli-utils' kstatus,
+    run by tools/kstatus (built once by its build.sh, then taken from the cache). Returns (status, message)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    built = subprocess.run(["bash", str(root / "tools" / "kstatus" / "build.sh")], capture_output=True, text=True,
+                           timeout=900, check=False)
+    assert built.returncode == 0, f"tools/kstatus/build.sh failed:\n{built.stderr}"
+    proc = subprocess.run([built.stdout.strip()], input=json.dumps(obj), capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    result = json.loads(proc.stdout.splitlines()[0])
+    return result["status"], result["message"]

@@ -151,6 +151,14 @@ def test_scaled_to_zero_is_healthy() -> None:
     assert status == "Healthy"
 
 
+def test_a_step_at_zero_replicas_is_healthy_before_its_ensemble_exists_and_after() -> None:
+    """A step is applied before its ensemble (a sync wave): a wave waits for Healthy, so the step must be."""
+    status, message = health(_model(2, Observed(2, 0, "d1", "sel")))
+    assert status == "Healthy" and message.startswith("ScaledToZero: ") and "nothing serves it" in message, message
+    status, message = health(_model(2, Observed(2, 0, "d1", "sel", ensembles={"sentiment": 1})))
+    assert status == "Healthy" and message.startswith("ServedByEnsembles: ") and "sentiment" in message, message
+
+
 @pytest.mark.parametrize(("pods", "reason"), [
     ([_pod("a", "d1", "True"), _pod("b", "d1", "True"), _pod("c", "d2", "False", reason="ModelWarming")], "RollingOut"),
     ([_pod("a", "d2", "True"), _pod("b", "d2", "True", ready="False")], "RollingOut"),  # warm, readiness probe pending

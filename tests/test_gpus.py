@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from triton_operator.api.v1alpha1 import TritonModel
+from triton_operator.cli.main import main
 from triton_operator.files import load_paths
 from triton_operator.render.kubernetes import render_children
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import Document, check_documents
+from triton_operator.validate.admission import review
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 UID = "00000000-0000-0000-0000-000000000001"
@@ -152,3 +155,53 @@ def test_an_ensemble_whose_step_needs_more_gpus_than_it_gets_is_refused(
 ])
 def test_consistent_gpu_settings_are_accepted(body: dict[str, Any]) -> None:
     assert _errors([body]) == []
+
+
+# ---------------------------------------------------------------- an ensemble's replicas load every step (issue 12 #6)
+
+
+def _nested(server_gpus: int, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """outer -> inner (an ensemble) -> step: outer's replicas load all three."""
+    inner = _ensemble()
+    inner["metadata"]["name"] = "inner"
+    outer = _ensemble(server={"gpus": server_gpus})
+    outer["spec"]["ensemble"]["steps"][0] = {"model": "inner", "inputMap": {"x": "x"}, "outputMap": {"y": "y"}}
+    return [_body("step", groups=groups), inner, outer]
+
+
+def test_an_ensemble_without_gpus_may_load_a_kind_model_step() -> None:
+    """KIND_MODEL leaves placement to the model, which may run on the CPU: Triton loads it with no GPU, so an
+    ensemble with `server.gpus: 0` is no more refused for it than the step's own replicas are."""
+    assert _errors([_body("step", groups=[{"kind": "MODEL"}]), _ensemble(server={"gpus": 0})]) == []
+    assert _errors([_body("step", groups=[{"kind": "MODEL"}], server={"gpus": 0})]) == []
+
+
+def test_an_ensemble_refused_for_a_nested_step_names_that_step_model() -> None:
+    errors = _errors(_nested(1, [{"kind": "GPU", "gpus": [0, 1]}]))
+    assert [(m, p) for m, p, _ in errors] == [("TritonModel/ens", "spec.server.gpus")], errors
+    message = errors[0][2]
+    assert "step 0 (inner) needs 2 GPU(s) for the step model step's instance groups" in message, message
+    assert "server.gpus is 1: raise it to 2 or leave it unset" in message, message
+    assert _errors(_nested(2, [{"kind": "GPU", "gpus": [0, 1]}])) == []
+    assert _errors(_nested(0, [{"kind": "MODEL"}, {"kind": "AUTO"}])) == []
+
+
+def test_a_step_change_that_needs_more_gpus_than_its_ensemble_gets_is_refused_by_the_webhook() -> None:
+    """The same rule at admission: the change to the step is refused, naming the ensemble's field."""
+    step, ens = _body("step", groups=[{"kind": "CPU"}]), _ensemble(server={"gpus": 1})
+    assert review(step, None, {"ens": ens}, ["ens"]).allowed
+    changed = _body("step", groups=[{"kind": "GPU", "gpus": [1]}])
+    verdict = review(changed, step, {"ens": ens}, ["ens"])
+    assert not verdict.allowed
+    assert "would break ensemble ens: spec.server.gpus: " in verdict.message, verdict.message
+
+
+def test_render_refuses_an_ensemble_whose_step_needs_more_gpus_naming_the_field(tmp_path: Path,
+                                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump_all([_body("step", groups=[{"kind": "GPU"}]), _ensemble(server={"gpus": 0})]))
+    capsys.readouterr()
+    assert main(["render", str(path), "-o", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert "spec.server.gpus: the ensemble's replicas load every step into one tritonserver" in err, err
+    assert not (tmp_path / "out").exists()

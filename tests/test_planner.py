@@ -12,17 +12,31 @@ import copy
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from triton_operator.api import steps as step_graph
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModelStatus
-from triton_operator.plan.planner import Apply, Plan, Read, World, carried_out, contains, differs, plan
+from triton_operator.plan.planner import (
+    Apply,
+    Plan,
+    Read,
+    World,
+    carried_out,
+    contains,
+    differs,
+    plan,
+    steps_to_revisit,
+)
 from triton_operator.plan.status import Problem
 from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NS = "team-a"
 UID = "00000000-0000-0000-0000-00000000000a"
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -261,6 +275,140 @@ def test_reads_are_a_read_not_a_write() -> None:
     assert reading.writes_nothing and not reading.empty
     assert not Plan(apply=(Apply({"kind": "Service"}),)).writes_nothing
     assert Plan().empty
+
+
+# -- step models served by their ensembles (issue 12 #6) ---------------------------------------------
+
+
+def _step(name: str = "m", **spec: Any) -> dict[str, Any]:
+    return _body(name, uid=f"uid-{name}", inputs=[{"name": "INPUT0", "dataType": "FP32", "dims": [4]}],
+                 outputs=[{"name": "OUTPUT0", "dataType": "FP32", "dims": [4]}], **spec)
+
+
+def _ens(name: str, step: str, *, replicas: int = 1, tensors: tuple[str, str] = ("INPUT0", "OUTPUT0"),
+         **meta: Any) -> dict[str, Any]:
+    body = _ensemble(name, step)
+    body["spec"]["replicas"] = replicas
+    body["spec"]["ensemble"]["steps"][0].update(inputMap={tensors[0]: "IN"}, outputMap={tensors[1]: "OUT"})
+    body["metadata"].update(meta)
+    return body
+
+
+def _conditions(decided: Plan) -> dict[str, Any]:
+    assert decided.status is not None
+    return {c.type: c for c in decided.status.conditions or ()}
+
+
+def test_a_step_at_zero_replicas_is_served_by_its_ensemble_and_its_status_says_so() -> None:
+    step = _step(replicas=0)
+    decided = plan(_world(step, models={"ens": _ens("ens", "m")}))
+    assert decided.problem is None, decided.problem
+    assert decided.status is not None and decided.status.served_by == ["ens"]
+    ready = _conditions(decided)["Ready"]
+    assert (ready.status, ready.reason) == ("True", "ServedByEnsembles")
+    assert "ens" in (ready.message or "") and "no replica of its own" in (ready.message or "")
+    assert _conditions(decided)["Degraded"].status == "False"
+    assert decided.status_patch is not None and decided.status_patch["servedBy"] == ["ens"]
+    # Its children stay, at zero: no pod, no GPU, and `kubectl scale` brings it back by this one number.
+    kids = {a.obj["kind"]: a.obj for a in decided.apply}
+    assert set(kids) == {"ConfigMap", "Deployment", "Service"}
+    assert kids["Deployment"]["spec"]["replicas"] == 0
+    assert {e.condition: e.type for e in decided.events}["Ready"] == "Normal"
+
+
+def test_a_model_at_zero_replicas_that_no_ensemble_runs_says_nothing_serves_it() -> None:
+    alone = plan(_world(_step(replicas=0)))
+    ready = _conditions(alone)["Ready"]
+    assert ready.reason == "ScaledToZero" and "no ensemble uses it: nothing serves it" in (ready.message or "")
+    assert alone.status is not None and alone.status.served_by is None
+    assert alone.status_patch is not None and "servedBy" not in alone.status_patch
+    # Used, but by an ensemble that runs no replica either: still nothing serves it, and the message says which.
+    idle = plan(_world(_step(replicas=0), models={"ens": _ens("ens", "m", replicas=0)}))
+    ready = _conditions(idle)["Ready"]
+    assert ready.reason == "ScaledToZero" and "every ensemble that uses it (ens)" in (ready.message or "")
+    assert idle.status is not None and idle.status.served_by is None
+    # An ensemble on its way out serves nothing either.
+    leaving = _ens("ens", "m", deletionTimestamp="2026-01-01T00:00:00Z")
+    assert _conditions(plan(_world(_step(replicas=0), models={"ens": leaving})))["Ready"].reason == "ScaledToZero"
+    # At zero the rollout has nothing to do, and says so.
+    progressing = _conditions(alone)["Progressing"]
+    assert (progressing.status, progressing.reason) == ("False", "RolloutComplete")
+    assert "no replica of its own" in (progressing.message or "")
+
+
+def test_nested_ensembles_serve_every_model_they_reach() -> None:
+    """outer (2 replicas) -> inner (an ensemble at 0) -> m (at 0): outer's replicas load both."""
+    inner = _ens("inner", "m", replicas=0)
+    outer = _ens("outer", "inner", replicas=2, tensors=("IN", "OUT"))
+    models = {"inner": inner, "outer": outer}
+    for name, body in (("m", _step(replicas=0)), ("inner", inner)):
+        decided = plan(_world(body, models={**models, "m": _step(replicas=0)}))
+        assert decided.problem is None, (name, decided.problem)
+        assert decided.status is not None and decided.status.served_by == ["outer"], name
+        assert _conditions(decided)["Ready"].reason == "ServedByEnsembles", name
+
+
+def test_a_step_with_replicas_of_its_own_is_ready_by_them_and_names_its_ensembles_too() -> None:
+    decided = plan(_world(_step(replicas=2), models={"ens": _ens("ens", "m")}))
+    assert decided.status is not None and decided.status.served_by == ["ens"]
+    assert _conditions(decided)["Ready"].reason == "ReplicasWarming", "its own replicas decide its Ready"
+
+
+def test_the_example_steps_run_no_replica_and_are_served_by_sentiment() -> None:
+    docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all((EXAMPLES / "sentiment-ensemble.yaml").read_text()) if d}
+    bodies = {name: {**d, "metadata": {**d["metadata"], "namespace": NS, "uid": f"uid-{name}", "generation": 1}}
+              for name, d in docs.items()}
+    for step in ("tokenizer", "classifier"):
+        assert bodies[step]["spec"]["replicas"] == 0, step
+        decided = plan(_world(bodies[step], models=bodies))
+        assert decided.problem is None, decided.problem
+        assert decided.status is not None and decided.status.served_by == ["sentiment"], step
+        assert _conditions(decided)["Ready"].reason == "ServedByEnsembles", step
+    assert plan(_world(bodies["sentiment"], models=bodies)).status.served_by is None  # type: ignore[union-attr]
+
+
+def test_an_ensemble_created_after_its_step_turns_the_steps_status_and_that_is_an_event() -> None:
+    api, cache = _Api(), {}
+    world, first = _settle(_world(_step(replicas=0)), api, cache)
+    assert _conditions(first)["Ready"].reason == "ScaledToZero"
+    assert plan(world).writes_nothing
+    with_ensemble = replace(world, models={**world.models, "ens": _ens("ens", "m")}, now=T0 + dt.timedelta(seconds=9))
+    decided = plan(with_ensemble)
+    assert not decided.apply, "the children do not change: the step still runs no replica of its own"
+    assert decided.status_patch is not None and decided.status_patch["servedBy"] == ["ens"]
+    assert [(e.condition, e.reason, e.type) for e in decided.events] == [("Ready", "ServedByEnsembles", "Normal")]
+    settled, _ = _settle(with_ensemble, api, cache)
+    assert plan(replace(settled, now=settled.now + dt.timedelta(seconds=5))).writes_nothing
+    # The ensemble deleted: the servedBy field goes (nulled in the merge patch).
+    gone = plan(replace(settled, models={k: v for k, v in settled.models.items() if k != "ens"}))
+    assert gone.status_patch is not None and gone.status_patch["servedBy"] is None
+    assert _conditions(gone)["Ready"].reason == "ScaledToZero"
+
+
+def test_steps_to_revisit_are_those_an_ensembles_change_may_serve_or_stop_serving() -> None:
+    inner = _ens("inner", "m", replicas=0)
+    outer = _ens("outer", "inner", tensors=("IN", "OUT"))
+    models = {"m": _step(replicas=0), "inner": inner, "outer": outer, "other": _step("other")}
+    assert steps_to_revisit(None, outer, models) == ["inner", "m"], "created: every model it reaches"
+    assert steps_to_revisit(outer, None, models) == ["inner", "m"], "deleted"
+    assert steps_to_revisit(outer, {**outer, "status": {"observedGeneration": 1}}, models) == [], "a status write"
+    scaled = {**outer, "spec": {**outer["spec"], "replicas": 0}}
+    assert steps_to_revisit(outer, scaled, models) == ["inner", "m"]
+    moved = _ens("outer", "other")
+    assert steps_to_revisit(outer, moved, models) == ["inner", "m", "other"], "the old steps and the new"
+    leaving = {**outer, "metadata": {**outer["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert steps_to_revisit(outer, leaving, models) == ["inner", "m"]
+    plain = _step("other")
+    assert steps_to_revisit(None, plain, models) == [], "a model with no steps serves none"
+    assert steps_to_revisit(plain, {**plain, "spec": {**plain["spec"], "replicas": 3}}, models) == []
+
+
+def test_users_are_every_ensemble_that_reaches_a_model_and_never_itself() -> None:
+    bodies = {"a": _ens("a", "b"), "b": _ens("b", "m"), "c": _ens("c", "other"), "m": _step(),
+              "loop1": _ens("loop1", "loop2"), "loop2": _ens("loop2", "loop1")}
+    assert step_graph.users("m", bodies) == ["a", "b"]
+    assert step_graph.users("a", bodies) == []
+    assert step_graph.users("loop1", bodies) == ["loop2"]
 
 
 # -- idempotence, property-wise ---------------------------------------------------------------------

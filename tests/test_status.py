@@ -214,3 +214,68 @@ def test_transition_time_moves_only_when_status_flips() -> None:
     assert ready["lastTransitionTime"] != "2020-01-01T00:00:00Z"
     assert _conds(later)["Degraded"]["lastTransitionTime"] == "2020-01-01T00:00:00Z"
     assert {c["type"] for c in transitions(old, later)} == {"Ready", "Progressing"}
+
+
+# -- kstatus' Reconciling and Stalled (abnormal-true) --------------------------------------------
+
+
+def _failed(name: str, digest: str) -> dict:
+    return _replica(name, digest, "False", reason="ModelLoadFailed", msg="ZeroDivisionError")
+
+
+KSTATUS_CASES = {
+    "warm": Observed(2, 2, "d2", "sel", pods=[_replica("a", "d2", "True"), _replica("b", "d2", "True")]),
+    "scaled to zero": Observed(2, 0, "d2", "sel"),
+    "rolling out": Observed(2, 2, "d2", "sel", pods=[_replica("a", "d1", "True"), _replica("b", "d2", "False", reason="ModelWarming")]),
+    "old replica left": Observed(2, 2, "d2", "sel", pods=[_replica("a", "d2", "True"), _replica("b", "d2", "True"),
+                                                          _replica("c", "d1", "True")]),
+    "failed load": Observed(2, 2, "d2", "sel", pods=[_replica("a", "d1", "True"), _failed("b", "d2")]),
+    "failed old replica": Observed(2, 1, "d2", "sel", pods=[_replica("a", "d2", "True"), _failed("b", "d1")]),
+    "invalid spec": Observed(2, 1, None, "sel", problem=Problem("InvalidSpec", "spec.batcher: bad")),
+    "api error while rolling": Observed(2, 1, "d2", "sel", api_error=Problem("ApiError", "apply Deployment ns/m: 403"),
+                                        pods=[_replica("a", "d2", "False", reason="ModelWarming")]),
+    "api error, warm": Observed(2, 1, "d2", "sel", api_error=Problem("ApiError", "apply PodDisruptionBudget ns/m: 422"),
+                                pods=[_replica("a", "d2", "True")]),
+}
+
+
+def test_stalled_restates_degraded_and_reconciling_a_rollout_nothing_stalls() -> None:
+    for name, obs in KSTATUS_CASES.items():
+        st = compute_status(obs, None)
+        assert [x["type"] for x in st["conditions"]] == ["Ready", "Progressing", "Degraded", "Reconciling", "Stalled"], name
+        c = _conds(st)
+        stalled, reconciling, degraded = c["Stalled"], c["Reconciling"], c["Degraded"]
+        assert (stalled["status"], stalled["reason"], stalled["message"]) == (
+            degraded["status"], degraded["reason"], degraded["message"]), name
+        moving = c["Progressing"]["status"] == "True" and degraded["status"] == "False"
+        assert reconciling["status"] == ("True" if moving else "False"), name
+        assert (reconciling["status"], stalled["status"]) != ("True", "True"), f"{name}: kstatus reads the first True one"
+        assert all(x["observedGeneration"] == 2 for x in c.values()), name
+
+
+def test_kstatus_conditions_per_case() -> None:
+    """(Reconciling, Stalled) and the reason kstatus reports with the True one."""
+    def pair(name: str) -> tuple[str, str, str]:
+        c = _conds(compute_status(KSTATUS_CASES[name], None))
+        true = [x for x in (c["Reconciling"], c["Stalled"]) if x["status"] == "True"]
+        return c["Reconciling"]["status"], c["Stalled"]["status"], true[0]["reason"] if true else ""
+
+    assert pair("warm") == pair("scaled to zero") == ("False", "False", "")
+    assert pair("rolling out") == ("True", "False", "RollingOut")
+    assert pair("old replica left") == ("True", "False", "RollingOut")  # Ready=True, but the old pod is still there
+    assert pair("failed load") == pair("failed old replica") == ("False", "True", "ModelLoadFailed")
+    assert pair("invalid spec") == ("False", "True", "InvalidSpec")
+    assert pair("api error while rolling") == pair("api error, warm") == ("False", "True", "ApiError")
+    rolling = _conds(compute_status(KSTATUS_CASES["api error while rolling"], None))
+    assert rolling["Progressing"]["status"] == "True", "the replicas still roll: Progressing says so, Reconciling not"
+
+
+def test_reconciling_and_stalled_get_no_events_of_their_own() -> None:
+    obs = Observed(2, 2, "d2", "sel", pods=[_replica("a", "d1", "True"), _replica("b", "d2", "False", reason="ModelWarming")])
+    rolling = compute_status(obs, None)
+    assert {c["type"] for c in transitions(None, rolling)} == {"Ready", "Progressing", "Degraded"}
+    obs.pods = [_replica("a", "d1", "True"), _failed("b", "d2")]
+    stalled = compute_status(obs, rolling)
+    assert _conds(stalled)["Stalled"]["status"] == "True" and _conds(stalled)["Reconciling"]["status"] == "False"
+    assert {c["type"] for c in transitions(rolling, stalled)} == {"Ready", "Progressing", "Degraded"}
+    assert not transitions(stalled, compute_status(obs, stalled))

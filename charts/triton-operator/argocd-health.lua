@@ -3,7 +3,8 @@
 --
 -- Reads the conditions the operator writes (Ready, Progressing, Degraded, each with observedGeneration):
 --   Degraded=True                       -> Degraded (a replica failed, or the spec cannot be deployed)
---   Ready=True                          -> Healthy (every replica serves the desired config, warm)
+--   Ready=True                          -> Healthy (every replica serves the desired config, warm; or, at
+--                                         spec.replicas 0, ServedByEnsembles or ScaledToZero)
 --   anything else                       -> Progressing
 -- A status the operator wrote for an older generation says nothing about the current spec: Progressing
 -- until status.observedGeneration (and each condition's) reaches metadata.generation.

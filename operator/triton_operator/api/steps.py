@@ -64,6 +64,27 @@ def dependents(name: str, bodies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return sorted(other for other, body in bodies.items() if name in steps_of(body))
 
 
+def users(name: str, bodies: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The models among `bodies` whose steps reach `name`, directly or through other ensembles, sorted: every
+    ensemble whose replicas load `name` (`name` itself is left out, also in a cycle)."""
+    used_by: dict[str, set[str]] = {}
+    for other, body in bodies.items():
+        spec = body.get("spec")
+        if not isinstance(spec, Mapping) or not spec.get("ensemble"):
+            continue  # the common case, kept cheap: it runs over the namespace on every reconcile
+        for step in steps_of(body):
+            used_by.setdefault(step, set()).add(other)
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for user in used_by.get(todo.pop(), ()):
+            if user not in seen:
+                seen.add(user)
+                todo.append(user)
+    seen.discard(name)
+    return sorted(seen)
+
+
 def order(names: Sequence[str], steps: Steps) -> list[str]:
     """`names` with every model after the steps it uses (among `names`); a cycle is broken where it closes."""
     known = set(names)

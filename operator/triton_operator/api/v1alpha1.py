@@ -421,7 +421,12 @@ class Server(_Model):
     )
     cache_size: QuantityStr = Field(
         default="64Mi",
-        description="Size of the server's local response cache (used when responseCache is true).",
+        description=(
+            "Size of the server's local response cache (used when responseCache is true). The one setting of a "
+            "step that reaches an ensemble's replicas: they have one cache for every model they load, sized by the "
+            "largest cacheSize among those that set responseCache (the ensemble's own counts only when it sets "
+            "responseCache itself)."
+        ),
     )
     gpus: int | None = Field(
         default=None,
@@ -431,8 +436,11 @@ class Server(_Model):
             "`nvidia.com/gpu` per replica. Default: what the instance groups need: one more than the highest "
             "index in an instance group's `gpus`, at least 1 for a GPU or MODEL group, and 0 when every group is "
             "CPU or AUTO or there is none (Triton then runs the model on the CPU). An ensemble's replicas run "
-            "every step, so its default is the most any step needs. A value the instance groups cannot run with "
-            "(a GPU index >= gpus, KIND_GPU with 0) is refused."
+            "every step, so its default is the most any step's instance groups need; a step's own server.gpus "
+            "counts for the step's own replicas only, so set the ensemble's when a step's code uses GPUs its "
+            "instance groups do not show (KIND_CPU or KIND_MODEL with several GPUs). A value the instance groups "
+            "cannot run with (a GPU index >= gpus, KIND_GPU with 0) is refused, and so is an ensemble's value "
+            "that one of its steps' instance groups cannot run with."
         ),
     )
     resources: Resources | None = Field(default=None, description="cpu/memory requests and limits.")
@@ -620,11 +628,37 @@ class TritonModelSpec(_Model):
     parameters: dict[ParameterKey, ParameterValue] | None = Field(
         default=None, max_length=MAX_LIST, description="Backend parameters, string to string."
     )
-    ensemble: Ensemble | None = Field(default=None, description="Ensemble steps (with platform: ensemble).")
+    ensemble: Ensemble | None = Field(
+        default=None,
+        description=(
+            "Ensemble steps (with platform: ensemble). The ensemble's replicas load the ensemble and every step "
+            "model it reaches into one tritonserver, shaped by the ensemble's own replicas, server and warmupGate "
+            "(see server); a step model with replicas: 0 runs nowhere else."
+        ),
+    )
 
-    replicas: int = Field(default=1, ge=0, le=1000, description="Number of Triton replicas.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Number of replicas of the model's own Deployment: tritonservers serving it behind its Service. 0 runs "
+            "none: the ConfigMap, the Deployment (at 0) and the Service (without endpoints) stay, so scaling up "
+            "again changes only this number. A step model clients reach only through ensembles needs no replicas "
+            "of its own: the ensembles' replicas load it (and answer for it by name too). Its status then says so: "
+            "Ready=True, reason ServedByEnsembles, and status.servedBy names the ensembles; with no ensemble "
+            "running it, the reason is ScaledToZero."
+        ),
+    )
     server: Server = Field(
-        default_factory=Server, description="The tritonserver container.", json_schema_extra={"default": {}}
+        default_factory=Server,
+        description=(
+            "The tritonserver container of the model's own replicas. An ensemble's replicas run every step model "
+            "in one tritonserver shaped by the ensemble's server alone: its image, gpus, resources, nodeSelector, "
+            "tolerations, affinity, args and startupTimeoutSeconds apply to every step there, and a step's own "
+            "values of these are ignored there. Only a step's cacheSize counts (see cacheSize)."
+        ),
+        json_schema_extra={"default": {}},
     )
     warmup_gate: WarmupGate = Field(
         default_factory=WarmupGate, description="Traffic gating on warm-up.", json_schema_extra={"default": {}}
@@ -691,6 +725,14 @@ class TritonModelStatus(_Model):
     config_digest: str | None = Field(default=None, description="Digest of the desired model repository.")
     selector: str | None = Field(default=None, description="Pod label selector, for the scale subresource.")
     replica_states: list[ReplicaState] | None = Field(default=None, description="Per-replica state.")
+    served_by: list[str] | None = Field(
+        default=None,
+        description=(
+            "Ensembles (TritonModel names) whose replicas load this model as a step, directly or through a nested "
+            "ensemble, and that run replicas (spec.replicas > 0). With spec.replicas 0 the model is served there "
+            "alone: Ready=True, reason ServedByEnsembles."
+        ),
+    )
 
 
 class ObjectMeta(BaseModel):

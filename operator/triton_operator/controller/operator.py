@@ -85,8 +85,10 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
     async def _model_event(event: kopf.RawEvent, **_: Any) -> None:
         body = event["object"]
         deleted = event["type"] == "DELETED"
-        STATE.cache.put_model(body, deleted=deleted)
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        old = STATE.cache.models.get(ns, {}).get(name)
+        STATE.cache.put_model(body, deleted=deleted)
+        STATE.reconciler.model_changed(ns, old or (body if deleted else None), None if deleted else body)
         if deleted:
             log.info("Observed TritonModel deletion namespace=%s name=%s", ns, name)
             for dep in STATE.reconciler.dependents(ns, name):

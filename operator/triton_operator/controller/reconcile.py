@@ -16,13 +16,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from ..api import steps as step_graph
 from ..api.kinds import LABEL_MODEL, REPLICA_SET, TRITON_MODEL, WATCHED
 from ..api.timestamps import utc_now
-from ..plan.planner import Plan, World, differs, plan
+from ..plan.planner import Plan, World, differs, plan, steps_to_revisit
 from ..plan.status import Problem
 from ..render.kubernetes import Options
 from . import metrics
@@ -111,6 +112,7 @@ class Reconciler:
                 if body.get("kind") == "TritonModel":
                     for dep in self.dependents(namespace, meta["name"]):
                         self.request(namespace, dep)
+                    self.model_changed(namespace, body, None)
                     continue
                 if body.get("kind") == "Pod":
                     pods.append(body)
@@ -122,6 +124,12 @@ class Reconciler:
     def dependents(self, namespace: str, name: str) -> list[str]:
         """Ensembles in the namespace whose steps use `name`."""
         return step_graph.dependents(name, self.cache.models.get(namespace, {}))
+
+    def model_changed(self, namespace: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        """Reconciles the step models whose status.servedBy this change of a model (None: absent) may change:
+        an ensemble created, deleted, scaled or given other steps."""
+        for step in steps_to_revisit(old, new, self.cache.models.get(namespace, {})):
+            self.request(namespace, step)
 
     # -- the reconcile
 

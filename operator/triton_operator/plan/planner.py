@@ -11,6 +11,11 @@ Two things the cache may not know yet are left to the execution, in a form that 
 - whether old repository ConfigMaps are still used: the plan `reads` the model's ReplicaSets, and the
   controller plans again with them before deleting anything.
 
+The status says too which ensembles serve the model (`status.servedBy`): those among the namespace's TritonModels
+whose replicas load it as a step; a model at `replicas: 0` that they serve is Ready (`ServedByEnsembles`). Its
+children stay at 0 replicas (`render.kubernetes`). `steps_to_revisit` tells the controller whose servedBy a
+change of an ensemble may change.
+
 The status is planned from the world as it is; the controller plans once more after carrying out the writes
 (the cache then holds what the API server answered) and writes that plan's status. A plan carried out leaves
 a world whose plan writes nothing (`Plan.writes_nothing`): the idempotence the unit tests check
@@ -188,6 +193,48 @@ def _desired(world: World, model: TritonModel) -> tuple[list[dict[str, Any]], st
         return [], digest, Problem("RepositoryTooLarge", str(exc))
 
 
+def _replicas(body: Mapping[str, Any]) -> int:
+    """spec.replicas of a TritonModel body as read (the CRD defaults it to 1); 0 when it is not a number."""
+    value = (body.get("spec") or {}).get("replicas", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def ensembles_using(name: str, models: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """The ensembles among `models` whose replicas load `name` as a step, directly or through nested ensembles,
+    with their spec.replicas. One being deleted is left out: its replicas are on their way out."""
+    out: dict[str, int] = {}
+    for user in step_graph.users(name, models):
+        body = models[user]
+        if (body.get("spec") or {}).get("platform") != "ensemble" or body["metadata"].get("deletionTimestamp"):
+            continue
+        out[user] = _replicas(body)
+    return out
+
+
+def steps_to_revisit(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
+                     models: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The models whose status.servedBy a change of one model (`old` to `new`, None for absent) may change: every
+    model its steps reach, before and after, when its steps, its replicas, its platform or whether it is being
+    deleted changed. The controller reconciles them too; their own plans say what, if anything, changed."""
+    def role(body: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+        if body is None:
+            return None
+        return (tuple(step_graph.steps_of(body)), _replicas(body), (body.get("spec") or {}).get("platform"),
+                bool(body["metadata"].get("deletionTimestamp")))
+
+    if role(old) == role(new):
+        return []
+    names: set[str] = set()
+    for body in (old, new):
+        if body is not None:
+            reached, _ = step_graph.closure(step_graph.steps_of(body), step_graph.of_bodies(models))
+            names.update(reached)
+    for body in (old, new):
+        if body is not None:
+            names.discard(body["metadata"]["name"])
+    return sorted(names)
+
+
 def _owned_by(body: Mapping[str, Any], name: str, uid: str) -> bool:
     meta = body["metadata"]
     return ((meta.get("labels") or {}).get(LABEL_MODEL) == name
@@ -247,6 +294,7 @@ def plan(world: World) -> Plan:
         api_error=world.api_error,
         deployment=world.children.get((DEPLOYMENT.kind, name)),
         pods=world.pods,
+        ensembles=ensembles_using(name, world.models),
     )
     status = compute_status(observed, stored, world.now)
     if not status_changed(stored, status):

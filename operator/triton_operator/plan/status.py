@@ -2,8 +2,9 @@
 
 Conditions follow Kubernetes conventions: Ready / Progressing / Degraded with
 CamelCase reasons and observedGeneration; lastTransitionTime changes only when
-a condition's status flips. The status is the pydantic model the CRD is generated
-from, so its shape is written down once. No client here.
+a condition's status flips. Reconciling and Stalled restate Progressing and Degraded
+in kstatus' abnormal-true form (see `kstatus_conditions`). The status is the pydantic
+model the CRD is generated from, so its shape is written down once. No client here.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ class Observed:
     api_error: Problem | None = None
     deployment: Mapping[str, Any] | None = None
     pods: Sequence[Mapping[str, Any]] = field(default_factory=list)
+    # The ensembles whose replicas load this model as a step (directly or through nested ensembles), with their
+    # spec.replicas: those with replicas serve it, also when it runs none of its own.
+    ensembles: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def served_by(self) -> list[str]:
+        return sorted(name for name, replicas in self.ensembles.items() if replicas > 0)
 
 
 def pod_condition(pod: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
@@ -124,6 +132,45 @@ def _cond(ctype: str, status: bool, reason: str, message: str, generation: int) 
     }
 
 
+#: kstatus' standard conditions (sigs.k8s.io/cli-utils/pkg/kstatus), abnormal-true: Flux's health checks and other
+#: kstatus readers know them for any kind. They restate Progressing and Degraded, so they get no Events of their own.
+RECONCILING, STALLED = "Reconciling", "Stalled"
+KSTATUS_CONDITIONS = frozenset({RECONCILING, STALLED})
+
+
+def kstatus_conditions(progressing: Mapping[str, Any], degraded: Mapping[str, Any], generation: int) -> list[dict[str, Any]]:
+    """Reconciling and Stalled from Progressing and Degraded. kstatus reads Ready=False as InProgress, so without
+    them a model that cannot get better (Degraded=True) would look like one still rolling out.
+
+    Stalled=True while Degraded=True (kstatus: Failed); Reconciling=True while a rollout moves, Progressing=True,
+    and nothing stalls it (kstatus: InProgress, even while Ready=True during the rollout's last steps). At most one
+    is True: kstatus takes the first True one it meets.
+    """
+    stalled = degraded["status"] == "True"
+    source = degraded if stalled else progressing
+    return [
+        _cond(RECONCILING, progressing["status"] == "True" and not stalled, source["reason"], source["message"], generation),
+        _cond(STALLED, stalled, degraded["reason"], degraded["message"], generation),
+    ]
+
+
+def zero_replicas(obs: Observed, generation: int) -> dict[str, Any]:
+    """Ready at `spec.replicas: 0`: the model runs no replica of its own, so what serves it is the ensembles that
+    load it as a step. Ready=True either way: 0 is a state the spec asks for (as a Deployment scaled to 0 is
+    available), and GitOps health checks must not wait on it (a step is applied before its ensemble: in an earlier
+    Argo CD sync wave, or in a Flux Kustomization the ensemble's one dependsOn); the reason and message say whether
+    anything serves it."""
+    served = obs.served_by
+    if served:
+        return _cond("Ready", True, "ServedByEnsembles",
+                     f"spec.replicas is 0: no replica of its own; served inside the replicas of ensemble(s) "
+                     f"{', '.join(served)} (their Services answer for it by name too)", generation)
+    idle = sorted(obs.ensembles)
+    why = (f"and so is that of every ensemble that uses it ({', '.join(idle)})" if idle
+           else "and no ensemble uses it")
+    return _cond("Ready", True, "ScaledToZero", f"spec.replicas is 0 {why}: nothing serves it", generation)
+
+
 def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.datetime | None = None) -> TritonModelStatus:
     """The whole status the operator wants, with lastTransitionTime carried over when unchanged (else `now`)."""
     live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
@@ -151,7 +198,7 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
         ]
     else:
         if n == 0:
-            ready = _cond("Ready", True, "ScaledToZero", "spec.replicas is 0", g)
+            ready = zero_replicas(obs, g)
         elif len(serving) >= n and ungated:
             ready = _cond("Ready", True, "AllReplicasReady",
                           f"{len(serving)}/{n} replicas at the desired config are Ready (warm-up gate disabled)", g)
@@ -175,6 +222,9 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
             progressing = _cond("Progressing", False, "RolloutStalled", f"replica {failed[0]['pod']} failed: {failed[0]['reason']}", g)
         elif rolling:
             progressing = _cond("Progressing", False, "RolloutStalled", refused_message, g)
+        elif n == 0:
+            progressing = _cond("Progressing", False, "RolloutComplete",
+                                f"no replica of its own to roll out (spec.replicas is 0); config {obs.digest}", g)
         else:
             progressing = _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {obs.digest}", g)
         if obs.api_error is not None:
@@ -187,6 +237,7 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
         else:
             degraded = _cond("Degraded", False, "AsExpected", "no replica has failed", g)
         conds = [ready, progressing, degraded]
+    conds += kstatus_conditions(conds[1], conds[2], g)
 
     prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
     stamp = rfc3339(now)
@@ -204,6 +255,7 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
         selector=obs.selector,
         replica_states=[ReplicaState.model_validate(s) for s in states],
         config_digest=obs.digest or None,
+        served_by=obs.served_by or None,
     )
 
 
@@ -228,11 +280,14 @@ def merge_patch(old: Mapping[str, Any] | None, new: TritonModelStatus) -> dict[s
 
 
 def transitions(old: Mapping[str, Any] | None, new: TritonModelStatus | Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Conditions whose status or reason changed: each becomes an Event."""
+    """Conditions whose status or reason changed: each becomes an Event (Reconciling and Stalled, which restate
+    Progressing and Degraded, are left out)."""
     new_dict = as_dict(new) if isinstance(new, TritonModelStatus) else new
     prev = {c.get("type"): c for c in (old or {}).get("conditions") or ()}
     out = []
     for c in new_dict.get("conditions") or ():
+        if c["type"] in KSTATUS_CONDITIONS:
+            continue
         p = prev.get(c["type"])
         if p is None or p.get("status") != c["status"] or p.get("reason") != c["reason"]:
             out.append(c)

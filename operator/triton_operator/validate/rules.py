@@ -503,12 +503,24 @@ def _stream_name(stream: tuple[int, str] | None) -> str:
     return "the ensemble's inputs" if stream is None else f"decoupled step {stream[0]} ({stream[1]})"
 
 
-def _closure_gpus(model: TritonModel, models: Mapping[str, TritonModel], ensemble: str) -> int:
-    """The most GPUs any model in `model`'s step closure (not walking back into `ensemble`) needs: what one
-    replica of `ensemble`, which serves them all, must see."""
+def _gpus_to_load(spec: TritonModelSpec) -> int:
+    """GPUs a replica must see for Triton to load the model at all: one more than the highest index a KIND_GPU
+    group names, and 1 for a KIND_GPU group without indices ("has kind KIND_GPU but no GPUs are available").
+    KIND_MODEL, CPU and AUTO groups load with none (`_check_gpus` has the same rules for a model's own replicas)."""
+    need = 0
+    for g in spec.instance_groups or ():
+        if g.kind == "GPU":
+            need = max(need, max(g.gpus) + 1 if g.gpus else 1)
+    return need
+
+
+def _closure_gpus(model: TritonModel, models: Mapping[str, TritonModel], ensemble: str) -> tuple[int, str]:
+    """The most GPUs any model in `model`'s step closure (not walking back into `ensemble`) must see to load, and
+    the first model that needs that many: what one replica of `ensemble`, which loads them all, must see."""
     graph = {name: m for name, m in models.items() if name != ensemble} | {model.name: model}
     reached, _ = step_graph.closure(model.name, step_graph.of_models(graph))
-    return max(graph[n].spec.gpus_needed for n in reached)
+    need, who = max(((_gpus_to_load(graph[n].spec), n) for n in reached), key=lambda x: x[0])
+    return need, who
 
 
 def _decoupled(model: TritonModel, models: Mapping[str, TritonModel]) -> bool:
@@ -674,13 +686,15 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
         target = models.get(step.model)
         if n is None or target is None or step.model == model.name:
             continue
-        need = _closure_gpus(target, models, model.name)
+        need, who = _closure_gpus(target, models, model.name)
         if need > n:
+            whose = "its" if who == step.model else f"the step model {who}'s"
             err(
                 "server-gpus",
                 "spec.server.gpus",
-                f"the ensemble's replicas run every step, and step {i} ({step.model}) needs {need} GPU(s) for its "
-                f"instance groups; server.gpus is {n}: raise it to {need} or leave it unset",
+                f"the ensemble's replicas load every step into one tritonserver, and step {i} ({step.model}) needs "
+                f"{need} GPU(s) for {whose} instance groups (KIND_GPU), which Triton refuses to load with fewer; "
+                f"server.gpus is {n}: raise it to {need} or leave it unset",
             )
     for name, (desc, _t, _m) in produced.items():
         if name not in consumed and name not in ens_outputs:
