@@ -77,7 +77,9 @@ def test_lost_node_replica_leaves_the_service_and_is_replaced_on_the_other_node(
         back = time.monotonic() - t0
         for p in fresh:
             assert gate(p).get("status") == "True", gate(p)  # joined through the warm-up gate
-        assert len(ready_endpoints(kube, namespace, "add-sub")) == 2
+        # Ready pods reach the EndpointSlice through its controller, a moment later (CI once read it in between).
+        wait_for("both fresh replicas as ready endpoints",
+                 lambda: len(ready_endpoints(kube, namespace, "add-sub")) == 2, 30)
         wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
                    "Ready with 2 warmed replicas again", 60)
         record("node loss: kubelet killed -> node NotReady", f"{not_ready:.1f}s")
