@@ -57,8 +57,9 @@ def test_render_directory_writes_the_layout_and_prints_each_config(tmp_path: Pat
         if m.spec.is_ensemble:
             assert sorted(p.name for p in (d / "1").iterdir()) == [".keep"], "an ensemble needs its (empty) 1/"
         else:
-            for fname, text in m.spec.source.inline.items():
-                assert (d / "1" / fname).read_text() == text
+            for version, src in m.spec.version_sources.items():  # spec.source is version 1
+                for fname, text in (src.inline or {}).items():
+                    assert (d / str(version) / fname).read_text() == text
     assert sorted(p.name for p in out.iterdir()) == sorted(m.triton_name for m in models)
 
 

@@ -113,9 +113,9 @@ def _models_bypassing_rules(case: Case) -> list[TritonModel]:
     """Parse the case's documents with the schema only, so the defect reaches the renderer."""
     out = []
     for body in yaml.safe_load_all(case.path.read_text()):
-        src = body["spec"].get("source", {}).get("inline")
-        if src:
-            for k, v in list(src.items()):
+        sources = [body["spec"].get("source", {})] + [v["source"] for v in body["spec"].get("versions") or ()]
+        for src in (s.get("inline") for s in sources):
+            for k, v in list((src or {}).items()):
                 if v == MARKER:
                     src[k] = GENERIC_MODEL
         out.append(TritonModel.model_validate(body))

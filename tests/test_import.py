@@ -295,7 +295,7 @@ response_cache { enable: true }
 instance_group [ { kind: KIND_CPU } ]
 """,
     "legacy_detector": """
-# warns: version_policy optimization output[0].label_filename input[0].format
+# warns: optimization output[0].label_filename input[0].format
 name: "legacy_detector"
 backend: "python"
 max_batch_size: 2
@@ -342,19 +342,19 @@ model_warmup [
 }
 #: Dropped on import, and said so: (model, what the warning names).
 EXPECTED_WARNINGS = {
-    ("legacy_detector", "'version_policy'"),
     ("legacy_detector", "'optimization'"),
     ("legacy_detector", "'output[0].label_filename'"),
     ("legacy_detector", "'input[0].format'"),
     ("legacy_detector", "labels.txt"),
-    ("legacy_detector", "only the latest version directory (2)"),
 }
 WARMUP_FILE = bytes(range(256)) * 3  # 3*8*8 FP32 = 768 bytes
+#: legacy_detector's version 1: its policy (latest 2) serves it next to version 2, so it is imported and loads too.
+OLD_VERSION_MODEL = GENERIC_MODEL + "\n# the old version\n"
 
 
 def write_hand_written_repository(root: Path) -> Path:
     """The configs above as a model repository, the way people lay them out (code in 1/, an ensemble's
-    empty 1/, an old version 1/ next to 2/, a labels file, warm-up data)."""
+    empty 1/, an old version 1/ next to 2/ that the policy serves too, a labels file, warm-up data)."""
     for name, text in HAND_WRITTEN.items():
         d = root / name
         (d / "1").mkdir(parents=True)
@@ -364,7 +364,7 @@ def write_hand_written_repository(root: Path) -> Path:
     legacy = root / "legacy_detector"
     (legacy / "2").mkdir()
     (legacy / "2" / "model.py").write_text(GENERIC_MODEL)
-    (legacy / "1" / "model.py").write_text("raise RuntimeError('the old version')\n")
+    (legacy / "1" / "model.py").write_text(OLD_VERSION_MODEL)
     (legacy / "labels.txt").write_text("\n".join(f"class{i}" for i in range(10)) + "\n")
     (legacy / "warmup").mkdir()
     (legacy / "warmup" / "input0.bin").write_bytes(WARMUP_FILE)
@@ -442,12 +442,16 @@ def test_hand_written_configs_round_trip(hand_written: Path, tmp_path: Path, cap
         if dropped:  # control: the reported fields are really what differs
             assert normalized(original) != b
 
-    # code from the latest version directory, warm-up data byte for byte, the ensemble gets its 1/
-    assert (rerendered / "legacy_detector" / "1" / "model.py").read_text() == GENERIC_MODEL
+    # every version directory with its own code, the policy, warm-up data byte for byte, the ensemble gets its 1/
+    legacy = docs["legacy_detector"]["spec"]
+    assert [v["version"] for v in legacy["versions"]] == [1, 2] and "source" not in legacy
+    assert legacy["versionPolicy"] == {"latest": 2}
+    assert (rerendered / "legacy_detector" / "1" / "model.py").read_text() == OLD_VERSION_MODEL
+    assert (rerendered / "legacy_detector" / "2" / "model.py").read_text() == GENERIC_MODEL
     assert (rerendered / "legacy_detector" / "warmup" / "input0.bin").read_bytes() == WARMUP_FILE
-    assert base64.b64decode(docs["legacy_detector"]["spec"]["source"]["warmupFiles"]["input0.bin"]) == WARMUP_FILE
+    assert base64.b64decode(legacy["versions"][0]["source"]["warmupFiles"]["input0.bin"]) == WARMUP_FILE
     for name in HAND_WRITTEN:
-        if name != "pipeline":
+        if name not in ("pipeline", "legacy_detector"):
             assert (rerendered / name / "1" / "model.py").read_text() == GENERIC_MODEL
     assert (rerendered / "pipeline" / "1").is_dir()
 
@@ -475,7 +479,7 @@ def test_import_console_script(hand_written: Path, tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "warning: legacy_detector: field 'version_policy' is not supported" in proc.stderr
+    assert "version_policy" not in proc.stderr, "version_policy is imported (spec.versionPolicy), not dropped"
     assert f"Wrote {len(HAND_WRITTEN)} TritonModel(s) to {out}" in proc.stderr
     docs = list(yaml.safe_load_all(out.read_text()))
     assert {d["metadata"]["namespace"] for d in docs} == {"serving"}
@@ -574,7 +578,7 @@ def _version_repository(root: Path, step_version: int, versions: list[int]) -> P
 
 @pytest.mark.parametrize(("step_version", "versions", "why"), [
     (2, [1], "has no version 2"),
-    (1, [1, 3], "version 1 is not imported"),
+    (1, [1, 3], "does not serve version 1 (no versionPolicy: Triton serves the latest version only"),
 ])
 def test_import_refuses_a_step_version_the_imported_model_does_not_serve(
         step_version: int, versions: list[int], why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -585,14 +589,15 @@ def test_import_refuses_a_step_version_the_imported_model_does_not_serve(
     assert "TritonModel/pipe: spec.ensemble.steps[0].modelVersion: " in err and why in err, err
 
 
-def test_import_maps_the_imported_step_version_to_version_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The latest version directory becomes the TritonModel (served as version 1): a step asking for it asks for 1."""
+def test_import_keeps_the_version_a_step_pins(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every version directory is imported under its own number: a step pinning the served one keeps its pin."""
     repo = _version_repository(tmp_path / "repo", 3, [1, 3])
     rc, out, err = cli(["import", str(repo)], capsys)
     assert rc == 0, err
+    assert "warning" not in err, err
     docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out)}
-    assert docs["pipe"]["spec"]["ensemble"]["steps"][0]["modelVersion"] == 1
-    assert "warning: pipe: step 0 asks for version 3 of 'pre'" in err, err
+    assert docs["pipe"]["spec"]["ensemble"]["steps"][0]["modelVersion"] == 3
+    assert [v["version"] for v in docs["pre"]["spec"]["versions"]] == [1, 3]
 
 
 def test_import_refuses_an_ensemble_mixing_decoupled_streams(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,8 @@
 
 Copies the rendered repository from the mounted ConfigMap (skipping the volume's
 `..data` bookkeeping, which Triton would take for models), then places each
-uri-sourced model's version files: `https://` (a file or a .tar.gz/.tgz/.zip
+uri-sourced model's version files (`MODEL=URI` into `MODEL/1/`, `MODEL/N=URI` into
+`MODEL/N/`, for the versions of `spec.versions`): `https://` (a file or a .tar.gz/.tgz/.zip
 archive), `pvc://claim/path` (mounted at /sources/pvc/<claim>), `s3://` (boto3)
 and `gs://` (google-cloud-storage). Credentials come from the environment or
 mounted Secret files, never from arguments.
@@ -161,17 +162,27 @@ def _fetch_gs(uri: str, dst: Path, version: str | None = None) -> None:
 SCHEMES = ("https://", "pvc://", "s3://", "gs://")
 
 
-def fetch_uri(model: str, uri: str, repo: Path, *, sha256: str | None = None, object_version: str | None = None) -> None:
-    """Place `model`'s version files from `uri`, checked against its pins."""
+def fetch_uri(
+    model: str,
+    uri: str,
+    repo: Path,
+    *,
+    sha256: str | None = None,
+    object_version: str | None = None,
+    version: str = VERSION_DIR,
+) -> None:
+    """Place the files of `model`'s version `version` from `uri`, checked against its pins."""
     if "/" in model or model.startswith("."):
         raise FetchError(f"invalid model name {model!r}")
+    if not version.isdigit():
+        raise FetchError(f"invalid version {version!r} of model {model!r}: a version is a number")
     if not uri.startswith(SCHEMES):
         raise FetchError(f"unsupported uri {uri!r}: use https://, pvc://, s3:// or gs://")
     if sha256 is not None and not uri.startswith("https://"):
         raise FetchError(f"a sha256 pin applies to an https:// uri, not {uri!r}")
     if object_version is not None and not uri.startswith(("s3://", "gs://")):
         raise FetchError(f"an object version applies to an s3:// or gs:// uri, not {uri!r}")
-    dst = repo / model / VERSION_DIR
+    dst = repo / model / version
     dst.mkdir(parents=True, exist_ok=True)
     if uri.startswith("https://"):
         _fetch_https(uri, dst, sha256)
@@ -184,7 +195,7 @@ def fetch_uri(model: str, uri: str, repo: Path, *, sha256: str | None = None, ob
 
 
 def pairs(values: list[str], flag: str) -> dict[str, str]:
-    """`MODEL=VALUE` arguments by model."""
+    """`MODEL=VALUE` (or `MODEL/VERSION=VALUE`) arguments by model (or model/version)."""
     out: dict[str, str] = {}
     for v in values:
         model, sep, value = v.partition("=")
@@ -209,10 +220,11 @@ def run(
     dst.mkdir(parents=True, exist_ok=True)
     n = copy_repository(src, dst) if src.exists() else 0
     _log(f"Copied rendered repository files={n} from={src} to={dst}")
-    for model, uri in by_model.items():
-        pin = {"sha256": sha256.get(model), "objectVersion": object_versions.get(model)}
+    for key, uri in by_model.items():
+        model, _, version = key.partition("/")
+        pin = {"sha256": sha256.get(key), "objectVersion": object_versions.get(key)}
         said = "".join(f" {k}={v}" for k, v in pin.items() if v)
-        _log(f"Fetching model files model={model} uri={uri}{said}")
-        fetch_uri(model, uri, dst, sha256=pin["sha256"], object_version=pin["objectVersion"])
-        _log(f"Fetched model files model={model}")
+        _log(f"Fetching model files model={model} version={version or VERSION_DIR} uri={uri}{said}")
+        fetch_uri(model, uri, dst, sha256=pin["sha256"], object_version=pin["objectVersion"], version=version or VERSION_DIR)
+        _log(f"Fetched model files model={model} version={version or VERSION_DIR}")
     return 0

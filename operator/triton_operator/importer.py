@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from .api.v1alpha1 import API_VERSION, DIGEST_PARAMETER, KIND
+from .api.v1alpha1 import API_VERSION, BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, KIND
 from .render.modelconfig import WIRE_NAME
 
 _KIND_NAME = {v: k for k, v in pb.ModelInstanceGroup.Kind.items()}
@@ -29,7 +29,7 @@ _CONTROL_NAME = {
 _SUPPORTED = {
     "name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching", "sequence_batching",
     "ensemble_scheduling", "instance_group", "parameters", "model_warmup", "model_transaction_policy",
-    "response_cache",
+    "response_cache", "version_policy",
 }  # fmt: skip
 #: Fields TritonModel covers, by message; any other field set in one of these is reported as dropped.
 _COVERED = {
@@ -188,31 +188,61 @@ def _warmup(w: pb.ModelWarmup) -> dict[str, Any]:
     return {"name": w.name, "batchSize": w.batch_size, "count": w.count or 1, "inputs": inputs}
 
 
-def _step_version(
-    cfg: pb.ModelConfig, i: int, step: pb.ModelEnsembling.Step, versions: Mapping[str, Sequence[int]],
-    warnings: list[str], problems: list[ImportProblem],
-) -> int:
-    """The step's modelVersion in TritonModel terms: a TritonModel serves only the version directory imported
-    (the latest) and serves it as version 1."""
-    asked: int = step.model_version
-    have = sorted(versions.get(step.model_name) or ())
-    if asked == -1 or not have:
-        return asked
-    if asked == have[-1]:
-        if asked != 1:
-            warnings.append(
-                f"{cfg.name}: step {i} asks for version {asked} of {step.model_name!r}, the version imported; "
-                "a TritonModel serves it as version 1, so the step asks for 1"
-            )
-        return 1
-    if asked in have:
-        why = (f"version {asked} is not imported: only the latest version directory of {step.model_name!r} "
-               f"({have[-1]}) becomes its TritonModel")
+def _version_policy(vp: pb.ModelVersionPolicy) -> dict[str, Any] | None:
+    """spec.versionPolicy for a `version_policy`, or None for Triton's default (none set, or an empty one)."""
+    which = vp.WhichOneof("policy_choice")
+    if which == "latest":
+        return {"latest": max(1, vp.latest.num_versions)}  # Triton reads 0 as its default, 1
+    if which == "all":
+        return {"all": {}}
+    if which == "specific":
+        return {"specific": list(vp.specific.versions)}
+    return None
+
+
+def _source(
+    cfg: pb.ModelConfig, files: Mapping[str, bytes], uri: str | None, warnings: list[str], where: str = "spec.source",
+    placeholder: str = "",
+) -> dict[str, Any]:
+    """A Source for one version directory's files: inline when they are flat text, else a uri to fill in."""
+    source: dict[str, Any] = {}
+    inline: dict[str, str] = {}
+    binary = []
+    for fname, data in sorted(files.items()):
+        try:
+            inline[fname] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            binary.append(fname)
+    if uri or binary or "/" in "".join(inline):
+        source["uri"] = uri or placeholder or f"pvc://CHANGE-ME/{cfg.name}"
+        warnings.append(
+            f"{cfg.name}: version files are binary or nested ({', '.join(binary or sorted(inline))}); "
+            f"set {where}.uri to where they live (now {source['uri']})"
+        )
     else:
-        why = (f"{step.model_name!r} has no version {asked} (it has {', '.join(map(str, have))}), "
-               "so Triton refuses this ensemble")
-    problems.append(ImportProblem(f"spec.ensemble.steps[{i}].modelVersion", f"{why}; ask for -1 (the latest)"))
-    return asked
+        source["inline"] = inline
+    return source
+
+
+def _strategy_library(
+    cfg: pb.ModelConfig, path: str, source_files: Mapping[str, bytes] | None, problems: list[ImportProblem]
+) -> dict[str, str] | None:
+    """spec.batcher.strategyLibrary for a TRITON_BATCH_STRATEGY_PATH: `file` when the path ends in
+    `<model>/1/<file>` and that file is one of `source_files`, version 1's files that become spec.source (whatever
+    the repository's root was where it ran), else `path` (a library elsewhere in the server's image)."""
+    if not path.startswith("/"):
+        problems.append(ImportProblem(
+            f"spec.parameters[{BATCH_STRATEGY_PARAMETER}]",
+            f"{path!r} is relative: Triton opens it from tritonserver's working directory, which a replica does not "
+            "share; make it absolute, or name a file of the version directory",
+        ))
+        return None
+    parts = path.split("/")
+    for i in range(len(parts) - 2):
+        rest = "/".join(parts[i + 2:])
+        if parts[i] == cfg.name and parts[i + 1] == "1" and source_files is not None and rest in source_files:
+            return {"file": rest}
+    return {"path": path}
 
 
 def import_config(
@@ -222,11 +252,13 @@ def import_config(
     k8s_names: Mapping[str, str] | None = None,
     uri: str | None = None,
     versions: Mapping[str, Sequence[int]] | None = None,
+    version_files: Mapping[int, Mapping[str, bytes]] | None = None,
 ) -> Imported:
     """A TritonModel manifest for `cfg`. `files` are the version directory's files (inlined when text).
 
     `k8s_names` maps Triton model names to TritonModel names, for ensemble steps. `versions` gives the
-    version directories of each model in the repository, to check the versions ensemble steps ask for.
+    version directories of each model in the repository. `version_files` gives each version directory's
+    files instead of `files`: a lone version 1 becomes spec.source, anything else spec.versions.
     """
     warnings: list[str] = []
     problems: list[ImportProblem] = []
@@ -259,11 +291,12 @@ def import_config(
             "steps": [
                 {
                     "model": k8s_names.get(s.model_name, k8s_name(s.model_name)),
-                    "modelVersion": _step_version(cfg, i, s, versions or {}, warnings, problems),
+                    # whether the step model has and serves it is validate's rule (ensemble-step-version)
+                    "modelVersion": s.model_version,
                     "inputMap": dict(sorted(s.input_map.items())),
                     "outputMap": dict(sorted(s.output_map.items())),
                 }
-                for i, s in enumerate(cfg.ensemble_scheduling.step)
+                for s in cfg.ensemble_scheduling.step
             ]
         }
     if cfg.instance_group:
@@ -275,6 +308,19 @@ def import_config(
             groups.append(entry)
         spec["instanceGroups"] = groups
     params = {k: v.string_value for k, v in sorted(cfg.parameters.items()) if k != DIGEST_PARAMETER}
+    if BATCH_STRATEGY_PARAMETER in params and which != "sequence_batching":  # (Triton refuses it with that)
+        strategy_path = params.pop(BATCH_STRATEGY_PARAMETER)
+        if which == "dynamic_batching":
+            dirs = dict(version_files) if version_files else {1: files or {}}
+            source_files = dirs[1] if list(dirs) == [1] else None  # what becomes spec.source, if anything does
+            lib = _strategy_library(cfg, strategy_path, source_files, problems)
+            if lib is not None:
+                spec["batcher"]["strategyLibrary"] = lib
+        else:
+            warnings.append(
+                f"{cfg.name}: parameter {BATCH_STRATEGY_PARAMETER} ({strategy_path}) was dropped: without "
+                "dynamic_batching Triton never asks a custom batching strategy"
+            )
     if params:
         spec["parameters"] = params
     if cfg.model_warmup:
@@ -283,25 +329,25 @@ def import_config(
         spec["decoupled"] = True
     if cfg.response_cache.enable:
         spec["responseCache"] = True
+    policy = _version_policy(cfg.version_policy)
+    if policy is not None:
+        spec["versionPolicy"] = policy
     if cfg.platform != "ensemble":
-        source: dict[str, Any] = {}
-        inline: dict[str, str] = {}
-        binary = []
-        for fname, data in sorted((files or {}).items()):
-            try:
-                inline[fname] = data.decode("utf-8")
-            except UnicodeDecodeError:
-                binary.append(fname)
-        if uri or binary or "/" in "".join(inline):
-            source["uri"] = uri or f"pvc://CHANGE-ME/{cfg.name}"
-            warnings.append(
-                f"{cfg.name}: version files are binary or nested ({', '.join(binary or sorted(inline))}); "
-                f"set spec.source.uri to where they live (now {source['uri']})"
-            )
+        by_version = dict(sorted(version_files.items())) if version_files else {1: files or {}}
+        warm = {k: base64.b64encode(v).decode() for k, v in sorted((warmup_files or {}).items())}
+        if list(by_version) == [1]:
+            source = _source(cfg, by_version[1], uri, warnings)
+            if warm:
+                source["warmupFiles"] = warm
+            spec["source"] = source
         else:
-            source["inline"] = inline
-        if warmup_files:
-            source["warmupFiles"] = {k: base64.b64encode(v).decode() for k, v in sorted(warmup_files.items())}
-        spec["source"] = source
+            entries = []
+            for i, (number, vfiles) in enumerate(by_version.items()):
+                vsource = _source(cfg, vfiles, uri, warnings, f"spec.versions[{i}].source",
+                                  f"pvc://CHANGE-ME/{cfg.name}/{number}")
+                if warm and i == 0:  # every version reads the one warmup/ directory: give it once
+                    vsource["warmupFiles"] = warm
+                entries.append({"version": number, "source": vsource})
+            spec["versions"] = entries
     manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
     return Imported(manifest, warnings, problems)

@@ -160,6 +160,61 @@ class Source(_Model):
     )
 
 
+# ---------------------------------------------------------------- versions
+
+
+class ModelVersion(_Model):
+    """One version of the model: a version directory `<model>/<version>/` with its own files."""
+
+    version: int = Field(
+        ge=1,
+        le=2**31 - 1,
+        description="The version number: the name of its directory in the model repository, and what clients and "
+        "ensemble steps ask for.",
+    )
+    source: Source = Field(
+        description=(
+            "The version's files, placed in `<model>/<version>/`: inline, or fetched from its own `uri` at pod start "
+            "(pinned with sha256 or objectVersion like spec.source). Its `warmupFiles` go to the model's one "
+            "`warmup/` directory, which every version reads, so a file name used by two versions must hold the same "
+            "data in both."
+        )
+    )
+
+
+class VersionPolicyAll(_Model):
+    """Serve every version (Triton's `version_policy { all {} }`); takes no fields."""
+
+
+class VersionPolicy(_Model):
+    """Which versions Triton serves (Triton's `version_policy`): exactly one of latest, all or specific."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.latest), has(self.all), has(self.specific)].filter(x, x).size() == 1",
+                    "message": "set exactly one of latest, all or specific",
+                }
+            ]
+        }
+    )
+
+    latest: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Serve the N highest versions (Triton's default is latest 1, the highest version only).",
+    )
+    all: VersionPolicyAll | None = Field(default=None, description="Serve every version: `all: {}`.")
+    specific: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_LIST,
+        description="Serve exactly these versions; each must be one of the model's versions.",
+    )
+
+
 # ---------------------------------------------------------------- tensors
 
 
@@ -201,6 +256,46 @@ class QueuePolicy(_Model):
     max_queue_size: int = Field(default=0, ge=0, description="Queue capacity; 0 means unbounded.")
 
 
+#: The `parameters` key through which Triton finds a model's custom batching strategy library.
+BATCH_STRATEGY_PARAMETER = "TRITON_BATCH_STRATEGY_PATH"
+
+
+class StrategyLibrary(_Model):
+    """A custom batching strategy: a shared library with Triton's five `TRITONBACKEND_ModelBatch*` functions.
+
+    Exactly one of `file` (a file of the model's source) or `path` (an absolute path in the server image)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "has(self.file) != has(self.path)", "message": "set exactly one of file or path"}
+            ]
+        }
+    )
+
+    file: Annotated[
+        str, StringConstraints(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
+    ] | None = Field(
+        default=None,
+        description=(
+            "The library as a file of `source` (version 1's directory), relative to it (e.g. `strategy.so`, or "
+            "`lib/strategy.so` inside a fetched archive). Inline files are text, so a compiled library comes from "
+            "`source.uri`; an inline source must hold the named file (a text file is refused: it cannot be a "
+            "shared library), and a model with `versions` (inline only) uses path instead. Rendered as the "
+            "parameter TRITON_BATCH_STRATEGY_PATH: `/models/<model>/1/<file>`, where replicas mount the model "
+            "repository."
+        ),
+    )
+    path: Annotated[str, StringConstraints(min_length=2, max_length=1024, pattern=r"^/\S+$")] | None = Field(
+        default=None,
+        description=(
+            "The library as an absolute path in the tritonserver image (server.image), e.g. one baked into a "
+            "custom image. Rendered as the parameter TRITON_BATCH_STRATEGY_PATH as given; Triton fails the load "
+            "(\"Batching library path not found\") when the replica has no file there."
+        ),
+    )
+
+
 class DynamicBatcher(_Model):
     """Triton's dynamic batcher: combines requests into server-side batches."""
 
@@ -222,6 +317,16 @@ class DynamicBatcher(_Model):
         default=None,
         max_length=MAX_LIST,
         description="Queue policy per priority level (keys are levels in [1, priorityLevels]).",
+    )
+    strategy_library: StrategyLibrary | None = Field(
+        default=None,
+        description=(
+            "A custom batching strategy (Triton's custom batching): a shared library whose five "
+            "`TRITONBACKEND_ModelBatch*` functions decide whether each request joins the batch being formed, on "
+            "top of maxBatchSize and preferredBatchSize (e.g. cap a batch by its requests or bytes). Needs a "
+            "batching model (maxBatchSize >= 1); the library must be built against Triton's tritonbackend.h "
+            "for the server image's Triton."
+        ),
     )
 
 
@@ -377,8 +482,9 @@ class EnsembleStep(_Model):
         default=-1,
         ge=-1,
         description=(
-            "Version of the step model to use: -1 (the latest) or 1. A TritonModel's files are version 1 of its "
-            "Triton model and no other version exists, so any other value is refused."
+            "Version of the step model to use: -1 (the latest it serves) or one of the versions it serves under its "
+            "versionPolicy (a model with only source has version 1 alone). A version that does not exist, or that "
+            "the policy does not serve, is refused: Triton would refuse the ensemble."
         ),
     )
     input_map: dict[TensorNameStr, TensorNameStr] = Field(
@@ -528,9 +634,19 @@ class TritonModelSpec(_Model):
                     "fieldPath": ".source",
                 },
                 {
-                    "rule": "(has(self.platform) && self.platform == 'ensemble') || has(self.source)",
-                    "message": "source is required (inline files or a uri)",
+                    "rule": "(has(self.platform) && self.platform == 'ensemble') || has(self.source) || has(self.versions)",
+                    "message": "source is required (inline files or a uri), or versions",
                     "fieldPath": ".source",
+                },
+                {
+                    "rule": "!(has(self.source) && has(self.versions))",
+                    "message": "set source (served as version 1) or versions, not both",
+                    "fieldPath": ".versions",
+                },
+                {
+                    "rule": "!(has(self.platform) && self.platform == 'ensemble' && has(self.versions))",
+                    "message": "an ensemble has no versions: its repository is built from its steps",
+                    "fieldPath": ".versions",
                 },
                 {
                     "rule": "!self.batching || self.maxBatchSize >= 1",
@@ -559,6 +675,12 @@ class TritonModelSpec(_Model):
                     "rule": "!has(self.batcher) || !self.batcher.preserveOrdering || self.batcher.priorityLevels <= 1",
                     "message": "preserveOrdering allows at most one priority level",
                     "fieldPath": ".batcher.preserveOrdering",
+                },
+                {
+                    "rule": "!has(self.batcher) || !has(self.batcher.strategyLibrary) || "
+                    "(self.batching && self.maxBatchSize >= 1)",
+                    "message": "a custom batching strategy needs a batching model (batching: true, maxBatchSize >= 1)",
+                    "fieldPath": ".batcher.strategyLibrary",
                 },
                 {
                     "rule": "!(self.responseCache && self.decoupled)",
@@ -595,7 +717,29 @@ class TritonModelSpec(_Model):
     platform: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")] | None = Field(
         default=None, description="Triton platform instead of a backend, e.g. ensemble, onnxruntime_onnx."
     )
-    source: Source | None = Field(default=None, description="The model's files (not for ensembles).")
+    source: Source | None = Field(
+        default=None,
+        description="The model's files (not for ensembles): its version 1. For several versions use versions instead.",
+    )
+    versions: list[ModelVersion] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_LIST,
+        description=(
+            "Several versions of the model, each a version directory with its own files, instead of source (which "
+            "is version 1 alone). Which of them Triton serves is versionPolicy's choice (by default the highest). "
+            "Clients address one with `/v2/models/<model>/versions/<version>`, ensemble steps with modelVersion."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["version"]},
+    )
+    version_policy: VersionPolicy | None = Field(
+        default=None,
+        description=(
+            "Which versions Triton serves: `latest: N`, `all: {}` or `specific: [..]` (rendered as "
+            "`version_policy`). Unset: Triton's default, the highest version only. Every served version must load "
+            "and warm up before a replica's gate opens."
+        ),
+    )
 
     batching: bool = Field(default=True, description="Whether the model accepts batches; false renders max_batch_size: 0.")
     max_batch_size: int = Field(default=4, ge=0, le=2**31 - 1, description="Largest batch the model accepts.")
@@ -667,6 +811,29 @@ class TritonModelSpec(_Model):
     @property
     def is_ensemble(self) -> bool:
         return self.platform == "ensemble"
+
+    @property
+    def version_sources(self) -> dict[int, Source]:
+        """Each version's files by version number, in order: spec.versions, or spec.source as version 1."""
+        if self.versions:
+            return {v.version: v.source for v in sorted(self.versions, key=lambda v: v.version)}
+        return {1: self.source} if self.source is not None else {}
+
+    @property
+    def available_versions(self) -> list[int]:
+        """The versions that have a directory in the rendered repository (an ensemble's is 1), ascending."""
+        return [1] if self.is_ensemble else sorted(self.version_sources)
+
+    @property
+    def served_versions(self) -> list[int]:
+        """The versions Triton loads under the version policy (Triton's default: the latest one), ascending."""
+        have, policy = self.available_versions, self.version_policy
+        if policy is None or policy.latest is not None:
+            n = 1 if policy is None or policy.latest is None else policy.latest
+            return have[-n:]
+        if policy.all is not None:
+            return have
+        return sorted(set(policy.specific or ()) & set(have))
 
     @property
     def effective_max_batch_size(self) -> int:

@@ -84,12 +84,13 @@ def _write_repository(rendered: Mapping[str, RenderedModel], out: Path) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from ..render.modelconfig import render_repository
+    from ..render.modelconfig import REPOSITORY_ROOT, render_repository
 
     loaded = _load_and_check(args.paths)
     if loaded is None:
         return 1
-    rendered = render_repository([m for _, m in loaded.models], cpu_only=args.cpu)
+    root = args.repository_root or REPOSITORY_ROOT
+    rendered = render_repository([m for _, m in loaded.models], cpu_only=args.cpu, repository_root=root)
     if args.output:
         out = Path(args.output)
         _write_repository(rendered, out)
@@ -112,13 +113,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     models = [m for _, m in loaded.models]
     _err(f"Validated {len(models)} TritonModel(s): schema and {len(RULES)} rules passed")
-    rendered = render_repository(models, cpu_only=args.cpu)
     gpu = [m.name for m in models if any(g.kind == "GPU" for g in m.spec.instance_groups or ())]
     if gpu and not args.cpu:
         _err(f"Note: {', '.join(gpu)} ask for KIND_GPU instances; pass --cpu to check them on a machine without GPUs")
     cache = max((quantity_bytes(m.spec.server.cache_size) for m in models if m.spec.response_cache), default=0)
     with tempfile.TemporaryDirectory(prefix="triton-validate-") as tmp:
         repo = Path(tmp) / "models"
+        # The local server finds the repository here, not at a replica's /models (a strategy file's path says where).
+        rendered = render_repository(models, cpu_only=args.cpu, repository_root=str(repo.resolve()))
         _write_repository(rendered, repo)
         server = LocalTritonServer(model_repository=repo, cache_size=cache or None, log_path=Path(tmp) / "tritonserver.log")
         _err(f"Starting tritonserver {TRITON_VERSION} on {server.host} (gRPC port {server.grpc_port})…")
@@ -193,22 +195,18 @@ def cmd_import(args: argparse.Namespace) -> int:
     docs = []
     problems: list[FieldError] = []
     for d, cfg in parsed.items():
-        versions = version_dirs[d]
-        files = {}
-        if versions:
-            vdir = versions[-1]
-            files = {str(f.relative_to(vdir)): _read_bytes(f) for f in sorted(vdir.rglob("*"))
-                     if f.is_file() and "__pycache__" not in f.parts}
+        # every version directory, each with its own files (a lone 1/ becomes spec.source, as before)
+        by_version = {
+            int(vdir.name): {str(f.relative_to(vdir)): _read_bytes(f) for f in sorted(vdir.rglob("*"))
+                             if f.is_file() and "__pycache__" not in f.parts}
+            for vdir in version_dirs[d]
+        }
+        latest = by_version[max(by_version)] if by_version else {}
         warm_dir = d / "warmup"
         warm = {f.name: _read_bytes(f) for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
-        res = import_config(cfg, files, warm, names, versions=served)
+        res = import_config(cfg, latest, warm, names, versions=served, version_files=by_version or None)
         ident = f"TritonModel/{res.manifest['metadata']['name']}"
         problems.extend(FieldError(ident, p.path, p.message, "import") for p in res.problems)
-        if len(versions) > 1:
-            res.warnings.append(
-                f"{cfg.name}: only the latest version directory ({versions[-1].name}) was imported, not "
-                f"{', '.join(v.name for v in versions[:-1])}"
-            )
         extra = sorted(
             p.name for p in d.iterdir() if p.name not in ("config.pbtxt", "warmup") and not (p.is_dir() and p.name.isdigit())
         )
@@ -286,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("paths", nargs="+", metavar="FILE|DIR")
     r.add_argument("-o", "--output", help="write the model repository here")
     r.add_argument("--cpu", action="store_true", help="map GPU instance groups to CPU")
+    r.add_argument(
+        "--repository-root",
+        metavar="DIR",
+        help="where the server will find the repository: a custom batching strategy file's TRITON_BATCH_STRATEGY_PATH "
+        "starts here (default: /models, where replicas mount it; give the -o directory's absolute path to load the "
+        "output in a tritonserver of your own)",
+    )
     r.set_defaults(func=cmd_render)
 
     v = sub.add_parser("validate", help="render, then load every model (and run its warm-up) in a real local tritonserver")
@@ -312,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fetch", help="(init container) assemble the model repository from the ConfigMap and uris")
     f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")
     f.add_argument("--to", dest="dst", required=True, help="model repository directory to fill")
-    f.add_argument("--uri", action="append", metavar="MODEL=URI", help="fetch a model's version files")
+    f.add_argument("--uri", action="append", metavar="MODEL[/VERSION]=URI",
+                   help="fetch a model's version files (into MODEL/1/, or MODEL/VERSION/)")
     f.add_argument("--sha256", action="append", metavar="MODEL=HEX", help="the SHA-256 a model's https:// download must have")
     f.add_argument("--object-version", action="append", metavar="MODEL=VERSION",
                    help="fetch this version of a model's s3:// (VersionId) or gs:// (generation) object")

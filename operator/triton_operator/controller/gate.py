@@ -22,7 +22,15 @@ from ..api.timestamps import utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
 from ..plan.gate import GateWrite, gate_condition, with_condition
 from ..plan.status import TRITON_CONTAINER, triton_container_status
-from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_POLL_MS, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME, GRPC_PORT
+from ..render.kubernetes import (
+    ANNOTATION_DIGEST,
+    ANNOTATION_POLL_MS,
+    ANNOTATION_STEPS,
+    ANNOTATION_TRITON_NAME,
+    ANNOTATION_VERSIONS,
+    GRPC_PORT,
+    parse_versions_annotation,
+)
 from ..triton.replica import ReplicaVerdict, check_replica
 from . import metrics
 from .kube import Kube
@@ -113,9 +121,11 @@ class WarmupGate:
             why = "the tritonserver container is not running" if ip else "the pod has no IP yet"
             return ReplicaVerdict(False, "TritonNotRunning", why)
         steps = tuple(s for s in (ann.get(ANNOTATION_STEPS) or "").split(",") if s)
+        versions = parse_versions_annotation(ann.get(ANNOTATION_VERSIONS))
         async with self.sem:
             verdict = await check_replica(
-                f"{ip}:{GRPC_PORT}", ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, "")
+                f"{ip}:{GRPC_PORT}", ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, ""),
+                versions=versions,
             )
         if verdict.ready_seen and gate.ready_seen_at is None:
             gate.ready_seen_at = time.monotonic()

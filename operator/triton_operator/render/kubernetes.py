@@ -15,7 +15,7 @@ from typing import Any
 
 from ..api.kinds import LABEL_MODEL, MANAGED_BY
 from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel, quantity_bytes
-from .modelconfig import RenderedModel, repository_for, step_closure
+from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
 CONFIGMAP_LIMIT = 1024 * 1024 - 16 * 1024
@@ -24,7 +24,10 @@ ANNOTATION_DIGEST = f"{GROUP}/config-digest"
 ANNOTATION_TRITON_NAME = f"{GROUP}/triton-model"
 ANNOTATION_STEPS = f"{GROUP}/triton-steps"
 ANNOTATION_POLL_MS = f"{GROUP}/poll-interval-ms"
-REPO_DIR = "/models"
+#: The versions the gate checks, for the models (own and steps) that serve more than version 1 alone:
+#: `name=1,2;step=3` (Triton names hold no `=`, `;` or `,`). A model not named serves version 1.
+ANNOTATION_VERSIONS = f"{GROUP}/triton-versions"
+REPO_DIR = REPOSITORY_ROOT  # the config names files here (a custom batching strategy's)
 CONFIG_DIR = "/config"
 TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
 #: The unprivileged user every container runs as (distroless' "nonroot").
@@ -192,16 +195,19 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     env: list[dict[str, Any]] = []
-    for name in step_closure(model.name, rendered):
-        m = rendered[name].model
-        src = m.spec.source
-        if src is None or src.uri is None:
+    fetched = [
+        (m.triton_name if not m.spec.versions else f"{m.triton_name}/{version}", src)  # spec.source: MODEL, into 1/
+        for m in (rendered[name].model for name in step_closure(model.name, rendered))
+        for version, src in m.spec.version_sources.items()
+    ]
+    for key, src in fetched:
+        if src.uri is None:
             continue
-        args += ["--uri", f"{m.triton_name}={src.uri}"]
+        args += ["--uri", f"{key}={src.uri}"]
         if src.sha256 is not None:
-            args += ["--sha256", f"{m.triton_name}={src.sha256}"]
+            args += ["--sha256", f"{key}={src.sha256}"]
         if src.object_version is not None:
-            args += ["--object-version", f"{m.triton_name}={src.object_version}"]
+            args += ["--object-version", f"{key}={src.object_version}"]
         if src.uri.startswith("pvc://"):
             claim = src.uri.removeprefix("pvc://").split("/", 1)[0]
             vol = f"pvc-{claim}"[:63]
@@ -211,17 +217,37 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
         if src.credentials_secret:
             secret = src.credentials_secret
             if src.uri.startswith("s3://"):
-                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION"):
-                    env.append(
-                        {"name": key, "valueFrom": {"secretKeyRef": {
-                            "name": secret, "key": key, "optional": key not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}}}
-                    )
+                for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION"):
+                    entry = {"name": var, "valueFrom": {"secretKeyRef": {
+                        "name": secret, "key": var, "optional": var not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}}}
+                    if entry not in env:  # (several versions fetched with one Secret)
+                        env.append(entry)
             elif src.uri.startswith("gs://"):
                 vol = f"gcs-{secret}"[:63]
-                volumes.append({"name": vol, "secret": {"secretName": secret}})
-                mounts.append({"name": vol, "mountPath": "/var/run/secrets/gcs", "readOnly": True})
-                env.append({"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/var/run/secrets/gcs/key.json"})
+                if not any(v["name"] == vol for v in volumes):
+                    volumes.append({"name": vol, "secret": {"secretName": secret}})
+                    mounts.append({"name": vol, "mountPath": "/var/run/secrets/gcs", "readOnly": True})
+                gac = {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/var/run/secrets/gcs/key.json"}
+                if gac not in env:
+                    env.append(gac)
     return args, volumes, mounts, env
+
+
+def versions_annotation(models: list[TritonModel]) -> str:
+    """ANNOTATION_VERSIONS for the models one replica loads: each that serves other than version 1 alone."""
+    served = {m.triton_name: m.spec.served_versions for m in models}
+    return ";".join(f"{name}={','.join(map(str, v))}" for name, v in sorted(served.items()) if v and v != [1])
+
+
+def parse_versions_annotation(text: str | None) -> dict[str, tuple[int, ...]]:
+    """The inverse of `versions_annotation`; malformed entries are skipped (the gate then checks the latest)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for entry in (text or "").split(";"):
+        name, _, nums = entry.partition("=")
+        parts = [n for n in nums.split(",") if n.isdigit()]
+        if name and parts:
+            out[name] = tuple(int(n) for n in parts)
+    return out
 
 
 def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel], options: Options) -> list[str]:
@@ -377,6 +403,9 @@ def render_deployment(
     }
     if steps:
         annotations[ANNOTATION_STEPS] = ",".join(steps)
+    versions = versions_annotation([rendered[n].model for n in step_closure(model.name, rendered)])
+    if versions:
+        annotations[ANNOTATION_VERSIONS] = versions
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -22,9 +22,11 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ..api import steps as step_graph
-from ..api.v1alpha1 import DIGEST_PARAMETER, QueuePolicy, TritonModel, TritonModelSpec
+from ..api.v1alpha1 import BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, QueuePolicy, TritonModel, TritonModelSpec
 
 VERSION_DIR = "1"
+#: Where replicas mount the model repository: absolute paths into it (a custom batching strategy's) start here.
+REPOSITORY_ROOT = "/models"
 
 _DTYPE = {
     "BOOL": pb.TYPE_BOOL,
@@ -154,6 +156,20 @@ def _ensemble(model: TritonModel, steps: Mapping[str, TritonModel], cfg: pb.Mode
             s.output_map[k] = v
 
 
+def _version_policy(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
+    """`version_policy`, only when the spec sets one (Triton's default, latest 1, otherwise)."""
+    policy = spec.version_policy
+    if policy is None:
+        return
+    vp = cfg.version_policy
+    if policy.latest is not None:
+        vp.latest.num_versions = policy.latest
+    elif policy.all is not None:
+        vp.all.SetInParent()
+    else:
+        vp.specific.versions.extend(policy.specific or ())
+
+
 def _warmup(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
     for w in spec.model_warmup or ():
         mw = cfg.model_warmup.add(name=w.name, batch_size=w.batch_size, count=w.count)
@@ -169,13 +185,34 @@ def _warmup(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
                 wi.zero_data = True
 
 
+def strategy_library_path(model: TritonModel, repository_root: str = REPOSITORY_ROOT) -> str | None:
+    """TRITON_BATCH_STRATEGY_PATH for the model's custom batching strategy, or None without one.
+
+    Triton opens the path as given (relative paths would depend on tritonserver's working directory), so a file of
+    the model's source is named by its absolute path in the repository the server loads: `repository_root` is
+    where that repository is (REPOSITORY_ROOT in replicas)."""
+    b = model.spec.batcher
+    lib = b.strategy_library if b is not None else None
+    if lib is None:
+        return None
+    if lib.path is not None:
+        return lib.path
+    assert lib.file is not None
+    return f"{repository_root.rstrip('/')}/{model.triton_name}/{VERSION_DIR}/{lib.file}"
+
+
 def render_model_config(
-    model: TritonModel, steps: Mapping[str, TritonModel] | None = None, *, cpu_only: bool = False
+    model: TritonModel,
+    steps: Mapping[str, TritonModel] | None = None,
+    *,
+    cpu_only: bool = False,
+    repository_root: str = REPOSITORY_ROOT,
 ) -> pb.ModelConfig:
     """The ModelConfig for `model`, without the digest parameter.
 
     `steps` maps TritonModel names (metadata.name) to the models an ensemble uses.
     `cpu_only` maps GPU instance groups to CPU ones, for checking GPU configs on a laptop.
+    `repository_root` is where the server finds the repository (see `strategy_library_path`).
     """
     spec = model.spec
     cfg = pb.ModelConfig(name=model.triton_name)
@@ -183,6 +220,7 @@ def render_model_config(
         cfg.platform = spec.platform
     if spec.backend:
         cfg.backend = spec.backend
+    _version_policy(spec, cfg)
     cfg.max_batch_size = spec.effective_max_batch_size  # printed explicitly below even when 0
     _tensors(spec, cfg)
     if spec.is_ensemble:
@@ -198,6 +236,9 @@ def render_model_config(
             ig.gpus.extend(g.gpus)
     for k, v in sorted((spec.parameters or {}).items()):
         cfg.parameters[k].string_value = v
+    strategy = strategy_library_path(model, repository_root)
+    if strategy is not None and cfg.HasField("dynamic_batching"):
+        cfg.parameters[BATCH_STRATEGY_PARAMETER].string_value = strategy
     _warmup(spec, cfg)
     if spec.decoupled:
         cfg.model_transaction_policy.decoupled = True
@@ -246,13 +287,13 @@ def _model_files(model: TritonModel) -> dict[str, bytes]:
         # "at least one version must be available under the version policy". The repository is
         # a set of files, so an empty directory needs a (ignored) file in it.
         files[f"{model.triton_name}/{VERSION_DIR}/{ENSEMBLE_VERSION_PLACEHOLDER}"] = b""
-    src = model.spec.source
-    if src is None:
-        return files
-    for fname, text in sorted((src.inline or {}).items()):
-        files[f"{model.triton_name}/{VERSION_DIR}/{fname}"] = text.encode()
-    for fname, b64 in sorted((src.warmup_files or {}).items()):
-        files[f"{model.triton_name}/warmup/{fname}"] = base64.b64decode(b64)
+    # spec.source is version 1; spec.versions gives each version's directory. Warm-up files are the model's:
+    # every version reads <model>/warmup/ (the validator refuses two versions giving one name different data).
+    for version, src in model.spec.version_sources.items():
+        for fname, text in sorted((src.inline or {}).items()):
+            files[f"{model.triton_name}/{version}/{fname}"] = text.encode()
+        for fname, b64 in sorted((src.warmup_files or {}).items()):
+            files.setdefault(f"{model.triton_name}/warmup/{fname}", base64.b64decode(b64))
     return files
 
 
@@ -267,24 +308,34 @@ def digest_of(config: pb.ModelConfig, files: Mapping[str, bytes], extra: tuple[s
 
 
 def source_identity(model: TritonModel) -> tuple[str, ...]:
-    """What names a fetched model's files, for the digest: its uri and pins (inline files are hashed themselves)."""
-    src = model.spec.source
-    if src is None or src.uri is None:
-        return ()
-    out = [f"source.uri={src.uri}"]
-    if src.sha256 is not None:
-        out.append(f"source.sha256={src.sha256}")
-    if src.object_version is not None:
-        out.append(f"source.objectVersion={src.object_version}")
+    """What names a fetched model's files, for the digest: its uri and pins (inline files are hashed themselves),
+    for spec.source and for each fetched version of spec.versions."""
+    spec = model.spec
+    sources = [("source", spec.source)] + [(f"versions[{v.version}].source", v.source) for v in spec.versions or ()]
+    out = []
+    for base, src in sources:
+        if src is None or src.uri is None:
+            continue
+        out.append(f"{base}.uri={src.uri}")
+        if src.sha256 is not None:
+            out.append(f"{base}.sha256={src.sha256}")
+        if src.object_version is not None:
+            out.append(f"{base}.objectVersion={src.object_version}")
     return tuple(out)
 
 
 def render_model(
-    model: TritonModel, steps: Mapping[str, RenderedModel] | None = None, *, cpu_only: bool = False
+    model: TritonModel,
+    steps: Mapping[str, RenderedModel] | None = None,
+    *,
+    cpu_only: bool = False,
+    repository_root: str = REPOSITORY_ROOT,
 ) -> RenderedModel:
     """Render one model; an ensemble needs its steps rendered first (their digests roll it)."""
     steps = steps or {}
-    cfg = render_model_config(model, {k: v.model for k, v in steps.items()}, cpu_only=cpu_only)
+    cfg = render_model_config(
+        model, {k: v.model for k, v in steps.items()}, cpu_only=cpu_only, repository_root=repository_root
+    )
     files = _model_files(model)
     step_digests = tuple(f"{k}={steps[k].digest}" for k in sorted(steps))
     digest = digest_of(cfg, files, (*source_identity(model), *step_digests))
@@ -293,18 +344,22 @@ def render_model(
     return RenderedModel(model=model, config=cfg, files=dict(sorted(files.items())), digest=digest)
 
 
-def render_repository(models: list[TritonModel], *, cpu_only: bool = False) -> dict[str, RenderedModel]:
+def render_repository(
+    models: list[TritonModel], *, cpu_only: bool = False, repository_root: str = REPOSITORY_ROOT
+) -> dict[str, RenderedModel]:
     """Render a set of models (validated first) into repository entries, by TritonModel name.
 
     Steps are rendered before the ensembles that use them; an ensemble's entry
     `files` holds only its own directory (see `repository_for` for the closure).
+    `repository_root` is where the server will find the repository: replicas mount it at REPOSITORY_ROOT; a
+    local tritonserver loading it elsewhere needs that place (it names a custom batching strategy's file).
     """
     by_name = {m.name: m for m in models}
     out: dict[str, RenderedModel] = {}
     for name in step_graph.order(list(by_name), step_graph.of_models(by_name)):
         m = by_name[name]
         used = {s.model: out[s.model] for s in m.spec.ensemble.steps if s.model in out} if m.spec.ensemble else {}
-        out[name] = render_model(m, used, cpu_only=cpu_only)
+        out[name] = render_model(m, used, cpu_only=cpu_only, repository_root=repository_root)
     return out
 
 

@@ -1,12 +1,14 @@
 """Asks one replica's Triton whether it serves exactly the desired config, warm.
 
-A replica passes when the model and every ensemble step are READY and the
-loaded config's digest parameter equals the digest the replica was created
-for. Otherwise the verdict says why, with Triton's own reason when a load failed.
+A replica passes when the model and every ensemble step are READY (every version
+its version policy serves, when the caller names them) and the loaded config's
+digest parameter, in each served version of the model, equals the digest the
+replica was created for. Otherwise the verdict says why, with Triton's own reason when a load failed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import tritonclient.grpc.aio as grpcaio
@@ -24,26 +26,42 @@ class ReplicaVerdict:
 
 
 async def check_replica(
-    address: str, model: str, steps: tuple[str, ...], digest: str, timeout: float = 2.0
+    address: str,
+    model: str,
+    steps: tuple[str, ...],
+    digest: str,
+    timeout: float = 2.0,
+    versions: Mapping[str, tuple[int, ...]] | None = None,
 ) -> ReplicaVerdict:
-    """One round of questions to the Triton at `address` (host:port of gRPC)."""
+    """One round of questions to the Triton at `address` (host:port of gRPC).
+
+    `versions` names, by Triton model name, the versions that must each be READY (the policy's served ones); a
+    model it does not name is asked about its latest version."""
+    versions = versions or {}
     client = grpcaio.InferenceServerClient(address)
     try:
         for name in (model, *steps):
-            ready = await client.is_model_ready(name, client_timeout=timeout)
-            if not ready:
-                return await _why_not_ready(client, name, timeout)
-        cfg = await client.get_model_config(model, client_timeout=timeout)
-        param = cfg.config.parameters.get(DIGEST_PARAMETER)
-        loaded = param.string_value if param is not None else ""
-        if loaded != digest:
-            return ReplicaVerdict(
-                False,
-                "ConfigDigestMismatch",
-                f"Triton loaded config digest {loaded or '(none)'} but this replica wants {digest}",
-                ready_seen=True,
-            )
-        return ReplicaVerdict(True, "ModelWarmed", f"model {model} is READY with config digest {digest}", ready_seen=True)
+            for v in versions.get(name) or (None,):
+                version = "" if v is None else str(v)
+                ready = await client.is_model_ready(name, version, client_timeout=timeout)
+                if not ready:
+                    return await _why_not_ready(client, name, timeout, v)
+        for v in versions.get(model) or (None,):
+            cfg = await client.get_model_config(model, "" if v is None else str(v), client_timeout=timeout)
+            param = cfg.config.parameters.get(DIGEST_PARAMETER)
+            loaded = param.string_value if param is not None else ""
+            if loaded != digest:
+                which = "" if v is None else f" for version {v}"
+                return ReplicaVerdict(
+                    False,
+                    "ConfigDigestMismatch",
+                    f"Triton loaded config digest {loaded or '(none)'}{which} but this replica wants {digest}",
+                    ready_seen=True,
+                )
+        served = f" (versions {', '.join(map(str, versions[model]))})" if versions.get(model) else ""
+        return ReplicaVerdict(
+            True, "ModelWarmed", f"model {model}{served} is READY with config digest {digest}", ready_seen=True
+        )
     except InferenceServerException as exc:
         return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc.message() or exc}")
     except (TimeoutError, OSError) as exc:
@@ -52,12 +70,18 @@ async def check_replica(
         await client.close()
 
 
-async def _why_not_ready(client: grpcaio.InferenceServerClient, name: str, timeout: float) -> ReplicaVerdict:
+async def _why_not_ready(
+    client: grpcaio.InferenceServerClient, name: str, timeout: float, version: int | None = None
+) -> ReplicaVerdict:
     index = await client.get_model_repository_index(client_timeout=timeout, as_json=False)
-    states = {m.name: m for m in index.models}
-    entry = states.get(name)
+    entries = [m for m in index.models if m.name == name]
+    # the index has one entry per version (with its own state); without a version, the newest one speaks
+    entry = next((m for m in entries if m.version == str(version)), None) if version is not None else None
+    if entry is None and entries and version is None:
+        entry = max(entries, key=lambda m: int(m.version) if m.version.isdigit() else -1)
+    what = f"model {name}" if version is None else f"model {name} version {version}"
     state = entry.state if entry is not None else "UNAVAILABLE"
     reason = entry.reason if entry is not None else "not in the model repository"
     if state in ("LOADING", ""):
-        return ReplicaVerdict(False, "ModelWarming", f"model {name} is loading and warming up")
-    return ReplicaVerdict(False, "ModelLoadFailed", f"model {name} is {state}: {reason}".strip())
+        return ReplicaVerdict(False, "ModelWarming", f"{what} is loading and warming up")
+    return ReplicaVerdict(False, "ModelLoadFailed", f"{what} is {state}: {reason}".strip())

@@ -17,7 +17,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..api import steps as step_graph
-from ..api.v1alpha1 import QueuePolicy, Tensor, TritonModel, TritonModelSpec, quantity_bytes
+from ..api.v1alpha1 import (
+    BATCH_STRATEGY_PARAMETER,
+    QueuePolicy,
+    Tensor,
+    TritonModel,
+    TritonModelSpec,
+    quantity_bytes,
+)
 from .errors import FieldError
 
 
@@ -43,6 +50,12 @@ RULES: dict[str, Rule] = {
         Rule("default-priority-level", True, "defaultPriorityLevel in [1, priorityLevels]"),
         Rule("priority-queue-policy", True, "priorityQueuePolicy levels in [1, priorityLevels]"),
         Rule("preserve-ordering", True, "preserveOrdering: one priority level, no DELAY with a timeout"),
+        Rule("batch-strategy-batching", False,
+             "a custom batching strategy needs a batching model (with maxBatchSize 0 it silently does nothing)"),
+        Rule("batch-strategy-file", True,
+             "a custom batching strategy file named from an inline source is there and is a shared library"),
+        Rule("batch-strategy-parameter", False,
+             "TRITON_BATCH_STRATEGY_PATH is set by batcher.strategyLibrary, not by parameters"),
         Rule("response-cache-decoupled", True, "no responseCache with decoupled"),
         Rule("response-cache-sequence", True, "no responseCache with sequenceBatcher"),
         Rule("response-cache-size", False, "responseCache needs server.cacheSize > 0 or it silently does nothing"),
@@ -70,7 +83,13 @@ RULES: dict[str, Rule] = {
         Rule("ensemble-batch-size", True, "ensemble maxBatchSize <= each batching step's"),
         Rule("ensemble-decoupled-mix", True,
              "a step's inputs (and the ensemble's outputs) all come from one decoupled model's responses, or none"),
-        Rule("ensemble-step-version", True, "a step asks for version -1 (latest) or 1, the one version a model serves"),
+        Rule("ensemble-step-version", True,
+             "a step asks for version -1 (latest) or a version the step model has and its versionPolicy serves"),
+        Rule("model-versions", False,
+             "versions: each number once, one content per warm-up file name; not with source"),
+        Rule("version-policy", True,
+             "versionPolicy is one of latest, all or specific; specific names versions the model has (Triton refuses "
+             "a policy serving none, and only logs one missing among others)"),
     ]
 }
 
@@ -197,6 +216,55 @@ def _check_batcher(spec: TritonModelSpec, err: _Collector) -> None:
         _check_policy_delay(b.default_queue_policy, "spec.batcher.defaultQueuePolicy", err)
         for key, policy in sorted((b.priority_queue_policy or {}).items()):
             _check_policy_delay(policy, f"spec.batcher.priorityQueuePolicy[{key}]", err)
+    _check_strategy_library(spec, err)
+
+
+#: The first bytes of every ELF file, so of every shared library tritonserver (on Linux) can open.
+_ELF_MAGIC = "\x7fELF"
+
+
+def _check_strategy_library(spec: TritonModelSpec, err: _Collector) -> None:
+    """spec.batcher.strategyLibrary: a batching model, and a file of an inline source that is there (and binary)."""
+    lib = spec.batcher.strategy_library if spec.batcher is not None else None
+    if lib is None:
+        return
+    base = "spec.batcher.strategyLibrary"
+    if spec.effective_max_batch_size < 1:
+        err(
+            "batch-strategy-batching",
+            base,
+            "a custom batching strategy needs a batching model (batching: true, maxBatchSize >= 1): with "
+            "maxBatchSize 0 every batch holds one request, and Triton loads the library and never asks it",
+        )
+    if (lib.file is None) == (lib.path is None):
+        err("batch-strategy-file", base, "set exactly one of file (a file of spec.source) or path (in the image)")
+    src = spec.source
+    if lib.file is not None and src is None and spec.versions:
+        err(
+            "batch-strategy-file",
+            f"{base}.file",
+            "names a file of spec.source (version 1's directory), and this model has versions instead, whose "
+            "inline files are text and cannot hold a compiled library; set path (in the image)",
+        )
+        return
+    if lib.file is None or src is None or src.inline is None:
+        return  # a uri's files are only seen at pod start
+    text = src.inline.get(lib.file)
+    if text is None:
+        err(
+            "batch-strategy-file",
+            f"{base}.file",
+            f"{lib.file!r} is not in spec.source.inline, so Triton fails the load (\"Batching library path not "
+            "found\"); inline files are text, so a compiled library comes from spec.source.uri, or from the image "
+            "with path",
+        )
+    elif not text.startswith(_ELF_MAGIC):
+        err(
+            "batch-strategy-file",
+            f"{base}.file",
+            f"spec.source.inline[{lib.file}] is text, not a shared library (no ELF header), so Triton cannot open it; "
+            "inline files are text, so a compiled library comes from spec.source.uri, or from the image with path",
+        )
 
 
 _CORRID_TYPES = {"UINT64", "INT64", "UINT32", "INT32", "BYTES"}
@@ -277,11 +345,13 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
             err("ensemble-no-instances", "spec.modelWarmup", "an ensemble has no warm-up of its own; warm up its steps")
         if spec.source is not None:
             err("source", "spec.source", "an ensemble has no source: its repository is built from its steps")
+        if spec.versions:
+            err("model-versions", "spec.versions", "an ensemble has no versions: its repository is built from its steps")
         if spec.backend is not None:
             err("backend-or-platform", "spec.backend", "an ensemble has platform: ensemble and no backend")
     else:
-        if spec.source is None:
-            err("source", "spec.source", "source is required: inline files or a uri")
+        if spec.source is None and not spec.versions:
+            err("source", "spec.source", "source is required: inline files or a uri (or versions, for several versions)")
         if spec.batcher is not None and spec.sequence_batcher is not None:
             err(
                 "scheduling-oneof",
@@ -304,13 +374,23 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
         if g.kind != "GPU" and g.gpus:
             err("instance-group", f"spec.instanceGroups[{i}].gpus", f"gpus may be set only with kind GPU, not {g.kind}")
     _check_gpus(spec, err)
-    src = spec.source
-    if src is not None and (src.inline is None) == (src.uri is None):
-        err("source", "spec.source", "set exactly one of inline (files) or uri (where to fetch them)")
-    if spec.backend == "python" and src is not None and src.inline is not None and "model.py" not in src.inline:
-        err("python-model-file", "spec.source.inline", "the python backend loads model.py, which is missing")
-    if src is not None:
-        _check_pins(src.uri, src.sha256, src.object_version, err)
+    sources = [("spec.source", spec.source)] if spec.source is not None else []
+    sources += [(f"spec.versions[{i}].source", v.source) for i, v in enumerate(spec.versions or ())]
+    for base, src in sources:
+        if (src.inline is None) == (src.uri is None):
+            err("source", base, "set exactly one of inline (files) or uri (where to fetch them)")
+        if spec.backend == "python" and src.inline is not None and "model.py" not in src.inline:
+            err("python-model-file", f"{base}.inline", "the python backend loads model.py, which is missing")
+        _check_pins(src.uri, src.sha256, src.object_version, err, base)
+    _check_versions(spec, err)
+    if BATCH_STRATEGY_PARAMETER in (spec.parameters or {}):
+        err(
+            "batch-strategy-parameter",
+            f"spec.parameters[{BATCH_STRATEGY_PARAMETER}]",
+            "is rendered from spec.batcher.strategyLibrary: set file (a file of spec.source) or path (in the image) "
+            "there, which the operator checks (a batching model with the dynamic batcher, the file in the source) "
+            "and turns into the path replicas see",
+        )
 
 
 def _check_gpus(spec: TritonModelSpec, err: _Collector) -> None:
@@ -340,29 +420,66 @@ def _check_gpus(spec: TritonModelSpec, err: _Collector) -> None:
             )
 
 
-def _check_pins(uri: str | None, sha256: str | None, version: str | None, err: _Collector) -> None:
+def _check_versions(spec: TritonModelSpec, err: _Collector) -> None:
+    """spec.versions (each number once, inline files, warm-up files that agree) and spec.versionPolicy."""
+    if spec.source is not None and spec.versions:
+        err("model-versions", "spec.versions", "set source (served as version 1) or versions, not both")
+    first: dict[int, int] = {}
+    warm: dict[str, tuple[int, str]] = {}  # warm-up file name -> (index of the first version giving it, data)
+    for i, v in enumerate(spec.versions or ()):
+        base = f"spec.versions[{i}]"
+        if v.version in first:
+            err("model-versions", f"{base}.version", f"version {v.version} is also spec.versions[{first[v.version]}]; "
+                "each version is one directory, so give each number once")
+        first.setdefault(v.version, i)
+        for fname, b64 in sorted((v.source.warmup_files or {}).items()):
+            seen = warm.setdefault(fname, (i, b64))
+            if seen[1] != b64:
+                err("model-versions", f"{base}.source.warmupFiles[{fname}]", f"differs from spec.versions[{seen[0]}]'s "
+                    "file of that name: every version reads the model's one warmup/ directory, which holds one file "
+                    "per name; give the same data, or another name")
+    policy = spec.version_policy
+    if policy is None:
+        return
+    if sum(x is not None for x in (policy.latest, policy.all, policy.specific)) != 1:
+        err("version-policy", "spec.versionPolicy", "set exactly one of latest, all or specific: Triton's "
+            "version_policy is a protobuf oneof")
+    have = spec.available_versions
+    none_left = not set(policy.specific or ()) & set(have)
+    why = ("none of the versions listed exists, so Triton fails the load (\"at least one version must be available "
+           "under the version policy\")" if none_left else
+           "Triton only logs an error for it and serves the others, so it silently never loads")
+    for i, number in enumerate(policy.specific or ()):
+        if have and number not in have:
+            err("version-policy", f"spec.versionPolicy.specific[{i}]", f"version {number} does not exist (the model "
+                f"has {_versions_text(have)}): {why}; add it to spec.versions or remove it here")
+
+
+def _check_pins(
+    uri: str | None, sha256: str | None, version: str | None, err: _Collector, base: str = "spec.source"
+) -> None:
     if sha256 is not None and not (uri or "").startswith("https://"):
         err(
             "source-pin",
-            "spec.source.sha256",
+            f"{base}.sha256",
             "sha256 pins the file or archive an https:// uri names (fetch checks the download); "
             "pin an s3:// or gs:// object with objectVersion",
         )
     if version is None:
         return
     if not (uri or "").startswith(("s3://", "gs://")):
-        err("source-pin", "spec.source.objectVersion", "objectVersion is for an s3:// or gs:// uri; pin an https:// file with sha256")
+        err("source-pin", f"{base}.objectVersion", "objectVersion is for an s3:// or gs:// uri; pin an https:// file with sha256")
         return
     assert uri is not None
     _bucket, _, key = uri.split("://", 1)[1].partition("/")
     if not key or key.endswith("/"):
         err(
             "source-pin",
-            "spec.source.uri",
+            f"{base}.uri",
             f"with objectVersion, uri must name one object (a file or a .tar.gz/.tgz/.zip archive), not a prefix: {uri!r}",
         )
     if uri.startswith("gs://") and not version.isdigit():
-        err("source-pin", "spec.source.objectVersion", f"a GCS object's version is its generation, a number; got {version!r}")
+        err("source-pin", f"{base}.objectVersion", f"a GCS object's version is its generation, a number; got {version!r}")
 
 
 def _bytes_elements(data: bytes) -> int | None:
@@ -381,7 +498,10 @@ def _bytes_elements(data: bytes) -> int | None:
 
 def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
     inputs = {t.name: t for t in spec.inputs or ()}
-    files = (spec.source.warmup_files if spec.source else None) or {}
+    files: dict[str, str] = {}  # every version's warm-up files land in the model's one warmup/ directory
+    for src in spec.version_sources.values():
+        for fname, b64 in (src.warmup_files or {}).items():
+            files.setdefault(fname, b64)
     fetched = spec.source is not None and spec.source.uri is not None
     where = (
         " (files fetched from spec.source.uri go to the version directory, but Triton reads warm-up data from "
@@ -495,10 +615,6 @@ def _shape_compatible(a: Tensor, a_mbs: int, b: Tensor, b_mbs: int, *, a_reshape
     return _compatible(full_a, _full_shape(b, b_mbs))
 
 
-#: The versions a TritonModel serves: its files are version 1 of its Triton model; -1 means the latest.
-SERVED_VERSIONS = (-1, 1)
-
-
 def _stream_name(stream: tuple[int, str] | None) -> str:
     return "the ensemble's inputs" if stream is None else f"decoupled step {stream[0]} ({stream[1]})"
 
@@ -580,6 +696,38 @@ def _check_decoupled_streams(model: TritonModel, models: Mapping[str, TritonMode
         )
 
 
+def _policy_text(spec: TritonModelSpec) -> str:
+    p = spec.version_policy
+    if p is None:
+        return "no versionPolicy: Triton serves the latest version only"
+    if p.latest is not None:
+        return f"versionPolicy latest: {p.latest}"
+    if p.all is not None:
+        return "versionPolicy all"
+    return f"versionPolicy specific: [{', '.join(map(str, p.specific or ()))}]"
+
+
+def _versions_text(versions: Sequence[int]) -> str:
+    return f"version {versions[0]}" if len(versions) == 1 else f"versions {', '.join(map(str, versions))}"
+
+
+def _check_step_version(name: str, version: int, target: TritonModelSpec, path: str, err: _Collector) -> None:
+    """A step's modelVersion: -1, or a version the step model has and its policy serves (else Triton refuses)."""
+    if version == -1:
+        return
+    have, served = target.available_versions, target.served_versions
+    if not have or not served:
+        return  # the step model's own errors say why it has no version to serve
+    if version not in have:
+        err("ensemble-step-version", path, f"TritonModel {name!r} has no version {version} (it has "
+            f"{_versions_text(have)}), so Triton refuses the ensemble; use -1 (the latest served) or one of "
+            f"{', '.join(map(str, served))}")
+    elif version not in served:
+        err("ensemble-step-version", path, f"TritonModel {name!r} does not serve version {version} "
+            f"({_policy_text(target)}; it serves {_versions_text(served)}), so Triton refuses the ensemble; use -1 "
+            f"(the latest served) or one of {', '.join(map(str, served))}, or change its versionPolicy")
+
+
 def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
     err = _Collector(ident)
     spec = model.spec
@@ -597,17 +745,11 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
             err("ensemble-step", f"{base}.inputMap", "must map at least one input")
         if not step.output_map:
             err("ensemble-step", f"{base}.outputMap", "must map at least one output")
-        if step.model_version not in SERVED_VERSIONS:
-            err(
-                "ensemble-step-version",
-                f"{base}.modelVersion",
-                f"TritonModel {step.model!r} serves only version 1 (its files are its model's version 1), so version "
-                f"{step.model_version} never loads and Triton refuses the ensemble; use -1 (the latest) or 1",
-            )
         target = models.get(step.model)
         if target is None:
             err("ensemble-step-model", f"{base}.model", f"TritonModel {step.model!r} is not defined")
             continue
+        _check_step_version(step.model, step.model_version, target.spec, f"{base}.modelVersion", err)
         if target.spec.is_ensemble and step.model == model.name:
             err("ensemble-cycle", f"{base}.model", "an ensemble cannot contain itself")
             continue
