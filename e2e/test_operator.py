@@ -570,3 +570,44 @@ def test_ensemble_is_refused_before_its_steps_serves_the_pipeline_and_rolls_with
     assert scores == [7.0, -4.0, 0.0], scores
     wait_model(kube, namespace, "classifier", is_model_ready, "Ready at its new generation", 120)
 
+
+
+# -- model versions -------------------------------------------------------------------------------------
+
+
+def _score(address: str, model: str, version: str = "") -> float:
+    client = grpcclient.InferenceServerClient(f"{address}:8001")
+    try:
+        x = grpcclient.InferInput("FEATURES", [1, 4], "FP32")
+        x.set_data_from_numpy(np.array([[1, 2, 3, 6]], dtype=np.float32))
+        return float(client.infer(model, [x], model_version=version, client_timeout=30).as_numpy("SCORE")[0][0])
+    finally:
+        client.close()
+
+
+def test_two_versions_serve_side_by_side_and_a_policy_that_unserves_a_pinned_one_is_refused(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    docs = {d["metadata"]["name"]: d for d in load_examples("versions")}
+    apply(kubeconfig, namespace, docs["scorer"])
+    apply(kubeconfig, namespace, docs["scorer-v1"])
+    for name in ("scorer", "scorer-v1"):
+        wait_model(kube, namespace, name, is_model_ready, "Ready", 180)
+    # The gate checked both versions: the replica says which it asks Triton about.
+    [pod] = live_pods(kube, namespace, "scorer")
+    assert pod["metadata"]["annotations"]["serving.triton-operator.dev/triton-versions"] == "scorer=1,2"
+    assert gate(pod)["status"] == "True"
+    [ep] = wait_for("a ready endpoint of scorer", lambda: ready_endpoints(kube, namespace, "scorer"), 30)
+    ip = ep["addresses"][0]
+    assert _score(ip, "scorer", "1") == 12.0  # version 1: the sum
+    assert _score(ip, "scorer", "2") == 3.0  # version 2: the mean
+    assert _score(ip, "scorer") == 3.0  # unversioned: the latest
+    [ens] = wait_for("a ready endpoint of scorer-v1", lambda: ready_endpoints(kube, namespace, "scorer-v1"), 30)
+    assert _score(ens["addresses"][0], "scorer-v1") == 12.0  # the ensemble's pinned version 1
+
+    # latest: 1 would stop serving version 1, which scorer-v1 pins: refused at apply, naming the ensemble's field.
+    changed = docs["scorer"]  # a fresh copy: load_examples reads the file each time
+    changed["spec"]["versionPolicy"] = {"latest": 1}
+    proc = kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream([changed]), check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert "scorer-v1" in proc.stderr and "spec.ensemble.steps[0].modelVersion" in proc.stderr, proc.stderr
+    assert kube.get("TritonModel", "scorer", namespace)["spec"]["versionPolicy"] == {"all": {}}
