@@ -295,7 +295,7 @@ response_cache { enable: true }
 instance_group [ { kind: KIND_CPU } ]
 """,
     "legacy_detector": """
-# warns: optimization output[0].label_filename input[0].format
+# warns: optimization
 name: "legacy_detector"
 backend: "python"
 max_batch_size: 2
@@ -343,9 +343,6 @@ model_warmup [
 #: Dropped on import, and said so: (model, what the warning names).
 EXPECTED_WARNINGS = {
     ("legacy_detector", "'optimization'"),
-    ("legacy_detector", "'output[0].label_filename'"),
-    ("legacy_detector", "'input[0].format'"),
-    ("legacy_detector", "labels.txt"),
 }
 WARMUP_FILE = bytes(range(256)) * 3  # 3*8*8 FP32 = 768 bytes
 #: legacy_detector's version 1: its policy (latest 2) serves it next to version 2, so it is imported and loads too.
@@ -449,6 +446,10 @@ def test_hand_written_configs_round_trip(hand_written: Path, tmp_path: Path, cap
     assert (rerendered / "legacy_detector" / "1" / "model.py").read_text() == OLD_VERSION_MODEL
     assert (rerendered / "legacy_detector" / "2" / "model.py").read_text() == GENERIC_MODEL
     assert (rerendered / "legacy_detector" / "warmup" / "input0.bin").read_bytes() == WARMUP_FILE
+    # the labels beside config.pbtxt come along as a model-level file, byte for byte
+    assert legacy["modelFiles"] == {"inline": {"labels.txt": (hand_written / "legacy_detector" / "labels.txt").read_text()}}
+    assert (rerendered / "legacy_detector" / "labels.txt").read_bytes() == (
+        hand_written / "legacy_detector" / "labels.txt").read_bytes()
     assert base64.b64decode(legacy["versions"][0]["source"]["warmupFiles"]["input0.bin"]) == WARMUP_FILE
     for name in HAND_WRITTEN:
         if name not in ("pipeline", "legacy_detector"):

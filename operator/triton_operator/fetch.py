@@ -3,7 +3,8 @@
 Copies the rendered repository from the mounted ConfigMap (skipping the volume's
 `..data` bookkeeping, which Triton would take for models), then places each
 uri-sourced model's version files (`MODEL=URI` into `MODEL/1/`, `MODEL/N=URI` into
-`MODEL/N/`, for the versions of `spec.versions`): `https://` (a file or a .tar.gz/.tgz/.zip
+`MODEL/N/`, for the versions of `spec.versions`, and `MODEL/.=URI` into `MODEL/` itself, for
+`spec.modelFiles.uri`): `https://` (a file or a .tar.gz/.tgz/.zip
 archive), `pvc://claim/path` (mounted at /sources/pvc/<claim>), `s3://` (boto3)
 and `gs://` (google-cloud-storage). Credentials come from the environment or
 mounted Secret files, never from arguments.
@@ -26,6 +27,8 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 VERSION_DIR = "1"
+#: The `--uri MODEL/<key>` key of a model's own directory (spec.modelFiles.uri), beside its version directories.
+MODEL_DIR = "."
 PVC_ROOT = Path("/sources/pvc")
 
 
@@ -174,6 +177,9 @@ def fetch_uri(
     """Place the files of `model`'s version `version` from `uri`, checked against its pins."""
     if "/" in model or model.startswith("."):
         raise FetchError(f"invalid model name {model!r}")
+    if version == MODEL_DIR:
+        _fetch_model_files(model, uri, repo, sha256=sha256, object_version=object_version)
+        return
     if not version.isdigit():
         raise FetchError(f"invalid version {version!r} of model {model!r}: a version is a number")
     if not uri.startswith(SCHEMES):
@@ -192,6 +198,31 @@ def fetch_uri(
         _fetch_s3(uri, dst, object_version)
     else:
         _fetch_gs(uri, dst, object_version)
+
+
+def _fetch_model_files(model: str, uri: str, repo: Path, *, sha256: str | None, object_version: str | None) -> None:
+    """spec.modelFiles.uri: fetched aside, then moved into `model/`; a tree that would replace what the operator
+    renders there (config.pbtxt, warmup/, a version directory) is refused before anything is moved."""
+    staging = repo / f".{model}.model-files"
+    shutil.rmtree(staging, ignore_errors=True)
+    fetch_uri(model, uri, staging, sha256=sha256, object_version=object_version, version=VERSION_DIR)
+    fetched = staging / model / VERSION_DIR
+    clash = sorted(p.name for p in fetched.iterdir() if p.name in ("config.pbtxt", "warmup") or p.name.isdigit())
+    if clash:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise FetchError(
+            f"{uri!r} holds {', '.join(clash)}: spec.modelFiles may not replace the rendered config.pbtxt, "
+            "warmup/ or a version directory"
+        )
+    dst = repo / model
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(fetched.iterdir()):
+        target = dst / entry.name
+        if entry.is_dir():
+            shutil.copytree(entry, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(entry, target)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def pairs(values: list[str], flag: str) -> dict[str, str]:

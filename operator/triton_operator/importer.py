@@ -34,8 +34,8 @@ _SUPPORTED = {
 #: Fields TritonModel covers, by message; any other field set in one of these is reported as dropped.
 _COVERED = {
     "inference.ModelConfig": _SUPPORTED,
-    "inference.ModelInput": {"name", "data_type", "dims", "reshape", "optional", "allow_ragged_batch"},
-    "inference.ModelOutput": {"name", "data_type", "dims", "reshape"},
+    "inference.ModelInput": {"name", "data_type", "format", "dims", "reshape", "optional", "allow_ragged_batch"},
+    "inference.ModelOutput": {"name", "data_type", "dims", "reshape", "label_filename"},
     "inference.ModelSequenceBatching": {"direct", "oldest", "max_sequence_idle_microseconds", "control_input", "state"},
     "inference.ModelSequenceBatching.State": {"input_name", "output_name", "data_type", "dims", "initial_state"},
     "inference.ModelInstanceGroup": {"name", "kind", "count", "gpus"},  # names are Triton's to make up
@@ -96,6 +96,10 @@ def _tensor(t: Any, is_input: bool) -> dict[str, Any]:
         out["allowRaggedBatch"] = True
     if t.HasField("reshape"):
         out["reshape"] = list(t.reshape.shape)
+    if is_input and t.format != pb.ModelInput.FORMAT_NONE:
+        out["format"] = pb.ModelInput.Format.Name(t.format)
+    if not is_input and t.label_filename:
+        out["labelFilename"] = t.label_filename
     return out
 
 
@@ -224,6 +228,30 @@ def _source(
     return source
 
 
+def _model_files(cfg: pb.ModelConfig, files: Mapping[str, bytes], warnings: list[str]) -> dict[str, Any]:
+    """spec.modelFiles for the model directory's own files: inline when they are flat text, else a uri to fill in."""
+    inline: dict[str, str] = {}
+    binary = []
+    hidden = sorted(f for f in files if any(part.startswith(".") for part in f.split("/")))
+    if hidden:
+        warnings.append(f"{cfg.name}: hidden files in the model directory were not imported: {', '.join(hidden)}")
+    for fname, data in sorted(files.items()):
+        if fname in hidden:
+            continue
+        try:
+            inline[fname] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            binary.append(fname)
+    if not binary and "/" not in "".join(inline):
+        return {"inline": inline} if inline else {}
+    uri = f"pvc://CHANGE-ME/{cfg.name}/model-files"
+    warnings.append(
+        f"{cfg.name}: model directory files are binary or nested ({', '.join(binary or sorted(inline))}); "
+        f"set spec.modelFiles.uri to where they live (now {uri})"
+    )
+    return {"uri": uri}
+
+
 def _strategy_library(
     cfg: pb.ModelConfig, path: str, source_files: Mapping[str, bytes] | None, problems: list[ImportProblem]
 ) -> dict[str, str] | None:
@@ -253,12 +281,14 @@ def import_config(
     uri: str | None = None,
     versions: Mapping[str, Sequence[int]] | None = None,
     version_files: Mapping[int, Mapping[str, bytes]] | None = None,
+    model_files: Mapping[str, bytes] | None = None,
 ) -> Imported:
     """A TritonModel manifest for `cfg`. `files` are the version directory's files (inlined when text).
 
     `k8s_names` maps Triton model names to TritonModel names, for ensemble steps. `versions` gives the
     version directories of each model in the repository. `version_files` gives each version directory's
-    files instead of `files`: a lone version 1 becomes spec.source, anything else spec.versions.
+    files instead of `files`: a lone version 1 becomes spec.source, anything else spec.versions. `model_files`
+    are the model directory's own files beside config.pbtxt (e.g. labels), by path relative to it.
     """
     warnings: list[str] = []
     problems: list[ImportProblem] = []
@@ -332,6 +362,10 @@ def import_config(
     policy = _version_policy(cfg.version_policy)
     if policy is not None:
         spec["versionPolicy"] = policy
+    if model_files:  # (an ensemble's too: its outputs may name labels as well)
+        own = _model_files(cfg, model_files, warnings)
+        if own:
+            spec["modelFiles"] = own
     if cfg.platform != "ensemble":
         by_version = dict(sorted(version_files.items())) if version_files else {1: files or {}}
         warm = {k: base64.b64encode(v).decode() for k, v in sorted((warmup_files or {}).items())}

@@ -160,6 +160,54 @@ class Source(_Model):
     )
 
 
+# ---------------------------------------------------------------- model-level files
+
+
+class ModelFiles(_Model):
+    """Files of the model directory itself, beside `config.pbtxt` and the version directories (e.g. the labels
+    an output's labelFilename names): exactly one of `inline` or `uri`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.inline) != has(self.uri)",
+                    "message": "exactly one of inline or uri must be set",
+                }
+            ]
+        }
+    )
+
+    inline: dict[FileNameStr, Annotated[str, StringConstraints(max_length=1 << 20)]] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description=(
+            "Text files placed in `<model>/` beside config.pbtxt, by file name (e.g. `labels.txt`). Not "
+            "`config.pbtxt` (rendered), `warmup`, or a number (a version directory's name)."
+        ),
+    )
+    uri: Annotated[str, StringConstraints(max_length=2048, pattern=r"^(https://|pvc://|s3://|gs://)\S+$")] | None = (
+        Field(
+            default=None,
+            description=(
+                "Where the model directory's own files are fetched from at pod start, like source.uri (a file, an "
+                "archive or a prefix), but placed in `<model>/`. The fetch step refuses a tree holding "
+                "config.pbtxt, `warmup` or a version directory (a number): those are the operator's."
+            ),
+        )
+    )
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        default=None, description="For an `https://` uri: the SHA-256 of what it names, as for source.sha256."
+    )
+    object_version: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^\S+$")] | None = Field(
+        default=None,
+        description="For an `s3://` or `gs://` uri naming one object: its version, as for source.objectVersion.",
+    )
+    credentials_secret: K8sNameStr | None = Field(
+        default=None, description="Secret with credentials for `s3://` or `gs://`, as for source.credentialsSecret."
+    )
+
+
 # ---------------------------------------------------------------- versions
 
 
@@ -237,6 +285,20 @@ class Tensor(_Model):
         default=None,
         max_length=16,
         description="Shape the backend sees instead of `dims`; must hold the same number of elements.",
+    )
+    format: Literal["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"] | None = Field(
+        default=None,
+        description=(
+            "Inputs only: the image layout, FORMAT_NHWC or FORMAT_NCHW (FORMAT_NONE: none given). Triton requires "
+            "exactly 3 dims with NHWC or NCHW."
+        ),
+    )
+    label_filename: FileNameStr | None = Field(
+        default=None,
+        description=(
+            "Outputs only: a file of the model directory (spec.modelFiles), one label per line, that Triton's "
+            "classification extension reports with each class (`value:index:label`)."
+        ),
     )
 
 
@@ -720,6 +782,13 @@ class TritonModelSpec(_Model):
     source: Source | None = Field(
         default=None,
         description="The model's files (not for ensembles): its version 1. For several versions use versions instead.",
+    )
+    model_files: ModelFiles | None = Field(
+        default=None,
+        description=(
+            "Files of the model directory itself (`<model>/`, beside config.pbtxt), shared by every version, such "
+            "as the labels an output's labelFilename names: inline text, or fetched from a uri."
+        ),
     )
     versions: list[ModelVersion] | None = Field(
         default=None,

@@ -204,17 +204,18 @@ def cmd_import(args: argparse.Namespace) -> int:
         latest = by_version[max(by_version)] if by_version else {}
         warm_dir = d / "warmup"
         warm = {f.name: _read_bytes(f) for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
-        res = import_config(cfg, latest, warm, names, versions=served, version_files=by_version or None)
+        # the model directory's own files (labels beside config.pbtxt, ...): everything but the config, warmup/
+        # and the version directories
+        own = [p for p in d.iterdir() if p.name not in ("config.pbtxt", "warmup") and not (p.is_dir() and p.name.isdigit())]
+        model_files = {
+            str(f.relative_to(d)): _read_bytes(f)
+            for p in sorted(own) for f in ([p] if p.is_file() else sorted(p.rglob("*")))
+            if f.is_file() and "__pycache__" not in f.parts
+        }
+        res = import_config(cfg, latest, warm, names, versions=served, version_files=by_version or None,
+                            model_files=model_files or None)
         ident = f"TritonModel/{res.manifest['metadata']['name']}"
         problems.extend(FieldError(ident, p.path, p.message, "import") for p in res.problems)
-        extra = sorted(
-            p.name for p in d.iterdir() if p.name not in ("config.pbtxt", "warmup") and not (p.is_dir() and p.name.isdigit())
-        )
-        if extra:
-            res.warnings.append(
-                f"{cfg.name}: {', '.join(extra)} in the model directory (outside its version directory) "
-                "were not imported"
-            )
         for w in res.warnings:
             _err(f"warning: {w}")
         if args.namespace:
@@ -318,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")
     f.add_argument("--to", dest="dst", required=True, help="model repository directory to fill")
     f.add_argument("--uri", action="append", metavar="MODEL[/VERSION]=URI",
-                   help="fetch a model's version files (into MODEL/1/, or MODEL/VERSION/)")
+                   help="fetch a model's version files (into MODEL/1/, or MODEL/VERSION/; MODEL/.=URI: into MODEL/)")
     f.add_argument("--sha256", action="append", metavar="MODEL=HEX", help="the SHA-256 a model's https:// download must have")
     f.add_argument("--object-version", action="append", metavar="MODEL=VERSION",
                    help="fetch this version of a model's s3:// (VersionId) or gs:// (generation) object")

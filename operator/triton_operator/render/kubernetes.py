@@ -199,6 +199,10 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
         (m.triton_name if not m.spec.versions else f"{m.triton_name}/{version}", src)  # spec.source: MODEL, into 1/
         for m in (rendered[name].model for name in step_closure(model.name, rendered))
         for version, src in m.spec.version_sources.items()
+    ] + [
+        (f"{m.triton_name}/.", m.spec.model_files)  # spec.modelFiles.uri: into the model directory itself
+        for m in (rendered[name].model for name in step_closure(model.name, rendered))
+        if m.spec.model_files is not None
     ]
     for key, src in fetched:
         if src.uri is None:

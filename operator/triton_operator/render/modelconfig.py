@@ -82,10 +82,14 @@ def _tensors(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
             i.allow_ragged_batch = True
         if t.reshape is not None:
             i.reshape.shape.extend(t.reshape)
+        if t.format is not None:
+            i.format = pb.ModelInput.Format.Value(t.format)
     for t in spec.outputs or ():
         o = cfg.output.add(name=t.name, data_type=_DTYPE[t.data_type], dims=t.dims)
         if t.reshape is not None:
             o.reshape.shape.extend(t.reshape)
+        if t.label_filename is not None:
+            o.label_filename = t.label_filename
 
 
 def _dynamic_batching(spec: TritonModelSpec, cfg: pb.ModelConfig) -> None:
@@ -287,6 +291,9 @@ def _model_files(model: TritonModel) -> dict[str, bytes]:
         # "at least one version must be available under the version policy". The repository is
         # a set of files, so an empty directory needs a (ignored) file in it.
         files[f"{model.triton_name}/{VERSION_DIR}/{ENSEMBLE_VERSION_PLACEHOLDER}"] = b""
+    mf = model.spec.model_files
+    for fname, text in sorted((mf.inline or {}).items() if mf is not None else ()):
+        files[f"{model.triton_name}/{fname}"] = text.encode()
     # spec.source is version 1; spec.versions gives each version's directory. Warm-up files are the model's:
     # every version reads <model>/warmup/ (the validator refuses two versions giving one name different data).
     for version, src in model.spec.version_sources.items():
@@ -313,6 +320,13 @@ def source_identity(model: TritonModel) -> tuple[str, ...]:
     spec = model.spec
     sources = [("source", spec.source)] + [(f"versions[{v.version}].source", v.source) for v in spec.versions or ()]
     out = []
+    mf = spec.model_files
+    if mf is not None and mf.uri is not None:  # (only then: specs without it keep their digests)
+        out.append(f"modelFiles.uri={mf.uri}")
+        if mf.sha256 is not None:
+            out.append(f"modelFiles.sha256={mf.sha256}")
+        if mf.object_version is not None:
+            out.append(f"modelFiles.objectVersion={mf.object_version}")
     for base, src in sources:
         if src is None or src.uri is None:
             continue

@@ -63,6 +63,11 @@ RULES: dict[str, Rule] = {
         Rule("sequence-strategy", True, "at most one of direct or oldest; direct minimumSlotUtilization in [0, 1]"),
         Rule("dims", True, "each dim >= 1 or -1"),
         Rule("reshape", True, "reshape keeps the element count"),
+        Rule("input-format", True, "an input with format FORMAT_NHWC or FORMAT_NCHW has exactly 3 dims; format is "
+             "for inputs only"),
+        Rule("label-file", True, "an output's labelFilename is a file of the model directory (inline: in "
+             "modelFiles.inline); labelFilename is for outputs only"),
+        Rule("model-files", False, "modelFiles.inline names no config.pbtxt, warmup or version directory"),
         Rule("instance-group", True, "gpus only with kind GPU"),
         Rule("server-gpus", True, "server.gpus gives every GPU the instance groups (or an ensemble's steps) use"),
         Rule("python-model-file", True, "an inline python model has model.py"),
@@ -169,6 +174,38 @@ def _check_tensors(spec: TritonModelSpec, err: _Collector) -> None:
                 problem = None if bad or not t.dims else _reshape_error(t.dims, t.reshape, spec.effective_max_batch_size)
                 if problem:
                     err("reshape", f"{base}.reshape", problem)
+
+
+def _check_model_level(spec: TritonModelSpec, err: _Collector) -> None:
+    """Input formats, output label files and the model directory's own files (spec.modelFiles)."""
+    for i, t in enumerate(spec.inputs or ()):
+        base = f"spec.inputs[{i}]"
+        if t.format in ("FORMAT_NHWC", "FORMAT_NCHW") and len(t.dims) != 3:
+            err("input-format", f"{base}.format", f"{t.format} needs exactly 3 dims (Triton: \"model input "
+                f"NHWC/NCHW require 3 dims\"), got {list(t.dims)}")
+        if t.label_filename is not None:
+            err("label-file", f"{base}.labelFilename", "labelFilename is for outputs: Triton's model inputs have no "
+                "label_filename")
+    mf = spec.model_files
+    for i, t in enumerate(spec.outputs or ()):
+        base = f"spec.outputs[{i}]"
+        if t.format is not None:
+            err("input-format", f"{base}.format", "format is for inputs: Triton's model outputs have no format")
+        if t.label_filename is None:
+            continue
+        if mf is None:
+            err("label-file", f"{base}.labelFilename", f"{t.label_filename!r} is not a file of the model directory: "
+                "add it to spec.modelFiles.inline (or spec.modelFiles.uri); Triton fails the load without it")
+        elif mf.inline is not None and t.label_filename not in mf.inline:
+            err("label-file", f"{base}.labelFilename", f"{t.label_filename!r} is not in spec.modelFiles.inline "
+                f"(it has {sorted(mf.inline)}); Triton fails the load without it")
+    if mf is None:
+        return
+    for fname in sorted(mf.inline or ()):
+        if fname in ("config.pbtxt", "warmup") or fname.isdigit():
+            err("model-files", f"spec.modelFiles.inline[{fname}]", f"{fname!r} is the operator's to render (the "
+                "config, the warm-up directory or a version directory); give the file another name")
+    _check_pins(mf.uri, mf.sha256, mf.object_version, err, "spec.modelFiles")
 
 
 def _check_policy_delay(policy: QueuePolicy | None, path: str, err: _Collector) -> None:
@@ -588,6 +625,7 @@ def check_model(model: TritonModel, ident: str) -> list[FieldError]:
     err = _Collector(ident)
     _check_structure(model, err)
     _check_tensors(model.spec, err)
+    _check_model_level(model.spec, err)
     _check_batcher(model.spec, err)
     _check_sequence(model.spec, err)
     _check_warmup(model.spec, err)
