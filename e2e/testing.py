@@ -211,21 +211,18 @@ def diagnostics(kube: Kube | None, namespace: str | None, cluster_logs: Path | N
                 for cs in statuses:
                     if "waiting" in (cs.get("state") or {}) and not cs.get("restartCount"):
                         continue  # never started: no log
-                    try:
-                        text = kube.request_text(
-                            "GET", f"/api/v1/namespaces/{namespace}/pods/{md['name']}/log?container={cs['name']}"
-                                   "&tailLines=60", timeout=10)
-                    except (ApiError, OSError) as e:
-                        text = f"<{e}>"
-                    out.append(f"--- container log {md['name']}/{cs['name']} (tail)\n{text}")
-                    if cs.get("restartCount"):  # why the last one ended: its log, kept by the kubelet
+                    # The running container's log, and for a restarted one why the last one ended (kept by
+                    # the kubelet).
+                    for label, query in (("container log", ""), ("previous container log", "&previous=true")):
+                        if query and not cs.get("restartCount"):
+                            continue
                         try:
                             text = kube.request_text(
                                 "GET", f"/api/v1/namespaces/{namespace}/pods/{md['name']}/log?container={cs['name']}"
-                                       "&previous=true&tailLines=60", timeout=10)
+                                       f"&tailLines=60{query}", timeout=10)
                         except (ApiError, OSError) as e:
                             text = f"<{e}>"
-                        out.append(f"--- previous container log {md['name']}/{cs['name']} (tail)\n{text}")
+                        out.append(f"--- {label} {md['name']}/{cs['name']} (tail)\n{text}")
             for ev in kube.items("Event", namespace)[-30:]:
                 out.append(f"    event {ev.get('type')} {ev.get('reason')} "
                            f"{ev['involvedObject'].get('name')}: {ev.get('message')}")
