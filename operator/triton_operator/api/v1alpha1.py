@@ -42,6 +42,20 @@ K8sNameStr = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_NAME, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 ]
 QuantityStr = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")]
+#: A file's text in a ConfigMap-carried repository (the whole repository must fit in 1 MiB).
+FileTextStr = Annotated[str, StringConstraints(max_length=1 << 20)]
+#: Where files are fetched from at pod start (spec.source.uri, spec.modelFiles.uri).
+FetchUriStr = Annotated[str, StringConstraints(max_length=2048, pattern=r"^(https://|pvc://|s3://|gs://)\S+$")]
+Sha256Str = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+ObjectVersionStr = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^\S+$")]
+#: The CEL rule of a files block that is inline or fetched (spec.source, spec.modelFiles).
+INLINE_OR_URI = ConfigDict(
+    json_schema_extra={
+        "x-kubernetes-validations": [
+            {"rule": "has(self.inline) != has(self.uri)", "message": "exactly one of inline or uri must be set"}
+        ]
+    }
+)
 Dim = Annotated[int, Field(ge=-1, le=2**31 - 1)]
 
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -95,18 +109,9 @@ class DataType(str, Enum):
 class Source(_Model):
     """Where the model's files come from: exactly one of `inline` or `uri`."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.inline) != has(self.uri)",
-                    "message": "exactly one of inline or uri must be set",
-                }
-            ]
-        }
-    )
+    model_config = INLINE_OR_URI
 
-    inline: dict[FileNameStr, Annotated[str, StringConstraints(max_length=1 << 20)]] | None = Field(
+    inline: dict[FileNameStr, FileTextStr] | None = Field(
         default=None,
         max_length=MAX_LIST,
         description=(
@@ -114,7 +119,7 @@ class Source(_Model):
             "backend. Text only; the whole repository must fit in a ConfigMap (1 MiB)."
         ),
     )
-    uri: Annotated[str, StringConstraints(max_length=2048, pattern=r"^(https://|pvc://|s3://|gs://)\S+$")] | None = (
+    uri: FetchUriStr | None = (
         Field(
             default=None,
             description=(
@@ -126,7 +131,7 @@ class Source(_Model):
             ),
         )
     )
-    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+    sha256: Sha256Str | None = Field(
         default=None,
         description=(
             "For an `https://` uri: the SHA-256 of the file or archive it names, as 64 lowercase hex digits. "
@@ -134,7 +139,7 @@ class Source(_Model):
             "so different content behind the same URL never loads; changing it rolls the replicas."
         ),
     )
-    object_version: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^\S+$")] | None = Field(
+    object_version: ObjectVersionStr | None = Field(
         default=None,
         description=(
             "For an `s3://` or `gs://` uri naming one object (a file, or a .tar.gz/.tgz/.zip archive; not a prefix "
@@ -149,7 +154,7 @@ class Source(_Model):
             "AWS_SECRET_ACCESS_KEY, optional AWS_ENDPOINT_URL) or `gs://` (`key.json`). Referenced, never copied."
         ),
     )
-    warmup_files: dict[FileNameStr, Annotated[str, StringConstraints(max_length=1 << 20)]] | None = Field(
+    warmup_files: dict[FileNameStr, FileTextStr] | None = Field(
         default=None,
         max_length=MAX_LIST,
         description=(
@@ -167,18 +172,9 @@ class ModelFiles(_Model):
     """Files of the model directory itself, beside `config.pbtxt` and the version directories (e.g. the labels
     an output's labelFilename names): exactly one of `inline` or `uri`."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.inline) != has(self.uri)",
-                    "message": "exactly one of inline or uri must be set",
-                }
-            ]
-        }
-    )
+    model_config = INLINE_OR_URI
 
-    inline: dict[FileNameStr, Annotated[str, StringConstraints(max_length=1 << 20)]] | None = Field(
+    inline: dict[FileNameStr, FileTextStr] | None = Field(
         default=None,
         max_length=MAX_LIST,
         description=(
@@ -186,7 +182,7 @@ class ModelFiles(_Model):
             "`config.pbtxt` (rendered), `warmup`, or a number (a version directory's name)."
         ),
     )
-    uri: Annotated[str, StringConstraints(max_length=2048, pattern=r"^(https://|pvc://|s3://|gs://)\S+$")] | None = (
+    uri: FetchUriStr | None = (
         Field(
             default=None,
             description=(
@@ -196,10 +192,10 @@ class ModelFiles(_Model):
             ),
         )
     )
-    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+    sha256: Sha256Str | None = Field(
         default=None, description="For an `https://` uri: the SHA-256 of what it names, as for source.sha256."
     )
-    object_version: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^\S+$")] | None = Field(
+    object_version: ObjectVersionStr | None = Field(
         default=None,
         description="For an `s3://` or `gs://` uri naming one object: its version, as for source.objectVersion.",
     )
