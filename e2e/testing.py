@@ -8,7 +8,9 @@ server's and every container's logs.
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -250,17 +252,29 @@ def metric_samples(text: str, metric: str) -> dict[tuple[tuple[str, str], ...], 
     return out
 
 
-def kstatus(obj: dict) -> tuple[str, str]:
-    """What Flux's health checks compute for a live object: `status.Compute` of sigs.k8s.io/cli-utils' kstatus,
-    run by tools/kstatus (built once by its build.sh, then taken from the cache). Returns (status, message)."""
-    import subprocess
+@functools.cache
+def kstatus_binary() -> Path:
+    """tools/kstatus, a small Go program running sigs.k8s.io/cli-utils' kstatus (`status.Compute`, the library
+    behind Flux's health checks): built on the first call (module download and compile, under a minute on 2 cores),
+    then taken from the cache its build.sh keeps, keyed by the hash of tools/kstatus's files."""
+    build = Path(__file__).resolve().parent.parent / "tools" / "kstatus" / "build.sh"
+    proc = subprocess.run(["bash", str(build)], capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, f"tools/kstatus/build.sh failed:\n{proc.stderr}"
+    path = Path(proc.stdout.strip())
+    assert path.is_file(), proc.stdout
+    return path
 
-    root = Path(__file__).resolve().parent.parent
-    built = subprocess.run(["bash", str(root / "tools" / "kstatus" / "build.sh")], capture_output=True, text=True,
-                           timeout=900, check=False)
-    assert built.returncode == 0, f"tools/kstatus/build.sh failed:\n{built.stderr}"
-    proc = subprocess.run([built.stdout.strip()], input=json.dumps(obj), capture_output=True, text=True, timeout=60,
+
+def kstatus_results(stdin: str) -> list[dict[str, Any]]:
+    """kstatus on objects (JSON or YAML, one or many): one result per object, with its `status`, `message`,
+    `conditions` and identity."""
+    proc = subprocess.run([str(kstatus_binary())], input=stdin, capture_output=True, text=True, timeout=60,
                           check=False)
     assert proc.returncode == 0, proc.stderr + proc.stdout
-    result = json.loads(proc.stdout.splitlines()[0])
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def kstatus(obj: dict) -> tuple[str, str]:
+    """What Flux's health checks compute for a live object: (status, message)."""
+    [result] = kstatus_results(json.dumps(obj))
     return result["status"], result["message"]

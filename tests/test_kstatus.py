@@ -12,44 +12,27 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from e2e.testing import kstatus_results
 from tests.test_argocd_health import _model, _pod
 from triton_operator.plan.status import Observed, Problem
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "tools" / "kstatus" / "build.sh"
 GO = shutil.which("go")
 
 pytestmark = pytest.mark.skipif(GO is None, reason="go is not installed (Debian package golang)")
 
 
-@pytest.fixture(scope="module")
-def kstatus_bin() -> Path:
-    """The kstatus binary: built on the first run (module download and compile, under a minute on 2 cores), then
-    taken from the cache, keyed by the hash of tools/kstatus's files, in milliseconds."""
-    proc = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, f"tools/kstatus/build.sh failed:\n{proc.stderr}"
-    path = Path(proc.stdout.strip())
-    assert path.is_file(), proc.stdout
-    return path
-
-
-def kstatus(binary: Path, *objects: dict[str, Any], text: str | None = None) -> list[dict[str, Any]]:
+def kstatus(*objects: dict[str, Any], text: str | None = None) -> list[dict[str, Any]]:
     """One result per object: kstatus's `status`, `message` and `conditions`, with the object's identity."""
-    stdin = text if text is not None else "".join(json.dumps(o) + "\n" for o in objects)
-    proc = subprocess.run([str(binary)], input=stdin, capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    return [json.loads(line) for line in proc.stdout.splitlines()]
+    return kstatus_results(text if text is not None else "".join(json.dumps(o) + "\n" for o in objects))
 
 
-def computed(binary: Path, body: dict[str, Any]) -> tuple[str, str]:
-    [result] = kstatus(binary, body)
+def computed(body: dict[str, Any]) -> tuple[str, str]:
+    [result] = kstatus(body)
     assert (result["kind"], result["name"]) == ("TritonModel", body["metadata"]["name"]), result
     return result["status"], result["message"]
 
@@ -57,12 +40,12 @@ def computed(binary: Path, body: dict[str, Any]) -> tuple[str, str]:
 WARM = [_pod("a", "d2", "True"), _pod("b", "d2", "True")]
 
 
-def test_all_replicas_warm_at_the_current_generation_is_current(kstatus_bin: Path) -> None:
-    assert computed(kstatus_bin, _model(3, Observed(3, 2, "d2", "sel", pods=WARM))) == ("Current", "Resource is Ready")
+def test_all_replicas_warm_at_the_current_generation_is_current() -> None:
+    assert computed(_model(3, Observed(3, 2, "d2", "sel", pods=WARM))) == ("Current", "Resource is Ready")
 
 
-def test_scaled_to_zero_is_current(kstatus_bin: Path) -> None:
-    assert computed(kstatus_bin, _model(2, Observed(2, 0, "d1", "sel")))[0] == "Current"
+def test_scaled_to_zero_is_current() -> None:
+    assert computed(_model(2, Observed(2, 0, "d1", "sel")))[0] == "Current"
 
 
 @pytest.mark.parametrize("pods", [
@@ -72,15 +55,15 @@ def test_scaled_to_zero_is_current(kstatus_bin: Path) -> None:
     # Every replica at the new config serves (Ready=True), the old one is not gone yet.
     [_pod("a", "d2", "True"), _pod("b", "d2", "True"), _pod("c", "d1", "True")],
 ], ids=["a-replica-warming", "warm-not-ready", "no-pod-yet", "old-replica-left"])
-def test_a_rollout_is_in_progress(kstatus_bin: Path, pods: list[dict]) -> None:
-    status, message = computed(kstatus_bin, _model(4, Observed(4, 2, "d2", "sel", pods=pods)))
+def test_a_rollout_is_in_progress(pods: list[dict]) -> None:
+    status, message = computed(_model(4, Observed(4, 2, "d2", "sel", pods=pods)))
     assert status == "InProgress" and message.endswith("replicas at config d2 warmed"), message
 
 
-def test_a_replica_that_fails_to_load_is_failed_with_tritons_reason(kstatus_bin: Path) -> None:
+def test_a_replica_that_fails_to_load_is_failed_with_tritons_reason() -> None:
     why = "model add-sub is UNAVAILABLE: ZeroDivisionError: division by zero"
     pods = [_pod("a", "d1", "True"), _pod("b", "d1", "True"), _pod("c", "d2", "False", reason="ModelLoadFailed", message=why)]
-    [result] = kstatus(kstatus_bin, _model(5, Observed(5, 2, "d2", "sel", pods=pods)))
+    [result] = kstatus(_model(5, Observed(5, 2, "d2", "sel", pods=pods)))
     assert (result["status"], result["message"]) == ("Failed", f"c: {why}"), result
     assert result["conditions"] == [{"type": "Stalled", "status": "True", "reason": "ModelLoadFailed", "message": f"c: {why}"}]
 
@@ -89,48 +72,48 @@ def test_a_replica_that_fails_to_load_is_failed_with_tritons_reason(kstatus_bin:
     Problem("InvalidSpec", "spec.batcher.preferredBatchSize[0]: preferred batch size 16 exceeds maxBatchSize"),
     Problem("StepModelMissing", "ensemble step model(s) tokenizer not found in namespace default; nothing is deployed"),
 ])
-def test_a_spec_that_cannot_be_deployed_is_failed(kstatus_bin: Path, problem: Problem) -> None:
-    assert computed(kstatus_bin, _model(2, Observed(2, 1, None, "sel", problem=problem))) == ("Failed", problem.message)
+def test_a_spec_that_cannot_be_deployed_is_failed(problem: Problem) -> None:
+    assert computed(_model(2, Observed(2, 1, None, "sel", problem=problem))) == ("Failed", problem.message)
 
 
-def test_an_api_error_is_failed_even_while_the_replicas_serve(kstatus_bin: Path) -> None:
+def test_an_api_error_is_failed_even_while_the_replicas_serve() -> None:
     why = 'apply Deployment default/add-sub: 403 Forbidden: cannot patch resource "deployments"'
     body = _model(2, Observed(2, 2, "d2", "sel", pods=WARM, api_error=Problem("ApiError", why)))
-    assert computed(kstatus_bin, body) == ("Failed", why)
+    assert computed(body) == ("Failed", why)
 
 
-def test_a_status_of_an_older_generation_is_in_progress_not_current(kstatus_bin: Path) -> None:
+def test_a_status_of_an_older_generation_is_in_progress_not_current() -> None:
     """The spec changed (generation 4) and the operator has not reconciled it yet: its Ready=True is about 3."""
     body = _model(4, Observed(3, 2, "d1", "sel", pods=[_pod("a", "d1", "True"), _pod("b", "d1", "True")]))
-    assert computed(kstatus_bin, body) == (
+    assert computed(body) == (
         "InProgress", "TritonModel generation is 4, but latest observed generation is 3")
 
 
-def test_a_stale_failed_status_is_in_progress_too(kstatus_bin: Path) -> None:
+def test_a_stale_failed_status_is_in_progress_too() -> None:
     body = _model(7, Observed(6, 1, None, "sel", problem=Problem("InvalidSpec", "fixed in generation 7")))
-    assert computed(kstatus_bin, body)[0] == "InProgress"
+    assert computed(body)[0] == "InProgress"
 
 
-def test_a_deleted_model_is_terminating(kstatus_bin: Path) -> None:
+def test_a_deleted_model_is_terminating() -> None:
     body = _model(3, Observed(3, 2, "d2", "sel", pods=WARM))
     body["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
-    assert computed(kstatus_bin, body)[0] == "Terminating"
+    assert computed(body)[0] == "Terminating"
 
 
-def test_before_the_first_status_kstatus_says_current(kstatus_bin: Path) -> None:
+def test_before_the_first_status_kstatus_says_current() -> None:
     """A limit of kstatus, not of the status: an object without any status gives it nothing to read, and it takes
     that for Current (the chart README says so). The operator's first status, written on its first reconcile,
     is InProgress (Reconciling=True) or Current or Failed from then on."""
-    assert computed(kstatus_bin, _model(1, None)) == ("Current", "Resource is current")
-    assert computed(kstatus_bin, _model(1, Observed(1, 2, "d1", "sel")))[0] == "InProgress"
+    assert computed(_model(1, None)) == ("Current", "Resource is current")
+    assert computed(_model(1, Observed(1, 2, "d1", "sel")))[0] == "InProgress"
 
 
-def test_the_program_reads_yaml_streams_and_lists(kstatus_bin: Path) -> None:
+def test_the_program_reads_yaml_streams_and_lists() -> None:
     """`kubectl get tritonmodels -o yaml` (a List) and a multi-document YAML file, as a person would pipe them."""
     ready = _model(3, Observed(3, 2, "d2", "sel", pods=WARM))
     failed = _model(2, Observed(2, 1, None, "sel", problem=Problem("InvalidSpec", "bad")))
     failed["metadata"]["name"] = "broken"
     stream = f"---\n{yaml.safe_dump(ready)}---\n# an empty document\n---\n{yaml.safe_dump(failed)}"
-    assert [r["status"] for r in kstatus(kstatus_bin, text=stream)] == ["Current", "Failed"]
+    assert [r["status"] for r in kstatus(text=stream)] == ["Current", "Failed"]
     listed = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [ready, failed]})
-    assert [(r["name"], r["status"]) for r in kstatus(kstatus_bin, text=listed)] == [("add-sub", "Current"), ("broken", "Failed")]
+    assert [(r["name"], r["status"]) for r in kstatus(text=listed)] == [("add-sub", "Current"), ("broken", "Failed")]
