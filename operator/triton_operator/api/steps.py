@@ -74,15 +74,9 @@ def users(name: str, bodies: Mapping[str, Mapping[str, Any]]) -> list[str]:
             continue  # the common case, kept cheap: it runs over the namespace on every reconcile
         for step in steps_of(body):
             used_by.setdefault(step, set()).add(other)
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        for user in used_by.get(todo.pop(), ()):
-            if user not in seen:
-                seen.add(user)
-                todo.append(user)
-    seen.discard(name)
-    return sorted(seen)
+    # The same walk as a model's steps, over the graph turned around (user -> users of it).
+    reached, _ = closure(used_by.get(name, ()), lambda n: used_by.get(n, ()))
+    return [user for user in reached if user != name]
 
 
 def order(names: Sequence[str], steps: Steps) -> list[str]:
