@@ -205,24 +205,25 @@ def _fetch_model_files(model: str, uri: str, repo: Path, *, sha256: str | None, 
     renders there (config.pbtxt, warmup/, a version directory) is refused before anything is moved."""
     staging = repo / f".{model}.model-files"
     shutil.rmtree(staging, ignore_errors=True)
-    fetch_uri(model, uri, staging, sha256=sha256, object_version=object_version, version=VERSION_DIR)
-    fetched = staging / model / VERSION_DIR
-    clash = sorted(p.name for p in fetched.iterdir() if p.name in ("config.pbtxt", "warmup") or p.name.isdigit())
-    if clash:
+    try:
+        fetch_uri(model, uri, staging, sha256=sha256, object_version=object_version, version=VERSION_DIR)
+        fetched = staging / model / VERSION_DIR
+        clash = sorted(p.name for p in fetched.iterdir() if p.name in ("config.pbtxt", "warmup") or p.name.isdigit())
+        if clash:
+            raise FetchError(
+                f"{uri!r} holds {', '.join(clash)}: spec.modelFiles may not replace the rendered config.pbtxt, "
+                "warmup/ or a version directory"
+            )
+        dst = repo / model
+        dst.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(fetched.iterdir()):
+            target = dst / entry.name
+            if entry.is_dir():
+                shutil.copytree(entry, target, dirs_exist_ok=True)
+            else:
+                shutil.copy2(entry, target)
+    finally:  # also when the fetch itself failed: nothing of it stays in the repository
         shutil.rmtree(staging, ignore_errors=True)
-        raise FetchError(
-            f"{uri!r} holds {', '.join(clash)}: spec.modelFiles may not replace the rendered config.pbtxt, "
-            "warmup/ or a version directory"
-        )
-    dst = repo / model
-    dst.mkdir(parents=True, exist_ok=True)
-    for entry in sorted(fetched.iterdir()):
-        target = dst / entry.name
-        if entry.is_dir():
-            shutil.copytree(entry, target, dirs_exist_ok=True)
-        else:
-            shutil.copy2(entry, target)
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 def pairs(values: list[str], flag: str) -> dict[str, str]:
