@@ -30,7 +30,7 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, free_port
 from e2e.kube import RESOURCES, Kube, condition, wait_for
-from e2e.testing import metric_samples
+from e2e.testing import metric_samples, ready_endpoints
 
 GROUP = "serving.triton-operator.dev"
 VERSION = "v1alpha1"
@@ -282,6 +282,10 @@ class ChartOperator(OperatorHandle):
     def webhook_configuration(self) -> str:
         return self.fullname
 
+    @property
+    def webhook_service(self) -> str:
+        return f"{self.fullname}-webhook"
+
     def install(self) -> None:
         helm(self.kubeconfig, "upgrade", "--install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
              "--create-namespace", *self.values)
@@ -326,14 +330,19 @@ class ChartOperator(OperatorHandle):
         return "running" in (self._container().get("state") or {})
 
     def start(self) -> None:
-        """Waits until every operator replica runs and is ready (each serves the webhook), the one `kill()`
-        hit has been restarted by its kubelet, and a live process holds the Lease (its log says it became the
-        leader under the identity the Lease holds)."""
+        """Waits until every operator replica runs and is ready, and is a ready endpoint of the webhook Service
+        (the API server sends reviews only there; it lags the pod's Ready by a moment), the one `kill()` hit has
+        been restarted by its kubelet, and a live process holds the Lease (its log says it became the leader
+        under the identity the Lease holds)."""
         killed, before = self._killed
 
         def up() -> bool:
             pods = self.pods()
             if len(pods) < self.replicas or not all(self._operator_status(p).get("ready") is True for p in pods):
+                return False
+            serving = {a for ep in ready_endpoints(self.kube, RELEASE_NAMESPACE, self.webhook_service)
+                       for a in ep.get("addresses") or ()}
+            if not all((p.get("status") or {}).get("podIP") in serving for p in pods):
                 return False
             if killed and self._operator_status(next((p for p in pods if p["metadata"]["name"] == killed), None)
                                                 ).get("restartCount", 0) <= before:

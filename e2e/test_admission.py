@@ -198,5 +198,8 @@ def test_while_the_operator_is_down_changes_are_refused_and_deletes_are_not(
         kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel/tokenizer", "--wait=true")
     finally:
         operator.thaw()
+    # Frozen past its renew deadline, the leader steps down and its container restarts as a follower: wait until
+    # both replicas serve the webhook again and one leads, so that the next test starts from a settled operator.
+    operator.start()
     apply(kubeconfig, namespace, docs["classifier"])
     assert kube.get("TritonModel", "classifier", namespace)
