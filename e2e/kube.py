@@ -36,6 +36,8 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ServiceAccount": (_CORE, "serviceaccounts", True),
     "ConfigMap": (_CORE, "configmaps", True),
     "Secret": (_CORE, "secrets", True),
+    "PersistentVolume": (_CORE, "persistentvolumes", False),
+    "PersistentVolumeClaim": (_CORE, "persistentvolumeclaims", True),
     "Event": (_CORE, "events", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "ReplicaSet": ("/apis/apps/v1", "replicasets", True),

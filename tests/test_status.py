@@ -279,3 +279,47 @@ def test_reconciling_and_stalled_get_no_events_of_their_own() -> None:
     assert _conds(stalled)["Stalled"]["status"] == "True" and _conds(stalled)["Reconciling"]["status"] == "False"
     assert {c["type"] for c in transitions(rolling, stalled)} == {"Ready", "Progressing", "Degraded"}
     assert not transitions(stalled, compute_status(obs, stalled))
+
+
+def _fetching(name: str, digest: str, **fetch: dict) -> dict:
+    """A replica whose tritonserver waits on its `fetch` init container, in the given state/lastState."""
+    pod = _replica(name, digest, None, running=False)
+    pod["status"]["initContainerStatuses"] = [{"name": "fetch", **fetch}]
+    return pod
+
+
+FETCH_LOG = ("Copied rendered repository files=2 from=/config to=/models\n"
+             "Fetching model files model=m version=1 uri=s3://models/m\n"
+             "error: fetch failed: s3://models/m: access denied (InvalidAccessKeyId): check the Secret's "
+             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+
+
+def test_a_failed_fetch_is_degraded_source_fetch_failed_with_fetchs_own_message() -> None:
+    """First failure (terminated, exit 1) and after it, in back-off (waiting, lastState terminated): both say why."""
+    for fetch in ({"state": {"terminated": {"exitCode": 1, "message": FETCH_LOG}}},
+                  {"state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting"}},
+                   "lastState": {"terminated": {"exitCode": 1, "message": FETCH_LOG}}}):
+        st = compute_status(Observed(2, 1, "d1", "sel", pods=[_fetching("a", "d1", **fetch)]), None)
+        c = _conds(st)
+        assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "SourceFetchFailed"), c["Degraded"]
+        assert c["Degraded"]["message"] == ("a: fetch: s3://models/m: access denied (InvalidAccessKeyId): check the "
+                                            "Secret's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+        assert (c["Ready"]["reason"], c["Stalled"]["status"]) == ("SourceFetchFailed", "True")
+        assert st["replicaStates"][0]["state"] == "Failed"
+
+
+def test_a_fetch_that_runs_again_or_succeeded_is_not_a_failure() -> None:
+    retrying = {"state": {"running": {"startedAt": "2026-01-01T00:00:01Z"}},
+                "lastState": {"terminated": {"exitCode": 1, "message": FETCH_LOG}}}
+    done = {"state": {"terminated": {"exitCode": 0, "message": ""}}}
+    for fetch in (retrying, done):
+        st = compute_status(Observed(2, 1, "d1", "sel", pods=[_fetching("a", "d1", **fetch)]), None)
+        assert _conds(st)["Degraded"]["status"] == "False", fetch
+        assert st["replicaStates"][0]["state"] == "Pending"
+
+
+def test_a_fetch_crash_without_its_error_line_reports_the_last_log_line_or_the_exit_code() -> None:
+    crashed = {"state": {"terminated": {"exitCode": 137, "message": "Traceback ...\nMemoryError"}}}
+    silent = {"state": {"terminated": {"exitCode": 2}}}
+    got = [replica_state(_fetching("a", "d1", **f))["message"] for f in (crashed, silent)]
+    assert got == ["fetch: MemoryError", "fetch: exit code 2"]

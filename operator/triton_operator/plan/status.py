@@ -19,6 +19,9 @@ from ..api.v1alpha1 import WARMED_CONDITION, Condition, ReplicaState, TritonMode
 from ..render.kubernetes import ANNOTATION_DIGEST
 
 TRITON_CONTAINER = "tritonserver"
+FETCH_CONTAINER = "fetch"
+#: The line `triton-operator fetch` ends a failure with (and writes to its termination message file).
+FETCH_FAILED_PREFIX = "error: fetch failed: "
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,25 @@ def warmed(pod: Mapping[str, Any]) -> bool:
     return pod_ready(pod)
 
 
+def fetch_failure(pod: Mapping[str, Any]) -> str | None:
+    """Why the replica's `fetch` init container failed, while it is failing: its current or (restarting, in
+    back-off) last termination with a non-zero exit code. The message is fetch's own `error: fetch failed: ...` line
+    (its termination message; with FallbackToLogsOnError, the log's tail when a crash wrote none)."""
+    for cs in (pod.get("status") or {}).get("initContainerStatuses") or ():
+        if cs.get("name") != FETCH_CONTAINER:
+            continue
+        state = cs.get("state") or {}
+        if "running" in state or ("terminated" in state and not state["terminated"].get("exitCode")):
+            return None  # fetching again, or done
+        ended = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+        if not ended.get("exitCode"):
+            return None
+        text = (ended.get("message") or "").strip()
+        said = [ln[len(FETCH_FAILED_PREFIX):] for ln in text.splitlines() if ln.startswith(FETCH_FAILED_PREFIX)]
+        return (said[-1] if said else text.splitlines()[-1] if text else f"exit code {ended['exitCode']}")[:1000]
+    return None
+
+
 def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
     """One replica's state for status.replicaStates, from its gate condition (or, without a gate, its
     readiness) and container status."""
@@ -101,6 +123,8 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
         out.update(state="Failed", reason=gate["reason"], message=gate.get("message", ""))
     elif waiting.get("reason") in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerError"):
         out.update(state="Failed", reason=waiting["reason"], message=waiting.get("message", ""))
+    elif (fetch_error := fetch_failure(pod)) is not None:
+        out.update(state="Failed", reason="SourceFetchFailed", message=f"fetch: {fetch_error}")
     elif init_waiting and init_waiting[0].get("reason") in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff"):
         out.update(state="Failed", reason=f"Init{init_waiting[0]['reason']}", message=init_waiting[0].get("message", ""))
     elif not gated(pod) and pod_ready(pod):

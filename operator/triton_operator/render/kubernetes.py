@@ -367,6 +367,9 @@ def render_deployment(
             *uri_mounts,
         ],
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
+        # Its failure (`error: fetch failed: ...`, also written to the termination message file) reaches the pod's
+        # status, and from there the TritonModel's (Degraded, SourceFetchFailed); a crash's last log lines too.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if uri_env:
         fetch["env"] = uri_env
