@@ -13,7 +13,7 @@ all: test
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,s3]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,s3,gcs]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)

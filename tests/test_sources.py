@@ -8,14 +8,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import sys
 import tarfile
-import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.https_server import HttpsServer, serve
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.cli.main import main
 from triton_operator.fetch import FetchError, fetch_uri, run
@@ -137,51 +137,45 @@ def _tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-class _Response(io.BytesIO):
-    def __enter__(self) -> _Response:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 @pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes]:
-    """https:// URLs answered from this dict, in place of the network."""
-    from triton_operator import fetch
+def served(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[HttpsServer]:
+    """A real HTTPS server on 127.0.0.1 (tests/https_server.py), its test CA trusted through SSL_CERT_FILE."""
+    gen = serve(tmp_path_factory.mktemp("https"))
+    server = next(gen)
+    monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))
+    yield server
+    gen.close()
 
-    pages: dict[str, bytes] = {}
-    monkeypatch.setattr(fetch.urllib.request, "urlopen", lambda url, timeout=None: _Response(pages[url]))
-    return pages
 
-
-def test_fetch_checks_the_sha256_of_an_https_archive(served: dict[str, bytes], tmp_path: Path) -> None:
+def test_fetch_checks_the_sha256_of_an_https_archive(served: HttpsServer, tmp_path: Path) -> None:
     archive = _tar({"model.py": b"print('v1')\n"})
-    served["https://h/m.tar.gz"] = archive
+    served["/m.tar.gz"] = archive
+    url = served.url("/m.tar.gz")
     good = hashlib.sha256(archive).hexdigest()
-    fetch_uri("m", "https://h/m.tar.gz", tmp_path / "ok", sha256=good)
+    fetch_uri("m", url, tmp_path / "ok", sha256=good)
     assert (tmp_path / "ok" / "m" / "1" / "model.py").read_bytes() == b"print('v1')\n"
 
-    served["https://h/m.tar.gz"] = _tar({"model.py": b"print('v2, replaced behind the same URL')\n"})
+    served["/m.tar.gz"] = _tar({"model.py": b"print('v2, replaced behind the same URL')\n"})
     with pytest.raises(FetchError, match=f"sha256 mismatch.*expected {good}") as exc:
-        fetch_uri("m", "https://h/m.tar.gz", tmp_path / "changed", sha256=good)
-    assert "https://h/m.tar.gz" in str(exc.value)
+        fetch_uri("m", url, tmp_path / "changed", sha256=good)
+    assert url in str(exc.value)
     assert not (tmp_path / "changed" / "m" / "1" / "model.py").exists(), "nothing unverified is unpacked"
 
 
-def test_fetch_command_fails_clearly_on_a_sha256_mismatch(served: dict[str, bytes], tmp_path: Path,
+def test_fetch_command_fails_clearly_on_a_sha256_mismatch(served: HttpsServer, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    served["https://h/model.py"] = b"print('hello')\n"
+    served["/model.py"] = b"print('hello')\n"
+    url = served.url("/model.py")
     rc = main(["fetch", "--from", str(tmp_path / "cm"), "--to", str(tmp_path / "repo"),
-               "--uri", "m=https://h/model.py", "--sha256", f"m={'0' * 64}"])
+               "--uri", f"m={url}", "--sha256", f"m={'0' * 64}"])
     err = capsys.readouterr().err
     assert rc == 1
-    assert f"error: fetch failed: sha256 mismatch for https://h/model.py: expected {'0' * 64}, got " in err
+    assert f"error: fetch failed: sha256 mismatch for {url}: expected {'0' * 64}, got " in err
     rc = main(["fetch", "--from", str(tmp_path / "cm"), "--to", str(tmp_path / "repo"),
-               "--uri", "m=https://h/model.py", "--sha256", f"m={hashlib.sha256(b'print(chr(104))').hexdigest()}"])
+               "--uri", f"m={url}", "--sha256", f"m={hashlib.sha256(b'print(chr(104))').hexdigest()}"])
     assert rc == 1
     ok = hashlib.sha256(b"print('hello')\n").hexdigest()
-    assert run(tmp_path / "cm", tmp_path / "repo", ["m=https://h/model.py"], sha256={"m": ok}) == 0
+    assert run(tmp_path / "cm", tmp_path / "repo", [f"m={url}"], sha256={"m": ok}) == 0
     assert (tmp_path / "repo" / "m" / "1" / "model.py").read_bytes() == b"print('hello')\n"
 
 
@@ -194,52 +188,3 @@ def test_rendered_fetch_arguments_carry_the_pins() -> None:
     [dep] = [c for c in render_children(model, render_repository([model]), UID, "ns") if c["kind"] == "Deployment"]
     [fetch] = dep["spec"]["template"]["spec"]["initContainers"]
     assert fetch["args"][-4:] == ["--uri", "m=s3://b/m.tar.gz", "--object-version", "m=v7"]
-
-
-class _FakeS3:
-    def __init__(self, objects: dict[tuple[str, str, str], bytes]) -> None:
-        self.objects = objects
-        self.calls: list[dict[str, str]] = []
-
-    def get_object(self, **kwargs: str) -> dict[str, Any]:
-        self.calls.append(kwargs)
-        return {"Body": io.BytesIO(self.objects[(kwargs["Bucket"], kwargs["Key"], kwargs["VersionId"])])}
-
-
-def test_fetch_s3_object_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    s3 = _FakeS3({("bucket", "models/m.tar.gz", "v1"): _tar({"model.py": b"v1\n"}),
-                  ("bucket", "models/m.tar.gz", "v2"): _tar({"model.py": b"v2\n"})})
-    monkeypatch.setitem(sys.modules, "boto3", types.SimpleNamespace(client=lambda *a, **k: s3))
-    fetch_uri("m", "s3://bucket/models/m.tar.gz", tmp_path, object_version="v1")
-    assert s3.calls == [{"Bucket": "bucket", "Key": "models/m.tar.gz", "VersionId": "v1"}]
-    assert (tmp_path / "m" / "1" / "model.py").read_bytes() == b"v1\n"
-
-
-class _FakeBlob:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def download_as_bytes(self) -> bytes:
-        return self.data
-
-
-class _FakeBucket:
-    def __init__(self, blobs: dict[tuple[str, int], bytes], calls: list[tuple[str, int]]) -> None:
-        self.blobs, self.calls = blobs, calls
-
-    def blob(self, name: str, generation: int | None = None) -> _FakeBlob:
-        self.calls.append((name, generation))  # type: ignore[arg-type]
-        return _FakeBlob(self.blobs[(name, generation)])  # type: ignore[index]
-
-
-def test_fetch_gcs_generation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    calls: list[tuple[str, int]] = []
-    bucket = _FakeBucket({("models/model.py", 17): b"generation 17\n"}, calls)
-    storage = types.SimpleNamespace(Client=lambda: types.SimpleNamespace(bucket=lambda name: bucket))
-    cloud = types.ModuleType("google.cloud")
-    cloud.storage = storage  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "google.cloud", cloud)
-    monkeypatch.setitem(sys.modules, "google.cloud.storage", storage)
-    fetch_uri("m", "gs://bucket/models/model.py", tmp_path, object_version="17")
-    assert calls == [("models/model.py", 17)]
-    assert (tmp_path / "m" / "1" / "model.py").read_bytes() == b"generation 17\n"

@@ -17,14 +17,19 @@ unpacked; with an object version, `s3://` and `gs://` fetch exactly that version
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import os
 import shutil
+import ssl
+import stat
 import sys
 import tarfile
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 VERSION_DIR = "1"
 #: The `--uri MODEL/<key>` key of a model's own directory (spec.modelFiles.uri), beside its version directories.
@@ -57,17 +62,29 @@ def copy_repository(src: Path, dst: Path) -> int:
 
 
 def _safe_extract_tar(data: bytes, dst: Path) -> None:
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dst, filter="data")
+    """tarfile's "data" filter refuses absolute paths, `..`, links that point outside `dst`, device files."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(dst, filter="data")
+    except tarfile.FilterError as exc:  # e.g. OutsideDestinationError, AbsoluteLinkError, LinkOutsideDestinationError
+        member = exc.tarinfo.name if exc.tarinfo is not None else "?"
+        raise FetchError(f"archive member {member!r} escapes the model directory ({exc})") from exc
+    except tarfile.TarError as exc:
+        raise FetchError(f"not a readable tar archive: {exc}") from exc
 
 
 def _safe_extract_zip(data: bytes, dst: Path) -> None:
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        for member in z.namelist():
-            p = PurePosixPath(member)
-            if p.is_absolute() or ".." in p.parts:
-                raise FetchError(f"archive member {member!r} escapes the model directory")
-        z.extractall(dst)  # noqa: S202 - every member was checked above: none is absolute or climbs out
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            for info in z.infolist():
+                p = PurePosixPath(info.filename)
+                if p.is_absolute() or ".." in p.parts:
+                    raise FetchError(f"archive member {info.filename!r} escapes the model directory")
+                if stat.S_ISLNK(info.external_attr >> 16):
+                    raise FetchError(f"archive member {info.filename!r} is a symbolic link; a model archive holds files")
+            z.extractall(dst)  # noqa: S202 - every member was checked above: none is absolute, climbs out or links
+    except zipfile.BadZipFile as exc:
+        raise FetchError(f"not a readable zip archive: {exc}") from exc
 
 
 def _place(name: str, data: bytes, dst: Path) -> None:
@@ -80,11 +97,38 @@ def _place(name: str, data: bytes, dst: Path) -> None:
         (dst / name).write_bytes(data)
 
 
+class _HttpsOnly(urllib.request.HTTPRedirectHandler):
+    """Follows redirects, but only to another https:// URL: a source never downgrades to plain http."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        if not newurl.startswith("https://"):
+            raise FetchError(f"{req.full_url} redirects to {newurl!r}; only https:// is followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _download(uri: str) -> bytes:
+    """The body behind an https:// URL, verified against the system's CAs (or `SSL_CERT_FILE`/`SSL_CERT_DIR`, which
+    OpenSSL's default paths honour: mount a private CA's bundle and point SSL_CERT_FILE at it)."""
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ssl.create_default_context()), _HttpsOnly)
+    try:
+        with opener.open(uri, timeout=60) as resp:
+            return bytes(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise FetchError(f"{uri}: HTTP {exc.code} {exc.reason}") from exc
+    except urllib.error.URLError as exc:
+        raise FetchError(f"{uri}: {exc.reason}") from exc
+    except http.client.IncompleteRead as exc:
+        raise FetchError(f"{uri}: the download was cut short: {len(exc.partial)} bytes received, "
+                         f"{exc.expected} more expected") from exc
+    except (http.client.HTTPException, TimeoutError, ConnectionError) as exc:
+        raise FetchError(f"{uri}: {type(exc).__name__}: {exc}") from exc
+
+
 def _fetch_https(uri: str, dst: Path, sha256: str | None = None) -> None:
     if not uri.startswith("https://"):
         raise FetchError(f"only https:// is allowed, got {uri!r}")
-    with urllib.request.urlopen(uri, timeout=60) as resp:  # noqa: S310 - scheme checked above
-        data = resp.read()
+    data = _download(uri)
     if sha256 is not None:
         got = hashlib.sha256(data).hexdigest()
         if got != sha256.lower():
@@ -117,49 +161,144 @@ def _fetch_pvc(uri: str, dst: Path) -> None:
         shutil.copy2(src, dst / src.name)
 
 
+def _under(uri: str) -> tuple[str, str, str]:
+    """(bucket, prefix as written, listing root) of an s3:// or gs:// uri: a prefix names a directory, so
+    `models/m` lists `models/m/` (never the sibling `models/m-old/`)."""
+    bucket, _, prefix = uri.split("://", 1)[1].partition("/")
+    return bucket, prefix, (prefix.rstrip("/") + "/" if prefix.strip("/") else "")
+
+
+def _relative(key: str, root: str, uri: str) -> PurePosixPath | None:
+    """Where object `key` goes below the version directory; None for a folder marker (a key ending in `/`)."""
+    rel = key[len(root):]
+    if not rel or rel.endswith("/"):
+        return None
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or "." in path.parts:
+        raise FetchError(f"{uri}: object {key!r} would land outside the model directory")
+    return path
+
+
+def _nothing_under(uri: str, root: str) -> FetchError:
+    return FetchError(f"{uri}: no objects under it (listed {root or 'the whole bucket'!r}) and no object of that name")
+
+
+#: S3 error codes that mean the credentials are wrong or lack the right to read.
+_S3_DENIED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
+              "AllAccessDisabled", "403")
+
+
+def _s3_failure(uri: str, exc: Exception) -> FetchError:
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    if isinstance(exc, NoCredentialsError):
+        return FetchError(f"{uri}: no S3 credentials: name a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                          "in credentialsSecret")
+    if isinstance(exc, EndpointConnectionError):
+        return FetchError(f"{uri}: cannot reach the S3 endpoint: {exc}")
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error") or {}
+        code, message = str(err.get("Code", "")), str(err.get("Message", ""))
+        status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        # Servers say it differently: AWS InvalidAccessKeyId (403), versitygw XAdminUserNotFound (404, "No user exists
+        # with the provided access key ID"), and so on.
+        if code in _S3_DENIED or status in (401, 403) or any(w in message.lower() for w in ("access key", "credential")):
+            return FetchError(f"{uri}: access denied ({code}: {message}): check the Secret named in credentialsSecret "
+                              "(keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
+        if code == "NoSuchBucket":
+            return FetchError(f"{uri}: no such bucket")
+        return FetchError(f"{uri}: {code or 'error'}: {message or exc}")
+    return FetchError(f"{uri}: {type(exc).__name__}: {exc}")
+
+
 def _fetch_s3(uri: str, dst: Path, version: str | None = None) -> None:
     try:
         import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
     except ImportError as exc:
         raise FetchError("s3:// needs boto3 (install triton-operator[s3])") from exc
-    s3 = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
-    if version is not None:
-        bucket, key = _object(uri)
-        body = s3.get_object(Bucket=bucket, Key=key, VersionId=version)["Body"]
-        _place(PurePosixPath(key).name, body.read(), dst)
-        return
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            rel = PurePosixPath(obj["Key"]).relative_to(prefix) if prefix else PurePosixPath(obj["Key"])
-            if ".." in rel.parts:
-                raise FetchError(f"object {obj['Key']!r} escapes the model directory")
-            target = dst / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, obj["Key"], str(target))
+    try:
+        s3 = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+        if version is not None:
+            bucket, key = _object(uri)
+            body = s3.get_object(Bucket=bucket, Key=key, VersionId=version)["Body"]
+            _place(PurePosixPath(key).name, body.read(), dst)
+            return
+        bucket, prefix, root = _under(uri)
+        placed = 0
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root):
+            for obj in page.get("Contents", []):
+                rel = _relative(obj["Key"], root, uri)
+                if rel is None:
+                    continue
+                target = dst / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                s3.download_file(bucket, obj["Key"], str(target))
+                placed += 1
+        if placed:
+            return
+        if not root or prefix.endswith("/"):
+            raise _nothing_under(uri, root)
+        try:  # no directory of that name: the uri names one object (a file, or an archive to unpack)
+            body = s3.get_object(Bucket=bucket, Key=prefix)["Body"]
+        except ClientError as exc:
+            if str((exc.response.get("Error") or {}).get("Code")) in ("NoSuchKey", "404"):
+                raise _nothing_under(uri, root) from exc
+            raise
+        _place(PurePosixPath(prefix).name, body.read(), dst)
+    except (BotoCoreError, ClientError) as exc:
+        raise _s3_failure(uri, exc) from exc
+
+
+def _gcs_failure(uri: str, exc: Exception) -> FetchError:
+    from google.api_core import exceptions as api
+
+    if isinstance(exc, (api.Unauthorized, api.Forbidden)):
+        return FetchError(f"{uri}: access denied ({exc.code}: {exc.message}): check the Secret named in "
+                          "credentialsSecret (key key.json, a service account key with read access)")
+    if isinstance(exc, api.NotFound):
+        return FetchError(f"{uri}: not found: {exc.message}")
+    return FetchError(f"{uri}: {type(exc).__name__}: {exc}")
 
 
 def _fetch_gs(uri: str, dst: Path, version: str | None = None) -> None:
     try:
+        from google.api_core import exceptions as api
+        from google.auth import exceptions as auth
         from google.cloud import storage
+        from requests import RequestException
     except ImportError as exc:
         raise FetchError("gs:// needs google-cloud-storage (install triton-operator[gcs])") from exc
-    client = storage.Client()
-    if version is not None:
-        if not version.isdigit():
-            raise FetchError(f"a GCS object version is its generation, a number; got {version!r}")
-        bucket_name, key = _object(uri)
-        blob = client.bucket(bucket_name).blob(key, generation=int(version))
-        _place(PurePosixPath(key).name, blob.download_as_bytes(), dst)
-        return
-    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
-    for blob in client.list_blobs(bucket, prefix=prefix):
-        rel = PurePosixPath(blob.name).relative_to(prefix) if prefix else PurePosixPath(blob.name)
-        if ".." in rel.parts or blob.name.endswith("/"):
-            continue
-        target = dst / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        blob.download_to_filename(str(target))
+    try:
+        try:
+            client = storage.Client()
+        except auth.DefaultCredentialsError:  # no key.json: a public bucket still reads anonymously
+            client = storage.Client.create_anonymous_client()
+        if version is not None:
+            if not version.isdigit():
+                raise FetchError(f"a GCS object version is its generation, a number; got {version!r}")
+            bucket_name, key = _object(uri)
+            blob = client.bucket(bucket_name).blob(key, generation=int(version))
+            _place(PurePosixPath(key).name, blob.download_as_bytes(), dst)
+            return
+        bucket, prefix, root = _under(uri)
+        placed = 0
+        for blob in client.list_blobs(bucket, prefix=root):
+            rel = _relative(blob.name, root, uri)
+            if rel is None:
+                continue
+            target = dst / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            blob.download_to_filename(str(target))
+            placed += 1
+        if placed:
+            return
+        single = client.bucket(bucket).get_blob(prefix) if root and not prefix.endswith("/") else None
+        if single is None:
+            raise _nothing_under(uri, root)
+        _place(PurePosixPath(prefix).name, single.download_as_bytes(), dst)
+    except (api.GoogleAPIError, auth.GoogleAuthError, RequestException) as exc:
+        raise _gcs_failure(uri, exc) from exc
 
 
 SCHEMES = ("https://", "pvc://", "s3://", "gs://")
@@ -188,16 +327,27 @@ def fetch_uri(
         raise FetchError(f"a sha256 pin applies to an https:// uri, not {uri!r}")
     if object_version is not None and not uri.startswith(("s3://", "gs://")):
         raise FetchError(f"an object version applies to an s3:// or gs:// uri, not {uri!r}")
-    dst = repo / model / version
-    dst.mkdir(parents=True, exist_ok=True)
-    if uri.startswith("https://"):
-        _fetch_https(uri, dst, sha256)
-    elif uri.startswith("pvc://"):
-        _fetch_pvc(uri, dst)
-    elif uri.startswith("s3://"):
-        _fetch_s3(uri, dst, object_version)
-    else:
-        _fetch_gs(uri, dst, object_version)
+    # Fetched aside and moved in only once complete: a fetch that fails leaves no half-written version behind.
+    staging = repo / f".{model}.{version}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        if uri.startswith("https://"):
+            _fetch_https(uri, staging, sha256)
+        elif uri.startswith("pvc://"):
+            _fetch_pvc(uri, staging)
+        elif uri.startswith("s3://"):
+            _fetch_s3(uri, staging, object_version)
+        else:
+            _fetch_gs(uri, staging, object_version)
+        dst = repo / model / version
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.exists():  # what the rendered repository already put there stays, unless fetched over
+            shutil.copytree(staging, dst, dirs_exist_ok=True)
+        else:
+            staging.rename(dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _fetch_model_files(model: str, uri: str, repo: Path, *, sha256: str | None, object_version: str | None) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -254,7 +256,14 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         return run(Path(args.src), Path(args.dst), args.uri or [], pairs(args.sha256 or [], "--sha256"),
                    pairs(args.object_version or [], "--object-version"))
     except (FetchError, OSError) as exc:
-        _err(f"error: fetch failed: {exc}")
+        message = f"error: fetch failed: {exc}"
+        _err(message)
+        # The container's termination message: the kubelet puts it in the pod's status, where the operator reads
+        # it (Degraded, SourceFetchFailed). Only into a file the kubelet mounted: outside a pod there is none.
+        termination = Path(os.environ.get("TERMINATION_MESSAGE_PATH", "/dev/termination-log"))
+        with contextlib.suppress(OSError):
+            if termination.is_file():
+                termination.write_text(message.encode()[:4000].decode(errors="ignore") + "\n")
         return 1
 
 

@@ -1,0 +1,122 @@
+"""A real HTTPS server on 127.0.0.1 for the `fetch` tests: a throwaway CA (made with `cryptography`), a server
+certificate for 127.0.0.1 signed by it, and http.server answering from a dict of pages. Clients trust the CA
+through `SSL_CERT_FILE`, the standard OpenSSL variable fetch's https:// client honours, as a user would point it
+at a mounted private CA bundle."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+@dataclass
+class Page:
+    """What one path answers: a body (status 200), a redirect (`location`, 302), an error status, or a body
+    cut short (`truncate`: Content-Length says the whole body, the connection closes after this many bytes)."""
+
+    body: bytes = b""
+    status: int = 200
+    location: str | None = None
+    truncate: int | None = None
+
+
+@dataclass
+class HttpsServer:
+    ca_file: Path
+    port: int
+    pages: dict[str, Page] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.port}{path}"
+
+    def __setitem__(self, path: str, page: bytes | Page) -> None:
+        self.pages[path] = page if isinstance(page, Page) else Page(page)
+
+
+def _certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate, server key) files, the server's valid for IP 127.0.0.1."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+          .not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                       key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])).issuer_name(ca_name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    ca_file, cert_file, key_file = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return ca_file, cert_file, key_file
+
+
+def serve(directory: Path) -> Iterator[HttpsServer]:
+    """Runs the server until the generator is closed (use as a pytest fixture body)."""
+    ca_file, cert_file, key_file = _certificates(directory)
+    state = HttpsServer(ca_file, 0)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            state.requests.append(self.path)
+            page = state.pages.get(self.path)
+            if page is None:
+                self.send_error(404, "Not Found")
+                return
+            if page.location is not None:
+                self.send_response(302)
+                self.send_header("Location", page.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if page.status != 200:
+                self.send_error(page.status)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page.body)))
+            self.end_headers()
+            self.wfile.write(page.body[: page.truncate] if page.truncate is not None else page.body)
+            if page.truncate is not None:
+                self.close_connection = True
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    state.port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, name="https-server", daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)

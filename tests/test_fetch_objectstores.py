@@ -1,0 +1,168 @@
+"""`fetch` from s3:// and gs:// against REAL servers on 127.0.0.1 (e2e/objectstores.py): versitygw, an S3 server
+over a directory, and fake-gcs-server, Google Cloud Storage's APIs; each built from its pinned Go module. boto3 and
+google-cloud-storage talk HTTP to them, configured only as users configure them (AWS_* variables, as the
+credentials Secret sets them; STORAGE_EMULATOR_HOST, the storage library's own endpoint setting)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.objectstores import GCSServer, S3Server, environ
+from triton_operator.fetch import FetchError, fetch_uri
+
+CLI = Path(sys.executable).parent / "triton-operator"
+MODEL_PY = b"# model v1\n"
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+#: Every bucket layout the cases below read: a model directory with a sibling whose name starts the same,
+#: folder markers (zero-byte keys ending in `/`, as consoles and some tools create), single objects.
+OBJECTS = {
+    "models/m/model.py": MODEL_PY,
+    "models/m/": b"",
+    "models/m/sub/": b"",
+    "models/m/sub/weights.bin": b"\x00\x01",
+    "models/m-old/model.py": b"# the sibling: must not be fetched\n",
+    "single/model.py": b"# one object\n",
+    "single/m.tar.gz": _tar({"model.py": b"# from the archive\n"}),
+    "escape/../evil.py": b"# a key with .. in it\n",
+}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with S3Server(tmp_path_factory.mktemp("s3")) as server:
+        client = server.client()
+        client.create_bucket(Bucket="models")
+        for key, body in OBJECTS.items():
+            if ".." not in key:  # versitygw stores keys as paths, and refuses to climb out of its bucket
+                client.put_object(Bucket="models", Key=key, Body=body)
+        client.create_bucket(Bucket="versioned")
+        client.put_bucket_versioning(Bucket="versioned", VersioningConfiguration={"Status": "Enabled"})
+        server.versions = [  # type: ignore[attr-defined]
+            client.put_object(Bucket="versioned", Key="m.tar.gz", Body=_tar({"model.py": body}))["VersionId"]
+            for body in (b"# v1\n", b"# v2\n")]
+        with environ(server.env()):
+            yield server
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
+    with GCSServer(tmp_path_factory.mktemp("gcs")) as server:
+        client = server.client()
+        bucket = client.create_bucket("models")
+        for key, body in OBJECTS.items():
+            bucket.blob(key).upload_from_string(body)
+        versioned = client.create_bucket("versioned")
+        versioned.versioning_enabled = True
+        versioned.patch()
+        blobs = [versioned.blob("model.py"), versioned.blob("model.py")]
+        blobs[0].upload_from_string(b"# generation one\n")
+        blobs[1].upload_from_string(b"# generation two\n")
+        server.generations = [b.generation for b in blobs]  # type: ignore[attr-defined]
+        with environ(server.env()):
+            yield server
+
+
+STORES = ["s3", "gs"]
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest) -> Any:
+    """Each case runs against both servers; the scheme is the fixture's param."""
+    return request.getfixturevalue("s3" if request.param == "s3" else "gcs"), request.param
+
+
+def test_a_prefix_is_a_directory_its_sibling_and_folder_markers_are_left_out(store: Any, tmp_path: Path) -> None:
+    _, scheme = store
+    fetch_uri("m", f"{scheme}://models/models/m", tmp_path)
+    assert _tree(tmp_path) == {"m/1/model.py": MODEL_PY, "m/1/sub/weights.bin": b"\x00\x01"}
+    fetch_uri("n", f"{scheme}://models/models/m/", tmp_path)  # the same with a trailing slash
+    assert _tree(tmp_path / "n") == {"1/model.py": MODEL_PY, "1/sub/weights.bin": b"\x00\x01"}
+
+
+def test_a_uri_naming_one_object_places_that_file_or_unpacks_that_archive(store: Any, tmp_path: Path) -> None:
+    _, scheme = store
+    fetch_uri("f", f"{scheme}://models/single/model.py", tmp_path)
+    fetch_uri("a", f"{scheme}://models/single/m.tar.gz", tmp_path)
+    assert _tree(tmp_path) == {"f/1/model.py": b"# one object\n", "a/1/model.py": b"# from the archive\n"}
+
+
+def test_nothing_there_is_a_clear_error_and_leaves_nothing_behind(store: Any, tmp_path: Path) -> None:
+    _, scheme = store
+    for uri in (f"{scheme}://models/models/nope", f"{scheme}://models/models/m-", f"{scheme}://models/nope/"):
+        with pytest.raises(FetchError, match="no objects under it") as exc:
+            fetch_uri("m", uri, tmp_path)
+        assert uri in str(exc.value)
+    with pytest.raises(FetchError, match=r"no such bucket|not found"):
+        fetch_uri("m", f"{scheme}://no-such-bucket/models/m", tmp_path)
+    assert list(tmp_path.iterdir()) == [], "a failed fetch left files behind"
+
+
+def test_an_object_key_that_climbs_out_is_refused(gcs: GCSServer, tmp_path: Path) -> None:
+    """GCS keeps any key as it is, `..` included (S3 servers that map keys to paths refuse to store one)."""
+    with pytest.raises(FetchError, match="would land outside the model directory"):
+        fetch_uri("m", "gs://models/escape", tmp_path)
+    assert not (tmp_path / "evil.py").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_s3_object_version_pins_exactly_that_version(s3: S3Server, tmp_path: Path) -> None:
+    v1, v2 = s3.versions  # type: ignore[attr-defined]
+    fetch_uri("one", "s3://versioned/m.tar.gz", tmp_path, object_version=v1)
+    fetch_uri("two", "s3://versioned/m.tar.gz", tmp_path, object_version=v2)
+    assert _tree(tmp_path) == {"one/1/model.py": b"# v1\n", "two/1/model.py": b"# v2\n"}
+
+
+def test_a_gcs_generation_pins_exactly_that_generation(gcs: GCSServer, tmp_path: Path) -> None:
+    g1, g2 = gcs.generations  # type: ignore[attr-defined]
+    assert g1 != g2
+    fetch_uri("one", "gs://versioned/model.py", tmp_path, object_version=str(g1))
+    fetch_uri("two", "gs://versioned/model.py", tmp_path, object_version=str(g2))
+    assert _tree(tmp_path) == {"one/1/model.py": b"# generation one\n", "two/1/model.py": b"# generation two\n"}
+
+
+def _fetch_cli(tmp_path: Path, uri: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "STORAGE_EMULATOR"))}
+    return subprocess.run([str(CLI), "fetch", "--from", str(tmp_path / "cm"), "--to", str(tmp_path / "repo"),
+                           "--uri", f"m={uri}"], env={**clean, **env}, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_the_fetch_command_with_the_secrets_variables_and_with_a_wrong_secret(s3: S3Server, tmp_path: Path) -> None:
+    """As in the init container: the Secret's keys become AWS_* variables; a wrong one fails in one clear line."""
+    ok = _fetch_cli(tmp_path / "ok", "s3://models/models/m", s3.env())
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "ok" / "repo" / "m" / "1" / "model.py").read_bytes() == MODEL_PY
+    for wrong in (s3.env(secret_key="not-the-secret"), s3.env(access_key="NOSUCHKEY")):  # noqa: S106 - wrong on purpose
+        bad = _fetch_cli(tmp_path / "bad", "s3://models/models/m", wrong)
+        assert bad.returncode == 1, bad.stderr
+        last = bad.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: fetch failed: s3://models/models/m: access denied ("), bad.stderr
+        assert "check the Secret named in credentialsSecret (keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)" in last
+        assert "Traceback" not in bad.stderr
+        assert not (tmp_path / "bad" / "repo" / "m").exists()
+    unreachable = {**s3.env(), "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # the discard port: nothing listens
+    down = _fetch_cli(tmp_path / "down", "s3://models/models/m", unreachable)
+    assert down.returncode == 1 and "cannot reach the S3 endpoint" in down.stderr, down.stderr
