@@ -84,7 +84,7 @@ def serve(directory: Path) -> Iterator[HttpsServer]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             state.requests.append(self.path)
-            page = state.pages.get(self.path)
+            page = state.pages.get(self.path.split("?", 1)[0])
             if page is None:
                 self.send_error(404, "Not Found")
                 return

@@ -65,6 +65,10 @@ def _safe_extract_tar(data: bytes, dst: Path) -> None:
     """tarfile's "data" filter refuses absolute paths, `..`, links that point outside `dst`, device files."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for member in tar.getmembers():  # the filter would quietly make `/x` relative: refuse it instead
+                path = PurePosixPath(member.name)
+                if path.is_absolute() or ".." in path.parts:
+                    raise FetchError(f"archive member {member.name!r} escapes the model directory")
             tar.extractall(dst, filter="data")
     except tarfile.FilterError as exc:  # e.g. OutsideDestinationError, AbsoluteLinkError, LinkOutsideDestinationError
         member = exc.tarinfo.name if exc.tarinfo is not None else "?"
