@@ -78,7 +78,7 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool 
 
 
 def load_examples(name: str) -> list[dict]:
-    """The TritonModel documents of examples/<name>.yaml."""
+    """Every document of examples/<name>.yaml (TritonModels, and the Secrets or claims they need)."""
     return [d for d in yaml.safe_load_all((EXAMPLES / f"{name}.yaml").read_text()) if d]
 
 

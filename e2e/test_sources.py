@@ -10,15 +10,25 @@ model's files from a real source before tritonserver starts.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from e2e.cluster import REPO_ROOT
 from e2e.kube import Kube, wait_for
-from e2e.operator_fixtures import OperatorHandle, is_model_ready, model_pods, wait_model
+from e2e.objectstores import S3Server
+from e2e.operator_fixtures import (
+    OperatorHandle,
+    is_model_ready,
+    load_examples,
+    model_condition,
+    model_pods,
+    wait_model,
+)
 from e2e.test_operator import add_sub, apply, infer_add_sub, one_ready_pod
 
 pytestmark = pytest.mark.cluster
@@ -26,12 +36,12 @@ pytestmark = pytest.mark.cluster
 VOLUMES = REPO_ROOT / ".cluster" / "volumes"
 
 
-def _uri_model(name: str, uri: str, **source: str) -> tuple[dict, str]:
-    """add-sub with its model.py behind `uri` instead of inline; also returns that model.py."""
-    doc = add_sub(name)
-    model_py = doc["spec"]["source"]["inline"]["model.py"]
-    doc["spec"]["source"] = {"uri": uri, **source}
-    return doc, model_py
+def _example(name: str) -> dict[str, dict]:
+    """examples/sources/<name>.yaml's documents by kind."""
+    return {d["kind"]: d for d in load_examples(f"sources/{name}")}
+
+
+MODEL_PY = add_sub()["spec"]["source"]["inline"]["model.py"]
 
 
 def _readable_dir(path: Path) -> Path:
@@ -54,9 +64,10 @@ def test_a_model_fetched_from_a_pvc_bound_to_a_hostpath_volume_is_served(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: object) -> None:
     root = _readable_dir(VOLUMES / namespace / "store")
     try:
-        doc, model_py = _uri_model("from-pvc", "pvc://model-store/models/add-sub")
+        docs = _example("pvc")
+        model = docs["TritonModel"]["metadata"]["name"]
         _readable_dir(root / "models" / "add-sub")
-        (root / "models" / "add-sub" / "model.py").write_text(model_py)
+        (root / "models" / "add-sub" / "model.py").write_text(MODEL_PY)
         (root / "models" / "add-sub" / "model.py").chmod(0o644)
         pv = f"{namespace}-store"
         kube.create({
@@ -65,26 +76,57 @@ def test_a_model_fetched_from_a_pvc_bound_to_a_hostpath_volume_is_served(
             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"],
                      "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
                      "hostPath": {"path": str(root), "type": "Directory"},
-                     "claimRef": {"namespace": namespace, "name": "model-store"}},
+                     "claimRef": {"namespace": namespace, "name": docs["PersistentVolumeClaim"]["metadata"]["name"]}},
         })
         try:
-            kube.create({
-                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "model-store", "namespace": namespace},
-                "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
-                         "resources": {"requests": {"storage": "1Gi"}}},
-            })
-            wait_for("the claim bound to the PersistentVolume", lambda: (
+            apply(kubeconfig, namespace, docs["PersistentVolumeClaim"])
+            wait_for("the example's claim bound to the PersistentVolume", lambda: (
                 kube.get("PersistentVolumeClaim", "model-store", namespace).get("status") or {}).get("phase") == "Bound", 60)
-            apply(kubeconfig, namespace, doc)
-            _served(kube, namespace, "from-pvc")
-            pod = one_ready_pod(kube, namespace, "from-pvc")
+            apply(kubeconfig, namespace, docs["TritonModel"])
+            _served(kube, namespace, model)
+            pod = one_ready_pod(kube, namespace, model)
             claims = [v["persistentVolumeClaim"] for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
             assert claims == [{"claimName": "model-store", "readOnly": True}], claims
         finally:
-            kube.delete("TritonModel", "from-pvc", namespace)
-            wait_for("the model's pods gone", lambda: not model_pods(kube, namespace, "from-pvc"), 120)
+            kube.delete("TritonModel", model, namespace)
+            wait_for("the model's pods gone", lambda: not model_pods(kube, namespace, model), 120)
             kube.delete("PersistentVolumeClaim", "model-store", namespace)
             kube.delete("PersistentVolume", pv)
     finally:
         shutil.rmtree(VOLUMES / namespace, ignore_errors=True)
+
+
+def test_a_model_fetched_from_s3_with_its_secret_and_a_wrong_secret_is_source_fetch_failed(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any, tmp_path: Path) -> None:
+    """examples/sources/s3.yaml against versitygw on a node's address. First with a wrong secret key: the
+    TritonModel says why (Degraded, SourceFetchFailed, fetch's line); with the right one, the kubelet's next try of
+    `fetch` succeeds and the model serves, with no pod deleted by hand."""
+    node_ip = nodes.real(nodes.names[0]).ip
+    docs = _example("s3")
+    model = docs["TritonModel"]["metadata"]["name"]
+    bucket, _, prefix = docs["TritonModel"]["spec"]["source"]["uri"].removeprefix("s3://").partition("/")
+    with S3Server(tmp_path / "s3", host=node_ip) as s3:
+        client = s3.client()
+        client.create_bucket(Bucket=bucket)
+        client.put_object(Bucket=bucket, Key=f"{prefix}/model.py", Body=MODEL_PY.encode())
+        secret = docs["Secret"]
+        secret["stringData"] = s3.env(secret_key="not-the-secret")  # noqa: S106 - wrong on purpose
+        apply(kubeconfig, namespace, secret, docs["TritonModel"])
+        tm = wait_model(kube, namespace, model, lambda tm: model_condition(tm, "Degraded").get("reason")
+                        == "SourceFetchFailed", "Degraded, SourceFetchFailed", 120)
+        message = model_condition(tm, "Degraded")["message"]
+        assert f"fetch: s3://{bucket}/{prefix}: access denied (" in message, message
+        assert "check the Secret named in credentialsSecret" in message, message
+        assert model_condition(tm, "Ready")["status"] == "False"
+        assert model_condition(tm, "Stalled")["status"] == "True"
+        assert s3.secret_key not in json.dumps(tm), "a credential leaked into the TritonModel's status"
+        [pod] = model_pods(kube, namespace, model)
+
+        secret["stringData"] = s3.env()
+        apply(kubeconfig, namespace, secret)
+        # The kubelet retries the failed init container with back-off (10 s, 20 s, 40 s, ...): its env is read anew.
+        _served(kube, namespace, model)
+        [served] = model_pods(kube, namespace, model)
+        assert served["metadata"]["uid"] == pod["metadata"]["uid"], "the pod was replaced instead of retried"
+        tm = kube.get("TritonModel", model, namespace)
+        assert model_condition(tm, "Degraded")["status"] == "False", model_condition(tm, "Degraded")

@@ -188,3 +188,41 @@ def test_rendered_fetch_arguments_carry_the_pins() -> None:
     [dep] = [c for c in render_children(model, render_repository([model]), UID, "ns") if c["kind"] == "Deployment"]
     [fetch] = dep["spec"]["template"]["spec"]["initContainers"]
     assert fetch["args"][-4:] == ["--uri", "m=s3://b/m.tar.gz", "--object-version", "m=v7"]
+
+
+EXAMPLE_SOURCES = Path(__file__).resolve().parents[1] / "examples" / "sources"
+
+
+def _example_deployment(name: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """examples/sources/<name>.yaml's documents by kind (after the operator's own checks), and the Deployment it
+    renders for its TritonModel."""
+    import yaml
+
+    docs = {d["kind"]: d for d in yaml.safe_load_all((EXAMPLE_SOURCES / f"{name}.yaml").read_text()) if d}
+    loaded = check_documents([Document(f"{name}.yaml#{i}", d) for i, d in enumerate(docs.values())])
+    assert not loaded.errors, [(e.path, e.message) for e in loaded.errors]
+    [(_, model)] = loaded.models
+    [dep] = [c for c in render_children(model, render_repository([model]), UID, "ns") if c["kind"] == "Deployment"]
+    return docs, dep
+
+
+def test_the_s3_example_gives_fetch_its_secret_by_reference() -> None:
+    docs, dep = _example_deployment("s3")
+    secret = docs["Secret"]["metadata"]["name"]
+    [fetch] = dep["spec"]["template"]["spec"]["initContainers"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in fetch["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert set(docs["Secret"]["stringData"]) <= set(refs), (sorted(docs["Secret"]["stringData"]), sorted(refs))
+    assert {r["name"] for r in refs.values()} == {secret}
+    assert not refs["AWS_ACCESS_KEY_ID"]["optional"] and refs["AWS_REGION"]["optional"]
+    assert fetch["args"][-2:] == ["--uri", "add-sub-s3=s3://models/add-sub"]
+
+
+def test_the_pvc_example_mounts_its_claim_read_only_into_fetch_alone() -> None:
+    docs, dep = _example_deployment("pvc")
+    claim = docs["PersistentVolumeClaim"]["metadata"]["name"]
+    pod = dep["spec"]["template"]["spec"]
+    [vol] = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert vol["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
+    [fetch] = pod["initContainers"]
+    assert {"name": vol["name"], "mountPath": f"/sources/pvc/{claim}", "readOnly": True} in fetch["volumeMounts"]
+    assert all(m["name"] != vol["name"] for c in pod["containers"] for m in c.get("volumeMounts", []))

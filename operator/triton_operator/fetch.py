@@ -28,6 +28,7 @@ import tarfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -71,9 +72,9 @@ def _safe_extract_tar(data: bytes, dst: Path) -> None:
                     raise FetchError(f"archive member {member.name!r} escapes the model directory")
             tar.extractall(dst, filter="data")
     except tarfile.FilterError as exc:  # e.g. OutsideDestinationError, AbsoluteLinkError, LinkOutsideDestinationError
-        member = exc.tarinfo.name if exc.tarinfo is not None else "?"
-        raise FetchError(f"archive member {member!r} escapes the model directory ({exc})") from exc
-    except tarfile.TarError as exc:
+        name = exc.tarinfo.name if exc.tarinfo is not None else "?"
+        raise FetchError(f"archive member {name!r} escapes the model directory ({exc})") from exc
+    except (tarfile.TarError, EOFError, zlib.error) as exc:  # a short or corrupt .gz raises EOFError or zlib.error
         raise FetchError(f"not a readable tar archive: {exc}") from exc
 
 
@@ -87,7 +88,7 @@ def _safe_extract_zip(data: bytes, dst: Path) -> None:
                 if stat.S_ISLNK(info.external_attr >> 16):
                     raise FetchError(f"archive member {info.filename!r} is a symbolic link; a model archive holds files")
             z.extractall(dst)  # noqa: S202 - every member was checked above: none is absolute, climbs out or links
-    except zipfile.BadZipFile as exc:
+    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise FetchError(f"not a readable zip archive: {exc}") from exc
 
 
@@ -121,7 +122,9 @@ def _download(uri: str) -> bytes:
     except urllib.error.HTTPError as exc:
         raise FetchError(f"{uri}: HTTP {exc.code} {exc.reason}") from exc
     except urllib.error.URLError as exc:
-        raise FetchError(f"{uri}: {exc.reason}") from exc
+        hint = ("; a private CA is trusted through SSL_CERT_FILE (its certificate's path)"
+                if isinstance(exc.reason, ssl.SSLCertVerificationError) else "")
+        raise FetchError(f"{uri}: {exc.reason}{hint}") from exc
     except http.client.IncompleteRead as exc:
         raise FetchError(f"{uri}: the download was cut short: {len(exc.partial)} bytes received, "
                          f"{exc.expected} more expected") from exc

@@ -263,7 +263,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         termination = Path(os.environ.get("TERMINATION_MESSAGE_PATH", "/dev/termination-log"))
         with contextlib.suppress(OSError):
             if termination.is_file():
-                termination.write_text(message.encode()[:4000].decode(errors="ignore") + "\n")
+                termination.write_bytes(message.encode()[:3999].decode(errors="ignore").encode() + b"\n")  # ≤ 4000 bytes
         return 1
 
 
