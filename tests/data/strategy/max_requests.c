@@ -15,8 +15,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-/* The part of Triton's C API this strategy uses, declared here (Triton's own headers compile only as C++, and
- * this is built with gcc alone). The types are opaque; the error codes count from 0 in the order of
+/* The part of Triton's C API this strategy uses, declared here rather than included, because the tests have no
+ * Triton headers to include: the nvidia-pytriton wheel they serve with ships tritonserver's binaries and
+ * libraries but no tritonserver.h or tritonbackend.h, and the tests fetch nothing from outside package
+ * registries. (Included, the headers would also need g++: tritonbackend.h, like tritonserver.h of Triton 2.51,
+ * writes `TRITONSERVER_Error*` after only `struct TRITONSERVER_Error;`, valid C++ but not C; both wrap their
+ * declarations in extern "C" for C++.) The types are opaque; the error codes count from 0 in the order of
  * TRITONSERVER_Error_Code in tritonserver.h (UNKNOWN, then INTERNAL); the five entry points are the ones
  * tritonbackend.h declares for a batching strategy, with the same signatures. */
 typedef struct TRITONSERVER_Error TRITONSERVER_Error;
