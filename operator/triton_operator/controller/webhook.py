@@ -1,9 +1,20 @@
 """The validating admission webhook for TritonModels, served by the operator over TLS.
 
-At start the operator issues itself a certificate (a fresh CA and a serving certificate
-for the webhook's Service name, or for the URL's host when run outside the cluster), puts
-the CA into the ValidatingWebhookConfiguration, and serves `POST /validate-tritonmodels`.
-The certificate is renewed, and the CA bundle updated, long before it expires.
+Every replica serves `POST /validate-tritonmodels`. Which certificate it serves, and who puts the CA
+into the ValidatingWebhookConfiguration, depends on how the operator runs:
+- In the chart (`--webhook-service ns/name --webhook-cert-dir DIR`): every replica serves the one
+  certificate of the Secret `<fullname>-webhook-tls`, mounted at DIR (tls.crt, tls.key), and loads
+  it again when the kubelet updates the files (checked every minute). The chart makes that Secret
+  (Helm's genCA and genSignedCert, kept across upgrades) or cert-manager issues it, and the chart owns
+  the configuration: its caBundle is written by Helm in the same render, or by cert-manager's
+  cainjector. The operator writes nothing to the configuration.
+- `--webhook-url https://127.0.0.1:port` (an operator run on a workstation or in tests): the operator
+  issues itself a certificate (a fresh CA and a serving certificate for the URL's host), owns the whole
+  configuration (applied server-side with that CA), renews both long before expiry, and deletes the
+  configuration on exit.
+- `--webhook-service` without `--webhook-cert-dir` (not what the chart runs): a self-issued
+  certificate for the Service's names, its CA written into the existing configuration's caBundle with
+  a JSON patch (replacing what is there). Only sound with one replica: each would write its own CA.
 
 Each review reads the TritonModels around the object live from the API server, with one LIST of
 the namespace's TritonModels: the ensembles that use the object (its dependents) and every model
@@ -11,12 +22,6 @@ their steps and its own reach. Never the watch cache, which may lag a `kubectl a
 its ensemble by milliseconds, or a restarting watch by longer. The verdict itself is
 `validate.admission.review`, pure. A namespace this operator does not watch is not its business:
 allowed.
-
-Which configuration is written depends on where the API server finds the webhook:
-- `--webhook-service ns/name` (the chart): the chart owns the configuration; the operator
-  only writes its `caBundle`, with a JSON patch.
-- `--webhook-url https://127.0.0.1:port` (an operator run on a workstation or in tests): the
-  operator owns the whole configuration, applies it server-side, and deletes it on exit.
 """
 
 from __future__ import annotations
