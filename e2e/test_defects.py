@@ -144,9 +144,10 @@ def test_add_sub_in_a_restricted_namespace_becomes_ready(
 
 def test_a_deployment_refused_by_admission_is_degraded_with_the_api_servers_message(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
-    """A ResourceQuota of 0 pods: the ReplicaSet's FailedCreate (here the quota admission's; Pod Security's
-    alike) shows on the TritonModel as Degraded with the API server's message, and clears once pods can be
-    created again."""
+    """A ResourceQuota of 0 pods in a namespace enforcing Pod Security "restricted": the rendered pod passes Pod
+    Security and is refused by the quota admission; the ReplicaSet's FailedCreate shows on the TritonModel as
+    Degraded with the API server's message, and clears once pods can be created again."""
+    _restrict(kube, namespace)
     kube.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-pods", "namespace": namespace},
                  "spec": {"hard": {"pods": "0"}}})
     # Until the quota controller has computed its usage the quota admission refuses anything it counts.
