@@ -1,6 +1,6 @@
 """Pure rendering of a TritonModel's Kubernetes children: ConfigMap, Deployment, Service, PodDisruptionBudget.
 
-`render_children(model, rendered, options)` -> plain dicts ready for server-side
+`render_children(model, rendered, uid, namespace, options)` -> plain dicts ready for server-side
 apply. No client, no I/O: the controller applies what this returns.
 """
 
