@@ -5,9 +5,9 @@ Copies the rendered repository from the mounted ConfigMap (skipping the volume's
 uri-sourced model's version files (`MODEL=URI` into `MODEL/1/`, `MODEL/N=URI` into
 `MODEL/N/`, for the versions of `spec.versions`, and `MODEL/.=URI` into `MODEL/` itself, for
 `spec.modelFiles.uri`): `https://` (a file or a .tar.gz/.tgz/.zip
-archive), `pvc://claim/path` (mounted at /sources/pvc/<claim>), `s3://` (boto3)
-and `gs://` (google-cloud-storage). Credentials come from the environment or
-mounted Secret files, never from arguments.
+archive), `pvc://claim/path` (mounted at /sources/pvc/<claim>; a symbolic link in it is copied as
+its target, which must lie inside `path`), `s3://` (boto3) and `gs://` (google-cloud-storage).
+Credentials come from the environment or mounted Secret files, never from arguments.
 
 Pins: an https:// download is checked against its `sha256` before anything is
 unpacked; with an object version, `s3://` and `gs://` fetch exactly that version
@@ -163,9 +163,39 @@ def _fetch_pvc(uri: str, dst: Path) -> None:
     if not src.exists():
         raise FetchError(f"{uri!r}: {src} does not exist in the mounted claim")
     if src.is_dir():
-        shutil.copytree(src, dst, dirs_exist_ok=True)
+        _copy_claim_tree(uri, src, src, dst, PurePosixPath(), (src,))
     else:
         shutil.copy2(src, dst / src.name)
+
+
+def _copy_claim_tree(uri: str, root: Path, src: Path, dst: Path, rel: PurePosixPath, above: tuple[Path, ...]) -> None:
+    """Copy directory `src` (`rel` below the uri's directory `root`, both resolved) into `dst`. A symbolic link is
+    copied as what it points to, if that lies inside `root`; one that leads out of it (to the fetch container's own
+    files, or elsewhere in the claim) is refused, as are a dangling link, a link to a directory being copied (a
+    loop), and anything but regular files and directories."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(src.iterdir()):
+        name = rel / entry.name
+        if entry.is_symlink():
+            try:
+                real = entry.resolve(strict=True)
+            except (OSError, RuntimeError) as exc:  # RuntimeError: a link loop, before Python 3.13
+                raise FetchError(f"{uri!r}: symbolic link {str(name)!r} -> {os.readlink(entry)!r} leads nowhere "
+                                 f"({exc})") from exc
+            if real != root and root not in real.parents:
+                raise FetchError(f"{uri!r}: symbolic link {str(name)!r} -> {os.readlink(entry)!r} escapes the "
+                                 f"model directory (it resolves to {real}); links in a claim must stay inside it")
+        else:
+            real = entry
+        if real.is_dir():
+            if real in above:
+                raise FetchError(f"{uri!r}: symbolic link {str(name)!r} -> {os.readlink(entry)!r} loops back to a "
+                                 "directory it is in")
+            _copy_claim_tree(uri, root, real, dst / entry.name, name, (*above, real))
+        elif real.is_file():
+            shutil.copy2(real, dst / entry.name)
+        else:
+            raise FetchError(f"{uri!r}: {str(name)!r} is neither a regular file nor a directory")
 
 
 def _under(uri: str) -> tuple[str, str, str]:
