@@ -474,9 +474,9 @@ def test_contains_ignores_server_defaults_but_sees_changes() -> None:
     assert not contains(existing, desired)
 
 
-# -- the warm-up gate's decision (plan.gate) ---------------------------------------------------------
+# -- the warm-up gate's decision (plan.readiness) ----------------------------------------------------
 
-from triton_operator.plan.gate import gate_condition, with_condition  # noqa: E402 - this section's own imports
+from triton_operator.plan.readiness import gate_condition, with_condition  # noqa: E402 - this section's own imports
 
 
 def test_the_gate_writes_nothing_when_the_pod_already_says_so() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from ..api.kinds import LABEL_MODEL
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
-from ..plan.gate import GateWrite, gate_condition, with_condition
+from ..plan.readiness import GateWrite, gate_condition, with_condition
 from ..plan.status import TRITON_CONTAINER, triton_container_status
 from ..render.kubernetes import (
     ANNOTATION_DIGEST,
