@@ -1,7 +1,8 @@
 """Custom batching: `spec.batcher.strategyLibrary` rendered into TRITON_BATCH_STRATEGY_PATH, checked, imported back,
 and proven in a real tritonserver with a strategy compiled here from C (`tests/data/strategy/max_requests.c`, which
 declares the few parts of Triton's C API it uses): the batches Triton forms never hold more requests than the
-strategy allows, while the same model without it batches past that cap.
+strategy allows, while the same model without it batches past that cap. examples/custom-batcher/ is served the way
+its comments say, from a claim laid out as they describe.
 """
 
 from __future__ import annotations
@@ -36,23 +37,10 @@ STRATEGY_C = DATA / "strategy" / "max_requests.c"
 CAP = 2  # requests per batch the compiled strategy allows
 MAX_BATCH = 8
 
+EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "custom-batcher"
 #: Answers each request with the number of requests in the execute() call it came in: the batch Triton formed.
-MODEL_PY = """\
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        time.sleep(0.04)  # while one batch runs, the next requests queue up
-        n = len(requests)
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("BATCHED_WITH", np.full((1, 1), n, dtype=np.int32))])
-            for _ in requests
-        ]
-"""
+#: The example's own model file, served inline by the tests below and from a claim by the example's test.
+MODEL_PY = (EXAMPLE_DIR / "model.py").read_text()
 
 ELF_SO = b"\x7fELF\x02\x01\x01\x00" + bytes(range(256))  # stands for a compiled library in pure tests
 
@@ -344,3 +332,65 @@ def test_the_strategy_caps_every_batch(served: tuple[Served, Path, Path], model:
     sizes, seen = _batches(s, model)
     assert max(sizes) == CAP, s.why(f"{model}: batch sizes {sizes}: the strategy allows at most {CAP} requests")
     assert max(seen) == CAP, s.why(f"{model}: execute() calls held {sorted(set(seen))} requests")
+
+
+# ---------------------------------------------------------------- examples/custom-batcher
+
+
+@pytest.mark.triton
+def test_the_example_serves_from_its_claim_with_its_strategy(tmp_path: Path) -> None:
+    """examples/custom-batcher/custom-batcher.yaml as its comments say to run it: its claim holds the example's
+    model.py and max_requests.so built with the command given there; the replica's fetch step (the --uri the
+    rendered Deployment gives it) copies them into version 1's directory. Served beside the same model without
+    the strategy: that one batches past the cap, the example never does."""
+    text = (EXAMPLE_DIR / "custom-batcher.yaml").read_text()
+    docs = {d["kind"]: d for d in yaml.safe_load_all(text) if d}
+    loaded = check_documents([Document(f"custom-batcher.yaml#{i}", d) for i, d in enumerate(docs.values())])
+    assert not loaded.errors, [str(e) for e in loaded.errors]
+    [(_, model)] = loaded.models
+    assert f"-DMAX_REQUESTS={CAP} " in text, "the example's build command makes the library this test compiles"
+    # the replicas' path, and the claim and directory the fetch step copies from
+    assert (render_repository([model])[model.name].config.parameters[BATCH_STRATEGY_PARAMETER].string_value
+            == f"/models/{model.triton_name}/1/max_requests.so")
+    deployment = next(c for c in render_children(model, render_repository([model]), "uid", "ns")
+                      if c["kind"] == "Deployment")
+    [init] = deployment["spec"]["template"]["spec"]["initContainers"]
+    uris = [init["args"][i + 1] for i, a in enumerate(init["args"]) if a == "--uri"]
+    assert uris == [f"{model.triton_name}=pvc://{docs['PersistentVolumeClaim']['metadata']['name']}/models/"
+                    f"{model.triton_name}"], uris
+
+    claim = tmp_path / "pvc" / docs["PersistentVolumeClaim"]["metadata"]["name"] / "models" / model.triton_name
+    claim.mkdir(parents=True)
+    shutil.copy(EXAMPLE_DIR / "model.py", claim / "model.py")
+    shutil.copy(_compile(tmp_path, CAP), claim / "max_requests.so")
+    plain_doc = copy.deepcopy(docs["TritonModel"])
+    plain_doc["metadata"]["name"] = "capped-batches-without"
+    del plain_doc["spec"]["batcher"]["strategyLibrary"]
+    plain_doc["spec"]["source"] = {"inline": {"model.py": MODEL_PY}}
+    [plain] = _valid(plain_doc)
+
+    repo = tmp_path / "models"
+    rendered = render_repository([model, plain], repository_root=str(repo))
+    config_dir = write_repository(rendered, tmp_path / "config")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fetch, "PVC_ROOT", tmp_path / "pvc")
+        assert fetch.run(config_dir, repo, uris) == 0
+    lib = repo / model.triton_name / "1" / "max_requests.so"
+    assert sorted(p.name for p in lib.parent.iterdir()) == ["max_requests.so", "model.py"]
+
+    server = LocalTritonServer(model_repository=repo, model_control_mode="explicit", log_path=tmp_path / "tritonserver.log")
+    try:
+        server.start()
+        s = Served(server=server, client=grpcclient.InferenceServerClient(server.grpc_url), rendered=rendered)
+        try:
+            s.load([model.triton_name, plain.triton_name])
+            assert f"Loading custom batching strategy library {lib} for model {model.triton_name}" in (
+                s.server.log_tail(400)), s.why("Triton did not say it loaded the example's strategy")
+            sizes, seen = _batches(s, plain.triton_name)
+            assert max(sizes) > CAP, s.why(f"without the strategy no batch above {CAP}, proving nothing: {sizes}")
+            sizes, seen = _batches(s, model.triton_name)
+            assert max(sizes) == CAP and max(seen) == CAP, s.why(f"the example's batches {sizes}, seen {set(seen)}")
+        finally:
+            s.client.close()
+    finally:
+        server.stop()
