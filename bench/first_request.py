@@ -23,6 +23,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from e2e.kube import Kube, wait_for
+from triton_operator.api.kinds import LABEL_MODEL
 
 from .common import CpuMeter, Result, Row, log, ms, percentile, summary, write_result
 from .kubeenv import watch_forever
@@ -35,7 +36,6 @@ WORKERS = 4
 STEADY_REQUESTS = 30
 LAZY_INIT_SECONDS = "2"
 TCP_PROBE = {"tcpSocket": {"port": 8001}, "periodSeconds": 1}
-LABEL_MODEL = "serving.triton-operator.dev/model"
 
 
 def infer_once(client: grpcclient.InferenceServerClient, model: str) -> float:

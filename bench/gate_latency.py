@@ -17,6 +17,7 @@ from typing import Any
 
 from e2e.kube import wait_for
 from e2e.testing import metric_samples
+from triton_operator.api.kinds import LABEL_MODEL
 
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
 from .models import checked, example
@@ -25,7 +26,6 @@ from .pods import PodTimeline, PodWatch, plain_children, pod_cluster, replica_rs
 NAMESPACE = "bench-gate"
 WAVES, WAVE = 4, 5
 HELM_PROBE = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 10}
-LABEL_MODEL = "serving.triton-operator.dev/model"
 
 
 def _probe(p: dict[str, Any] | None) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.kube import Kube
+from triton_operator.api.kinds import CHILDREN, LABEL_MODEL, PDB
 
 from .common import CpuMeter, Result, Row, log, summary, write_result
 from .kubeenv import (
@@ -41,8 +42,8 @@ from .models import checked, example
 SIZES = (100, 1000)
 IMPLS = ("ours", "usual")
 NAMESPACE = "bench-scale"
-LABEL_MODEL = "serving.triton-operator.dev/model"
-CHILD_KINDS = ("ConfigMap", "Deployment", "Service")
+# The children both implementations make for a model (`replicas: 0` renders no PodDisruptionBudget).
+CHILD_KINDS = tuple(k.kind for k in CHILDREN if k is not PDB)
 STEADY_SECONDS = 60.0
 QUIET_CAP_SECONDS = 30.0  # the usual approach's timer keeps patching: it never settles
 

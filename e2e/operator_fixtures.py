@@ -31,12 +31,12 @@ import yaml
 from e2e.cluster import REPO_ROOT, free_port
 from e2e.kube import RESOURCES, Kube, condition, wait_for
 from e2e.testing import metric_samples, ready_endpoints
+from triton_operator.api import kinds
+from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.api.v1alpha1 import GROUP, VERSION
+from triton_operator.api.v1alpha1 import WARMED_CONDITION as WARMED
 
-GROUP = "serving.triton-operator.dev"
-VERSION = "v1alpha1"
-WARMED = f"{GROUP}/warmed"
 ANNOTATION_DIGEST = f"{GROUP}/config-digest"
-LABEL_MODEL = f"{GROUP}/model"
 CRD = REPO_ROOT / "crds" / "tritonmodels.yaml"
 EXAMPLES = REPO_ROOT / "examples"
 KUBECTL = REPO_ROOT / ".venv" / "bin" / "kubectl"
@@ -51,9 +51,9 @@ SESSION_LABEL = ("e2e.triton-operator.io/operator", "session")
 #: The session's release: `helm -n triton-system ... trop`.
 RELEASE, RELEASE_NAMESPACE = "trop", "triton-system"
 
-# The e2e client speaks plain paths per kind; teach it the kinds the operator reads and writes.
-RESOURCES.setdefault("TritonModel", (f"/apis/{GROUP}/{VERSION}", "tritonmodels", True))
-RESOURCES.setdefault("PodDisruptionBudget", ("/apis/policy/v1", "poddisruptionbudgets", True))
+# The e2e client speaks plain paths per kind; teach it the kinds the operator reads and writes (all namespaced).
+for _kind in kinds.ALL:
+    RESOURCES.setdefault(_kind.kind, (_kind.prefix, _kind.plural, True))
 
 #: name -> value, printed in the terminal summary (observed latencies and counts).
 MEASUREMENTS: dict[str, Any] = {}

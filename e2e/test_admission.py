@@ -25,12 +25,12 @@ from e2e.operator_fixtures import (
     load_examples,
     record,
 )
+from triton_operator.api.kinds import OWNED_SELECTOR
 from triton_operator.api.steps import steps_of
 
 pytestmark = pytest.mark.cluster
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus" / "invalid"
-MANAGED = {"app.kubernetes.io/managed-by": "triton-operator"}
 VWC = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
 
@@ -118,7 +118,7 @@ def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_noth
                 assert now is not None and now["metadata"]["generation"] == before["metadata"]["generation"]
                 assert now["spec"] == before["spec"], f"{stem}: the refused change was stored"
         assert not kube.items("TritonModel", namespace)
-        assert not kube.items("ConfigMap", namespace, label_selector=MANAGED)
+        assert not kube.items("ConfigMap", namespace, label_selector=OWNED_SELECTOR)
     finally:
         for ns in extra:
             try:

@@ -56,6 +56,7 @@ from e2e.operator_fixtures import (
 )
 from e2e.test_operator import add_sub, apply, endpoint_ready, infer_add_sub, one_ready_pod
 from e2e.testing import container_status, ready_endpoints, wait_pod
+from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR
 
 if TYPE_CHECKING:
     from e2e.conftest import IsolatedCluster
@@ -64,8 +65,7 @@ pytestmark = pytest.mark.cluster
 
 T = TypeVar("T")
 
-MANAGED = {"app.kubernetes.io/managed-by": "triton-operator"}
-CHILD_KINDS = ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget")
+CHILD_KINDS = tuple(k.kind for k in CHILDREN)
 UPDATED_QUEUE_DELAY = 700  # maxQueueDelayMicroseconds of updated models (add-sub has 2000)
 
 #: (status, reason) of each condition of a converged model, by kind of model.
@@ -147,7 +147,7 @@ class Fleet:
         out = [f"TritonModel/{n}: missing" for n in sorted(set(self.wants) - set(models))]
         out += [f"TritonModel/{n}: exists, but was deleted" for n in sorted(set(models) - set(self.wants))]
         uids = {tm["metadata"]["uid"] for tm in models.values()}
-        owned = {kind: kube.items(kind, ns, label_selector=MANAGED) for kind in CHILD_KINDS}
+        owned = {kind: kube.items(kind, ns, label_selector=OWNED_SELECTOR) for kind in CHILD_KINDS}
         for kind, objs in owned.items():
             for o in objs:
                 refs = o["metadata"].get("ownerReferences") or []
@@ -350,7 +350,7 @@ def test_operator_killed_at_random_moments_converges_without_duplicates_or_orpha
     record("operator kills: at (after the creates)", "; ".join(kills))
     record("operator kills: converged after the last restart", f"{took:.1f}s")
     checked = len(fleet.wants)
-    children = sum(len(kube.items(kind, namespace, label_selector=MANAGED)) for kind in CHILD_KINDS)
+    children = sum(len(kube.items(kind, namespace, label_selector=OWNED_SELECTOR)) for kind in CHILD_KINDS)
     pods = len(kube.items("Pod", namespace))
     record("operator kills: objects checked", f"{checked} TritonModels, {children} children, {pods} pods")
     # The kills hit a reconciling operator, not an idle one.
@@ -503,7 +503,7 @@ def test_control_plane_restart_mid_run_converges_and_the_operator_survives(
     record("control-plane restart: converged after the API server was back", f"{since_back:.1f}s "
            f"({took:.1f}s after the last change)")
     record("control-plane restart: objects checked", f"{len(fleet.wants)} TritonModels, "
-           f"{sum(len(kube.items(k, ns, label_selector=MANAGED)) for k in CHILD_KINDS)} children, "
+           f"{sum(len(kube.items(k, ns, label_selector=OWNED_SELECTOR)) for k in CHILD_KINDS)} children, "
            f"{len(kube.items('Pod', ns))} pods; operator pid {pid} survived")
     record("control-plane restart: quiet after convergence", assert_operator_quiet(op, len(fleet.wants)))
 

@@ -6,16 +6,21 @@ It drives the watches (`controller.operator`), the resync LISTs (`controller.rec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from .v1alpha1 import GROUP, PLURAL, VERSION
 
 #: The label every child and every replica carries: which TritonModel it belongs to.
 LABEL_MODEL = f"{GROUP}/model"
-#: `app.kubernetes.io/managed-by` on every child the operator applies.
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+#: `LABEL_MANAGED_BY`'s value on every child the operator applies.
 MANAGED_BY = "triton-operator"
-#: The label selector of the children's watches and resync LISTs.
-OWNED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+#: The labels that mark a child as the operator's (kopf's `labels=` filter of the children's watches).
+OWNED: Mapping[str, str] = MappingProxyType({LABEL_MANAGED_BY: MANAGED_BY})
+#: The same as a label selector: the children's watches and resync LISTs.
+OWNED_SELECTOR = ",".join(f"{k}={v}" for k, v in OWNED.items())
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ REPLICA_SET = Kind("ReplicaSet", "apps", "v1", "replicasets")  # read (repositor
 EVENT = Kind("Event", "", "v1", "events")  # written only
 LEASE = Kind("Lease", "coordination.k8s.io", "v1", "leases")  # leader election, in the operator's own namespace
 
-#: The children a reconcile applies, owner-referenced to their TritonModel and labelled `MANAGED_BY`.
+#: The children a reconcile applies, owner-referenced to their TritonModel and labelled `OWNED`.
 CHILDREN: tuple[Kind, ...] = (CONFIG_MAP, DEPLOYMENT, SERVICE, PDB)
 #: What the operator watches (and the drift round re-lists): the models, their children and their replicas.
 WATCHED: tuple[Kind, ...] = (TRITON_MODEL, *CHILDREN, POD)

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import kopf
 from aiohttp import web
 
-from ..api.kinds import CHILDREN, LABEL_MODEL, MANAGED_BY, POD, TRITON_MODEL
+from ..api.kinds import CHILDREN, LABEL_MODEL, OWNED, POD, TRITON_MODEL
 from ..api.v1alpha1 import GROUP, VERSION
 from ..render.kubernetes import Options
 from ..render.webhook import WebhookTarget
@@ -32,8 +32,6 @@ from .reconcile import Reconciler
 from .webhook import AdmissionWebhook
 
 log = logging.getLogger("triton_operator")
-
-OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..api.kinds import LABEL_MODEL, MANAGED_BY
+from ..api.kinds import LABEL_MODEL, OWNED
 from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel, quantity_bytes
 from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
 
@@ -77,7 +77,7 @@ def labels(model: TritonModel) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "triton",
         "app.kubernetes.io/instance": model.name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        **OWNED,
         LABEL_MODEL: model.name,
     }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..api.kinds import MANAGED_BY
+from ..api.kinds import OWNED
 from ..api.v1alpha1 import GROUP, PLURAL
 
 WEBHOOK_NAME = f"{PLURAL}.{GROUP}"
@@ -69,6 +69,6 @@ def render_webhook_configuration(
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": MANAGED_BY}},
+        "metadata": {"name": name, "labels": dict(OWNED)},
         "webhooks": [webhook],
     }
