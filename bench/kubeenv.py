@@ -26,17 +26,21 @@ from typing import Any
 from e2e.cluster import LocalCluster, Ports, free_port, pid_alive
 from e2e.kube import RESOURCES, Kube, condition, wait_for
 from e2e.testing import metric_samples
+from triton_operator.api import kinds
+from triton_operator.api.timestamps import parse_rfc3339
+from triton_operator.api.v1alpha1 import GROUP
 
 from .common import REPO, log
 
 ROOT = Path(os.environ.get("BENCH_CLUSTER_ROOT", "/tmp/bench-cluster"))
-GROUP, VERSION = "serving.triton-operator.dev", "v1alpha1"
 CRD = REPO / "crds" / "tritonmodels.yaml"
 KUBECTL = Path(sys.executable).parent / "kubectl"
 OPERATOR = Path(sys.executable).parent / "triton-operator"
 NODE = "bench-node-1"
 
-RESOURCES.setdefault("TritonModel", (f"/apis/{GROUP}/{VERSION}", "tritonmodels", True))
+# The e2e client speaks plain paths per kind; teach it the kinds the operator reads and writes (all namespaced).
+for _kind in kinds.ALL:
+    RESOURCES.setdefault(_kind.kind, (_kind.prefix, _kind.plural, True))
 
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
@@ -132,8 +136,6 @@ def audit_requests(path: Path, since: float, until: float, agent_prefix: str | N
     Only the ResponseComplete (or Panic) stage is logged, so each request is one line; a watch is
     logged when it ends. `agent_prefix` keeps only user agents starting with it.
     """
-    import datetime as dt
-
     out: dict[str, Counter[str]] = {}
     if not path.exists():
         return out
@@ -143,12 +145,13 @@ def audit_requests(path: Path, since: float, until: float, agent_prefix: str | N
                 ev = json.loads(line)
             except ValueError:
                 continue
-            ts = ev.get("requestReceivedTimestamp", "")
             try:
-                t = dt.datetime.strptime(ts[:26].rstrip("Z"), "%Y-%m-%dT%H:%M:%S.%f").replace(
-                    tzinfo=dt.UTC).timestamp()
+                received = parse_rfc3339(ev.get("requestReceivedTimestamp"))  # microseconds
             except ValueError:
                 continue
+            if received is None:
+                continue
+            t = received.timestamp()
             if not since <= t <= until:
                 continue
             agent = (ev.get("userAgent") or "?").split(" ")[0]

@@ -13,7 +13,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +38,10 @@ from e2e.operator_fixtures import (
     wait_writes_settle,
 )
 from e2e.testing import container_status, endpoints, is_ready, kstatus, ready_endpoints
+from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR, POD, REPLICA_SET, WATCHED
+from triton_operator.api.timestamps import parse_rfc3339
 
 pytestmark = pytest.mark.cluster
-
-MANAGED = {"app.kubernetes.io/managed-by": "triton-operator"}
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -134,7 +133,7 @@ def managers(obj: dict) -> set[tuple[str, str | None]]:
 def resource_versions(kube: Kube, namespace: str) -> dict[str, str]:
     """kind/name -> resourceVersion of the TritonModels, their children and pods in `namespace`."""
     out = {}
-    for kind in ("TritonModel", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "Pod"):
+    for kind in (k.kind for k in WATCHED):
         for o in kube.items(kind, namespace):
             out[f"{kind}/{o['metadata']['name']}"] = o["metadata"]["resourceVersion"]
     return out
@@ -142,14 +141,10 @@ def resource_versions(kube: Kube, namespace: str) -> dict[str, str]:
 
 def owned_children(kube: Kube, namespace: str) -> list[str]:
     out = []
-    for kind in ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "ReplicaSet", "Pod"):
+    for kind in (*(k.kind for k in CHILDREN), REPLICA_SET.kind, POD.kind):
         out += [f"{kind}/{o['metadata']['name']}" for o in kube.items(kind, namespace)
                 if o["metadata"].get("labels", {}).get(LABEL_MODEL)]
     return out
-
-
-def _rfc3339(stamp: str) -> float:
-    return datetime.fromisoformat(stamp).timestamp()
 
 
 def _seconds_of_day(text: str, pattern: str) -> float | None:
@@ -286,7 +281,7 @@ def test_delete_garbage_collects_every_child(kube: Kube, kubeconfig: Path, names
     wait_for("every child to be garbage-collected", lambda: not owned_children(kube, namespace), 90)
     record("delete: TritonModel gone -> children gone", f"{time.monotonic() - started:.1f}s")
     assert not kube.items("Pod", namespace)
-    assert not kube.items("ConfigMap", namespace, label_selector=MANAGED)
+    assert not kube.items("ConfigMap", namespace, label_selector=OWNED_SELECTOR)
 
 
 # -- warm-up gating ---------------------------------------------------------------------------------
@@ -337,9 +332,9 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
     # The replica was kept out for the whole warm-up: by the API server's own clocks (second resolution),
     # the gate turned True at least the warm-up's sleep after tritonserver started.
     pod = kube.get("Pod", name, namespace)
-    started = _rfc3339(container_status(pod, "tritonserver")["state"]["running"]["startedAt"])
-    gated_at = _rfc3339(gate(pod)["lastTransitionTime"])
-    assert gated_at - started >= lazy - 1, (started, gated_at)
+    started = parse_rfc3339(container_status(pod, "tritonserver")["state"]["running"]["startedAt"])
+    gated_at = parse_rfc3339(gate(pod)["lastTransitionTime"])
+    assert started and gated_at and (gated_at - started).total_seconds() >= lazy - 1, (started, gated_at)
     assert warming_samples >= 5, f"only {warming_samples} samples saw the replica warming"
     assert flux is not None and flux[0] == "InProgress", f"kstatus of the model while its replica warmed: {flux}"
     # The gate follows Triton, and the endpoint follows the gate (a poll sees each one no earlier).

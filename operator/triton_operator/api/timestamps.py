@@ -16,7 +16,10 @@ def rfc3339(at: dt.datetime | None = None, *, micro: bool = False) -> str:
 
 
 def parse_rfc3339(text: str | None) -> dt.datetime | None:
-    """A timestamp the API wrote (seconds resolution is all conditions keep); None for none."""
+    """A timestamp the API wrote, in UTC: whole seconds (conditions, startedAt) or fractional seconds (an Event's
+    eventTime, the audit log's microseconds; digits past the microsecond are dropped). None for none; ValueError
+    for text that is no timestamp. Without an offset, UTC."""
     if not text:
         return None
-    return dt.datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)
+    at = dt.datetime.fromisoformat(text)
+    return at.replace(tzinfo=dt.UTC) if at.tzinfo is None else at.astimezone(dt.UTC)
