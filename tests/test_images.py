@@ -3,18 +3,16 @@ chart render, and an image's hash moves with its inputs and nothing else."""
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from e2e import images
+from triton_operator.api.v1alpha1 import Server
+from triton_operator.render.kubernetes import Options
 
-from e2e import images  # noqa: E402
-from triton_operator.api.v1alpha1 import Server  # noqa: E402
-from triton_operator.render.kubernetes import Options  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_operator_ref_is_what_the_chart_and_the_renderer_use() -> None:
