@@ -22,7 +22,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.triton_helpers import models_from_yaml, write_repository
+from tests.triton_helpers import models_from_yaml
+from triton_operator.files import write_repository
 from triton_operator.render.kubernetes import exit_timeout, render_children
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.triton.client import load_model

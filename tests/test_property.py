@@ -650,7 +650,6 @@ def _load_and_check(triton: SharedTriton, doc: dict[str, Any], stats: Counter[st
 def test_an_empty_warmup_sample_really_breaks_triton(doc: dict[str, Any], tmp_path: Path) -> None:
     """The defect behind rule `warmup-empty`, rendered anyway (schema only) into a throwaway server:
     Triton refuses the load, or dies."""
-    from tests.triton_helpers import write_repository
     from triton_operator.api.v1alpha1 import TritonModel
     from triton_operator.triton.local import LocalTritonServer
 

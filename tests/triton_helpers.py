@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +19,8 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import np_to_triton_dtype
 
-from triton_operator import files
 from triton_operator.api.v1alpha1 import TritonModel, quantity_bytes
-from triton_operator.files import load_paths
+from triton_operator.files import load_paths, write_repository
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.triton.client import LoadResult, load_model
 from triton_operator.triton.local import LocalTritonServer
@@ -58,10 +57,6 @@ def variant(path: Path | str, edit: Callable[[dict[str, Any]], None]) -> list[Tr
     for d in docs:
         edit(d)
     return models_from_yaml(yaml.safe_dump_all(docs, sort_keys=False), f"{path} (modified)")
-
-
-def write_repository(rendered: Mapping[str, RenderedModel], repo: Path) -> Path:
-    return files.write_repository(rendered, repo)
 
 
 def cache_size_for(models: Iterable[TritonModel]) -> int | None:
