@@ -251,6 +251,34 @@ def test_validate_gpu_instances_need_cpu_flag_here(tmp_path: Path) -> None:
 
 
 @pytest.mark.triton
+def test_validate_says_which_models_get_their_files_at_pod_start_and_loads_the_rest(tmp_path: Path) -> None:
+    """A model whose files come from a uri (fetched by the pod's init container) cannot load in a local server, nor
+    can an ensemble that runs it: each is one SKIPPED line naming the uri, and the others still load."""
+    docs = [*yaml.safe_load_all((EXAMPLES / "add-sub.yaml").read_text()),
+            *yaml.safe_load_all((EXAMPLES / "sources" / "s3.yaml").read_text())]
+    pipeline = yaml.safe_load((EXAMPLES / "add-sub.yaml").read_text())
+    step_out = {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"}
+    pipeline = {"apiVersion": pipeline["apiVersion"], "kind": "TritonModel", "metadata": {"name": "via-s3"},
+                "spec": {"inputs": pipeline["spec"]["inputs"], "outputs": [
+                    {**o, "name": step_out[o["name"]]} for o in pipeline["spec"]["outputs"]],
+                    "platform": "ensemble", "maxBatchSize": 8, "ensemble": {"steps": [{
+                        "model": "add-sub-s3", "inputMap": {"INPUT0": "INPUT0", "INPUT1": "INPUT1"},
+                        "outputMap": step_out}]}}}
+    spec = tmp_path / "mixed.yaml"
+    spec.write_text(yaml.safe_dump_all([d for d in docs if d] + [pipeline], sort_keys=False))
+
+    proc = _validate([str(spec)])
+    assert proc.returncode == 0, _explain(proc)
+    lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines() if ln.strip()}
+    assert re.match(r"add-sub-s3\s+SKIPPED its files come from s3://models/add-sub at pod start", lines["add-sub-s3"]), \
+        _explain(proc)
+    assert "SKIPPED its step add-sub-s3 gets its files from s3://models/add-sub" in lines["via-s3"], _explain(proc)
+    assert re.match(r"add-sub\s+READY\s+loaded and warmed in", lines["add-sub"]), _explain(proc)
+    assert "All 1 loaded model(s) READY in a real tritonserver 2.51.0; 2 skipped" in proc.stderr, _explain(proc)
+    assert "at least one version must be available" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.triton
 def test_validate_invalid_spec_never_starts_a_server(tmp_path: Path) -> None:
     proc = _validate([str(_invalid_set(tmp_path))], timeout=60)
     assert proc.returncode == 1, _explain(proc)
