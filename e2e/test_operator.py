@@ -37,7 +37,7 @@ from e2e.operator_fixtures import (
     wait_model,
     wait_writes_settle,
 )
-from e2e.testing import container_status, endpoints, is_ready, kstatus, ready_endpoints
+from e2e.testing import argocd_health, container_status, endpoints, is_ready, kstatus, ready_endpoints
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR, POD, REPLICA_SET, WATCHED
 from triton_operator.api.timestamps import parse_rfc3339
 
@@ -179,6 +179,8 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
         "message": f"all replicas serve config {digest}", "lastTransitionTime": None}
     assert model_condition(tm, "Degraded")["status"] == "False"
     assert kstatus(tm) == ("Current", "Resource is Ready"), "Flux's health check on the live object"
+    argo = argocd_health(tm)  # Argo CD's, the chart's Lua, on the same live object
+    assert argo[0] == "Healthy" and argo[1].startswith("AllReplicasWarmed: "), argo
     assert (st["replicas"], st["readyReplicas"], st["warmedReplicas"]) == (1, 1, 1)
     assert st["selector"] == f"{LABEL_MODEL}=add-sub"
     [replica] = st["replicaStates"]
@@ -301,6 +303,7 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
     warming_samples = 0
     gate_reasons: set[str] = set()
     flux: tuple[str, str] | None = None
+    argo: tuple[str, str] | None = None
     deadline = time.monotonic() + 120
     while "endpoint_ready" not in t:
         assert time.monotonic() < deadline, f"timed out; saw {t}"
@@ -325,8 +328,9 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
             assert not ep_ready, "a warming replica is a ready endpoint"
             warming_samples += 1
             gate_reasons.add(g.get("reason", "(none)"))
-            if flux is None:  # Flux's health check (kstatus) on the live object while its one replica warms
-                flux = kstatus(kube.get("TritonModel", "warmup", namespace))
+            if flux is None:  # Flux's (kstatus) and Argo CD's health checks on the live object while it warms
+                warming = kube.get("TritonModel", "warmup", namespace)
+                flux, argo = kstatus(warming), argocd_health(warming)
         time.sleep(0.1)
 
     # The replica was kept out for the whole warm-up: by the API server's own clocks (second resolution),
@@ -337,6 +341,7 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
     assert started and gated_at and (gated_at - started).total_seconds() >= lazy - 1, (started, gated_at)
     assert warming_samples >= 5, f"only {warming_samples} samples saw the replica warming"
     assert flux is not None and flux[0] == "InProgress", f"kstatus of the model while its replica warmed: {flux}"
+    assert argo is not None and argo[0] == "Progressing", f"Argo CD's health of the model while its replica warmed: {argo}"
     # The gate follows Triton, and the endpoint follows the gate (a poll sees each one no earlier).
     assert "gate_true" in t and t["triton_ready"] <= t["gate_true"] <= t["endpoint_ready"], t
     gate_latency = t["gate_true"] - t["triton_ready"]
@@ -499,8 +504,11 @@ def test_model_failing_to_initialize_is_degraded_with_tritons_reason(
     assert not ready_endpoints(kube, namespace, "broken")
     record("bad model: Degraded message", degraded["message"][:160])
     # Flux's health check (kstatus) on the live object: Failed, not InProgress, with Triton's reason.
-    status, message = kstatus(kube.get("TritonModel", "broken", namespace))
+    broken = kube.get("TritonModel", "broken", namespace)
+    status, message = kstatus(broken)
     assert status == "Failed" and "e2e-broken" in message, (status, message)
+    status, message = argocd_health(broken)  # Argo CD's: Degraded, with Triton's reason
+    assert status == "Degraded" and message.startswith("ModelLoadFailed: ") and "e2e-broken" in message, (status, message)
 
 
 # -- ensembles ------------------------------------------------------------------------------------------

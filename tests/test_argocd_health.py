@@ -1,5 +1,6 @@
 """The Argo CD health check the chart ships (charts/triton-operator/argocd-health.lua), run by a real Lua
-interpreter on TritonModel objects whose status is what the operator writes (`plan.status.compute_status`).
+interpreter on TritonModel objects whose status is what the operator writes (`plan.status.compute_status`); the
+e2e tests (e2e/test_operator.py) run it on live TritonModels too: Healthy, Progressing while warming, Degraded.
 
 Argo CD runs the script with the object as the global `obj` and reads `status` and `message` from the table
 it returns; the harness here does the same with `lua5.4`.
@@ -8,9 +9,7 @@ it returns; the harness here does the same with `lua5.4`.
 from __future__ import annotations
 
 import copy
-import math
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.testing import ARGOCD_HEALTH_SCRIPT as SCRIPT
+from e2e.testing import LUA, lua_literal
+from e2e.testing import argocd_health as health
 from triton_operator.api.v1alpha1 import WARMED_CONDITION
 from triton_operator.plan.status import Observed, Problem, as_dict
 from triton_operator.plan.status import compute_status as typed_status
@@ -30,68 +32,7 @@ def compute_status(obs: Observed, previous: dict | None) -> dict:
 
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "triton-operator"
-SCRIPT = CHART / "argocd-health.lua"
-LUA = shutil.which("lua5.4") or shutil.which("lua")
 KEY = "resource.customizations.health.serving.triton-operator.dev_TritonModel"
-
-
-# ---------------------------------------------------------------- JSON -> a Lua table literal
-
-
-def _lua_string(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in ('"', "\\"):
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"\\{ord(ch):03d}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def lua_literal(value: Any) -> str:
-    """A Lua expression for a JSON value: objects and arrays become tables (arrays 1-based), null becomes nil
-    (a nil in a table is no entry, as when Argo CD hands Lua a decoded object)."""
-    if value is None:
-        return "nil"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        assert math.isfinite(value), value
-        return repr(value)
-    if isinstance(value, str):
-        return _lua_string(value)
-    if isinstance(value, list):
-        return "{" + ", ".join(lua_literal(v) for v in value if v is not None) + "}"
-    if isinstance(value, dict):
-        items = [f"[{_lua_string(str(k))}] = {lua_literal(v)}" for k, v in value.items() if v is not None]
-        return "{" + ", ".join(items) + "}"
-    raise TypeError(f"not a JSON value: {value!r}")
-
-
-HARNESS = """
-obj = {obj}
-local check = assert(loadfile({script}))
-local hs = check()
-io.write(tostring(hs.status), "\\0", tostring(hs.message))
-"""
-
-
-def health(obj: dict[str, Any], script: Path = SCRIPT) -> tuple[str, str]:
-    """(status, message) of the health check on `obj`, as Argo CD computes it."""
-    assert LUA, "no Lua interpreter"
-    code = HARNESS.format(obj=lua_literal(obj), script=_lua_string(str(script)))
-    proc = subprocess.run([LUA, "-"], input=code, capture_output=True, text=True, timeout=30, check=False)
-    assert proc.returncode == 0, proc.stderr
-    status, _, message = proc.stdout.partition("\0")
-    return status, message
 
 
 pytestmark = pytest.mark.skipif(LUA is None, reason="lua5.4 is not installed (Debian package lua5.4)")
