@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ from triton_operator.api import steps as step_graph
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModelStatus
 from triton_operator.plan.planner import (
+    ApiFailure,
     Apply,
     Plan,
     Read,
@@ -33,7 +35,6 @@ from triton_operator.plan.planner import (
     plan,
     steps_to_revisit,
 )
-from triton_operator.plan.status import Problem
 from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -243,11 +244,21 @@ def test_an_invalid_spec_is_degraded_and_writes_no_child() -> None:
     assert "spec.batcher.preferredBatchSize" in decided.problem.message
 
 
-def test_an_api_error_is_degraded_with_the_servers_words() -> None:
+def test_a_persistent_api_error_is_degraded_api_error_naming_the_verb_and_the_kind() -> None:
     world = _world(_body())
-    decided = plan(replace(world, api_error=Problem("ApiError", "apply Deployment team-a/m: 403 Forbidden")))
+    refused = ApiFailure("apply", "Deployment", "team-a/m", 403, "Forbidden", 'deployments.apps "m" is forbidden')
+    decided = plan(replace(world, api_error=refused))
     conds = {c.type: c for c in decided.status.conditions or ()}  # type: ignore[union-attr]
-    assert conds["Degraded"].reason == "ApiError" and "403" in (conds["Degraded"].message or "")
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == ("True", "ApiError")
+    assert conds["Degraded"].message == 'apply Deployment team-a/m: 403 Forbidden: deployments.apps "m" is forbidden'
+    assert ("Degraded", "Warning") in {(e.condition, e.type) for e in decided.events}
+
+
+@pytest.mark.parametrize("status", [409, 429, 500, 503])
+def test_a_transient_api_error_is_nothing_to_the_planner(status: int) -> None:
+    world = _world(_body())
+    passing = ApiFailure("apply", "Deployment", "team-a/m", status, "Whatever", "try again")
+    assert plan(replace(world, api_error=passing)) == plan(world)
 
 
 def test_serving_replicas_make_the_model_ready_and_the_transition_an_event() -> None:

@@ -4,7 +4,9 @@ An API server that is restarting (a 503, a refused connection, a timeout) comes 
 backing off from 2 s to 30 s. A refusal (a 403 of missing RBAC, a 422 of an object the API server finds
 invalid, a namespace being deleted) will not: back off from 2 s to 5 minutes, as kopf's
 `TemporaryError(delay=)` would be raised with a growing delay, and report it on the TritonModel's status
-(`Degraded=True`, reason `ApiError`, naming the verb and the kind) rather than only in the log.
+rather than only in the log: the reconcile hands the `ApiFailure` to the planner, whose `api_problem` makes it
+`Degraded=True`, reason `ApiError`, naming the verb and the kind. Which statuses are refusals for good is
+`ApiFailure.persistent` (`plan.planner`).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
+from ..plan.planner import ApiFailure
+
 FIRST_DELAY = 2.0
 TRANSIENT_CAP = 30.0
 PERSISTENT_CAP = 300.0
-#: HTTP statuses a retry can outlive: a timeout, a conflict with a concurrent write, throttling, the server's own.
-TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 
 
 class ApiCallError(ApiException):
@@ -31,26 +33,6 @@ class ApiCallError(ApiException):
 
     def __str__(self) -> str:
         return f"{self.verb} {self.kind} {self.namespace}/{self.name}: {self.status} {self.reason}: {self.message}"
-
-
-@dataclass(frozen=True)
-class ApiFailure:
-    verb: str
-    kind: str
-    target: str  # namespace/name, or "" when the call did not say
-    status: int
-    reason: str
-    message: str
-
-    @property
-    def persistent(self) -> bool:
-        """A refusal that the same request will meet again, until someone changes something."""
-        return 400 <= self.status < 500 and self.status not in TRANSIENT_STATUSES
-
-    def describe(self) -> str:
-        """One line for a condition: `apply Deployment ns/name: 403 Forbidden: <the API server's message>`."""
-        what = " ".join(p for p in (self.verb, self.kind, self.target) if p)
-        return f"{what}: {self.status} {self.reason}: {self.message}".strip()
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ from typing import Any
 from ..api import steps as step_graph
 from ..api.kinds import LABEL_MODEL, REPLICA_SET, TRITON_MODEL, WATCHED
 from ..api.timestamps import utc_now
-from ..plan.planner import Plan, World, differs, plan, steps_to_revisit
-from ..plan.status import Problem
+from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
 from ..render.kubernetes import Options
 from . import metrics
 from .cache import Cache, lean
@@ -193,7 +192,7 @@ class Reconciler:
         if decided.reads:  # old repository ConfigMaps: which ReplicaSets still use them?
             world = await self._read(world, decided)
             decided = plan(world)
-        api_error: Problem | None = None
+        failure: ApiFailure | None = None
         refused: Exception | None = None
         try:
             await self._carry_out(namespace, name, decided)
@@ -201,10 +200,9 @@ class Reconciler:
             failure = api_failure(exc)
             if failure is None or not failure.persistent:
                 raise  # retried soon: nothing to tell the user yet
-            refused = exc  # reported on the status, then retried with backoff (the worker)
-            api_error = Problem("ApiError", failure.describe())
+            refused = exc  # reported on the status (the planner's api_problem), then retried with backoff (the worker)
         # The status, planned again over what the writes left in the cache (the API server's answers).
-        after = plan(replace(self.gather(body), replicasets=world.replicasets, api_error=api_error))
+        after = plan(replace(self.gather(body), replicasets=world.replicasets, api_error=failure))
         await self._write_status(body, after)
         for dep in self.dependents(namespace, name):
             self.request(namespace, dep)

@@ -48,6 +48,8 @@ from .status import Observed, Problem, as_dict, compute_status, merge_patch, sta
 
 #: Ready=False reasons that are a model on its way, not in trouble: their Events are Normal, not Warning.
 ON_ITS_WAY = frozenset({"ReplicasWarming", "ReplicasJoining", "ReplicasStarting"})
+#: HTTP statuses a retry can outlive: a timeout, a conflict with a concurrent write, throttling, the server's own.
+TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 
 ChildKey = tuple[str, str]  # (kind, name) within the model's namespace
 
@@ -74,6 +76,36 @@ def contains(existing: Any, desired: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class ApiFailure:
+    """The API server's answer to a call that failed (`controller.errors.api_failure` reads it off the exception)."""
+
+    verb: str
+    kind: str
+    target: str  # namespace/name, or "" when the call did not say
+    status: int
+    reason: str
+    message: str
+
+    @property
+    def persistent(self) -> bool:
+        """A refusal that the same request will meet again, until someone changes something."""
+        return 400 <= self.status < 500 and self.status not in TRANSIENT_STATUSES
+
+    def describe(self) -> str:
+        """One line for a condition: `apply Deployment ns/name: 403 Forbidden: <the API server's message>`."""
+        what = " ".join(p for p in (self.verb, self.kind, self.target) if p)
+        return f"{what}: {self.status} {self.reason}: {self.message}".strip()
+
+
+def api_problem(failure: ApiFailure | None) -> Problem | None:
+    """What the status says of a failed write: a refusal for good (a 403, a 422) is Degraded reason ApiError,
+    naming the verb, the kind and the object; what a retry can outlive (a 503, a 409, throttling) is nothing."""
+    if failure is None or not failure.persistent:
+        return None
+    return Problem("ApiError", failure.describe())
+
+
+@dataclass(frozen=True)
 class World:
     """What the controller gathered for one reconcile of `body`."""
 
@@ -87,8 +119,9 @@ class World:
     options: Options = field(default_factory=Options)
     # The model's ReplicaSets, listed live; None when not listed (the plan asks when it needs them).
     replicasets: Sequence[Mapping[str, Any]] | None = None
-    # The API server refused one of the last plan's writes for good (a 403, a 422): reported as Degraded.
-    api_error: Problem | None = None
+    # How the API server answered the last plan's write that failed: a refusal for good (a 403, a 422) is
+    # reported as Degraded (`api_problem`) and stops the plan's reads.
+    api_error: ApiFailure | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +281,7 @@ def plan(world: World) -> Plan:
     name, uid = meta["name"], meta["uid"]
     generation = int(meta.get("generation", 1))
     stored = body.get("status") or {}
+    api_error = api_problem(world.api_error)
 
     problem: Problem | None = None
     model: TritonModel | None = None
@@ -276,7 +310,7 @@ def plan(world: World) -> Plan:
                 and _owned_by(c, name, uid)]
         if any(c["metadata"]["name"] != repository for c in mine):
             if world.replicasets is None:
-                if world.api_error is None:  # a refused write stops the reconcile: no deletes, no reads
+                if api_error is None:  # a refused write stops the reconcile: no deletes, no reads
                     reads.append(Read(REPLICA_SET.api_version, REPLICA_SET.kind))
             else:
                 delete += [Delete(CONFIG_MAP.api_version, CONFIG_MAP.kind, unused, "no ReplicaSet uses it")
@@ -291,7 +325,7 @@ def plan(world: World) -> Plan:
         digest=digest or stored.get("configDigest"),
         selector=f"{LABEL_MODEL}={name}" if model is None else selector_string(model),
         problem=problem,
-        api_error=world.api_error,
+        api_error=api_error,
         deployment=world.children.get((DEPLOYMENT.kind, name)),
         pods=world.pods,
         ensembles=ensembles_using(name, world.models),
