@@ -26,7 +26,7 @@ from e2e.cluster import REPO_ROOT, LocalCluster
 from e2e.images import OPERATOR_ALIAS
 from e2e.kube import Kube, condition, wait_for
 from e2e.node import leftovers
-from e2e.operator_fixtures import OperatorHandle, gate, is_model_ready, record, wait_model
+from e2e.operator_fixtures import LABEL_MODEL, OperatorHandle, gate, is_model_ready, record, wait_model
 from e2e.test_operator import add_sub, apply, live_pods
 from e2e.testing import container_status, is_ready, ready_endpoints, wait_pod
 
@@ -47,7 +47,7 @@ def test_lost_node_replica_leaves_the_service_and_is_replaced_on_the_other_node(
     doc["spec"]["server"] = {**doc["spec"].get("server", {}), "affinity": {"podAntiAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
             "topologyKey": "kubernetes.io/hostname",
-            "labelSelector": {"matchLabels": {"serving.triton-operator.dev/model": "add-sub"}}}}]}}}
+            "labelSelector": {"matchLabels": {LABEL_MODEL: "add-sub"}}}}]}}}
     apply(kubeconfig, namespace, doc)
     wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
                "Ready with 2 warmed replicas", 180)
