@@ -1,7 +1,8 @@
 """`fetch` from s3:// and gs:// against REAL servers on 127.0.0.1 (e2e/objectstores.py): versitygw, an S3 server
 over a directory, and fake-gcs-server, Google Cloud Storage's APIs; each built from its pinned Go module. boto3 and
 google-cloud-storage talk HTTP to them, configured only as users configure them (AWS_* variables, as the
-credentials Secret sets them; STORAGE_EMULATOR_HOST, the storage library's own endpoint setting)."""
+credentials Secret sets them; STORAGE_EMULATOR_HOST, the storage library's own endpoint setting). Last,
+spec.modelFiles.uri from each of them and from the https server of tests/https_server.py."""
 
 from __future__ import annotations
 
@@ -166,3 +167,63 @@ def test_the_fetch_command_with_the_secrets_variables_and_with_a_wrong_secret(s3
     unreachable = {**s3.env(), "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # the discard port: nothing listens
     down = _fetch_cli(tmp_path / "down", "s3://models/models/m", unreachable)
     assert down.returncode == 1 and "cannot reach the S3 endpoint" in down.stderr, down.stderr
+
+
+# ---------------------------------------------------------------- spec.modelFiles.uri from each real server
+
+
+LABELS = b"cat\ndog\n"
+
+
+def _rendered_fetch(model_files: dict[str, str], tmp_path: Path) -> tuple[Path, list[str]]:
+    """A classification model whose labels come from `spec.modelFiles`: its rendered repository written where the
+    init container reads it, and the `--uri` arguments of the fetch init container its Deployment renders."""
+    from triton_operator.api.v1alpha1 import TritonModel
+    from triton_operator.files import write_repository
+    from triton_operator.render.kubernetes import render_deployment
+    from triton_operator.render.modelconfig import render_repository
+
+    model = TritonModel.model_validate({
+        "apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "metadata": {"name": "m"},
+        "spec": {"backend": "python", "maxBatchSize": 4,
+                 "inputs": [{"name": "IN", "dataType": "FP32", "dims": [2]}],
+                 "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [2], "labelFilename": "labels.txt"}],
+                 "instanceGroups": [{"kind": "CPU", "count": 1}], "source": {"inline": {"model.py": "# m\n"}},
+                 "modelFiles": model_files}})
+    rendered = render_repository([model])
+    args = render_deployment(model, rendered, "uid", "ns")["spec"]["template"]["spec"]["initContainers"][0]["args"]
+    uris = [args[i + 1] for i, a in enumerate(args) if a == "--uri"]
+    src = write_repository(rendered, tmp_path / "configmap")
+    return src, uris
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "https"])
+def test_model_files_from_each_server_land_beside_the_config(
+        scheme: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """spec.modelFiles.uri (`<model>/.`) over S3, GCS and https: the labels a `labelFilename` names land in the model
+    directory beside config.pbtxt, as Triton reads them; the version directory keeps the rendered model.py."""
+    from tests.https_server import serve
+    from triton_operator.fetch import run
+
+    if scheme == "https":
+        (tmp_path / "https").mkdir()
+        gen = serve(tmp_path / "https")
+        server = next(gen)
+        request.addfinalizer(gen.close)
+        monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))
+        server["/labels.tar.gz"] = _tar({"labels.txt": LABELS})
+        uri = server.url("/labels.tar.gz")
+    else:
+        store = request.getfixturevalue("s3" if scheme == "s3" else "gcs")
+        if scheme == "s3":
+            store.client().put_object(Bucket="models", Key="labels/m/labels.txt", Body=LABELS)
+        else:
+            store.client().bucket("models").blob("labels/m/labels.txt").upload_from_string(LABELS)
+        uri = f"{scheme}://models/labels/m"
+    src, uris = _rendered_fetch({"uri": uri}, tmp_path)
+    assert uris == [f"m/.={uri}"], uris
+    assert run(src, tmp_path / "repo", uris) == 0
+    tree = _tree(tmp_path / "repo")
+    assert tree["m/labels.txt"] == LABELS, sorted(tree)
+    assert tree["m/1/model.py"] == b"# m\n" and "m/config.pbtxt" in tree, sorted(tree)
+    assert sorted(tree) == ["m/1/model.py", "m/config.pbtxt", "m/labels.txt"], "nothing else, no staging left"
