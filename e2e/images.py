@@ -386,8 +386,9 @@ class _Builder:
             if len(left) == len(drop):
                 break
             drop = left
-        # Archives and wheels that no current image was built from.
-        stale = [p for p in (self.root / "archives").glob("*.oci.tar") if p not in {i.archive for i in current}]
+        # Archives no current image was built from and no build used for a day (another checkout's operator image
+        # stays while it is in use there), and wheels that no current image was built from.
+        stale = stale_archives((self.root / "archives").glob("*.oci.tar"), [i.archive for i in current], time.time())
         stale += [p for p in (self.root / "wheels").iterdir() if p.is_dir() and p not in self.wheel_dirs]
         for p in stale:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
@@ -595,6 +596,16 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+#: How long an archive no current build names is kept after its last use (by another checkout, or a build since).
+KEEP_UNUSED_ARCHIVES_SECONDS = 24 * 3600
+
+
+def stale_archives(archives: Iterator[Path] | Sequence[Path], current: Sequence[Path], now: float,
+                   keep: float = KEEP_UNUSED_ARCHIVES_SECONDS) -> list[Path]:
+    """The archives gc removes: neither one of this build's nor used (mtime) within `keep` seconds of `now`."""
+    return sorted(p for p in archives if p not in set(current) and now - p.stat().st_mtime > keep)
+
+
 def build_all(log: Log = print) -> list[Image]:
     """Builds whatever image is missing from the cache; returns base, operator, tritonserver and pause.
 
@@ -606,6 +617,8 @@ def build_all(log: Log = print) -> list[Image]:
         b.clean_partial()
         base = b.base()
         images = [base, b.operator(base), b.tritonserver(base), b.pause()]
+        for image in images:  # an archive's mtime is when a build last used it: what gc keeps for a day
+            os.utime(image.archive)
         if b.built_any:
             b.gc(images)
     log(f"[images] Images ready count={len(images)} seconds={time.monotonic() - t0:.1f} cache={b.root}")

@@ -57,3 +57,17 @@ def test_debian_sources_are_one_line_entries_for_the_suite() -> None:
     for line in lines:
         kind, uri, suite, *components = line.split()
         assert kind == "deb" and "://" in uri and suite.startswith("bookworm") and components
+
+
+def test_gc_keeps_this_builds_archives_and_any_used_within_a_day(tmp_path: Path) -> None:
+    """Two checkouts with different operator sources share the cache: neither's build may delete the archive the
+    other still uses (it was rebuilt, minutes each time, on every switch); an archive unused for a day goes."""
+    import os
+
+    now = 1_000_000_000.0
+    mine, theirs, old, older_mine = (tmp_path / f"{n}.oci.tar" for n in ("mine", "theirs", "old", "older-mine"))
+    for path, age in ((mine, 3 * 86400), (theirs, 3600), (old, 86400 + 1), (older_mine, 2 * 86400)):
+        path.write_bytes(b"")
+        os.utime(path, (now - age, now - age))
+    assert images.stale_archives([mine, theirs, old, older_mine], [mine], now) == [old, older_mine]
+    assert images.stale_archives([mine, theirs], [mine, theirs], now) == []
