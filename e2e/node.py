@@ -131,6 +131,12 @@ class NodeNetwork:
         host_routes_up(self.bridge)
 
     def down(self) -> None:
+        # Each pod's veth first: deleting one end removes the pair at once. A veth left on the bridge outlives it,
+        # with no master, until the kernel finishes tearing down its pod's network namespace (seen: a minute, while
+        # orphaned TCP sockets in that namespace timed out).
+        ports = run(["ip", "-o", "link", "show", "master", self.bridge], check=False).stdout
+        for veth in re.findall(r"^\d+: ([^:@\s]+)", ports, re.M):
+            run(["ip", "link", "del", veth], check=False)
         run(["ip", "link", "del", self.bridge], check=False)
 
 
