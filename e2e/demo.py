@@ -188,17 +188,27 @@ def ready_address(kubeconfig: Path, namespace: str, service: str) -> str:
     return get_json(kubeconfig, "service", "-n", namespace, service)["spec"]["clusterIP"]
 
 
-def through_kube_proxy(call: Any, seconds: float = 20.0) -> Any:
+def through_kube_proxy(call: Any, seconds: float = 20.0) -> tuple[Any, str]:
     """`call()`, tried again while the ClusterIP refuses: kube-proxy programs a Service's first ready endpoint at
-    its next rule sync (at most one a second, later on a busy machine), and rejects connections until then."""
-    deadline = time.monotonic() + seconds
+    its next rule sync (at most one a second, later on a busy machine), and rejects connections until then.
+    Returns the result and how long the answered call took, with the refused tries before it if any."""
+    start = time.monotonic()
+    deadline = start + seconds
+    refused = 0
     while True:
+        t = time.monotonic()
         try:
-            return call()
+            res = call()
         except InferenceServerException as exc:
             if "Connection refused" not in str(exc) or time.monotonic() > deadline:
                 raise
+            refused += 1
             time.sleep(0.2)
+            continue
+        took = f"{(time.monotonic() - t) * 1000:.1f} ms"
+        if refused:
+            took += f"; {refused} tries refused over {t - start:.1f} s before, until kube-proxy's next sync"
+        return res, took
 
 
 def sample_inference(kubeconfig: Path, namespace: str) -> None:
@@ -209,18 +219,16 @@ def sample_inference(kubeconfig: Path, namespace: str) -> None:
     inputs = [grpcclient.InferInput("INPUT0", [1, 4], "FP32"), grpcclient.InferInput("INPUT1", [1, 4], "FP32")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
-    t = time.monotonic()
-    res = through_kube_proxy(lambda: client.infer("add-sub", inputs))
-    ms = (time.monotonic() - t) * 1000
+    res, took = through_kube_proxy(lambda: client.infer("add-sub", inputs))
     say(f"[demo] add-sub via Service add-sub {addr}:8001: {a[0].tolist()} + {b[0].tolist()} = "
-        f"{res.as_numpy('OUTPUT0')[0].tolist()} ({ms:.1f} ms, first request after the gate opened)")
+        f"{res.as_numpy('OUTPUT0')[0].tolist()} (first request after the gate opened: {took})")
 
     addr = ready_address(kubeconfig, namespace, "sentiment")
     client = grpcclient.InferenceServerClient(f"{addr}:8001")
     texts = np.array([[b"a great and really good demo"], [b"bad, awful and boring"]], dtype=np.object_)
     inp = grpcclient.InferInput("TEXT", list(texts.shape), "BYTES")
     inp.set_data_from_numpy(texts)
-    res = through_kube_proxy(lambda: client.infer("sentiment", [inp]))
+    res, _ = through_kube_proxy(lambda: client.infer("sentiment", [inp]))
     labels = [x.decode() if isinstance(x, bytes) else str(x) for x in res.as_numpy("LABEL").reshape(-1)]
     for text, label in zip(texts.reshape(-1), labels, strict=True):
         say(f"[demo] sentiment via Service sentiment {addr}:8001: {text.decode()!r} -> {label}")
