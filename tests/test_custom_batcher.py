@@ -21,13 +21,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from tests.triton_helpers import Served, tensor
+from tests.triton_helpers import Served, fetch_uris, tensor
 from triton_operator import fetch
 from triton_operator.api.v1alpha1 import BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, TritonModel
 from triton_operator.cli.main import main
 from triton_operator.files import write_repository
 from triton_operator.importer import import_config, parse_config
-from triton_operator.render.kubernetes import render_children
+from triton_operator.render.kubernetes import render_children, render_deployment
 from triton_operator.render.modelconfig import REPOSITORY_ROOT, render_repository
 from triton_operator.triton.local import LocalTritonServer
 from triton_operator.validate import Document, FieldError, check_documents
@@ -352,10 +352,7 @@ def test_the_example_serves_from_its_claim_with_its_strategy(tmp_path: Path) -> 
     # the replicas' path, and the claim and directory the fetch step copies from
     assert (render_repository([model])[model.name].config.parameters[BATCH_STRATEGY_PARAMETER].string_value
             == f"/models/{model.triton_name}/1/max_requests.so")
-    deployment = next(c for c in render_children(model, render_repository([model]), "uid", "ns")
-                      if c["kind"] == "Deployment")
-    [init] = deployment["spec"]["template"]["spec"]["initContainers"]
-    uris = [init["args"][i + 1] for i, a in enumerate(init["args"]) if a == "--uri"]
+    uris = fetch_uris(render_deployment(model, render_repository([model]), "uid", "ns"))
     assert uris == [f"{model.triton_name}=pvc://{docs['PersistentVolumeClaim']['metadata']['name']}/models/"
                     f"{model.triton_name}"], uris
 

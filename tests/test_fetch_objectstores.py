@@ -178,6 +178,7 @@ LABELS = b"cat\ndog\n"
 def _rendered_fetch(model_files: dict[str, str], tmp_path: Path) -> tuple[Path, list[str]]:
     """A classification model whose labels come from `spec.modelFiles`: its rendered repository written where the
     init container reads it, and the `--uri` arguments of the fetch init container its Deployment renders."""
+    from tests.triton_helpers import fetch_uris
     from triton_operator.api.v1alpha1 import TritonModel
     from triton_operator.files import write_repository
     from triton_operator.render.kubernetes import render_deployment
@@ -191,10 +192,7 @@ def _rendered_fetch(model_files: dict[str, str], tmp_path: Path) -> tuple[Path, 
                  "instanceGroups": [{"kind": "CPU", "count": 1}], "source": {"inline": {"model.py": "# m\n"}},
                  "modelFiles": model_files}})
     rendered = render_repository([model])
-    args = render_deployment(model, rendered, "uid", "ns")["spec"]["template"]["spec"]["initContainers"][0]["args"]
-    uris = [args[i + 1] for i, a in enumerate(args) if a == "--uri"]
-    src = write_repository(rendered, tmp_path / "configmap")
-    return src, uris
+    return write_repository(rendered, tmp_path / "configmap"), fetch_uris(render_deployment(model, rendered, "uid", "ns"))
 
 
 @pytest.mark.parametrize("scheme", ["s3", "gs", "https"])

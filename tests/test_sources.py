@@ -19,7 +19,7 @@ from tests.https_server import HttpsServer, serve
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.cli.main import main
 from triton_operator.fetch import FetchError, fetch_uri, run
-from triton_operator.render.kubernetes import ANNOTATION_DIGEST, render_children
+from triton_operator.render.kubernetes import ANNOTATION_DIGEST, render_children, render_deployment
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import Document, check_documents
 
@@ -202,8 +202,7 @@ def _example_deployment(name: str) -> tuple[dict[str, dict[str, Any]], dict[str,
     loaded = check_documents([Document(f"{name}.yaml#{i}", d) for i, d in enumerate(docs.values())])
     assert not loaded.errors, [(e.path, e.message) for e in loaded.errors]
     [(_, model)] = loaded.models
-    [dep] = [c for c in render_children(model, render_repository([model]), UID, "ns") if c["kind"] == "Deployment"]
-    return docs, dep
+    return docs, render_deployment(model, render_repository([model]), UID, "ns")
 
 
 def test_the_s3_example_gives_fetch_its_secret_by_reference() -> None:

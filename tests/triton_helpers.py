@@ -59,6 +59,12 @@ def variant(path: Path | str, edit: Callable[[dict[str, Any]], None]) -> list[Tr
     return models_from_yaml(yaml.safe_dump_all(docs, sort_keys=False), f"{path} (modified)")
 
 
+def fetch_uris(deployment: dict[str, Any]) -> list[str]:
+    """The `--uri` values (`MODEL[/VERSION]=URI`) a rendered Deployment gives its fetch init container, in order."""
+    [init] = deployment["spec"]["template"]["spec"]["initContainers"]
+    return [init["args"][i + 1] for i, a in enumerate(init["args"]) if a == "--uri"]
+
+
 def cache_size_for(models: Iterable[TritonModel]) -> int | None:
     """Server response-cache size: the largest spec.server.cacheSize among models that use the cache."""
     sizes = [quantity_bytes(m.spec.server.cache_size) for m in models if m.spec.response_cache]
