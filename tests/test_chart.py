@@ -44,7 +44,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
     ("apps", "replicasets"): {"list"},  # which repository ConfigMaps their pod templates still use
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},  # patch: in-place reload annotations (plan.rollout)
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
 }

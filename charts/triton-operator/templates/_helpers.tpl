@@ -84,10 +84,11 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Triton pods: watched for the warm-up gate and the replica counts.
+# Triton pods: watched for the warm-up gate and the replica counts; their annotations patched for in-place
+# rollouts (which config a replica is to load, which it has loaded, a reload that failed).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["get", "list", "watch", "patch"]
 # The warm-up readiness gate: one pod condition, patched on the status subresource.
 - apiGroups: [""]
   resources: ["pods/status"]

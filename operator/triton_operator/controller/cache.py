@@ -26,6 +26,15 @@ def lean(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _older(body: Mapping[str, Any], cached: Mapping[str, Any] | None) -> bool:
+    """Whether `body` is an older version of the same object than `cached`: a watch event delivered after the
+    answer to our own write of it (etcd's resourceVersions are numbers that grow; anything else is not compared)."""
+    if cached is None or cached["metadata"].get("uid") != body["metadata"].get("uid"):
+        return False
+    new, old = body["metadata"].get("resourceVersion", ""), cached["metadata"].get("resourceVersion", "")
+    return new.isdigit() and old.isdigit() and int(new) < int(old)
+
+
 @dataclass
 class Cache:
     """Latest bodies seen on the watches (without managedFields), by namespace."""
@@ -76,7 +85,7 @@ class Cache:
             bucket.pop(meta["name"], None)
             if key not in self.primed:
                 self.gone.add(meta["uid"])
-        else:
+        elif not _older(body, bucket.get(meta["name"])):
             bucket[meta["name"]] = lean(body)
         return model
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL
@@ -24,7 +24,10 @@ from ..plan.readiness import GateWrite, gate_condition, with_condition
 from ..plan.status import TRITON_CONTAINER, triton_container_status
 from ..render.kubernetes import (
     ANNOTATION_DIGEST,
+    ANNOTATION_LOADED,
     ANNOTATION_POLL_MS,
+    ANNOTATION_PREVIOUS,
+    ANNOTATION_RELOAD,
     ANNOTATION_STEPS,
     ANNOTATION_TRITON_NAME,
     ANNOTATION_VERSIONS,
@@ -34,6 +37,7 @@ from ..render.kubernetes import (
 from ..triton.replica import ReplicaVerdict, check_replica
 from . import metrics
 from .kube import Kube
+from .reload import reload_replica
 
 log = logging.getLogger("triton_operator.gate")
 
@@ -48,6 +52,8 @@ class _PodGate:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     ready_seen_at: float | None = None
+    reload: asyncio.Task[None] | None = None  # an in-place reload under way (`controller.reload`)
+    reload_for: str | None = None  # the resourceVersion of the pod that reload was started for
 
 
 class WarmupGate:
@@ -66,8 +72,9 @@ class WarmupGate:
         gate = self.pods.get(key)
         if deleted or meta.get("deletionTimestamp"):
             if gate is not None:
-                if gate.task:
-                    gate.task.cancel()
+                for task in (gate.task, gate.reload):
+                    if task:
+                        task.cancel()
                 self.pods.pop(key, None)
             return
         if not any(g.get("conditionType") == WARMED_CONDITION for g in (body.get("spec") or {}).get("readinessGates") or ()):
@@ -81,18 +88,25 @@ class WarmupGate:
             gate.task = asyncio.create_task(self._run(gate), name=f"gate-{key[0]}/{key[1]}")
 
     async def stop(self) -> None:
-        for g in list(self.pods.values()):
-            if g.task:
-                g.task.cancel()
-        for g in list(self.pods.values()):
-            if g.task:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await g.task
+        tasks = [t for g in list(self.pods.values()) for t in (g.task, g.reload) if t]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
 
     async def _run(self, gate: _PodGate) -> None:
         stable_rounds = 0
         while (gate.namespace, gate.name) in self.pods:
             verdict = await self._check(gate)
+            ann = gate.body["metadata"].get("annotations") or {}
+            if ANNOTATION_RELOAD in ann and not verdict.ok:
+                verdict = replace(verdict, reason="Reloading", message=(
+                    f"loading config {ann.get(ANNOTATION_DIGEST)} in place ({ann[ANNOTATION_RELOAD]}): {verdict.message}"))
+            if verdict.loaded and ann.get(ANNOTATION_LOADED) != verdict.loaded:
+                await self._record_loaded(gate, verdict.loaded)
+            if ANNOTATION_RELOAD in ann and verdict.reason != "TritonUnreachable":
+                self._start_reload(gate)
             write = gate_condition(gate.body, verdict.ok, verdict.reason, verdict.message, utc_now())
             if write is not None:
                 await self._set(gate, verdict, write)
@@ -105,6 +119,38 @@ class WarmupGate:
             gate.wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(gate.wake.wait(), timeout=delay)
+
+    def _start_reload(self, gate: _PodGate) -> None:
+        """Starts the reload the pod's annotations ask for, unless one runs or already ran for this pod version."""
+        version = gate.body["metadata"].get("resourceVersion")
+        if (gate.reload is not None and not gate.reload.done()) or gate.reload_for == version:
+            return
+        gate.reload_for = version
+        ann = gate.body["metadata"].get("annotations") or {}
+        address = f"{(gate.body.get('status') or {}).get('podIP')}:{GRPC_PORT}"
+
+        async def run() -> None:
+            try:
+                await reload_replica(self.kube, lambda: gate.body, address, ann.get(ANNOTATION_TRITON_NAME, ""))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next pod event (or gate round) tries again
+                log.warning("Failed to reload pod=%s/%s error=%r", gate.namespace, gate.name, exc)
+                gate.reload_for = None
+            gate.wake.set()
+
+        gate.reload = asyncio.create_task(run(), name=f"reload-{gate.namespace}/{gate.name}")
+
+    async def _record_loaded(self, gate: _PodGate, digest: str) -> None:
+        """Writes on the pod which config its Triton said it has loaded (status.replicaStates shows it)."""
+        try:
+            patched = await asyncio.to_thread(self.kube.patch_pod_annotations, gate.namespace, gate.name,
+                                              {ANNOTATION_LOADED: digest})
+        except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next round tries again
+            log.warning("Failed to record the loaded digest pod=%s/%s error=%s", gate.namespace, gate.name, exc)
+            return
+        if patched is not None:
+            gate.body.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_LOADED] = digest
 
     def _interval(self, gate: _PodGate) -> float:
         ann = gate.body["metadata"].get("annotations") or {}
@@ -125,7 +171,7 @@ class WarmupGate:
         async with self.sem:
             verdict = await check_replica(
                 f"{ip}:{GRPC_PORT}", ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, ""),
-                versions=versions,
+                versions=versions, also=ann.get(ANNOTATION_PREVIOUS),
             )
         if verdict.ready_seen and gate.ready_seen_at is None:
             gate.ready_seen_at = time.monotonic()

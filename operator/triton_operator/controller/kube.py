@@ -8,6 +8,7 @@ prove that a second reconcile writes nothing.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client, config
@@ -204,6 +205,48 @@ class Kube:
             body={"status": {"conditions": [condition]}}, query=[("fieldManager", FIELD_MANAGER)],
             content_type="application/strategic-merge-patch+json", what=("patch", "Pod status", namespace, name),
         )
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None],
+                              expect: Mapping[str, str | None] | None = None) -> dict[str, Any] | None:
+        """Set (None: remove) pod annotations. With `expect`, only if those annotations still hold those values
+        (None: absent), as one JSON patch with `test` operations; None when they no longer do, or the pod is gone."""
+        metrics.API_WRITES.labels(kind="Pod", verb="patch").inc()
+        path = self.path("v1", "Pod", namespace, name)
+        what = ("patch", "Pod", namespace, name)
+        if not expect:
+            try:
+                out: dict[str, Any] = self._call("PATCH", path, body={"metadata": {"annotations": dict(annotations)}},
+                                                 query=[("fieldManager", FIELD_MANAGER)],
+                                                 content_type="application/merge-patch+json", what=what)
+            except ApiCallError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return out
+        current = self.get("v1", "Pod", namespace, name)
+        if current is None:
+            return None
+        have = current["metadata"].get("annotations") or {}
+        if any(have.get(k) != v for k, v in expect.items()):
+            return None
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                      "value": current["metadata"]["resourceVersion"]}]
+        if not have:
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        for k, v in annotations.items():
+            pointer = "/metadata/annotations/" + k.replace("~", "~0").replace("/", "~1")
+            if v is not None:
+                ops.append({"op": "add", "path": pointer, "value": v})
+            elif k in have:
+                ops.append({"op": "remove", "path": pointer})
+        try:
+            patched: dict[str, Any] = self._call("PATCH", path, body=ops, query=[("fieldManager", FIELD_MANAGER)],
+                                                 content_type="application/json-patch+json", what=what)
+        except ApiCallError as exc:
+            if exc.status in (404, 409, 422):  # gone, or changed since it was read: the next round decides again
+                return None
+            raise
+        return patched
 
     def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         meta = involved["metadata"]

@@ -28,3 +28,7 @@ READY_TO_GATE_SECONDS = Histogram(
 ADMISSIONS = Counter(
     "triton_operator_admission_reviews_total", "TritonModel admission reviews answered by the webhook", ["verdict"]
 )
+RELOADS = Counter(
+    "triton_operator_reloads_total", "In-place reloads of a replica's config through Triton's repository API",
+    ["mode", "result"],
+)

@@ -228,6 +228,12 @@ class Reconciler:
             self.cache.children.pop((d.kind, namespace, d.name), None)
             log.info("Deleted %s namespace=%s name=%s owner=TritonModel/%s reason=%r", d.kind, namespace, d.name,
                      name, d.why)
+        for p in decided.pods:
+            answer = await asyncio.to_thread(self.kube.patch_pod_annotations, namespace, p.name, p.annotations)
+            if answer is not None:
+                self.cache.put_pod(lean(answer))
+            log.info("Annotated Pod namespace=%s name=%s owner=TritonModel/%s reason=%r", namespace, p.name, name,
+                     p.why)
 
     async def _write_status(self, body: dict[str, Any], decided: Plan) -> None:
         """The plan's status patch, then its Events (only once the status they describe is stored)."""

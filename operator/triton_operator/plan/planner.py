@@ -35,6 +35,7 @@ from ..api import steps as step_graph
 from ..api.kinds import CONFIG_MAP, DEPLOYMENT, LABEL_MODEL, PDB, REPLICA_SET
 from ..api.v1alpha1 import TritonModel, TritonModelStatus
 from ..render.kubernetes import (
+    ANNOTATION_POD_DIGEST,
     Options,
     RepositoryTooLarge,
     render_children,
@@ -44,6 +45,7 @@ from ..render.kubernetes import (
 from ..render.modelconfig import render_repository
 from ..validate.errors import from_pydantic
 from ..validate.rules import check_models
+from .rollout import PodPatch, ReplicaRollout, in_place_deployment, patched, plan_replicas
 from .status import Observed, Problem, as_dict, compute_status, merge_patch, status_changed, transitions
 
 #: Ready=False reasons that are a model on its way, not in trouble: their Events are Normal, not Warning.
@@ -165,6 +167,7 @@ class Plan:
     reads: tuple[Read, ...] = ()  # when not empty, the deletes are not decided yet: read these and plan again
     apply: tuple[Apply, ...] = ()  # server-side apply, in this order
     delete: tuple[Delete, ...] = ()  # after the applies
+    pods: tuple[PodPatch, ...] = ()  # in-place reloads: annotations to set on replicas' pods, after the deletes
     status: TritonModelStatus | None = None  # None: the stored status is already right
     status_patch: dict[str, Any] | None = None  # the merge patch that writes `status`
     events: tuple[Event, ...] = ()  # after the status is written
@@ -174,7 +177,7 @@ class Plan:
     @property
     def writes_nothing(self) -> bool:
         """No child to apply or delete, no status to write, nothing to tell: the world is as the model wants it."""
-        return not (self.apply or self.delete or self.status is not None or self.events)
+        return not (self.apply or self.delete or self.pods or self.status is not None or self.events)
 
     @property
     def empty(self) -> bool:
@@ -294,6 +297,17 @@ def plan(world: World) -> Plan:
     if model is not None:
         desired, digest, problem = _desired(world, model)
 
+    rollout = ReplicaRollout()
+    if model is not None and digest is not None and desired and model.spec.warmup_gate.enabled \
+            and model.spec.rollout.strategy == "InPlace":
+        desired = [in_place_deployment(c, world.children.get((DEPLOYMENT.kind, name))) if c["kind"] == DEPLOYMENT.kind
+                   else c for c in desired]
+        want = next(c for c in desired if c["kind"] == DEPLOYMENT.kind)
+        rollout = plan_replicas(
+            world.pods, digest, next(c for c in desired if c["kind"] == CONFIG_MAP.kind)["metadata"]["name"],
+            want["spec"]["template"]["metadata"]["annotations"][ANNOTATION_POD_DIGEST], model.spec.rollout,
+            sequences=model.spec.sequence_batcher is not None)
+
     # A child the cache lacks is verified first, if the model was reconciled before; a model with no status was
     # never reconciled: nothing of ours can exist, so its children are applied straight away (one left by a
     # first reconcile cut short is re-applied unchanged, a no-op for the server).
@@ -326,19 +340,21 @@ def plan(world: World) -> Plan:
         selector=f"{LABEL_MODEL}={name}" if model is None else selector_string(model),
         problem=problem,
         api_error=api_error,
+        rollout_problem=rollout.problem,
         deployment=world.children.get((DEPLOYMENT.kind, name)),
         pods=world.pods,
         ensembles=ensembles_using(name, world.models),
     )
     status = compute_status(observed, stored, world.now)
     if not status_changed(stored, status):
-        return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), digest=digest, problem=problem)
+        return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), pods=rollout.patches, digest=digest,
+                    problem=problem)
     events = tuple(
         Event("Warning" if (c["type"] == "Degraded" and c["status"] == "True")
               or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY) else "Normal",
               c["reason"], f"{c['type']}={c['status']}: {c['message']}", c["type"], c["status"])
         for c in transitions(stored, status))
-    return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), status=status,
+    return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), pods=rollout.patches, status=status,
                 status_patch=merge_patch(stored, status), events=events, digest=digest, problem=problem)
 
 
@@ -353,8 +369,10 @@ def carried_out(world: World, done: Plan, applied: Mapping[ChildKey, Mapping[str
         children[key] = (applied or {}).get(key, children.get(key) or a.obj)
     for d in done.delete:
         children.pop((d.kind, d.name), None)
+    patches = {p.name: p for p in done.pods}
+    pods = [patched(p, patches[p["metadata"]["name"]]) if p["metadata"]["name"] in patches else p for p in world.pods]
     body = world.body
     if done.status is not None:
         body = {**body, "status": as_dict(done.status)}
     models = {**world.models, body["metadata"]["name"]: body}
-    return replace(world, body=body, models=models, children=children, api_error=world.api_error)
+    return replace(world, body=body, models=models, children=children, pods=pods, api_error=world.api_error)

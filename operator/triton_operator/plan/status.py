@@ -16,7 +16,7 @@ from typing import Any
 
 from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import WARMED_CONDITION, Condition, ReplicaState, TritonModelStatus
-from ..render.kubernetes import ANNOTATION_DIGEST
+from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_LOADED, ANNOTATION_PREVIOUS
 
 TRITON_CONTAINER = "tritonserver"
 FETCH_CONTAINER = "fetch"
@@ -41,6 +41,8 @@ class Observed:
     problem: Problem | None = None
     # The API server refused the reconcile's own call (e.g. a 403, a 422): Degraded, while the replicas say the rest.
     api_error: Problem | None = None
+    # A replica could not load the desired config in place (`plan.rollout`): the rollout stopped.
+    rollout_problem: Problem | None = None
     deployment: Mapping[str, Any] | None = None
     pods: Sequence[Mapping[str, Any]] = field(default_factory=list)
     # The ensembles whose replicas load this model as a step (directly or through nested ensembles), with their
@@ -108,6 +110,9 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
     gate = pod_condition(pod, WARMED_CONDITION)
     cs = triton_container_status(pod)
     out: dict[str, Any] = {"pod": name}
+    loaded = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_LOADED)
+    if loaded:
+        out["configDigest"] = loaded
     waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
     init_waiting: list[Mapping[str, Any]] = [
         (s.get("state") or {})["waiting"] for s in (pod.get("status") or {}).get("initContainerStatuses") or ()
@@ -199,13 +204,16 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
     """The whole status the operator wants, with lastTransitionTime carried over when unchanged (else `now`)."""
     live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
     states = sorted((replica_state(p) for p in live), key=lambda s: s["pod"])
-    current = [p for p in live if (p["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST) == obs.digest]
+    # At the desired config: created for it, or told to load it in place and done (not still swapping it in).
+    current = [p for p in live if (p["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST) == obs.digest
+               and ANNOTATION_PREVIOUS not in (p["metadata"].get("annotations") or {})]
     warm = [p for p in current if warmed(p)]
     # Serving = in the Service: the pod is Ready (gate and readiness probe), not only warmed.
     serving = [p for p in warm if pod_ready(p)]
     # Without the gate (warmupGate.enabled: false) the pods' readiness is all there is to go by.
     ungated = bool(current) and not any(gated(p) for p in current)
     failed = [s for s in states if s["state"] == "Failed"]
+    stopped = obs.rollout_problem
     refused = replica_failure(obs.deployment)
     refused_reason = (refused or {}).get("reason") or "FailedCreate"
     refused_message = f"the Deployment's ReplicaSet cannot create pods: {(refused or {}).get('message', '')}"[:2000]
@@ -228,6 +236,9 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
                           f"{len(serving)}/{n} replicas at the desired config are Ready (warm-up gate disabled)", g)
         elif len(serving) >= n:
             ready = _cond("Ready", True, "AllReplicasWarmed", f"{len(serving)}/{n} replicas serve the desired config, warm", g)
+        elif stopped:
+            ready = _cond("Ready", False, stopped.reason, f"{len(serving)}/{n} replicas serve the desired config; "
+                          f"{stopped.message}"[:2000], g)
         elif failed:
             why = f"{len(warm)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip()
             ready = _cond("Ready", False, failed[0]["reason"], why, g)
@@ -240,7 +251,9 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
             reason = "ReplicasJoining" if len(warm) >= n else "ReplicasWarming"  # warm, waiting for pod Ready
             ready = _cond("Ready", False, reason, f"{len(warm)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
         rolling = len(serving) < n or len(live) > n
-        if rolling and not failed and not refused:
+        if rolling and stopped:
+            progressing = _cond("Progressing", False, "RolloutStalled", stopped.message[:2000], g)
+        elif rolling and not failed and not refused:
             progressing = _cond("Progressing", True, "RollingOut", f"{len(warm)}/{n} replicas at config {obs.digest} warmed", g)
         elif rolling and failed:
             progressing = _cond("Progressing", False, "RolloutStalled", f"replica {failed[0]['pod']} failed: {failed[0]['reason']}", g)
@@ -253,6 +266,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
             progressing = _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {obs.digest}", g)
         if obs.api_error is not None:
             degraded = _cond("Degraded", True, obs.api_error.reason, obs.api_error.message[:2000], g)
+        elif stopped:
+            degraded = _cond("Degraded", True, stopped.reason, stopped.message[:2000], g)
         elif failed:
             f = failed[0]
             degraded = _cond("Degraded", True, f["reason"], f"{f['pod']}: {f.get('message') or f['reason']}", g)

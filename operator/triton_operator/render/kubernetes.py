@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,22 @@ ANNOTATION_POLL_MS = f"{GROUP}/poll-interval-ms"
 #: The versions the gate checks, for the models (own and steps) that serve more than version 1 alone:
 #: `name=1,2;step=3` (Triton names hold no `=`, `;` or `,`). A model not named serves version 1.
 ANNOTATION_VERSIONS = f"{GROUP}/triton-versions"
+#: What a pod template holds apart from the model's own config: equal digests, and a change can be loaded in place.
+ANNOTATION_POD_DIGEST = f"{GROUP}/pod-digest"
+# In-place reloads (`plan.rollout`), on pods only, written by the operator; the gate reads them:
+#: swap: the digest the replica served before, approved too while the new one loads beside it
+ANNOTATION_PREVIOUS = f"{GROUP}/config-digest-previous"
+#: `Swap` or `Drain`: the replica is to load ANNOTATION_DIGEST's config, found in ANNOTATION_RELOAD_FROM
+ANNOTATION_RELOAD = f"{GROUP}/reload"
+#: the repository ConfigMap (named by content, immutable) whose config.pbtxt the reload loads
+ANNOTATION_RELOAD_FROM = f"{GROUP}/reload-from"
+#: Drain: the longest wait for the replica's requests to stop, in seconds
+ANNOTATION_DRAIN_SECONDS = f"{GROUP}/drain-timeout-seconds"
+#: a digest whose load failed on this replica, and Triton's message: the rollout stops there
+ANNOTATION_RELOAD_FAILED = f"{GROUP}/reload-failed"
+ANNOTATION_RELOAD_MESSAGE = f"{GROUP}/reload-failed-message"
+#: written by the gate: the digest of the config the replica's Triton said it has loaded
+ANNOTATION_LOADED = f"{GROUP}/loaded-config-digest"
 REPO_DIR = REPOSITORY_ROOT  # the config names files here (a custom batching strategy's)
 CONFIG_DIR = "/config"
 TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
@@ -110,7 +127,7 @@ def _meta(model: TritonModel, name: str, uid: str, namespace: str) -> dict[str, 
     }
 
 
-def _key(path: str) -> str:
+def configmap_key(path: str) -> str:
     """A ConfigMap key for a repository path: keys allow [-._a-zA-Z0-9] only, so flatten and disambiguate."""
     flat = re.sub(r"[^-._a-zA-Z0-9]", "_", path)
     return f"{flat[-200:]}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
@@ -142,7 +159,7 @@ def render_configmap(
     binary: dict[str, str] = {}
     size = 0
     for path, content in files.items():
-        key = _key(path)
+        key = configmap_key(path)
         size += len(key) + len(content)
         try:
             data[key] = content.decode("utf-8")
@@ -309,7 +326,7 @@ def render_deployment(
     uri_args, uri_volumes, uri_mounts, uri_env = _uri_args(model, rendered)
     gpus = replica_gpus(model, rendered)
     files = repository_for(model.name, rendered)
-    items = [{"key": _key(p), "path": p} for p in files]
+    items = [{"key": configmap_key(p), "path": p} for p in files]
 
     resources: dict[str, Any] = {}
     if server.resources is not None:
@@ -413,6 +430,7 @@ def render_deployment(
     versions = versions_annotation([rendered[n].model for n in step_closure(model.name, rendered)])
     if versions:
         annotations[ANNOTATION_VERSIONS] = versions
+    annotations[ANNOTATION_POD_DIGEST] = pod_digest(model, rendered, annotations, pod_spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -424,6 +442,26 @@ def render_deployment(
             "template": {"metadata": {"labels": labels(model), "annotations": annotations}, "spec": pod_spec},
         },
     }
+
+
+def pod_digest(model: TritonModel, rendered: Mapping[str, RenderedModel], annotations: Mapping[str, str],
+               pod_spec: Mapping[str, Any]) -> str:
+    """A digest of everything a replica is made of except the model's own config: the pod spec and annotations
+    without the config digest and the repository ConfigMap's name, and every repository file but the model's own
+    config.pbtxt. Two renders with equal pod digests differ at most in that config, which Triton can load into a
+    running server (`plan.rollout`)."""
+    own_config = f"{model.triton_name}/config.pbtxt"
+    spec = json.loads(json.dumps(pod_spec))
+    for v in spec.get("volumes") or ():
+        if v.get("name") == "repository":
+            v["configMap"]["name"] = ""
+    h = hashlib.sha256(json.dumps(
+        [spec, {k: v for k, v in annotations.items() if k not in (ANNOTATION_DIGEST, ANNOTATION_POD_DIGEST)}],
+        sort_keys=True).encode())
+    for path, content in sorted(repository_for(model.name, rendered).items()):
+        if path != own_config:
+            h.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(content).digest())
+    return h.hexdigest()[:16]
 
 
 def render_service(model: TritonModel, uid: str, namespace: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ..api import steps as step_graph
@@ -389,3 +389,10 @@ def repository_for(name: str, rendered: Mapping[str, RenderedModel]) -> dict[str
     for n in step_closure(name, rendered):
         files.update(rendered[n].files)
     return dict(sorted(files.items()))
+
+
+def config_json(pbtxt: str) -> str:
+    """A rendered config.pbtxt as the JSON Triton's repository API takes with a load (`config`, the model config
+    in protobuf's JSON mapping, field names as in model_config.proto)."""
+    cfg = text_format.Parse(pbtxt, pb.ModelConfig())
+    return str(json_format.MessageToJson(cfg, preserving_proto_field_name=True, indent=None))

@@ -23,6 +23,7 @@ class ReplicaVerdict:
     reason: str  # CamelCase
     message: str
     ready_seen: bool = False  # the model answered READY (for READY -> gate latency)
+    loaded: str | None = None  # the digest of the config Triton said it has loaded (None: it did not say)
 
 
 async def check_replica(
@@ -32,11 +33,13 @@ async def check_replica(
     digest: str,
     timeout: float = 2.0,
     versions: Mapping[str, tuple[int, ...]] | None = None,
+    also: str | None = None,
 ) -> ReplicaVerdict:
     """One round of questions to the Triton at `address` (host:port of gRPC).
 
     `versions` names, by Triton model name, the versions that must each be READY (the policy's served ones); a
-    model it does not name is asked about its latest version."""
+    model it does not name is asked about its latest version. `also` is a second digest the replica may serve
+    (in-place Swap: the config it served before, while the new one loads beside it)."""
     versions = versions or {}
     client = grpcaio.InferenceServerClient(address)
     try:
@@ -46,21 +49,26 @@ async def check_replica(
                 ready = await client.is_model_ready(name, version, client_timeout=timeout)
                 if not ready:
                     return await _why_not_ready(client, name, timeout, v)
+        accepted = {digest} | ({also} if also else set())
+        first: str | None = None
         for v in versions.get(model) or (None,):
             cfg = await client.get_model_config(model, "" if v is None else str(v), client_timeout=timeout)
             param = cfg.config.parameters.get(DIGEST_PARAMETER)
             loaded = param.string_value if param is not None else ""
-            if loaded != digest:
+            first = loaded if first is None else first
+            if loaded not in accepted:
                 which = "" if v is None else f" for version {v}"
                 return ReplicaVerdict(
                     False,
                     "ConfigDigestMismatch",
                     f"Triton loaded config digest {loaded or '(none)'}{which} but this replica wants {digest}",
                     ready_seen=True,
+                    loaded=loaded or None,
                 )
         served = f" (versions {', '.join(map(str, versions[model]))})" if versions.get(model) else ""
         return ReplicaVerdict(
-            True, "ModelWarmed", f"model {model}{served} is READY with config digest {digest}", ready_seen=True
+            True, "ModelWarmed", f"model {model}{served} is READY with config digest {first}", ready_seen=True,
+            loaded=first or None,
         )
     except InferenceServerException as exc:
         return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc.message() or exc}")

@@ -1,0 +1,91 @@
+"""Loading a new config into a running Triton, in place (EXPLICIT model control): the calls an in-place rollout
+makes on one replica, through Triton's repository API and its statistics.
+
+Measured on the Triton we ship (2.51, `tests/test_reload_live.py` pins it): a load with a new `config` while the
+model serves swaps in the background (the old copy answers until the new one is READY; a load that fails leaves
+the old one serving); an unload takes the model away until the next load is done.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import tritonclient.grpc.aio as grpcaio
+from google.protobuf import json_format
+from tritonclient.utils import InferenceServerException
+
+from ..api.v1alpha1 import DIGEST_PARAMETER
+
+
+@dataclass(frozen=True)
+class Served:
+    """The config a replica's Triton has loaded for a model, as the JSON a load takes, and its digest."""
+
+    config: str
+    digest: str | None
+    sequence_idle_seconds: float | None  # a sequence model: how long Triton keeps an idle sequence's slot
+
+
+@dataclass(frozen=True)
+class Loaded:
+    ok: bool
+    message: str  # Triton's own, when the load failed
+
+
+def _client(address: str) -> grpcaio.InferenceServerClient:
+    return grpcaio.InferenceServerClient(address)
+
+
+async def served(address: str, name: str, timeout: float = 5.0) -> Served | None:
+    """What the replica serves for `name`, or None when it has no READY copy of it."""
+    client = _client(address)
+    try:
+        if not await client.is_model_ready(name, client_timeout=timeout):
+            return None
+        cfg = (await client.get_model_config(name, client_timeout=timeout)).config
+        param = cfg.parameters.get(DIGEST_PARAMETER)
+        idle = None
+        if cfg.HasField("sequence_batching"):
+            # Triton's default idle timeout is 1 s when the config names none
+            idle = (cfg.sequence_batching.max_sequence_idle_microseconds or 1_000_000) / 1e6
+        text = json_format.MessageToJson(cfg, preserving_proto_field_name=True, indent=None)
+        return Served(text, param.string_value if param is not None and param.string_value else None, idle)
+    finally:
+        await client.close()
+
+
+async def requests_seen(address: str, name: str, timeout: float = 5.0) -> int:
+    """Requests the replica has received for `name` so far (succeeded and failed, every version): a count that
+    stops moving once no request arrives."""
+    client = _client(address)
+    try:
+        stats = await client.get_inference_statistics(name, client_timeout=timeout)
+        return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in stats.model_stats)
+    finally:
+        await client.close()
+
+
+async def unload(address: str, name: str, timeout: float = 120.0) -> None:
+    """Unloads `name` (Triton lets requests in flight finish first)."""
+    client = _client(address)
+    try:
+        await client.unload_model(name, client_timeout=timeout)
+    finally:
+        await client.close()
+
+
+async def load(address: str, name: str, config: str, timeout: float = 600.0) -> Loaded:
+    """Loads `name` with `config` (JSON) over the files the replica's repository holds; returns once Triton has
+    the new copy READY (warm-up included) or has given up on it, with Triton's reason."""
+    json.loads(config)  # a malformed config is our defect, not Triton's answer
+    client = _client(address)
+    try:
+        await client.load_model(name, config=config, client_timeout=timeout)
+        if not await client.is_model_ready(name, client_timeout=10.0):
+            return Loaded(False, "the load returned but the model is not READY")
+        return Loaded(True, "")
+    except InferenceServerException as exc:
+        return Loaded(False, exc.message() or str(exc))
+    finally:
+        await client.close()
