@@ -1,0 +1,380 @@
+"""In-place reloads against a REAL tritonserver (2.51 from the nvidia-pytriton wheel, CPU, Python backend).
+
+Pins what `triton_operator.triton.reload` and `triton_operator.controller.reload` rely on (measured by hand in
+TRITON_NOTES.md, "Reloading a model in a running server"): a load with a new `config` while the model serves
+swaps in the background, with no failed request; a load that fails leaves the old copy serving; an unload takes
+the model away until the next load. Then one replica's reload end to end (`reload_replica`, Swap and Drain, a
+config that loads and one that does not), with a recording stand-in for the Kubernetes API only.
+
+The model: a Python model whose `initialize` sleeps `initSeconds` (a model that takes a while to load, so the
+swap is observable) and raises when `failInitialize` is "yes" (a config Triton cannot load); it answers
+INPUT + `generation`, so each answer says which config's copy served it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.triton_helpers import Served, models_from_yaml, start_served, tensor
+from triton_operator.api.v1alpha1 import DIGEST_PARAMETER
+from triton_operator.controller.reload import drain, reload_replica
+from triton_operator.plan.rollout import INSTRUCTION
+from triton_operator.render.kubernetes import (
+    ANNOTATION_DIGEST,
+    ANNOTATION_DRAIN_SECONDS,
+    ANNOTATION_PREVIOUS,
+    ANNOTATION_RELOAD,
+    ANNOTATION_RELOAD_FAILED,
+    ANNOTATION_RELOAD_FROM,
+    ANNOTATION_RELOAD_MESSAGE,
+    configmap_key,
+)
+from triton_operator.render.modelconfig import RenderedModel, config_json, render_repository
+from triton_operator.triton import reload as triton
+from triton_operator.triton.local import LocalTritonServer
+
+pytestmark = pytest.mark.triton
+
+SPEC = """
+apiVersion: serving.triton-operator.dev/v1alpha1
+kind: TritonModel
+metadata: {{name: {name}}}
+spec:
+  backend: python
+  maxBatchSize: 8
+  batcher: {{maxQueueDelayMicroseconds: {delay}}}
+  inputs: [{{name: INPUT, dataType: FP32, dims: [4]}}]
+  outputs: [{{name: OUTPUT, dataType: FP32, dims: [4]}}]
+  instanceGroups: [{{kind: CPU, count: 1}}]
+  parameters: {{initSeconds: "{init}", failInitialize: "{fail}", generation: "{generation}"}}
+  source:
+    inline:
+      model.py: |
+        import json
+        import time
+
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                params = {{k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}}
+                time.sleep(float(params["initSeconds"]))  # stands in for loading weights
+                if params["failInitialize"] == "yes":
+                    raise RuntimeError("failInitialize is yes: this config cannot load")
+                self.generation = np.float32(params["generation"])
+
+            def execute(self, requests):
+                return [
+                    pb_utils.InferenceResponse([pb_utils.Tensor(
+                        "OUTPUT", (pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() + self.generation)
+                        .astype(np.float32))])
+                    for r in requests
+                ]
+"""
+
+#: The first (served) config of every model: generation 1.
+BASE = {"delay": 100, "init": "1", "fail": "no", "generation": "1"}
+#: A config that loads: another batcher delay and generation (so another digest).
+NEW = {"delay": 5000, "generation": "2"}
+#: A config whose initialize raises (after its sleep): Triton cannot load it.
+BAD = {"delay": 7000, "generation": "3", "fail": "yes"}
+
+#: One model per test, so no test sees another's reload. SWAP's initialize takes 2 s: the swap is long enough
+#: for thousands of requests to arrive while the new copy loads.
+SWAP, REFUSED, UNLOAD, SEEN, DRAIN = "reload-swap", "reload-refused", "reload-unload", "reload-seen", "reload-drain"
+REPLICA = {case: f"replica-{case}" for case in ("swap-ok", "swap-bad", "drain-ok", "drain-bad")}
+INIT = {SWAP: "2"}
+
+
+def render(name: str, **changes: object) -> RenderedModel:
+    values = {**BASE, "init": INIT.get(name, BASE["init"]), **changes}
+    [model] = models_from_yaml(SPEC.format(name=name, **values), name)
+    return render_repository([model])[name]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    names = [SWAP, REFUSED, UNLOAD, SEEN, DRAIN, *REPLICA.values()]
+    models = [m for n in names for m in models_from_yaml(SPEC.format(name=n, **{**BASE, "init": INIT.get(n, "1")}))]
+    started: list[LocalTritonServer] = []
+    try:
+        served = start_served(models, tmp_path_factory.mktemp("reload") / "repo", on_start=started.append)
+        yield served
+        served.client.close()
+    finally:
+        for s in started:  # nine Python models keep tritonserver past stop()'s default grace of 10 s
+            s.stop(grace=3)
+
+
+def address(server: Served) -> str:
+    return server.server.grpc_url
+
+
+def served_digest(server: Served, name: str) -> str | None:
+    now = asyncio.run(triton.served(address(server), name))
+    return now.digest if now is not None else None
+
+
+def infer(client: grpcclient.InferenceServerClient, name: str) -> int:
+    """One request; the generation of the config whose copy answered it."""
+    out = client.infer(name, [tensor("INPUT", np.zeros((1, 4), np.float32))]).as_numpy("OUTPUT")
+    assert out is not None and len(set(out.ravel().tolist())) == 1, out
+    return int(out.ravel()[0])
+
+
+@dataclass
+class Counts:
+    sent: int
+    failed: int
+    by_generation: dict[int, int]
+    errors: dict[str, int]
+
+
+class Traffic:
+    """Client threads sending requests to one model without a pause (each on its own connection), recording each
+    request's send time and outcome: the generation that answered it, or Triton's message."""
+
+    def __init__(self, server: Served, name: str, threads: int = 3) -> None:
+        self.url, self.name = server.server.grpc_url, name
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.events: list[tuple[float, int | str]] = []  # (sent at, generation or error)
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        client = grpcclient.InferenceServerClient(self.url)
+        try:
+            while not self.stop.is_set():
+                sent = time.monotonic()
+                try:
+                    outcome: int | str = infer(client, self.name)
+                except InferenceServerException as exc:
+                    outcome = (exc.message() or str(exc))[:160]
+                with self.lock:
+                    self.events.append((sent, outcome))
+        finally:
+            client.close()
+
+    def counts(self, since: float = 0.0, until: float = float("inf")) -> Counts:
+        """The requests sent in [since, until) (answered by now)."""
+        with self.lock:
+            outcomes = [o for t, o in self.events if since <= t < until]
+        gens = collections.Counter(o for o in outcomes if isinstance(o, int))
+        errors = collections.Counter(o for o in outcomes if isinstance(o, str))
+        return Counts(len(outcomes), sum(errors.values()), dict(gens), dict(errors))
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while self.counts().sent < 50:  # flowing before the test acts
+            assert time.monotonic() < deadline, f"no traffic to {self.name}: {self.counts()}"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+
+
+def timed_load(server: Served, name: str, pbtxt: str) -> tuple[triton.Loaded, float]:
+    start = time.monotonic()
+    loaded = asyncio.run(triton.load(address(server), name, config_json(pbtxt)))
+    return loaded, time.monotonic() - start
+
+
+# ---------------------------------------------------------------- Triton's behaviour, through triton/reload.py
+
+
+def test_config_json_is_the_rendered_config() -> None:
+    """config_json carries every field of the pbtxt, the digest parameter included (protobuf's JSON mapping)."""
+    import json
+
+    new = render(SWAP, **NEW)
+    loaded = json.loads(config_json(new.config_pbtxt))
+    assert loaded["name"] == SWAP
+    assert loaded["parameters"][DIGEST_PARAMETER] == {"string_value": new.digest}
+    assert int(loaded["dynamic_batching"]["max_queue_delay_microseconds"]) == NEW["delay"]
+
+
+def test_load_with_a_new_config_swaps_without_a_failed_request(server: Served) -> None:
+    old, new = render(SWAP), render(SWAP, **NEW)
+    assert old.digest != new.digest
+    assert served_digest(server, SWAP) == old.digest
+    with Traffic(server, SWAP) as traffic:
+        start = time.monotonic()
+        loaded, seconds = timed_load(server, SWAP, new.config_pbtxt)
+        returned = time.monotonic()
+        time.sleep(0.5)
+    during, after = traffic.counts(start, returned), traffic.counts(returned)
+    figures = (f"load took {seconds:.2f}s; {during.sent} requests sent during it, {during.failed} failed, "
+               f"answered by generation {during.by_generation}, errors {during.errors}; {after.sent} sent after it, "
+               f"{after.failed} failed, by generation {after.by_generation}")
+    print(f"\nswap: {figures}")  # the measured figures, shown with -s
+    assert loaded.ok, server.why(f"load failed: {loaded.message}; {figures}")
+    assert during.failed == 0 and after.failed == 0, server.why(figures)
+    assert seconds >= 2.0, f"the load did not wait for the new copy's 2 s initialize: {figures}"
+    assert during.by_generation.get(1, 0) > 0, f"the old copy did not answer while the new one loaded: {figures}"
+    assert set(during.by_generation) <= {1, 2} and set(after.by_generation) == {2}, figures
+    now = asyncio.run(triton.served(address(server), SWAP))
+    assert now is not None and now.digest == new.digest, now
+    assert f'"max_queue_delay_microseconds": "{NEW["delay"]}"' in now.config, now.config
+    assert now.sequence_idle_seconds is None
+
+
+def test_a_load_that_fails_leaves_the_old_config_serving(server: Served) -> None:
+    old, bad = render(REFUSED), render(REFUSED, **BAD)
+    assert served_digest(server, REFUSED) == old.digest
+    with Traffic(server, REFUSED) as traffic:
+        start = time.monotonic()
+        loaded, seconds = timed_load(server, REFUSED, bad.config_pbtxt)
+        time.sleep(0.3)
+    during = traffic.counts(start)
+    figures = (f"load took {seconds:.2f}s; {during.sent} requests sent, {during.failed} failed, "
+               f"by generation {during.by_generation}, errors {during.errors}")
+    print(f"\nrefused load: {figures}; Triton said: {loaded.message}")
+    assert not loaded.ok, server.why(f"Triton loaded a config whose initialize raises; {figures}")
+    assert "failInitialize is yes" in loaded.message and REFUSED in loaded.message, loaded.message
+    assert during.failed == 0 and set(during.by_generation) == {1}, server.why(figures)
+    assert server.client.is_model_ready(REFUSED)
+    assert served_digest(server, REFUSED) == old.digest
+
+
+def test_unload_takes_the_model_away_until_the_next_load(server: Served) -> None:
+    old, new = render(UNLOAD), render(UNLOAD, **NEW)
+    assert served_digest(server, UNLOAD) == old.digest
+    assert infer(server.client, UNLOAD) == 1
+    asyncio.run(triton.unload(address(server), UNLOAD))
+    assert not server.client.is_model_ready(UNLOAD), "unload() returned while the model was still READY"
+    assert asyncio.run(triton.served(address(server), UNLOAD)) is None
+    with pytest.raises(InferenceServerException) as refused:
+        infer(server.client, UNLOAD)
+    print(f"\nafter unload, a request: {refused.value.message()}")
+    loaded, seconds = timed_load(server, UNLOAD, new.config_pbtxt)
+    print(f"load after unload: {seconds:.2f}s")
+    assert loaded.ok, server.why(loaded.message)
+    assert served_digest(server, UNLOAD) == new.digest
+    assert infer(server.client, UNLOAD) == 2
+
+
+def test_requests_seen_counts_each_request(server: Served) -> None:
+    addr = address(server)
+    first = asyncio.run(triton.requests_seen(addr, SEEN))
+    for _ in range(17):
+        assert infer(server.client, SEEN) == 1
+    second = asyncio.run(triton.requests_seen(addr, SEEN))
+    assert second - first == 17, (first, second)
+    assert asyncio.run(triton.requests_seen(addr, SEEN)) == second  # no request, no change
+    for _ in range(5):
+        infer(server.client, SEEN)
+    assert asyncio.run(triton.requests_seen(addr, SEEN)) - second == 5
+
+
+# ---------------------------------------------------------------- drain()
+
+
+def pod(name: str, annotations: Mapping[str, str], ready: bool = False) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": f"{name}-pod", "annotations": dict(annotations)},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_drain_waits_for_a_quiet_second_and_gives_up_at_its_timeout(server: Served) -> None:
+    addr, body = address(server), pod(DRAIN, {})
+    done, took = asyncio.run(drain(lambda: body, addr, DRAIN, timeout=5.0, quiet=1.0))
+    assert done and 1.0 <= took < 4.0, (done, took)
+    with Traffic(server, DRAIN, threads=1):
+        done, took = asyncio.run(drain(lambda: body, addr, DRAIN, timeout=2.0, quiet=1.0))
+    assert not done and 2.0 <= took < 5.0, (done, took)
+
+
+# ---------------------------------------------------------------- reload_replica, end to end
+
+
+class RecordingKube:
+    """The two calls reload_replica makes on the Kubernetes API: get (a ConfigMap) and patch_pod_annotations."""
+
+    def __init__(self, configmaps: Mapping[str, dict[str, Any]]) -> None:
+        self.configmaps = configmaps
+        self.gets: list[tuple[str, str, str, str]] = []
+        self.patches: list[tuple[str, str, dict[str, str | None], dict[str, str | None] | None]] = []
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.gets.append((api_version, kind, namespace, name))
+        return self.configmaps.get(name) if (api_version, kind) == ("v1", "ConfigMap") else None
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None],
+                              expect: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+        self.patches.append((namespace, name, dict(annotations), dict(expect) if expect is not None else None))
+        return {"metadata": {"namespace": namespace, "name": name, "annotations": {}}}
+
+
+def run_replica(server: Served, name: str, mode: str, target: RenderedModel, old: RenderedModel,
+                ) -> tuple[RecordingKube, dict[str, str], float]:
+    annotations = {ANNOTATION_DIGEST: target.digest, ANNOTATION_RELOAD: mode, ANNOTATION_RELOAD_FROM: "cm",
+                   ANNOTATION_PREVIOUS: old.digest}
+    if mode == "Drain":
+        annotations[ANNOTATION_DRAIN_SECONDS] = "0"
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": "cm"},
+          "data": {configmap_key(f"{name}/config.pbtxt"): target.config_pbtxt}}
+    kube, body = RecordingKube({"cm": cm}), pod(name, annotations)
+    start = time.monotonic()
+    asyncio.run(reload_replica(kube, lambda: body, address(server), name))  # type: ignore[arg-type]
+    return kube, annotations, time.monotonic() - start
+
+
+def expect_of(annotations: Mapping[str, str]) -> dict[str, str | None]:
+    return {k: annotations[k] for k in (ANNOTATION_DIGEST, ANNOTATION_RELOAD, ANNOTATION_RELOAD_FROM)}
+
+
+@pytest.mark.parametrize("mode", ["Swap", "Drain"])
+def test_reload_replica_loads_the_new_config_and_clears_the_instruction(server: Served, mode: str) -> None:
+    name = REPLICA[f"{mode.lower()}-ok"]
+    old, new = render(name), render(name, **NEW)
+    assert served_digest(server, name) == old.digest
+    if mode == "Swap":
+        with Traffic(server, name) as traffic:
+            kube, annotations, seconds = run_replica(server, name, mode, new, old)
+        counts = traffic.counts()
+        print(f"\nreload_replica Swap: {seconds:.2f}s; {counts}")
+        assert counts.failed == 0, server.why(f"requests failed during a Swap: {counts}")
+    else:
+        kube, annotations, seconds = run_replica(server, name, mode, new, old)
+        print(f"\nreload_replica Drain: {seconds:.2f}s")
+    assert kube.gets == [("v1", "ConfigMap", "ns", "cm")]
+    assert kube.patches == [("ns", f"{name}-pod", dict.fromkeys(INSTRUCTION), expect_of(annotations))], kube.patches
+    assert served_digest(server, name) == new.digest
+    assert infer(server.client, name) == 2
+
+
+@pytest.mark.parametrize("mode", ["Swap", "Drain"])
+def test_reload_replica_with_a_config_that_cannot_load_keeps_the_old_one(server: Served, mode: str) -> None:
+    name = REPLICA[f"{mode.lower()}-bad"]
+    old, bad = render(name), render(name, **BAD)
+    assert served_digest(server, name) == old.digest
+    kube, annotations, seconds = run_replica(server, name, mode, bad, old)
+    print(f"\nreload_replica {mode} of a config that cannot load: {seconds:.2f}s; patches {kube.patches}")
+    [(namespace, pod_name, patch, expect)] = kube.patches
+    assert (namespace, pod_name, expect) == ("ns", f"{name}-pod", expect_of(annotations))
+    assert patch[ANNOTATION_RELOAD_FAILED] == bad.digest, patch
+    assert "failInitialize is yes" in (patch[ANNOTATION_RELOAD_MESSAGE] or ""), patch
+    assert patch[ANNOTATION_DIGEST] == old.digest, patch
+    assert {k: patch[k] for k in INSTRUCTION} == dict.fromkeys(INSTRUCTION), patch
+    assert server.client.is_model_ready(name), server.why(f"{name} is not READY after a failed {mode}")
+    assert served_digest(server, name) == old.digest, server.why(f"{name} does not serve the old config again")
+    assert infer(server.client, name) == 1
