@@ -54,7 +54,7 @@ def test_the_leader_killed_mid_rollout_a_follower_takes_over_the_rollout_complet
     operator.start()  # both replicas ready endpoints of the webhook Service, and a live leader: the claim's premise
     pods = operator.pods()  # type: ignore[attr-defined]
     assert len(pods) == 2, f"the chart's default is two operator replicas: {[p['metadata']['name'] for p in pods]}"
-    tm = _two_ready_replicas(kube, kubeconfig, namespace, add_sub())
+    tm = _two_ready_replicas(kube, kubeconfig, namespace, add_sub(strategy="NewPods"))
     old_digest = tm["status"]["configDigest"]
     probe = add_sub("probe")
     probe["spec"]["replicas"] = 0

@@ -88,7 +88,9 @@ def zero_model(name: str) -> dict:
 
 
 def serving_model(name: str, replicas: int) -> dict:
-    doc = add_sub(name)
+    # NewPods: the queue-delay update rolls the Deployment, whose template (and ConfigMap) then name the status's
+    # digest, which `converged` checks. In-place rollouts under an operator kill: e2e/test_inplace.py.
+    doc = add_sub(name, strategy="NewPods")
     doc["spec"]["replicas"] = replicas
     return doc
 

@@ -51,9 +51,13 @@ def apply(kubeconfig: Path, namespace: str, *docs: dict) -> None:
     kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream(list(docs)))
 
 
-def add_sub(name: str = "add-sub") -> dict:
+def add_sub(name: str = "add-sub", strategy: str | None = None) -> dict:
+    """The add-sub example as `name`; `strategy` sets spec.rollout.strategy (NewPods: a config change rolls the
+    Deployment, for the tests of that path; the default, InPlace, reloads replicas: e2e/test_inplace.py)."""
     doc = load_examples("add-sub")[0]
     doc["metadata"]["name"] = name
+    if strategy:
+        doc["spec"]["rollout"] = {"strategy": strategy}
     return doc
 
 
@@ -414,7 +418,7 @@ class RolloutWatcher(threading.Thread):
 
 def test_scale_then_config_change_rolls_out_with_a_warm_replica_always_serving(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
-    apply(kubeconfig, namespace, add_sub())
+    apply(kubeconfig, namespace, add_sub(strategy="NewPods"))
     wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 120)
 
     # kubectl scale goes through the scale subresource.

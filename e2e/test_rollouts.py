@@ -107,7 +107,7 @@ def _warnings(kube: Kube, namespace: str, limit: int = 15) -> list[str]:
 
 def test_rollout_scale_down_and_scale_up_under_client_load_fail_no_request(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes) -> None:
-    tm = _two_ready_replicas(kube, kubeconfig, namespace, add_sub())
+    tm = _two_ready_replicas(kube, kubeconfig, namespace, add_sub(strategy="NewPods"))
     phases: dict[str, Tally] = {}
     took: dict[str, float] = {}
 

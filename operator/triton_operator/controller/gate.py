@@ -100,13 +100,15 @@ class WarmupGate:
         while (gate.namespace, gate.name) in self.pods:
             verdict = await self._check(gate)
             ann = gate.body["metadata"].get("annotations") or {}
+            if verdict.loaded and ann.get(ANNOTATION_LOADED) != verdict.loaded:
+                await self._record_loaded(gate, verdict.loaded)
+            # A reload starts once Triton is done with what it loads at start: READY (with whichever config), or
+            # failed to load it (the reload then brings the config asked for).
+            if ANNOTATION_RELOAD in ann and (verdict.ready_seen or verdict.reason == "ModelLoadFailed"):
+                self._start_reload(gate)
             if ANNOTATION_RELOAD in ann and not verdict.ok:
                 verdict = replace(verdict, reason="Reloading", message=(
                     f"loading config {ann.get(ANNOTATION_DIGEST)} in place ({ann[ANNOTATION_RELOAD]}): {verdict.message}"))
-            if verdict.loaded and ann.get(ANNOTATION_LOADED) != verdict.loaded:
-                await self._record_loaded(gate, verdict.loaded)
-            if ANNOTATION_RELOAD in ann and verdict.reason != "TritonUnreachable":
-                self._start_reload(gate)
             write = gate_condition(gate.body, verdict.ok, verdict.reason, verdict.message, utc_now())
             if write is not None:
                 await self._set(gate, verdict, write)
