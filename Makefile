@@ -21,6 +21,7 @@ venv: $(STAMP)
 ## Regenerate the CRD in crds/ from the pydantic models.
 crd: $(STAMP)
 	$(BIN)/triton-operator crd > crds/tritonmodels.yaml
+	cp crds/tritonmodels.yaml charts/triton-operator/crds/tritonmodels.yaml
 
 ## Regenerate the TritonModel reference in README.md from the pydantic field descriptions.
 docs: $(STAMP)
