@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..api import steps as step_graph
-from ..api.kinds import LABEL_MODEL, REPLICA_SET, TRITON_MODEL, WATCHED
+from ..api.kinds import DEPLOYMENT, LABEL_MODEL, REPLICA_SET, TRITON_MODEL, WATCHED
 from ..api.timestamps import utc_now
 from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
 from ..render.kubernetes import Options
@@ -181,6 +181,12 @@ class Reconciler:
         listed: list[dict[str, Any]] = []
         if body.get("status"):
             listed = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_MODEL}={name}")
+            # The live pod template too: an in-place change keeps it (`plan.rollout.in_place_deployment`), and a
+            # plan made without it would roll the Deployment.
+            if (DEPLOYMENT.kind, namespace, name) not in self.cache.children:
+                dep = await asyncio.to_thread(self.kube.get, DEPLOYMENT.api_version, DEPLOYMENT.kind, namespace, name)
+                if dep is not None and (dep["metadata"].get("labels") or {}).get(LABEL_MODEL) == name:
+                    self.cache.put_child(dep)
         self.cache.prime_pods(namespace, name, listed)
 
     async def _reconcile(self, body: dict[str, Any]) -> None:
