@@ -8,6 +8,7 @@ gate approves. Same session operator (the chart, in-cluster) and per-test namesp
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.test_operator import add_sub, apply, live_pods
-from e2e.testing import consistently, ready_endpoints
+from e2e.testing import consistently, is_ready, ready_endpoints
 from triton_operator.api.v1alpha1 import DIGEST_PARAMETER
 from triton_operator.render.kubernetes import (
     ANNOTATION_DIGEST,
@@ -104,9 +105,26 @@ def serving(kube: Kube, namespace: str, digest: str, replicas: int, model: str =
         and loaded_digest(p["status"]["podIP"], model) == digest for p in pods)
 
 
+def gate_approved(pod: dict) -> set[str]:
+    """The digests the pod's gate approves: those the pod names (its config-digest, and during a swap its previous
+    one), and the one its gate condition named when it last turned True (until the gate has seen an instruction,
+    e.g. while the operator is down, the replica serves what was approved then)."""
+    ann = annotations(pod)
+    approved = {ann.get(ANNOTATION_DIGEST), ann.get(ANNOTATION_PREVIOUS)} - {None}
+    said = re.search(r"config digest ([0-9a-f]+)", gate(pod).get("message") or "")
+    if gate(pod).get("status") == "True" and said:
+        approved.add(said.group(1))
+    return approved
+
+
 class GateAudit:
     """Samples, until stopped: every ready endpoint of the model's Service must be a pod whose Triton serves a
-    digest its gate approves (the pod's config-digest, or during a swap its previous one)."""
+    digest its gate approves (`gate_approved`), now or within the last `LAG` seconds: an EndpointSlice follows a
+    pod's readiness a moment later (the kubelet's status update, then the EndpointSlice controller), and until
+    it does the replica serves what its gate approved before (Drain unloads only once the pod is NotReady and
+    has had no request for a second)."""
+
+    LAG = 2.0
 
     def __init__(self, kube: Kube, namespace: str, model: str = "add-sub") -> None:
         self.kube, self.namespace, self.model = kube, namespace, model
@@ -115,9 +133,13 @@ class GateAudit:
         self.errors: list[str] = []
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gate-audit", daemon=True)
+        self._approvals: dict[str, list[tuple[float, set[str]]]] = {}  # pod -> (when, what its gate approved)
 
     def __enter__(self) -> GateAudit:
+        self._start = time.monotonic()
         self._thread.start()
+        # what each gate approves before the change: the history a lagging EndpointSlice is judged against
+        wait_for("the gate audit's first samples", lambda: self.samples >= 3 or self.errors, 30)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -130,13 +152,19 @@ class GateAudit:
                 ready = {ep["targetRef"]["name"] for ep in ready_endpoints(self.kube, self.namespace, self.model)
                          if ep.get("targetRef")}
                 pods = {p["metadata"]["name"]: p for p in live_pods(self.kube, self.namespace, self.model)}
+                now = time.monotonic()
+                for name, pod in pods.items():
+                    seen = [(t, a) for t, a in self._approvals.get(name, []) if now - t <= self.LAG]
+                    self._approvals[name] = [*seen, (now, gate_approved(pod))]
                 for name in sorted(ready & set(pods)):
-                    ann = annotations(pods[name])
-                    approved = {ann.get(ANNOTATION_DIGEST), ann.get(ANNOTATION_PREVIOUS)} - {None}
+                    approved = set().union(*(a for _, a in self._approvals[name]))
                     loaded = loaded_digest(pods[name]["status"]["podIP"], self.model)
                     if loaded not in approved:
-                        self.violations.append(f"{name}: a ready endpoint serving {loaded}, its gate approves "
-                                               f"{sorted(approved)}")
+                        g = gate(pods[name])
+                        self.violations.append(
+                            f"+{now - self._start:.1f}s {name}: a ready endpoint serving {loaded}, its gate approves "
+                            f"{sorted(approved)} (gate {g.get('status')} {g.get('reason')}; pod Ready "
+                            f"{is_ready(pods[name])})")
                 self.samples += 1
             except Exception as e:  # noqa: BLE001 - a pod going away mid-sample; counted, not fatal
                 self.errors.append(repr(e))
