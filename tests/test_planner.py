@@ -199,7 +199,9 @@ def test_scaling_to_one_replica_deletes_the_pdb() -> None:
 
 def test_old_repositories_are_deleted_once_no_replicaset_uses_them() -> None:
     api, cache = _Api(), {}
-    world, _ = _settle(_world(_body()), api, cache)
+    # NewPods: the Deployment's template moves to the new config (in place it keeps the old one, and its ConfigMap:
+    # tests/test_rollout.py).
+    world, _ = _settle(_world(_body(rollout={"strategy": "NewPods"})), api, cache)
     old_repo = next(n for k, n in world.children if k == "ConfigMap")
     old_rs = {"kind": "ReplicaSet", "metadata": {"name": "m-1", "labels": {LABEL_MODEL: "m"}},
               "spec": {"replicas": 1, "template": api.objects[("Deployment", "m")]["spec"]["template"]},

@@ -186,6 +186,35 @@ def test_a_config_change_in_place_keeps_the_template_and_tells_max_unavailable_r
         assert patch[ANNOTATION_DRAIN_SECONDS] is None, "no drain timeout in a swap"
 
 
+def test_with_no_replica_wanted_a_config_change_rolls_the_deployment() -> None:
+    """replicas: 0 has no replica to load the config: the template (and its ConfigMap) take the new config."""
+    world = _rolled_out(replicas=0)
+    assert world.pods == []
+    old = _live(world)["metadata"]["annotations"][ANNOTATION_DIGEST]
+    decided = plan(_changed(world, **CONFIG_CHANGE))
+    template = _after(world, decided)
+    assert template["metadata"]["annotations"][ANNOTATION_DIGEST] == decided.digest != old
+    assert repository_of(template) == _repository(decided)
+    assert decided.pods == ()
+
+
+def test_in_place_the_configmap_the_kept_template_mounts_is_never_collected() -> None:
+    """The template still mounts the old config's ConfigMap: a pod the Deployment creates later needs it, even
+    when no ReplicaSet has a replica now; the new config's ConfigMap stays too (the replicas load from it)."""
+    world = _rolled_out()
+    old_repository = repository_of(_live(world))
+    changed = _changed(world, **CONFIG_CHANGE)
+    first = plan(changed)
+    new_repository = _repository(first)
+    for replicasets in ([], None):  # none can create pods; not read yet
+        settled = replace(carried_out(changed, first), replicasets=replicasets)
+        decided = plan(settled)
+        assert [d.name for d in decided.delete if d.kind == "ConfigMap"] == []
+        assert decided.reads == (), "both ConfigMaps are needed: nothing to read the ReplicaSets for"
+        assert {k[1] for k, c in settled.children.items() if k[0] == "ConfigMap" and c is not None} == {
+            old_repository, new_repository}
+
+
 def test_a_config_change_with_new_pods_rolls_the_deployment_and_tells_no_replica() -> None:
     world = _rolled_out(rollout={"strategy": "NewPods"})
     old = _live(world)["metadata"]["annotations"][ANNOTATION_DIGEST]

@@ -39,6 +39,7 @@ from ..render.kubernetes import (
     Options,
     RepositoryTooLarge,
     render_children,
+    repository_of,
     selector_string,
     unused_repositories,
 )
@@ -298,8 +299,10 @@ def plan(world: World) -> Plan:
         desired, digest, problem = _desired(world, model)
 
     rollout = ReplicaRollout()
+    # In place only where a replica can load the config: with no replica wanted, the Deployment takes the new
+    # template at no cost (no pod to replace), and its template and ConfigMap name the desired config.
     if model is not None and digest is not None and desired and model.spec.warmup_gate.enabled \
-            and model.spec.rollout.strategy == "InPlace":
+            and model.spec.rollout.strategy == "InPlace" and model.spec.replicas > 0:
         desired = [in_place_deployment(c, world.children.get((DEPLOYMENT.kind, name))) if c["kind"] == DEPLOYMENT.kind
                    else c for c in desired]
         want = next(c for c in desired if c["kind"] == DEPLOYMENT.kind)
@@ -322,13 +325,15 @@ def plan(world: World) -> Plan:
         repository = next(c for c in desired if c["kind"] == CONFIG_MAP.kind)["metadata"]["name"]
         mine = [c for (kind, _), c in sorted(world.children.items()) if c is not None and kind == CONFIG_MAP.kind
                 and _owned_by(c, name, uid)]
-        if any(c["metadata"]["name"] != repository for c in mine):
+        deployment = next((c for c in desired if c["kind"] == DEPLOYMENT.kind), None)
+        mounted = repository_of(deployment["spec"]["template"]) if deployment is not None else None
+        if any(c["metadata"]["name"] not in (repository, mounted) for c in mine):
             if world.replicasets is None:
                 if api_error is None:  # a refused write stops the reconcile: no deletes, no reads
                     reads.append(Read(REPLICA_SET.api_version, REPLICA_SET.kind))
             else:
                 delete += [Delete(CONFIG_MAP.api_version, CONFIG_MAP.kind, unused, "no ReplicaSet uses it")
-                           for unused in unused_repositories(mine, world.replicasets, repository)]
+                           for unused in unused_repositories(mine, world.replicasets, repository, mounted)]
     if model is not None and model.spec.replicas <= 1 and world.children.get((PDB.kind, name)) is not None:
         delete.append(Delete(PDB.api_version, PDB.kind, name, "spec.replicas is 1 or less"))
     # The status, from the replicas as they are (the writes above change no pod at once).

@@ -188,16 +188,19 @@ def repository_of(template: Mapping[str, Any]) -> str | None:
 
 
 def unused_repositories(
-    configmaps: Iterable[Mapping[str, Any]], replicasets: Iterable[Mapping[str, Any]], desired: str
+    configmaps: Iterable[Mapping[str, Any]], replicasets: Iterable[Mapping[str, Any]], desired: str,
+    template: str | None = None,
 ) -> list[str]:
     """Names of a model's repository ConfigMaps that no pod can need any more: to delete.
 
     Kept: `desired` (applied before the Deployment, so no ReplicaSet may name it yet) and the ConfigMap of
     every ReplicaSet that can still create pods (`spec.replicas` > 0) or still has some (`status.replicas`).
     A ReplicaSet scaled to zero comes back only when the Deployment's template is its own again, which only
-    the reconcile writes, and it applies that template's ConfigMap first.
+    the reconcile writes, and it applies that template's ConfigMap first. Also kept: `template`, the ConfigMap
+    the Deployment's template mounts when that is not `desired` (an in-place rollout keeps the template): a pod
+    the Deployment creates later mounts it.
     """
-    keep = {desired}
+    keep = {desired} | ({template} if template else set())
     for rs in replicasets:
         active = int((rs.get("spec") or {}).get("replicas") or 0) or int((rs.get("status") or {}).get("replicas") or 0)
         name = repository_of((rs.get("spec") or {}).get("template") or {})
