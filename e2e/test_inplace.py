@@ -266,7 +266,7 @@ def test_a_config_that_fails_to_load_stops_after_one_replica_which_keeps_serving
     assert not audit.violations, audit.violations[:10]
 
 
-def test_the_operator_killed_mid_rollout_resumes_it_and_a_replica_added_later_serves_the_new_config(
+def test_the_operator_killed_mid_rollout_resumes_it_a_replica_added_later_serves_the_new_config_and_three_drain_under_load(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
     operator.start()
     # Drain, one at a time, and a slow load: a wide window to kill the operator in.
@@ -299,6 +299,26 @@ def test_the_operator_killed_mid_rollout_resumes_it_and_a_replica_added_later_se
     assert not audit.violations, audit.violations[:10]
     wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 3,
                "Ready with 3 warmed replicas", 60)
+
+    # Three replicas rolled in place under load through the Service's ClusterIP, Drain mode: each leaves the
+    # endpoints, drains, unloads and loads while the other two take the traffic.
+    uids = {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
+        wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
+        t0 = time.monotonic()
+        kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": 1100}}}, namespace,
+                   type="merge")
+        tm = wait_model(kube, namespace, "add-sub", lambda tm: tm["status"].get("configDigest") != new,
+                        "the new digest in the status", 30)
+        newer = tm["status"]["configDigest"]
+        wait_for("3 replicas reloaded in place at the new config", lambda: serving(kube, namespace, newer, 3), 240)
+        took = time.monotonic() - t0
+        tally = load.stop()
+    record("in-place rollout (3 replicas, Drain, ClusterIP load)",
+           f"{took:.1f}s; {tally.summary()}; {audit.samples} gate audits")
+    assert {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")} == uids, "in place: the same pods"
+    assert tally.failed == 0 and tally.sent > 200, f"{tally.summary()}; {load.samples}"
+    assert not audit.violations, audit.violations[:10]
 
 
 def _sequence_request(ip: str, corrid: int, value: int, start: bool = False, end: bool = False) -> int:
