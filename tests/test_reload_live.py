@@ -85,6 +85,47 @@ spec:
                 ]
 """
 
+#: A decoupled model: one request (COUNT) answered by COUNT responses 0.2 s apart, each 100 x `generation` + i,
+#: then the FINAL flag.
+STREAM_SPEC = """
+apiVersion: serving.triton-operator.dev/v1alpha1
+kind: TritonModel
+metadata: {{name: {name}}}
+spec:
+  backend: python
+  batching: false
+  decoupled: true
+  inputs: [{{name: COUNT, dataType: INT32, dims: [1]}}]
+  outputs: [{{name: INDEX, dataType: INT32, dims: [1]}}]
+  instanceGroups: [{{kind: CPU, count: 1}}]
+  parameters: {{generation: "{generation}"}}
+  source:
+    inline:
+      model.py: |
+        import json
+        import time
+
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                params = json.loads(args["model_config"])["parameters"]
+                self.generation = int(params["generation"]["string_value"])
+
+            def execute(self, requests):
+                for request in requests:
+                    count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
+                    sender = request.get_response_sender()
+                    for i in range(count):
+                        time.sleep(0.2)
+                        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(
+                            "INDEX", np.array([100 * self.generation + i], dtype=np.int32))]))
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+"""
+
 #: The first (served) config of every model: generation 1.
 BASE = {"delay": 100, "init": "1", "fail": "no", "generation": "1"}
 #: A config that loads: another batcher delay and generation (so another digest).
@@ -95,6 +136,7 @@ BAD = {"delay": 7000, "generation": "3", "fail": "yes"}
 #: One model per test, so no test sees another's reload. SWAP's initialize takes 2 s: the swap is long enough
 #: for thousands of requests to arrive while the new copy loads.
 SWAP, REFUSED, UNLOAD, SEEN, DRAIN = "reload-swap", "reload-refused", "reload-unload", "reload-seen", "reload-drain"
+STREAM = "reload-stream"
 REPLICA = {case: f"replica-{case}" for case in ("swap-ok", "swap-bad", "drain-ok", "drain-bad")}
 INIT = {SWAP: "2"}
 
@@ -105,17 +147,23 @@ def render(name: str, **changes: object) -> RenderedModel:
     return render_repository([model])[name]
 
 
+def render_stream(generation: int) -> RenderedModel:
+    [model] = models_from_yaml(STREAM_SPEC.format(name=STREAM, generation=generation), STREAM)
+    return render_repository([model])[STREAM]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     names = [SWAP, REFUSED, UNLOAD, SEEN, DRAIN, *REPLICA.values()]
     models = [m for n in names for m in models_from_yaml(SPEC.format(name=n, **{**BASE, "init": INIT.get(n, "1")}))]
+    models += models_from_yaml(STREAM_SPEC.format(name=STREAM, generation=1), STREAM)
     started: list[LocalTritonServer] = []
     try:
         served = start_served(models, tmp_path_factory.mktemp("reload") / "repo", on_start=started.append)
         yield served
         served.client.close()
     finally:
-        for s in started:  # nine Python models keep tritonserver past stop()'s default grace of 10 s
+        for s in started:  # ten Python models keep tritonserver past stop()'s default grace of 10 s
             s.stop(grace=3)
 
 
@@ -378,3 +426,88 @@ def test_reload_replica_with_a_config_that_cannot_load_keeps_the_old_one(server:
     assert server.client.is_model_ready(name), server.why(f"{name} is not READY after a failed {mode}")
     assert served_digest(server, name) == old.digest, server.why(f"{name} does not serve the old config again")
     assert infer(server.client, name) == 1
+
+
+class Stream:
+    """One gRPC stream to a decoupled model: responses (or errors) as they arrive, with their arrival times."""
+
+    def __init__(self, server: Served, name: str) -> None:
+        self.client = grpcclient.InferenceServerClient(server.server.grpc_url)
+        self.lock = threading.Lock()
+        self.got: list[tuple[float, int | str]] = []
+        self.client.start_stream(callback=self._on)
+        self.name = name
+
+    def _on(self, result: Any, error: Any) -> None:
+        with self.lock:
+            if error is not None:
+                self.got.append((time.monotonic(), str(error)[:160]))
+            elif result.as_numpy("INDEX") is not None:
+                self.got.append((time.monotonic(), int(result.as_numpy("INDEX").reshape(-1)[0])))
+
+    def send(self, count: int) -> None:
+        self.client.async_stream_infer(self.name, [tensor("COUNT", np.array([count], np.int32))])
+
+    def answers(self) -> list[int | str]:
+        with self.lock:
+            return [a for _, a in self.got]
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
+
+
+def wait_until(what: str, check: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_drain_reloads_a_decoupled_model_only_once_its_open_stream_is_closed(server: Served) -> None:
+    """Pins Triton's part: an unload returns at once, but the copy stays UNLOADING while a client's stream is open,
+    and the stream gets every response. So the Drain's wait for the unload (`triton.unloaded`) is a wait for the
+    open streams: the new config loads only once the client closed its stream."""
+    old, new = render_stream(1), render_stream(2)
+    assert served_digest(server, STREAM) == old.digest
+    annotations = {ANNOTATION_DIGEST: new.digest, ANNOTATION_RELOAD: "Drain", ANNOTATION_RELOAD_FROM: "cm",
+                   ANNOTATION_DRAIN_SECONDS: "30"}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": "cm"},
+          "data": {configmap_key(f"{STREAM}/config.pbtxt"): new.config_pbtxt}}
+    kube, body = RecordingKube({"cm": cm}), pod(STREAM, annotations)  # NotReady: out of the Service
+    stream = Stream(server, STREAM)
+    reload_done = threading.Event()
+
+    def reload() -> None:
+        try:
+            asyncio.run(reload_replica(kube, lambda: body, address(server), STREAM))  # type: ignore[arg-type]
+        finally:
+            reload_done.set()
+
+    worker = threading.Thread(target=reload, daemon=True)
+    try:
+        stream.send(10)  # 2 s of responses
+        wait_until("the stream's first response", lambda: stream.answers(), 10)
+        worker.start()
+        wait_until("the stream's 10 responses", lambda: len(stream.answers()) >= 10, 20)
+        assert stream.answers() == list(range(100, 110)), stream.answers()
+        # The drain's quiet second and the unload are past; the stream is still open: nothing new loads.
+        time.sleep(2.5)
+        index = {m.name: m.state for m in server.client.get_model_repository_index().models}
+        assert index[STREAM] == "UNLOADING", server.why(f"{STREAM} with an open stream: {index[STREAM]}")
+        assert not reload_done.is_set(), server.why("the reload finished while a stream was open")
+        closed = time.monotonic()
+    finally:
+        stream.close()
+    worker.join(60)
+    assert reload_done.is_set(), server.why("the reload did not finish after the stream closed")
+    print(f"\ndecoupled Drain: reloaded {time.monotonic() - closed:.2f}s after the stream closed")
+    assert kube.patches == [("ns", f"{STREAM}-pod", dict.fromkeys(INSTRUCTION), expect_of(annotations))], kube.patches
+    assert served_digest(server, STREAM) == new.digest
+    after = Stream(server, STREAM)
+    try:
+        after.send(2)
+        wait_until("the new config's responses", lambda: len(after.answers()) >= 2, 20)
+        assert after.answers() == [200, 201], after.answers()
+    finally:
+        after.close()

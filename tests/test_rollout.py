@@ -278,6 +278,16 @@ def test_a_sequence_model_always_drains() -> None:
     assert told["m-a"][ANNOTATION_DRAIN_SECONDS] == "30", "the default drainTimeoutSeconds"
 
 
+def test_a_decoupled_model_always_drains() -> None:
+    """Its replica leaves the Service and reloads once its open streams end (controller.reload waits for them)."""
+    world = _rolled_out(decoupled=True, rollout={"mode": "Swap"})
+    decided = plan(_changed(world, **CONFIG_CHANGE))
+    assert _after(world, decided) == _live(world), "in place"
+    told = _told(decided)
+    assert list(told) == ["m-a"]
+    assert told["m-a"][ANNOTATION_RELOAD] == "Drain" and told["m-a"][ANNOTATION_PREVIOUS] is None
+
+
 # -- the budget -------------------------------------------------------------------------------------
 
 

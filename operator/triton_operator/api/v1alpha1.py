@@ -664,8 +664,10 @@ class Rollout(_Model):
             "1413 requests failed in a 4.4 s reload; a load that fails leaves the old config serving). It needs "
             "memory for two copies of the model during the load. Drain: the replica's gate turns False so it "
             "leaves the Service, requests in flight finish (up to drainTimeoutSeconds), then Triton unloads the "
-            "old copy and loads the new one: one copy in memory, one replica's capacity less. A model with a "
-            "sequence batcher always drains (Triton does not promise that live sequences survive a swap)."
+            "old copy and loads the new one once that copy is gone: one copy in memory, one replica's capacity "
+            "less. A model with a sequence batcher always drains (Triton does not promise that live sequences "
+            "survive a swap), and so does a decoupled model: Triton keeps the old copy until every open stream "
+            "(its gRPC stream) is closed by its client, and the new config loads only then."
         ),
     )
     max_unavailable: int = Field(
@@ -679,9 +681,10 @@ class Rollout(_Model):
         ge=0,
         le=3600,
         description=(
-            "Drain: the longest wait, once a replica left the Service, for its requests to stop (no request "
-            "arrives and none is in flight for a second; for a sequence model, none for the sequence idle "
-            "timeout). Past it the replica reloads anyway."
+            "Drain: the longest wait, once a replica was told to reload, for its requests to stop (it left the "
+            "Service and no request arrived for a second; for a sequence model, none for the sequence idle "
+            "timeout) and, once Triton unloads it, for its requests in flight and open decoupled streams to end. "
+            "Past it the replica reloads anyway."
         ),
     )
 

@@ -3,8 +3,9 @@
 Swap: Triton loads the new config beside the old one; the gate approves both meanwhile (the pod names the old
 digest as `config-digest-previous`), so the replica serves throughout. Drain: the gate approves only the new
 digest, so it turns False and the replica leaves the Service; once the kubelet has it NotReady and no request
-has reached it for a second (a sequence model: for its idle timeout), bounded by the drain timeout, Triton
-unloads the old copy and loads the new one.
+has reached it for a second (a sequence model: for its idle timeout), Triton unloads the old copy, and once the
+copy is gone (requests in flight and open decoupled streams done: Triton holds the copy until then), loads the
+new one; the drain timeout bounds both waits together.
 
 A load that fails leaves the replica serving what it served before (Swap: Triton keeps it; Drain: loaded
 again, from the config Triton reported before the unload) and records the failure on the pod, where the planner
@@ -97,6 +98,9 @@ async def reload_replica(kube: Kube, pod: Callable[[], Mapping[str, Any]], addre
             log.info("Drained replica pod=%s/%s drained=%s seconds=%.1f", namespace, name, drained, took)
         if before is not None:
             await triton.unload(address, model)
+            gone = await triton.unloaded(address, model, max(0.0, start + timeout - time.monotonic()))
+            log.info("Unloaded replica pod=%s/%s complete=%s seconds=%.1f", namespace, name, gone,
+                     time.monotonic() - start)
     loaded = await triton.load(address, model, config_json(text))
     if loaded.ok:
         metrics.RELOADS.labels(mode=mode, result="ok").inc()

@@ -309,7 +309,7 @@ def plan(world: World) -> Plan:
         rollout = plan_replicas(
             world.pods, digest, next(c for c in desired if c["kind"] == CONFIG_MAP.kind)["metadata"]["name"],
             want["spec"]["template"]["metadata"]["annotations"][ANNOTATION_POD_DIGEST], model.spec.rollout,
-            sequences=model.spec.sequence_batcher is not None)
+            sequences=model.spec.sequence_batcher is not None, streams=model.spec.decoupled)
 
     # A child the cache lacks is verified first, if the model was reconciled before; a model with no status was
     # never reconciled: nothing of ours can exist, so its children are applied straight away (one left by a

@@ -3,12 +3,16 @@ makes on one replica, through Triton's repository API and its statistics.
 
 Measured on the Triton we ship (2.51, `tests/test_reload_live.py` pins it): a load with a new `config` while the
 model serves swaps in the background (the old copy answers until the new one is READY; a load that fails leaves
-the old one serving); an unload takes the model away until the next load is done.
+the old one serving); an unload takes the model away until the next load is done. An unload returns at once,
+but Triton keeps the copy (state UNLOADING) until every request that holds it is released: an open decoupled
+stream (its gRPC stream) holds it until the client closes it, and every response it sends arrives.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from dataclasses import dataclass
 
 import tritonclient.grpc.aio as grpcaio
@@ -62,6 +66,23 @@ async def requests_seen(address: str, name: str, timeout: float = 5.0) -> int:
     try:
         stats = await client.get_inference_statistics(name, client_timeout=timeout)
         return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in stats.model_stats)
+    finally:
+        await client.close()
+
+
+async def unloaded(address: str, name: str, timeout: float, interval: float = 0.25) -> bool:
+    """Waits, for at most `timeout` seconds, until no copy of `name` is UNLOADING (requests in flight and open
+    streams done, the copy gone from memory); whether it got there."""
+    client = _client(address)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            index = await client.get_model_repository_index(client_timeout=10.0)
+            if not any(m.name == name and m.state == "UNLOADING" for m in index.models):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(interval)
     finally:
         await client.close()
 
