@@ -291,13 +291,32 @@ def test_a_decoupled_model_always_drains() -> None:
 # -- the budget -------------------------------------------------------------------------------------
 
 
-def test_a_replica_out_of_the_service_is_told_at_once_to_drain_outside_the_budget() -> None:
+def test_a_replica_out_of_the_service_is_told_at_once_to_drain_and_counts_as_unavailable() -> None:
     world = _with_pod(_changed(_rolled_out(), **CONFIG_CHANGE), "m-a", ready=False, warm=False)
     told = _told(plan(world))
-    assert sorted(told) == ["m-a", "m-b"], "m-a does not use the budget of 1: m-b is told too, m-c waits"
+    assert sorted(told) == ["m-a"], "m-a is out of the Service: the budget of 1 is used, m-b and m-c wait"
     assert (told["m-a"][ANNOTATION_RELOAD], told["m-a"][ANNOTATION_DRAIN_SECONDS]) == ("Drain", "0")
     assert told["m-a"][ANNOTATION_PREVIOUS] is None
-    assert told["m-b"][ANNOTATION_RELOAD] == "Swap"
+    # A budget of 2: m-a uses one, m-b (serving) takes the other.
+    world2 = _with_pod(_changed(_rolled_out(rollout={"maxUnavailable": 2}), **CONFIG_CHANGE), "m-a", ready=False,
+                       warm=False)
+    told2 = _told(plan(world2))
+    assert sorted(told2) == ["m-a", "m-b"] and told2["m-b"][ANNOTATION_RELOAD] == "Swap", told2
+
+
+def test_the_next_replica_waits_until_the_reloaded_one_is_back_in_the_service() -> None:
+    """Drain: a replica whose reload finished is out of the Service until its gate turns True and the kubelet
+    has it Ready again; until then it is the one unavailable replica, and the next one is not told."""
+    world = _changed(_rolled_out(rollout={"mode": "Drain"}), **CONFIG_CHANGE)
+    first = plan(world)
+    assert [p.name for p in first.pods] == ["m-a"]
+    after = carried_out(world, first)
+    done = PodPatch("m-a", {**dict.fromkeys(INSTRUCTION), ANNOTATION_LOADED: first.digest}, "reloaded")
+    back_soon = [_pod(_live(world), "m-a", ready=False, warm=False, annotations=patched(p, done)["metadata"]["annotations"])
+                 if p["metadata"]["name"] == "m-a" else p for p in after.pods]
+    assert plan(replace(after, pods=back_soon)).pods == (), "m-a is not Ready yet: m-b waits"
+    ready = [patched(p, done) if p["metadata"]["name"] == "m-a" else p for p in after.pods]
+    assert [p.name for p in plan(replace(after, pods=ready)).pods] == ["m-b"]
 
 
 def test_a_replica_still_reloading_counts_against_max_unavailable() -> None:

@@ -674,7 +674,11 @@ class Rollout(_Model):
         default=1,
         ge=1,
         le=1000,
-        description="How many replicas reload at once (Drain: how many may be out of the Service at once).",
+        description=(
+            "How many replicas may be unavailable at once during an in-place rollout: reloading, or out of the "
+            "Service for any reason (as a Deployment's maxUnavailable counts them). A replica already out of the "
+            "Service is told to reload at once; a serving one waits until fewer than this are unavailable."
+        ),
     )
     drain_timeout_seconds: int = Field(
         default=30,

@@ -92,10 +92,12 @@ def plan_replicas(pods: Sequence[Mapping[str, Any]], digest: str, repository: st
 
     Only pods made from a template with `pod_digest` take part: others belong to a Deployment rollout and go
     away with it. A replica that failed to load `digest` stops the rollout (no other is told). A replica out of
-    the Service (not Ready: starting, restarted, not yet warm) is told at once in Drain mode: nothing to drain,
-    one copy in memory. Serving replicas are told in name order, at most `policy.max_unavailable` reloading at
-    once, in `policy.mode` (Drain for a sequence model, whose live sequences do not survive a swap, and for a
-    decoupled one (`streams`): its replica leaves the Service and reloads once its open streams end)."""
+    the Service (not Ready: starting, restarted, not yet warm, or just reloaded and not yet back) is told at once
+    in Drain mode: nothing to drain, one copy in memory. Serving replicas are told in name order while fewer
+    than `policy.max_unavailable` replicas are unavailable (reloading, or out of the Service for any reason, as
+    a Deployment's maxUnavailable counts them), in `policy.mode`: Drain for a sequence model, whose live
+    sequences do not survive a swap, and for a decoupled one (`streams`), whose replica leaves the Service and
+    reloads once its open streams end."""
     live = sorted((p for p in pods if not p["metadata"].get("deletionTimestamp")
                    and _annotations(p).get(ANNOTATION_POD_DIGEST) == pod_digest), key=lambda p: p["metadata"]["name"])
     failed = [p for p in live if _annotations(p).get(ANNOTATION_RELOAD_FAILED) == digest]
@@ -107,7 +109,7 @@ def plan_replicas(pods: Sequence[Mapping[str, Any]], digest: str, repository: st
             .strip()[:2000]))
     patches: list[PodPatch] = []
     reloading = sum(1 for p in live if ANNOTATION_RELOAD in _annotations(p))
-    budget = policy.max_unavailable - reloading
+    budget = policy.max_unavailable - sum(1 for p in live if ANNOTATION_RELOAD in _annotations(p) or not pod_ready(p))
     mode = "Drain" if sequences or streams else policy.mode
     for p in live:
         ann, name = _annotations(p), p["metadata"]["name"]
