@@ -61,7 +61,9 @@ def model_docs(n: int) -> list[dict[str, Any]]:
 
 def client_of(agent: str) -> str:
     """Who sent a request, from its user agent."""
-    for component in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "kubectl"):
+    # The real node's kubelet (node status, its Lease) and kube-proxy write too: they are not the operator.
+    for component in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "kubectl", "kubelet",
+                      "kube-proxy"):
         if agent.startswith(component):
             return component
     if agent.startswith("python-urllib3"):
