@@ -105,6 +105,15 @@ def serving(kube: Kube, namespace: str, digest: str, replicas: int, model: str =
         and loaded_digest(p["status"]["podIP"], model) == digest for p in pods)
 
 
+def change_queue_delay(kube: Kube, namespace: str, delay: int, old: str) -> str:
+    """Patches add-sub's batcher queue delay; returns status.configDigest once it is no longer `old`."""
+    kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": delay}}}, namespace,
+               type="merge")
+    tm = wait_model(kube, namespace, "add-sub", lambda tm: tm["status"].get("configDigest") != old,
+                    "the new digest in the status", 30)
+    return str(tm["status"]["configDigest"])
+
+
 def gate_approved(pod: dict) -> set[str]:
     """The digests the pod's gate approves: those the pod names (its config-digest, and during a swap its previous
     one), and the one its gate condition named when it last turned True (until the gate has seen an instruction,
@@ -186,11 +195,7 @@ def test_in_place_change_keeps_every_pod_needs_no_spare_gpu_and_fails_no_request
     with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         t0 = time.monotonic()
-        kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": 500}}}, namespace,
-                   type="merge")
-        tm = wait_model(kube, namespace, "add-sub", lambda tm: tm["status"].get("configDigest") != old,
-                        "the new digest in the status", 30)
-        new = tm["status"]["configDigest"]
+        new = change_queue_delay(kube, namespace, 500, old)
         wait_for("both replicas reloaded in place and warm at the new config",
                  lambda: serving(kube, namespace, new, 2), 180)
         took = time.monotonic() - t0
@@ -306,11 +311,7 @@ def test_the_operator_killed_mid_rollout_resumes_it_a_replica_added_later_serves
     with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         t0 = time.monotonic()
-        kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": 1100}}}, namespace,
-                   type="merge")
-        tm = wait_model(kube, namespace, "add-sub", lambda tm: tm["status"].get("configDigest") != new,
-                        "the new digest in the status", 30)
-        newer = tm["status"]["configDigest"]
+        newer = change_queue_delay(kube, namespace, 1100, new)
         wait_for("3 replicas reloaded in place at the new config", lambda: serving(kube, namespace, newer, 3), 240)
         took = time.monotonic() - t0
         tally = load.stop()

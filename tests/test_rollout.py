@@ -128,6 +128,17 @@ def _told(decided: Plan) -> dict[str, Mapping[str, str | None]]:
     return {p.name: p.annotations for p in decided.pods}
 
 
+def _assert_a_config_change_rolls_the_deployment(world: World) -> None:
+    """CONFIG_CHANGE applied to `world` rolls the Deployment: its template names the new digest and the new
+    repository ConfigMap, and no replica is told to reload."""
+    old = _live(world)["metadata"]["annotations"][ANNOTATION_DIGEST]
+    decided = plan(_changed(world, **CONFIG_CHANGE))
+    template = _after(world, decided)
+    assert template["metadata"]["annotations"][ANNOTATION_DIGEST] == decided.digest != old
+    assert repository_of(template) == _repository(decided)
+    assert decided.pods == ()
+
+
 # -- the pod digest --------------------------------------------------------------------------------
 
 
@@ -190,12 +201,7 @@ def test_with_no_replica_wanted_a_config_change_rolls_the_deployment() -> None:
     """replicas: 0 has no replica to load the config: the template (and its ConfigMap) take the new config."""
     world = _rolled_out(replicas=0)
     assert world.pods == []
-    old = _live(world)["metadata"]["annotations"][ANNOTATION_DIGEST]
-    decided = plan(_changed(world, **CONFIG_CHANGE))
-    template = _after(world, decided)
-    assert template["metadata"]["annotations"][ANNOTATION_DIGEST] == decided.digest != old
-    assert repository_of(template) == _repository(decided)
-    assert decided.pods == ()
+    _assert_a_config_change_rolls_the_deployment(world)
 
 
 def test_in_place_the_configmap_the_kept_template_mounts_is_never_collected() -> None:
@@ -216,13 +222,7 @@ def test_in_place_the_configmap_the_kept_template_mounts_is_never_collected() ->
 
 
 def test_a_config_change_with_new_pods_rolls_the_deployment_and_tells_no_replica() -> None:
-    world = _rolled_out(rollout={"strategy": "NewPods"})
-    old = _live(world)["metadata"]["annotations"][ANNOTATION_DIGEST]
-    decided = plan(_changed(world, **CONFIG_CHANGE))
-    template = _after(world, decided)
-    assert template["metadata"]["annotations"][ANNOTATION_DIGEST] == decided.digest != old
-    assert repository_of(template) == _repository(decided)
-    assert decided.pods == ()
+    _assert_a_config_change_rolls_the_deployment(_rolled_out(rollout={"strategy": "NewPods"}))
 
 
 def test_a_pod_level_change_rolls_the_deployment_and_tells_no_replica() -> None:
@@ -246,12 +246,7 @@ def test_a_pod_level_change_with_a_config_change_rolls_the_deployment_to_the_new
 
 
 def test_without_the_warmup_gate_a_config_change_rolls_the_deployment() -> None:
-    world = _rolled_out(warmupGate={"enabled": False})
-    old = _live(world)["metadata"]["annotations"][ANNOTATION_DIGEST]
-    decided = plan(_changed(world, **CONFIG_CHANGE))
-    template = _after(world, decided)
-    assert template["metadata"]["annotations"][ANNOTATION_DIGEST] == decided.digest != old
-    assert decided.pods == ()
+    _assert_a_config_change_rolls_the_deployment(_rolled_out(warmupGate={"enabled": False}))
 
 
 # -- modes ------------------------------------------------------------------------------------------
