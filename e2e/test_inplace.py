@@ -131,9 +131,11 @@ class GateAudit:
     digest its gate approves (`gate_approved`), now or within the last `LAG` seconds: an EndpointSlice follows a
     pod's readiness a moment later (the kubelet's status update, then the EndpointSlice controller), and until
     it does the replica serves what its gate approved before (Drain unloads only once the pod is NotReady and
-    has had no request for a second). A ready endpoint whose pod is already NotReady is the EndpointSlice
-    controller still catching up (it took over 2 s once in CI, on a loaded machine): it is judged against
-    what the gate approved the last time the pod was seen Ready."""
+    has had no request for a second). Both steps took over 2 s in CI, on a loaded machine (a pod still Ready with
+    its gate False; an endpoint still ready with its pod NotReady), so an endpoint is also judged against what
+    the gate approved at any time during the pod's last Ready spell: a Drain replica keeps serving that until
+    it is out of the endpoints. A replica serving a config its gate never approved while it was Ready, or no
+    READY copy at all, is a violation."""
 
     LAG = 2.0
 
@@ -145,7 +147,8 @@ class GateAudit:
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gate-audit", daemon=True)
         self._approvals: dict[str, list[tuple[float, set[str]]]] = {}  # pod -> (when, what its gate approved)
-        self._when_ready: dict[str, set[str]] = {}  # pod -> what its gate approved when it was last seen Ready
+        self._when_ready: dict[str, set[str]] = {}  # pod -> what its gate approved in its last Ready spell
+        self._was_ready: set[str] = set()  # pods Ready at the last sample
 
     def __enter__(self) -> GateAudit:
         self._start = time.monotonic()
@@ -168,12 +171,17 @@ class GateAudit:
                 for name, pod in pods.items():
                     seen = [(t, a) for t, a in self._approvals.get(name, []) if now - t <= self.LAG]
                     self._approvals[name] = [*seen, (now, gate_approved(pod))]
-                    if is_ready(pod):
-                        self._when_ready[name] = gate_approved(pod)
+                    if is_ready(pod):  # what the gate approved over the pod's whole Ready spell (a pod's Ready
+                        # lags its gate too: the kubelet recomputes it after the operator turns the gate False)
+                        spell = self._when_ready.get(name, set()) if name in self._was_ready else set()
+                        self._when_ready[name] = spell | gate_approved(pod)
+                        self._was_ready.add(name)
+                    else:
+                        self._was_ready.discard(name)
                 for name in sorted(ready & set(pods)):
-                    approved = set().union(*(a for _, a in self._approvals[name]))
-                    if not is_ready(pods[name]):  # the EndpointSlice lags the pod: it reflects the pod when Ready
-                        approved |= self._when_ready.get(name, set())
+                    # The pod's Ready (and then the EndpointSlice) lags its gate: a replica that was Ready serves
+                    # what its gate approved during that Ready spell until it is out of the endpoints.
+                    approved = set().union(*(a for _, a in self._approvals[name]), self._when_ready.get(name, set()))
                     loaded = loaded_digest(pods[name]["status"]["podIP"], self.model)
                     if loaded not in approved:
                         g = gate(pods[name])
