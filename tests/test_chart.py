@@ -24,6 +24,7 @@ import yaml
 from triton_operator import __version__
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.controller.kube import Kube
+from triton_operator.render.autoscaling import METRICS
 from triton_operator.render.kubernetes import Options, render_children
 from triton_operator.render.modelconfig import render_repository
 
@@ -44,6 +45,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
     ("apps", "replicasets"): {"list"},  # which repository ConfigMaps their pod templates still use
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("autoscaling", "horizontalpodautoscalers"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "patch"},  # patch: in-place reload annotations (plan.rollout)
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
@@ -189,7 +191,11 @@ def _rbac(docs: list[dict[str, Any]], webhook: bool = False) -> list[dict[str, A
     """The operator's RBAC for what it watches and writes; with `webhook` (an older name, kept for the callers),
     also every other grant of the chart: the leader-election Lease in the release's namespace."""
     return [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io/")
-            and (webhook or not d["metadata"]["name"].endswith(("-webhook", "-leader-election")))]
+            and (webhook or not d["metadata"]["name"].endswith(("-webhook", "-leader-election", *CUSTOM_METRICS_RBAC)))]
+
+
+#: The custom metrics API's grants (tested on their own below): delegated authentication and the HPA's reads.
+CUSTOM_METRICS_RBAC = ("-auth-delegator", "-auth-reader", "-custom-metrics-reader")
 
 
 @pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
@@ -232,8 +238,10 @@ def test_cluster_wide_mode_binds_one_cluster_role_to_the_service_account(helm: s
 def test_namespaced_mode_has_a_role_per_watched_namespace_and_nothing_cluster_wide(helm: str) -> None:
     docs = render(helm, **NAMESPACED)
     rbac = _rbac(docs)
-    assert not [d for d in _rbac(docs, webhook=True) if d["kind"].startswith("Cluster")], (
-        "namespaced mode grants nothing cluster-wide (the chart, not the operator, writes the webhook's caBundle)")
+    assert not [d for d in _rbac(docs, webhook=True) if d["kind"].startswith("Cluster")
+                and not d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)], (
+        "namespaced mode grants nothing cluster-wide (the chart, not the operator, writes the webhook's caBundle); "
+        "the custom metrics API's delegated authentication (TokenReview, SubjectAccessReview) is cluster-scoped")
     roles = {d["metadata"]["namespace"]: d for d in kinds(rbac, "Role")}
     bindings = {d["metadata"]["namespace"]: d for d in kinds(rbac, "RoleBinding")}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}
@@ -271,15 +279,18 @@ def test_rbac_is_enough_for_every_watch_and_write_the_operator_makes(helm: str) 
         )
 
     body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TritonModel", "metadata": {"name": "m"},
-            "spec": {"backend": "python", "replicas": 2, "source": {"inline": {"model.py": "pass\n"}}}}
+            "spec": {"backend": "python", "replicas": 2, "source": {"inline": {"model.py": "pass\n"}},
+                     "autoscaling": {"maxReplicas": 3, "target": {"queueTimeMilliseconds": 20}}}}
     model = TritonModel.model_validate(body)
     children = render_children(model, render_repository([model]), "uid", "ns", Options())
-    assert {c["kind"] for c in children} == {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget"}
+    assert {c["kind"] for c in children} == {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
+                                             "HorizontalPodAutoscaler"}
     for child in children:  # server-side apply: PATCH, and `create` when the apply creates the object
         group = child["apiVersion"].rpartition("/")[0]
         plural = Kube.path(child["apiVersion"], child["kind"], "ns").rsplit("/", 1)[-1]
         assert {"get", "create", "patch"} <= granted[(group, plural)], child["kind"]
     assert "delete" in granted[("policy", "poddisruptionbudgets")]
+    assert "delete" in granted[("autoscaling", "horizontalpodautoscalers")]  # spec.autoscaling unset
     assert "delete" in granted[("", "configmaps")] and "list" in granted[("apps", "replicasets")]
     assert "patch" in granted[("", "pods/status")] and "patch" in granted[(GROUP, f"{PLURAL}/status")]
     assert "create" in granted[("", "events")]
@@ -317,7 +328,8 @@ def test_webhook_configuration_is_the_operators_own_pointed_at_its_service(helm:
         "the operator no longer patches the configuration: nothing to grant")
 
 
-@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False}], ids=["paused", "disabled"])
+@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False, "customMetrics.enabled": False}],
+                         ids=["paused", "disabled"])
 def test_no_webhook_when_paused_or_disabled(helm: str, values: dict[str, Any]) -> None:
     docs = render(helm, **values)
     assert not kinds(docs, "ValidatingWebhookConfiguration")
@@ -504,3 +516,53 @@ def test_with_cert_manager_the_certificate_and_the_ca_bundle_are_cert_managers(h
                            "webhook.certManager.issuerRef.kind": "ClusterIssuer"})
     assert not kinds(docs, "Issuer")
     assert one(docs, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+
+
+# -- the custom metrics API --------------------------------------------------------------------
+
+
+def test_the_custom_metrics_api_is_served_through_the_webhook_service_with_its_ca(helm: str) -> None:
+    docs = render(helm)
+    api = one(docs, "APIService")
+    assert api["metadata"]["name"] == "v1beta2.custom.metrics.k8s.io"
+    assert (api["spec"]["group"], api["spec"]["version"]) == ("custom.metrics.k8s.io", "v1beta2")
+    service = one(docs, "Service") if len(kinds(docs, "Service")) == 1 else next(
+        d for d in kinds(docs, "Service") if d["metadata"]["name"].endswith("-webhook"))
+    assert api["spec"]["service"] == {"namespace": RELEASE_NS, "name": service["metadata"]["name"], "port": 443}
+    secret = one(docs, "Secret")
+    assert api["spec"]["caBundle"] == secret["data"]["ca.crt"]
+    assert api["spec"]["caBundle"] == one(docs, "ValidatingWebhookConfiguration")["webhooks"][0]["clientConfig"][
+        "caBundle"], "one CA for both: one Service, one certificate"
+    assert "--custom-metrics" in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_custom_metrics_rbac_delegates_authentication_and_lets_the_hpa_read_each_metric(helm: str) -> None:
+    docs = [d for d in render(helm) if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
+    by_name = {(d["kind"], d["metadata"]["name"].removeprefix(SA)): d for d in docs}
+    delegator = by_name[("ClusterRoleBinding", "-auth-delegator")]
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"
+    assert delegator["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": RELEASE_NS}]
+    reader = by_name[("RoleBinding", "-auth-reader")]
+    assert reader["metadata"]["namespace"] == "kube-system"
+    assert reader["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                 "name": "extension-apiserver-authentication-reader"}
+    role = by_name[("ClusterRole", "-custom-metrics-reader")]
+    assert grants(role["rules"]) == {("custom.metrics.k8s.io", f"{what}/{m}"): {"get"}
+                                     for m in METRICS for what in (f"{PLURAL}.{GROUP}", "pods")}
+    hpa = by_name[("ClusterRoleBinding", "-custom-metrics-reader")]
+    assert hpa["subjects"] == [{"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler",
+                                "namespace": "kube-system"}]
+
+
+def test_custom_metrics_off_renders_none_of_it_and_on_alone_keeps_the_tls_service(helm: str) -> None:
+    off = render(helm, **{"customMetrics.enabled": False})
+    assert not kinds(off, "APIService")
+    assert not [d for d in off if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
+    assert "--custom-metrics" not in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    alone = render(helm, **{"webhook.enabled": False})
+    assert not kinds(alone, "ValidatingWebhookConfiguration")
+    assert one(alone, "APIService")["spec"]["caBundle"] == one(alone, "Secret")["data"]["ca.crt"]
+    args = one(alone, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--custom-metrics" in args and "--webhook-cert-dir=/etc/triton-operator/webhook-tls" in args
+    neither = render(helm, **{"webhook.enabled": False, "customMetrics.enabled": False})
+    assert not kinds(neither, "Secret") and not kinds(neither, "APIService")

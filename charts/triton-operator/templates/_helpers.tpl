@@ -84,6 +84,10 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# HorizontalPodAutoscalers of spec.autoscaling: applied like the other children, deleted when it is unset.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Triton pods: watched for the warm-up gate and the replica counts; their annotations patched for in-place
 # rollouts (which config a replica is to load, which it has loaded, a reload that failed).
 - apiGroups: [""]
@@ -97,4 +101,10 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- end }}
+
+{{/* Whether the operator serves TLS (the admission webhook, the custom metrics API, or both): one Service,
+     one certificate, one port. */}}
+{{- define "triton-operator.servesTLS" -}}
+{{- if and (or .Values.webhook.enabled .Values.customMetrics.enabled) (gt (int .Values.replicaCount) 0) }}true{{ end }}
 {{- end }}

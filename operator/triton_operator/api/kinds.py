@@ -48,13 +48,14 @@ CONFIG_MAP = Kind("ConfigMap", "", "v1", "configmaps", OWNED_SELECTOR)
 DEPLOYMENT = Kind("Deployment", "apps", "v1", "deployments", OWNED_SELECTOR)
 SERVICE = Kind("Service", "", "v1", "services", OWNED_SELECTOR)
 PDB = Kind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", OWNED_SELECTOR)
+HPA = Kind("HorizontalPodAutoscaler", "autoscaling", "v2", "horizontalpodautoscalers", OWNED_SELECTOR)
 POD = Kind("Pod", "", "v1", "pods", LABEL_MODEL)  # the replicas: the Deployment's, labelled with their model
 REPLICA_SET = Kind("ReplicaSet", "apps", "v1", "replicasets")  # read (repository garbage collection), not watched
 EVENT = Kind("Event", "", "v1", "events")  # written only
 LEASE = Kind("Lease", "coordination.k8s.io", "v1", "leases")  # leader election, in the operator's own namespace
 
 #: The children a reconcile applies, owner-referenced to their TritonModel and labelled `OWNED`.
-CHILDREN: tuple[Kind, ...] = (CONFIG_MAP, DEPLOYMENT, SERVICE, PDB)
+CHILDREN: tuple[Kind, ...] = (CONFIG_MAP, DEPLOYMENT, SERVICE, PDB, HPA)
 #: What the operator watches (and the drift round re-lists): the models, their children and their replicas.
 WATCHED: tuple[Kind, ...] = (TRITON_MODEL, *CHILDREN, POD)
 #: Every kind the operator's client addresses.

@@ -693,6 +693,81 @@ class Rollout(_Model):
     )
 
 
+class AutoscalingTarget(_Model):
+    """The one metric the HorizontalPodAutoscaler keeps at its target, read from Triton's own statistics."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.queueTimeMilliseconds), has(self.inflightRequests), "
+                    "has(self.inferencesPerSecond)].filter(x, x).size() == 1",
+                    "message": "set exactly one of queueTimeMilliseconds, inflightRequests or inferencesPerSecond",
+                }
+            ]
+        }
+    )
+
+    queue_time_milliseconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=3_600_000,
+        description=(
+            "Mean time a request waits in Triton's queue before it runs, in milliseconds, over the warmed replicas "
+            "(metric triton_queue_time_ms). Above it the HPA adds replicas in proportion (desired = ready replicas "
+            "x measured / target), below it removes them."
+        ),
+    )
+    inflight_requests: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description=(
+            "Requests in flight or pending per warmed replica, averaged over the window (metric "
+            "triton_inflight_requests: the time requests spent in Triton, queue and compute, per second of the "
+            "window, so 2 means two requests at any moment on average)."
+        ),
+    )
+    inferences_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=10_000_000,
+        description=(
+            "Inference requests completed per second per replica (metric triton_inferences_per_second, the model's "
+            "total over its warmed replicas; the HPA divides it by this target)."
+        ),
+    )
+
+
+class Autoscaling(_Model):
+    """A HorizontalPodAutoscaler of the model's replicas on Triton's own metrics (custom.metrics.k8s.io)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "minReplicas must be <= maxReplicas",
+                    "fieldPath": ".minReplicas",
+                }
+            ]
+        }
+    )
+
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="The fewest replicas the HPA scales to.")
+    max_replicas: int = Field(ge=1, le=1000, description="The most replicas the HPA scales to.")
+    target: AutoscalingTarget = Field(description="The metric and its target value.")
+    behavior: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "The HPA's behavior (autoscaling/v2 HorizontalPodAutoscalerBehavior: scaleUp and scaleDown "
+            "stabilizationWindowSeconds, selectPolicy and policies), passed to it as is. Unset: Kubernetes' "
+            "defaults (scale down after a 300 s stabilisation window)."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
 # ---------------------------------------------------------------- the spec
 
 
@@ -930,6 +1005,16 @@ class TritonModelSpec(_Model):
         default_factory=Rollout,
         description="How changes reach running replicas: in place through Triton's repository API, or new pods.",
         json_schema_extra={"default": {}},
+    )
+    autoscaling: Autoscaling | None = Field(
+        default=None,
+        description=(
+            "Scale the replicas on Triton's own statistics: the operator renders a HorizontalPodAutoscaler (named "
+            "after the model, owned by it) that sets spec.replicas through the scale subresource, on a metric the "
+            "operator serves through the custom metrics API (custom.metrics.k8s.io, installed by the chart). Only "
+            "warmed replicas count. Leave spec.replicas out of manifests that set this: the HPA owns it. Unset: no "
+            "HPA is rendered (one of your own still works through the scale subresource)."
+        ),
     )
 
     @property

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api import steps as step_graph
-from ..api.kinds import CONFIG_MAP, DEPLOYMENT, LABEL_MODEL, PDB, REPLICA_SET
+from ..api.kinds import CONFIG_MAP, DEPLOYMENT, HPA, LABEL_MODEL, PDB, REPLICA_SET
 from ..api.v1alpha1 import TritonModel, TritonModelStatus
 from ..render.kubernetes import (
     ANNOTATION_POD_DIGEST,
@@ -336,6 +336,9 @@ def plan(world: World) -> Plan:
                            for unused in unused_repositories(mine, world.replicasets, repository, mounted)]
     if model is not None and model.spec.replicas <= 1 and world.children.get((PDB.kind, name)) is not None:
         delete.append(Delete(PDB.api_version, PDB.kind, name, "spec.replicas is 1 or less"))
+    hpa = world.children.get((HPA.kind, name))
+    if model is not None and model.spec.autoscaling is None and hpa is not None and _owned_by(hpa, name, uid):
+        delete.append(Delete(HPA.api_version, HPA.kind, name, "spec.autoscaling is unset"))
     # The status, from the replicas as they are (the writes above change no pod at once).
     replicas = model.spec.replicas if model is not None else int((body.get("spec") or {}).get("replicas", 1))
     observed = Observed(

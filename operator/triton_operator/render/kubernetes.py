@@ -1,4 +1,5 @@
-"""Pure rendering of a TritonModel's Kubernetes children: ConfigMap, Deployment, Service, PodDisruptionBudget.
+"""Pure rendering of a TritonModel's Kubernetes children: ConfigMap, Deployment, Service, PodDisruptionBudget and
+HorizontalPodAutoscaler.
 
 `render_children(model, rendered, uid, namespace, options)` -> plain dicts ready for server-side
 apply. No client, no I/O: the controller applies what this returns.
@@ -16,6 +17,7 @@ from typing import Any
 
 from ..api.kinds import LABEL_MODEL, OWNED
 from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel, quantity_bytes
+from .autoscaling import hpa_metric
 from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
@@ -492,6 +494,31 @@ def render_pdb(model: TritonModel, uid: str, namespace: str) -> dict[str, Any]:
     }
 
 
+def render_hpa(model: TritonModel, uid: str, namespace: str) -> dict[str, Any]:
+    """The HorizontalPodAutoscaler of spec.autoscaling: it scales the TritonModel (its scale subresource) on an
+    Object metric of the TritonModel itself, which the operator serves (custom.metrics.k8s.io)."""
+    a = model.spec.autoscaling
+    assert a is not None
+    metric = hpa_metric(a.target)
+    ref = {"apiVersion": API_VERSION, "kind": KIND, "name": model.name}
+    target = {"type": metric.target_type, "value" if metric.target_type == "Value" else "averageValue": metric.value}
+    spec: dict[str, Any] = {
+        "scaleTargetRef": ref,
+        "minReplicas": a.min_replicas,
+        "maxReplicas": a.max_replicas,
+        "metrics": [{"type": "Object", "object": {
+            "describedObject": ref, "metric": {"name": metric.name}, "target": target}}],
+    }
+    if a.behavior is not None:
+        spec["behavior"] = a.behavior
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(model, model.name, uid, namespace),
+        "spec": spec,
+    }
+
+
 def render_children(
     model: TritonModel,
     rendered: Mapping[str, RenderedModel],
@@ -507,5 +534,7 @@ def render_children(
     ]
     if model.spec.replicas > 1:
         children.append(render_pdb(model, uid, namespace))
+    if model.spec.autoscaling is not None:
+        children.append(render_hpa(model, uid, namespace))
     return children
 

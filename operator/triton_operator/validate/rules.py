@@ -92,6 +92,9 @@ RULES: dict[str, Rule] = {
              "a step asks for version -1 (latest) or a version the step model has and its versionPolicy serves"),
         Rule("model-versions", False,
              "versions: each number once, one content per warm-up file name; not with source"),
+        Rule("autoscaling-range", False, "autoscaling.minReplicas <= autoscaling.maxReplicas"),
+        Rule("autoscaling-target", False,
+             "autoscaling.target sets exactly one of queueTimeMilliseconds, inflightRequests, inferencesPerSecond"),
         Rule("version-policy", True,
              "versionPolicy is one of latest, all or specific; specific names versions the model has (Triton refuses "
              "a policy serving none, and only logs one missing among others)"),
@@ -621,8 +624,24 @@ def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
             err("warmup-inputs", f"{base}.inputs", f"missing data for required inputs {missing}")
 
 
+def _check_autoscaling(spec: TritonModelSpec, err: _Collector) -> None:
+    a = spec.autoscaling
+    if a is None:
+        return
+    if a.min_replicas > a.max_replicas:
+        err("autoscaling-range", "spec.autoscaling.minReplicas",
+            f"must be <= maxReplicas ({a.max_replicas}), got {a.min_replicas}")
+    targets = [n for n, v in (("queueTimeMilliseconds", a.target.queue_time_milliseconds),
+                              ("inflightRequests", a.target.inflight_requests),
+                              ("inferencesPerSecond", a.target.inferences_per_second)) if v is not None]
+    if len(targets) != 1:
+        err("autoscaling-target", "spec.autoscaling.target", "set exactly one of queueTimeMilliseconds, "
+            f"inflightRequests or inferencesPerSecond, got {targets or 'none'}")
+
+
 def check_model(model: TritonModel, ident: str) -> list[FieldError]:
     err = _Collector(ident)
+    _check_autoscaling(model.spec, err)
     _check_structure(model, err)
     _check_tensors(model.spec, err)
     _check_model_level(model.spec, err)
