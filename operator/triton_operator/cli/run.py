@@ -88,11 +88,14 @@ def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
             raise SystemExit(f"--webhook-url: the API server calls webhooks over https, got {args.webhook_url!r}")
         target = WebhookTarget(url=args.webhook_url)
     else:
+        if args.custom_metrics:
+            raise SystemExit("--custom-metrics: served on the webhook's TLS port, so it needs --webhook-service "
+                             "(the Service the APIService names) or --webhook-url")
         return None
     from ..controller.operator import WebhookSettings
 
     return WebhookSettings(target, args.webhook_configuration, args.webhook_failure_policy, args.webhook_address,
-                           args.webhook_port, args.webhook_cert_dir)
+                           args.webhook_port, args.webhook_cert_dir, args.custom_metrics)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -131,6 +134,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="serve tls.crt and tls.key from DIR (a mounted Secret every replica shares; reloaded when "
                         "it changes) instead of a self-issued certificate; the configuration's caBundle is then "
                         "left to whoever made the Secret (the chart)")
+    w.add_argument("--custom-metrics", action="store_true",
+                   help="also serve the custom metrics API (custom.metrics.k8s.io/v1beta2: Triton's queue time, "
+                        "requests in flight and inference rate, for HPAs) on the webhook's port; the APIService "
+                        "must point at --webhook-service (the chart's customMetrics.enabled)")
     e = r.add_argument_group("leader election", "with several replicas, exactly one reconciles and drives the "
                              "warm-up gates: the holder of a coordination.k8s.io Lease; every replica serves the webhook")
     e.add_argument("--leader-elect", action="store_true", help="take part in leader election (the chart sets it)")

@@ -65,6 +65,14 @@ class Kube:
             raise ApiCallError(verb, kind, namespace, name, resp.status, resp.reason or "", _message(data))
         return json.loads(data) if data else None
 
+    def review(self, group_version: str, plural: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """POST a TokenReview or SubjectAccessReview (authentication.k8s.io, authorization.k8s.io); its status."""
+        group, _, version = group_version.partition("/")
+        kind = {"tokenreviews": "TokenReview", "subjectaccessreviews": "SubjectAccessReview"}[plural]
+        body = {"apiVersion": group_version, "kind": kind, "spec": spec}
+        out = self._call("POST", f"/apis/{group}/{version}/{plural}", body, what=("create", kind, None, None))
+        return dict((out or {}).get("status") or {})
+
     def serves_tritonmodels(self) -> bool:
         """Whether the API server serves TritonModels yet (discovery, readable by every authenticated user:
         no CRD permission needed)."""

@@ -44,6 +44,8 @@ class WebhookSettings:
     # A directory holding tls.crt and tls.key (the chart's Secret, shared by every replica): served as is,
     # reloaded when it changes; the configuration's caBundle is then the chart's. None: self-issued.
     cert_dir: str | None = None
+    # Also serve the custom metrics API (custom.metrics.k8s.io/v1beta2) on this port, for autoscaling.
+    custom_metrics: bool = False
 
 
 class State:
@@ -238,7 +240,7 @@ async def run_operator(
     STATE.webhook = None if webhook is None else AdmissionWebhook(
         STATE.kube, webhook.target, configuration=webhook.configuration, failure_policy=webhook.failure_policy,
         namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
-        cert_dir=webhook.cert_dir,
+        cert_dir=webhook.cert_dir, custom_metrics=webhook.custom_metrics,
     )
     elector = None if election is None else LeaderElection(STATE.kube, election)
     lost = asyncio.Event()

@@ -49,6 +49,8 @@ from ..render.webhook import (
 from ..validate.admission import needs_review, reachable, review
 from . import metrics
 from .certificates import CERT_VALIDITY, RENEW_AFTER, Issued, issue_certificate
+from .custom_metrics import PREFIX as CUSTOM_METRICS_PREFIX
+from .custom_metrics import CustomMetricsApi
 from .kube import Kube
 from .namespaces import exact_namespaces, watches
 
@@ -62,7 +64,8 @@ log = logging.getLogger("triton_operator.webhook")
 
 class AdmissionWebhook:
     def __init__(self, kube: Kube, target: WebhookTarget, *, configuration: str, failure_policy: str,
-                 namespaces: list[str], clusterwide: bool, address: str, port: int, cert_dir: str | None = None) -> None:
+                 namespaces: list[str], clusterwide: bool, address: str, port: int, cert_dir: str | None = None,
+                 custom_metrics: bool = False) -> None:
         self.kube = kube
         self.target = target
         self.configuration = configuration
@@ -78,6 +81,8 @@ class AdmissionWebhook:
         self._ca_bundle: bytes = b""
         self.cert_dir = Path(cert_dir) if cert_dir else None
         self._cert_stamp: tuple[float, float] | None = None
+        # The custom metrics API, on the same port and certificate (the chart's APIService names this Service).
+        self.custom_metrics = CustomMetricsApi(kube, self.watched) if custom_metrics else None
 
     # lifecycle
 
@@ -91,11 +96,15 @@ class AdmissionWebhook:
         if self._runner is None:
             app = web.Application(client_max_size=8 * 1024 * 1024)
             app.router.add_post(WEBHOOK_PATH, self._handle)
+            if self.custom_metrics is not None:
+                await self.custom_metrics.start(self._ssl)
+                self.custom_metrics.routes(app)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, self.address, self.port, ssl_context=self._ssl).start()
             self._runner = runner
-            log.info("Serving the admission webhook address=%s port=%d path=%s", self.address, self.port, WEBHOOK_PATH)
+            log.info("Serving the admission webhook address=%s port=%d path=%s custom_metrics=%s", self.address,
+                     self.port, WEBHOOK_PATH, CUSTOM_METRICS_PREFIX if self.custom_metrics else "off")
         if self.cert_dir is not None:
             if self._renewal is None:
                 self._renewal = asyncio.create_task(self._reload_loop(), name="webhook-certificate")
@@ -108,6 +117,8 @@ class AdmissionWebhook:
     async def stop(self) -> None:
         if self._renewal:
             self._renewal.cancel()
+        if self.custom_metrics is not None:
+            await self.custom_metrics.stop()
         if self.target.url:  # ours alone: a configuration left behind would point at a closed port
             try:
                 await asyncio.to_thread(self.kube.delete_cluster, "admissionregistration.k8s.io/v1",

@@ -59,24 +59,28 @@ class Delta:
 
 
 def delta(samples: Sequence[Sample], now: float, window: float = WINDOW_SECONDS) -> Delta | None:
-    """What one replica did in the window ending at `now`: from the oldest sample inside it (or the newest before
-    it) to the newest, counting only since the last restart of its counters. None below two samples."""
+    """What one replica did in the window ending at `now`: from the newest sample at or before its start (else the
+    oldest) to the newest, counting only since the last restart of its counters. None below two samples."""
     usable: list[Sample] = []
     for s in samples:
         if usable and (s.counters - usable[-1].counters).restarted_since:
             usable = []
         usable.append(s)
-    start = next((i for i, s in enumerate(usable) if s.at >= now - window), len(usable))
-    usable = usable[max(start - 1, 0):]  # the sample just before the window, so a window has two ends
+    usable = usable[_start(usable, now, window):]
     if len(usable) < 2 or usable[-1].at <= usable[0].at:
         return None
     return Delta(usable[-1].at - usable[0].at, usable[-1].counters - usable[0].counters)
 
 
 def trim(samples: list[Sample], now: float, window: float = WINDOW_SECONDS) -> list[Sample]:
-    """The samples `delta` can still use: those inside the window and the one just before it."""
-    start = next((i for i, s in enumerate(samples) if s.at >= now - window), len(samples))
-    return samples[max(start - 1, 0):]
+    """The samples `delta` can still use: those inside the window and the newest one at or before its start."""
+    return samples[_start(samples, now, window):]
+
+
+def _start(samples: Sequence[Sample], now: float, window: float) -> int:
+    """Where a window starts in `samples`: at the newest sample at or before `now - window` (so the window
+    is covered end to end), else at the oldest."""
+    return max((i for i, s in enumerate(samples) if s.at <= now - window), default=0)
 
 
 def replica_metrics(d: Delta) -> dict[str, float]:

@@ -1,0 +1,424 @@
+"""The custom metrics API (custom.metrics.k8s.io/v1beta2): Triton's own statistics for HorizontalPodAutoscalers.
+
+An aggregated API, served on the webhook's TLS port by every operator replica (the APIService points at the
+webhook's Service). The API server proxies `/apis/custom.metrics.k8s.io/v1beta2/...` to us, presenting its
+front-proxy client certificate and the caller in headers (X-Remote-User, X-Remote-Group, X-Remote-Extra-*),
+as the ConfigMap kube-system/extension-apiserver-authentication describes. What this serves:
+
+- `GET .../namespaces/NS/tritonmodels.<group>/NAME/METRIC`: the model's metric (`plan.autoscaling`), over
+  its warmed replicas (`*` for every TritonModel of the namespace with a warmed replica);
+- `GET .../namespaces/NS/pods/NAME/METRIC` (or `*` and `?labelSelector=`): each warmed replica's own.
+
+Authentication, as Kubernetes' delegated authentication does it: a client certificate signed by the
+front-proxy CA, with a name the API server allows, vouches for the headers; otherwise a bearer token is
+checked with a TokenReview; otherwise 401. Authorization: a SubjectAccessReview of the caller for `get` on the
+metric (resource `tritonmodels.<group>`, subresource the metric name). Both verdicts are cached for 10 s.
+
+The samples are this replica's own (followers too: the Service may send the HPA to any replica). A model is
+sampled from the first time it is asked about until nobody asked for `IDLE_SECONDS`: its pods are listed and
+every warmed one's statistics read over gRPC each `SAMPLE_SECONDS`. The first request for a model waits for
+two samples. Only this module and `triton.stats` do this; `plan.autoscaling` computes, pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from ..api.kinds import LABEL_MODEL, POD
+from ..api.v1alpha1 import API_VERSION as MODEL_API_VERSION
+from ..api.v1alpha1 import GROUP, KIND, PLURAL
+from ..plan.autoscaling import WINDOW_SECONDS, Sample, delta, model_metrics, replica_metrics, trim
+from ..plan.status import warmed
+from ..render.autoscaling import METRICS, quantity
+from ..render.kubernetes import ANNOTATION_TRITON_NAME, GRPC_PORT
+from ..triton.stats import model_counters
+from .kube import Kube
+
+log = logging.getLogger("triton_operator.custom_metrics")
+
+API_GROUP = "custom.metrics.k8s.io"
+API_VERSION = "v1beta2"
+PREFIX = f"/apis/{API_GROUP}/{API_VERSION}"
+MODEL_RESOURCE = f"{PLURAL}.{GROUP}"
+AUTH_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
+SAMPLE_SECONDS = 2.0
+IDLE_SECONDS = 600.0
+CACHE_SECONDS = 10.0
+REFRESH_SECONDS = 300.0
+
+
+# -- who is asking ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    uid: str = ""
+
+
+@dataclass
+class FrontProxy:
+    """The API server's requestheader settings (ConfigMap extension-apiserver-authentication)."""
+
+    ca_pem: str = ""
+    allowed_names: tuple[str, ...] = ()
+    username_headers: tuple[str, ...] = ("X-Remote-User",)
+    group_headers: tuple[str, ...] = ("X-Remote-Group",)
+    extra_prefixes: tuple[str, ...] = ("X-Remote-Extra-",)
+
+    @classmethod
+    def from_configmap(cls, data: Mapping[str, str]) -> FrontProxy:
+        def names(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+            text = data.get(key)
+            return tuple(json.loads(text) or ()) if text else default
+
+        return cls(data.get("requestheader-client-ca-file", ""), names("requestheader-allowed-names", ()),
+                   names("requestheader-username-headers", ("X-Remote-User",)),
+                   names("requestheader-group-headers", ("X-Remote-Group",)),
+                   names("requestheader-extra-headers-prefix", ("X-Remote-Extra-",)))
+
+    def user(self, common_name: str, headers: Mapping[str, str], all_headers: Any) -> User | None:
+        """The user the headers name, if the certificate's name may vouch for them; None otherwise."""
+        if self.allowed_names and common_name not in self.allowed_names:
+            return None
+        name = next((headers[h] for h in self.username_headers if headers.get(h)), "")
+        if not name:
+            return None
+        groups = [g for h in self.group_headers for g in all_headers.getall(h, ())]
+        extra: dict[str, list[str]] = {}
+        for key in all_headers:
+            for prefix in self.extra_prefixes:
+                if key.lower().startswith(prefix.lower()):
+                    extra.setdefault(unquote(key[len(prefix):]).lower(), []).extend(all_headers.getall(key))
+        return User(name, _authenticated(groups), tuple((k, tuple(v)) for k, v in sorted(extra.items())))
+
+
+def _authenticated(groups: list[str]) -> tuple[str, ...]:
+    """Every authenticated user is in system:authenticated, as the API server's own authentication adds it."""
+    return tuple(dict.fromkeys([*groups, "system:authenticated"]))
+
+
+def _common_name(peercert: Mapping[str, Any] | None) -> str | None:
+    for rdn in (peercert or {}).get("subject") or ():
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
+class _Ttl:
+    """A small cache of verdicts, each kept `CACHE_SECONDS`."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, tuple[float, Any]] = {}
+
+    def get(self, key: str) -> Any:
+        hit = self.items.get(key)
+        return hit[1] if hit and hit[0] > time.monotonic() else None
+
+    def put(self, key: str, value: Any) -> None:
+        if len(self.items) > 4096:
+            now = time.monotonic()
+            self.items = {k: v for k, v in self.items.items() if v[0] > now}
+        self.items[key] = (time.monotonic() + CACHE_SECONDS, value)
+
+
+# -- the samples ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Model:
+    namespace: str
+    name: str
+    asked: float = field(default_factory=time.monotonic)
+    pods: list[dict[str, Any]] = field(default_factory=list)  # as last listed
+    samples: dict[str, list[Sample]] = field(default_factory=dict)  # by pod uid
+    rounds: int = 0
+    sampled: asyncio.Event = field(default_factory=asyncio.Event)  # set after each round
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A model's metrics now: over its warmed replicas, and each replica's own."""
+
+    model: dict[str, float] | None
+    replicas: dict[str, dict[str, float]]  # pod name -> metrics
+    pods: dict[str, dict[str, Any]]  # pod name -> pod, every replica listed
+
+
+class Collector:
+    def __init__(self, kube: Kube, interval: float = SAMPLE_SECONDS, window: float = WINDOW_SECONDS,
+                 max_concurrent: int = 32) -> None:
+        self.kube = kube
+        self.interval, self.window = interval, window
+        self.models: dict[tuple[str, str], _Model] = {}
+        self.sem = asyncio.Semaphore(max_concurrent)
+
+    async def stop(self) -> None:
+        tasks = [m.task for m in self.models.values() if m.task]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    async def read(self, namespace: str, name: str) -> Reading:
+        """The model's metrics, sampling it from now on if it was not yet (then after two rounds)."""
+        m = self.models.get((namespace, name))
+        if m is None or m.task is None or m.task.done():
+            m = _Model(namespace, name)
+            self.models[(namespace, name)] = m
+            m.task = asyncio.create_task(self._run(m), name=f"custom-metrics-{namespace}/{name}")
+            log.info("Sampling Triton statistics for the custom metrics API namespace=%s model=%s", namespace, name)
+        m.asked = time.monotonic()
+        deadline = time.monotonic() + 3 * self.interval + 5
+        while m.rounds < 2 and time.monotonic() < deadline:
+            m.sampled.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(m.sampled.wait(), max(deadline - time.monotonic(), 0.01))
+        return self._reading(m)
+
+    def _reading(self, m: _Model) -> Reading:
+        now = time.monotonic()
+        deltas, replicas = [], {}
+        for pod in m.pods:
+            if not warmed(pod):
+                continue
+            d = delta(m.samples.get(pod["metadata"]["uid"], []), now, self.window)
+            if d is not None:
+                deltas.append(d)
+                replicas[pod["metadata"]["name"]] = replica_metrics(d)
+        return Reading(model_metrics(deltas), replicas, {p["metadata"]["name"]: p for p in m.pods})
+
+    async def _run(self, m: _Model) -> None:
+        while time.monotonic() - m.asked < IDLE_SECONDS:
+            try:
+                await self._round(m)
+            except Exception as exc:  # noqa: BLE001 - the API server or a replica may be away: next round
+                log.warning("Sampling failed namespace=%s model=%s error=%r", m.namespace, m.name, exc)
+            m.rounds += 1
+            m.sampled.set()
+            await asyncio.sleep(self.interval)
+        log.info("Stopped sampling (nobody asked for %.0fs) namespace=%s model=%s", IDLE_SECONDS, m.namespace, m.name)
+        self.models.pop((m.namespace, m.name), None)
+
+    async def _round(self, m: _Model) -> None:
+        pods = await asyncio.to_thread(self.kube.list, POD.api_version, POD.kind, m.namespace,
+                                       f"{LABEL_MODEL}={m.name}")
+        m.pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        live = {p["metadata"]["uid"] for p in m.pods}
+        for uid in [u for u in m.samples if u not in live]:
+            del m.samples[uid]
+
+        async def sample(pod: dict[str, Any]) -> None:
+            ip = (pod.get("status") or {}).get("podIP")
+            triton_name = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TRITON_NAME) or m.name
+            if not ip:
+                return
+            async with self.sem:
+                try:
+                    counters = await model_counters(f"{ip}:{GRPC_PORT}", triton_name)
+                except Exception as exc:  # noqa: BLE001 - one replica not answering: its samples wait
+                    log.debug("No statistics from pod=%s error=%r", pod["metadata"]["name"], exc)
+                    return
+            at = time.monotonic()
+            uid = pod["metadata"]["uid"]
+            m.samples[uid] = [*trim(m.samples.get(uid, []), at, self.window), Sample(at, counters)]
+
+        await asyncio.gather(*(sample(p) for p in m.pods if warmed(p)))
+
+
+# -- the API ------------------------------------------------------------------------------------------
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                              "message": message, "reason": reason, "code": code}, status=code)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class CustomMetricsApi:
+    def __init__(self, kube: Kube, watched: Callable[[str], bool], collector: Collector | None = None) -> None:
+        self.kube = kube
+        self.watched = watched
+        self.collector = collector or Collector(kube)
+        self.front_proxy = FrontProxy()
+        self._tokens = _Ttl()
+        self._access = _Ttl()
+        self._refresh: asyncio.Task[None] | None = None
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get(PREFIX, self._discovery)
+        app.router.add_get(PREFIX + "/namespaces/{namespace}/{resource}/{name}/{metric}", self._metric)
+
+    async def start(self, context: ssl.SSLContext) -> None:
+        """Trust the API server's front-proxy CA for client certificates (optional ones: the webhook's
+        callers present none), and read it again every few minutes."""
+        try:
+            await self._load(context)
+        except Exception as exc:  # noqa: BLE001 - serve tokens meanwhile; the refresh loop tries again
+            log.error("Could not read %s/%s (the chart binds extension-apiserver-authentication-reader): the "
+                      "custom metrics API accepts bearer tokens only until it can error=%r", *AUTH_CONFIGMAP, exc)
+        self._refresh = asyncio.create_task(self._refresh_loop(context), name="custom-metrics-front-proxy")
+
+    async def stop(self) -> None:
+        if self._refresh:
+            self._refresh.cancel()
+        await self.collector.stop()
+
+    async def _load(self, context: ssl.SSLContext) -> None:
+        cm = await asyncio.to_thread(self.kube.get, "v1", "ConfigMap", *AUTH_CONFIGMAP)
+        proxy = FrontProxy.from_configmap((cm or {}).get("data") or {})
+        if not proxy.ca_pem:
+            log.warning("The API server has no front-proxy CA (%s/%s has no requestheader-client-ca-file): the "
+                        "custom metrics API accepts bearer tokens only; enable the aggregation layer", *AUTH_CONFIGMAP)
+        elif proxy.ca_pem != self.front_proxy.ca_pem:
+            context.load_verify_locations(cadata=proxy.ca_pem)
+            context.verify_mode = ssl.CERT_OPTIONAL
+            log.info("Loaded the API server's front-proxy CA allowed_names=%s", list(proxy.allowed_names))
+        self.front_proxy = proxy
+
+    async def _refresh_loop(self, context: ssl.SSLContext) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_SECONDS)
+            try:
+                await self._load(context)
+            except Exception as exc:  # noqa: BLE001 - keep the settings read last
+                log.warning("Could not read %s/%s error=%r", *AUTH_CONFIGMAP, exc)
+
+    # authentication and authorization
+
+    async def _user(self, request: web.Request) -> User | None:
+        cn = _common_name(request.transport.get_extra_info("peercert") if request.transport else None)
+        if cn is not None:
+            return self.front_proxy.user(cn, request.headers, request.headers)
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or not auth[7:].strip():
+            return None
+        token = auth[7:].strip()
+        key = hashlib.sha256(token.encode()).hexdigest()
+        cached = self._tokens.get(key)
+        if cached is None:
+            status = await asyncio.to_thread(self.kube.review, "authentication.k8s.io/v1", "tokenreviews",
+                                             {"token": token})
+            u = status.get("user") or {}
+            cached = User(u.get("username", ""), _authenticated(list(u.get("groups") or ())),
+                          tuple((k, tuple(v)) for k, v in sorted((u.get("extra") or {}).items())),
+                          u.get("uid", "")) if status.get("authenticated") else False
+            self._tokens.put(key, cached)
+        return cached or None
+
+    async def _allowed(self, user: User, attributes: dict[str, Any], non_resource: bool = False) -> bool:
+        key = json.dumps([user.name, user.groups, user.extra, user.uid, attributes], sort_keys=True)
+        cached = self._access.get(key)
+        if cached is None:
+            spec: dict[str, Any] = {"user": user.name, "groups": list(user.groups),
+                                    "extra": {k: list(v) for k, v in user.extra}, "uid": user.uid,
+                                    "nonResourceAttributes" if non_resource else "resourceAttributes": attributes}
+            status = await asyncio.to_thread(self.kube.review, "authorization.k8s.io/v1", "subjectaccessreviews",
+                                             spec)
+            cached = bool(status.get("allowed")) and not status.get("denied")
+            self._access.put(key, cached)
+        return bool(cached)
+
+    async def _guard(self, request: web.Request, attributes: dict[str, Any], non_resource: bool = False
+                     ) -> web.Response | None:
+        try:
+            user = await self._user(request)
+        except Exception as exc:  # noqa: BLE001 - the API server could not say: refuse, say why
+            log.warning("TokenReview failed error=%r", exc)
+            return _status(500, "InternalError", f"could not authenticate: {exc}")
+        if user is None:
+            return _status(401, "Unauthorized", "Unauthorized: present the API server's front-proxy client "
+                           "certificate with the user in its headers, or a valid bearer token")
+        try:
+            if not await self._allowed(user, attributes, non_resource):
+                what = attributes.get("path") or f"{attributes.get('resource')}/{attributes.get('subresource')}"
+                return _status(403, "Forbidden", f'User "{user.name}" cannot get {what} in API group '
+                               f'"{API_GROUP}" in the namespace "{attributes.get("namespace", "")}"')
+        except Exception as exc:  # noqa: BLE001
+            log.warning("SubjectAccessReview failed error=%r", exc)
+            return _status(500, "InternalError", f"could not authorize: {exc}")
+        return None
+
+    # handlers
+
+    async def _discovery(self, request: web.Request) -> web.Response:
+        refused = await self._guard(request, {"path": request.path, "verb": "get"}, non_resource=True)
+        if refused is not None:
+            return refused
+        resources = [{"name": f"{what}/{metric}", "singularName": "", "namespaced": True, "kind": "MetricValueList",
+                      "verbs": ["get"]} for what in (MODEL_RESOURCE, "pods") for metric in METRICS]
+        return web.json_response({"kind": "APIResourceList", "apiVersion": "v1",
+                                  "groupVersion": f"{API_GROUP}/{API_VERSION}", "resources": resources})
+
+    async def _metric(self, request: web.Request) -> web.Response:
+        ns, resource = request.match_info["namespace"], request.match_info["resource"]
+        name, metric = request.match_info["name"], request.match_info["metric"]
+        refused = await self._guard(request, {"namespace": ns, "verb": "get", "group": API_GROUP,
+                                              "version": API_VERSION, "resource": resource, "subresource": metric,
+                                              "name": "" if name == "*" else name})
+        if refused is not None:
+            return refused
+        if metric not in METRICS:
+            return _status(404, "NotFound", f"no metric {metric!r}: this server serves {', '.join(METRICS)}")
+        if resource not in (MODEL_RESOURCE, "pods"):
+            return _status(404, "NotFound", f"no metrics for {resource}: only {MODEL_RESOURCE} and pods")
+        if not self.watched(ns):
+            return _status(404, "NotFound", f"namespace {ns!r} is not watched by this triton-operator")
+        try:
+            items = await (self._models(ns, name, metric) if resource == MODEL_RESOURCE
+                           else self._pods(ns, name, metric, request.query.get("labelSelector")))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("Reading metric=%s namespace=%s name=%s failed error=%r", metric, ns, name, exc)
+            return _status(500, "InternalError", f"could not read {metric}: {exc}")
+        if name != "*" and not items:
+            what = f"TritonModel {ns}/{name}" if resource == MODEL_RESOURCE else f"pod {ns}/{name}"
+            return _status(404, "NotFound", f"{metric} of {what}: no warmed replica with statistics over the last "
+                           f"{self.collector.window:.0f}s (not a TritonModel replica, not warmed, or just started)")
+        return web.json_response({"kind": "MetricValueList", "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                                  "metadata": {}, "items": items})
+
+    def _item(self, kind: str, api_version: str, ns: str, name: str, metric: str, value: float) -> dict[str, Any]:
+        return {"describedObject": {"kind": kind, "namespace": ns, "name": name, "apiVersion": api_version},
+                "metric": {"name": metric, "selector": None}, "timestamp": _now(),
+                "windowSeconds": int(self.collector.window), "value": quantity(value)}
+
+    async def _models(self, ns: str, name: str, metric: str) -> list[dict[str, Any]]:
+        if name == "*":
+            names = sorted(b["metadata"]["name"] for b in await asyncio.to_thread(
+                self.kube.list, MODEL_API_VERSION, KIND, ns))
+        else:
+            names = [name]
+        readings = await asyncio.gather(*(self.collector.read(ns, n) for n in names))
+        return [self._item(KIND, MODEL_API_VERSION, ns, n, metric, r.model[metric])
+                for n, r in zip(names, readings, strict=True) if r.model is not None]
+
+    async def _pods(self, ns: str, name: str, metric: str, selector: str | None) -> list[dict[str, Any]]:
+        pods = await asyncio.to_thread(self.kube.list, POD.api_version, POD.kind, ns, selector)
+        if name != "*":
+            pods = [p for p in pods if p["metadata"]["name"] == name]
+        models = sorted({m for p in pods if (m := (p["metadata"].get("labels") or {}).get(LABEL_MODEL))})
+        wanted = {p["metadata"]["name"] for p in pods}
+        readings = await asyncio.gather(*(self.collector.read(ns, m) for m in models))
+        return [self._item("Pod", "v1", ns, pod, metric, values[metric])
+                for reading in readings for pod, values in sorted(reading.replicas.items()) if pod in wanted]
