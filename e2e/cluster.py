@@ -615,6 +615,8 @@ class LocalCluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             # A node whose kubelet stopped renewing its Lease (every 2.5 s here) is NotReady after 12 s.
             "--node-monitor-grace-period=12s",
+            # The HPA controller every 5 s (Kubernetes' default is 15 s): e2e/test_autoscaling.py waits on it.
+            "--horizontal-pod-autoscaler-sync-period=5s",
         ]
 
     def _scheduler_args(self, ports: Ports) -> list[str]:

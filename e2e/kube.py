@@ -43,6 +43,8 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
     "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers", True),
+    "APIService": ("/apis/apiregistration.k8s.io/v1", "apiservices", False),
 }
 
 
