@@ -84,3 +84,19 @@ def test_readme_reference_is_current() -> None:
 
     readme = (ROOT / "README.md").read_text()
     assert reference_markdown() in readme, "README.md's TritonModel reference is stale: run `make docs`"
+
+
+def test_bounds_are_openapi_v3s_exclusive_flags_not_json_schema_2020_numbers() -> None:
+    """Kubernetes reads exclusiveMinimum as a boolean beside minimum: a number there fails the CRD's install."""
+    def walk(node: object, path: str) -> list[str]:
+        if isinstance(node, list):
+            return [p for i, n in enumerate(node) for p in walk(n, f"{path}[{i}]")]
+        if not isinstance(node, dict):
+            return []
+        bad = [f"{path}.{k}" for k in ("exclusiveMinimum", "exclusiveMaximum") if k in node and node[k] is not True]
+        return bad + [p for k, v in node.items() for p in walk(v, f"{path}.{k}")]
+
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert walk(schema, "") == []
+    target = schema["properties"]["spec"]["properties"]["autoscaling"]["properties"]["target"]["properties"]
+    assert (target["queueTimeMilliseconds"]["minimum"], target["queueTimeMilliseconds"]["exclusiveMinimum"]) == (0, True)

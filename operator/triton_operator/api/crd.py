@@ -75,6 +75,10 @@ def _structural(node: Any) -> Any:
         node["minProperties"] = node.pop("minLength")
     if "const" in node:
         node["enum"] = [node.pop("const")]
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        value = node.get(bound)
+        if isinstance(value, int | float) and not isinstance(value, bool):  # JSON Schema 2020's form (pydantic gt/lt)
+            node[limit], node[bound] = value, True  # OpenAPI v3's, which Kubernetes takes
     if node.get("type") == "array" and "items" not in node:
         node["items"] = {"type": "string"}
     return node
