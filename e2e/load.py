@@ -88,6 +88,8 @@ class ServiceLoad:
         self._states: list[str] = []
         #: every change of the Service's endpoints (pod names and conditions included), "+<seconds>s [...]"
         self.endpoint_history: list[str] = []
+        #: (monotonic start, seconds) of every correct answer: the benches' latency percentiles
+        self.latencies: list[tuple[float, float]] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -184,8 +186,11 @@ class ServiceLoad:
             with self._lock:
                 endpoints = self._ready
             target = self._cluster_ip or (rng.choice(endpoints) if endpoints else None)
+            began = time.monotonic()
             error = self._infer(target, a, b) if target else f"no ready endpoint in Service {self.service}'s EndpointSlices"
             with self._lock:
+                if not error:
+                    self.latencies.append((began, time.monotonic() - began))
                 self._sent += 1
                 if error:
                     self._failed += 1
