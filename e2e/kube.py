@@ -35,6 +35,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Service": (_CORE, "services", True),
     "ServiceAccount": (_CORE, "serviceaccounts", True),
     "ConfigMap": (_CORE, "configmaps", True),
+    "Endpoints": (_CORE, "endpoints", True),
     "Secret": (_CORE, "secrets", True),
     "PersistentVolume": (_CORE, "persistentvolumes", False),
     "PersistentVolumeClaim": (_CORE, "persistentvolumeclaims", True),
