@@ -70,7 +70,7 @@ class MetricsServer:
                 [binary, f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
                  f"--bind-address={address}", f"--secure-port={self.port}", f"--cert-dir={certs}",
                  "--kubelet-insecure-tls", "--kubelet-preferred-address-types=InternalIP",
-                 "--kubelet-use-node-status-port", "--metric-resolution=10s", "--v=1"],
+                 "--kubelet-use-node-status-port", "--metric-resolution=10s", "--kubelet-request-timeout=5s", "--v=1"],
                 stdout=out, stderr=subprocess.STDOUT)
         meta = {"name": "metrics-server", "namespace": "kube-system"}
         self.kube.create({"apiVersion": "v1", "kind": "Service", "metadata": meta,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as dt
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -215,3 +216,17 @@ def test_triton_counters_show_the_queue_time_and_the_concurrency_of_a_loaded_mod
     assert got[QUEUE_TIME] > 20, got
     assert 2.5 < got[INFLIGHT] <= 4.5, got
     assert got[RATE] == pytest.approx(80 / seconds)
+
+
+def test_millicores_are_a_resource_quantity_and_reach_the_container() -> None:
+    """A CPU request such as `200m` (what a CPU-utilisation HPA divides by) was refused by the schema before."""
+    body = _body(server={"resources": {"requests": {"cpu": "200m", "memory": "1.5Gi"}, "limits": {"cpu": "2"}}})
+    assert not check_documents([Document("m.yaml#0", body)]).errors
+    pod = _children(body)["Deployment"]["spec"]["template"]["spec"]
+    triton = next(c for c in pod["containers"] if c["name"] == "tritonserver")
+    assert triton["resources"]["requests"] == {"cpu": "200m", "memory": "1.5Gi"}
+    assert triton["resources"]["limits"]["cpu"] == "2"
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["server"]
+    pattern = schema["properties"]["resources"]["properties"]["requests"]["additionalProperties"]["pattern"]
+    assert all(re.match(pattern, q) for q in ("200m", "2", "8Gi", "1.5G", "100k"))
+    assert not any(re.match(pattern, q) for q in ("200 m", "-1", "1x", "m"))

@@ -42,6 +42,9 @@ K8sNameStr = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_NAME, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 ]
 QuantityStr = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")]
+#: A container resource quantity as Kubernetes writes one: `500m` CPU, `2`, `8Gi`, `1.5G`.
+ResourceQuantityStr = Annotated[str, StringConstraints(
+    max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")]
 #: A file's text in a ConfigMap-carried repository (the whole repository must fit in 1 MiB).
 FileTextStr = Annotated[str, StringConstraints(max_length=1 << 20)]
 #: Where files are fetched from at pod start (spec.source.uri, spec.modelFiles.uri).
@@ -573,8 +576,10 @@ class Toleration(_Model):
 class Resources(_Model):
     """Container resources; `nvidia.com/gpu` comes from `server.gpus` (or what the instance groups need)."""
 
-    requests: dict[str, QuantityStr] | None = Field(default=None, description="Requested cpu, memory, ….")
-    limits: dict[str, QuantityStr] | None = Field(default=None, description="Limits on cpu, memory, ….")
+    requests: dict[str, ResourceQuantityStr] | None = Field(
+        default=None, description="Requested cpu, memory, … (Kubernetes quantities: `500m`, `2`, `8Gi`).")
+    limits: dict[str, ResourceQuantityStr] | None = Field(
+        default=None, description="Limits on cpu, memory, … (Kubernetes quantities).")
 
 
 class Server(_Model):
