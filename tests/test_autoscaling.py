@@ -70,7 +70,8 @@ def test_the_rate_target_is_per_replica_and_fractions_stay_exact() -> None:
     assert hpa["spec"]["metrics"][0]["object"]["target"] == {"type": "AverageValue", "averageValue": "12500m"}
     inflight = _children(_body({"maxReplicas": 4, "target": {"inflightRequests": 2}}))["HorizontalPodAutoscaler"]
     assert inflight["spec"]["metrics"][0]["object"]["target"] == {"type": "Value", "value": "2"}
-    assert [quantity(v) for v in (0, 0.0004, 0.25, 3, 1234.5678)] == ["0", "0", "250m", "3", "1234568m"]
+    assert [quantity(v) for v in (0, 0.0004, 0.25, 3, 1234.5678, 1500, 2000, 12.5, 3_000_000)] == [
+        "0", "0", "250m", "3", "1234568m", "1500", "2k", "12500m", "3M"]
 
 
 def test_without_autoscaling_no_hpa_and_one_left_over_is_deleted() -> None:
@@ -230,3 +231,24 @@ def test_millicores_are_a_resource_quantity_and_reach_the_container() -> None:
     pattern = schema["properties"]["resources"]["properties"]["requests"]["additionalProperties"]["pattern"]
     assert all(re.match(pattern, q) for q in ("200m", "2", "8Gi", "1.5G", "100k"))
     assert not any(re.match(pattern, q) for q in ("200 m", "-1", "1x", "m"))
+
+
+def test_an_hpa_as_the_api_server_stores_it_is_not_applied_again() -> None:
+    """The API server fills in behavior's defaults and writes quantities canonically: a converged model's reconcile
+    must find nothing to write (else it would apply the HPA on every round)."""
+    body = _body({"maxReplicas": 3, "target": {"inferencesPerSecond": 2000},
+                  "behavior": {"scaleDown": {"stabilizationWindowSeconds": 20}}})
+    children = _children(body)
+    stored = copy.deepcopy(children["HorizontalPodAutoscaler"])
+    stored["metadata"].update({"uid": "h1", "resourceVersion": "7", "managedFields": [{"manager": "triton-operator"}]})
+    stored["spec"]["behavior"] = {
+        "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max", "policies": [
+            {"type": "Pods", "value": 4, "periodSeconds": 15}, {"type": "Percent", "value": 100, "periodSeconds": 15}]},
+        "scaleDown": {"stabilizationWindowSeconds": 20, "selectPolicy": "Max",
+                      "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]}}
+    assert stored["spec"]["metrics"][0]["object"]["target"]["averageValue"] == "2k", "the API server's own text"
+    stored["status"] = {"currentReplicas": 1, "desiredReplicas": 1}
+    world = World(body=body, models={"m": body}, children={(c["kind"], c["metadata"]["name"]): (
+        stored if c["kind"] == "HorizontalPodAutoscaler" else c) for c in children.values()}, pods=(),
+        now=dt.datetime.now(dt.UTC))
+    assert [a.obj["kind"] for a in plan(world).apply] == [], "a converged model applies nothing"

@@ -14,9 +14,16 @@ METRICS = (QUEUE_TIME, INFLIGHT, RATE)
 
 
 def quantity(value: float) -> str:
-    """A Kubernetes quantity for `value`, in thousandths (the HPA compares milli-values)."""
-    milli = round(value * 1000)
-    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+    """`value` to the thousandth (the HPA compares milli-values) as the API server writes a quantity back: the
+    largest SI suffix that keeps the number whole (2000 is `2k`, 12.5 is `12500m`). The same text, so that a
+    re-applied HPA equals the one stored."""
+    n, suffixes = round(value * 1000), ("m", "", "k", "M", "G", "T", "P", "E")
+    if n == 0:
+        return "0"
+    i = 0
+    while n % 1000 == 0 and i < len(suffixes) - 1:
+        n, i = n // 1000, i + 1
+    return f"{n}{suffixes[i]}"
 
 
 @dataclass(frozen=True)
