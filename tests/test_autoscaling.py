@@ -252,3 +252,18 @@ def test_an_hpa_as_the_api_server_stores_it_is_not_applied_again() -> None:
         stored if c["kind"] == "HorizontalPodAutoscaler" else c) for c in children.values()}, pods=(),
         now=dt.datetime.now(dt.UTC))
     assert [a.obj["kind"] for a in plan(world).apply] == [], "a converged model applies nothing"
+
+
+def test_an_hpa_status_update_alone_asks_for_no_reconcile() -> None:
+    from triton_operator.controller.operator import status_only
+
+    hpa = _children(_body({"maxReplicas": 3, "target": {"queueTimeMilliseconds": 20}}))["HorizontalPodAutoscaler"]
+    hpa["metadata"]["generation"] = 1
+    synced = copy.deepcopy(hpa) | {"status": {"currentReplicas": 2, "desiredReplicas": 3}}
+    assert status_only(hpa, synced, "MODIFIED"), "the HPA controller's sync: nothing the plan reads"
+    edited = copy.deepcopy(synced)
+    edited["metadata"]["generation"] = 2  # someone changed its spec: the reconcile puts ours back
+    assert not status_only(hpa, edited, "MODIFIED")
+    assert not status_only(hpa, synced, "DELETED") and not status_only(None, synced, "ADDED")
+    deployment = _children(_body())["Deployment"]
+    assert not status_only(deployment, copy.deepcopy(deployment) | {"status": {"readyReplicas": 1}}, "MODIFIED")

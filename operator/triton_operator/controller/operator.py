@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +20,7 @@ from urllib.parse import urlsplit
 import kopf
 from aiohttp import web
 
-from ..api.kinds import CHILDREN, LABEL_MODEL, OWNED, POD, TRITON_MODEL
+from ..api.kinds import CHILDREN, HPA, LABEL_MODEL, OWNED, POD, TRITON_MODEL
 from ..api.v1alpha1 import GROUP, VERSION
 from ..render.kubernetes import Options
 from ..render.webhook import WebhookTarget
@@ -100,10 +101,12 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         @kopf.on.event(group, version, plural, labels=OWNED, registry=registry)
         async def _child_event(event: kopf.RawEvent, **_: Any) -> None:
             body = event["object"]
+            meta = body["metadata"]
+            old = STATE.cache.children.get((body["kind"], meta["namespace"], meta["name"]))
             STATE.cache.put_child(body, deleted=event["type"] == "DELETED")
-            owner = (body["metadata"].get("labels") or {}).get(LABEL_MODEL)
-            if owner:
-                STATE.reconciler.request(body["metadata"]["namespace"], owner)
+            owner = (meta.get("labels") or {}).get(LABEL_MODEL)
+            if owner and not status_only(old, body, event["type"] or ""):
+                STATE.reconciler.request(meta["namespace"], owner)
 
     for child in CHILDREN:
         _child_handler(child.group, child.version, child.plural)
@@ -118,6 +121,17 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
             STATE.reconciler.request(body["metadata"]["namespace"], model)
 
     return registry
+
+
+def status_only(old: Mapping[str, Any] | None, new: Mapping[str, Any], event: str) -> bool:
+    """An update of an HPA's status alone (its controller writes one every sync): nothing the plan reads changed,
+    so no reconcile. Any other kind's status counts (a Deployment's says how many replicas are ready)."""
+    if event == "DELETED" or old is None or new.get("kind") != HPA.kind:
+        return False
+    o, n = old["metadata"], new["metadata"]
+    return bool(o.get("generation") == n.get("generation") and o.get("labels") == n.get("labels")
+                and o.get("ownerReferences") == n.get("ownerReferences")
+                and o.get("annotations") == n.get("annotations"))
 
 
 async def _drift_loop(interval: float) -> None:
