@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from multidict import CIMultiDict
 
+from tests.test_drain import SLOW  # a model that sleeps what each request asks
 from tests.triton_helpers import models_from_yaml, serve, tensor
 from triton_operator.api.crd import crd
 from triton_operator.api.v1alpha1 import API_VERSION, TritonModel
@@ -167,35 +168,6 @@ def test_the_front_proxy_headers_count_only_from_an_allowed_certificate_name() -
 
 # -- Triton's counters, from a real tritonserver ----------------------------------------------------------------
 
-SLOW = """
-apiVersion: serving.triton-operator.dev/v1alpha1
-kind: TritonModel
-metadata: {name: slow}
-spec:
-  backend: python
-  batching: false
-  inputs: [{name: INPUT, dataType: FP32, dims: [1]}]
-  outputs: [{name: OUTPUT, dataType: FP32, dims: [1]}]
-  instanceGroups: [{kind: CPU, count: 1}]
-  source:
-    inline:
-      model.py: |
-        import time
-
-        import triton_python_backend_utils as pb_utils
-
-
-        class TritonPythonModel:
-            def execute(self, requests):
-                out = []
-                for r in requests:
-                    time.sleep(0.02)
-                    out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
-                        "OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())]))
-                return out
-"""
-
-
 @pytest.mark.triton
 def test_triton_counters_show_the_queue_time_and_the_concurrency_of_a_loaded_model(tmp_path: Path) -> None:
     with serve(models_from_yaml(SLOW), tmp_path / "repo") as served:
@@ -204,7 +176,7 @@ def test_triton_counters_show_the_queue_time_and_the_concurrency_of_a_loaded_mod
         start = time.monotonic()
 
         def call(_: int) -> None:
-            served.client.infer("slow", [tensor("INPUT", np.array([1.0], dtype=np.float32))])
+            served.client.infer("slow", [tensor("SECONDS", np.array([0.02], dtype=np.float32))])
 
         with ThreadPoolExecutor(max_workers=4) as pool:  # 4 at once on one instance of 20 ms: they queue
             list(pool.map(call, range(80)))
