@@ -108,8 +108,9 @@ def plan_replicas(pods: Sequence[Mapping[str, Any]], digest: str, repository: st
             f"{ann.get(ANNOTATION_DIGEST)} again; the rollout stopped there: {ann.get(ANNOTATION_RELOAD_MESSAGE, '')}"
             .strip()[:2000]))
     patches: list[PodPatch] = []
-    reloading = sum(1 for p in live if ANNOTATION_RELOAD in _annotations(p))
-    budget = policy.max_unavailable - sum(1 for p in live if ANNOTATION_RELOAD in _annotations(p) or not pod_ready(p))
+    unavailable = [p for p in live if ANNOTATION_RELOAD in _annotations(p) or not pod_ready(p)]
+    reloading = sum(ANNOTATION_RELOAD in _annotations(p) for p in unavailable)
+    budget = policy.max_unavailable - len(unavailable)
     mode = "Drain" if sequences or streams else policy.mode
     for p in live:
         ann, name = _annotations(p), p["metadata"]["name"]
