@@ -157,13 +157,13 @@ def test_the_front_proxy_headers_count_only_from_an_allowed_certificate_name() -
     headers = CIMultiDict([("X-Remote-User", "system:serviceaccount:kube-system:horizontal-pod-autoscaler"),
                            ("X-Remote-Group", "system:serviceaccounts"), ("X-Remote-Group", "system:serviceaccounts:kube-system"),
                            ("X-Remote-Extra-Authentication.kubernetes.io%2fpod-name", "p")])
-    user = proxy.user("front-proxy-client", headers, headers)
+    user = proxy.user("front-proxy-client", headers)
     assert user is not None and user.name == "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
     assert user.groups == ("system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated")
     assert user.extra == (("authentication.kubernetes.io/pod-name", ("p",)),)
-    assert proxy.user("kubelet", headers, headers) is None, "a certificate of the same CA with another name"
+    assert proxy.user("kubelet", headers) is None, "a certificate of the same CA with another name"
     nobody = CIMultiDict([("X-Remote-Group", "system:masters")])
-    assert proxy.user("front-proxy-client", nobody, nobody) is None, "no user header: nobody to vouch for"
+    assert proxy.user("front-proxy-client", nobody) is None, "no user header: nobody to vouch for"
 
 
 # -- Triton's counters, from a real tritonserver ----------------------------------------------------------------

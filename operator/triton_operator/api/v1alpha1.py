@@ -744,6 +744,14 @@ class AutoscalingTarget(_Model):
     )
 
 
+    def given(self) -> dict[str, float]:
+        """The targets set, by their field names (exactly one in a valid spec)."""
+        return {name: value for name, value in (("queueTimeMilliseconds", self.queue_time_milliseconds),
+                                                ("inflightRequests", self.inflight_requests),
+                                                ("inferencesPerSecond", self.inferences_per_second))
+                if value is not None}
+
+
 class Autoscaling(_Model):
     """A HorizontalPodAutoscaler of the model's replicas on Triton's own metrics (custom.metrics.k8s.io)."""
 

@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from aiohttp import web
+from multidict import MultiMapping
 
 from ..api.kinds import LABEL_MODEL, POD
 from ..api.v1alpha1 import API_VERSION as MODEL_API_VERSION
@@ -92,19 +93,19 @@ class FrontProxy:
                    names("requestheader-group-headers", ("X-Remote-Group",)),
                    names("requestheader-extra-headers-prefix", ("X-Remote-Extra-",)))
 
-    def user(self, common_name: str, headers: Mapping[str, str], all_headers: Any) -> User | None:
+    def user(self, common_name: str, headers: MultiMapping[str]) -> User | None:
         """The user the headers name, if the certificate's name may vouch for them; None otherwise."""
         if self.allowed_names and common_name not in self.allowed_names:
             return None
         name = next((headers[h] for h in self.username_headers if headers.get(h)), "")
         if not name:
             return None
-        groups = [g for h in self.group_headers for g in all_headers.getall(h, ())]
+        groups = [g for h in self.group_headers for g in headers.getall(h, ())]
         extra: dict[str, list[str]] = {}
-        for key in all_headers:
+        for key in headers:
             for prefix in self.extra_prefixes:
                 if key.lower().startswith(prefix.lower()):
-                    extra.setdefault(unquote(key[len(prefix):]).lower(), []).extend(all_headers.getall(key))
+                    extra.setdefault(unquote(key[len(prefix):]).lower(), []).extend(headers.getall(key))
         return User(name, _authenticated(groups), tuple((k, tuple(v)) for k, v in sorted(extra.items())))
 
 
@@ -159,7 +160,6 @@ class Reading:
 
     model: dict[str, float] | None
     replicas: dict[str, dict[str, float]]  # pod name -> metrics
-    pods: dict[str, dict[str, Any]]  # pod name -> pod, every replica listed
 
 
 class Collector:
@@ -204,7 +204,7 @@ class Collector:
             if d is not None:
                 deltas.append(d)
                 replicas[pod["metadata"]["name"]] = replica_metrics(d)
-        return Reading(model_metrics(deltas), replicas, {p["metadata"]["name"]: p for p in m.pods})
+        return Reading(model_metrics(deltas), replicas)
 
     async def _run(self, m: _Model) -> None:
         while time.monotonic() - m.asked < IDLE_SECONDS:
@@ -310,7 +310,7 @@ class CustomMetricsApi:
     async def _user(self, request: web.Request) -> User | None:
         cn = _common_name(request.transport.get_extra_info("peercert") if request.transport else None)
         if cn is not None:
-            return self.front_proxy.user(cn, request.headers, request.headers)
+            return self.front_proxy.user(cn, request.headers)
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             return None

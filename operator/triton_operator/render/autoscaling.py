@@ -33,14 +33,22 @@ class HpaMetric:
     value: str
 
 
+#: Each target (its field in spec.autoscaling.target): the metric it names and how the HPA compares it. A mean (queue
+#: time, in flight per replica) is a Value (desired = ready replicas x measured / target); the model's total rate
+#: an AverageValue (total / target).
+_TARGETS = {
+    "queueTimeMilliseconds": (QUEUE_TIME, "Value"),
+    "inflightRequests": (INFLIGHT, "Value"),
+    "inferencesPerSecond": (RATE, "AverageValue"),
+}
+
+
 def hpa_metric(target: AutoscalingTarget) -> HpaMetric:
-    """The HPA's Object metric for a target. A mean (queue time, in flight per replica) is compared as a Value
-    (desired = ready replicas x measured / target); the model's total rate as an AverageValue (total / target)."""
-    if target.queue_time_milliseconds is not None:
-        return HpaMetric(QUEUE_TIME, "Value", quantity(target.queue_time_milliseconds))
-    if target.inflight_requests is not None:
-        return HpaMetric(INFLIGHT, "Value", quantity(target.inflight_requests))
-    if target.inferences_per_second is not None:
-        return HpaMetric(RATE, "AverageValue", quantity(target.inferences_per_second))
-    raise ValueError("spec.autoscaling.target: set exactly one of queueTimeMilliseconds, inflightRequests or "
-                     "inferencesPerSecond")
+    """The HPA's Object metric for a target (see `_TARGETS`)."""
+    given = target.given()
+    if len(given) != 1:
+        raise ValueError("spec.autoscaling.target: set exactly one of queueTimeMilliseconds, inflightRequests or "
+                         "inferencesPerSecond")
+    ((field, value),) = given.items()
+    name, target_type = _TARGETS[field]
+    return HpaMetric(name, target_type, quantity(value))

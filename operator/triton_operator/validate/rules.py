@@ -631,9 +631,7 @@ def _check_autoscaling(spec: TritonModelSpec, err: _Collector) -> None:
     if a.min_replicas > a.max_replicas:
         err("autoscaling-range", "spec.autoscaling.minReplicas",
             f"must be <= maxReplicas ({a.max_replicas}), got {a.min_replicas}")
-    targets = [n for n, v in (("queueTimeMilliseconds", a.target.queue_time_milliseconds),
-                              ("inflightRequests", a.target.inflight_requests),
-                              ("inferencesPerSecond", a.target.inferences_per_second)) if v is not None]
+    targets = list(a.target.given())
     if len(targets) != 1:
         err("autoscaling-target", "spec.autoscaling.target", "set exactly one of queueTimeMilliseconds, "
             f"inflightRequests or inferencesPerSecond, got {targets or 'none'}")
