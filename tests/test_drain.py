@@ -128,12 +128,20 @@ def test_sigterm_drains_in_flight_requests_and_open_connections_within_the_grace
         server.process.send_signal(signal.SIGTERM)  # the kubelet's SIGTERM, after the preStop sleep
         terminated = time.monotonic()
 
-        # New connections are refused at once ...
-        try:
-            _http_infer(http.client.HTTPConnection(server.host, server.http_port, timeout=5), 0.0)
-            pytest.fail("tritonserver accepted a new connection after SIGTERM")
-        except (ConnectionError, http.client.HTTPException):
-            pass
+        # New connections are refused once tritonserver's main thread has handled the signal. The
+        # handler only wakes that thread, so a connection made in the first milliseconds may still be
+        # accepted (and is answered); CI saw one. Each attempt is a new connection.
+        accepted = 0
+        while True:
+            try:
+                _http_infer(http.client.HTTPConnection(server.host, server.http_port, timeout=5), 0.0)
+            except (ConnectionError, http.client.HTTPException):
+                break
+            accepted += 1
+            if time.monotonic() - terminated > 3:
+                pytest.fail(f"tritonserver still accepted new connections 3 s after SIGTERM ({accepted} answered):\n"
+                            f"{server.log_tail()}")
+            time.sleep(0.05)
         # ... a connection already open is still answered, and every request in flight or queued completes.
         assert _http_infer(pooled, 0.0) == [0.0]
         for t in threads:
