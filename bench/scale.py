@@ -13,6 +13,7 @@ kopf operators usually have.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import Kube
+from e2e.kube import Kube, wait_for
 from triton_operator.api.kinds import CHILDREN, LABEL_MODEL, PDB
 
 from .common import CpuMeter, Result, Row, log, summary, write_result
@@ -141,8 +142,12 @@ def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:
     kube = Kube(kubeconfig)
     ensure_namespace(kube, NAMESPACE)
     log_path = cluster.logs / f"operator-{impl}-{n}.log"
+    profile = cluster.logs / f"tracemalloc-{n}.txt" if impl == "ours" and os.environ.get("BENCH_TRACEMALLOC") else None
     if impl == "ours":
         op = OperatorProcess.ours(kubeconfig, log_path)
+        if profile is not None:  # bench.memprofile: the same operator under tracemalloc
+            op.argv = [sys.executable, "-m", "bench.memprofile", *op.argv[1:]]
+            op.env["BENCH_TRACEMALLOC_OUT"] = str(profile)
     else:
         op = OperatorProcess([sys.executable, "-m", "bench.naive_operator", "--kubeconfig", str(kubeconfig)],
                              log_path, env={"KUBECONFIG": str(kubeconfig)})
@@ -195,6 +200,12 @@ def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:
         api2, t2 = apiserver_requests(kube), time.time()
         writes2 = op.writes() if impl == "ours" else {}
         memory = op.memory()
+        if profile is not None:
+            profile.unlink(missing_ok=True)
+            os.kill(op.pid, signal.SIGUSR1)
+            wait_for("the operator's tracemalloc report", profile.exists, 120, 0.5)
+            log(f"tracemalloc report ({memory.get('VmRSS')} kB RSS under tracemalloc): {profile}\n"
+                + "\n".join(profile.read_text().splitlines()[:60]))
     finally:
         stop.set()
         op.stop()
@@ -327,3 +338,11 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
                 + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])) + ".")
     result.data = {"phases": phases}
     return write_result(result, started, meter)
+
+
+if __name__ == "__main__":  # `python -m bench.scale N`: one profiled phase of ours (BENCH_TRACEMALLOC=1), no result
+    _cluster = BenchCluster()
+    try:
+        phase(_cluster, "ours", int(sys.argv[1]) if len(sys.argv) > 1 else 1000)
+    finally:
+        _cluster.down(quiet=True)

@@ -379,7 +379,7 @@ oom_score = 0
             f"--hostname-override={self.name}",
             f"--node-ip={self.ip}",
             *([f"--node-labels={','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else []),
-            "--v=1",
+            f"--v={os.environ.get('TROP_KUBELET_V', '1')}",  # 4 traces its sync loop, probes and status writes
         ]
 
     def containerd_args(self) -> list[str]:

@@ -100,7 +100,7 @@ def test_the_reconciler_writes_the_children_once_and_then_nothing(apiserver: Pat
     asyncio.run(reconcile())
     first = _delta(before, _writes())
     assert first == {"ConfigMap/apply": 1, "Deployment/apply": 1, "Service/apply": 1, "PodDisruptionBudget/apply": 1,
-                     "TritonModel/patch-status": 1, "Event/create": 3}, first
+                     "TritonModel/patch-status": 1, "Event/create": 1}, first
     tm = kube.get("TritonModel", "add-sub", NS)
     assert tm["status"]["observedGeneration"] == 1 and tm["status"]["configDigest"]
     assert {c["type"]: c["reason"] for c in tm["status"]["conditions"]}["Ready"] == "ReplicasWarming"

@@ -35,7 +35,7 @@ from triton_operator.plan.planner import (
     plan,
     steps_to_revisit,
 )
-from triton_operator.render.kubernetes import ANNOTATION_DIGEST
+from triton_operator.render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_LOADED
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NS = "team-a"
@@ -151,8 +151,9 @@ def test_a_new_model_applies_its_children_in_order_and_reports_that_it_rolls_out
     assert conds["Ready"].status == "False" and conds["Ready"].reason == "ReplicasWarming"
     assert conds["Progressing"].reason == "RollingOut"
     assert decided.status_patch is not None and decided.status_patch["configDigest"] == decided.digest
-    # A model on its way is no warning.
-    assert {e.condition: e.type for e in decided.events} == {"Ready": "Normal", "Progressing": "Normal", "Degraded": "Normal"}
+    # A model on its way is no warning, and its first status gets one Event: Ready's (Progressing=True and
+    # Degraded=False are what every new model says).
+    assert [(e.condition, e.type, e.reason) for e in decided.events] == [("Ready", "Normal", "ReplicasWarming")]
 
 
 def test_a_reconciled_model_whose_child_the_cache_lacks_verifies_it_in_apply_order() -> None:
@@ -489,7 +490,7 @@ def test_contains_ignores_server_defaults_but_sees_changes() -> None:
 
 # -- the warm-up gate's decision (plan.readiness) ----------------------------------------------------
 
-from triton_operator.plan.readiness import gate_condition, with_condition  # noqa: E402 - this section's own imports
+from triton_operator.plan.readiness import gate_condition, loaded_to_record, with_condition  # noqa: E402 - this section's own imports
 
 
 def test_the_gate_writes_nothing_when_the_pod_already_says_so() -> None:
@@ -506,6 +507,17 @@ def test_the_gate_turning_true_stamps_the_transition_and_the_warm_up_time() -> N
     assert write.condition["message"].endswith("warmed 8.0s after tritonserver started")
     stored = {c["type"]: c for c in with_condition(pod, write.condition)}
     assert stored[WARMED_CONDITION]["status"] == "True" and stored["Ready"]["status"] == "False"
+
+
+def test_the_loaded_digest_is_written_only_when_the_pods_annotations_cannot_say_it() -> None:
+    created_for = {ANNOTATION_DIGEST: "d1"}
+    assert loaded_to_record(created_for, "d1") is None, "serving what it was created for: its gate says so"
+    assert loaded_to_record(created_for, None) is None, "Triton said nothing yet"
+    # mid-reload: the pod was told d2 and Triton still has d1; then the reload lands d2
+    told = {ANNOTATION_DIGEST: "d2"}
+    assert loaded_to_record(told, "d1") == "d1"
+    assert loaded_to_record({**told, ANNOTATION_LOADED: "d1"}, "d1") is None
+    assert loaded_to_record({**told, ANNOTATION_LOADED: "d1"}, "d2") == "d2"
 
 
 def test_a_new_reason_with_the_same_status_keeps_the_transition_time() -> None:

@@ -48,6 +48,14 @@ def test_children_and_owner_references() -> None:
     assert "PodDisruptionBudget" in _children(_model(replicas=3))
 
 
+def test_without_the_gate_tritons_own_readiness_admits_the_replica() -> None:
+    pod = _children(_model(warmupGate={"enabled": False}))["Deployment"]["spec"]["template"]["spec"]
+    assert "readinessGates" not in pod
+    (triton,) = pod["containers"]
+    assert triton["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert triton["readinessProbe"]["periodSeconds"] == 1
+
+
 def test_deployment_shape() -> None:
     m = _model(replicas=2, responseCache=True, server={"gpus": 2, "cacheSize": "32Mi", "args": ["--log-verbose=1"]})
     dep = _children(m)["Deployment"]
@@ -58,7 +66,9 @@ def test_deployment_shape() -> None:
     (triton,) = pod["containers"]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert {p["containerPort"] for p in triton["ports"]} == {8000, 8001, 8002}
-    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # The gate admits the replica: no readinessProbe to wait for one more period after the startup probe.
+    assert "readinessProbe" not in triton
+    assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert triton["startupProbe"]["failureThreshold"] * triton["startupProbe"]["periodSeconds"] >= 600
     args = triton["args"]
     assert "--model-control-mode=explicit" in args and "--load-model=m" in args

@@ -20,7 +20,7 @@ from typing import Any
 from ..api.kinds import LABEL_MODEL
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
-from ..plan.readiness import GateWrite, gate_condition, with_condition
+from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
 from ..plan.status import TRITON_CONTAINER, triton_container_status
 from ..render.kubernetes import (
     ANNOTATION_DIGEST,
@@ -100,8 +100,6 @@ class WarmupGate:
         while (gate.namespace, gate.name) in self.pods:
             verdict = await self._check(gate)
             ann = gate.body["metadata"].get("annotations") or {}
-            if verdict.loaded and ann.get(ANNOTATION_LOADED) != verdict.loaded:
-                await self._record_loaded(gate, verdict.loaded)
             # A reload starts once Triton is done with what it loads at start: READY (with whichever config), or
             # failed to load it (the reload then brings the config asked for).
             if ANNOTATION_RELOAD in ann and (verdict.ready_seen or verdict.reason == "ModelLoadFailed"):
@@ -113,6 +111,12 @@ class WarmupGate:
             if write is not None:
                 await self._set(gate, verdict, write)
                 stable_rounds = 0
+            # After the gate, never before it: the kubelet's pod worker syncs the pod object of the last UPDATE (an
+            # annotation write), so one written first made the next sync see the gate still False, and Ready came a
+            # PLEG relist (1 s) later (kubelet 1.35 at --v=4, issue 17).
+            record = loaded_to_record(ann, verdict.loaded)
+            if record:
+                await self._record_loaded(gate, record)
             if verdict.ok:
                 delay = STABLE_BACKOFF[min(stable_rounds, len(STABLE_BACKOFF) - 1)]
                 stable_rounds += 1

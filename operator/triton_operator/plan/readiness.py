@@ -10,6 +10,7 @@ from typing import Any
 
 from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import WARMED_CONDITION
+from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_LOADED
 from .status import pod_condition, triton_container_status
 
 
@@ -50,3 +51,16 @@ def with_condition(pod: Mapping[str, Any], written: Mapping[str, Any]) -> list[d
     others = [dict(c) for c in (pod.get("status") or {}).get("conditions") or () if c.get("type") != WARMED_CONDITION]
     since = written.get("lastTransitionTime") or previous.get("lastTransitionTime")
     return [*others, {**written, "lastTransitionTime": since}]
+
+
+def loaded_to_record(annotations: Mapping[str, str], loaded: str | None) -> str | None:
+    """The loaded-config digest to write on the pod (`ANNOTATION_LOADED`), or None for no write.
+
+    Only what the pod's annotations cannot already say: a replica that loaded the config it was created for
+    (`ANNOTATION_DIGEST`) says so through its gate, and writing it would be a pod UPDATE at the very moment the
+    replica turns Ready. The kubelet syncs each UPDATE's pod object, and every sync first waits for a PLEG relist
+    newer than the last one (up to 1 s): that write held Ready back by a relist (kubelet 1.35, issue 17).
+    """
+    if not loaded:
+        return None
+    return None if annotations.get(ANNOTATION_LOADED, annotations.get(ANNOTATION_DIGEST)) == loaded else loaded

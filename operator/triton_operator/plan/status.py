@@ -110,7 +110,10 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
     gate = pod_condition(pod, WARMED_CONDITION)
     cs = triton_container_status(pod)
     out: dict[str, Any] = {"pod": name}
-    loaded = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_LOADED)
+    ann = pod["metadata"].get("annotations") or {}
+    # The gate writes the loaded digest only when it differs from the one the pod was created for: a True gate
+    # means Triton serves that one.
+    loaded = ann.get(ANNOTATION_LOADED) or (ann.get(ANNOTATION_DIGEST) if (gate or {}).get("status") == "True" else None)
     if loaded:
         out["configDigest"] = loaded
     waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
@@ -320,12 +323,18 @@ def merge_patch(old: Mapping[str, Any] | None, new: TritonModelStatus) -> dict[s
 
 def transitions(old: Mapping[str, Any] | None, new: TritonModelStatus | Mapping[str, Any]) -> list[dict[str, Any]]:
     """Conditions whose status or reason changed: each becomes an Event (Reconciling and Stalled, which restate
-    Progressing and Degraded, are left out)."""
+    Progressing and Degraded, are left out).
+
+    A model's first status is news only through its Ready condition, and Degraded if it is True: that the new
+    model progresses and is not degraded is what every creation says, and two more Events per model were two of
+    the seven API writes a new model cost (issue 17)."""
     new_dict = as_dict(new) if isinstance(new, TritonModelStatus) else new
     prev = {c.get("type"): c for c in (old or {}).get("conditions") or ()}
     out = []
     for c in new_dict.get("conditions") or ():
         if c["type"] in KSTATUS_CONDITIONS:
+            continue
+        if not prev and c["type"] != "Ready" and not (c["type"] == "Degraded" and c["status"] == "True"):
             continue
         p = prev.get(c["type"])
         if p is None or p.get("status") != c["status"] or p.get("reason") != c["reason"]:

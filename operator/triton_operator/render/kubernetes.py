@@ -371,7 +371,6 @@ def render_deployment(
             "periodSeconds": options.startup_probe_period,
             "failureThreshold": max(1, server.startup_timeout_seconds // options.startup_probe_period),
         },
-        "readinessProbe": {**probe_http("/v2/health/ready"), "periodSeconds": 1, "failureThreshold": 2},
         "livenessProbe": {**probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
         # The kubelet's own sleep: no shell, no binary in the image. On by default since Kubernetes 1.30 (stable in
         # 1.34), hence the chart's kubeVersion >=1.30.
@@ -415,6 +414,13 @@ def render_deployment(
     }
     if spec.warmup_gate.enabled:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
+    else:
+        # Without the gate, Triton's own readiness is what admits a replica to the Service. With the gate there is
+        # no readinessProbe: the gate's check (the model and its steps READY with the desired digest) implies
+        # /v2/health/ready, and a probe would only delay Ready by up to one more period after the startup probe.
+        # A replica still leaves the Service at once when tritonserver exits (the container is not running), and
+        # a restarted one rejoins only after its startup probe passes, which needs its models loaded.
+        triton["readinessProbe"] = {**probe_http("/v2/health/ready"), "periodSeconds": 1, "failureThreshold": 2}
     if server.node_selector:
         pod_spec["nodeSelector"] = dict(server.node_selector)
     tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations or ()]
