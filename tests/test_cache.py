@@ -55,3 +55,53 @@ def test_forget_model_spares_a_newer_object_of_the_same_name() -> None:
     cache.put_model({"kind": "TritonModel", "metadata": {"name": "m", "uid": "new", "namespace": "ns"}})
     assert not cache.forget_model("ns", "m", "old") and "m" in cache.models["ns"]
     assert cache.forget_model("ns", "m", "new") and "m" not in cache.models["ns"]
+
+
+def test_a_models_children_are_found_through_the_index_however_the_cache_changed() -> None:
+    from triton_operator.controller.cache import Cache
+
+    def child(kind: str, name: str, model: str | None, ns: str = "ns") -> dict:
+        labels = {"serving.triton-operator.dev/model": model} if model else {}
+        return {"kind": kind, "metadata": {"name": name, "uid": f"u-{kind}-{ns}-{name}", "namespace": ns,
+                                           "labels": labels}}
+
+    cache = Cache()
+    cache.put_child(child("Deployment", "a", "a"))
+    cache.put_child(child("Service", "a", "a"))
+    cache.put_child(child("Deployment", "b", "b"))
+    cache.put_child(child("Deployment", "a", "a", ns="other"))  # the same names in another namespace
+    cache.put_child(child("ConfigMap", "loose", None))  # no model label: nobody's
+    assert set(cache.children.of_model("ns", "a")) == {("Deployment", "a"), ("Service", "a")}
+    assert set(cache.children.of_model("other", "a")) == {("Deployment", "a")}
+    # relabelled, deleted by a watch event, popped after our own delete, and added by setdefault (a verify read)
+    cache.put_child(child("Service", "a", "b"))
+    cache.put_child(child("Deployment", "b", "b"), deleted=True)
+    cache.children.pop(("Deployment", "ns", "a"), None)
+    cache.children.setdefault(("ConfigMap", "ns", "a-repository"), child("ConfigMap", "a-repository", "a"))
+    assert set(cache.children.of_model("ns", "a")) == {("ConfigMap", "a-repository")}
+    assert set(cache.children.of_model("ns", "b")) == {("Service", "a")}
+    # the index agrees with a scan of every cached child
+    for ns, model in (("ns", "a"), ("ns", "b"), ("other", "a"), ("ns", "none")):
+        scanned = {(k, n) for (k, s, n), body in cache.children.items()
+                   if s == ns and body["metadata"]["labels"].get("serving.triton-operator.dev/model") == model}
+        assert set(cache.children.of_model(ns, model)) == scanned, (ns, model)
+
+
+def test_the_ensembles_of_a_namespace_follow_every_change_of_a_model() -> None:
+    from triton_operator.api.steps import dependents
+    from triton_operator.controller.cache import Cache
+
+    def model(name: str, *steps: str) -> dict:
+        spec = {"ensemble": {"steps": [{"model": s} for s in steps]}} if steps else {"backend": "python"}
+        return {"kind": "TritonModel", "metadata": {"name": name, "uid": f"u-{name}", "namespace": "ns"}, "spec": spec}
+
+    cache = Cache()
+    for body in (model("a"), model("b"), model("pipe", "a", "b"), model("solo", "b")):
+        cache.put_model(body)
+    assert set(cache.ensembles["ns"]) == {"pipe", "solo"}
+    assert dependents("b", cache.ensembles["ns"]) == dependents("b", cache.models["ns"]) == ["pipe", "solo"]
+    cache.put_model(model("solo"))  # no longer an ensemble
+    cache.put_model(model("pipe", "a", "b"), deleted=True)
+    assert not cache.ensembles["ns"] and dependents("b", cache.models["ns"]) == []
+    cache.put_model(model("pipe", "a"))
+    assert cache.ensembles["ns"]["pipe"] is cache.models["ns"]["pipe"], "one body, not a copy"

@@ -122,7 +122,7 @@ class Reconciler:
 
     def dependents(self, namespace: str, name: str) -> list[str]:
         """Ensembles in the namespace whose steps use `name`."""
-        return step_graph.dependents(name, self.cache.models.get(namespace, {}))
+        return step_graph.dependents(name, self.cache.ensembles.get(namespace, {}))
 
     def model_changed(self, namespace: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
         """Reconciles the step models whose status.servedBy this change of a model (None: absent) may change:
@@ -150,11 +150,11 @@ class Reconciler:
         """The planner's view of one model, from the cache."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        children = {(kind, cname): child for (kind, ns, cname), child in self.cache.children.items()
-                    if ns == namespace and (child["metadata"].get("labels") or {}).get(LABEL_MODEL) == name}
+        children = self.cache.children.of_model(namespace, name)
         return World(
             body=body,
             models=self.cache.models.get(namespace, {}),
+            ensembles=self.cache.ensembles.get(namespace, {}),
             children=children,
             pods=list(self.cache.pods.get((namespace, name), {}).values()),
             now=utc_now(),

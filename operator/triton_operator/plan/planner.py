@@ -125,6 +125,9 @@ class World:
     # How the API server answered the last plan's write that failed: a refusal for good (a 403, a 422) is
     # reported as Degraded (`api_problem`) and stops the plan's reads.
     api_error: ApiFailure | None = None
+    # The ensembles among `models` (spec.ensemble set), when the caller keeps them apart: who uses this model as a
+    # step is then found without a scan of the namespace. None: they are looked for in `models`.
+    ensembles: Mapping[str, Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -351,7 +354,7 @@ def plan(world: World) -> Plan:
         rollout_problem=rollout.problem,
         deployment=world.children.get((DEPLOYMENT.kind, name)),
         pods=world.pods,
-        ensembles=ensembles_using(name, world.models),
+        ensembles=ensembles_using(name, world.models if world.ensembles is None else world.ensembles),
     )
     status = compute_status(observed, stored, world.now)
     if not status_changed(stored, status):
