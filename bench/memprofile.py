@@ -37,7 +37,7 @@ def report(snapshot: tracemalloc.Snapshot) -> str:
 
 def main() -> int:
     out = Path(os.environ.get("BENCH_TRACEMALLOC_OUT", "tracemalloc.txt"))
-    tracemalloc.start(25)
+    tracemalloc.start(int(os.environ.get("BENCH_TRACEMALLOC_FRAMES", "4")))
 
     def dump(_sig: int, _frame: FrameType | None) -> None:
         out.write_text(report(tracemalloc.take_snapshot()))

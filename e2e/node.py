@@ -152,7 +152,8 @@ def host_routes_up(bridge: str) -> None:
 
 
 def host_routes_down() -> None:
-    """Removes the host-wide routes once no bridge of any local cluster is left."""
+    """Removes the Service CIDR route once no bridge of any local cluster is left. The guard route stays: nothing
+    sent to the test range may ever leave the machine, also between clusters and after the last one."""
     links = run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout
     if re.search(r"\btrop[0-9a-f]{4}n\d+\b", links):
         # Another cluster's bridge: it still needs the guard; the Service route may point at a gone bridge.
@@ -163,7 +164,6 @@ def host_routes_down() -> None:
                 run(["ip", "route", "add", SERVICE_CIDR, "dev", bridge.group(1)], check=False)
         return
     run(["ip", "route", "del", SERVICE_CIDR], check=False)
-    run(["ip", "route", "del", "unreachable", TEST_RANGE], check=False)
     Path("/proc/sys/net/ipv4/ip_forward").write_text("0\n")
 
 
