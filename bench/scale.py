@@ -40,7 +40,9 @@ from .kubeenv import (
 )
 from .models import checked, example
 
-SIZES = (100, 1000)
+# The growth run (issue 17): 100, 1000 and 3000 models; the targets are judged at 1000.
+SIZES = tuple(int(n) for n in os.environ.get("BENCH_SCALE_SIZES", "100,1000,3000").split(","))
+JUDGED = 1000
 IMPLS = ("ours", "usual")
 NAMESPACE = "bench-scale"
 # The children both implementations make for a model (`replicas: 0` renders no PodDisruptionBudget, and
@@ -279,7 +281,7 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
             cells.append(f"{n}: {fmt(p)}" if p else f"{n}: -")
         return "; ".join(cells)
 
-    big = max(sizes)
+    big = JUDGED if JUDGED in sizes else max(sizes)
     ours_big = get("ours", big) or {}
     conv = lambda p: (f"{p['converge_seconds']:.1f} s ({p['converged']}/{p['models']}; "  # noqa: E731
                       f"p50 {p['per_model_seconds'].get('p50', float('nan')):.2f} s, "
@@ -290,7 +292,7 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
     rss = lambda p: f"{p['peak_rss_mb']:.0f} MB"  # noqa: E731
     result = Result(
         name="scale",
-        title="Reconcile scale: 100 and 1000 TritonModels",
+        title=f"Reconcile scale: {', '.join(str(n) for n in sorted(sizes))} TritonModels",
         method=(
             "For each size and operator, a fresh control plane of our own (etcd, kube-apiserver with an audit "
             "log, controller-manager, scheduler; no node agent), the operator started, then N copies of "
@@ -320,21 +322,27 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
         Row("operator peak RSS", across("ours", rss), across("usual", rss), f"<= 150 MB at {big}",
             ours_big.get("peak_rss_mb", 1e9) <= 150 if ours_big else None),
     ]
-    small = min(sizes)
-    ours_small = get("ours", small)
-    if ours_small and ours_big and big != small:
-        grow = (ours_big["peak_rss_mb"] - ours_small["peak_rss_mb"]) * 1024 / (big - small)
-        result.notes.append(
-            f"Growth {small} -> {big} (ours): converge time "
-            f"x{ours_big['converge_seconds'] / max(ours_small['converge_seconds'], 1e-9):.1f}, "
-            f"requests per model {ours_small['operator_requests_per_model']:.1f} -> {ours_big['operator_requests_per_model']:.1f}, "
-            f"peak RSS +{grow:.0f} kB per model.")
+    ordered = sorted(sizes)
     for impl in impls:
-        p = get(impl, big)
+        steps = []
+        for small, large in zip(ordered, ordered[1:], strict=False):
+            a, b = get(impl, small), get(impl, large)
+            if not a or not b:
+                continue
+            grow = (b["peak_rss_mb"] - a["peak_rss_mb"]) * 1024 / (large - small)
+            steps.append(
+                f"{small} -> {large}: converge time x{b['converge_seconds'] / max(a['converge_seconds'], 1e-9):.1f} "
+                f"({a['converge_seconds'] * 1000 / small:.0f} -> {b['converge_seconds'] * 1000 / large:.0f} ms per model), "
+                f"requests per model {a['operator_requests_per_model']:.1f} -> {b['operator_requests_per_model']:.1f}, "
+                f"peak RSS +{grow:.0f} kB per added model")
+        if steps:
+            result.notes.append(f"Growth ({impl}): " + "; ".join(steps) + ".")
+    for impl, n in [(i, n) for n in sorted({big, max(sizes)}) for i in impls]:
+        p = get(impl, n)
         if p and p.get("cpu_seconds_until_converged"):
             cpu = p["cpu_seconds_until_converged"]
             result.notes.append(
-                f"Where the time went ({impl}, {big} models, {p['converge_seconds']:.0f} s to converge, whole machine "
+                f"Where the time went ({impl}, {n} models, {p['converge_seconds']:.0f} s to converge, whole machine "
                 f"{p['machine_cpu_busy_until_converged']:.0%} busy): CPU seconds "
                 + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])) + ".")
     result.data = {"phases": phases}

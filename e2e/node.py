@@ -423,9 +423,12 @@ oom_score = 0
     def _cgroup_pids(self) -> set[int]:
         pids: set[int] = set()
         for d in self._cgroup_dirs():
-            for procs in d.rglob("cgroup.procs"):
-                with contextlib.suppress(OSError):
-                    pids.update(int(p) for p in procs.read_text().split())
+            # os.walk, not rglob: the kubelet and runc remove cgroups while we look, and a directory gone between
+            # its listing and its scan is skipped (onerror=None) instead of failing the sweep (CI teardown error).
+            for root, _dirs, files in os.walk(d):
+                if "cgroup.procs" in files:
+                    with contextlib.suppress(OSError):
+                        pids.update(int(p) for p in Path(root, "cgroup.procs").read_text().split())
         return pids
 
     # -- what tests look at ---------------------------------------------------------------------
@@ -529,10 +532,11 @@ oom_score = 0
     def _remove_cgroups(self) -> int:
         removed = 0
         for d in self._cgroup_dirs():
-            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                with contextlib.suppress(OSError):
-                    sub.rmdir()
-                    removed += 1
+            for root, dirs, _files in os.walk(d, topdown=False):  # deepest first; one gone meanwhile is skipped
+                for sub in dirs:
+                    with contextlib.suppress(OSError):
+                        Path(root, sub).rmdir()
+                        removed += 1
             with contextlib.suppress(OSError):
                 d.rmdir()
                 removed += 1
