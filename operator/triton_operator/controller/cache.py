@@ -88,7 +88,8 @@ class Children(dict[ChildKey, dict[str, Any]]):
 
     def of_model(self, namespace: str, model: str) -> dict[tuple[str, str], dict[str, Any]]:
         """The children labelled as `model`'s in `namespace`, by (kind, name)."""
-        return {(kind, name): self[(kind, ns, name)] for kind, ns, name in self._by_model.get((namespace, model), ())}
+        keys = sorted(self._by_model.get((namespace, model), ()))  # a stable order for the planner
+        return {(kind, name): self[(kind, ns, name)] for kind, ns, name in keys}
 
 
 @dataclass
