@@ -337,14 +337,15 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
                 f"peak RSS +{grow:.0f} kB per added model")
         if steps:
             result.notes.append(f"Growth ({impl}): " + "; ".join(steps) + ".")
-    for impl, n in [(i, n) for n in sorted({big, max(sizes)}) for i in impls]:
-        p = get(impl, n)
-        if p and p.get("cpu_seconds_until_converged"):
-            cpu = p["cpu_seconds_until_converged"]
-            result.notes.append(
-                f"Where the time went ({impl}, {n} models, {p['converge_seconds']:.0f} s to converge, whole machine "
-                f"{p['machine_cpu_busy_until_converged']:.0%} busy): CPU seconds "
-                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])) + ".")
+    for n in sorted({big, max(sizes)}):
+        for impl in impls:
+            p = get(impl, n)
+            if p and p.get("cpu_seconds_until_converged"):
+                cpu = p["cpu_seconds_until_converged"]
+                result.notes.append(
+                    f"Where the time went ({impl}, {n} models, {p['converge_seconds']:.0f} s to converge, whole "
+                    f"machine {p['machine_cpu_busy_until_converged']:.0%} busy): CPU seconds "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])) + ".")
     result.data = {"phases": phases}
     return write_result(result, started, meter)
 

@@ -42,8 +42,8 @@ class Children(dict[ChildKey, dict[str, Any]]):
     """The cached children by (kind, namespace, name), also indexed by (namespace, owning model label).
 
     A reconcile reads one model's children: scanning every cached child for it made each reconcile cost O(all
-    children), a quarter of the operator's CPU at 1000 models (py-spy, issue 17). Every way this dict is changed
-    keeps the index.
+    children), a quarter of the operator's CPU at 1000 models (py-spy, issue 17). Item assignment, `del`, `pop` and
+    `setdefault` keep the index: they are the ways the operator changes it (not `update`, `clear` or `popitem`).
     """
 
     def __init__(self) -> None:
