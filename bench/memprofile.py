@@ -1,8 +1,8 @@
 """`python -m bench.memprofile ARGS...`: the operator (`triton-operator ARGS...`) under tracemalloc.
 
 On SIGUSR1 it writes where its live Python memory was allocated to `$BENCH_TRACEMALLOC_OUT`: the total
-traced, then the top allocation sites grouped by file and by line (25 frames deep, so the lines name
-who called into kopf or the kubernetes client). The scale benchmark uses it with BENCH_TRACEMALLOC=1
+traced, then the top allocation sites grouped by file and by call stack (BENCH_TRACEMALLOC_FRAMES deep,
+4 by default: 25 made the operator ten times slower). The scale benchmark uses it with BENCH_TRACEMALLOC=1
 (issue 17: measure what the memory per model is before changing anything). tracemalloc itself slows
 the operator and adds its own memory, so a profiled run's time and RSS are not the benchmark's figures.
 """
@@ -26,11 +26,13 @@ def report(snapshot: tracemalloc.Snapshot) -> str:
     lines = [f"traced Python memory: {total / 2**20:.1f} MiB in {sum(s.count for s in stats)} blocks", "",
              "by file:"]
     lines += [f"  {s.size / 2**20:8.2f} MiB {s.count:8d} blocks  {s.traceback[0].filename}" for s in stats[:TOP]]
-    lines += ["", "by line (the innermost frame outside the standard library's json/copy, then its callers):"]
+    lines += ["", "by call stack (its frames in triton_operator, kopf or the kubernetes client, caller -> callee; "
+              "else the allocating frame):"]
     for s in snapshot.statistics("traceback")[:TOP]:
+        # A traceback runs from the oldest frame to the allocating one.
         frames = [f for f in s.traceback if "/triton_operator/" in f.filename or "/kopf/" in f.filename
-                  or "/kubernetes/" in f.filename][:4] or list(s.traceback)[:1]
-        where = " <- ".join(f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}" for f in frames)
+                  or "/kubernetes/" in f.filename][-4:] or list(s.traceback)[-1:]
+        where = " -> ".join(f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}" for f in frames)
         lines.append(f"  {s.size / 2**20:8.2f} MiB {s.count:8d} blocks  {where}")
     return "\n".join(lines) + "\n"
 
