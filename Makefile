@@ -5,6 +5,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
+## `make test` runs pytest in TEST_WORKERS processes (pytest-xdist), each in a network namespace of its own
+## (e2e/netns-python) with a local cluster of its own under .cluster/gw<N>/; a test file stays on one worker.
+## TEST_WORKERS=0 runs every test in one process on .cluster/. So does a KUBECONFIG of your own: one cluster cannot
+## host the node-loss, kubelet-restart and install tests of several workers side by side.
+TEST_WORKERS ?= 3
+ifneq ($(strip $(KUBECONFIG)),)
+TEST_WORKERS := 0
+endif
+ifeq ($(TEST_WORKERS),0)
+XDIST :=
+else
+XDIST := --tx $(TEST_WORKERS)*popen//python=$(CURDIR)/e2e/netns-python --dist loadfile --no-loadscope-reorder
+endif
 
 .PHONY: all venv test unit triton e2e crd docs lint cluster-bin prebuild cluster cluster-down demo clean
 
@@ -30,7 +43,7 @@ docs: $(STAMP)
 ## The layers (import-linter), ruff, mypy --strict on operator/ (and, below, helm lint and hadolint).
 lint: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/ruff check operator tests e2e bench
+	$(BIN)/ruff check operator tests e2e bench conftest.py
 	$(BIN)/mypy
 
 ## Build (once, cached by pins) etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
@@ -61,7 +74,7 @@ demo: $(STAMP) prebuild
 
 ## Every test: unit, real tritonserver, real control plane. Exit code 5 (nothing collected) is a failure.
 test: $(STAMP) prebuild lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## The fast tests: no tritonserver, no cluster.
 unit: $(STAMP)

@@ -49,6 +49,14 @@ DEFAULT_NODES = ("gpu-node-1", "gpu-node-2")
 DEFAULT_GPUS = 4
 
 
+def session_root() -> Path:
+    """The directory holding this test process's `.cluster/`: the repository root, or `.cluster/<worker>/` for a
+    pytest-xdist worker. `make test` runs its workers each in a network namespace of its own (`e2e/netns-python`),
+    so each has its own cluster: its own control plane, nodes, bridges, kube-proxy rules and state directories."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return REPO_ROOT / ".cluster" / worker if worker else REPO_ROOT
+
+
 def log(msg: str) -> None:
     print(f"[cluster] {msg}", flush=True)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import REPO_ROOT, LocalCluster
+from e2e.cluster import LocalCluster, session_root
 from e2e.kube import ApiError, Kube, condition, wait_for
 from e2e.node import Node
 from e2e.operator_fixtures import (  # noqa: F401 - fixture
@@ -98,7 +98,7 @@ def _local_cluster_of(kubeconfig: str) -> LocalCluster | None:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterHandle]:
     env = os.environ.get("KUBECONFIG")
-    local = LocalCluster(REPO_ROOT)
+    local = LocalCluster(session_root())
     if env and Path(env).resolve() != local.kubeconfig.resolve() and _reachable(env):
         other = _local_cluster_of(env)
         if other is not None and other.healthy():
@@ -186,8 +186,9 @@ class IsolatedCluster:
     namespace: str
 
 
-#: Where `isolated_cluster` keeps its control plane: `LocalCluster(ISOLATED_ROOT)`, i.e. `.cluster/isolated/.cluster/`.
-ISOLATED_ROOT = REPO_ROOT / ".cluster" / "isolated"
+#: Where `isolated_cluster` keeps its control plane: `LocalCluster(ISOLATED_ROOT)`, i.e. `.cluster/isolated/.cluster/`
+#: under the session's root.
+ISOLATED_ROOT = session_root() / ".cluster" / "isolated"
 
 
 @pytest.fixture
@@ -227,7 +228,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         kube = funcargs.get("kube")
         ns = funcargs.get("namespace")
         cluster = funcargs.get("cluster")
-        logs = cluster.logs if cluster is not None else REPO_ROOT / ".cluster" / "logs"
+        logs = cluster.logs if cluster is not None else session_root() / ".cluster" / "logs"
         op = funcargs.get("operator")
     text = diagnostics(kube, ns, logs)
     report.sections.append(("cluster diagnostics", text))
@@ -235,8 +236,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("operator log", op.log_tail(ns)))
 
 
+#: What pytest-xdist workers measured (`make test`), collected by the controller as each worker finishes.
+_WORKER_LINES: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand the measurements to the controller's summary
+        workeroutput["operator_measurements"] = summary_lines()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    _WORKER_LINES.extend(getattr(node, "workeroutput", {}).get("operator_measurements", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    lines = summary_lines()
+    lines = summary_lines() + sorted(_WORKER_LINES)
     if lines:
         terminalreporter.write_sep("-", "operator measurements")
         for line in lines:

@@ -35,8 +35,26 @@ from pathlib import Path
 #: The reserved benchmarking range (RFC 2544): every address of a local cluster lies inside it.
 TEST_RANGE = "198.18.0.0/15"
 SERVICE_CIDR = "198.19.0.0/16"
+
+
+def _subnet_blocks() -> tuple[int, ...]:
+    """The blocks this process's clusters may use: 198.18.200-239.x on the host, four blocks of their own below
+    that for each pytest-xdist worker of `make test` (gw0: 160-199, gw1: 120-159, ...). Workers run in network
+    namespaces of their own and could share addresses, but the pod network namespaces they leave are all in the
+    host's `/run/netns`, and a node's teardown finds its own by address (`Node._remove_netns`): a pod address is
+    therefore unique on the machine."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not re.fullmatch(r"gw\d+", worker):
+        return (200, 210, 220, 230)
+    index = int(worker[2:])
+    if index > 4:
+        raise RuntimeError(f"xdist worker {worker}: at most 5 workers (gw0-gw4) have subnet blocks of their own")
+    first = 160 - 40 * index
+    return (first, first + 10, first + 20, first + 30)
+
+
 #: Nodes of one cluster take consecutive /24s from a block; blocks of clusters running at once differ.
-SUBNET_BLOCKS = (200, 210, 220, 230)
+SUBNET_BLOCKS = _subnet_blocks()
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CNI_BIN = "/usr/lib/cni"
 #: Labels NVIDIA's GPU feature discovery puts on a GPU node (the values describe a CPU stand-in).

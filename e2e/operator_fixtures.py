@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster import REPO_ROOT, free_port
+from e2e.cluster import REPO_ROOT, free_port, session_root
 from e2e.kube import RESOURCES, Kube, condition, wait_for
 from e2e.testing import metric_samples, ready_endpoints
 from triton_operator.api import kinds
@@ -437,7 +437,7 @@ def operator(cluster: Any, kubeconfig: Path, kube: Kube, nodes: Any) -> Iterator
     Depends on `nodes` so that the operator pod has somewhere to run; tests' namespaces are gone by
     the time it is uninstalled, so no replica is left whose gate nobody tends.
     """
-    handle = ChartOperator(kubeconfig, kube, cluster.logs or REPO_ROOT / ".cluster" / "logs",
+    handle = ChartOperator(kubeconfig, kube, cluster.logs or session_root() / ".cluster" / "logs",
                            lambda pod: nodes.container_pid(pod, "operator"), session_values())
     try:
         handle.install()

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import REPO_ROOT, LocalCluster, free_port
+from e2e.cluster import REPO_ROOT, LocalCluster, free_port, session_root
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.operator_fixtures import CHART, CRD, OPERATOR, helm, kubectl
 
 pytestmark = pytest.mark.cluster
 
-ROOT = REPO_ROOT / ".cluster" / "install-order"
+ROOT = session_root() / ".cluster" / "install-order"
 TEAM = "team-a"
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import REPO_ROOT, LocalCluster
+from e2e.cluster import LocalCluster, session_root
 from e2e.images import OPERATOR_ALIAS
 from e2e.kube import Kube, condition, wait_for
 from e2e.node import leftovers
@@ -106,6 +106,13 @@ def _port_of(bridge: str, pod_ip: str) -> str:
     raise AssertionError(f"no forwarding entry on {bridge} for {pod_ip} ({mac})")
 
 
+def _link_mac(name: str) -> str | None:
+    """A link's MAC, None when the link is gone. From `ip`, not /sys/class/net: sysfs shows the network namespace it
+    was mounted in (the host's), and `make test` runs each worker and its cluster in a namespace of its own."""
+    out = subprocess.run(["ip", "-o", "link", "show", "dev", name], capture_output=True, text=True).stdout.split()
+    return out[out.index("link/ether") + 1] if "link/ether" in out else None
+
+
 class _Traffic(threading.Thread):
     """HTTP requests from this host to each address in turn, each on a new connection (1 s timeout), as a load
     or the kubelet's probes send them, until stopped. Failures are kept with their time."""
@@ -161,8 +168,8 @@ def test_a_deleted_pod_leaves_the_other_pods_on_its_node_reachable(
     for name, ip in ips.items():
         wait_for(f"pod {name} ({ip}) to answer HTTP", lambda ip=ip: answers(ip), 30)
     ports = {n: _port_of(bridge, ip) for n, ip in ips.items()}
-    macs = {n: Path(f"/sys/class/net/{port}/address").read_text().strip() for n, port in ports.items()}
-    bridge_mac = Path(f"/sys/class/net/{bridge}/address").read_text().strip()
+    macs = {n: _link_mac(port) or "" for n, port in ports.items()}
+    bridge_mac = _link_mac(bridge)
     victim = min(macs, key=lambda n: macs[n])
     survivors = [ips[n] for n in names if n != victim]
     traffic = _Traffic(survivors)
@@ -172,13 +179,13 @@ def test_a_deleted_pod_leaves_the_other_pods_on_its_node_reachable(
         kube.delete("Pod", victim, namespace)
         wait_for(f"pod {victim} gone", lambda: kube.get_or_none("Pod", victim, namespace) is None, 60)
         wait_for(f"{victim}'s veth {ports[victim]} removed",
-                 lambda: not Path(f"/sys/class/net/{ports[victim]}").exists(), 30)
+                 lambda: _link_mac(ports[victim]) is None, 30)
         gone_at = traffic.sent
         # Long enough for a cut-off pod to show (its neighbour entry would take 15-45 s to expire).
         wait_for("200 more requests after the veth went", lambda: traffic.sent >= gone_at + 200, 60)
     finally:
         traffic.stop()
-    after = Path(f"/sys/class/net/{bridge}/address").read_text().strip()
+    after = _link_mac(bridge)
     assert not traffic.failures, (
         f"{len(traffic.failures)} of {traffic.sent} requests to {survivors} failed after {victim} (veth MAC "
         f"{macs[victim]}) was deleted; bridge {bridge} MAC {bridge_mac} -> {after}; first: {traffic.failures[:5]}")
@@ -188,7 +195,7 @@ def test_a_deleted_pod_leaves_the_other_pods_on_its_node_reachable(
 
 @pytest.fixture
 def own_cluster() -> Iterator[LocalCluster]:
-    local = LocalCluster(REPO_ROOT / ".cluster" / "teardown", nodes=("gpu-node-1",), kube_proxy=False)
+    local = LocalCluster(session_root() / ".cluster" / "teardown", nodes=("gpu-node-1",), kube_proxy=False)
     with local.running_fresh():
         yield local
 

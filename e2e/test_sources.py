@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from e2e.cluster import REPO_ROOT
+from e2e.cluster import session_root
 from e2e.kube import Kube, wait_for
 from e2e.objectstores import S3Server
 from e2e.operator_fixtures import (
@@ -33,7 +33,7 @@ from e2e.test_operator import add_sub, apply, infer_add_sub, one_ready_pod
 
 pytestmark = pytest.mark.cluster
 
-VOLUMES = REPO_ROOT / ".cluster" / "volumes"
+VOLUMES = session_root() / ".cluster" / "volumes"
 
 
 def _example(name: str) -> dict[str, dict]:

@@ -1,0 +1,51 @@
+"""How `make test` spreads the tests over its pytest-xdist workers (the Makefile's TEST_WORKERS).
+
+Each worker runs in a network namespace of its own with a local cluster of its own (`e2e/netns-python`,
+`e2e.cluster.session_root`), and takes a whole test file at a time (`--dist loadfile`), in collection order, whenever
+it has fewer than two files left. So the order below is the schedule: the longest files start first and the short
+ones fill in at the end, which keeps the workers busy until close to the finish. The e2e files go by their measured
+length (`--durations=0` of a `make test` run on this machine kind), then the files with tests against a real
+tritonserver, then the rest. A file missing from the list runs after the listed ones; nothing depends on the order
+but the wall time. A run in one process (`pytest`, or TEST_WORKERS=0) keeps pytest's own order.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+#: e2e files, longest first (seconds in one worker of a 3-worker `make test` on 2 cores, setup and teardown included).
+E2E_LONGEST_FIRST = (
+    "e2e/test_faults.py",
+    "e2e/test_inplace.py",
+    "e2e/test_operator.py",
+    "e2e/test_autoscaling.py",
+    "e2e/test_nodes.py",
+    "e2e/test_smoke.py",
+    "e2e/test_defects.py",
+    "e2e/test_rollouts.py",
+    "e2e/test_helm.py",
+    "e2e/test_admission.py",
+    "e2e/test_sources.py",
+    "e2e/test_availability.py",
+    "e2e/test_install_order.py",
+    "e2e/test_demo.py",
+    "e2e/test_reconciler.py",
+)
+
+
+def _rank(item: pytest.Item, triton_files: set[str]) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    if path in E2E_LONGEST_FIRST:
+        return E2E_LONGEST_FIRST.index(path)
+    return len(E2E_LONGEST_FIRST) + (0 if path in triton_files else 1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    # Every worker collects the same items and sorts them the same way (a stable sort of a deterministic key):
+    # xdist requires identical collections.
+    triton_files = {i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("triton")}
+    items.sort(key=lambda i: _rank(i, triton_files))
