@@ -35,7 +35,7 @@ RUN python -m venv /opt/pip \
 
 # This repository, built as a wheel and installed beside them; --root /app keeps its files apart so
 # that the image copies them as a layer of their own.
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml /src/
 COPY operator/ /src/operator/
 RUN /opt/pip/bin/pip --python /opt/venv/bin/python install --no-cache-dir --no-deps --root /app /src
 

@@ -520,7 +520,7 @@ class _Builder:
         ref = chart_operator_ref()
         wheels = self.wheels("operator", operator_requirements())
         files = {"Dockerfile": REPO_ROOT / "Dockerfile", "pyproject.toml": REPO_ROOT / "pyproject.toml",
-                 "README.md": REPO_ROOT / "README.md", "operator": REPO_ROOT / "operator"}
+                 "operator": REPO_ROOT / "operator"}
         build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
         inputs = {"files": _tree_digest(REPO_ROOT, list(files)), "wheels": sorted(p.name for p in wheels.glob("*.whl")),
                   "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
