@@ -356,6 +356,9 @@ class LocalCluster:
         from e2e import images
 
         built = images.build_all(log=lambda m: print(m, flush=True)) if self.node_names else []
+        if self.node_names:
+            for gone in node_mod.gc_state_roots():
+                log(f"Removed the node state of a cluster whose directory is gone path={gone}")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         cold = not self.certs.exists()

@@ -1,0 +1,66 @@
+"""e2e/node.py's garbage collection of node state (`gc_state_roots`), on directories of a test's own: what a
+cluster whose directory is gone leaves in `/var/lib/trop` goes, anything else stays."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e import node
+
+
+@pytest.fixture
+def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(node, "STATE_BASE", tmp_path / "trop")
+    (tmp_path / "trop").mkdir()
+    return tmp_path / "trop"
+
+
+def _root(base: Path, name: str, owner: Path | None) -> Path:
+    root = base / name
+    (root / "gpu-node-1" / "containerd" / "root").mkdir(parents=True)
+    (root / "gpu-node-1" / "containerd" / "root" / "blob").write_bytes(b"x" * 1024)
+    if owner is not None:
+        (root / node.OWNER_FILE).write_text(f"{owner}\n")
+    return root
+
+
+def test_the_state_of_a_cluster_whose_directory_is_gone_is_removed_and_nothing_else(base: Path, tmp_path: Path) -> None:
+    live_dir = tmp_path / "checkout" / ".cluster"
+    live_dir.mkdir(parents=True)
+    live = _root(base, "aaaa", live_dir)
+    orphan = _root(base, "bbbb", tmp_path / "deleted-checkout" / ".cluster")
+    legacy = _root(base, "cccc", None)
+
+    assert node.gc_state_roots() == [orphan]
+    assert not orphan.exists()
+    assert (live / "gpu-node-1" / "containerd" / "root" / "blob").exists()
+    assert legacy.exists(), "a root without an owner file is not ours to judge"
+    assert node.gc_state_roots() == []
+
+
+def test_a_root_still_in_use_stays_even_if_its_directory_is_gone(base: Path, tmp_path: Path) -> None:
+    orphan = _root(base, "dddd", tmp_path / "gone" / ".cluster")
+    # A process naming the root on its command line, as containerd and the kubelet do (--config <root>/...).
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", f"{orphan}/gpu-node-1/x"])
+    try:
+        assert node.gc_state_roots() == []
+        assert orphan.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert node.gc_state_roots() == [orphan]
+
+
+def test_a_node_records_its_cluster_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base: Path) -> None:
+    cluster_dir = tmp_path / "c" / ".cluster"
+    cluster_dir.mkdir(parents=True)
+    n = node.Node("gpu-node-1", node.NodeNetwork("abcd", 0, 200), 4, cluster_dir, 1, 2)
+    monkeypatch.setattr(node.NodeNetwork, "up", lambda self: None)
+    monkeypatch.setattr(node.Node, "_cgroups_up", lambda self: None)
+    monkeypatch.setattr(node, "overlay_supported", lambda d: False)
+    n.prepare(tmp_path / "pki", "pause:1")
+    assert (node.state_root(cluster_dir) / node.OWNER_FILE).read_text().strip() == str(cluster_dir.resolve())
