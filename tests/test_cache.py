@@ -105,3 +105,26 @@ def test_the_ensembles_of_a_namespace_follow_every_change_of_a_model() -> None:
     assert not cache.ensembles["ns"] and dependents("b", cache.models["ns"]) == []
     cache.put_model(model("pipe", "a"))
     assert cache.ensembles["ns"]["pipe"] is cache.models["ns"]["pipe"], "one body, not a copy"
+
+
+def test_a_child_is_kept_as_compact_json_and_read_back_as_a_fresh_copy() -> None:
+    import json
+
+    from triton_operator.controller.cache import Cache
+
+    body = {"kind": "ConfigMap", "metadata": {"name": "m-repository", "namespace": "ns", "uid": "uc",
+                                              "labels": {"serving.triton-operator.dev/model": "m"}},
+            "data": {"m__config.pbtxt": "name: \"m\"\nmax_batch_size: 8\n", "m__1__model.py": "ü = 1\n"}}
+    cache = Cache()
+    cache.put_child(body)
+    key = ("ConfigMap", "ns", "m-repository")
+    assert cache.children[key] == body and cache.children.get(key) == body
+    assert cache.children.of_model("ns", "m") == {("ConfigMap", "m-repository"): body}
+    assert cache.children.uid(key) == "uc"
+    stored = cache.children._bodies[key]  # what is held: bytes, not Python objects
+    assert isinstance(stored, bytes) and json.loads(stored) == body
+    read = cache.children[key]
+    read["data"]["m__config.pbtxt"] = "changed"
+    assert cache.children[key] == body, "a caller's change to what it read must not reach the cache"
+    cache.children.update({key: {**body, "metadata": {**body["metadata"], "labels": {}}}})
+    assert cache.children.of_model("ns", "m") == {}, "update() goes through item assignment and keeps the index"
