@@ -356,9 +356,6 @@ class LocalCluster:
         from e2e import images
 
         built = images.build_all(log=lambda m: print(m, flush=True)) if self.node_names else []
-        if self.node_names:
-            for gone in node_mod.gc_state_roots():
-                log(f"Removed the node state of a cluster whose directory is gone path={gone}")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         cold = not self.certs.exists()
@@ -800,7 +797,8 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "restart", "status"])
+    parser.add_argument("command", choices=["up", "down", "restart", "status", "gc"],
+                        help="gc: remove the node state of clusters whose directory is gone (see e2e.node.gc_state_roots)")
     parser.add_argument("--root", default=str(REPO_ROOT), help="directory holding .cluster/ (default: repo root)")
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--node", action="append", default=[],
@@ -808,6 +806,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="fake GPUs per node")
     parser.add_argument("--no-kube-proxy", action="store_true", help="no kube-proxy (another cluster runs one)")
     args = parser.parse_args(argv)
+    if args.command == "gc":
+        for gone in node_mod.gc_state_roots():
+            log(f"Removed the node state of a cluster whose directory is gone path={gone}")
+        return 0
     cluster = LocalCluster(Path(args.root), nodes=tuple(args.node) or DEFAULT_NODES, gpus=args.gpus,
                            kube_proxy=not args.no_kube_proxy)
     if args.command == "up":

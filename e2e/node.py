@@ -120,17 +120,24 @@ def _entered_netns() -> set[int]:
     return inodes
 
 
-def gc_state_roots() -> list[Path]:
-    """Removes the node state of clusters whose directory is gone (a deleted checkout, a temporary root): mostly each
-    node's containerd image store, about 1.2 GB a node, kept between runs of a cluster so that its next start
-    imports nothing. A state root still in use, or without an owner file (made before there was one), stays."""
+def gc_state_roots(idle_days: float = 7.0) -> list[Path]:
+    """Removes the node state of clusters whose directory is gone (a deleted checkout, a temporary root) and which no
+    node has started from for `idle_days`: mostly each node's containerd image store, about 1.2 GB a node, kept
+    between runs of a cluster so that its next start imports nothing. A state root in use, or without an owner file
+    (made before there was one), stays.
+
+    Run by hand (`python -m e2e.cluster gc`), never by `up`: a fresh clone at a path used before (a CI checkout)
+    has no cluster directory until its cluster starts, and a collection racing that start removed the image store
+    under a running containerd (seen in a CI rehearsal with three workers). The idle time keeps such a root."""
     removed: list[Path] = []
     for root in sorted(STATE_BASE.iterdir()) if STATE_BASE.is_dir() else []:
+        marker = root / OWNER_FILE
         try:
-            owner = Path((root / OWNER_FILE).read_text().strip())
+            owner = Path(marker.read_text().strip())
+            idle = time.time() - marker.stat().st_mtime
         except OSError:
             continue
-        if owner.exists() or _in_use(root):
+        if owner.exists() or idle < idle_days * 86400 or _in_use(root):
             continue
         shutil.rmtree(root, ignore_errors=True)
         removed.append(root)

@@ -3,8 +3,10 @@ cluster whose directory is gone leaves in `/var/lib/trop` goes, anything else st
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,12 +21,14 @@ def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "trop"
 
 
-def _root(base: Path, name: str, owner: Path | None) -> Path:
+def _root(base: Path, name: str, owner: Path | None, idle_days: float = 8.0) -> Path:
     root = base / name
     (root / "gpu-node-1" / "containerd" / "root").mkdir(parents=True)
     (root / "gpu-node-1" / "containerd" / "root" / "blob").write_bytes(b"x" * 1024)
     if owner is not None:
         (root / node.OWNER_FILE).write_text(f"{owner}\n")
+        then = time.time() - idle_days * 86400  # when a node last started from it
+        os.utime(root / node.OWNER_FILE, (then, then))
     return root
 
 
@@ -34,8 +38,11 @@ def test_the_state_of_a_cluster_whose_directory_is_gone_is_removed_and_nothing_e
     live = _root(base, "aaaa", live_dir)
     orphan = _root(base, "bbbb", tmp_path / "deleted-checkout" / ".cluster")
     legacy = _root(base, "cccc", None)
+    # A fresh clone at a path used before has no cluster directory until its cluster starts: kept while recent.
+    recent = _root(base, "eeee", tmp_path / "recloned" / ".cluster", idle_days=1)
 
     assert node.gc_state_roots() == [orphan]
+    assert recent.exists()
     assert not orphan.exists()
     assert (live / "gpu-node-1" / "containerd" / "root" / "blob").exists()
     assert legacy.exists(), "a root without an owner file is not ours to judge"
