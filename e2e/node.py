@@ -96,20 +96,6 @@ def state_root(cluster_dir: Path) -> Path:
     return STATE_BASE / short_id(cluster_dir)
 
 
-def _in_use(root: Path) -> bool:
-    """Whether a process names `root` on its command line (containerd, a kubelet, a shim) or anything is mounted below it."""
-    prefix = str(root) + "/"
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        if line.split()[1].startswith(prefix):
-            return True
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                if prefix.encode() in (proc / "cmdline").read_bytes():
-                    return True
-    return False
-
-
 def _entered_netns() -> set[int]:
     """The inodes of every network namespace a process is in."""
     inodes = set()
@@ -123,8 +109,9 @@ def _entered_netns() -> set[int]:
 def gc_state_roots(idle_days: float = 7.0) -> list[Path]:
     """Removes the node state of clusters whose directory is gone (a deleted checkout, a temporary root) and which no
     node has started from for `idle_days`: mostly each node's containerd image store, about 1.2 GB a node, kept
-    between runs of a cluster so that its next start imports nothing. A state root in use, or without an owner file
-    (made before there was one), stays.
+    between runs of a cluster so that its next start imports nothing. A state root its cluster still uses (anything
+    `leftovers` finds: a process, a mount, a bridge, a cgroup), or without an owner file (made before there was one),
+    stays.
 
     Run by hand (`python -m e2e.cluster gc`), never by `up`: a fresh clone at a path used before (a CI checkout)
     has no cluster directory until its cluster starts, and a collection racing that start removed the image store
@@ -137,7 +124,7 @@ def gc_state_roots(idle_days: float = 7.0) -> list[Path]:
             idle = time.time() - marker.stat().st_mtime
         except OSError:
             continue
-        if owner.exists() or idle < idle_days * 86400 or _in_use(root):
+        if owner.exists() or idle < idle_days * 86400 or state_root(owner) != root or leftovers(owner):
             continue
         shutil.rmtree(root, ignore_errors=True)
         removed.append(root)

@@ -21,8 +21,8 @@ def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "trop"
 
 
-def _root(base: Path, name: str, owner: Path | None, idle_days: float = 8.0) -> Path:
-    root = base / name
+def _root(base: Path, owner: Path | None, idle_days: float = 8.0) -> Path:
+    root = node.state_root(owner) if owner is not None else base / "cccc"  # named as `state_root` names it
     (root / "gpu-node-1" / "containerd" / "root").mkdir(parents=True)
     (root / "gpu-node-1" / "containerd" / "root" / "blob").write_bytes(b"x" * 1024)
     if owner is not None:
@@ -35,11 +35,11 @@ def _root(base: Path, name: str, owner: Path | None, idle_days: float = 8.0) -> 
 def test_the_state_of_a_cluster_whose_directory_is_gone_is_removed_and_nothing_else(base: Path, tmp_path: Path) -> None:
     live_dir = tmp_path / "checkout" / ".cluster"
     live_dir.mkdir(parents=True)
-    live = _root(base, "aaaa", live_dir)
-    orphan = _root(base, "bbbb", tmp_path / "deleted-checkout" / ".cluster")
-    legacy = _root(base, "cccc", None)
+    live = _root(base, live_dir)
+    orphan = _root(base, tmp_path / "deleted-checkout" / ".cluster")
+    legacy = _root(base, None)
     # A fresh clone at a path used before has no cluster directory until its cluster starts: kept while recent.
-    recent = _root(base, "eeee", tmp_path / "recloned" / ".cluster", idle_days=1)
+    recent = _root(base, tmp_path / "recloned" / ".cluster", idle_days=1)
 
     assert node.gc_state_roots() == [orphan]
     assert recent.exists()
@@ -50,7 +50,7 @@ def test_the_state_of_a_cluster_whose_directory_is_gone_is_removed_and_nothing_e
 
 
 def test_a_root_still_in_use_stays_even_if_its_directory_is_gone(base: Path, tmp_path: Path) -> None:
-    orphan = _root(base, "dddd", tmp_path / "gone" / ".cluster")
+    orphan = _root(base, tmp_path / "gone" / ".cluster")
     # A process naming the root on its command line, as containerd and the kubelet do (--config <root>/...).
     proc = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", f"{orphan}/gpu-node-1/x"])
     try:

@@ -55,7 +55,7 @@ class Children(MutableMapping[ChildKey, dict[str, Any]]):
 
     def __init__(self) -> None:
         self._bodies: dict[ChildKey, bytes] = {}
-        self._uids: dict[ChildKey, str] = {}
+        self._uids: dict[ChildKey, str | None] = {}
         self._owners: dict[ChildKey, tuple[str, str]] = {}
         self._by_model: dict[tuple[str, str], set[ChildKey]] = defaultdict(set)
 
@@ -66,7 +66,7 @@ class Children(MutableMapping[ChildKey, dict[str, Any]]):
     def __setitem__(self, key: ChildKey, body: dict[str, Any]) -> None:
         self._unindex(key)
         self._bodies[key] = json.dumps(body, separators=(",", ":")).encode()
-        self._uids[key] = body["metadata"].get("uid") or ""
+        self._uids[key] = body["metadata"].get("uid")
         model = (body["metadata"].get("labels") or {}).get(LABEL_MODEL)
         if model:
             self._owners[key] = (key[1], model)
@@ -85,8 +85,8 @@ class Children(MutableMapping[ChildKey, dict[str, Any]]):
     def __contains__(self, key: object) -> bool:
         return key in self._bodies
 
-    def uid(self, key: ChildKey) -> str:
-        """The child's metadata.uid ("" when it had none), without decoding its body."""
+    def uid(self, key: ChildKey) -> str | None:
+        """The child's metadata.uid, without decoding its body."""
         return self._uids[key]
 
     def _unindex(self, key: ChildKey) -> None:
@@ -190,20 +190,17 @@ class Cache:
         (time.monotonic()). An object missing from them was deleted, unless it was observed after `since`:
         then it may be newer than the LIST, and stays.
         """
-        def stale(body: Mapping[str, Any], kind: str) -> bool:
-            return gone(body["metadata"].get("uid"), kind)
-
         def gone(uid: str | None, kind: str) -> bool:
             return uid not in listed[kind] and self.seen.get(uid or "", 0.0) < since
 
         dropped: list[dict[str, Any]] = []
         for body in list(self.models.get(namespace, {}).values()):
-            if stale(body, "TritonModel"):
+            if gone(body["metadata"].get("uid"), "TritonModel"):
                 dropped.append(body)
                 self.put_model(body, deleted=True)
         for key in list(self.children):
             kind, ns, _ = key
-            if ns == namespace and gone(self.children.uid(key) or None, kind):
+            if ns == namespace and gone(self.children.uid(key), kind):
                 body = self.children[key]
                 dropped.append(body)
                 self.put_child(body, deleted=True)
@@ -211,7 +208,7 @@ class Cache:
             if ns != namespace:
                 continue
             for body in list(bucket.values()):
-                if stale(body, "Pod"):
+                if gone(body["metadata"].get("uid"), "Pod"):
                     dropped.append({**body, "kind": "Pod"})
                     self.put_pod(body, deleted=True)
         return dropped
