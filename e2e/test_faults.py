@@ -54,8 +54,8 @@ from e2e.operator_fixtures import (
     wait_model,
     wait_writes_settle,
 )
-from e2e.test_operator import add_sub, apply, endpoint_ready, infer_add_sub, one_ready_pod
-from e2e.testing import container_status, ready_endpoints, wait_pod
+from e2e.test_operator import add_sub, apply, endpoint_ready, infer_add_sub, model_ready_over_http, one_ready_pod
+from e2e.testing import container_status, ready_endpoints
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR
 
 if TYPE_CHECKING:
@@ -548,9 +548,21 @@ def test_killed_tritonserver_drops_gate_and_endpoint_until_warm_again(
     # off (TritonNotRunning) while the container is down, in again only once warm (below).
     assert reason == "TritonNotRunning", reason
 
-    pod = wait_pod(kube, namespace, name, lambda p: (
-        container_status(p, "tritonserver").get("restartCount", 0) >= 1 and gate(p).get("status") == "True"),
-        "restarted and warmed again", 90)
+    # The restarted container is ready from its start (no startup or readiness probe with the gate): only the
+    # gate, turned False above, keeps it out of the Service while Triton loads. Whenever its endpoint shows
+    # ready again, Triton must already answer READY there.
+    rejoined_early: list[str] = []
+    while True:
+        assert time.monotonic() - killed < 90, "the replica did not restart and warm again within 90 s"
+        p = kube.get("Pod", name, namespace)
+        if endpoint_ready(kube, namespace, "add-sub", ip) and model_ready_over_http(ip, "add-sub") is False:
+            rejoined_early.append(f"{time.monotonic() - killed:.2f}s gate={gate(p).get('status')} "
+                                  f"restarts={container_status(p, 'tritonserver').get('restartCount', 0)}")
+        if container_status(p, "tritonserver").get("restartCount", 0) >= 1 and gate(p).get("status") == "True":
+            pod = p
+            break
+        time.sleep(0.02)
+    assert not rejoined_early, f"the endpoint was ready while Triton refused: {rejoined_early}"
     record("crash: kill -> warmed again", f"{time.monotonic() - killed:.1f}s")
     wait_for("the replica's endpoint ready again", lambda: endpoint_ready(kube, namespace, "add-sub", ip), 30)
     assert nodes.container_pid(pod, "tritonserver") != pid

@@ -54,6 +54,10 @@ def test_without_the_gate_tritons_own_readiness_admits_the_replica() -> None:
     (triton,) = pod["containers"]
     assert triton["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert triton["readinessProbe"]["periodSeconds"] == 1
+    # ... and the startup probe holds liveness off while the model loads.
+    assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert triton["startupProbe"]["failureThreshold"] * triton["startupProbe"]["periodSeconds"] >= 600
+    assert "initialDelaySeconds" not in triton["livenessProbe"]
 
 
 def test_deployment_shape() -> None:
@@ -66,10 +70,11 @@ def test_deployment_shape() -> None:
     (triton,) = pod["containers"]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert {p["containerPort"] for p in triton["ports"]} == {8000, 8001, 8002}
-    # The gate admits the replica: no readinessProbe to wait for one more period after the startup probe.
-    assert "readinessProbe" not in triton
-    assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert triton["startupProbe"]["failureThreshold"] * triton["startupProbe"]["periodSeconds"] >= 600
+    # The gate alone admits the replica: no probe whose first success (up to a period after READY) would bring
+    # a kubelet pod sync next to the gate's. Liveness waits out server.startupTimeoutSeconds of load.
+    assert "readinessProbe" not in triton and "startupProbe" not in triton
+    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert triton["livenessProbe"]["initialDelaySeconds"] == 600
     args = triton["args"]
     assert "--model-control-mode=explicit" in args and "--load-model=m" in args
     assert "--strict-readiness=true" in args

@@ -2,10 +2,14 @@
 serves the desired config (model and every ensemble step READY, loaded digest equal to
 the one the pod was created for) and warm-up is over.
 
-One asyncio task per pod whose tritonserver container is running. It polls
-sub-second while the replica warms, backs off once it is stable, and is woken at
-once by any event on its pod (a crash flips the gate within one round trip).
-Concurrent gRPC checks are bounded, so cost stays flat with hundreds of pods.
+One asyncio task per pod whose tritonserver container is running. While Triton
+still refuses connections (it opens its ports only once its models are loaded and
+warm) it tries a TCP connect every 50 ms, and asks over gRPC as soon as one is
+accepted; with the port open it polls at the pod's interval while the replica
+warms, backs off once it is stable, and is woken at once by any event on its pod
+(a crash flips the gate within one round trip). Concurrent gRPC checks are
+bounded, and so is the rate of connects over all pods, so cost stays flat with
+hundreds of pods.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from ..render.kubernetes import (
     GRPC_PORT,
     parse_versions_annotation,
 )
-from ..triton.replica import ReplicaVerdict, check_replica
+from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
 from .kube import Kube
 from .reload import reload_replica
@@ -42,6 +46,10 @@ from .reload import reload_replica
 log = logging.getLogger("triton_operator.gate")
 
 STABLE_BACKOFF = (1.0, 2.0, 5.0)
+#: While Triton refuses connections: a TCP connect this often per pod ...
+PORT_PROBE_INTERVAL = 0.05
+#: ... and at most this many connects a second over all pods (a thousand replicas loading at once).
+PORT_PROBES_PER_SECOND = 500.0
 
 
 @dataclass
@@ -64,6 +72,7 @@ class WarmupGate:
         self.sem = asyncio.Semaphore(max_concurrent_checks)
         self.pods: dict[tuple[str, str], _PodGate] = {}
         self.on_change = on_change  # callback(namespace, model) after a gate flip
+        self.probing = 0  # pods waiting for their Triton's port to open (`_wait_for_port`)
 
     def observe(self, body: dict[str, Any], deleted: bool = False) -> None:
         """Feed a pod watch event."""
@@ -123,8 +132,29 @@ class WarmupGate:
             else:
                 delay = self._interval(gate)
             gate.wake.clear()
+            if verdict.reason == "TritonUnreachable" and await self._wait_for_port(gate):
+                continue
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(gate.wake.wait(), timeout=delay)
+
+    async def _wait_for_port(self, gate: _PodGate) -> bool:
+        """While Triton's gRPC port refuses connections: returns once it accepts one or the pod has an event, so
+        READY is seen within a connect interval of the port opening instead of within a gRPC poll interval.
+        False at once when the port is open already (Triton took too long to answer): the caller waits as usual."""
+        address = f"{(gate.body.get('status') or {}).get('podIP')}:{GRPC_PORT}"
+        if await port_open(address):
+            return False
+        self.probing += 1
+        try:
+            while not gate.wake.is_set():
+                if await port_open(address):
+                    return True
+                interval = max(PORT_PROBE_INTERVAL, self.probing / PORT_PROBES_PER_SECOND)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(gate.wake.wait(), timeout=interval)
+        finally:
+            self.probing -= 1
+        return True
 
     def _start_reload(self, gate: _PodGate) -> None:
         """Starts the reload the pod's annotations ask for, unless one runs or already ran for this pod version."""

@@ -67,7 +67,7 @@ class Options:
     """Operator-wide settings that shape children."""
 
     operator_image: str = "ghcr.io/triton-operator/triton-operator:0.1.0"
-    # The kubelet's probes, not the gate, bound how soon a warmed replica turns Ready (tritonserver opens its
+    # Without the gate, the kubelet's probes decide when a warmed replica turns Ready (tritonserver opens its
     # ports only once the model is loaded and warm): probe at the kubelet's shortest period.
     startup_probe_period: int = 1
     # Graceful termination. A deleted pod leaves its Service's ready endpoints at once, but clients learn it
@@ -366,11 +366,6 @@ def render_deployment(
             {"name": "tmp", "mountPath": TMP_DIR},
         ],
         "securityContext": dict(CONTAINER_SECURITY),
-        "startupProbe": {
-            **probe_http("/v2/health/live"),
-            "periodSeconds": options.startup_probe_period,
-            "failureThreshold": max(1, server.startup_timeout_seconds // options.startup_probe_period),
-        },
         "livenessProbe": {**probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
         # The kubelet's own sleep: no shell, no binary in the image. On by default since Kubernetes 1.30 (stable in
         # 1.34), hence the chart's kubeVersion >=1.30.
@@ -414,12 +409,24 @@ def render_deployment(
     }
     if spec.warmup_gate.enabled:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
+        # With the gate, the gate alone admits a replica: no readinessProbe and no startupProbe. Its check (the
+        # model and its steps READY with the desired digest) implies /v2/health/ready and /v2/health/live. Either
+        # probe passes only once tritonserver opens its ports (after loading and warming), so its first success
+        # comes up to a period after READY, and its pod sync lands next to the gate's: the kubelet runs one sync
+        # per PLEG relist (1 s), so Ready came up to a second after the gate (kubelet 1.35, issue 17). With the
+        # container ready from its start, the gate's patch is the only sync near READY and Ready follows in tens
+        # of milliseconds. When tritonserver exits, the container is not ready (the replica leaves the Service at
+        # once) and the operator turns the gate False (TritonNotRunning) on that pod event, well before the
+        # restarted container runs: the kubelet only sees it on its next relist. Liveness waits out the load.
+        triton["livenessProbe"]["initialDelaySeconds"] = server.startup_timeout_seconds
     else:
-        # Without the gate, Triton's own readiness is what admits a replica to the Service. With the gate there is
-        # no readinessProbe: the gate's check (the model and its steps READY with the desired digest) implies
-        # /v2/health/ready, and a probe would only delay Ready by up to one more period after the startup probe.
-        # A replica still leaves the Service at once when tritonserver exits (the container is not running), and
-        # a restarted one rejoins only after its startup probe passes, which needs its models loaded.
+        # Without the gate, Triton's own readiness is what admits a replica to the Service, and the startup probe
+        # holds liveness off while the model loads.
+        triton["startupProbe"] = {
+            **probe_http("/v2/health/live"),
+            "periodSeconds": options.startup_probe_period,
+            "failureThreshold": max(1, server.startup_timeout_seconds // options.startup_probe_period),
+        }
         triton["readinessProbe"] = {**probe_http("/v2/health/ready"), "periodSeconds": 1, "failureThreshold": 2}
     if server.node_selector:
         pod_spec["nodeSelector"] = dict(server.node_selector)

@@ -8,6 +8,8 @@ replica was created for. Otherwise the verdict says why, with Triton's own reaso
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -76,6 +78,21 @@ async def check_replica(
         return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc}")
     finally:
         await client.close()
+
+
+async def port_open(address: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts a TCP connection at `address` (host:port): tritonserver opens its ports only
+    once the models it loads at start are loaded and warm, so while it refuses, a gRPC round is not worth asking.
+    A refused connect costs a few syscalls; a gRPC channel costs far more."""
+    host, _, port = address.rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 async def _why_not_ready(
