@@ -4,7 +4,7 @@ the one the pod was created for) and warm-up is over.
 
 One asyncio task per pod whose tritonserver container is running. While Triton
 still refuses connections (it opens its ports only once its models are loaded and
-warm) it tries a TCP connect every 50 ms, and asks over gRPC as soon as one is
+warm) it tries a TCP connect every 20 ms, and asks over gRPC as soon as one is
 accepted; with the port open it polls at the pod's interval while the replica
 warms, backs off once it is stable, and is woken at once by any event on its pod
 (a crash flips the gate within one round trip). Concurrent gRPC checks are
@@ -47,7 +47,7 @@ log = logging.getLogger("triton_operator.gate")
 
 STABLE_BACKOFF = (1.0, 2.0, 5.0)
 #: While Triton refuses connections: a TCP connect this often per pod ...
-PORT_PROBE_INTERVAL = 0.05
+PORT_PROBE_INTERVAL = 0.02
 #: ... and at most this many connects a second over all pods (a thousand replicas loading at once).
 PORT_PROBES_PER_SECOND = 500.0
 
