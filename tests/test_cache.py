@@ -104,7 +104,34 @@ def test_the_ensembles_of_a_namespace_follow_every_change_of_a_model() -> None:
     cache.put_model(model("pipe", "a", "b"), deleted=True)
     assert not cache.ensembles["ns"] and dependents("b", cache.models["ns"]) == []
     cache.put_model(model("pipe", "a"))
-    assert cache.ensembles["ns"]["pipe"] is cache.models["ns"]["pipe"], "one body, not a copy"
+    assert cache.ensembles["ns"]["pipe"] == cache.models["ns"]["pipe"] == model("pipe", "a")
+
+
+def test_a_model_is_kept_as_compact_json_read_as_a_copy_and_swept_by_uid() -> None:
+    from collections import ChainMap
+
+    from triton_operator.controller.cache import Cache
+
+    body = {"kind": "TritonModel", "metadata": {"name": "m", "namespace": "ns", "uid": "u1", "generation": 2,
+                                                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"backend": "python", "parameters": {"note": "ü"}}}
+    cache = Cache()
+    cache.put_model(body)
+    assert isinstance(cache.models["ns"]._bodies["m"], bytes)
+    read = cache.model("ns", "m")
+    assert read is not None and "managedFields" not in read["metadata"] and read["spec"] == body["spec"]
+    read["spec"]["backend"] = "onnxruntime"
+    assert cache.model("ns", "m")["spec"]["backend"] == "python", "a reader's change must not reach the cache"
+    assert cache.model("ns", "other") is None and cache.model("elsewhere", "m") is None
+    assert cache.models["ns"].uid("m") == "u1"
+    # The planner overlays a model it just wrote on the namespace's models without copying (decoding) them all.
+    overlay = ChainMap({"m": {**read, "status": {"x": 1}}}, cache.models["ns"])
+    assert overlay["m"]["status"] == {"x": 1} and cache.model("ns", "m") is not None
+    assert "status" not in cache.model("ns", "m")
+    # The sweep finds what a LIST no longer has by uid.
+    assert [b["metadata"]["uid"] for b in cache.sweep("ns", {"TritonModel": set(), "Pod": set()}, since=float("inf"))
+            ] == ["u1"]
+    assert cache.model("ns", "m") is None
 
 
 def test_a_child_is_kept_as_compact_json_and_read_back_as_a_fresh_copy() -> None:

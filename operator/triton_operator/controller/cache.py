@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..api.kinds import LABEL_MODEL
 
@@ -37,46 +37,35 @@ def _older(body: Mapping[str, Any], cached: Mapping[str, Any] | None) -> bool:
 
 
 ChildKey = tuple[str, str, str]  # (kind, namespace, name)
+K = TypeVar("K")
 
 
-class Children(MutableMapping[ChildKey, dict[str, Any]]):
-    """The cached children by (kind, namespace, name), also indexed by (namespace, owning model label).
+class Bodies(MutableMapping[K, dict[str, Any]]):
+    """Object bodies by key, each kept as compact JSON and decoded when read, with their uids indexed.
 
-    A reconcile reads one model's children: scanning every cached child for it made each reconcile cost O(all
-    children), a quarter of the operator's CPU at 1000 models (py-spy, issue 17). Every way of changing the mapping
-    keeps the index: they all go through item assignment and `del`.
-
-    Each body is kept as compact JSON and decoded when read: a Deployment or a repository ConfigMap is a few kB of
-    JSON but several times that as Python objects, and decoded JSON was the operator's largest allocation after its
-    modules (tracemalloc, issue 17). In one run of the scale benchmark at 1000 models this took the operator's peak
-    RSS from 280 to 263 MB. A child is read once per reconcile of its model; a read returns a fresh copy, so a
-    caller cannot change the cache by accident.
-    """
+    A TritonModel, a Deployment or a repository ConfigMap is a few kB of JSON but several times that as Python
+    objects, and decoded JSON was the operator's largest allocation after its modules (tracemalloc at 1000
+    models, issue 17: the cached TritonModels alone held 24 MiB). A body is read a few times per reconcile of its
+    model; a read returns a fresh copy, so a caller cannot change the cache by accident. `uid` answers without
+    decoding (the resync's sweep asks it of everything)."""
 
     def __init__(self) -> None:
-        self._bodies: dict[ChildKey, bytes] = {}
-        self._uids: dict[ChildKey, str | None] = {}
-        self._owners: dict[ChildKey, tuple[str, str]] = {}
-        self._by_model: dict[tuple[str, str], set[ChildKey]] = defaultdict(set)
+        self._bodies: dict[K, bytes] = {}
+        self._uids: dict[K, str | None] = {}
 
-    def __getitem__(self, key: ChildKey) -> dict[str, Any]:
+    def __getitem__(self, key: K) -> dict[str, Any]:
         body: dict[str, Any] = json.loads(self._bodies[key])
         return body
 
-    def __setitem__(self, key: ChildKey, body: dict[str, Any]) -> None:
-        self._unindex(key)
+    def __setitem__(self, key: K, body: dict[str, Any]) -> None:
         self._bodies[key] = json.dumps(body, separators=(",", ":")).encode()
         self._uids[key] = body["metadata"].get("uid")
-        model = (body["metadata"].get("labels") or {}).get(LABEL_MODEL)
-        if model:
-            self._owners[key] = (key[1], model)
-            self._by_model[(key[1], model)].add(key)
 
-    def __delitem__(self, key: ChildKey) -> None:
-        self._unindex(key)
+    def __delitem__(self, key: K) -> None:
         del self._bodies[key]
+        self._uids.pop(key, None)
 
-    def __iter__(self) -> Iterator[ChildKey]:
+    def __iter__(self) -> Iterator[K]:
         return iter(self._bodies)
 
     def __len__(self) -> int:
@@ -85,12 +74,38 @@ class Children(MutableMapping[ChildKey, dict[str, Any]]):
     def __contains__(self, key: object) -> bool:
         return key in self._bodies
 
-    def uid(self, key: ChildKey) -> str | None:
-        """The child's metadata.uid, without decoding its body."""
+    def uid(self, key: K) -> str | None:
+        """The object's metadata.uid, without decoding its body."""
         return self._uids[key]
 
+
+class Children(Bodies[ChildKey]):
+    """The cached children by (kind, namespace, name), also indexed by (namespace, owning model label).
+
+    A reconcile reads one model's children: scanning every cached child for it made each reconcile cost O(all
+    children), a quarter of the operator's CPU at 1000 models (py-spy, issue 17). Every way of changing the mapping
+    keeps the index: they all go through item assignment and `del`. Kept as JSON (`Bodies`): in one run of the
+    scale benchmark at 1000 models this took the operator's peak RSS from 280 to 263 MB.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._owners: dict[ChildKey, tuple[str, str]] = {}
+        self._by_model: dict[tuple[str, str], set[ChildKey]] = defaultdict(set)
+
+    def __setitem__(self, key: ChildKey, body: dict[str, Any]) -> None:
+        self._unindex(key)
+        super().__setitem__(key, body)
+        model = (body["metadata"].get("labels") or {}).get(LABEL_MODEL)
+        if model:
+            self._owners[key] = (key[1], model)
+            self._by_model[(key[1], model)].add(key)
+
+    def __delitem__(self, key: ChildKey) -> None:
+        self._unindex(key)
+        super().__delitem__(key)
+
     def _unindex(self, key: ChildKey) -> None:
-        self._uids.pop(key, None)
         owner = self._owners.pop(key, None)
         if owner is not None:
             keys = self._by_model.get(owner)
@@ -109,7 +124,7 @@ class Children(MutableMapping[ChildKey, dict[str, Any]]):
 class Cache:
     """Latest bodies seen on the watches (without managedFields), by namespace."""
 
-    models: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
+    models: dict[str, Bodies[str]] = field(default_factory=lambda: defaultdict(Bodies))
     # The models with spec.ensemble among `models`: who uses a model as a step is asked on every reconcile, and
     # scanning the whole namespace for it cost about a tenth of the operator's CPU at 1000 models (issue 17).
     ensembles: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
@@ -130,6 +145,11 @@ class Cache:
         else:
             self.seen[uid] = time.monotonic()
 
+    def model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The cached TritonModel (a fresh copy), or None."""
+        models = self.models.get(namespace)
+        return models.get(name) if models is not None else None
+
     def put_model(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         self._observed(body, deleted)
@@ -137,10 +157,11 @@ class Cache:
         if deleted:
             self.models[ns].pop(name, None)
         else:
-            self.models[ns][name] = lean(body)
+            lean_body = lean(body)
+            self.models[ns][name] = lean_body
             spec = body.get("spec")
             if isinstance(spec, Mapping) and spec.get("ensemble"):
-                self.ensembles[ns][name] = self.models[ns][name]
+                self.ensembles[ns][name] = lean_body
 
     def put_child(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
@@ -177,10 +198,10 @@ class Cache:
 
     def forget_model(self, namespace: str, name: str, uid: str) -> bool:
         """Drop the model if the cache still holds this uid under its name (not a newer object of that name)."""
-        body = self.models.get(namespace, {}).get(name)
-        if body is None or body["metadata"].get("uid") != uid:
+        models = self.models.get(namespace)
+        if models is None or name not in models or models.uid(name) != uid:
             return False
-        self.put_model(body, deleted=True)
+        self.put_model(models[name], deleted=True)
         return True
 
     def sweep(self, namespace: str, listed: Mapping[str, set[str]], since: float) -> list[dict[str, Any]]:
@@ -194,8 +215,10 @@ class Cache:
             return uid not in listed[kind] and self.seen.get(uid or "", 0.0) < since
 
         dropped: list[dict[str, Any]] = []
-        for body in list(self.models.get(namespace, {}).values()):
-            if gone(body["metadata"].get("uid"), "TritonModel"):
+        models = self.models.get(namespace)
+        for name in list(models or ()):
+            if models is not None and gone(models.uid(name), "TritonModel"):
+                body = models[name]
                 dropped.append(body)
                 self.put_model(body, deleted=True)
         for key in list(self.children):

@@ -87,7 +87,7 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         body = event["object"]
         deleted = event["type"] == "DELETED"
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        old = STATE.cache.models.get(ns, {}).get(name)
+        old = STATE.cache.model(ns, name)
         STATE.cache.put_model(body, deleted=deleted)
         STATE.reconciler.model_changed(ns, old or (body if deleted else None), None if deleted else body)
         if deleted:

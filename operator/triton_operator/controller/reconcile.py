@@ -72,7 +72,7 @@ class Reconciler:
                 ev.set()
 
     def _generation(self, key: tuple[str, str]) -> tuple[str, int] | None:
-        body = self.cache.models.get(key[0], {}).get(key[1])
+        body = self.cache.model(*key)
         return None if body is None else (body["metadata"].get("uid", ""), int(body["metadata"].get("generation", 0)))
 
     async def _back_off(self, key: tuple[str, str], delay: float) -> None:
@@ -133,7 +133,7 @@ class Reconciler:
     # -- the reconcile
 
     async def reconcile(self, namespace: str, name: str) -> None:
-        body = self.cache.models.get(namespace, {}).get(name)
+        body = self.cache.model(namespace, name)
         if body is None:
             return  # deleted: owner references garbage-collect the children
         start = time.monotonic()

@@ -25,9 +25,10 @@ property-wise, and what makes a second reconcile of an unchanged model write not
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections import ChainMap
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -385,5 +386,8 @@ def carried_out(world: World, done: Plan, applied: Mapping[ChildKey, Mapping[str
     body = world.body
     if done.status is not None:
         body = {**body, "status": as_dict(done.status)}
-    models = {**world.models, body["metadata"]["name"]: body}
+    # An overlay, not a copy: the cache's models decode on read (controller.cache.Bodies), and copying them all
+    # here made each reconcile cost O(models in the namespace).
+    # ChainMap writes only to its first map.
+    models = ChainMap({body["metadata"]["name"]: body}, cast("MutableMapping[str, Mapping[str, Any]]", world.models))
     return replace(world, body=body, models=models, children=children, pods=pods, api_error=world.api_error)
