@@ -70,9 +70,10 @@ def test_deployment_shape() -> None:
     (triton,) = pod["containers"]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert {p["containerPort"] for p in triton["ports"]} == {8000, 8001, 8002}
-    # The gate alone admits the replica: no probe whose first success (up to a period after READY) would bring
-    # a kubelet pod sync next to the gate's. Liveness waits out server.startupTimeoutSeconds of load.
-    assert "readinessProbe" not in triton and "startupProbe" not in triton
+    # The gate admits the replica; the container's readiness (tritonserver's port open: it opens it only once its
+    # models are loaded) keeps a restarted one out. No startup probe: its success is a kubelet sync next to READY.
+    assert triton["readinessProbe"] == {"tcpSocket": {"port": "grpc"}, "periodSeconds": 1, "failureThreshold": 2}
+    assert "startupProbe" not in triton
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert triton["livenessProbe"]["initialDelaySeconds"] == 600
     args = triton["args"]

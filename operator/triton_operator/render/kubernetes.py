@@ -409,15 +409,17 @@ def render_deployment(
     }
     if spec.warmup_gate.enabled:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
-        # With the gate, the gate alone admits a replica: no readinessProbe and no startupProbe. Its check (the
-        # model and its steps READY with the desired digest) implies /v2/health/ready and /v2/health/live. Either
-        # probe passes only once tritonserver opens its ports (after loading and warming), so its first success
-        # comes up to a period after READY, and its pod sync lands next to the gate's: the kubelet runs one sync
-        # per PLEG relist (1 s), so Ready came up to a second after the gate (kubelet 1.35, issue 17). With the
-        # container ready from its start, the gate's patch is the only sync near READY and Ready follows in tens
-        # of milliseconds. When tritonserver exits, the container is not ready (the replica leaves the Service at
-        # once) and the operator turns the gate False (TritonNotRunning) on that pod event, well before the
-        # restarted container runs: the kubelet only sees it on its next relist. Liveness waits out the load.
+        # With the gate, the gate admits a replica; the container's own readiness only says that tritonserver is up.
+        # It opens its ports only once the models it loads at start are loaded and warm, so a TCP check on gRPC
+        # suffices, and it keeps a restarted container out until then whatever a stale gate says: after a crash,
+        # the kubelet may sync the restarted container with the pod as it was before the operator turned the gate
+        # False (seen in e2e/test_faults.py without it). No startupProbe: its success is a kubelet pod sync next
+        # to READY, and the kubelet runs at most one sync of a pod per PLEG relist (1 s), so Ready came up to a
+        # second later. A readiness probe's success instead sets Ready at once from the conditions of the last
+        # sync; the operator's annotation write right after the gate (a pod UPDATE: a sync with the gate True,
+        # which also runs the readiness probe of a container not yet ready) makes that sync come at READY.
+        # Liveness waits out the load (kubelet 1.35, issue 17).
+        triton["readinessProbe"] = {"tcpSocket": {"port": "grpc"}, "periodSeconds": 1, "failureThreshold": 2}
         triton["livenessProbe"]["initialDelaySeconds"] = server.startup_timeout_seconds
     else:
         # Without the gate, Triton's own readiness is what admits a replica to the Service, and the startup probe
