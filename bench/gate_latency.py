@@ -134,6 +134,7 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
             cell(sw["ready"]), "-", "p95 <= 250 ms", bool(sw["ready"].get("n")) and sw["ready"]["p95"] <= 0.25),
         Row("model READY -> gate condition True (the operator's part)", cell(sg["warmed"]), "- (no gate)"),
         Row("model READY -> ContainersReady (kubelet probes)", cell(sg["containers_ready"]), cell(sp["containers_ready"])),
+        Row("model READY -> ContainersReady, examples/warmup.yaml", cell(sw["containers_ready"]), "-"),
         Row("ContainersReady -> pod Ready (kubelet pod sync)", cell(sg["containers_ready_to_ready"]),
             cell(sp["containers_ready_to_ready"])),
         Row("Ready lastTransitionTime - READY (1 s resolution)", cell(sg["ready_last_transition"]),
@@ -149,27 +150,23 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
             f"The operator's own histogram triton_operator_ready_to_gate_seconds (from its first READY answer to "
             f"the gate patch) averages {ms(op_metric['sum'] / op_metric['count'])} over {op_metric['count']:.0f} gates.")
     if sg["ready"].get("n") and sg["warmed"].get("n"):
-        startup = probes.get("startupProbe") or probes.get("readinessProbe")
         result.notes.append(
             f"Where the time goes (ours): the gate condition turns True {ms(sg['warmed']['p50'])} (p50) / "
             f"{ms(sg['warmed']['p95'])} (p95) after READY: while tritonserver still refuses connections (it opens "
             "its ports only after loading and warming the model) the operator tries a TCP connect every 20 ms, "
-            "and asks over gRPC as soon as one is accepted. "
-            + (f"The operator's pod template has a probe that holds ContainersReady back "
-               f"(startupProbe {_probe(probes['startupProbe'])}, readinessProbe {_probe(probes['readinessProbe'])})."
-               if startup else
-               "With the gate the pod template has no startup or readiness probe: the container is ready from its "
-               f"start ({ms(-sg['containers_ready']['p50'])} before READY, p50), and the gate alone admits the "
-               "replica.")
-            + " The kubelet writes Ready in a pod sync. It syncs a pod on each of its own events, and each sync first "
-            "waits for a PLEG relist (every 1 s) that began after the previous sync ended. A container's start "
-            "brings two syncs, at the relist that sees it and at the next one, so a gate patched within about two "
-            "seconds of the start waits a relist: add-sub is READY "
-            f"{ms(-sg['containers_ready']['p50'])} (p50) after its container is ready, and turns Ready "
-            f"{ms(sg['ready']['p50'])} / {ms(sg['ready']['p95'])} after READY. examples/warmup.yaml (a 2.5 s "
-            f"warm-up) is READY {ms(sw['containers_ready_to_model_ready'].get('p50'))} after, and turns Ready "
-            f"{ms(sw['ready'].get('p50'))} / {ms(sw['ready'].get('p95'))} after READY: the gate's patch plus the "
-            "kubelet's sync and status write. Traced in kubelet 1.35 at --v=4 (issue 17).")
+            "and asks over gRPC as soon as one is accepted. Pod Ready also needs the container ready. The "
+            f"operator's pod template has startupProbe {_probe(probes['startupProbe'])} and readinessProbe "
+            f"{_probe(probes['readinessProbe'])}: a port check, there so that a restarted container stays out until "
+            "tritonserver is up whatever a stale gate says. It passes up to a period after READY: ContainersReady "
+            f"came {ms(sg['containers_ready']['p50'])} (p50) / {ms(sg['containers_ready']['p95'])} (p95) after READY "
+            f"for add-sub, {ms(sw['containers_ready'].get('p50'))} / {ms(sw['containers_ready'].get('p95'))} for "
+            "examples/warmup.yaml. A probe's success sets Ready at once from the conditions of the kubelet's last "
+            "pod sync; if that sync predates the gate, Ready waits for the sync the probe triggers, and each sync "
+            "first waits for a PLEG relist (every 1 s) that began after the previous sync ended (a container's "
+            "start brings syncs for about two seconds; add-sub is READY about a second after its start). So "
+            f"add-sub turns Ready {ms(sg['ready']['p50'])} / {ms(sg['ready']['p95'])} after READY, "
+            f"examples/warmup.yaml {ms(sw['ready'].get('p50'))} / {ms(sw['ready'].get('p95'))}. Traced in "
+            "kubelet 1.35 at --v=4 (issue 17).")
     if sp["ready"].get("n"):
         result.notes.append(
             "The usual approach's first readiness probe fires as the container starts, while Triton is still "

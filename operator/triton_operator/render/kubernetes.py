@@ -413,12 +413,10 @@ def render_deployment(
         # It opens its ports only once the models it loads at start are loaded and warm, so a TCP check on gRPC
         # suffices, and it keeps a restarted container out until then whatever a stale gate says: after a crash,
         # the kubelet may sync the restarted container with the pod as it was before the operator turned the gate
-        # False (seen in e2e/test_faults.py without it). No startupProbe: its success is a kubelet pod sync next
-        # to READY, and the kubelet runs at most one sync of a pod per PLEG relist (1 s), so Ready came up to a
-        # second later. A readiness probe's success instead sets Ready at once from the conditions of the last
-        # sync; the operator's annotation write right after the gate (a pod UPDATE: a sync with the gate True,
-        # which also runs the readiness probe of a container not yet ready) makes that sync come at READY.
-        # Liveness waits out the load (kubelet 1.35, issue 17).
+        # False (seen in e2e/test_faults.py with no readiness probe). No startupProbe: its success is one more
+        # kubelet pod sync next to READY, and the kubelet runs at most one sync of a pod per PLEG relist (1 s), so
+        # Ready came up to a second after the gate; a readiness probe's success sets Ready at once from the
+        # conditions of the last sync. Liveness waits out the load (kubelet 1.35, issue 17).
         triton["readinessProbe"] = {"tcpSocket": {"port": "grpc"}, "periodSeconds": 1, "failureThreshold": 2}
         triton["livenessProbe"]["initialDelaySeconds"] = server.startup_timeout_seconds
     else:
