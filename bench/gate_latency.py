@@ -140,7 +140,6 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         Row("Ready lastTransitionTime - READY (1 s resolution)", cell(sg["ready_last_transition"]),
             cell(sp["ready_last_transition"])),
         Row("pod IP -> model READY (load + warm-up)", cell(sg["load"]), cell(sp["load"])),
-        Row("ContainersReady -> model READY, examples/warmup.yaml", cell(sw["containers_ready_to_model_ready"]), "-"),
         Row("pod IP -> model READY, examples/warmup.yaml", cell(sw["load"]), "-"),
         Row("RSS per replica (tritonserver + Python stub)",
             f"{', '.join(f'{x:.0f}' for x in rss['gated'])} MB", f"{', '.join(f'{x:.0f}' for x in rss['plain'])} MB"),
