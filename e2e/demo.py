@@ -190,7 +190,8 @@ def ready_address(kubeconfig: Path, namespace: str, service: str) -> str:
 
 def through_kube_proxy(call: Any, seconds: float = 20.0) -> tuple[Any, str]:
     """`call()`, tried again while the ClusterIP refuses: kube-proxy programs a Service's first ready endpoint at
-    its next rule sync (at most one a second, later on a busy machine), and rejects connections until then.
+    its next rule sync (at most one a second, later on a busy machine), and rejects connections until then
+    (refused, or no route to host).
     Returns the result and how long the answered call took, with the refused tries before it if any."""
     start = time.monotonic()
     deadline = start + seconds
@@ -200,7 +201,8 @@ def through_kube_proxy(call: Any, seconds: float = 20.0) -> tuple[Any, str]:
         try:
             res = call()
         except InferenceServerException as exc:
-            if "Connection refused" not in str(exc) or time.monotonic() > deadline:
+            # Before kube-proxy's sync a ClusterIP may also answer "No route to host" (nothing answers ARP for it).
+            if not any(m in str(exc) for m in ("Connection refused", "No route to host")) or time.monotonic() > deadline:
                 raise
             refused += 1
             time.sleep(0.2)
