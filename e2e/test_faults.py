@@ -548,9 +548,9 @@ def test_killed_tritonserver_drops_gate_and_endpoint_until_warm_again(
     # off (TritonNotRunning) while the container is down, in again only once warm (below).
     assert reason == "TritonNotRunning", reason
 
-    # The restarted container is ready from its start (no startup or readiness probe with the gate): only the
-    # gate, turned False above, keeps it out of the Service while Triton loads. Whenever its endpoint shows
-    # ready again, Triton must already answer READY there.
+    # The kubelet may sync the restarted container with the pod from before the gate turned False above; the
+    # container's readiness probe (tritonserver's port open) must keep it out of the Service while Triton loads
+    # all the same. Whenever its endpoint shows ready again, Triton must already answer READY there.
     rejoined_early: list[str] = []
     while True:
         assert time.monotonic() - killed < 90, "the replica did not restart and warm again within 90 s"

@@ -63,6 +63,11 @@ class _PodGate:
     reload: asyncio.Task[None] | None = None  # an in-place reload under way (`controller.reload`)
     reload_for: str | None = None  # the resourceVersion of the pod that reload was started for
 
+    @property
+    def address(self) -> str:
+        """host:port of the pod's Triton gRPC endpoint."""
+        return f"{(self.body.get('status') or {}).get('podIP')}:{GRPC_PORT}"
+
 
 class WarmupGate:
     def __init__(self, kube: Kube, poll_interval: float = 0.2, max_concurrent_checks: int = 32,
@@ -141,20 +146,18 @@ class WarmupGate:
         """While Triton's gRPC port refuses connections: returns once it accepts one or the pod has an event, so
         READY is seen within a connect interval of the port opening instead of within a gRPC poll interval.
         False at once when the port is open already (Triton took too long to answer): the caller waits as usual."""
-        address = f"{(gate.body.get('status') or {}).get('podIP')}:{GRPC_PORT}"
-        if await port_open(address):
+        if await port_open(gate.address):
             return False
         self.probing += 1
         try:
-            while not gate.wake.is_set():
-                if await port_open(address):
-                    return True
+            while True:
                 interval = max(PORT_PROBE_INTERVAL, self.probing / PORT_PROBES_PER_SECOND)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(gate.wake.wait(), timeout=interval)
+                if gate.wake.is_set() or await port_open(gate.address):
+                    return True
         finally:
             self.probing -= 1
-        return True
 
     def _start_reload(self, gate: _PodGate) -> None:
         """Starts the reload the pod's annotations ask for, unless one runs or already ran for this pod version."""
@@ -163,7 +166,7 @@ class WarmupGate:
             return
         gate.reload_for = version
         ann = gate.body["metadata"].get("annotations") or {}
-        address = f"{(gate.body.get('status') or {}).get('podIP')}:{GRPC_PORT}"
+        address = gate.address
 
         async def run() -> None:
             try:
