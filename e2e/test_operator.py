@@ -218,7 +218,7 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
     # add-sub's instance groups are all CPU: server.gpus defaults to what they need, none.
     assert "nvidia.com/gpu" not in (triton.get("resources") or {}).get("limits", {}), triton.get("resources")
     assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
-    assert "startupProbe" not in triton and triton["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+    assert "startupProbe" not in triton and triton["readinessProbe"]["tcpSocket"] == {"port": "http"}
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert "--load-model=add-sub" in triton["args"] and "--model-control-mode=explicit" in triton["args"]
     assert [c["name"] for c in tpl["spec"]["initContainers"]] == ["fetch"]

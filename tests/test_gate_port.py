@@ -13,7 +13,7 @@ import pytest
 
 from triton_operator.controller import gate as gate_module
 from triton_operator.controller.gate import WarmupGate, _PodGate
-from triton_operator.triton.replica import port_open
+from triton_operator.triton.replica import port_open, wait_port_open
 
 
 def _free_port() -> int:
@@ -90,3 +90,26 @@ def test_wait_for_port_returns_on_a_pod_event(monkeypatch: pytest.MonkeyPatch) -
         return still_waiting, await asyncio.wait_for(waiter, timeout=10), gate.probing
 
     assert asyncio.run(run()) == (True, True, 0)
+
+
+def test_wait_port_open_waits_for_a_port_that_opens_moments_later() -> None:
+    """tritonserver opens HTTP a moment after gRPC: the gate's check waits that moment out, and no longer."""
+    async def run() -> tuple[bool, bool, bool]:
+        port = _free_port()
+        address = f"127.0.0.1:{port}"
+        never = await wait_port_open(address, within=0.2)
+        servers: list[asyncio.Server] = []
+
+        async def open_later() -> None:
+            await asyncio.sleep(0.1)
+            servers.append(await _serve(port))
+
+        opener = asyncio.create_task(open_later())
+        later = await wait_port_open(address, within=5)
+        await opener
+        now = await wait_port_open(address, within=0)
+        servers[0].close()
+        await servers[0].wait_closed()
+        return never, later, now
+
+    assert asyncio.run(run()) == (False, True, True)

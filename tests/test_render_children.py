@@ -72,7 +72,7 @@ def test_deployment_shape() -> None:
     assert {p["containerPort"] for p in triton["ports"]} == {8000, 8001, 8002}
     # The gate admits the replica; the container's readiness (tritonserver's port open: it opens it only once its
     # models are loaded) keeps a restarted one out. No startup probe: its success is a kubelet sync next to READY.
-    assert triton["readinessProbe"] == {"tcpSocket": {"port": "grpc"}, "periodSeconds": 1, "failureThreshold": 2}
+    assert triton["readinessProbe"] == {"tcpSocket": {"port": "http"}, "periodSeconds": 1, "failureThreshold": 2}
     assert "startupProbe" not in triton
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert triton["livenessProbe"]["initialDelaySeconds"] == 600

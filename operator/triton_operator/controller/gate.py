@@ -1,6 +1,7 @@
 """The warm-up gate: a pod readiness-gate condition that turns True only when its Triton
 serves the desired config (model and every ensemble step READY, loaded digest equal to
-the one the pod was created for) and warm-up is over.
+the one the pod was created for, its HTTP port open as well as its gRPC one) and warm-up
+is over.
 
 One asyncio task per pod whose tritonserver container is running. While Triton
 still refuses connections (it opens its ports only once its models are loaded and
@@ -36,6 +37,7 @@ from ..render.kubernetes import (
     ANNOTATION_TRITON_NAME,
     ANNOTATION_VERSIONS,
     GRPC_PORT,
+    HTTP_PORT,
     parse_versions_annotation,
 )
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
@@ -210,7 +212,7 @@ class WarmupGate:
         async with self.sem:
             verdict = await check_replica(
                 f"{ip}:{GRPC_PORT}", ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, ""),
-                versions=versions, also=ann.get(ANNOTATION_PREVIOUS),
+                versions=versions, also=ann.get(ANNOTATION_PREVIOUS), http_address=f"{ip}:{HTTP_PORT}",
             )
         if verdict.ready_seen and gate.ready_seen_at is None:
             gate.ready_seen_at = time.monotonic()

@@ -36,12 +36,15 @@ async def check_replica(
     timeout: float = 2.0,
     versions: Mapping[str, tuple[int, ...]] | None = None,
     also: str | None = None,
+    http_address: str | None = None,
 ) -> ReplicaVerdict:
     """One round of questions to the Triton at `address` (host:port of gRPC).
 
     `versions` names, by Triton model name, the versions that must each be READY (the policy's served ones); a
     model it does not name is asked about its latest version. `also` is a second digest the replica may serve
-    (in-place Swap: the config it served before, while the new one loads beside it)."""
+    (in-place Swap: the config it served before, while the new one loads beside it). `http_address` (host:port),
+    when given, must accept connections too: tritonserver opens gRPC first and HTTP after it, so a replica that
+    answers READY over gRPC may still refuse HTTP for a moment (longer on a loaded machine)."""
     versions = versions or {}
     client = grpcaio.InferenceServerClient(address)
     try:
@@ -68,6 +71,12 @@ async def check_replica(
                     loaded=loaded or None,
                 )
         served = f" (versions {', '.join(map(str, versions[model]))})" if versions.get(model) else ""
+        if http_address and not await wait_port_open(http_address, within=timeout):
+            return ReplicaVerdict(
+                False, "TritonUnreachable",
+                f"model {model} is READY over gRPC but Triton's HTTP port {http_address} refuses connections",
+                ready_seen=True, loaded=first or None,
+            )
         return ReplicaVerdict(
             True, "ModelWarmed", f"model {model}{served} is READY with config digest {first}", ready_seen=True,
             loaded=first or None,
@@ -92,6 +101,17 @@ async def port_open(address: str, timeout: float = 1.0) -> bool:
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
+    return True
+
+
+async def wait_port_open(address: str, within: float, interval: float = 0.005) -> bool:
+    """Whether `address` accepts a TCP connection within `within` seconds, trying every `interval`: for a port
+    that opens moments after another (Triton's HTTP after its gRPC)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not await port_open(address, timeout=max(0.01, deadline - asyncio.get_running_loop().time())):
+        if asyncio.get_running_loop().time() + interval >= deadline:
+            return False
+        await asyncio.sleep(interval)
     return True
 
 
