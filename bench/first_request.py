@@ -238,8 +238,9 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         "The model's steady request takes well under a millisecond, so a fixed cost of about a millisecond "
         "dominates the ratio. It is not a first-request cost: a request on the same warm channel after a second of "
         "quiet pays it too (the row \"a request after 1 s of quiet\"), and a new channel opened right after the "
-        "steady requests does not (the row \"first request on another new channel\"). Back-to-back requests find tritonserver's gRPC and scheduler threads and the Python "
-        "backend's stub awake; a request after a pause wakes them. So the back-to-back p50 is a floor no first "
+        "steady requests does not (the row \"first request on another new channel\"). Back-to-back requests "
+        "find tritonserver's gRPC and scheduler threads and the Python backend's stub awake; a request after a "
+        "pause wakes them. So the back-to-back p50 is a floor no first "
         "request can reach, and what the warm-up gate removes is the lazy initialisation the usual approach's "
         "first client pays.")
     if sg["errors"] or sp["errors"]:

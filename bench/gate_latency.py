@@ -97,6 +97,7 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
             "ready": summary(latencies(tl, "ready_at")),
             "containers_ready": summary(latencies(tl, "containers_ready_at")),
             "warmed": summary(latencies(tl, "warmed_at")),
+            "http_open": summary(latencies(tl, "http_open_at")),
             "ready_last_transition": summary(latencies(tl, "ready_ltt")),
             "containers_ready_to_ready": summary([x.ready_at - x.containers_ready_at for x in tl
                                                   if x.ready_at and x.containers_ready_at]),
@@ -133,6 +134,8 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         Row("model READY -> pod Ready, examples/warmup.yaml (READY seconds after its container starts)",
             cell(sw["ready"]), "-", "p95 <= 250 ms", bool(sw["ready"].get("n")) and sw["ready"]["p95"] <= 0.25),
         Row("model READY -> gate condition True (the operator's part)", cell(sg["warmed"]), "- (no gate)"),
+        Row("model READY over gRPC -> HTTP port open (tritonserver opens HTTP after gRPC; the gate waits for both)",
+            cell(sg["http_open"]), cell(sp["http_open"])),
         Row("model READY -> ContainersReady (kubelet probes)", cell(sg["containers_ready"]), cell(sp["containers_ready"])),
         Row("model READY -> ContainersReady, examples/warmup.yaml", cell(sw["containers_ready"]), "-"),
         Row("ContainersReady -> pod Ready (kubelet pod sync)", cell(sg["containers_ready_to_ready"]),
@@ -153,7 +156,9 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
             f"Where the time goes (ours): the gate condition turns True {ms(sg['warmed']['p50'])} (p50) / "
             f"{ms(sg['warmed']['p95'])} (p95) after READY: while tritonserver still refuses connections (it opens "
             "its ports only after loading and warming the model) the operator tries a TCP connect every 20 ms, "
-            "and asks over gRPC as soon as one is accepted. Pod Ready also needs the container ready. The "
+            "and asks over gRPC as soon as one is accepted; once the model is READY it also waits for the HTTP port, "
+            f"which tritonserver opens after gRPC ({ms(sg['http_open'].get('p50'))} p50 / "
+            f"{ms(sg['http_open'].get('p95'))} p95 later here). Pod Ready also needs the container ready. The "
             f"operator's pod template has startupProbe {_probe(probes['startupProbe'])} and readinessProbe "
             f"{_probe(probes['readinessProbe'])}: a port check, there so that a restarted container stays out until "
             "tritonserver is up whatever a stale gate says. It passes up to a period after READY: ContainersReady "

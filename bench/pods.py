@@ -28,8 +28,9 @@ from triton_operator.render.kubernetes import render_children
 from .kubeenv import BenchCluster, OperatorProcess, ensure_namespace, watch_forever
 from .models import checked
 
-GRPC_PORT = 8001
+GRPC_PORT, HTTP_PORT = 8001, 8000
 POLL_SECONDS = 0.015
+HTTP_POLL_SECONDS = 0.002
 
 
 @dataclass
@@ -119,6 +120,7 @@ class PodTimeline:
     ip_at: float | None = None
     tcp_open_at: float | None = None  # gRPC port accepted a connection (our poll)
     model_ready_at: float | None = None  # ModelReady first answered true (our poll)
+    http_open_at: float | None = None  # then, the HTTP port accepted a connection (tritonserver opens it after gRPC)
     containers_ready_at: float | None = None  # watch
     warmed_at: float | None = None  # watch: the operator's gate condition True
     ready_at: float | None = None  # watch: pod Ready True
@@ -179,7 +181,8 @@ class PodWatch:
 
     def _poll_ready(self, tl: PodTimeline, model: str) -> None:
         """TCP connect every 15 ms until the gRPC port opens (a gRPC channel would back off for a second or
-        more between attempts), then ModelReady every 15 ms until it answers true."""
+        more between attempts), then ModelReady every 15 ms until it answers true, then a TCP connect every 2 ms
+        until the HTTP port opens."""
         assert tl.ip is not None
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not self._stop.is_set():
@@ -197,12 +200,19 @@ class PodWatch:
                 try:
                     if client.is_model_ready(model, client_timeout=1.0):
                         tl.model_ready_at = time.time()
-                        return
+                        break
                 except Exception:  # noqa: BLE001, S110 - not up yet: poll again
                     pass
                 time.sleep(POLL_SECONDS)
         finally:
             client.close()
+        while tl.model_ready_at is not None and time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                with socket.create_connection((tl.ip, HTTP_PORT), timeout=0.5):
+                    tl.http_open_at = time.time()
+                    return
+            except OSError:
+                time.sleep(HTTP_POLL_SECONDS)
 
     def wait(self, names_prefix: str, count: int, attr: str, timeout: float) -> list[PodTimeline]:
         """Waits until `count` pods whose names start with `names_prefix` have `attr` set."""
