@@ -185,13 +185,7 @@ class PodWatch:
         until the HTTP port opens."""
         assert tl.ip is not None
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not self._stop.is_set():
-            try:
-                with socket.create_connection((tl.ip, GRPC_PORT), timeout=0.5):
-                    tl.tcp_open_at = time.time()
-                    break
-            except OSError:
-                time.sleep(POLL_SECONDS)
+        tl.tcp_open_at = self._port_opens(tl.ip, GRPC_PORT, POLL_SECONDS, deadline)
         if tl.tcp_open_at is None:
             return
         client = grpcclient.InferenceServerClient(f"{tl.ip}:{GRPC_PORT}")
@@ -206,13 +200,18 @@ class PodWatch:
                 time.sleep(POLL_SECONDS)
         finally:
             client.close()
-        while tl.model_ready_at is not None and time.monotonic() < deadline and not self._stop.is_set():
+        if tl.model_ready_at is not None:
+            tl.http_open_at = self._port_opens(tl.ip, HTTP_PORT, HTTP_POLL_SECONDS, deadline)
+
+    def _port_opens(self, ip: str, port: int, interval: float, deadline: float) -> float | None:
+        """The wall-clock time a TCP connect to ip:port first succeeded, trying every `interval` (None: never)."""
+        while time.monotonic() < deadline and not self._stop.is_set():
             try:
-                with socket.create_connection((tl.ip, HTTP_PORT), timeout=0.5):
-                    tl.http_open_at = time.time()
-                    return
+                with socket.create_connection((ip, port), timeout=0.5):
+                    return time.time()
             except OSError:
-                time.sleep(HTTP_POLL_SECONDS)
+                time.sleep(interval)
+        return None
 
     def wait(self, names_prefix: str, count: int, attr: str, timeout: float) -> list[PodTimeline]:
         """Waits until `count` pods whose names start with `names_prefix` have `attr` set."""
