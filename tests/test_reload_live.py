@@ -33,6 +33,7 @@ from triton_operator.plan.rollout import INSTRUCTION
 from triton_operator.render.kubernetes import (
     ANNOTATION_DIGEST,
     ANNOTATION_DRAIN_SECONDS,
+    ANNOTATION_LOADED,
     ANNOTATION_PREVIOUS,
     ANNOTATION_RELOAD,
     ANNOTATION_RELOAD_FAILED,
@@ -405,7 +406,9 @@ def test_reload_replica_loads_the_new_config_and_clears_the_instruction(server: 
         kube, annotations, seconds = run_replica(server, name, mode, new, old)
         print(f"\nreload_replica Drain: {seconds:.2f}s")
     assert kube.gets == [("v1", "ConfigMap", "ns", "cm")]
-    assert kube.patches == [("ns", f"{name}-pod", dict.fromkeys(INSTRUCTION), expect_of(annotations))], kube.patches
+    # the instruction goes, and the loaded digest is written in the same patch (status never sees one without the other)
+    done = {**dict.fromkeys(INSTRUCTION), ANNOTATION_LOADED: new.digest}
+    assert kube.patches == [("ns", f"{name}-pod", done, expect_of(annotations))], kube.patches
     assert served_digest(server, name) == new.digest
     assert infer(server.client, name) == 2
 
@@ -502,7 +505,8 @@ def test_a_drain_reloads_a_decoupled_model_only_once_its_open_stream_is_closed(s
     worker.join(60)
     assert reload_done.is_set(), server.why("the reload did not finish after the stream closed")
     print(f"\ndecoupled Drain: reloaded {time.monotonic() - closed:.2f}s after the stream closed")
-    assert kube.patches == [("ns", f"{STREAM}-pod", dict.fromkeys(INSTRUCTION), expect_of(annotations))], kube.patches
+    done = {**dict.fromkeys(INSTRUCTION), ANNOTATION_LOADED: new.digest}
+    assert kube.patches == [("ns", f"{STREAM}-pod", done, expect_of(annotations))], kube.patches
     assert served_digest(server, STREAM) == new.digest
     after = Stream(server, STREAM)
     try:

@@ -26,6 +26,7 @@ from ..plan.status import pod_ready
 from ..render.kubernetes import (
     ANNOTATION_DIGEST,
     ANNOTATION_DRAIN_SECONDS,
+    ANNOTATION_LOADED,
     ANNOTATION_RELOAD,
     ANNOTATION_RELOAD_FAILED,
     ANNOTATION_RELOAD_FROM,
@@ -79,8 +80,11 @@ async def reload_replica(kube: Kube, pod: Callable[[], Mapping[str, Any]], addre
     expect = {ANNOTATION_DIGEST: digest, ANNOTATION_RELOAD: mode, ANNOTATION_RELOAD_FROM: source}
     done = dict.fromkeys(INSTRUCTION)
     before = await triton.served(address, model)
+    # Done: the instruction goes, and the digest Triton now serves is written in the same patch, so that no reader
+    # (the status's replicaStates) sees a finished reload with the previous loaded digest.
+    served = {**done, ANNOTATION_LOADED: digest}
     if before is not None and before.digest == digest:  # loaded already (an operator stopped before it wrote so)
-        await asyncio.to_thread(kube.patch_pod_annotations, namespace, name, done, expect)
+        await asyncio.to_thread(kube.patch_pod_annotations, namespace, name, served, expect)
         return
     cm = await asyncio.to_thread(kube.get, "v1", "ConfigMap", namespace, source)
     text = ((cm or {}).get("data") or {}).get(configmap_key(f"{model}/config.pbtxt"))
@@ -106,7 +110,7 @@ async def reload_replica(kube: Kube, pod: Callable[[], Mapping[str, Any]], addre
         metrics.RELOADS.labels(mode=mode, result="ok").inc()
         log.info("Reloaded replica pod=%s/%s digest=%s mode=%s seconds=%.1f", namespace, name, digest, mode,
                  time.monotonic() - start)
-        await asyncio.to_thread(kube.patch_pod_annotations, namespace, name, done, expect)
+        await asyncio.to_thread(kube.patch_pod_annotations, namespace, name, served, expect)
         return
     metrics.RELOADS.labels(mode=mode, result="failed").inc()
     restored = before.digest if before else None
