@@ -44,6 +44,7 @@ spec:
   source:
     inline:
       model.py: |
+        import pathlib
         import time
         import triton_python_backend_utils as pb_utils
 
@@ -53,6 +54,9 @@ spec:
                 responses = []
                 for request in requests:
                     seconds = pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()
+                    if seconds[0] > 0:  # tells the test a slow request is executing
+                        with open(pathlib.Path(__file__).with_name("executing"), "a") as f:
+                            f.write("1")
                     time.sleep(float(seconds[0]))
                     responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SLEPT", seconds)]))
                 return responses
@@ -120,8 +124,12 @@ def test_sigterm_drains_in_flight_requests_and_open_connections_within_the_grace
                    threading.Thread(target=over_http, args=("http-2",))]
         for t in threads:
             t.start()
+        # All three reached Triton: one executes (its marker is written) and two wait. Two waiting alone could be
+        # the first two, before the instance took one, with the third still on its way (a loaded CI run: its
+        # connection, made after SIGTERM, was reset).
+        executing = next((tmp_path / "repo" / "slow").glob("*/model.py")).with_name("executing")
         deadline = time.monotonic() + 10
-        while _pending(server) < 2:
+        while not (executing.exists() and _pending(server) >= 2):
             assert time.monotonic() < deadline, "the three requests never reached Triton"
             time.sleep(0.02)
         assert server.process is not None
