@@ -70,6 +70,11 @@ class _PodGate:
         """host:port of the pod's Triton gRPC endpoint."""
         return f"{(self.body.get('status') or {}).get('podIP')}:{GRPC_PORT}"
 
+    @property
+    def http_address(self) -> str:
+        """host:port of the pod's Triton HTTP endpoint."""
+        return f"{(self.body.get('status') or {}).get('podIP')}:{HTTP_PORT}"
+
 
 class WarmupGate:
     def __init__(self, kube: Kube, poll_interval: float = 0.2, max_concurrent_checks: int = 32,
@@ -211,8 +216,8 @@ class WarmupGate:
         versions = parse_versions_annotation(ann.get(ANNOTATION_VERSIONS))
         async with self.sem:
             verdict = await check_replica(
-                f"{ip}:{GRPC_PORT}", ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, ""),
-                versions=versions, also=ann.get(ANNOTATION_PREVIOUS), http_address=f"{ip}:{HTTP_PORT}",
+                gate.address, ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, ""),
+                versions=versions, also=ann.get(ANNOTATION_PREVIOUS), http_address=gate.http_address,
             )
         if verdict.ready_seen and gate.ready_seen_at is None:
             gate.ready_seen_at = time.monotonic()

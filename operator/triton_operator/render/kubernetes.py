@@ -411,9 +411,9 @@ def render_deployment(
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
         # With the gate, the gate admits a replica; the container's own readiness only says that tritonserver is up.
         # It opens its ports only once the models it loads at start are loaded and warm (gRPC first, then HTTP), so
-        # a TCP check on HTTP suffices, and it keeps a restarted container out until then whatever a stale gate says: after a crash,
-        # the kubelet may sync the restarted container with the pod as it was before the operator turned the gate
-        # False (seen in e2e/test_faults.py with no readiness probe). No startupProbe: its success is one more
+        # a TCP check on HTTP suffices, and it keeps a restarted container out until then whatever a stale gate
+        # says: after a crash, the kubelet may sync the restarted container with the pod as it was before the
+        # operator turned the gate False (seen in e2e/test_faults.py with no readiness probe). No startupProbe: its success is one more
         # kubelet pod sync next to READY, and the kubelet runs at most one sync of a pod per PLEG relist (1 s), so
         # Ready came up to a second after the gate; a readiness probe's success sets Ready at once from the
         # conditions of the last sync. Liveness waits out the load (kubelet 1.35, issue 17).

@@ -107,9 +107,10 @@ async def port_open(address: str, timeout: float = 1.0) -> bool:
 async def wait_port_open(address: str, within: float, interval: float = 0.005) -> bool:
     """Whether `address` accepts a TCP connection within `within` seconds, trying every `interval`: for a port
     that opens moments after another (Triton's HTTP after its gRPC)."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not await port_open(address, timeout=max(0.01, deadline - asyncio.get_running_loop().time())):
-        if asyncio.get_running_loop().time() + interval >= deadline:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await port_open(address, timeout=max(0.01, deadline - loop.time())):
+        if loop.time() + interval >= deadline:
             return False
         await asyncio.sleep(interval)
     return True
