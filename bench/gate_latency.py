@@ -52,6 +52,7 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
     }
     timelines: dict[str, list[PodTimeline]] = {a: [] for a in approaches}
     rss: dict[str, list[float]] = {a: [] for a in approaches}
+    probe_rss: list[float] = []
     op_metric: dict[str, float] = {}
     probes: dict[str, Any] = {}
     with pod_cluster(NAMESPACE) as env:
@@ -82,6 +83,8 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
                     pods = wait_for(f"{wave} {name} replicas Ready", ready, 300, 0.2)
                     if i == 0:
                         rss[name] = replica_rss_mb(env.cluster, pods)
+                        if name == "gated":
+                            probe_rss = replica_rss_mb(env.cluster, pods, "probe")
                     timelines[name].extend(pods)
                     lat = [p.ready_at - p.model_ready_at for p in pods]
                     log(f"Wave {i + 1}/{waves} {name}: {wave} replicas Ready in {time.time() - t0:.1f}s; "
@@ -146,6 +149,8 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         Row("pod IP -> model READY, examples/warmup.yaml", cell(sw["load"]), "-"),
         Row("RSS per replica (tritonserver + Python stub)",
             f"{', '.join(f'{x:.0f}' for x in rss['gated'])} MB", f"{', '.join(f'{x:.0f}' for x in rss['plain'])} MB"),
+        Row("RSS of the `probe` container per replica (gated only)",
+            f"{', '.join(f'{x:.1f}' for x in probe_rss)} MB" if probe_rss else "-", "- (none)"),
     ]
     if op_metric.get("count"):
         result.notes.append(
@@ -160,14 +165,14 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
             f"which tritonserver opens after gRPC ({ms(sg['http_open'].get('p50'))} p50 / "
             f"{ms(sg['http_open'].get('p95'))} p95 later here). Pod Ready also needs the container ready. The "
             f"operator's pod template has startupProbe {_probe(probes['startupProbe'])} and readinessProbe "
-            f"{_probe(probes['readinessProbe'])}: a port check, there so that a restarted container stays out until "
-            "tritonserver is up whatever a stale gate says. It passes up to a period after READY: ContainersReady "
+            f"{_probe(probes['readinessProbe'])}, answered by the pod's `probe` container: it holds each probe while "
+            "tritonserver's HTTP port refuses connections and passes it once the port has been open for its head "
+            "start (0.1 s), so that the kubelet has usually synced the gate first. ContainersReady "
             f"came {ms(sg['containers_ready']['p50'])} (p50) / {ms(sg['containers_ready']['p95'])} (p95) after READY "
             f"for add-sub, {ms(sw['containers_ready'].get('p50'))} / {ms(sw['containers_ready'].get('p95'))} for "
             "examples/warmup.yaml. A probe's success sets Ready at once from the conditions of the kubelet's last "
-            "pod sync; if that sync predates the gate, Ready waits for the sync the probe triggers, and each sync "
-            "first waits for a PLEG relist (every 1 s) that began after the previous sync ended (a container's "
-            "start brings syncs for about two seconds; add-sub is READY about a second after its start). So "
+            "pod sync; if that sync predates the gate, Ready waits for the sync the gate's pod update brings, and "
+            "each sync first waits for a PLEG relist (every 1 s) that began after the previous sync ended. So "
             f"add-sub turns Ready {ms(sg['ready']['p50'])} / {ms(sg['ready']['p95'])} after READY, "
             f"examples/warmup.yaml {ms(sw['ready'].get('p50'))} / {ms(sw['ready'].get('p95'))}. Traced in "
             "kubelet 1.35 at --v=4 (issue 17).")

@@ -76,6 +76,8 @@ def plain_children(model: TritonModel, name: str, namespace: str, probe: dict[st
     spec["template"]["metadata"] = {"labels": labels}
     pod = spec["template"]["spec"]
     pod.pop("readinessGates", None)
+    # The usual approach has no gate, so no `probe` container either: tritonserver alone, with the given probe.
+    pod["containers"] = [c for c in pod["containers"] if c["name"] == "tritonserver"]
     for v in pod["volumes"]:
         if v["name"] == "repository":
             v["configMap"]["name"] = f"{name}-repository"
@@ -245,11 +247,11 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def replica_rss_mb(cluster: BenchCluster, pods: list[PodTimeline]) -> list[float]:
+def replica_rss_mb(cluster: BenchCluster, pods: list[PodTimeline], container: str = "tritonserver") -> list[float]:
     out = []
     kube = Kube(cluster.kubeconfig)
     for tl in pods:
         with contextlib.suppress(OSError, ValueError, LookupError):
             pod = next(p for p in kube.items("Pod") if p["metadata"]["uid"] == tl.uid)
-            out.append(round(tree_rss_kb(cluster.container_pid(pod, "tritonserver")) / 1024, 1))
+            out.append(round(tree_rss_kb(cluster.container_pid(pod, container)) / 1024, 1))
     return out

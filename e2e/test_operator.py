@@ -213,12 +213,14 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
     assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert tpl["spec"]["readinessGates"] == [{"conditionType": WARMED}]
     assert tpl["metadata"]["annotations"][ANNOTATION_DIGEST] == digest
-    [triton] = tpl["spec"]["containers"]
-    assert triton["name"] == "tritonserver"
+    triton, probe = tpl["spec"]["containers"]
+    assert triton["name"] == "tritonserver" and probe["name"] == "probe"
     # add-sub's instance groups are all CPU: server.gpus defaults to what they need, none.
     assert "nvidia.com/gpu" not in (triton.get("resources") or {}).get("limits", {}), triton.get("resources")
     assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
-    assert "startupProbe" not in triton and triton["readinessProbe"]["tcpSocket"] == {"port": "http"}
+    # The container's readiness: the `probe` container (the operator's image) answers once tritonserver is up.
+    assert "startupProbe" not in triton and triton["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8090}
+    assert probe["image"] == tpl["spec"]["initContainers"][0]["image"] and probe["args"][0] == "probe"
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert "--load-model=add-sub" in triton["args"] and "--model-control-mode=explicit" in triton["args"]
     assert [c["name"] for c in tpl["spec"]["initContainers"]] == ["fetch"]

@@ -88,7 +88,7 @@ def test_sigterm_drains_in_flight_requests_and_open_connections_within_the_grace
     rendered = render_repository([model])
     pod = next(c for c in render_children(model, rendered, "uid", "ns") if c["kind"] == "Deployment")[
         "spec"]["template"]["spec"]
-    (triton,) = pod["containers"]
+    triton = next(c for c in pod["containers"] if c["name"] == "tritonserver")
     drain_arg = next(a for a in triton["args"] if a.startswith("--exit-timeout-secs"))
     pre_stop = triton["lifecycle"]["preStop"]["sleep"]["seconds"]
     budget = pod["terminationGracePeriodSeconds"] - pre_stop  # SIGTERM -> SIGKILL

@@ -70,7 +70,8 @@ def _gpu_limits(bodies: list[dict[str, Any]]) -> dict[str, str | None]:
     out = {}
     for m in models:
         [dep] = [c for c in render_children(m, rendered, UID, "ns") if c["kind"] == "Deployment"]
-        [triton] = dep["spec"]["template"]["spec"]["containers"]
+        triton = dep["spec"]["template"]["spec"]["containers"][0]
+        assert triton["name"] == "tritonserver"
         out[m.name] = ((triton.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
     return out
 

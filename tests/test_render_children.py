@@ -67,12 +67,22 @@ def test_deployment_shape() -> None:
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pod = spec["template"]["spec"]
     assert pod["readinessGates"] == [{"conditionType": WARMED_CONDITION}]
-    (triton,) = pod["containers"]
+    triton, probe = pod["containers"]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert {p["containerPort"] for p in triton["ports"]} == {8000, 8001, 8002}
     # The gate admits the replica; the container's readiness (tritonserver's port open: it opens it only once its
-    # models are loaded) keeps a restarted one out. No startup probe: its success is a kubelet sync next to READY.
-    assert triton["readinessProbe"] == {"tcpSocket": {"port": "http"}, "periodSeconds": 1, "failureThreshold": 2}
+    # models are loaded) keeps a restarted one out. The `probe` container answers it, holding each probe until
+    # tritonserver's HTTP port opens. No startup probe: its success is a kubelet sync next to READY.
+    assert triton["readinessProbe"] == {"httpGet": {"path": "/ready", "port": 8090}, "periodSeconds": 1,
+                                        "timeoutSeconds": 10, "failureThreshold": 1}
+    assert probe["name"] == "probe"
+    assert spec["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "tritonserver"
+    assert probe["args"] == ["probe", "--listen", ":8090", "--target", "127.0.0.1:8000", "--hold", "8",
+                             "--head-start", "0.1"]
+    assert probe["image"] == pod["initContainers"][0]["image"]  # the operator's image, as the fetch step's
+    assert probe["ports"] == [{"name": "probe", "containerPort": 8090, "protocol": "TCP"}]
+    assert "nvidia.com/gpu" not in probe["resources"].get("limits", {})
+    assert probe["securityContext"]["readOnlyRootFilesystem"] is True
     assert "startupProbe" not in triton
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert triton["livenessProbe"]["initialDelaySeconds"] == 600
@@ -98,7 +108,7 @@ def test_grace_period_makes_room_for_the_users_own_exit_timeout() -> None:
     """server.args come after the operator's: Triton takes the user's --exit-timeout-secs, so SIGKILL must wait for it."""
     for args in (["--exit-timeout-secs=120"], ["--exit-timeout-secs", "120"]):
         pod = _children(_model(server={"args": args}))["Deployment"]["spec"]["template"]["spec"]
-        (triton,) = pod["containers"]
+        triton = pod["containers"][0]
         assert triton["args"][-len(args):] == args
         assert pod["terminationGracePeriodSeconds"] == 5 + 120 + 5
     pod = _children(_model(server={"args": ["--log-verbose=1"]}))["Deployment"]["spec"]["template"]["spec"]

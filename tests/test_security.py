@@ -172,7 +172,8 @@ def test_rendered_pods_pass_pod_security_restricted(source: dict) -> None:
     assert not restricted_violations(pod), restricted_violations(pod)
     # tritonserver runs as the same unprivileged user as fetch, on a read-only root filesystem: the Python
     # backend's /tmp/python_env_* (and HOME) go to an emptyDir.
-    (triton,) = pod["containers"]
+    triton, probe = pod["containers"]
+    assert probe["securityContext"]["readOnlyRootFilesystem"] is True and probe["name"] == "probe"
     assert pod["securityContext"]["runAsUser"] == 65532 and pod["securityContext"]["runAsNonRoot"] is True
     assert triton["securityContext"]["readOnlyRootFilesystem"] is True
     tmp = next(m["name"] for m in triton["volumeMounts"] if m["mountPath"] == "/tmp")

@@ -1,4 +1,4 @@
-"""The `triton-operator` command: render, validate, import, crd, and (from the controller) run and fetch."""
+"""The `triton-operator` command: render, validate, import, crd, and (from the controller) run, fetch and probe."""
 
 from __future__ import annotations
 
@@ -294,6 +294,22 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from ..probe import address, serve
+
+    try:
+        listen = address(args.listen, "0.0.0.0")  # noqa: S104 (the kubelet probes the pod's IP)
+        target = address(args.target, "127.0.0.1")
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    if args.hold <= 0 or args.head_start < 0 or args.head_start >= args.hold:
+        raise CliError("--hold must be over 0 and over --head-start, which must be 0 or more")
+    try:
+        return serve(listen, target, args.hold, args.head_start)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
+
+
 def cmd_docs(args: argparse.Namespace) -> int:
     from ..api.reference import BEGIN, END, reference_markdown
 
@@ -360,6 +376,17 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--object-version", action="append", metavar="MODEL=VERSION",
                    help="fetch this version of a model's s3:// (VersionId) or gs:// (generation) object")
     f.set_defaults(func=cmd_fetch)
+
+    pr = sub.add_parser("probe", help="(replica container) answer the kubelet's readiness probe as soon as tritonserver is up")
+    pr.add_argument("--listen", default=":8090", metavar="[HOST:]PORT", help="where to answer (default :8090)")
+    pr.add_argument("--target", default="127.0.0.1:8000", metavar="[HOST:]PORT",
+                    help="tritonserver's HTTP port (default 127.0.0.1:8000)")
+    pr.add_argument("--hold", type=float, default=8.0,
+                    help="seconds to hold a probe while tritonserver is not up (under the probe's timeoutSeconds)")
+    pr.add_argument("--head-start", type=float, default=0.1,
+                    help="seconds the port must have been open before the probe passes, so that the kubelet syncs "
+                    "the operator's gate first")
+    pr.set_defaults(func=cmd_probe)
 
     from .run import add_commands  # `run` imports the controller (kopf, kubernetes) only when it runs
 

@@ -60,6 +60,9 @@ CONTAINER_SECURITY = {
 }
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+# The `probe` container's readiness endpoint (gated replicas): it long-polls tritonserver's HTTP port for the kubelet.
+PROBE_PORT = 8090
+PROBE_CONTAINER = "probe"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,11 @@ class Options:
     pre_stop_sleep_seconds: int = 5
     exit_timeout_seconds: int = 20
     termination_margin_seconds: int = 5
+    # Gated replicas: the `probe` container holds the kubelet's readiness probe while tritonserver is not up (the
+    # probe's timeout is 2 s more), and passes it this long after tritonserver's HTTP port opened, so that the
+    # kubelet syncs the operator's gate before the probe's success (see triton_operator.probe).
+    probe_hold_seconds: int = 8
+    probe_head_start_seconds: float = 0.1
 
 
 class RepositoryTooLarge(ValueError):
@@ -410,14 +418,33 @@ def render_deployment(
     if spec.warmup_gate.enabled:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
         # With the gate, the gate admits a replica; the container's own readiness only says that tritonserver is up.
-        # It opens its ports only once the models it loads at start are loaded and warm (gRPC first, then HTTP), so
-        # a TCP check on HTTP suffices, and it keeps a restarted container out until then whatever a stale gate
-        # says: after a crash, the kubelet may sync the restarted container with the pod as it was before the
-        # operator turned the gate False (seen in e2e/test_faults.py with no readiness probe). No startupProbe: its success is one more
-        # kubelet pod sync next to READY, and the kubelet runs at most one sync of a pod per PLEG relist (1 s), so
-        # Ready came up to a second after the gate; a readiness probe's success sets Ready at once from the
-        # conditions of the last sync. Liveness waits out the load (kubelet 1.35, issue 17).
-        triton["readinessProbe"] = {"tcpSocket": {"port": "http"}, "periodSeconds": 1, "failureThreshold": 2}
+        # It opens its ports only once the models it loads at start are loaded and warm (gRPC first, then HTTP), and
+        # the readiness probe keeps a restarted container out until then whatever a stale gate says: after a crash,
+        # the kubelet may sync the restarted container with the pod as it was before the operator turned the gate
+        # False (seen in e2e/test_faults.py with no readiness probe).
+        # A TCP probe would pass only on the kubelet's next tick (period 1 s, the shortest), up to a second after
+        # READY. The `probe` container answers instead: it holds each probe while tritonserver's HTTP port refuses
+        # connections and passes it just after the port opens, leaving the gate's pod sync a head start (the
+        # kubelet runs at most one sync of a pod per PLEG relist, 1 s, and a probe's success is one; see
+        # triton_operator.probe). It answers at once when the port closes after a success, so one failure is news.
+        # No startupProbe: its success is one more pod sync next to READY. Liveness waits out the load (kubelet
+        # 1.35, issue 17).
+        triton["readinessProbe"] = {
+            "httpGet": {"path": "/ready", "port": PROBE_PORT},
+            "periodSeconds": 1,
+            "timeoutSeconds": options.probe_hold_seconds + 2,
+            "failureThreshold": 1,
+        }
+        pod_spec["containers"].append({
+            "name": PROBE_CONTAINER,
+            "image": options.operator_image,
+            "args": ["probe", "--listen", f":{PROBE_PORT}", "--target", f"127.0.0.1:{HTTP_PORT}",
+                     "--hold", str(options.probe_hold_seconds), "--head-start", f"{options.probe_head_start_seconds:g}"],
+            "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+            "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        })
         triton["livenessProbe"]["initialDelaySeconds"] = server.startup_timeout_seconds
     else:
         # Without the gate, Triton's own readiness is what admits a replica to the Service, and the startup probe
@@ -445,6 +472,9 @@ def render_deployment(
     }
     if steps:
         annotations[ANNOTATION_STEPS] = ",".join(steps)
+    if len(pod_spec["containers"]) > 1:
+        # `kubectl logs` and `kubectl exec` without -c pick tritonserver, not the `probe` beside it.
+        annotations["kubectl.kubernetes.io/default-container"] = triton["name"]
     versions = versions_annotation([rendered[n].model for n in step_closure(model.name, rendered)])
     if versions:
         annotations[ANNOTATION_VERSIONS] = versions

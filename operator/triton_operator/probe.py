@@ -1,0 +1,155 @@
+"""`triton-operator probe`: the readiness endpoint of a gated Triton replica, a small container beside tritonserver.
+
+With the warm-up gate, the container's readiness only has to say "tritonserver is up": it opens its ports only once
+the models it loads at start are loaded and warm (gRPC first, then HTTP), and the gate says what it serves. A TCP
+probe says that, but only on the kubelet's ticks (period 1 s, the shortest there is), so a replica waited up to a
+second after READY for its container to turn ready.
+
+This server answers the kubelet's HTTP probe by long-polling instead. While tritonserver's HTTP port refuses
+connections, it holds the probe request (up to `hold` seconds, under the probe's timeout) and connects every
+`interval`; the answer comes as soon as the port accepts one. The kubelet starts its next probe at once after a
+long one (its ticker has fired meanwhile), so a probe is nearly always waiting.
+
+The head start. A readiness probe's success sets the pod's Ready at once from the gate as the kubelet last synced
+it, and is itself a pod sync; the kubelet runs at most one sync of a pod per PLEG relist (1 s). So if the probe
+passed before the kubelet had synced the operator's gate, Ready waited up to a second for the next relist. The
+operator sets the gate once both ports are open and Triton answers READY, a few tens of milliseconds after HTTP
+opens; the probe's success waits `head_start` after it first saw the port open, so the gate's sync usually comes
+first and Ready follows the probe at once.
+
+A port that closes after a success is answered at once (503): that is tritonserver exiting. On SIGTERM the server
+keeps answering until tritonserver's port refuses (its drain is over) and then exits, so that the pod's termination
+does not wait for it.
+
+Standard library only: it runs in every replica, and starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import http.server
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether something listens on the port. A connect that times out counts as open: a closed local port refuses
+    at once, and a listener whose accept queue is full (tritonserver overloaded) drops the SYN instead."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class Readiness:
+    """When tritonserver's port is open, and what the last answer was: shared by the request threads."""
+
+    check: Callable[[], bool]
+    hold: float = 8.0
+    head_start: float = 0.1
+    interval: float = 0.005
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    open_since: float | None = None
+    last_ready: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _observe(self) -> bool:
+        is_open = self.check()
+        with self._lock:
+            if not is_open:
+                self.open_since = None
+            elif self.open_since is None:
+                self.open_since = self.clock()
+        return is_open
+
+    def answer(self) -> tuple[bool, str]:
+        """Wait, within `hold`, until tritonserver's port has been open for `head_start`; say ready or why not."""
+        deadline = self.clock() + self.hold
+        while True:
+            is_open = self._observe()
+            now = self.clock()
+            with self._lock:
+                if not is_open and self.last_ready:
+                    # It was ready: a closed port is news the kubelet should have now, not after a hold.
+                    self.last_ready = False
+                    return False, "tritonserver's HTTP port refuses connections"
+                if is_open and self.open_since is not None and now >= self.open_since + self.head_start:
+                    self.last_ready = True
+                    return True, "tritonserver is up"
+            if now >= deadline:
+                with self._lock:
+                    self.last_ready = False
+                return False, "tritonserver's HTTP port refuses connections"
+            wait = self.interval
+            if is_open and self.open_since is not None:
+                wait = self.open_since + self.head_start - now
+            self.sleep(max(0.001, min(wait, deadline - now)))
+
+
+def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float,
+          stop_poll: float = 0.1) -> int:
+    readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] not in ("/", "/ready"):
+                self._reply(404, "not found")
+                return
+            ready, why = readiness.answer()
+            self._reply(200 if ready else 503, why)
+
+        def _reply(self, code: int, text: str) -> None:
+            body = (text + "\n").encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # one probe a second: no access log
+
+    server = http.server.ThreadingHTTPServer(listen, Handler)
+    server.daemon_threads = True
+    stopping = threading.Event()
+
+    def on_term(signum: int, frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread.start()
+    print(f"probe: answering readiness on {listen[0]}:{listen[1]} for tritonserver's HTTP port {target[0]}:{target[1]}"
+          f" (hold {hold:g} s, head start {head_start:g} s)", file=sys.stderr, flush=True)
+    stopping.wait()
+    # tritonserver drains after the preStop sleep: keep answering until its port refuses, then go.
+    print("probe: SIGTERM; waiting for tritonserver's HTTP port to close", file=sys.stderr, flush=True)
+    while port_open(*target, timeout=stop_poll):
+        time.sleep(stop_poll)
+    server.shutdown()
+    print("probe: tritonserver's HTTP port is closed; exiting", file=sys.stderr, flush=True)
+    return 0
+
+
+def address(text: str, default_host: str) -> tuple[str, int]:
+    """`HOST:PORT` or `:PORT` or `PORT`."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return (host or default_host), int(port)

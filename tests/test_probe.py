@@ -1,0 +1,186 @@
+"""`triton-operator probe`, the readiness endpoint beside tritonserver, run as its own process (as in a pod) against a
+port this test opens and closes in tritonserver's place."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from triton_operator.probe import Readiness, address
+
+HEAD_START = 0.2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Target:
+    """tritonserver's HTTP port, as a listening socket the test opens and closes."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.sock: socket.socket | None = None
+        self.opened_at = 0.0
+
+    def open(self) -> None:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self.opened_at = time.monotonic()
+        self.sock = s
+
+    def close(self) -> None:
+        assert self.sock is not None
+        self.sock.close()
+        self.sock = None
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    t = Target()
+    yield t
+    if t.sock is not None:
+        t.close()
+
+
+@pytest.fixture
+def probe(target: Target) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
+         "--target", f"127.0.0.1:{target.port}", "--hold", "2", "--head-start", str(HEAD_START)],
+        stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"the probe server did not listen on {port}: {proc.communicate()[1]}")
+            time.sleep(0.02)
+    yield proc, port
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    if proc.stderr and not proc.stderr.closed:
+        proc.stderr.close()
+
+
+def get(port: int, path: str = "/ready") -> tuple[int, str, float]:
+    """One kubelet-like probe: the status, the body and when the answer came (monotonic)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"User-Agent": "kube-probe/1.35"})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(), time.monotonic()
+    finally:
+        conn.close()
+
+
+def test_a_probe_is_held_until_tritonserver_is_up_then_passes_after_the_head_start(probe, target):
+    _, port = probe
+    # Nothing listens: the probe is held for --hold, then fails.
+    started = time.monotonic()
+    status, body, answered = get(port)
+    assert (status, body.strip()) == (503, "tritonserver's HTTP port refuses connections")
+    assert answered - started >= 2.0, "a probe while tritonserver is down must be held for --hold"
+
+    # The port opens while a probe is held: that probe passes, once the port has been open for the head start.
+    threading.Timer(0.5, target.open).start()
+    status, body, answered = get(port)
+    assert (status, body.strip()) == (200, "tritonserver is up")
+    assert target.opened_at > 0
+    assert answered >= target.opened_at + HEAD_START, "the probe passed before the gate's head start"
+
+    # Up: every probe passes at once.
+    for _ in range(3):
+        assert get(port)[0] == 200
+
+
+def test_a_closed_port_after_a_success_fails_at_once_then_probes_are_held_again(probe, target):
+    _, port = probe
+    target.open()
+    assert get(port)[0] == 200
+    target.close()
+    asked = time.monotonic()
+    status, body, answered = get(port)
+    assert (status, body.strip()) == (503, "tritonserver's HTTP port refuses connections")
+    assert answered - asked < 1.0, "a port that closed after a success must fail the next probe at once"
+    # tritonserver restarting: held again, and passes when it is back.
+    threading.Timer(0.3, target.open).start()
+    assert get(port)[0] == 200
+
+
+def test_other_paths_are_not_found(probe):
+    _, port = probe
+    assert get(port, "/metrics")[0] == 404
+
+
+def test_on_sigterm_it_answers_until_tritonserver_has_gone_then_exits(probe, target):
+    proc, port = probe
+    target.open()
+    assert get(port)[0] == 200
+    proc.send_signal(signal.SIGTERM)
+    # tritonserver is still in its preStop sleep or draining: the probe stays up and keeps passing.
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.5)
+    assert get(port)[0] == 200
+    target.close()
+    assert proc.wait(timeout=5) == 0
+    assert "tritonserver's HTTP port is closed; exiting" in proc.communicate()[1]
+
+
+def test_sigterm_with_tritonserver_down_exits_at_once(probe):
+    proc, _ = probe
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=5) == 0
+
+
+def test_readiness_counts_the_head_start_from_when_the_port_was_first_seen_open():
+    now = [0.0]
+    state = {"open": False}
+    r = Readiness(check=lambda: state["open"], hold=5.0, head_start=0.1, interval=0.005,
+                  clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    state["open"] = True
+    assert r.answer() == (True, "tritonserver is up")
+    assert now[0] == pytest.approx(0.1)
+    # Seen open long ago: at once.
+    now[0] = 10.0
+    assert r.answer() == (True, "tritonserver is up")
+    assert now[0] == 10.0
+
+
+@pytest.mark.parametrize(("text", "expected"), [(":8090", ("127.0.0.2", 8090)), ("8090", ("127.0.0.2", 8090)),
+                                                ("127.0.0.1:8000", ("127.0.0.1", 8000))])
+def test_address(text, expected):
+    assert address(text, "127.0.0.2") == expected
+
+
+@pytest.mark.parametrize("text", ["", ":", "host:", ":0", ":70000", "x:y"])
+def test_address_rejects(text):
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        address(text, "127.0.0.2")
+
+
+def test_cli_rejects_a_head_start_over_the_hold(capsys):
+    from triton_operator.cli.main import main
+
+    assert main(["probe", "--hold", "1", "--head-start", "2"]) == 1
+    assert "--hold must be over 0 and over --head-start" in capsys.readouterr().err
