@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -122,8 +123,15 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
         def log_message(self, format: str, *args: object) -> None:
             pass  # one probe a second: no access log
 
-    server = http.server.ThreadingHTTPServer(listen, Handler)
-    server.daemon_threads = True
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
+            # A kubelet that gave up on a held probe (its timeout, the pod's deletion) has closed the connection.
+            if not isinstance(sys.exc_info()[1], ConnectionError):
+                super().handle_error(request, client_address)
+
+    server = Server(listen, Handler)
     stopping = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
