@@ -545,8 +545,11 @@ def test_killed_tritonserver_drops_gate_and_endpoint_until_warm_again(
     record("crash: kill -> TritonModel Ready=False", f"{seen['model']:.2f}s")
     # How fast is a figure (the kubelet notices a dead container on its next relist, about a second), recorded
     # above, not a limit asserted on a loaded machine; what must hold is the order: out of the Service and gated
-    # off (TritonNotRunning) while the container is down, in again only once warm (below).
-    assert reason == "TritonNotRunning", reason
+    # off while the container is down, in again only once warm (below). Who turns the gate False first depends on
+    # who notices first: the `probe` container fails the readiness probe at once on the closed port, and the
+    # operator, checking on that pod event, finds Triton unreachable (TritonUnreachable); or the kubelet's relist
+    # reports the container not running (TritonNotRunning).
+    assert reason in ("TritonNotRunning", "TritonUnreachable"), reason
 
     # The kubelet may sync the restarted container with the pod from before the gate turned False above; the
     # container's readiness probe (tritonserver's port open) must keep it out of the Service while Triton loads

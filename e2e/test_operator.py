@@ -219,7 +219,8 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
     assert "nvidia.com/gpu" not in (triton.get("resources") or {}).get("limits", {}), triton.get("resources")
     assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
     # The container's readiness: the `probe` container (the operator's image) answers once tritonserver is up.
-    assert "startupProbe" not in triton and triton["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8090}
+    assert "startupProbe" not in triton and triton["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8090,
+                                                                               "scheme": "HTTP"}
     assert probe["image"] == tpl["spec"]["initContainers"][0]["image"] and probe["args"][0] == "probe"
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert "--load-model=add-sub" in triton["args"] and "--model-control-mode=explicit" in triton["args"]
