@@ -15,6 +15,7 @@ Service's EndpointSlice, against tritonserver's own load + warm-up (its process 
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ from .pods import PodTimeline, PodWatch, plain_children, pod_cluster, replica_rs
 
 NAMESPACE = "bench-gate"
 WAVES, WAVE = 4, 5
-APPLIES = 4  # per model, for kubectl apply -> first replica ready in the EndpointSlice
+APPLIES = 6  # per model, for kubectl apply -> first replica ready in the EndpointSlice
 HELM_PROBE = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 10}
 
 
@@ -79,11 +80,15 @@ def measure_applies(env: Any, watch: PodWatch, doc: dict[str, Any]) -> dict[str,
     (its process start -> READY) and the steps between. Images are on the node already."""
     kube, ns = env.kube, env.namespace
     out: dict[str, list[dict[str, float]]] = {"add-sub": [], "warmup": [], "plain": []}
+    rng = random.Random(17)
     with SliceWatch(kube, ns) as slices:
         for i in range(APPLIES):
             for variant, src in (("add-sub", doc), ("warmup", example("warmup")), ("plain", doc)):
                 name = f"apply-{variant}-{i}"
                 watch.model_of[name] = name
+                # The previous model's pods went away on a kubelet sync, which follows a PLEG relist (every 1 s):
+                # without this the apply would come at the same phase of the relist every time.
+                time.sleep(rng.uniform(0.0, 1.0))
                 applied = time.time()
                 if variant == "plain":
                     objs = plain_children(checked(tritonmodel(src, name, ns)), name, ns, HELM_PROBE)
@@ -247,8 +252,9 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
             "ModelReady on podIP:8001 every 15 ms (after a TCP connect succeeds) and watches the pods; latency = "
             "the watch event showing Ready=True minus the first READY answer. Then, APPLIES times each, a new "
             "TritonModel with one replica (add-sub, examples/warmup.yaml) and add-sub the usual way are created "
-            "and deleted: apply -> the first ready endpoint in the Service's EndpointSlices (a watch), against "
-            "tritonserver's own load + warm-up (its process start, from /proc with 10 ms resolution, -> READY)."
+            "and deleted, each at a random phase of the kubelet's 1 s relist: apply -> the first ready endpoint "
+            "in the Service's EndpointSlices (a watch), against tritonserver's own load + warm-up (its process "
+            "start, from /proc with 10 ms resolution, -> READY)."
             .replace("APPLIES", str(APPLIES))
         ),
     )
