@@ -20,6 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from e2e.kube import Kube, wait_for
+from e2e.node import LogFollower
 from e2e.operator_fixtures import (
     ANNOTATION_DIGEST,
     EXAMPLES,
@@ -37,7 +38,7 @@ from e2e.operator_fixtures import (
     wait_model,
     wait_writes_settle,
 )
-from e2e.testing import argocd_health, container_status, endpoints, is_ready, kstatus, ready_endpoints
+from e2e.testing import argocd_health, container_status, endpoints, is_ready, kstatus, ready_endpoints, wait_gone
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR, POD, REPLICA_SET, WATCHED
 from triton_operator.api.timestamps import parse_rfc3339
 
@@ -417,6 +418,41 @@ class RolloutWatcher(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(10)
+
+
+def test_a_deleted_replica_serves_through_its_prestop_sleep_and_its_probe_exits_with_tritonserver(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes) -> None:
+    """The `probe` container answers the replica's readiness. On SIGTERM (at once: it has no preStop hook) it keeps
+    answering while tritonserver serves through its preStop sleep, so the terminating endpoint stays `serving` (what
+    kube-proxy falls back to when no ready endpoint is left); it exits on its own once tritonserver's port has
+    closed, so the pod's deletion never waits out the grace period for it."""
+    apply(kubeconfig, namespace, add_sub())
+    wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 120)
+    pod = one_ready_pod(kube, namespace, "add-sub")
+    name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
+    wait_for("the replica's endpoint ready", lambda: endpoint_ready(kube, namespace, "add-sub", ip), 30)
+    node = nodes.of(pod)
+    probe_log = LogFollower(node, pod, "probe")
+    started = "probe: answering readiness on 0.0.0.0:8090 for tritonserver's HTTP port 127.0.0.1:8000"
+    wait_for("the probe container's start line", lambda: started in probe_log.text(), 10)
+
+    deleted = time.monotonic()
+    kube.delete("Pod", name, namespace)
+    [ep] = wait_for("the deleted replica's endpoint terminating", lambda: [
+        ep for ep in endpoints(kube, namespace, "add-sub")
+        if ip in ep["addresses"] and ep["conditions"].get("terminating")], 30)
+    assert ep["conditions"].get("ready") is False and ep["conditions"].get("serving") is True, ep
+    # Still in its preStop sleep: tritonserver answers, although the replica has left the ready endpoints.
+    np.testing.assert_allclose(infer_add_sub(ip), [[11, 22, 33, 44]])
+
+    wait_gone(kube, "Pod", namespace, name, 60)
+    gone = time.monotonic() - deleted
+    record("delete: pod deleted -> gone (preStop sleep 5 s, then tritonserver's drain)", f"{gone:.1f}s")
+    lines = probe_log.stop().splitlines()
+    assert lines[-2:] == ["probe: SIGTERM; waiting for tritonserver's HTTP port to close",
+                          "probe: tritonserver's HTTP port is closed; exiting"], lines
+    grace = pod["spec"]["terminationGracePeriodSeconds"]
+    assert gone < grace, f"the pod took {gone:.1f}s to go, its whole grace period ({grace}s): something was killed"
 
 
 def test_scale_then_config_change_rolls_out_with_a_warm_replica_always_serving(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_operator.probe import Readiness, address
+from triton_operator.triton.probe import Readiness, address
 
 HEAD_START = 0.2
 

@@ -295,7 +295,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from ..probe import address, serve
+    from ..triton.probe import address, serve
 
     try:
         listen = address(args.listen, "0.0.0.0")  # noqa: S104 (the kubelet probes the pod's IP)

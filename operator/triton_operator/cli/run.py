@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import signal
@@ -17,6 +16,9 @@ if TYPE_CHECKING:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # Here, not at the top: every command builds the parser, and `fetch` and `probe` start in every replica.
+    import asyncio
+
     from prometheus_client import start_http_server
 
     from ..controller.operator import run_operator

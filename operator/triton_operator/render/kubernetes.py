@@ -83,7 +83,7 @@ class Options:
     termination_margin_seconds: int = 5
     # Gated replicas: the `probe` container holds the kubelet's readiness probe while tritonserver is not up (the
     # probe's timeout is 2 s more), and passes it this long after tritonserver's HTTP port opened, so that the
-    # kubelet syncs the operator's gate before the probe's success (see triton_operator.probe).
+    # kubelet syncs the operator's gate before the probe's success (see triton_operator.triton.probe).
     probe_hold_seconds: int = 8
     probe_head_start_seconds: float = 0.1
 
@@ -426,7 +426,7 @@ def render_deployment(
         # READY. The `probe` container answers instead: it holds each probe while tritonserver's HTTP port refuses
         # connections and passes it just after the port opens, leaving the gate's pod sync a head start (the
         # kubelet runs at most one sync of a pod per PLEG relist, 1 s, and a probe's success is one; see
-        # triton_operator.probe). It answers at once when the port closes after a success, so one failure is news.
+        # triton_operator.triton.probe). It answers at once when the port closes after a success, so one failure is news.
         # No startupProbe: its success is one more pod sync next to READY. Liveness waits out the load (kubelet
         # 1.35, issue 17).
         triton["readinessProbe"] = {
