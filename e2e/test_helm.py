@@ -215,10 +215,12 @@ def test_namespaced_install_reconciles_add_sub_under_the_chart_service_account(
         log = nodes.container_log(pod, "operator")
         refused = [ln for ln in log.splitlines() if "Forbidden" in ln and not OPTIONAL_FORBIDDEN.search(ln)]
         assert not refused, "\n".join(refused[:10])
-        # TRITON_OPERATOR_IMAGE: the fetch init container runs the chart's image.
+        # TRITON_OPERATOR_IMAGE: the replica's own containers from the operator's image (the `probe` beside
+        # tritonserver; `fetch` too, for a model with a uri source) run the chart's image.
         deploy = kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
-        (fetch,) = deploy["spec"]["template"]["spec"]["initContainers"]
-        assert fetch["image"] == CHART_IMAGE
+        ours = [c for c in (deploy["spec"]["template"]["spec"].get("initContainers") or [])
+                + deploy["spec"]["template"]["spec"]["containers"] if c["name"] != "tritonserver"]
+        assert [c["name"] for c in ours] == ["probe"] and ours[0]["image"] == CHART_IMAGE, ours
 
         _assert_least_privilege_namespaced(kubeconfig, release, watched=namespace, tmp_path=tmp_path)
         _assert_the_charts_webhook_refuses_a_cross_object_defect(kubeconfig, kube, release, namespace)

@@ -41,6 +41,7 @@ from e2e.operator_fixtures import (
 from e2e.testing import argocd_health, container_status, endpoints, is_ready, kstatus, ready_endpoints, wait_gone
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR, POD, REPLICA_SET, WATCHED
 from triton_operator.api.timestamps import parse_rfc3339
+from triton_operator.render.kubernetes import Options
 
 pytestmark = pytest.mark.cluster
 
@@ -222,10 +223,12 @@ def test_apply_renders_children_and_reconciling_again_writes_nothing(
     # The container's readiness: the `probe` container (the operator's image) answers once tritonserver is up.
     assert "startupProbe" not in triton and triton["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8090,
                                                                                "scheme": "HTTP"}
-    assert probe["image"] == tpl["spec"]["initContainers"][0]["image"] and probe["args"][0] == "probe"
+    assert probe["image"] == Options().operator_image and probe["args"][0] == "probe"
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert "--load-model=add-sub" in triton["args"] and "--model-control-mode=explicit" in triton["args"]
-    assert [c["name"] for c in tpl["spec"]["initContainers"]] == ["fetch"]
+    # Every file of add-sub is in its ConfigMap: tritonserver mounts it, with no fetch step before it.
+    assert "initContainers" not in tpl["spec"], tpl["spec"].get("initContainers")
+    assert {"name": "repository", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
 
     svc = kube.get("Service", "add-sub", namespace)
     assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}

@@ -14,6 +14,7 @@ from triton_operator.files import load_paths
 from triton_operator.render.kubernetes import (
     ANNOTATION_DIGEST,
     CONFIGMAP_LIMIT,
+    Options,
     RepositoryTooLarge,
     render_children,
 )
@@ -79,7 +80,7 @@ def test_deployment_shape() -> None:
     assert spec["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "tritonserver"
     assert probe["args"] == ["probe", "--listen", ":8090", "--target", "127.0.0.1:8000", "--hold", "8",
                              "--head-start", "0.1"]
-    assert probe["image"] == pod["initContainers"][0]["image"]  # the operator's image, as the fetch step's
+    assert probe["image"] == Options().operator_image  # the operator's image, as the fetch step's
     assert probe["ports"] == [{"name": "probe", "containerPort": 8090, "protocol": "TCP"}]
     assert "nvidia.com/gpu" not in probe["resources"].get("limits", {})
     assert probe["securityContext"]["readOnlyRootFilesystem"] is True
@@ -96,12 +97,26 @@ def test_deployment_shape() -> None:
     assert f"--cache-config=local,size={32 * 2**20}" in args
     assert args[-1] == "--log-verbose=1"
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
-    (fetch,) = pod["initContainers"]
-    assert fetch["args"][:1] == ["fetch"]
-    assert fetch["securityContext"]["runAsNonRoot"] is True
+    # Every file is in the ConfigMap: tritonserver reads its volume, with no fetch step before it.
+    assert "initContainers" not in pod
+    assert {"name": "repository", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
+    assert [v["name"] for v in pod["volumes"]] == ["repository", "tmp"]
     assert spec["template"]["metadata"]["annotations"]["serving.triton-operator.dev/poll-interval-ms"] == "200"
     digest = spec["template"]["metadata"]["annotations"][ANNOTATION_DIGEST]
     assert digest == render_repository([m])["m"].digest
+
+
+def test_the_fetch_step_assembles_the_repository_when_some_of_it_is_not_in_the_configmap() -> None:
+    """A uri source: `fetch` copies the ConfigMap and the rest into an emptyDir, which tritonserver mounts instead of
+    the ConfigMap (an ensemble with such a step: tests/test_sources.py)."""
+    for source in ({"uri": "https://example.com/m.tar.gz", "sha256": "a" * 64}, {"uri": "pvc://claim/m"}):
+        pod = _children(_model(source=source))["Deployment"]["spec"]["template"]["spec"]
+        (fetch,) = pod["initContainers"]
+        assert fetch["args"][:5] == ["fetch", "--from", "/config", "--to", "/models"]
+        assert fetch["image"] == Options().operator_image
+        assert {"name": "models", "mountPath": "/models"} in fetch["volumeMounts"]
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+        assert {"name": "models", "emptyDir": {}} in pod["volumes"]
 
 
 def test_grace_period_makes_room_for_the_users_own_exit_timeout() -> None:

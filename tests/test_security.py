@@ -81,7 +81,7 @@ def test_rendered_containers_are_argument_arrays_without_a_shell() -> None:
 
 
 def test_the_fetch_init_step_runs_as_non_root_without_privileges() -> None:
-    m = _model()
+    m = _model(source={"uri": "https://example.com/m.tar.gz", "sha256": "a" * 64})
     dep = next(c for c in render_children(m, render_repository([m]), "uid", "ns") if c["kind"] == "Deployment")
     (fetch,) = dep["spec"]["template"]["spec"]["initContainers"]
     sc = fetch["securityContext"]

@@ -60,8 +60,12 @@ def variant(path: Path | str, edit: Callable[[dict[str, Any]], None]) -> list[Tr
 
 
 def fetch_uris(deployment: dict[str, Any]) -> list[str]:
-    """The `--uri` values (`MODEL[/VERSION]=URI`) a rendered Deployment gives its fetch init container, in order."""
-    [init] = deployment["spec"]["template"]["spec"]["initContainers"]
+    """The `--uri` values (`MODEL[/VERSION]=URI`) a rendered Deployment gives its fetch init container, in order
+    (none without one: every file is in the ConfigMap)."""
+    inits = deployment["spec"]["template"]["spec"].get("initContainers") or []
+    if not inits:
+        return []
+    [init] = inits
     return [init["args"][i + 1] for i, a in enumerate(init["args"]) if a == "--uri"]
 
 

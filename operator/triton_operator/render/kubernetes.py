@@ -340,6 +340,12 @@ def render_deployment(
     gpus = replica_gpus(model, rendered)
     files = repository_for(model.name, rendered)
     items = [{"key": configmap_key(p), "path": p} for p in files]
+    # The `fetch` init step assembles the repository when some of it is not in the ConfigMap: a uri source (a
+    # custom batching library in the repository is one too: inline files are text). Otherwise tritonserver reads the
+    # ConfigMap volume itself, with no init container, so the kubelet starts tritonserver in the pod's first sync
+    # instead of after the relist (every 1 s) that notices fetch's exit (issue 17). Triton follows the volume's
+    # symbolic links, and its `..data` entries are no model it is told to load (explicit mode, --load-model).
+    fetch_step = bool(uri_args)
 
     resources: dict[str, Any] = {}
     if server.resources is not None:
@@ -369,7 +375,8 @@ def render_deployment(
         # HOME too: NVIDIA's image has no home for this user, and libraries cache there (torch, numba).
         "env": [{"name": "HOME", "value": TMP_DIR}],
         "volumeMounts": [
-            {"name": "models", "mountPath": REPO_DIR, "readOnly": True},
+            # The repository: the `fetch` step's copy, or the ConfigMap itself when there is nothing to fetch.
+            {"name": "models" if fetch_step else "repository", "mountPath": REPO_DIR, "readOnly": True},
             # The root filesystem is read-only: the Python backend makes /tmp/python_env_* at start.
             {"name": "tmp", "mountPath": TMP_DIR},
         ],
@@ -398,11 +405,11 @@ def render_deployment(
     if uri_env:
         fetch["env"] = uri_env
     pod_spec: dict[str, Any] = {
-        "initContainers": [fetch],
+        **({"initContainers": [fetch]} if fetch_step else {}),
         "containers": [triton],
         "volumes": [
             {"name": "repository", "configMap": {"name": repository_name(model, rendered), "items": items}},
-            {"name": "models", "emptyDir": {}},
+            *([{"name": "models", "emptyDir": {}}] if fetch_step else []),
             {"name": "tmp", "emptyDir": {}},
             *uri_volumes,
         ],
