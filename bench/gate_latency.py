@@ -148,7 +148,7 @@ def apply_rows(applies: dict[str, list[dict[str, float]]]) -> list[Row]:
         rows += [
             Row(f"  {variant}: apply -> pod created (operator, Deployment and ReplicaSet controllers)",
                 cell(variant, "apply_to_pod"), cell("plain", "apply_to_pod") if variant == "add-sub" else "-"),
-            Row(f"  {variant}: pod created -> tritonserver started (scheduler, sandbox, fetch init container, kubelet)",
+            Row(f"  {variant}: pod created -> tritonserver started (scheduler, sandbox, kubelet; no init container)",
                 cell(variant, "pod_to_start"), cell("plain", "pod_to_start") if variant == "add-sub" else "-"),
             Row(f"  {variant}: READY -> ready in the EndpointSlice", cell(variant, "ready_to_endpoint"),
                 cell("plain", "ready_to_endpoint") if variant == "add-sub" else "-"),
