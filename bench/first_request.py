@@ -29,7 +29,7 @@ from e2e.kube import Kube, wait_for
 from triton_operator.api.kinds import LABEL_MODEL
 
 from .common import CpuMeter, Result, Row, log, ms, percentile, summary, write_result
-from .kubeenv import watch_forever
+from .kubeenv import BackgroundWatch
 from .models import checked, example
 from .pods import plain_children, pod_cluster, scale_to, tritonmodel, wait_no_pods
 
@@ -95,10 +95,13 @@ def measure(addr: str, model: str, seen_at: float) -> dict[str, Any]:
     return out
 
 
-class FirstRequests:
+class FirstRequests(BackgroundWatch):
     """Fires the first request at every address that turns ready in the watched Services' EndpointSlices."""
 
+    kind = "EndpointSlice"
+
     def __init__(self, kube: Kube, namespace: str, services: dict[str, str]) -> None:
+        super().__init__(kube, namespace)
         self.services = services  # Service name -> Triton model name
         # Requests go out from worker processes: in this one, threads parsing watch events hold the GIL.
         self.pool = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
@@ -106,16 +109,9 @@ class FirstRequests:
         self.results: dict[str, list[dict[str, Any]]] = {s: [] for s in services}
         self.fired: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=watch_forever, daemon=True, args=(
-            Kube(kube.kubeconfig), "EndpointSlice", namespace, self._on_event, self._stop.is_set))
-
-    def __enter__(self) -> FirstRequests:
-        self._thread.start()
-        return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        super().__exit__(*exc)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _on_event(self, typ: str, eps: dict[str, Any], t: float) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from e2e.testing import metric_samples
 from triton_operator.api.kinds import LABEL_MODEL
 
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
-from .kubeenv import watch_forever
+from .kubeenv import BackgroundWatch
 from .models import checked, example
 from .pods import PodTimeline, PodWatch, plain_children, pod_cluster, replica_rss_mb, scale_to, tritonmodel, wait_no_pods
 
@@ -50,21 +49,14 @@ def process_started_at(pid: int) -> float:
     return time.time() - age
 
 
-class SliceWatch:
+class SliceWatch(BackgroundWatch):
     """The first time each Service of the namespace has a ready endpoint in its EndpointSlices (watch events)."""
 
+    kind = "EndpointSlice"
+
     def __init__(self, kube: Kube, namespace: str) -> None:
+        super().__init__(kube, namespace)
         self.first_ready: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=watch_forever, daemon=True, args=(
-            Kube(kube.kubeconfig), "EndpointSlice", namespace, self._on_event, self._stop.is_set))
-
-    def __enter__(self) -> SliceWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
 
     def _on_event(self, typ: str, es: dict[str, Any], t: float) -> None:
         svc = ((es.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name")

@@ -15,13 +15,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from e2e.cluster import LocalCluster, Ports, free_port, pid_alive
 from e2e.kube import RESOURCES, Kube, condition, wait_for
@@ -313,6 +314,28 @@ def watch_forever(kube: Kube, kind: str, namespace: str, on_event: Callable[[str
             if stop():
                 return
             time.sleep(0.2)
+
+
+class BackgroundWatch:
+    """A watch of one kind in one namespace on a daemon thread, while the `with` block runs: `_on_event(type,
+    object, received_at)` gets every event (`watch_forever`)."""
+
+    kind = ""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=watch_forever, daemon=True, args=(
+            Kube(kube.kubeconfig), self.kind, namespace, self._on_event, self._stop.is_set))
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _on_event(self, typ: str, obj: dict[str, Any], t: float) -> None:
+        raise NotImplementedError
 
 
 def pid_of(path: Path) -> int | None:

@@ -25,7 +25,7 @@ from triton_operator.api.timestamps import parse_rfc3339
 from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModel
 from triton_operator.render.kubernetes import render_children
 
-from .kubeenv import BenchCluster, OperatorProcess, ensure_namespace, watch_forever
+from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, ensure_namespace
 from .models import checked
 
 GRPC_PORT, HTTP_PORT = 8001, 8000
@@ -131,24 +131,17 @@ class PodTimeline:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class PodWatch:
+class PodWatch(BackgroundWatch):
     """Watches the namespace's pods; for every new pod with an IP, polls its Triton until the model is READY."""
 
+    kind = "Pod"
+
     def __init__(self, kube: Kube, namespace: str, model_of: dict[str, str]) -> None:
+        super().__init__(kube, namespace)
         self.kube, self.namespace = kube, namespace
         self.model_of = model_of  # pod label app/model value -> Triton model name
         self.pods: dict[str, PodTimeline] = {}
         self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=watch_forever, daemon=True, args=(
-            Kube(kube.kubeconfig), "Pod", namespace, self._on_event, self._stop.is_set))
-
-    def __enter__(self) -> PodWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
 
     def _triton_model(self, pod: dict[str, Any]) -> str | None:
         labels = pod["metadata"].get("labels") or {}
