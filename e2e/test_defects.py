@@ -164,8 +164,10 @@ def test_a_deployment_refused_by_admission_is_degraded_with_the_api_servers_mess
     assert (ready["status"], ready["reason"]) == ("False", "FailedCreate"), ready
     assert (progressing["status"], progressing["reason"]) == ("False", "RolloutStalled"), progressing
     assert "exceeded quota: no-pods" in progressing["message"]
-    events = [e for e in kube.items("Event", namespace) if e["involvedObject"].get("kind") == "TritonModel"]
-    assert any(e["reason"] == "FailedCreate" and e["type"] == "Warning" for e in events), events
+    # The operator posts a status's Events once that status is stored, so they can come a moment after it.
+    wait_for("a Warning Event FailedCreate on the TritonModel", lambda: any(
+        e["involvedObject"].get("kind") == "TritonModel" and e["reason"] == "FailedCreate" and e["type"] == "Warning"
+        for e in kube.items("Event", namespace)), 30)
 
     kube.delete("ResourceQuota", "no-pods", namespace)
     wait_model(kube, namespace, "add-sub", lambda tm: model_condition(tm, "Degraded").get("status") == "False",
