@@ -16,22 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from triton_operator.triton.local import free_port
 from triton_operator.triton.probe import Readiness, address
 
 HEAD_START = 0.2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Target:
     """tritonserver's HTTP port, as a listening socket the test opens and closes."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.sock: socket.socket | None = None
         self.opened_at = 0.0
 
@@ -59,7 +54,7 @@ def target() -> Iterator[Target]:
 
 @pytest.fixture
 def probe(target: Target) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
