@@ -6,20 +6,14 @@ refuses connections the gate tries cheap TCP connects and asks over gRPC as soon
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import pytest
 
 from triton_operator.controller import gate as gate_module
 from triton_operator.controller.gate import WarmupGate, _PodGate
+from triton_operator.triton.local import free_port
 from triton_operator.triton.replica import port_open, wait_port_open
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pod_gate() -> _PodGate:
@@ -32,7 +26,7 @@ async def _serve(port: int) -> asyncio.Server:
 
 def test_port_open_tells_a_listening_port_from_a_refusing_one() -> None:
     async def run() -> tuple[bool, bool]:
-        port = _free_port()
+        port = free_port()
         refused = await port_open(f"127.0.0.1:{port}")
         server = await _serve(port)
         try:
@@ -45,7 +39,7 @@ def test_port_open_tells_a_listening_port_from_a_refusing_one() -> None:
 
 
 def test_wait_for_port_returns_once_the_port_opens(monkeypatch: pytest.MonkeyPatch) -> None:
-    port = _free_port()
+    port = free_port()
     monkeypatch.setattr(gate_module, "GRPC_PORT", port)
 
     async def run() -> dict[str, Any]:
@@ -78,7 +72,7 @@ def test_wait_for_port_returns_once_the_port_opens(monkeypatch: pytest.MonkeyPat
 
 def test_wait_for_port_returns_on_a_pod_event(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pod event (the container died, the pod is going) ends the wait although nothing ever listens."""
-    monkeypatch.setattr(gate_module, "GRPC_PORT", _free_port())
+    monkeypatch.setattr(gate_module, "GRPC_PORT", free_port())
 
     async def run() -> tuple[bool, bool, int]:
         gate = WarmupGate(kube=None)  # type: ignore[arg-type]
@@ -95,7 +89,7 @@ def test_wait_for_port_returns_on_a_pod_event(monkeypatch: pytest.MonkeyPatch) -
 def test_wait_port_open_waits_for_a_port_that_opens_moments_later() -> None:
     """tritonserver opens HTTP a moment after gRPC: the gate's check waits that moment out, and no longer."""
     async def run() -> tuple[bool, bool, bool]:
-        port = _free_port()
+        port = free_port()
         address = f"127.0.0.1:{port}"
         never = await wait_port_open(address, within=0.2)
         servers: list[asyncio.Server] = []

@@ -148,14 +148,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             _err(f"No model loaded: all {len(rendered)} get their files at pod start; their configs passed the checks")
             return 0
         server = LocalTritonServer(model_repository=repo, cache_size=cache or None, log_path=Path(tmp) / "tritonserver.log")
-        _err(f"Starting tritonserver {TRITON_VERSION} on {server.host} (gRPC port {server.grpc_port})…")
+        _err(f"Starting tritonserver {TRITON_VERSION} on {server.host}…")
         t0 = time.monotonic()
         try:
             server.start(timeout=args.timeout)
         except (TritonNotInstalled, RuntimeError, TimeoutError) as exc:
             _err(f"error: {exc}")
             return 2
-        _err(f"Started tritonserver in {time.monotonic() - t0:.1f}s")
+        _err(f"Started tritonserver in {time.monotonic() - t0:.1f}s (gRPC port {server.grpc_port})")
         failed = 0
         try:
             client = connect(server.grpc_url)

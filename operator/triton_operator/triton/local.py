@@ -10,6 +10,7 @@ the benchmarks; nothing here talks to Kubernetes.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -25,6 +26,8 @@ from pathlib import Path
 #: The Triton release the wheel ships (tritonserver 2.51.0 == container 24.10).
 TRITON_VERSION = "2.51.0"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+
+_log = logging.getLogger("triton_operator.triton")
 
 
 class TritonNotInstalled(RuntimeError):
@@ -178,33 +181,53 @@ class LocalTritonServer:
         args.extend(self.extra_args)
         return args
 
-    def start(self, timeout: float = 120.0) -> LocalTritonServer:
+    def start(self, timeout: float = 120.0, attempts: int = 2) -> LocalTritonServer:
+        """Starts tritonserver and returns once its gRPC port accepts connections.
+
+        A tritonserver that exits before it listens is started again with fresh ports, up to `attempts` starts
+        within `timeout` in all: another process can take a port between `free_port` and tritonserver's bind,
+        and a CI run once saw tritonserver abort at start inside gRPC's event engine ("epoll_wait error: Bad file
+        descriptor"). Each attempt's output is kept in the log. If the last attempt exits too, RuntimeError
+        carries the log's tail; TimeoutError if the port never opens.
+        """
         install = find_install()
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the process lifetime
-        self.process = subprocess.Popen(
-            self.command(install),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=install.environment(),
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl(PR_SET_PDEATHSIG): a killed run leaves no tritonserver
-        )
-        log.close()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"tritonserver exited with code {self.process.returncode} before it listened:\n{self.log_tail()}"
+        for attempt in range(1, max(1, attempts) + 1):
+            if attempt > 1:
+                self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+            with open(self.log_path, "wb" if attempt == 1 else "ab") as log:
+                if attempt > 1:
+                    log.write(f"--- start {attempt} of {attempts}, ports {self.http_port}/{self.grpc_port}/"
+                              f"{self.metrics_port} ---\n".encode())
+                    log.flush()
+                self.process = subprocess.Popen(
+                    self.command(install),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=install.environment(),
+                    start_new_session=True,
+                    # only prctl(PR_SET_PDEATHSIG): a killed run leaves no tritonserver
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509
                 )
-            with contextlib.suppress(OSError), socket.create_connection((self.host, self.grpc_port), 0.2):
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"tritonserver did not open its gRPC port within {timeout}s:\n{self.log_tail()}")
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    break
+                with contextlib.suppress(OSError), socket.create_connection((self.host, self.grpc_port), 0.2):
+                    return self
+                time.sleep(0.05)
+            else:
+                self.stop()
+                raise TimeoutError(f"tritonserver did not open its gRPC port within {timeout}s:\n{self.log_tail()}")
+            code = self.process.returncode
+            if attempt < attempts:
+                _log.warning("tritonserver exited with code %s before it listened (start %d of %d); starting it "
+                             "again. Its log:\n%s", code, attempt, attempts, self.log_tail(20))
+        raise RuntimeError(f"tritonserver exited with code {code} before it listened"
+                           f"{f' ({attempts} starts)' if attempts > 1 else ''}:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 60) -> str:
         if not self.log_path or not self.log_path.exists():
