@@ -425,7 +425,7 @@ class RolloutWatcher(threading.Thread):
 
 def test_a_deleted_replica_serves_through_its_prestop_sleep_and_its_probe_exits_with_tritonserver(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes) -> None:
-    """The `probe` container answers the replica's readiness. On SIGTERM (at once: it has no preStop hook) it keeps
+    """The `probe` container answers the replica's readiness, told by the operator when the gate is set. On SIGTERM (at once: it has no preStop hook) it keeps
     answering while tritonserver serves through its preStop sleep, so the terminating endpoint stays `serving` (what
     kube-proxy falls back to when no ready endpoint is left); it exits on its own once tritonserver's port has
     closed, so the pod's deletion never waits out the grace period for it."""
@@ -438,6 +438,10 @@ def test_a_deleted_replica_serves_through_its_prestop_sleep_and_its_probe_exits_
     probe_log = LogFollower(node, pod, "probe")
     started = "probe: answering readiness on 0.0.0.0:8090 for tritonserver's HTTP port 127.0.0.1:8000"
     wait_for("the probe container's start line", lambda: started in probe_log.text(), 10)
+    # The operator told the probe when it set the gate (POST /gate over the pod network), so the probe passed right
+    # after the gate instead of its fallback head start.
+    noticed = "probe: the operator set the readiness gate; passing in 0.03 s"
+    wait_for("the probe's line for the operator's gate notice", lambda: noticed in probe_log.text(), 10)
 
     deleted = time.monotonic()
     kube.delete("Pod", name, namespace)

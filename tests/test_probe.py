@@ -3,6 +3,7 @@ port this test opens and closes in tritonserver's place."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
 import signal
@@ -17,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from triton_operator.triton.local import free_port
-from triton_operator.triton.probe import Readiness, address
+from triton_operator.triton.probe import Readiness, address, notify_gate
 
-HEAD_START = 0.2
+HEAD_START = 0.6
+SETTLE = 0.05
 
 
 class Target:
@@ -58,7 +60,8 @@ def probe(target: Target) -> Iterator[tuple[subprocess.Popen[str], int]]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
-         "--target", f"127.0.0.1:{target.port}", "--hold", "2", "--head-start", str(HEAD_START)],
+         "--target", f"127.0.0.1:{target.port}", "--hold", "2", "--head-start", str(HEAD_START),
+         "--gate-settle", str(SETTLE)],
         stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 20
     while True:
@@ -109,6 +112,54 @@ def test_a_probe_is_held_until_tritonserver_is_up_then_passes_after_the_head_sta
         assert get(port)[0] == 200
 
 
+def notify(port: int) -> tuple[int, float]:
+    """The operator's notice (the client the gate uses): its status and when it was sent (monotonic)."""
+    sent = time.monotonic()
+    return asyncio.run(notify_gate("127.0.0.1", port)), sent
+
+
+def held_probe(port: int) -> tuple[threading.Thread, list[tuple[int, str, float]]]:
+    """A probe in the background, as the kubelet's held one."""
+    out: list[tuple[int, str, float]] = []
+    thread = threading.Thread(target=lambda: out.append(get(port)))
+    thread.start()
+    return thread, out
+
+
+def test_the_operators_gate_notice_passes_a_held_probe_after_the_settle_time(probe, target):
+    proc, port = probe
+    target.open()
+    thread, out = held_probe(port)
+    time.sleep(0.1)  # the probe is held: the port has not been open for the head start yet
+    assert not out
+    status, sent = notify(port)
+    assert status == 200
+    thread.join(5)
+    [(code, body, answered)] = out
+    assert (code, body.strip()) == (200, "tritonserver is up")
+    assert answered >= sent + SETTLE, "the probe passed before the kubelet had time to sync the gate"
+    assert answered < target.opened_at + HEAD_START, "the notice did not cut the head start short"
+    target.close()
+    proc.terminate()
+    assert "probe: the operator set the readiness gate; passing in 0.05 s" in proc.communicate(timeout=5)[1]
+
+
+def test_a_gate_notice_counts_only_for_the_tritonserver_that_was_up_when_it_came(probe, target):
+    _, port = probe
+    # Sent while tritonserver's port is closed: refused, and a later start waits the whole head start.
+    assert notify(port)[0] == 409
+    threading.Timer(0.2, target.open).start()
+    status, _, answered = get(port)
+    assert status == 200 and answered >= target.opened_at + HEAD_START
+    # A notice for this tritonserver, then it exits and restarts: the new one waits for a notice or the head start.
+    assert notify(port)[0] == 200
+    target.close()
+    assert get(port)[0] == 503
+    threading.Timer(0.2, target.open).start()
+    status, _, answered = get(port)
+    assert status == 200 and answered >= target.opened_at + HEAD_START, "an old notice let a restarted one pass"
+
+
 def test_a_closed_port_after_a_success_fails_at_once_then_probes_are_held_again(probe, target):
     _, port = probe
     target.open()
@@ -126,6 +177,12 @@ def test_a_closed_port_after_a_success_fails_at_once_then_probes_are_held_again(
 def test_other_paths_are_not_found(probe):
     _, port = probe
     assert get(port, "/metrics")[0] == 404
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", "/ready")
+        assert conn.getresponse().status == 404
+    finally:
+        conn.close()
 
 
 def test_on_sigterm_it_answers_until_tritonserver_has_gone_then_exits(probe, target):
@@ -162,6 +219,26 @@ def test_readiness_counts_the_head_start_from_when_the_port_was_first_seen_open(
     assert now[0] == 10.0
 
 
+def test_readiness_passes_settle_after_the_gate_notice_when_that_comes_before_the_head_start():
+    now = [0.0]
+    state = {"open": True}
+    r = Readiness(check=lambda: state["open"], hold=5.0, head_start=0.5, settle=0.03, interval=0.005,
+                  clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert r._observe()
+    now[0] = 0.1
+    assert r.gate_set()
+    assert r.answer() == (True, "tritonserver is up")
+    assert now[0] == pytest.approx(0.13)
+    # A closed port forgets the notice; reopened, the head start counts again.
+    state["open"] = False
+    assert not r.gate_set()
+    assert r.answer() == (False, "tritonserver's HTTP port refuses connections")
+    state["open"] = True
+    start = now[0]
+    assert r.answer() == (True, "tritonserver is up")
+    assert now[0] == pytest.approx(start + 0.5)
+
+
 @pytest.mark.parametrize(("text", "expected"), [(":8090", ("127.0.0.2", 8090)), ("8090", ("127.0.0.2", 8090)),
                                                 ("127.0.0.1:8000", ("127.0.0.1", 8000))])
 def test_address(text, expected):
@@ -174,8 +251,10 @@ def test_address_rejects(text):
         address(text, "127.0.0.2")
 
 
-def test_cli_rejects_a_head_start_over_the_hold(capsys):
+def test_cli_rejects_a_head_start_or_a_settle_time_over_the_hold(capsys):
     from triton_operator.cli.main import main
 
     assert main(["probe", "--hold", "1", "--head-start", "2"]) == 1
     assert "--hold must be over 0 and over --head-start" in capsys.readouterr().err
+    assert main(["probe", "--hold", "1", "--head-start", "0.5", "--gate-settle", "1"]) == 1
+    assert "--gate-settle must be 0 or more, and under --hold" in capsys.readouterr().err

@@ -79,7 +79,7 @@ def test_deployment_shape() -> None:
     assert probe["name"] == "probe"
     assert spec["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "tritonserver"
     assert probe["args"] == ["probe", "--listen", ":8090", "--target", "127.0.0.1:8000", "--hold", "8",
-                             "--head-start", "0.1"]
+                             "--gate-settle", "0.03", "--head-start", "0.5"]
     assert probe["image"] == Options().operator_image  # the operator's image, as the fetch step's
     assert probe["ports"] == [{"name": "probe", "containerPort": 8090, "protocol": "TCP"}]
     assert "nvidia.com/gpu" not in probe["resources"].get("limits", {})

@@ -304,8 +304,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
     if args.hold <= 0 or args.head_start < 0 or args.head_start >= args.hold:
         raise CliError("--hold must be over 0 and over --head-start, which must be 0 or more")
+    if args.gate_settle < 0 or args.gate_settle >= args.hold:
+        raise CliError("--gate-settle must be 0 or more, and under --hold")
     try:
-        return serve(listen, target, args.hold, args.head_start)
+        return serve(listen, target, args.hold, args.head_start, args.gate_settle)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
 
@@ -383,9 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tritonserver's HTTP port (default 127.0.0.1:8000)")
     pr.add_argument("--hold", type=float, default=8.0,
                     help="seconds to hold a probe while tritonserver is not up (under the probe's timeoutSeconds)")
-    pr.add_argument("--head-start", type=float, default=0.1,
-                    help="seconds the port must have been open before the probe passes, so that the kubelet syncs "
-                    "the operator's gate first")
+    pr.add_argument("--gate-settle", type=float, default=0.03,
+                    help="seconds after the operator's POST /gate (it has set the pod's readiness gate) before probes "
+                    "pass, so that the kubelet has synced the gate first")
+    pr.add_argument("--head-start", type=float, default=0.5,
+                    help="without that notice, seconds the port must have been open before the probe passes")
     pr.set_defaults(func=cmd_probe)
 
     from .run import add_commands  # `run` imports the controller (kopf, kubernetes) only when it runs

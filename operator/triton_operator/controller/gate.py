@@ -38,8 +38,11 @@ from ..render.kubernetes import (
     ANNOTATION_VERSIONS,
     GRPC_PORT,
     HTTP_PORT,
+    PROBE_CONTAINER,
+    PROBE_PORT,
     parse_versions_annotation,
 )
+from ..triton.probe import notify_gate
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
 from .kube import Kube
@@ -85,6 +88,7 @@ class WarmupGate:
         self.pods: dict[tuple[str, str], _PodGate] = {}
         self.on_change = on_change  # callback(namespace, model) after a gate flip
         self.probing = 0  # pods waiting for their Triton's port to open (`_wait_for_port`)
+        self._notices: set[asyncio.Task[None]] = set()  # `_notify_probe` tasks under way
 
     def observe(self, body: dict[str, Any], deleted: bool = False) -> None:
         """Feed a pod watch event."""
@@ -198,6 +202,28 @@ class WarmupGate:
         if patched is not None:
             gate.body.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_LOADED] = digest
 
+    def _notify_probe(self, gate: _PodGate) -> None:
+        """Tells the pod's `probe` container that its gate is True, so that it passes the held readiness probe right
+        after the kubelet has the gate (instead of a fixed time after tritonserver's HTTP port opened). In the
+        background: the gate never waits on it, and a pod that cannot be told falls back to that fixed time."""
+        containers = (gate.body.get("spec") or {}).get("containers") or ()
+        ip = (gate.body.get("status") or {}).get("podIP")
+        if not ip or not any(c.get("name") == PROBE_CONTAINER for c in containers):
+            return
+
+        async def notify() -> None:
+            try:
+                code = await notify_gate(ip, PROBE_PORT)
+            except OSError as exc:  # TimeoutError and ConnectionError included
+                log.debug("Could not tell the probe about the gate pod=%s/%s error=%r", gate.namespace, gate.name, exc)
+                return
+            if code != 200:
+                log.debug("The probe did not take the gate pod=%s/%s status=%d", gate.namespace, gate.name, code)
+
+        task = asyncio.create_task(notify(), name=f"probe-notice-{gate.namespace}/{gate.name}")
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
     def _interval(self, gate: _PodGate) -> float:
         ann = gate.body["metadata"].get("annotations") or {}
         ms = ann.get(ANNOTATION_POLL_MS)
@@ -238,6 +264,8 @@ class WarmupGate:
         if verdict.ok and gate.ready_seen_at is not None:
             metrics.READY_TO_GATE_SECONDS.observe(time.monotonic() - gate.ready_seen_at)
         metrics.GATE_TRANSITIONS.labels(status=status, reason=verdict.reason).inc()
+        if status == "True":
+            self._notify_probe(gate)
         # keep our copy current so the next round compares against what we wrote
         gate.body.setdefault("status", {})["conditions"] = with_condition(gate.body, cond)
         log.info(

@@ -82,10 +82,12 @@ class Options:
     exit_timeout_seconds: int = 20
     termination_margin_seconds: int = 5
     # Gated replicas: the `probe` container holds the kubelet's readiness probe while tritonserver is not up (the
-    # probe's timeout is 2 s more), and passes it this long after tritonserver's HTTP port opened, so that the
-    # kubelet syncs the operator's gate before the probe's success (see triton_operator.triton.probe).
+    # probe's timeout is 2 s more), and passes it `probe_gate_settle_seconds` after the operator tells it that the
+    # gate is set, so that the kubelet syncs the gate before the probe's success; without that notice,
+    # `probe_head_start_seconds` after tritonserver's HTTP port opened (see triton_operator.triton.probe).
     probe_hold_seconds: int = 8
-    probe_head_start_seconds: float = 0.1
+    probe_head_start_seconds: float = 0.5
+    probe_gate_settle_seconds: float = 0.03
 
 
 class RepositoryTooLarge(ValueError):
@@ -431,8 +433,8 @@ def render_deployment(
         # False (seen in e2e/test_faults.py with no readiness probe).
         # A TCP probe would pass only on the kubelet's next tick (period 1 s, the shortest), up to a second after
         # READY. The `probe` container answers instead: it holds each probe while tritonserver's HTTP port refuses
-        # connections and passes it just after the port opens, leaving the gate's pod sync a head start (the
-        # kubelet runs at most one sync of a pod per PLEG relist, 1 s, and a probe's success is one; see
+        # connections and passes it just after the operator has set the gate, leaving the gate's pod sync a head
+        # start (the kubelet runs at most one sync of a pod per PLEG relist, 1 s, and a probe's success is one; see
         # triton_operator.triton.probe). It answers at once when the port closes after a success, so one failure is news.
         # No startupProbe: its success is one more pod sync next to READY. Liveness waits out the load (kubelet
         # 1.35, issue 17).
@@ -446,7 +448,8 @@ def render_deployment(
             "name": PROBE_CONTAINER,
             "image": options.operator_image,
             "args": ["probe", "--listen", f":{PROBE_PORT}", "--target", f"127.0.0.1:{HTTP_PORT}",
-                     "--hold", str(options.probe_hold_seconds), "--head-start", f"{options.probe_head_start_seconds:g}"],
+                     "--hold", str(options.probe_hold_seconds), "--gate-settle", f"{options.probe_gate_settle_seconds:g}",
+                     "--head-start", f"{options.probe_head_start_seconds:g}"],
             "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
             "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
             "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
