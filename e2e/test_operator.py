@@ -425,10 +425,10 @@ class RolloutWatcher(threading.Thread):
 
 def test_a_deleted_replica_serves_through_its_prestop_sleep_and_its_probe_exits_with_tritonserver(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes) -> None:
-    """The `probe` container answers the replica's readiness, told by the operator when the gate is set. On SIGTERM (at once: it has no preStop hook) it keeps
-    answering while tritonserver serves through its preStop sleep, so the terminating endpoint stays `serving` (what
-    kube-proxy falls back to when no ready endpoint is left); it exits on its own once tritonserver's port has
-    closed, so the pod's deletion never waits out the grace period for it."""
+    """The `probe` container answers the replica's readiness, told by the operator when the gate is set. On SIGTERM
+    (at once: it has no preStop hook) it keeps answering while tritonserver serves through its preStop sleep, so the
+    terminating endpoint stays `serving` (what kube-proxy falls back to when no ready endpoint is left); it exits on
+    its own once tritonserver's port has closed, so the pod's deletion never waits out the grace period for it."""
     apply(kubeconfig, namespace, add_sub())
     wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 120)
     pod = one_ready_pod(kube, namespace, "add-sub")
