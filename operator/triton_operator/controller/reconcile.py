@@ -32,13 +32,21 @@ from .kube import Kube
 
 log = logging.getLogger("triton_operator.reconcile")
 
+#: Reconciles under way at once. Each holds its plan (the rendered children) while its API calls wait for one of
+#: the default executor's few threads, so with a thousand models created at once nearly all of them were in memory
+#: together. More than the threads, so that they stay busy.
+MAX_CONCURRENT_RECONCILES = 16
+
+
 class Reconciler:
-    def __init__(self, kube: Kube, cache: Cache, options: Options | None = None) -> None:
+    def __init__(self, kube: Kube, cache: Cache, options: Options | None = None,
+                 max_concurrent: int = MAX_CONCURRENT_RECONCILES) -> None:
         self.kube = kube
         self.cache = cache
         self.options = options or Options()
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(max_concurrent)
 
     # -- scheduling: one worker per object, coalescing bursts of events into one reconcile
 
@@ -54,9 +62,10 @@ class Reconciler:
         ev = self._dirty[key]
         failures = 0
         while ev.is_set():
-            ev.clear()
             try:
-                await self.reconcile(*key)
+                async with self._slots:  # not held through a back-off
+                    ev.clear()  # here: requests that came while waiting for a slot are served by this reconcile
+                    await self.reconcile(*key)
                 failures = 0
             except Exception as exc:
                 failures += 1
