@@ -130,3 +130,37 @@ def test_a_bug_is_no_api_failure_and_backs_off_like_a_persistent_one() -> None:
 
     retry = retry_after(KeyError("spec"), 10)
     assert retry.failure is None and retry.delay == 300.0
+
+
+def test_at_most_max_concurrent_reconciles_run_at_once_and_a_waiting_model_is_reconciled_once() -> None:
+    """Bounded work in progress (issue 17: each reconcile holds its rendered plan while it waits for the API), and a
+    model asked for again while it waits for a slot is reconciled once, not twice."""
+    running: list[str] = []
+    peak = 0
+    done: list[str] = []
+
+    async def slow(namespace: str, name: str) -> None:
+        nonlocal peak
+        running.append(name)
+        peak = max(peak, len(running))
+        await asyncio.sleep(1.0)
+        running.remove(name)
+        done.append(name)
+
+    async def main() -> None:
+        rec = Reconciler(kube=None, cache=Cache(), max_concurrent=2)  # type: ignore[arg-type]
+        rec.reconcile = slow  # type: ignore[method-assign]
+        for i in range(6):
+            rec.request("ns", f"m{i}")
+        await asyncio.sleep(0)
+        rec.request("ns", "m5")  # waiting for a slot: served by the reconcile it is waiting for
+        await asyncio.wait_for(asyncio.gather(*rec._workers.values()), 10)
+
+    loop = VirtualClockLoop()
+    try:
+        loop.run_until_complete(main())
+        assert loop.time() == pytest.approx(3.0)  # 6 reconciles of 1 s, 2 at a time
+    finally:
+        loop.close()
+    assert peak == 2
+    assert sorted(done) == [f"m{i}" for i in range(6)]
