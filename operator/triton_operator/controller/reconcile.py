@@ -33,9 +33,11 @@ from .kube import Kube
 log = logging.getLogger("triton_operator.reconcile")
 
 #: Reconciles under way at once. Each holds its plan (the rendered children) while its API calls wait for one of
-#: the default executor's few threads, so with a thousand models created at once nearly all of them were in memory
-#: together. More than the threads, so that they stay busy.
-MAX_CONCURRENT_RECONCILES = 16
+#: the default executor's few threads (6 on 2 cores), so with a thousand models created at once nearly all of them
+#: were in memory together: peak RSS at 1000 models fell from 247 to 189 MB with 16 or 64 (bench.scale, issue 17).
+#: Well above the threads, so that they stay busy, and so that a few reconciles stuck on a slow API server leave
+#: room for the rest.
+MAX_CONCURRENT_RECONCILES = 64
 
 
 class Reconciler:
