@@ -11,13 +11,18 @@ import base64
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as pb
 
+from .api import protos
 from .api.v1alpha1 import API_VERSION, BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, KIND
 from .render.modelconfig import WIRE_NAME
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2 as pb
+else:  # tritonclient's generated ModelConfig schema, without tritonclient's client (`api.protos`)
+    pb = protos.generated("model_config_pb2")
 
 _KIND_NAME = {v: k for k, v in pb.ModelInstanceGroup.Kind.items()}
 _CONTROL_NAME = {

@@ -17,12 +17,18 @@ import base64
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as pb
 
+from ..api import protos
 from ..api import steps as step_graph
 from ..api.v1alpha1 import BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, QueuePolicy, TritonModel, TritonModelSpec
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2 as pb
+else:  # tritonclient's generated ModelConfig schema, without tritonclient's client (`api.protos`)
+    pb = protos.generated("model_config_pb2")
 
 VERSION_DIR = "1"
 #: Where replicas mount the model repository: absolute paths into it (a custom batching strategy's) start here.

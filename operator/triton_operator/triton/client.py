@@ -1,6 +1,6 @@
 """Talking to a running Triton over gRPC: load models, read readiness, loaded config and statistics.
 
-The only place (with `local.py`) that talks to Triton. Synchronous tritonclient
+For the CLI and tests (the operator itself asks replicas with `rpc.TritonClient`): synchronous tritonclient
 calls; callers in asyncio code run them in a thread.
 """
 

@@ -15,11 +15,10 @@ import json
 import time
 from dataclasses import dataclass
 
-import tritonclient.grpc.aio as grpcaio
 from google.protobuf import json_format
-from tritonclient.utils import InferenceServerException
 
 from ..api.v1alpha1 import DIGEST_PARAMETER
+from .rpc import TritonClient, TritonError
 
 
 @dataclass(frozen=True)
@@ -37,17 +36,17 @@ class Loaded:
     message: str  # Triton's own, when the load failed
 
 
-def _client(address: str) -> grpcaio.InferenceServerClient:
-    return grpcaio.InferenceServerClient(address)
+def _client(address: str) -> TritonClient:
+    return TritonClient(address)
 
 
 async def served(address: str, name: str, timeout: float = 5.0) -> Served | None:
     """What the replica serves for `name`, or None when it has no READY copy of it."""
     client = _client(address)
     try:
-        if not await client.is_model_ready(name, client_timeout=timeout):
+        if not await client.is_model_ready(name, timeout=timeout):
             return None
-        cfg = (await client.get_model_config(name, client_timeout=timeout)).config
+        cfg = await client.model_config(name, timeout=timeout)
         param = cfg.parameters.get(DIGEST_PARAMETER)
         idle = None
         if cfg.HasField("sequence_batching"):
@@ -64,7 +63,7 @@ async def requests_seen(address: str, name: str, timeout: float = 5.0) -> int:
     stops moving once no request arrives."""
     client = _client(address)
     try:
-        stats = await client.get_inference_statistics(name, client_timeout=timeout)
+        stats = await client.statistics(name, timeout=timeout)
         return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in stats.model_stats)
     finally:
         await client.close()
@@ -77,7 +76,7 @@ async def unloaded(address: str, name: str, timeout: float, interval: float = 0.
     deadline = time.monotonic() + timeout
     try:
         while True:
-            index = await client.get_model_repository_index(client_timeout=10.0)
+            index = await client.repository_index(timeout=10.0)
             if not any(m.name == name and m.state == "UNLOADING" for m in index.models):
                 return True
             if time.monotonic() >= deadline:
@@ -91,7 +90,7 @@ async def unload(address: str, name: str, timeout: float = 120.0) -> None:
     """Unloads `name` (Triton lets requests in flight finish first)."""
     client = _client(address)
     try:
-        await client.unload_model(name, client_timeout=timeout)
+        await client.unload_model(name, timeout=timeout)
     finally:
         await client.close()
 
@@ -102,11 +101,11 @@ async def load(address: str, name: str, config: str, timeout: float = 600.0) -> 
     json.loads(config)  # a malformed config is our defect, not Triton's answer
     client = _client(address)
     try:
-        await client.load_model(name, config=config, client_timeout=timeout)
-        if not await client.is_model_ready(name, client_timeout=10.0):
+        await client.load_model(name, config=config, timeout=timeout)
+        if not await client.is_model_ready(name, timeout=10.0):
             return Loaded(False, "the load returned but the model is not READY")
         return Loaded(True, "")
-    except InferenceServerException as exc:
+    except TritonError as exc:
         return Loaded(False, exc.message() or str(exc))
     finally:
         await client.close()

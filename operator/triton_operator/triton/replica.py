@@ -13,10 +13,8 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import tritonclient.grpc.aio as grpcaio
-from tritonclient.utils import InferenceServerException
-
 from ..api.v1alpha1 import DIGEST_PARAMETER
+from .rpc import TritonClient, TritonError
 
 
 @dataclass(frozen=True)
@@ -46,19 +44,19 @@ async def check_replica(
     when given, must accept connections too: tritonserver opens gRPC first and HTTP after it, so a replica that
     answers READY over gRPC may still refuse HTTP for a moment (longer on a loaded machine)."""
     versions = versions or {}
-    client = grpcaio.InferenceServerClient(address)
+    client = TritonClient(address)
     try:
         for name in (model, *steps):
             for v in versions.get(name) or (None,):
                 version = "" if v is None else str(v)
-                ready = await client.is_model_ready(name, version, client_timeout=timeout)
+                ready = await client.is_model_ready(name, version, timeout=timeout)
                 if not ready:
                     return await _why_not_ready(client, name, timeout, v)
         accepted = {digest} | ({also} if also else set())
         first: str | None = None
         for v in versions.get(model) or (None,):
-            cfg = await client.get_model_config(model, "" if v is None else str(v), client_timeout=timeout)
-            param = cfg.config.parameters.get(DIGEST_PARAMETER)
+            cfg = await client.model_config(model, "" if v is None else str(v), timeout=timeout)
+            param = cfg.parameters.get(DIGEST_PARAMETER)
             loaded = param.string_value if param is not None else ""
             first = loaded if first is None else first
             if loaded not in accepted:
@@ -81,7 +79,7 @@ async def check_replica(
             True, "ModelWarmed", f"model {model}{served} is READY with config digest {first}", ready_seen=True,
             loaded=first or None,
         )
-    except InferenceServerException as exc:
+    except TritonError as exc:
         return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc.message() or exc}")
     except (TimeoutError, OSError) as exc:
         return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc}")
@@ -117,9 +115,9 @@ async def wait_port_open(address: str, within: float, interval: float = 0.005) -
 
 
 async def _why_not_ready(
-    client: grpcaio.InferenceServerClient, name: str, timeout: float, version: int | None = None
+    client: TritonClient, name: str, timeout: float, version: int | None = None
 ) -> ReplicaVerdict:
-    index = await client.get_model_repository_index(client_timeout=timeout, as_json=False)
+    index = await client.repository_index(timeout=timeout)
     entries = [m for m in index.models if m.name == name]
     # the index has one entry per version (with its own state); without a version, the newest one speaks
     entry = next((m for m in entries if m.version == str(version)), None) if version is not None else None

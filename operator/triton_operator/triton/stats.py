@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import tritonclient.grpc.aio as grpcaio
-
 from ..plan.autoscaling import Counters
+from .rpc import TritonClient
 
 
 async def model_counters(address: str, model: str, timeout: float = 2.0) -> Counters:
     """The counters of `model` (every version summed) at the Triton whose gRPC endpoint is `address`.
 
     A request counts once it is done (success or failure): Triton's statistics show nothing of one in flight."""
-    client = grpcaio.InferenceServerClient(address)
-    try:
-        stats = await client.get_inference_statistics(model, client_timeout=timeout)
-    finally:
-        await client.close()
+    async with TritonClient(address) as client:
+        stats = await client.statistics(model, timeout=timeout)
     total = Counters()
     for s in stats.model_stats:
         if s.name != model:

@@ -1,0 +1,74 @@
+"""tritonclient's generated modules without tritonclient's client (`api.protos`), and the operator's own gRPC
+client (`triton.rpc`): what the operator's memory figure (issue 17) rests on, and that nothing else changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from triton_operator.triton.local import free_port
+from triton_operator.triton.rpc import TritonClient, TritonError
+
+
+def _run(code: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_operators_modules_load_neither_numpy_nor_tritonclients_client() -> None:
+    loaded = _run(
+        "import json, sys\n"
+        "import triton_operator.controller.operator, triton_operator.cli.main, triton_operator.importer\n"
+        "from triton_operator.render.modelconfig import pb\n"
+        "print(json.dumps({m: m in sys.modules for m in ('numpy', 'tritonclient.grpc', 'tritonclient.utils',"
+        " 'tritonclient.grpc.aio')} | {'schema': pb.ModelConfig.DESCRIPTOR.full_name}))"
+    )
+    assert loaded == {"numpy": False, "tritonclient.grpc": False, "tritonclient.utils": False,
+                      "tritonclient.grpc.aio": False, "schema": "inference.ModelConfig"}
+
+
+def test_tritonclient_imported_afterwards_is_whole_and_shares_the_generated_modules() -> None:
+    """A process that loads the renderer first and tritonclient's client after (a test, `triton-operator
+    validate`) gets the real package, whose modules are the very ones the renderer uses: one ModelConfig class."""
+    seen = _run(
+        "import json\n"
+        "from triton_operator.render.modelconfig import pb\n"
+        "from triton_operator.api import protos\n"
+        "service = protos.generated('service_pb2')\n"
+        "import tritonclient.grpc as g\n"
+        "import tritonclient.grpc.aio as aio\n"
+        "print(json.dumps({'same_schema': g.model_config_pb2 is pb, 'same_service': g.service_pb2 is service,"
+        " 'client': g.InferenceServerClient.__name__, 'aio': aio.InferenceServerClient.__name__,"
+        " 'config_type': type(g.model_config_pb2.ModelConfig()) is type(pb.ModelConfig())}))"
+    )
+    assert seen == {"same_schema": True, "same_service": True, "client": "InferenceServerClient",
+                    "aio": "InferenceServerClient", "config_type": True}
+
+
+def test_the_generated_modules_come_from_the_package_once_it_is_imported() -> None:
+    seen = _run(
+        "import json\n"
+        "import tritonclient.grpc as g\n"
+        "from triton_operator.api import protos\n"
+        "print(json.dumps({'same': protos.generated('model_config_pb2') is g.model_config_pb2}))"
+    )
+    assert seen == {"same": True}
+
+
+def test_a_call_to_a_closed_port_is_a_triton_error_with_grpcs_status() -> None:
+    async def ask() -> TritonError:
+        async with TritonClient(f"127.0.0.1:{free_port()}") as client:
+            with pytest.raises(TritonError) as caught:
+                await client.is_model_ready("add_sub", timeout=2.0)
+            return caught.value
+
+    error = asyncio.run(ask())
+    assert error.code == grpc.StatusCode.UNAVAILABLE
+    assert error.message()
