@@ -13,8 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import (
@@ -43,6 +41,7 @@ from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.controller.cache import Cache
 from triton_operator.controller.errors import ApiCallError
 from triton_operator.controller.kube import Kube as OperatorKube
+from triton_operator.controller.kubeconfig import load as load_credentials
 from triton_operator.controller.reconcile import Reconciler
 from triton_operator.render.kubernetes import Options, render_children, repository_of
 from triton_operator.render.modelconfig import render_repository
@@ -198,14 +197,10 @@ class InProcessOperator:
     (as the watches would feed it): a reconcile on demand, no kopf, no webhook, no gate."""
 
     def __init__(self, kube: Kube, kubeconfig: Path, impersonate: str | None = None) -> None:
-        cfg = k8s_client.Configuration()
-        k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-        api = k8s_client.ApiClient(cfg)
-        if impersonate:
-            api.set_default_header("Impersonate-User", impersonate)
+        headers = {"Impersonate-User": impersonate} if impersonate else None
         self.kube = kube
         self.cache = Cache()
-        self.reconciler = Reconciler(OperatorKube(api), self.cache)
+        self.reconciler = Reconciler(OperatorKube(load_credentials(str(kubeconfig)), headers), self.cache)
 
     def reconcile(self, namespace: str, name: str) -> None:
         self.cache.put_model(self.kube.get("TritonModel", name, namespace))

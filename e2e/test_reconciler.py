@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from e2e.cluster import LocalCluster
 from e2e.kube import Kube, wait_for
@@ -55,9 +53,7 @@ def apiserver() -> Iterator[Path]:
 
 
 def _operator_kube(kubeconfig: Path) -> OperatorKube:
-    cfg = k8s_client.Configuration()
-    k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-    return OperatorKube(k8s_client.ApiClient(cfg))
+    return OperatorKube.from_environment(str(kubeconfig))
 
 
 def _writes() -> dict[tuple[str, str], float]:

@@ -11,9 +11,11 @@ import asyncio
 import json
 
 import pytest
-from kubernetes.client.exceptions import ApiException
+import urllib3
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from triton_operator.controller.cache import Cache
+from triton_operator.controller.errors import ApiError
 from triton_operator.controller.reconcile import Reconciler
 
 
@@ -59,10 +61,9 @@ def _attempts(exc: BaseException, seconds: float, fail_first: int | None = None)
     return times
 
 
-def _forbidden() -> ApiException:
-    exc = ApiException(status=403, reason="Forbidden")
-    exc.body = json.dumps({"kind": "Status", "message": 'deployments.apps "m" is forbidden: User "x" cannot patch'})
-    return exc
+def _forbidden() -> ApiError:
+    return ApiError(status=403, reason="Forbidden", body=json.dumps(
+        {"kind": "Status", "message": 'deployments.apps "m" is forbidden: User "x" cannot patch'}))
 
 
 def test_a_persistent_refusal_is_retried_with_exponential_backoff_up_to_five_minutes() -> None:
@@ -75,8 +76,8 @@ def test_a_persistent_refusal_is_retried_with_exponential_backoff_up_to_five_min
 
 def test_a_transient_failure_backs_off_too_but_is_retried_within_30_s() -> None:
     """An API server restarting (503, a refused connection) comes back: keep retrying often."""
-    for exc in (ApiException(status=503, reason="Service Unavailable"), ConnectionRefusedError(111, "refused"),
-                ApiException(status=429, reason="Too Many Requests")):
+    for exc in (ApiError(status=503, reason="Service Unavailable"), ConnectionRefusedError(111, "refused"),
+                ApiError(status=429, reason="Too Many Requests")):
         times = _attempts(exc, 600)
         gaps = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]
         assert gaps[:4] == [2, 4, 8, 16] and max(gaps) == 30, (exc, gaps)
@@ -123,6 +124,40 @@ def test_a_plain_api_exception_is_classified_by_its_status_and_body() -> None:
     failure = retry_after(_forbidden(), 1).failure
     assert failure is not None and failure.persistent and failure.status == 403
     assert "cannot patch" in failure.describe()
+
+
+def _connection_errors() -> list[BaseException]:
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", 1)
+    refused = NewConnectionError(pool, "Failed to establish a new connection: [Errno 111] Connection refused")  # type: ignore[arg-type]
+    return [refused, MaxRetryError(pool, "/api", refused), ProtocolError("Connection aborted.", ConnectionResetError()),
+            ReadTimeoutError(pool, "/api", "Read timed out. (read timeout=30)"), ApiError()]
+
+
+@pytest.mark.parametrize("exc", _connection_errors(), ids=lambda e: type(e).__name__)
+def test_no_answer_at_all_is_transient(exc: BaseException) -> None:
+    """urllib3's connection errors (what the operator's client raises when the API server is away), and an ApiError
+    without a status: retried within 30 s, no failure reported on the status."""
+    from triton_operator.controller.errors import retry_after
+
+    retry = retry_after(exc, 10)
+    assert retry.failure is None and retry.delay == 30.0
+
+
+def test_a_real_refused_connection_is_transient() -> None:
+    """The operator's own client against a closed port: what it raises is retried as transient."""
+    from triton_operator.controller.errors import retry_after
+    from triton_operator.controller.kube import Kube
+    from triton_operator.controller.kubeconfig import Credentials, CredentialSource
+
+    class Closed(CredentialSource):
+        def _current(self) -> Credentials:
+            return Credentials(server="http://127.0.0.1:1")
+
+        _reload = _current
+
+    with pytest.raises(Exception) as raised:  # whatever urllib3 raises is the point
+        Kube(Closed()).get("v1", "Pod", "ns", "p")
+    assert retry_after(raised.value, 10).delay == 30.0, repr(raised.value)
 
 
 def test_a_bug_is_no_api_failure_and_backs_off_like_a_persistent_one() -> None:

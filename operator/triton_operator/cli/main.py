@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="without that notice, seconds the port must have been open before the probe passes")
     pr.set_defaults(func=cmd_probe)
 
-    from .run import add_commands  # `run` imports the controller (kopf, kubernetes) only when it runs
+    from .run import add_commands  # `run` imports the controller (kopf) only when it runs
 
     add_commands(sub)
     return p

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import uuid
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,21 @@ if TYPE_CHECKING:
     from ..controller.operator import WebhookSettings
 
 
+def block_unused_clients() -> None:
+    """Makes `import kubernetes` fail in this process (a None entry in sys.modules raises ImportError).
+
+    The operator talks to the API server with its own small client (`controller.kube`, `controller.kubeconfig`), but
+    kopf imports `kubernetes.client` at `import kopf` whenever that package is importable (for isinstance checks on
+    its model objects, which we never pass it), and its default login handlers try it too (we register our own).
+    That import alone is ~32 MB of the operator's RSS (issue 17). The image does not ship the package; a
+    development venv does (the tests use it), so the operator process blocks it itself.
+    """
+    if "kubernetes" not in sys.modules:
+        sys.modules["kubernetes"] = None  # type: ignore[assignment]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    block_unused_clients()  # before anything imports kopf
     # Here, not at the top: every command builds the parser, and `fetch` and `probe` start in every replica.
     import asyncio
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kubernetes.client.exceptions import ApiException
-
 from ..plan.planner import ApiFailure
 
 FIRST_DELAY = 2.0
@@ -23,7 +21,18 @@ TRANSIENT_CAP = 30.0
 PERSISTENT_CAP = 300.0
 
 
-class ApiCallError(ApiException):
+class ApiError(Exception):
+    """An answer of the API server that is an error: its HTTP status, reason and body (status 0: no answer)."""
+
+    def __init__(self, status: int = 0, reason: str = "", body: str | bytes | None = None) -> None:
+        super().__init__(status, reason)
+        self.status, self.reason, self.body = status, reason, body
+
+    def __str__(self) -> str:
+        return f"({self.status}) {self.reason}" + (f": {self.body!r}"[:400] if self.body else "")
+
+
+class ApiCallError(ApiError):
     """A call the API server answered with an error: what was asked (verb, kind, object) and what it said."""
 
     def __init__(self, verb: str, kind: str, namespace: str | None, name: str | None, status: int, reason: str,
@@ -46,7 +55,7 @@ def api_failure(exc: BaseException) -> ApiFailure | None:
     if isinstance(exc, ApiCallError):
         target = f"{exc.namespace}/{exc.name}" if exc.namespace else exc.name or ""
         return ApiFailure(exc.verb, exc.kind, target, int(exc.status), exc.reason or "", exc.message)
-    if isinstance(exc, ApiException) and exc.status:
+    if isinstance(exc, ApiError) and exc.status:
         message = ""
         try:
             message = str((json.loads(exc.body) if exc.body else {}).get("message") or "")
@@ -66,7 +75,7 @@ def retry_after(exc: BaseException, attempt: int) -> Retry:
     failure = api_failure(exc)
     transient = (failure is not None and not failure.persistent) or (
         failure is None and isinstance(exc, (OSError, TimeoutError, ConnectionError)))
-    if failure is None and (_from_urllib3(exc) or isinstance(exc, ApiException)):  # status 0: no answer at all
+    if failure is None and (_from_urllib3(exc) or isinstance(exc, ApiError)):  # status 0: no answer at all
         transient = True
     cap = TRANSIENT_CAP if transient else PERSISTENT_CAP
     return Retry(min(FIRST_DELAY * 2 ** min(max(attempt, 1) - 1, 16), cap), failure)

@@ -19,10 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from ..api.kinds import LEASE
 from ..api.timestamps import rfc3339
+from .errors import ApiError
 from .kube import Kube
 
 log = logging.getLogger("triton_operator.leader")
@@ -73,7 +72,7 @@ class LeaderElection:
                                      "acquireTime": now, "renewTime": now, "leaseTransitions": 0}
             try:
                 created = self.kube.create(self._lease(first))
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status == 409:  # another candidate created it first
                     return False
                 raise
@@ -91,7 +90,7 @@ class LeaderElection:
         spec.update(holderIdentity=self.settings.identity, leaseDurationSeconds=int(self.settings.lease_seconds), renewTime=now)
         try:
             updated = self.kube.replace(self._lease(spec, current["metadata"]))
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:  # changed since read: someone else renewed or took it
                 return False
             raise
@@ -148,5 +147,5 @@ class LeaderElection:
         try:
             self.kube.replace(self._lease(spec, current["metadata"]))
             log.info("Released the lease lease=%s/%s identity=%s", self.settings.namespace, self.settings.name, self.settings.identity)
-        except ApiException as exc:
+        except ApiError as exc:
             log.warning("Could not release the lease error=%s", exc)

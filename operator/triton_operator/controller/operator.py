@@ -27,6 +27,7 @@ from ..render.webhook import WebhookTarget
 from .cache import Cache
 from .gate import WarmupGate
 from .kube import Kube
+from .kubeconfig import Credentials
 from .leader import ElectionSettings, LeaderElection
 from .namespaces import NamespaceSet, has_patterns
 from .reconcile import Reconciler
@@ -177,23 +178,19 @@ async def _drift_loop(interval: float) -> None:
                 STATE.reconciler.request(namespace, name)
 
 
-def _connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-    """kopf's credentials from the kubernetes client's default configuration (as kopf.login_via_client reads it)."""
-    from kubernetes import client
-
-    cfg = client.Configuration.get_default_copy()
-    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
-    scheme, _, token = header.rpartition(" ")
+def _connection_info(settings: kopf.OperatorSettings, creds: Credentials) -> kopf.ConnectionInfo:
+    """kopf's credentials: the ones our own calls use. kopf has no setting for a kubeconfig's tls-server-name."""
     return kopf.ConnectionInfo(
-        server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
-        insecure=not cfg.verify_ssl,
-        username=cfg.username or None,
-        password=cfg.password or None,
-        scheme=scheme or None,
-        token=token or None,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
+        server=creds.server,
+        ca_path=creds.ca_path,
+        insecure=creds.insecure,
+        username=creds.username,
+        password=creds.password,
+        scheme="Bearer" if creds.token else None,
+        token=creds.token,
+        certificate_path=creds.certificate_path,
+        private_key_path=creds.private_key_path,
+        expiration=creds.expiration,
         trust_env=settings.networking.trust_env,
     )
 
@@ -308,9 +305,9 @@ async def run_operator(
         @kopf.on.login(registry=registry)
         def _login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
             # The same credentials our writes use (--kubeconfig, KUBECONFIG or in-cluster), re-read on every
-            # login: kopf.login_via_client ignores --kubeconfig and would watch another cluster, or none.
-            Kube.from_environment(kubeconfig)
-            return _connection_info(settings)
+            # login (kopf logs in again after a 401 or at an exec credential's expiration): kopf's own
+            # login_via_client would need the `kubernetes` package, which the operator process never imports.
+            return _connection_info(settings, STATE.kube.credentials.reload())
 
         await kopf.operator(
             registry=registry,
