@@ -18,9 +18,9 @@ import sys
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, VERSION, TritonModel
+from triton_operator.controller.errors import ApiError
 from triton_operator.controller.kube import Kube
 from triton_operator.render.kubernetes import render_children
 from triton_operator.render.modelconfig import render_repository
@@ -34,13 +34,13 @@ def _create_or_patch(child: dict[str, Any]) -> None:
     path = KUBE.path(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
     try:
         KUBE._call("GET", path)
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status != 404:
             raise
         try:
             KUBE._call("POST", KUBE.path(child["apiVersion"], child["kind"], meta["namespace"]), body=child)
             return
-        except ApiException as exc2:
+        except ApiError as exc2:
             if exc2.status != 409:  # created meanwhile (the timer's first run races the create handler): patch
                 raise
     KUBE._call("PATCH", path, body=child, content_type="application/merge-patch+json")
