@@ -22,16 +22,23 @@ def _run(code: str) -> dict[str, object]:
     return result
 
 
-def test_the_operators_modules_load_neither_numpy_nor_tritonclients_client() -> None:
+def test_the_operator_process_loads_none_of_the_libraries_it_does_not_use() -> None:
+    """What `triton-operator run` imports (its memory, issue 17): not numpy or tritonclient's client (the renderer
+    and the gate use only the generated modules), not the kubernetes client (blocked before kopf, which would
+    import it), not cryptography's x509 (only a webhook without a mounted certificate issues one)."""
     loaded = _run(
         "import json, sys\n"
-        "import triton_operator.controller.operator, triton_operator.cli.main, triton_operator.importer\n"
+        "from triton_operator.cli.run import block_unused_clients\n"
+        "block_unused_clients()\n"
+        "import kopf, triton_operator.controller.operator, triton_operator.cli.main, triton_operator.importer\n"
         "from triton_operator.render.modelconfig import pb\n"
-        "print(json.dumps({m: m in sys.modules for m in ('numpy', 'tritonclient.grpc', 'tritonclient.utils',"
-        " 'tritonclient.grpc.aio')} | {'schema': pb.ModelConfig.DESCRIPTOR.full_name}))"
+        "print(json.dumps({m: sys.modules.get(m) is not None for m in ('numpy', 'tritonclient.grpc',"
+        " 'tritonclient.utils', 'tritonclient.grpc.aio', 'kubernetes', 'cryptography.x509')}"
+        " | {'schema': pb.ModelConfig.DESCRIPTOR.full_name}))"
     )
     assert loaded == {"numpy": False, "tritonclient.grpc": False, "tritonclient.utils": False,
-                      "tritonclient.grpc.aio": False, "schema": "inference.ModelConfig"}
+                      "tritonclient.grpc.aio": False, "kubernetes": False, "cryptography.x509": False,
+                      "schema": "inference.ModelConfig"}
 
 
 def test_tritonclient_imported_afterwards_is_whole_and_shares_the_generated_modules() -> None:

@@ -7,11 +7,6 @@ import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
 CERT_VALIDITY = dt.timedelta(days=365)
 RENEW_AFTER = dt.timedelta(days=240)  # two thirds of the validity
 
@@ -26,6 +21,13 @@ class Issued:
 
 def issue_certificate(hosts: list[str], now: dt.datetime | None = None) -> Issued:
     """A new self-signed CA and a serving certificate signed by it for `hosts` (DNS names or IPs)."""
+    # Here, not at the top: cryptography's x509 is 7 MB of the operator's memory, and only a webhook without a
+    # mounted certificate (`--webhook-cert-dir`) issues one (issue 17).
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     now = now or dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator webhook CA")])
