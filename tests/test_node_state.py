@@ -54,6 +54,14 @@ def test_a_root_still_in_use_stays_even_if_its_directory_is_gone(base: Path, tmp
     # A process naming the root on its command line, as containerd and the kubelet do (--config <root>/...).
     proc = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", f"{orphan}/gpu-node-1/x"])
     try:
+        # The premise first: the process shows the root in /proc (a CI run under load once saw the collection
+        # remove the root here; whether the premise held then is not known).
+        cmdline = Path(f"/proc/{proc.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while str(orphan) not in cmdline.read_bytes().decode(errors="replace") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert str(orphan) in cmdline.read_bytes().decode(errors="replace"), "the process never showed the root"
+        assert node.leftovers(tmp_path / "gone" / ".cluster"), "leftovers() does not see the process"
         assert node.gc_state_roots() == []
         assert orphan.exists()
     finally:
