@@ -256,7 +256,7 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         Row("model READY -> pod Ready, examples/warmup.yaml (READY seconds after its container starts)",
             cell(sw["ready"]), "-", "p95 <= 250 ms", bool(sw["ready"].get("n")) and sw["ready"]["p95"] <= 0.25),
         Row("model READY -> gate condition True (the operator's part)", cell(sg["warmed"]), "- (no gate)"),
-        Row("model READY over gRPC -> HTTP port open (tritonserver opens HTTP after gRPC; the gate waits for both)",
+        Row("model READY over gRPC -> HTTP port open (tritonserver opens HTTP after gRPC; the gate asks over HTTP)",
             cell(sg["http_open"]), cell(sp["http_open"])),
         Row("model READY -> ContainersReady (kubelet probes)", cell(sg["containers_ready"]), cell(sp["containers_ready"])),
         Row("model READY -> ContainersReady, examples/warmup.yaml", cell(sw["containers_ready"]), "-"),
@@ -280,10 +280,10 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         result.notes.append(
             f"Where the time goes (ours): the gate condition turns True {ms(sg['warmed']['p50'])} (p50) / "
             f"{ms(sg['warmed']['p95'])} (p95) after READY: while tritonserver still refuses connections (it opens "
-            "its ports only after loading and warming the model) the operator tries a TCP connect every 20 ms, "
-            "and asks over gRPC as soon as one is accepted; once the model is READY it also waits for the HTTP port, "
-            f"which tritonserver opens after gRPC ({ms(sg['http_open'].get('p50'))} p50 / "
-            f"{ms(sg['http_open'].get('p95'))} p95 later here). Pod Ready also needs the container ready. The "
+            "its ports only after loading and warming the model) the operator tries a TCP connect to the HTTP port "
+            "every 20 ms, and asks over HTTP as soon as one is accepted; tritonserver opens HTTP after gRPC "
+            f"({ms(sg['http_open'].get('p50'))} p50 / {ms(sg['http_open'].get('p95'))} p95 after gRPC's READY "
+            "here). Pod Ready also needs the container ready. The "
             f"operator's pod template has startupProbe {_probe(probes['startupProbe'])} and readinessProbe "
             f"{_probe(probes['readinessProbe'])}, answered by the pod's `probe` container: it holds each probe while "
             "tritonserver's HTTP port refuses connections and, once the port is open, passes it 30 ms after the "

@@ -171,7 +171,7 @@ def test_the_front_proxy_headers_count_only_from_an_allowed_certificate_name() -
 @pytest.mark.triton
 def test_triton_counters_show_the_queue_time_and_the_concurrency_of_a_loaded_model(tmp_path: Path) -> None:
     with serve(models_from_yaml(SLOW), tmp_path / "repo") as served:
-        address = served.server.grpc_url
+        address = served.server.http_url
         before = asyncio.run(model_counters(address, "slow"))
         start = time.monotonic()
 

@@ -1,7 +1,7 @@
 """The warm-up gate's wait for Triton's port: real sockets on 127.0.0.1, no Kubernetes.
 
 tritonserver opens its ports only once the models it loads at start are loaded and warm, so while a replica
-refuses connections the gate tries cheap TCP connects and asks over gRPC as soon as one is accepted."""
+refuses connections the gate tries cheap TCP connects and asks over HTTP as soon as one is accepted."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from triton_operator.controller import gate as gate_module
 from triton_operator.controller.gate import WarmupGate, _PodGate
 from triton_operator.triton.local import free_port
-from triton_operator.triton.replica import port_open, wait_port_open
+from triton_operator.triton.replica import port_open
 
 
 def _pod_gate() -> _PodGate:
@@ -40,7 +40,7 @@ def test_port_open_tells_a_listening_port_from_a_refusing_one() -> None:
 
 def test_wait_for_port_returns_once_the_port_opens(monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
-    monkeypatch.setattr(gate_module, "GRPC_PORT", port)
+    monkeypatch.setattr(gate_module, "HTTP_PORT", port)
 
     async def run() -> dict[str, Any]:
         gate = WarmupGate(kube=None)  # type: ignore[arg-type] - the wait never talks to the API server
@@ -58,7 +58,7 @@ def test_wait_for_port_returns_once_the_port_opens(monkeypatch: pytest.MonkeyPat
         opened["result"] = result
         opened["probing after"] = gate.probing
         opened["open at return"] = await port_open(f"127.0.0.1:{port}")
-        # Open already: no wait, the caller polls at its usual interval (Triton took too long to answer over gRPC).
+        # Open already: no wait, the caller polls at its usual interval (Triton took too long to answer).
         opened["when open already"] = await asyncio.wait_for(gate._wait_for_port(pod), timeout=10)
         opened["server"].close()
         await opened["server"].wait_closed()
@@ -72,7 +72,7 @@ def test_wait_for_port_returns_once_the_port_opens(monkeypatch: pytest.MonkeyPat
 
 def test_wait_for_port_returns_on_a_pod_event(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pod event (the container died, the pod is going) ends the wait although nothing ever listens."""
-    monkeypatch.setattr(gate_module, "GRPC_PORT", free_port())
+    monkeypatch.setattr(gate_module, "HTTP_PORT", free_port())
 
     async def run() -> tuple[bool, bool, int]:
         gate = WarmupGate(kube=None)  # type: ignore[arg-type]
@@ -84,26 +84,3 @@ def test_wait_for_port_returns_on_a_pod_event(monkeypatch: pytest.MonkeyPatch) -
         return still_waiting, await asyncio.wait_for(waiter, timeout=10), gate.probing
 
     assert asyncio.run(run()) == (True, True, 0)
-
-
-def test_wait_port_open_waits_for_a_port_that_opens_moments_later() -> None:
-    """tritonserver opens HTTP a moment after gRPC: the gate's check waits that moment out, and no longer."""
-    async def run() -> tuple[bool, bool, bool]:
-        port = free_port()
-        address = f"127.0.0.1:{port}"
-        never = await wait_port_open(address, within=0.2)
-        servers: list[asyncio.Server] = []
-
-        async def open_later() -> None:
-            await asyncio.sleep(0.1)
-            servers.append(await _serve(port))
-
-        opener = asyncio.create_task(open_later())
-        later = await wait_port_open(address, within=5)
-        await opener
-        now = await wait_port_open(address, within=0)
-        servers[0].close()
-        await servers[0].wait_closed()
-        return never, later, now
-
-    assert asyncio.run(run()) == (False, True, True)

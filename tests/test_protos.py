@@ -1,5 +1,6 @@
-"""tritonclient's generated modules without tritonclient's client (`api.protos`), and the operator's own gRPC
-client (`triton.rpc`): what the operator's memory figure (issue 17) rests on, and that nothing else changes."""
+"""tritonclient's generated modules without tritonclient's client (`api.protos`), and the operator's own HTTP
+client for Triton (`triton.rest`): what the operator's memory figure (issue 17) rests on, and that nothing else
+changes. `tests/test_versions.py`, `test_reload_live.py` and `test_autoscaling.py` ask a real tritonserver with it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ import json
 import subprocess
 import sys
 
-import grpc
 import pytest
 
 from triton_operator.triton.local import free_port
-from triton_operator.triton.rpc import TritonClient, TritonError
+from triton_operator.triton.rest import TritonClient, TritonError
 
 
 def _run(code: str) -> dict[str, object]:
@@ -24,8 +24,9 @@ def _run(code: str) -> dict[str, object]:
 
 def test_the_operator_process_loads_none_of_the_libraries_it_does_not_use() -> None:
     """What `triton-operator run` imports (its memory, issue 17): not numpy or tritonclient's client (the renderer
-    and the gate use only the generated modules), not the kubernetes client (blocked before kopf, which would
-    import it), not cryptography's x509 (only a webhook without a mounted certificate issues one)."""
+    and the gate use only the generated modules), not grpc (the operator asks Triton over HTTP, with the aiohttp kopf
+    loads anyway), not the kubernetes client (blocked before kopf, which would import it), not cryptography's x509
+    (only a webhook without a mounted certificate issues one)."""
     loaded = _run(
         "import json, sys\n"
         "from triton_operator.cli.run import block_unused_clients\n"
@@ -33,11 +34,11 @@ def test_the_operator_process_loads_none_of_the_libraries_it_does_not_use() -> N
         "import kopf, triton_operator.controller.operator, triton_operator.cli.main, triton_operator.importer\n"
         "from triton_operator.render.modelconfig import pb\n"
         "print(json.dumps({m: sys.modules.get(m) is not None for m in ('numpy', 'tritonclient.grpc',"
-        " 'tritonclient.utils', 'tritonclient.grpc.aio', 'kubernetes', 'cryptography.x509')}"
+        " 'tritonclient.utils', 'tritonclient.grpc.aio', 'grpc', 'kubernetes', 'cryptography.x509')}"
         " | {'schema': pb.ModelConfig.DESCRIPTOR.full_name}))"
     )
     assert loaded == {"numpy": False, "tritonclient.grpc": False, "tritonclient.utils": False,
-                      "tritonclient.grpc.aio": False, "kubernetes": False, "cryptography.x509": False,
+                      "tritonclient.grpc.aio": False, "grpc": False, "kubernetes": False, "cryptography.x509": False,
                       "schema": "inference.ModelConfig"}
 
 
@@ -69,7 +70,7 @@ def test_the_generated_modules_come_from_the_package_once_it_is_imported() -> No
     assert seen == {"same": True}
 
 
-def test_a_call_to_a_closed_port_is_a_triton_error_with_grpcs_status() -> None:
+def test_a_call_to_a_closed_port_is_a_triton_error_without_a_status() -> None:
     async def ask() -> TritonError:
         async with TritonClient(f"127.0.0.1:{free_port()}") as client:
             with pytest.raises(TritonError) as caught:
@@ -77,5 +78,5 @@ def test_a_call_to_a_closed_port_is_a_triton_error_with_grpcs_status() -> None:
             return caught.value
 
     error = asyncio.run(ask())
-    assert error.code == grpc.StatusCode.UNAVAILABLE
-    assert error.message()
+    assert error.status is None  # no answer at all: nothing listens
+    assert "/v2/models/add_sub/ready" in error.message(), error.message()

@@ -169,7 +169,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def address(server: Served) -> str:
-    return server.server.grpc_url
+    """Where the operator asks a replica's Triton: its HTTP endpoint (`triton.rest`)."""
+    return server.server.http_url
 
 
 def served_digest(server: Served, name: str) -> str | None:

@@ -16,7 +16,7 @@ metric (resource `tritonmodels.<group>`, subresource the metric name). Both verd
 
 The samples are this replica's own (followers too: the Service may send the HPA to any replica). A model is
 sampled from the first time it is asked about until nobody asked for `IDLE_SECONDS`: its pods are listed and
-every warmed one's statistics read over gRPC each `SAMPLE_SECONDS`. The first request for a model waits for
+every warmed one's statistics read over HTTP each `SAMPLE_SECONDS`. The first request for a model waits for
 two samples. Only this module and `triton.stats` do this; `plan.autoscaling` computes, pure.
 """
 
@@ -44,7 +44,7 @@ from ..api.v1alpha1 import GROUP, KIND, PLURAL
 from ..plan.autoscaling import WINDOW_SECONDS, Sample, delta, model_metrics, replica_metrics, trim
 from ..plan.status import warmed
 from ..render.autoscaling import METRICS, quantity
-from ..render.kubernetes import ANNOTATION_TRITON_NAME, GRPC_PORT
+from ..render.kubernetes import ANNOTATION_TRITON_NAME, HTTP_PORT
 from ..triton.stats import model_counters
 from .kube import Kube
 
@@ -233,7 +233,7 @@ class Collector:
                 return
             async with self.sem:
                 try:
-                    counters = await model_counters(f"{ip}:{GRPC_PORT}", triton_name)
+                    counters = await model_counters(f"{ip}:{HTTP_PORT}", triton_name)
                 except Exception as exc:  # noqa: BLE001 - one replica not answering: its samples wait
                     log.debug("No statistics from pod=%s error=%r", pod["metadata"]["name"], exc)
                     return

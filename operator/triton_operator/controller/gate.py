@@ -1,14 +1,14 @@
 """The warm-up gate: a pod readiness-gate condition that turns True only when its Triton
 serves the desired config (model and every ensemble step READY, loaded digest equal to
-the one the pod was created for, its HTTP port open as well as its gRPC one) and warm-up
-is over.
+the one the pod was created for, asked over its HTTP port, which tritonserver opens after
+gRPC) and warm-up is over.
 
 One asyncio task per pod whose tritonserver container is running. While Triton
 still refuses connections (it opens its ports only once its models are loaded and
-warm) it tries a TCP connect every 20 ms, and asks over gRPC as soon as one is
+warm) it tries a TCP connect every 20 ms, and asks over HTTP as soon as one is
 accepted; with the port open it polls at the pod's interval while the replica
 warms, backs off once it is stable, and is woken at once by any event on its pod
-(a crash flips the gate within one round trip). Concurrent gRPC checks are
+(a crash flips the gate within one round trip). Concurrent checks are
 bounded, and so is the rate of connects over all pods, so cost stays flat with
 hundreds of pods.
 """
@@ -36,7 +36,6 @@ from ..render.kubernetes import (
     ANNOTATION_STEPS,
     ANNOTATION_TRITON_NAME,
     ANNOTATION_VERSIONS,
-    GRPC_PORT,
     HTTP_PORT,
     PROBE_CONTAINER,
     PROBE_PORT,
@@ -70,12 +69,7 @@ class _PodGate:
 
     @property
     def address(self) -> str:
-        """host:port of the pod's Triton gRPC endpoint."""
-        return f"{(self.body.get('status') or {}).get('podIP')}:{GRPC_PORT}"
-
-    @property
-    def http_address(self) -> str:
-        """host:port of the pod's Triton HTTP endpoint."""
+        """host:port of the pod's Triton HTTP endpoint, which the operator asks (`triton.rest`)."""
         return f"{(self.body.get('status') or {}).get('podIP')}:{HTTP_PORT}"
 
 
@@ -154,8 +148,8 @@ class WarmupGate:
                 await asyncio.wait_for(gate.wake.wait(), timeout=delay)
 
     async def _wait_for_port(self, gate: _PodGate) -> bool:
-        """While Triton's gRPC port refuses connections: returns once it accepts one or the pod has an event, so
-        READY is seen within a connect interval of the port opening instead of within a gRPC poll interval.
+        """While Triton's HTTP port refuses connections: returns once it accepts one or the pod has an event, so
+        READY is seen within a connect interval of the port opening instead of within a poll interval.
         False at once when the port is open already (Triton took too long to answer): the caller waits as usual."""
         if await port_open(gate.address):
             return False
@@ -243,7 +237,7 @@ class WarmupGate:
         async with self.sem:
             verdict = await check_replica(
                 gate.address, ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, ""),
-                versions=versions, also=ann.get(ANNOTATION_PREVIOUS), http_address=gate.http_address,
+                versions=versions, also=ann.get(ANNOTATION_PREVIOUS),
             )
         if verdict.ready_seen and gate.ready_seen_at is None:
             gate.ready_seen_at = time.monotonic()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 
 from ..api.v1alpha1 import DIGEST_PARAMETER
-from .rpc import TritonClient, TritonError
+from .rest import TritonClient, TritonError
 
 
 @dataclass(frozen=True)

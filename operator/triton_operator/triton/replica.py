@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..api.v1alpha1 import DIGEST_PARAMETER
-from .rpc import TritonClient, TritonError
+from .rest import TritonClient, TritonError
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,14 @@ async def check_replica(
     timeout: float = 2.0,
     versions: Mapping[str, tuple[int, ...]] | None = None,
     also: str | None = None,
-    http_address: str | None = None,
 ) -> ReplicaVerdict:
-    """One round of questions to the Triton at `address` (host:port of gRPC).
+    """One round of questions to the Triton at `address` (host:port of its HTTP endpoint).
 
     `versions` names, by Triton model name, the versions that must each be READY (the policy's served ones); a
     model it does not name is asked about its latest version. `also` is a second digest the replica may serve
-    (in-place Swap: the config it served before, while the new one loads beside it). `http_address` (host:port),
-    when given, must accept connections too: tritonserver opens gRPC first and HTTP after it, so a replica that
-    answers READY over gRPC may still refuse HTTP for a moment (longer on a loaded machine)."""
+    (in-place Swap: the config it served before, while the new one loads beside it). The questions go over HTTP,
+    the port tritonserver opens last (gRPC, then HTTP): a replica that answered READY over gRPC alone could still
+    refuse HTTP clients for a moment (tens of milliseconds in the pods here, longer on a loaded machine)."""
     versions = versions or {}
     client = TritonClient(address)
     try:
@@ -69,28 +68,22 @@ async def check_replica(
                     loaded=loaded or None,
                 )
         served = f" (versions {', '.join(map(str, versions[model]))})" if versions.get(model) else ""
-        if http_address and not await wait_port_open(http_address, within=timeout):
-            return ReplicaVerdict(
-                False, "TritonUnreachable",
-                f"model {model} is READY over gRPC but Triton's HTTP port {http_address} refuses connections",
-                ready_seen=True, loaded=first or None,
-            )
         return ReplicaVerdict(
             True, "ModelWarmed", f"model {model}{served} is READY with config digest {first}", ready_seen=True,
             loaded=first or None,
         )
     except TritonError as exc:
-        return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc.message() or exc}")
-    except (TimeoutError, OSError) as exc:
-        return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc}")
+        if exc.status is not None:  # it answered, with an error: not a question of reaching it
+            return ReplicaVerdict(False, "TritonUnreachable", f"Triton answered {exc.status}: {exc.message()}")
+        return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc.message()}")
     finally:
         await client.close()
 
 
 async def port_open(address: str, timeout: float = 1.0) -> bool:
     """Whether something accepts a TCP connection at `address` (host:port): tritonserver opens its ports only
-    once the models it loads at start are loaded and warm, so while it refuses, a gRPC round is not worth asking.
-    A refused connect costs a few syscalls; a gRPC channel costs far more."""
+    once the models it loads at start are loaded and warm, so while it refuses, a round of questions is not worth
+    asking. A refused connect costs a few syscalls."""
     host, _, port = address.rpartition(":")
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
@@ -99,18 +92,6 @@ async def port_open(address: str, timeout: float = 1.0) -> bool:
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
-    return True
-
-
-async def wait_port_open(address: str, within: float, interval: float = 0.005) -> bool:
-    """Whether `address` accepts a TCP connection within `within` seconds, trying every `interval`: for a port
-    that opens moments after another (Triton's HTTP after its gRPC)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await port_open(address, timeout=max(0.01, deadline - loop.time())):
-        if loop.time() + interval >= deadline:
-            return False
-        await asyncio.sleep(interval)
     return True
 
 

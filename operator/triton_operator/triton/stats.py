@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ..plan.autoscaling import Counters
-from .rpc import TritonClient
+from .rest import TritonClient
 
 
 async def model_counters(address: str, model: str, timeout: float = 2.0) -> Counters:
-    """The counters of `model` (every version summed) at the Triton whose gRPC endpoint is `address`.
+    """The counters of `model` (every version summed) at the Triton whose HTTP endpoint is `address`.
 
     A request counts once it is done (success or failure): Triton's statistics show nothing of one in flight."""
     async with TritonClient(address) as client:

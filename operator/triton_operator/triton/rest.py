@@ -1,0 +1,122 @@
+"""The operator's client for Triton: the few calls it makes, over Triton's HTTP/REST API (KServe v2 and Triton's
+repository, config and statistics extensions), with aiohttp.
+
+The operator asks only about models and the repository, never for an inference, and aiohttp is loaded anyway
+(kopf's own client): so neither tritonclient's client (numpy) nor grpc is loaded in the operator's process
+(issue 17: its memory). The answers are parsed into tritonclient's generated messages (`api.protos`), the very
+types a gRPC answer has, so callers read `ModelConfig`, `RepositoryIndexResponse` and `ModelStatisticsResponse`
+fields as ever. Errors come as `TritonError`: Triton's own message, and the HTTP status when Triton answered.
+
+HTTP is also the port tritonserver opens last (gRPC first, then HTTP, then metrics): a replica that answers here
+answers over both.
+"""
+
+from __future__ import annotations
+
+import json
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from google.protobuf import json_format
+
+from ..api import protos
+
+
+class TritonError(Exception):
+    """Triton refused or failed a call (`status`: the HTTP status), or did not answer (`status` None: nothing
+    listens, the connection broke, or the call's timeout passed)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def message(self) -> str:  # the accessor tritonclient's InferenceServerException has
+        return str(self.args[0]) if self.args else ""
+
+
+def _model_path(name: str, version: str = "") -> str:
+    path = f"/v2/models/{quote(name, safe='')}"
+    return f"{path}/versions/{quote(version, safe='')}" if version else path
+
+
+def _error_text(body: bytes) -> str:
+    """Triton's `{"error": "..."}`, else the body's start."""
+    try:
+        return str(json.loads(body).get("error") or "")
+    except (ValueError, AttributeError):
+        return body[:300].decode(errors="replace")
+
+
+class TritonClient:
+    """Calls to the Triton whose HTTP endpoint is `address` (host:port). Use as `async with`, or `close()`."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._base = f"http://{address}"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> TritonClient:
+        return self
+
+    async def __aexit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(self, method: str, path: str, timeout: float | None, body: Any = None,
+                       ok: tuple[int, ...] = (200,)) -> tuple[int, bytes]:
+        """(status, body) of one call; a status outside `ok` raises `TritonError` with Triton's message."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(trust_env=False)
+        data = None if body is None else json.dumps(body).encode()
+        headers = {} if data is None else {"Content-Type": "application/json"}
+        try:
+            async with self._session.request(method, self._base + path, data=data, headers=headers,
+                                             timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                answer = await resp.read()
+                status = resp.status
+        except TimeoutError:
+            raise TritonError(f"no answer from {self.address} within {timeout}s ({method} {path})") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise TritonError(f"{method} {path} at {self.address} failed: {exc}") from None
+        if status not in ok:
+            raise TritonError(_error_text(answer) or f"HTTP {status}", status)
+        return status, answer
+
+    async def is_model_ready(self, name: str, version: str = "", timeout: float | None = None) -> bool:
+        """READY (200), or not (400: loading, failed, unloaded or unknown)."""
+        status, _ = await self._request("GET", _model_path(name, version) + "/ready", timeout, ok=(200, 400))
+        return status == 200
+
+    async def model_config(self, name: str, version: str = "", timeout: float | None = None) -> Any:
+        """The config Triton has loaded for the model, as a `ModelConfig` message."""
+        _, answer = await self._request("GET", _model_path(name, version) + "/config", timeout)
+        return json_format.Parse(answer, protos.generated("model_config_pb2").ModelConfig(),
+                                 ignore_unknown_fields=True)
+
+    async def repository_index(self, timeout: float | None = None) -> Any:
+        """Every model in the repository, one entry per version, with its state and reason (`.models`)."""
+        _, answer = await self._request("POST", "/v2/repository/index", timeout, body={})
+        return json_format.ParseDict({"models": json.loads(answer)},
+                                     protos.generated("service_pb2").RepositoryIndexResponse(),
+                                     ignore_unknown_fields=True)
+
+    async def load_model(self, name: str, config: str | None = None, timeout: float | None = None) -> None:
+        """Loads `name` (explicit model control); `config` (JSON) overrides the repository's config.pbtxt. Returns
+        once the model is loaded (and warmed up), or raises with Triton's reason."""
+        body = {"parameters": {"config": config}} if config is not None else {}
+        await self._request("POST", f"/v2/repository/models/{quote(name, safe='')}/load", timeout, body=body)
+
+    async def unload_model(self, name: str, timeout: float | None = None) -> None:
+        await self._request("POST", f"/v2/repository/models/{quote(name, safe='')}/unload", timeout, body={})
+
+    async def statistics(self, name: str, version: str = "", timeout: float | None = None) -> Any:
+        """The model's cumulative statistics, one entry per version (`.model_stats`)."""
+        _, answer = await self._request("GET", _model_path(name, version) + "/stats", timeout)
+        return json_format.Parse(answer, protos.generated("service_pb2").ModelStatisticsResponse(),
+                                 ignore_unknown_fields=True)
