@@ -364,13 +364,16 @@ def test_deleted_pod_runs_prestop_hooks_and_serves_until_sigterm(kube: Kube, nam
     # The exec hook ran inside the container (its /scratch) before the container got SIGTERM.
     assert _output(execer_log)[1:] == ["SIGTERM received; preStop marker present=True", "exited cleanly"]
 
+# The operator's own API access (`controller.kube` over `controller.kubeconfig`'s in-cluster credentials), in its
+# image, which ships no `kubernetes` client (issue 17: the operator's memory).
 IN_CLUSTER_SCRIPT = """
-import os
-from kubernetes import client, config
-config.load_incluster_config()
+import importlib.util, os
+from triton_operator.controller.kube import Kube
+kube = Kube.from_environment()
 ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
-pods = client.CoreV1Api().list_namespaced_pod(ns)
-print("listed", sorted(p.metadata.name for p in pods.items), "as", os.environ["POD_NAME"], os.environ["GREETING"])
+pods = kube.list("v1", "Pod", ns)
+print("listed", sorted(p["metadata"]["name"] for p in pods), "as", os.environ["POD_NAME"], os.environ["GREETING"])
+print("kubernetes client installed:", importlib.util.find_spec("kubernetes") is not None)
 """
 
 
@@ -395,6 +398,7 @@ def test_operator_image_pod_reaches_api_server_with_its_service_account(kube: Ku
     log = nodes.container_log(pod, "client")
     assert pod["status"]["phase"] == "Succeeded", log
     assert "listed ['in-cluster'] as in-cluster hello" in log
+    assert "kubernetes client installed: False" in log, log
     terminated = container_status(pod, "client")["state"]["terminated"]
     assert terminated["exitCode"] == 0 and terminated["reason"] == "Completed"
 
