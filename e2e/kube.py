@@ -223,6 +223,12 @@ class Kube:
             obj["kind"], md["name"], obj, md.get("namespace"), sub, type="apply", field_manager=field_manager, force=True
         )
 
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A bound token of the ServiceAccount `namespace/name` (TokenRequest), valid for `seconds`."""
+        return self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}},
+        )["status"]["token"]
+
     def watch(
         self,
         kind: str,

@@ -33,9 +33,7 @@ def control_plane() -> Iterator[LocalCluster]:
 def _exec_kubeconfig(kube: Kube, admin: Path, out: Path) -> Path:
     """A kubeconfig whose user is an exec plugin (relative to the kubeconfig's directory) printing the token of a
     ServiceAccount bound to cluster-admin."""
-    token = kube.request("POST", "/api/v1/namespaces/default/serviceaccounts/default/token", {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
-    )["status"]["token"]
+    token = kube.service_account_token("default", "default")
     kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "exec-user"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},

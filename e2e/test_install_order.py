@@ -36,9 +36,7 @@ def control_plane() -> Iterator[LocalCluster]:
 
 
 def _token_kubeconfig(kube: Kube, admin: Path, namespace: str, sa: str, out: Path) -> Path:
-    token = kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token", {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
-    )["status"]["token"]
+    token = kube.service_account_token(namespace, sa)
     cfg = json.loads(admin.read_text())
     cfg["users"] = [{"name": sa, "user": {"token": token}}]
     cfg["contexts"][0]["context"]["user"] = sa
