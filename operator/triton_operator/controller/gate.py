@@ -46,6 +46,7 @@ from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
 from .kube import Kube
 from .reload import reload_replica
+from .tasks import detached
 
 log = logging.getLogger("triton_operator.gate")
 
@@ -104,7 +105,7 @@ class WarmupGate:
         gate.body = body
         gate.wake.set()
         if gate.task is None or gate.task.done():
-            gate.task = asyncio.create_task(self._run(gate), name=f"gate-{key[0]}/{key[1]}")
+            gate.task = detached(self._run(gate), name=f"gate-{key[0]}/{key[1]}")
 
     async def stop(self) -> None:
         tasks = [t for g in list(self.pods.values()) for t in (g.task, g.reload) if t]

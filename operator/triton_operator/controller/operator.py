@@ -31,6 +31,7 @@ from .kubeconfig import Credentials
 from .leader import ElectionSettings, LeaderElection
 from .namespaces import NamespaceSet, has_patterns
 from .reconcile import Reconciler
+from .tasks import detached
 from .webhook import AdmissionWebhook
 
 log = logging.getLogger("triton_operator")
@@ -98,7 +99,7 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         # fast (bench.scale phases, issue 17). A later event for the object just starts a new worker.
         settings.queueing.idle_timeout = 0.5
         STATE.gate = WarmupGate(STATE.kube, on_change=lambda ns, name: STATE.reconciler.request(ns, name))
-        STATE.drift = asyncio.create_task(_drift_loop(drift_interval), name="drift")
+        STATE.drift = detached(_drift_loop(drift_interval), name="drift")
 
     @kopf.on.cleanup(registry=registry)
     async def _cleanup(**_: Any) -> None:

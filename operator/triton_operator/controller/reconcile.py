@@ -29,6 +29,7 @@ from . import metrics
 from .cache import Cache, lean
 from .errors import api_failure, retry_after
 from .kube import Kube
+from .tasks import detached
 
 log = logging.getLogger("triton_operator.reconcile")
 
@@ -58,9 +59,18 @@ class Reconciler:
         ev.set()
         task = self._workers.get(key)
         if task is None or task.done():
-            self._workers[key] = asyncio.create_task(self._worker(key), name=f"reconcile-{namespace}/{name}")
+            self._workers[key] = detached(self._worker(key), name=f"reconcile-{namespace}/{name}")
 
     async def _worker(self, key: tuple[str, str]) -> None:
+        try:
+            await self._work(key)
+        finally:
+            # No await between the worker's last look at its request and here, and `request` replaces only a
+            # finished worker: the entries are this worker's. A later request starts a new one.
+            self._workers.pop(key, None)
+            self._dirty.pop(key, None)
+
+    async def _work(self, key: tuple[str, str]) -> None:
         ev = self._dirty[key]
         failures = 0
         while ev.is_set():
