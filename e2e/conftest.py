@@ -192,6 +192,15 @@ ISOLATED_ROOT = session_root() / ".cluster" / "isolated"
 
 
 @pytest.fixture
+def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """A control plane with no nodes for one test, under its module's `ROOT` (`.cluster/<name>`): whatever a killed
+    run left there is stopped first, and everything is stopped afterwards."""
+    local = LocalCluster(request.module.ROOT, nodes=())
+    with local.running_fresh():
+        yield local
+
+
+@pytest.fixture
 def isolated_cluster(request: pytest.FixtureRequest) -> Iterator[IsolatedCluster]:
     """A fresh control plane (own ports, certificates, etcd data and logs under `ISOLATED_ROOT`), one real node
     (`gpu-node-1` with `DEFAULT_GPUS` fake GPUs, its own subnet, bridge and cgroups; no kube-proxy: the session's owns the host's

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,6 @@ pytestmark = pytest.mark.cluster
 
 ROOT = session_root() / ".cluster" / "credentials"
 TEAM = "team-c"
-
-
-@pytest.fixture
-def control_plane() -> Iterator[LocalCluster]:
-    local = LocalCluster(ROOT, nodes=())
-    with local.running_fresh():
-        yield local
 
 
 def _exec_kubeconfig(kube: Kube, admin: Path, out: Path) -> Path:

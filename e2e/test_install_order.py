@@ -13,7 +13,6 @@ import json
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,6 @@ pytestmark = pytest.mark.cluster
 
 ROOT = session_root() / ".cluster" / "install-order"
 TEAM = "team-a"
-
-
-@pytest.fixture
-def control_plane() -> Iterator[LocalCluster]:
-    local = LocalCluster(ROOT, nodes=())
-    with local.running_fresh():
-        yield local
 
 
 def _token_kubeconfig(kube: Kube, admin: Path, namespace: str, sa: str, out: Path) -> Path:
