@@ -26,19 +26,26 @@ def test_the_operator_process_loads_none_of_the_libraries_it_does_not_use() -> N
     """What `triton-operator run` imports (its memory, issue 17): not numpy or tritonclient's client (the renderer
     and the gate use only the generated modules), not grpc (the operator asks Triton over HTTP, with the aiohttp kopf
     loads anyway), not the kubernetes client (blocked before kopf, which would import it), not cryptography's x509
-    (only a webhook without a mounted certificate issues one)."""
+    (only a webhook without a mounted certificate issues one). After the block, `import kubernetes` fails."""
     loaded = _run(
         "import json, sys\n"
         "from triton_operator.cli.run import block_unused_clients\n"
         "block_unused_clients()\n"
         "import kopf, triton_operator.controller.operator, triton_operator.cli.main, triton_operator.importer\n"
         "from triton_operator.render.modelconfig import pb\n"
+        "try:\n"
+        "    import kubernetes\n"
+        "    refused = False\n"
+        "except ImportError:\n"
+        "    refused = True\n"
         "print(json.dumps({m: sys.modules.get(m) is not None for m in ('numpy', 'tritonclient.grpc',"
         " 'tritonclient.utils', 'tritonclient.grpc.aio', 'grpc', 'kubernetes', 'cryptography.x509')}"
-        " | {'schema': pb.ModelConfig.DESCRIPTOR.full_name}))"
+        " | {'kubernetes submodules': sorted(m for m in sys.modules if m.startswith('kubernetes.')),"
+        " 'import kubernetes refused': refused, 'schema': pb.ModelConfig.DESCRIPTOR.full_name}))"
     )
     assert loaded == {"numpy": False, "tritonclient.grpc": False, "tritonclient.utils": False,
                       "tritonclient.grpc.aio": False, "grpc": False, "kubernetes": False, "cryptography.x509": False,
+                      "kubernetes submodules": [], "import kubernetes refused": True,
                       "schema": "inference.ModelConfig"}
 
 
