@@ -36,45 +36,34 @@ class Loaded:
     message: str  # Triton's own, when the load failed
 
 
-def _client(address: str) -> TritonClient:
-    return TritonClient(address)
-
-
 async def served(address: str, name: str, timeout: float = 5.0) -> Served | None:
     """What the replica serves for `name`, or None when it has no READY copy of it."""
-    client = _client(address)
-    try:
+    async with TritonClient(address) as client:
         if not await client.is_model_ready(name, timeout=timeout):
             return None
         cfg = await client.model_config(name, timeout=timeout)
-        param = cfg.parameters.get(DIGEST_PARAMETER)
-        idle = None
-        if cfg.HasField("sequence_batching"):
-            # Triton's default idle timeout is 1 s when the config names none
-            idle = (cfg.sequence_batching.max_sequence_idle_microseconds or 1_000_000) / 1e6
-        text = json_format.MessageToJson(cfg, preserving_proto_field_name=True, indent=None)
-        return Served(text, param.string_value if param is not None and param.string_value else None, idle)
-    finally:
-        await client.close()
+    param = cfg.parameters.get(DIGEST_PARAMETER)
+    idle = None
+    if cfg.HasField("sequence_batching"):
+        # Triton's default idle timeout is 1 s when the config names none
+        idle = (cfg.sequence_batching.max_sequence_idle_microseconds or 1_000_000) / 1e6
+    text = json_format.MessageToJson(cfg, preserving_proto_field_name=True, indent=None)
+    return Served(text, param.string_value if param is not None and param.string_value else None, idle)
 
 
 async def requests_seen(address: str, name: str, timeout: float = 5.0) -> int:
     """Requests the replica has received for `name` so far (succeeded and failed, every version): a count that
     stops moving once no request arrives."""
-    client = _client(address)
-    try:
+    async with TritonClient(address) as client:
         stats = await client.statistics(name, timeout=timeout)
-        return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in stats.model_stats)
-    finally:
-        await client.close()
+    return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in stats.model_stats)
 
 
 async def unloaded(address: str, name: str, timeout: float, interval: float = 0.25) -> bool:
     """Waits, for at most `timeout` seconds, until no copy of `name` is UNLOADING (requests in flight and open
     streams done, the copy gone from memory); whether it got there."""
-    client = _client(address)
     deadline = time.monotonic() + timeout
-    try:
+    async with TritonClient(address) as client:
         while True:
             index = await client.repository_index(timeout=10.0)
             if not any(m.name == name and m.state == "UNLOADING" for m in index.models):
@@ -82,30 +71,23 @@ async def unloaded(address: str, name: str, timeout: float, interval: float = 0.
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(interval)
-    finally:
-        await client.close()
 
 
 async def unload(address: str, name: str, timeout: float = 120.0) -> None:
     """Unloads `name` (Triton lets requests in flight finish first)."""
-    client = _client(address)
-    try:
+    async with TritonClient(address) as client:
         await client.unload_model(name, timeout=timeout)
-    finally:
-        await client.close()
 
 
 async def load(address: str, name: str, config: str, timeout: float = 600.0) -> Loaded:
     """Loads `name` with `config` (JSON) over the files the replica's repository holds; returns once Triton has
     the new copy READY (warm-up included) or has given up on it, with Triton's reason."""
     json.loads(config)  # a malformed config is our defect, not Triton's answer
-    client = _client(address)
-    try:
-        await client.load_model(name, config=config, timeout=timeout)
-        if not await client.is_model_ready(name, timeout=10.0):
-            return Loaded(False, "the load returned but the model is not READY")
-        return Loaded(True, "")
-    except TritonError as exc:
-        return Loaded(False, exc.message() or str(exc))
-    finally:
-        await client.close()
+    async with TritonClient(address) as client:
+        try:
+            await client.load_model(name, config=config, timeout=timeout)
+            if not await client.is_model_ready(name, timeout=10.0):
+                return Loaded(False, "the load returned but the model is not READY")
+            return Loaded(True, "")
+        except TritonError as exc:
+            return Loaded(False, exc.message() or str(exc))
