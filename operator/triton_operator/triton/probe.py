@@ -124,6 +124,11 @@ class Readiness:
 
 def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
           stop_poll: float = 0.1) -> int:
+    # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
+    # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
+    # soon as the port listens stays pending instead of killing the process.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle)
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -169,19 +174,12 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
                 super().handle_error(request, client_address)
 
     server = Server(listen, Handler)
-    stopping = threading.Event()
-
-    def on_term(signum: int, frame: object) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
     print(f"probe: answering readiness on {listen[0]}:{listen[1]} for tritonserver's HTTP port {target[0]}:{target[1]}"
           f" (hold {hold:g} s; passes {settle:g} s after the operator's POST {GATE_PATH}, else {head_start:g} s after the"
           " port opens)", file=sys.stderr, flush=True)
-    stopping.wait()
+    signal.sigwait(stop_signals)
     # tritonserver drains after the preStop sleep: keep answering until its port refuses, then go.
     print("probe: SIGTERM; waiting for tritonserver's HTTP port to close", file=sys.stderr, flush=True)
     while port_open(*target, timeout=stop_poll):
