@@ -30,7 +30,7 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, free_port, session_root
 from e2e.kube import RESOURCES, Kube, condition, wait_for
-from e2e.testing import metric_samples, ready_endpoints
+from e2e.testing import metric_samples, ready_addresses
 from triton_operator.api import kinds
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.v1alpha1 import GROUP, VERSION
@@ -340,8 +340,7 @@ class ChartOperator(OperatorHandle):
             pods = self.pods()
             if len(pods) < self.replicas or not all(self._operator_status(p).get("ready") is True for p in pods):
                 return False
-            serving = {a for ep in ready_endpoints(self.kube, RELEASE_NAMESPACE, self.webhook_service)
-                       for a in ep.get("addresses") or ()}
+            serving = ready_addresses(self.kube, RELEASE_NAMESPACE, self.webhook_service)
             if not all((p.get("status") or {}).get("podIP") in serving for p in pods):
                 return False
             if killed and self._operator_status(next((p for p in pods if p["metadata"]["name"] == killed), None)

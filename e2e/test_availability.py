@@ -25,7 +25,7 @@ from e2e.operator_fixtures import (
 )
 from e2e.test_operator import add_sub, rolled_out
 from e2e.test_rollouts import _two_ready_replicas
-from e2e.testing import ready_endpoints
+from e2e.testing import ready_addresses
 
 pytestmark = pytest.mark.cluster
 
@@ -74,9 +74,9 @@ def test_the_leader_killed_mid_rollout_a_follower_takes_over_the_rollout_complet
         # Until its kubelet notices the dead container (a PLEG relist, then the EndpointSlice controller), the dead
         # pod stays a ready endpoint of the webhook Service, and a review the API server sends there is refused
         # ("connection refused"), as for any webhook whose pod dies abruptly. When did it leave?
-        left = wait_for("the killed replica out of the webhook Service's ready endpoints", lambda: dead_ip not in {
-            a for ep in ready_endpoints(kube, RELEASE_NAMESPACE, webhook_service) for a in ep.get("addresses") or ()
-        } and time.monotonic(), 30, 0.05) - killed_at
+        left = wait_for("the killed replica out of the webhook Service's ready endpoints",
+                        lambda: dead_ip not in ready_addresses(kube, RELEASE_NAMESPACE, webhook_service)
+                        and time.monotonic(), 30, 0.05) - killed_at
         new_leader = wait_for("another process to take the Lease", lambda: (
             (h := operator.holder()) and h != leader_before and h), LEASE_SECONDS * 4, 0.1)  # type: ignore[attr-defined]
         took_over = time.monotonic() - killed_at

@@ -55,7 +55,7 @@ from e2e.operator_fixtures import (
     wait_writes_settle,
 )
 from e2e.test_operator import add_sub, apply, endpoint_ready, infer_add_sub, model_ready_over_http, one_ready_pod
-from e2e.testing import container_status, ready_endpoints
+from e2e.testing import container_status, ready_addresses
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class Fleet:
                            f"{(pod['metadata'].get('annotations') or {}).get(ANNOTATION_DIGEST)}")
         if want.replicas:
             ips = sorted((p.get("status") or {}).get("podIP") or "?" for p in pods)
-            ready = sorted(a for ep in ready_endpoints(kube, self.namespace, name) for a in ep.get("addresses") or ())
+            ready = sorted(ready_addresses(kube, self.namespace, name))
             if ready != ips:
                 out.append(f"ready endpoints {ready}, the pods' addresses {ips}")
         return out

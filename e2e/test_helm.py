@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import REPO_ROOT
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
-from e2e.testing import ready_endpoints, wait_gone
+from e2e.testing import ready_addresses, wait_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -355,9 +355,8 @@ def test_cluster_wide_install_grants_no_secrets_and_no_node_writes_and_reconcile
         # `helm --wait` returns once the pod is Ready; its EndpointSlice entry follows a moment later, and until
         # then the API server finds no endpoint for the webhook and refuses the apply.
         wait_for(f"the operator pod {pod['status'].get('podIP')} a ready endpoint of its webhook Service",
-                 lambda: pod["status"].get("podIP") in {
-                     a for ep in ready_endpoints(kube, release.namespace, f"{release.fullname}-webhook")
-                     for a in ep.get("addresses") or ()}, 60)
+                 lambda: pod["status"].get("podIP") in ready_addresses(kube, release.namespace,
+                                                                        f"{release.fullname}-webhook"), 60)
         kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(doc))
         name = doc["metadata"]["name"]
         tm = wait_for(f"TritonModel {namespace}/{name} Ready=True under the cluster-wide install",

@@ -28,7 +28,7 @@ from e2e.kube import Kube, condition, wait_for
 from e2e.node import leftovers
 from e2e.operator_fixtures import LABEL_MODEL, OperatorHandle, gate, is_model_ready, record, wait_model
 from e2e.test_operator import add_sub, apply, live_pods
-from e2e.testing import container_status, is_ready, ready_endpoints, wait_pod
+from e2e.testing import container_status, is_ready, ready_addresses, ready_endpoints, wait_pod
 
 pytestmark = pytest.mark.cluster
 
@@ -65,8 +65,8 @@ def test_lost_node_replica_leaves_the_service_and_is_replaced_on_the_other_node(
     try:
         wait_for(f"node {lost} NotReady", lambda: _node_ready(kube, lost) in ("False", "Unknown"), 60)
         not_ready = time.monotonic() - t0
-        wait_for(f"the lost replica {ip} out of the Service's ready endpoints", lambda: ip not in [
-            a for ep in ready_endpoints(kube, namespace, "add-sub") for a in ep["addresses"]], 60)
+        wait_for(f"the lost replica {ip} out of the Service's ready endpoints",
+                 lambda: ip not in ready_addresses(kube, namespace, "add-sub"), 60)
         out_of_service = time.monotonic() - t0
 
         def replaced() -> list[dict] | None:

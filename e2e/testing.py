@@ -167,6 +167,11 @@ def ready_endpoints(kube: Kube, namespace: str, svc: str) -> list[dict]:
     return [ep for ep in endpoints(kube, namespace, svc) if (ep.get("conditions") or {}).get("ready")]
 
 
+def ready_addresses(kube: Kube, namespace: str, svc: str) -> set[str]:
+    """The addresses (pod IPs) of the Service's ready endpoints: where it sends new connections."""
+    return {a for ep in ready_endpoints(kube, namespace, svc) for a in ep.get("addresses") or ()}
+
+
 def consistently(what: str, check: Callable[[], Any], duration: float, interval: float = 0.5) -> None:
     """Asserts `check()` stays truthy for `duration` seconds (polled), e.g. a pod that must stay unready."""
     import time
