@@ -19,7 +19,7 @@ else
 XDIST := --tx $(TEST_WORKERS)*popen//python=$(CURDIR)/e2e/netns-python --dist loadfile --no-loadscope-reorder
 endif
 
-.PHONY: all venv test unit triton e2e crd docs lint cluster-bin prebuild cluster cluster-down demo clean
+.PHONY: all venv test unit triton e2e crd docs lint cluster-bin prebuild prebuild-cluster cluster cluster-down demo clean
 
 all: test
 
@@ -51,22 +51,35 @@ lint: $(STAMP)
 cluster-bin:
 	@bash e2e/toolchain/build.sh >/dev/null
 
-## What the local cluster and the tests need, built side by side (each a no-op when its cache has it): the Go binaries
-## above, the images (`make images`) and the tests' Go tools (tools/kstatus, tools/objectstores), here in the host's
-## network namespace: `make test`'s workers run in namespaces with no route out, where no Go module can be fetched.
-## Cold, they overlap: about 13 min on 2 cores.
-prebuild: $(STAMP)
+## What the machine must have (Debian packages, Go, Python, root), checked before anything is built: as root the
+## missing Debian packages are installed; otherwise one line names them and the command to run (tools/prereqs.sh).
+.PHONY: prereqs-demo prereqs-test
+prereqs-demo:
+	@bash tools/prereqs.sh demo
+prereqs-test:
+	@bash tools/prereqs.sh test
+
+## What the local cluster needs, built side by side (each a no-op when its cache has it): the Go binaries above and
+## the images (`make images`). Cold, about 11 min on 2 cores.
+prebuild-cluster: $(STAMP)
 	@bash e2e/toolchain/build.sh >/dev/null & bin=$$!; \
 	  $(BIN)/python -m e2e.images build >/dev/null & img=$$!; \
+	  wait $$bin; b=$$?; wait $$img; i=$$?; \
+	  if [ $$b -ne 0 ] || [ $$i -ne 0 ]; then echo "prebuild failed: binaries exit $$b, images exit $$i" >&2; exit 1; fi
+
+## The cluster's pieces and the tests' Go tools (tools/kstatus, tools/objectstores), here in the host's network
+## namespace: `make test`'s workers run in namespaces with no route out, where no Go module can be fetched.
+prebuild: $(STAMP)
+	@$(MAKE) --no-print-directory prebuild-cluster & cl=$$!; \
 	  { bash tools/kstatus/build.sh && bash tools/objectstores/build.sh versitygw \
 	    && bash tools/objectstores/build.sh fake-gcs-server; } >/dev/null & tools=$$!; \
-	  wait $$bin; b=$$?; wait $$img; i=$$?; wait $$tools; t=$$?; \
-	  if [ $$b -ne 0 ] || [ $$i -ne 0 ] || [ $$t -ne 0 ]; then \
-	    echo "prebuild failed: binaries exit $$b, images exit $$i, test tools exit $$t" >&2; exit 1; fi
+	  wait $$cl; c=$$?; wait $$tools; t=$$?; \
+	  if [ $$c -ne 0 ] || [ $$t -ne 0 ]; then echo "prebuild failed: cluster pieces exit $$c, test tools exit $$t" >&2; exit 1; fi
 
 ## Start the local cluster in the background (control plane, two GPU nodes with containerd and a kubelet each,
 ## kube-proxy; images built and imported); kubeconfig in .cluster/kubeconfig.
-cluster: $(STAMP) prebuild
+cluster: prereqs-demo
+	@$(MAKE) --no-print-directory prebuild-cluster
 	$(BIN)/python -m e2e.cluster up
 
 cluster-down: $(STAMP)
@@ -74,11 +87,14 @@ cluster-down: $(STAMP)
 
 ## The product on an embedded local cluster: two real GPU nodes, the operator installed by its chart, two models,
 ## live progress, inference through the Services.
-demo: $(STAMP) prebuild
+## It builds only what it runs: no test tools.
+demo: prereqs-demo
+	@$(MAKE) --no-print-directory prebuild-cluster
 	$(BIN)/python -m e2e.demo
 
 ## Every test: unit, real tritonserver, real control plane. Exit code 5 (nothing collected) is a failure.
-test: $(STAMP) prebuild lint
+test: prereqs-test
+	@$(MAKE) --no-print-directory prebuild lint
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## The fast tests: no tritonserver, no cluster.
@@ -90,7 +106,8 @@ triton: $(STAMP)
 	$(BIN)/python -m pytest -m "triton and not cluster" $(PYTEST_ARGS)
 
 ## The tests against the local cluster: control plane, real nodes, the operator from its image and chart.
-e2e: $(STAMP) prebuild
+e2e: prereqs-test
+	@$(MAKE) --no-print-directory prebuild
 	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
 
 clean:
@@ -99,7 +116,8 @@ clean:
 ## Benchmarks (not tests: they never fail on a time): `make bench` runs all, `make bench BENCH=gate` one.
 ## Writes bench/results/<name>.json and bench/results/RESULTS.md. Uses its own cluster under /tmp, never .cluster.
 .PHONY: bench
-bench: $(STAMP) prebuild
+bench: prereqs-test
+	@$(MAKE) --no-print-directory prebuild
 	$(BIN)/python -m bench.run $(BENCH)
 
 ## Helm chart and image lint: helm lint --strict (cluster-wide and namespaced values), hadolint.
