@@ -57,7 +57,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
 
 @lru_cache(maxsize=1)
 def _helm_or_reason() -> tuple[str | None, str]:
-    proc = subprocess.run(["bash", str(ROOT / "e2e" / "toolchain" / "build.sh")],
+    proc = subprocess.run(["bash", str(ROOT / "e2e" / "toolchain" / "build.sh"), "helm"],
                           capture_output=True, text=True, cwd=ROOT, timeout=3600)
     helm = Path(proc.stdout.strip().splitlines()[-1]) / "helm" if proc.returncode == 0 and proc.stdout.strip() else None
     if helm is not None and helm.is_file():

@@ -3,6 +3,7 @@
 # keyed by the pins, so a second run is a no-op and a pin change rebuilds.
 #
 #   e2e/toolchain/build.sh            print the directory holding the binaries
+#   e2e/toolchain/build.sh helm       the same, building helm alone (what `make lint` needs: no Kubernetes binary)
 #
 # Honours KUBEBUILDER_ASSETS: when it names a directory with envtest's layout
 # (etcd, kube-apiserver), nothing is built and that directory is used for them.
@@ -80,6 +81,12 @@ if [ -n "$assets" ] && [ -x "$assets/kube-apiserver" ] && [ -x "$assets/etcd" ];
 fi
 
 start=$(date +%s)
+if [ "${1:-}" = helm ]; then
+  have helm || build_helm
+  log "helm ready in $out ($(( $(date +%s) - start ))s)"
+  echo "$out"
+  exit 0
+fi
 have etcd || build_etcd
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do have "$b" || build_kube "$b"; done
 have helm || build_helm
