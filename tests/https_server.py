@@ -45,8 +45,8 @@ class HttpsServer:
         self.pages[path] = page if isinstance(page, Page) else Page(page)
 
 
-def _certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) files, the server's valid for IP 127.0.0.1."""
+def _certificates(directory: Path, names: list[x509.GeneralName] | None = None) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate, server key) files, the server's valid for `names` (IP 127.0.0.1)."""
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator test CA")])
@@ -64,7 +64,8 @@ def _certificates(directory: Path) -> tuple[Path, Path, Path]:
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])).issuer_name(ca_name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(names or [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))

@@ -104,3 +104,52 @@ def test_in_process_the_same(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["render", str(bad)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(bad) in err
+
+
+# -- `run`: its kubeconfig and certificate directory are refused at start, in one line (issue 28)
+
+
+def test_run_with_a_kubeconfig_that_is_missing_malformed_or_a_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent"
+    _one_line_naming(_run("run", "--kubeconfig", str(missing)), missing, "no such file")
+    broken = tmp_path / "broken"
+    broken.write_text("clusters: [unclosed\n")
+    _one_line_naming(_run("run", "--kubeconfig", str(broken)), broken, "not valid YAML", "line 2")
+    latin1 = tmp_path / "latin1"
+    latin1.write_bytes(b"current-context: caf\xe9\n")
+    _one_line_naming(_run("run", "--kubeconfig", str(latin1)), latin1, "not UTF-8")
+    _one_line_naming(_run("run", "--kubeconfig", str(tmp_path)), tmp_path, "not a file")
+
+
+def test_run_with_a_kubeconfig_field_it_does_not_honour(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "users: [{name: u, user: {auth-provider: {name: oidc, config: {idp-issuer-url: 'https://issuer'}}}}]\n")
+    proc = _run("run", "--kubeconfig", str(config), "--metrics-port", "0")
+    _one_line_naming(proc, config, "users[0].user.auth-provider (oidc) is not supported",
+                     "use an exec credential plugin such as kubelogin")
+
+
+def test_run_with_a_webhook_certificate_directory_that_cannot_be_loaded(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text("current-context: c\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+                      "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n")
+    (tmp_path / "certs").mkdir()
+    for certs in (tmp_path / "missing", tmp_path / "certs"):
+        proc = _run("run", "--kubeconfig", str(config), "--metrics-port", "0", "--webhook-url", "https://127.0.0.1:9443",
+                    "--webhook-cert-dir", str(certs))
+        explain = f"exit {proc.returncode}\n--- stderr ---\n{proc.stderr}"
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, explain
+        assert proc.stderr.strip().splitlines() == [f"--webhook-cert-dir: cannot load {certs}/tls.crt and tls.key: "
+                                                     "No such file or directory"], explain
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_run_with_an_unreadable_kubeconfig(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text("current-context: c\n")
+    config.chmod(0)
+    _one_line_naming(_run("run", "--kubeconfig", str(config)), config, "cannot read")

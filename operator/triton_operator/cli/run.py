@@ -36,9 +36,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from prometheus_client import start_http_server
 
+    from ..controller.kubeconfig import ConfigError, load
     from ..controller.operator import run_operator
     from ..render.kubernetes import Options
+    from .main import CliError
 
+    # First, before anything starts: a kubeconfig the operator cannot honour, or a bad flag, is one line.
+    try:
+        credentials = load(args.kubeconfig)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
+    webhook = _webhook_settings(args)
+    election = _election_settings(args)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -50,8 +59,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         start_http_server(args.metrics_port, addr=args.metrics_address)
         logging.getLogger("triton_operator").info("Started metrics endpoint port=%d", args.metrics_port)
     options = Options(operator_image=args.operator_image)
-    webhook = _webhook_settings(args)
-    election = _election_settings(args)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -68,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             stop_flag=stop,
             webhook=webhook,
             election=election,
+            credentials=credentials,
         )
 
     return asyncio.run(main())
@@ -109,6 +117,16 @@ def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
             raise SystemExit("--custom-metrics: served on the webhook's TLS port, so it needs --webhook-service "
                              "(the Service the APIService names) or --webhook-url")
         return None
+    if args.webhook_cert_dir:  # a missing or unreadable Secret mount: one line now, not a traceback once serving
+        import ssl
+
+        cert_dir = os.path.abspath(args.webhook_cert_dir)
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                os.path.join(cert_dir, "tls.crt"), os.path.join(cert_dir, "tls.key"))
+        except (OSError, ssl.SSLError) as exc:
+            raise SystemExit(f"--webhook-cert-dir: cannot load {cert_dir}/tls.crt and tls.key: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from exc
     from ..controller.operator import WebhookSettings
 
     return WebhookSettings(target, args.webhook_configuration, args.webhook_failure_policy, args.webhook_address,

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode, urlsplit
 
 import urllib3
 
@@ -45,20 +45,21 @@ def _user_agent() -> str:
 
 
 class Transport:
-    """HTTP requests to the API server with the current credentials: one urllib3 pool, safe to share between
-    threads; a new pool when the TLS material changes (a rotated client certificate); a 401 reads the credentials
-    again and retries once (a rotated token, an expired exec credential)."""
+    """HTTP requests to the API server with the current credentials: one urllib3 pool (through the credentials'
+    proxy, if any), safe to share between threads; a new pool when what a connection depends on changes (a rotated
+    client certificate); a 401 reads the credentials again and retries once (a rotated token, an expired exec
+    credential)."""
 
     def __init__(self, source: kubeconfig.CredentialSource, headers: Mapping[str, str] | None = None) -> None:
         self.source = source
         self.headers = {"User-Agent": _user_agent(), **(headers or {})}
         self._lock = threading.Lock()
         self._pool: urllib3.PoolManager | None = None
-        self._pool_tls: tuple[Any, ...] | None = None
+        self._pool_key: tuple[Any, ...] | None = None
 
     def _pool_for(self, creds: kubeconfig.Credentials) -> urllib3.PoolManager:
         with self._lock:
-            if self._pool is None or self._pool_tls != creds.tls():
+            if self._pool is None or self._pool_key != creds.connection():
                 old = self._pool
                 kw: dict[str, Any] = {}
                 if creds.insecure:
@@ -69,20 +70,30 @@ class Transport:
                         kw.update(server_hostname=creds.tls_server_name, assert_hostname=creds.tls_server_name)
                 if creds.certificate_path:
                     kw.update(cert_file=creds.certificate_path, key_file=creds.private_key_path)
-                self._pool = urllib3.PoolManager(
-                    num_pools=4, maxsize=POOL_SIZE, block=False, timeout=urllib3.Timeout(total=TIMEOUT_SECONDS),
-                    retries=urllib3.Retry(total=3, redirect=False), **kw)
-                self._pool_tls = creds.tls()
+                kw.update(num_pools=4, maxsize=POOL_SIZE, block=False, timeout=urllib3.Timeout(total=TIMEOUT_SECONDS),
+                          retries=urllib3.Retry(total=3, redirect=False))
+                if creds.proxy_url:
+                    # Only the proxy's own credentials go to the proxy (its CONNECT); ours go inside the tunnel.
+                    proxy = urlsplit(creds.proxy_url)
+                    proxy_headers = {"User-Agent": self.headers["User-Agent"]}
+                    if proxy.username is not None:
+                        proxy_headers.update(urllib3.make_headers(
+                            proxy_basic_auth=f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"))
+                    self._pool = urllib3.ProxyManager(proxy._replace(netloc=proxy.netloc.rpartition("@")[2]).geturl(),
+                                                      proxy_headers=proxy_headers, **kw)
+                else:
+                    self._pool = urllib3.PoolManager(**kw)
+                self._pool_key = creds.connection()
                 if old is not None:
                     old.clear()
             return self._pool
 
     def _send(self, creds: kubeconfig.Credentials, method: str, url: str, body: bytes | None,
               headers: dict[str, str]) -> urllib3.BaseHTTPResponse:
-        auth = creds.authorization()
-        if auth:
-            headers = {**headers, "Authorization": auth}
-        return self._pool_for(creds).request(method, creds.server + url, body=body, headers=headers,
+        sent = urllib3.HTTPHeaderDict(headers)
+        for name, value in creds.headers():  # Authorization, Impersonate-* (a header per group: add, not set)
+            sent.add(name, value)
+        return self._pool_for(creds).request(method, creds.server + url, body=body, headers=sent,
                                              preload_content=True)
 
     def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None, body: bytes | None = None,

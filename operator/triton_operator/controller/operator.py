@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import kopf
 from aiohttp import web
 
@@ -27,7 +28,7 @@ from ..render.webhook import WebhookTarget
 from .cache import Cache
 from .gate import WarmupGate
 from .kube import Kube
-from .kubeconfig import Credentials
+from .kubeconfig import Credentials, CredentialSource
 from .leader import ElectionSettings, LeaderElection
 from .namespaces import NamespaceSet, has_patterns
 from .reconcile import Reconciler
@@ -179,21 +180,34 @@ async def _drift_loop(interval: float) -> None:
                 STATE.reconciler.request(namespace, name)
 
 
-def _connection_info(settings: kopf.OperatorSettings, creds: Credentials) -> kopf.ConnectionInfo:
-    """kopf's credentials: the ones our own calls use. kopf has no setting for a kubeconfig's tls-server-name."""
-    return kopf.ConnectionInfo(
-        server=creds.server,
-        ca_path=creds.ca_path,
-        insecure=creds.insecure,
-        username=creds.username,
-        password=creds.password,
-        scheme="Bearer" if creds.token else None,
-        token=creds.token,
-        certificate_path=creds.certificate_path,
-        private_key_path=creds.private_key_path,
-        expiration=creds.expiration,
-        trust_env=settings.networking.trust_env,
-    )
+def kopf_session(creds: Credentials) -> kopf.AiohttpSession:
+    """kopf's HTTP session, connecting as our own client does (`kube.Transport`): the same server, CA, client
+    certificate, proxy, TLS server name, Authorization and impersonation headers.
+
+    kopf's ConnectionInfo has no setting for impersonation headers or a TLS server name, so the login returns a
+    session of our own (kopf's `AiohttpSession`, its documented way for these). The credentials go on each request
+    (a client middleware), not on the session: aiohttp also sends a session's default headers to the proxy in its
+    CONNECT request, and Authorization there as Proxy-Authorization. The proxy is ours, never aiohttp's own reading
+    of the environment (`kubeconfig` reads it as client-go does)."""
+    ssl_context = kopf.ConnectionInfo(
+        server=creds.server, ca_path=creds.ca_path, insecure=creds.insecure,
+        certificate_path=creds.certificate_path, private_key_path=creds.private_key_path,
+    ).as_ssl_context()
+    headers = creds.headers()
+    server_name = None if creds.insecure else creds.tls_server_name
+
+    async def credentials(req: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        for name in {name for name, _ in headers}:
+            req.headers.popall(name, None)
+        for name, value in headers:
+            req.headers.add(name, value)
+        if server_name:
+            req.server_hostname = server_name  # SNI and the certificate check, through a proxy too
+        return await handler(req)
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context), proxy=creds.proxy_url,
+                                    middlewares=(credentials,), trust_env=False)
+    return kopf.AiohttpSession(aiohttp_session=session, server=creds.server, expiration=creds.expiration)
 
 
 #: How often the operator looks for its CRD while it is not there yet.
@@ -260,11 +274,13 @@ async def run_operator(
     stop_flag: asyncio.Event | None = None,
     webhook: WebhookSettings | None = None,
     election: ElectionSettings | None = None,
+    credentials: CredentialSource | None = None,
 ) -> int:
     """Runs until `stop_flag` (0), or until this replica loses the leader Lease (1: the process exits and
-    the kubelet restarts it as a follower, as client-go's controllers do)."""
+    the kubelet restarts it as a follower, as client-go's controllers do). `credentials`: already loaded (the CLI
+    loads them first, to refuse a bad kubeconfig before anything starts), else loaded from `kubeconfig`."""
     stop = stop_flag or asyncio.Event()
-    STATE.kube = Kube.from_environment(kubeconfig)
+    STATE.kube = Kube(credentials) if credentials is not None else Kube.from_environment(kubeconfig)
     if not await wait_for_crd(STATE.kube, liveness, stop):
         return 0
     globs = has_patterns(namespaces) and not clusterwide
@@ -304,11 +320,12 @@ async def run_operator(
         registry = build_registry(drift_interval)
 
         @kopf.on.login(registry=registry)
-        def _login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        async def _login(**_: Any) -> kopf.AiohttpSession:
             # The same credentials our writes use (--kubeconfig, KUBECONFIG or in-cluster), re-read on every
             # login (kopf logs in again after a 401 or at an exec credential's expiration): kopf's own
             # login_via_client would need the `kubernetes` package, which the operator process never imports.
-            return _connection_info(settings, STATE.kube.credentials.reload())
+            # Async: the session belongs to kopf's event loop (a sync handler runs in a thread).
+            return kopf_session(await asyncio.to_thread(STATE.kube.credentials.reload))
 
         await kopf.operator(
             registry=registry,
