@@ -9,6 +9,7 @@ same rules (and the ones CEL cannot express) locally with field paths.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Any, Literal
 
@@ -61,15 +62,21 @@ INLINE_OR_URI = ConfigDict(
 )
 Dim = Annotated[int, Field(ge=-1, le=2**31 - 1)]
 
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_UNITS: dict[str, Decimal | int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+          "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def quantity_value(q: str) -> Decimal:
+    """The exact value of a Kubernetes quantity as this API's patterns take them: `64Mi`, `1.5G`, `500m`, `1048576`."""
+    for suffix, mult in _UNITS.items():
+        if q.endswith(suffix):
+            return Decimal(q[: -len(suffix)]) * mult
+    return Decimal(q)
 
 
 def quantity_bytes(q: str) -> int:
-    """Bytes in a Kubernetes quantity such as `64Mi`, `1G` or `1048576`."""
-    for suffix, mult in _UNITS.items():
-        if q.endswith(suffix):
-            return int(float(q[: -len(suffix)]) * mult)
-    return int(float(q))
+    """Bytes in a Kubernetes quantity such as `64Mi`, `1G` or `1048576` (a fraction of a byte rounds down)."""
+    return int(quantity_value(q))
 
 
 #: A model parameter's key and value, as Triton's ModelParameter takes them.
@@ -573,6 +580,10 @@ class Toleration(_Model):
     toleration_seconds: int | None = None
 
 
+#: What a replica's /dev/shm holds at most when spec.server.shmSize is unset (see Server.shm_size).
+SHM_SIZE_DEFAULT = "1Gi"
+
+
 class Resources(_Model):
     """Container resources; `nvidia.com/gpu` comes from `server.gpus` (or what the instance groups need)."""
 
@@ -582,8 +593,30 @@ class Resources(_Model):
         default=None, description="Limits on cpu, memory, … (Kubernetes quantities).")
 
 
+#: Said of each pod field: it is part of the pod template, which Triton cannot load into a running server.
+_NEW_PODS = " A change rolls new pods, under rollout.strategy InPlace too."
+
+
 class Server(_Model):
     """The tritonserver container of each replica."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {
+            "rule": "!has(self.shmSize) || !isQuantity(self.shmSize) || "
+                    "quantity(self.shmSize).compareTo(quantity('1Mi')) >= 0",
+            "message": "shmSize must be at least 1Mi (each Python backend model instance starts with a 1 MiB region)",
+            "fieldPath": ".shmSize",
+        },
+        {
+            "rule": "!has(self.shmSize) || !has(self.resources) || !has(self.resources.limits) || "
+                    "!('memory' in self.resources.limits) || !isQuantity(self.shmSize) || "
+                    "!isQuantity(self.resources.limits['memory']) || "
+                    "quantity(self.shmSize).compareTo(quantity(self.resources.limits['memory'])) <= 0",
+            "message": "shmSize may not exceed resources.limits.memory: what /dev/shm holds counts against the "
+                       "container's memory",
+            "fieldPath": ".shmSize",
+        },
+    ]})
 
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
         default="nvcr.io/nvidia/tritonserver:24.10-py3", description="tritonserver image."
@@ -621,11 +654,42 @@ class Server(_Model):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     args: list[Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
-        default=None, max_length=64, description="Extra tritonserver arguments, appended as given."
+        default=None,
+        max_length=64,
+        description=(
+            "Extra tritonserver arguments, appended as given. The Python backend's shared memory settings "
+            "(`--backend-config=python,shm-default-byte-size=N`, `…,shm-growth-byte-size=N`, in bytes) must fit "
+            "shmSize: a default size times the Python model instances the replica loads, or a growth step, larger "
+            "than /dev/shm is refused (Triton would fail every load or every growth)."
+        ),
     )
     startup_timeout_seconds: int = Field(
         default=600, ge=10, le=86400, description="How long load plus warm-up may take before the replica restarts."
     )
+    shm_size: QuantityStr | None = Field(
+        default=None,
+        description=(
+            "Size of each replica's /dev/shm, a memory-backed emptyDir (tmpfs). The Python backend moves every "
+            "request's and response's tensors through it: each model instance has a region there that grows to "
+            "hold the largest tensors it has handled (1 MiB to start, by default) and never shrinks while the "
+            "instance lives; a tensor that does not fit fails its request (\"Failed to increase the shared memory "
+            "pool size\"). The container runtime's default, 64 MiB, fails a Python model returning 76 MiB. "
+            f"Unset: {SHM_SIZE_DEFAULT}, or the container's memory limit (resources.limits.memory) when that is "
+            "lower: room for a Python step that takes a batch of eight 1080p RGB images and returns them in FP32 "
+            "(200 MB). It is a cap, not a reservation: tmpfs pages take memory only once written, and Kubernetes "
+            "counts them against the container's memory (its limit, and the node's eviction), so a value above "
+            "resources.limits.memory is refused. At least 1Mi." + _NEW_PODS
+        ),
+    )
+    @property
+    def effective_shm_size(self) -> str:
+        """The size of a replica's shared memory: shmSize, or SHM_SIZE_DEFAULT capped at the memory limit."""
+        if self.shm_size is not None:
+            return self.shm_size
+        limit = (self.resources.limits or {}).get("memory") if self.resources is not None else None
+        if limit is not None and quantity_value(limit) < quantity_value(SHM_SIZE_DEFAULT):
+            return limit
+        return SHM_SIZE_DEFAULT
 
 
 class WarmupGate(_Model):
@@ -656,7 +720,7 @@ class Rollout(_Model):
             "model's own config alone: maxBatchSize, batching, batcher, sequenceBatcher, inputs, outputs, "
             "decoupled, responseCache (on a server that already has a cache), modelWarmup, instanceGroups (on the "
             "same GPUs) and parameters. Every other change needs new pods and rolls the Deployment (maxSurge 1, "
-            "maxUnavailable 0): server (image, resources, gpus, args, cacheSize, placement), source, modelFiles, "
+            "maxUnavailable 0): server (image, resources, gpus, args, cacheSize, shmSize, placement), source, modelFiles, "
             "versions, versionPolicy, warmupGate, and an ensemble's steps. NewPods: every change rolls the "
             "Deployment."
         ),
@@ -1006,7 +1070,7 @@ class TritonModelSpec(_Model):
         description=(
             "The tritonserver container of the model's own replicas. An ensemble's replicas run every step model "
             "in one tritonserver shaped by the ensemble's server alone: its image, gpus, resources, nodeSelector, "
-            "tolerations, affinity, args and startupTimeoutSeconds apply to every step there, and a step's own "
+            "tolerations, affinity, args, startupTimeoutSeconds and shmSize apply to every step there, and a step's own "
             "values of these are ignored there. Only a step's cacheSize counts (see cacheSize)."
         ),
         json_schema_extra={"default": {}},

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL, OWNED
-from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel, quantity_bytes
+from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, Server, TritonModel, quantity_bytes
 from .autoscaling import hpa_metric
 from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
 
@@ -49,6 +49,8 @@ ANNOTATION_LOADED = f"{GROUP}/loaded-config-digest"
 REPO_DIR = REPOSITORY_ROOT  # the config names files here (a custom batching strategy's)
 CONFIG_DIR = "/config"
 TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
+#: A memory-backed emptyDir sized by spec.server.shmSize: the Python backend's tensors pass through it.
+SHM_DIR = "/dev/shm"  # noqa: S108 - an emptyDir of the pod's own
 #: The unprivileged user every container runs as (distroless' "nonroot").
 RUN_AS = 65532
 #: What every container gets: enough for the Pod Security Standards' "restricted" profile, which hardened
@@ -328,6 +330,12 @@ def replica_gpus(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> i
     return max(rendered[n].model.spec.gpus_needed for n in step_closure(model.name, rendered))
 
 
+def _shm(server: Server) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shared memory volume (tmpfs, capped at shmSize) and the tritonserver container's mount of it at SHM_DIR."""
+    return ({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": server.effective_shm_size}},
+            {"name": "dshm", "mountPath": SHM_DIR})
+
+
 def render_deployment(
     model: TritonModel,
     rendered: Mapping[str, RenderedModel],
@@ -339,6 +347,7 @@ def render_deployment(
     server = spec.server
     digest = rendered[model.name].digest
     uri_args, uri_volumes, uri_mounts, uri_env = _uri_args(model, rendered)
+    shm_volume, shm_mount = _shm(server)
     gpus = replica_gpus(model, rendered)
     files = repository_for(model.name, rendered)
     items = [{"key": configmap_key(p), "path": p} for p in files]
@@ -381,6 +390,7 @@ def render_deployment(
             {"name": "models" if fetch_step else "repository", "mountPath": REPO_DIR, "readOnly": True},
             # The root filesystem is read-only: the Python backend makes /tmp/python_env_* at start.
             {"name": "tmp", "mountPath": TMP_DIR},
+            shm_mount,
         ],
         "securityContext": dict(CONTAINER_SECURITY),
         "livenessProbe": {**probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
@@ -413,6 +423,7 @@ def render_deployment(
             {"name": "repository", "configMap": {"name": repository_name(model, rendered), "items": items}},
             *([{"name": "models", "emptyDir": {}}] if fetch_step else []),
             {"name": "tmp", "emptyDir": {}},
+            shm_volume,
             *uri_volumes,
         ],
         "securityContext": {
