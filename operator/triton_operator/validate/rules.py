@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from ..api import steps as step_graph
 from ..api.v1alpha1 import (
     BATCH_STRATEGY_PARAMETER,
+    GROUP,
+    OPERATOR_ANNOTATIONS,
+    OPERATOR_ENV,
+    OPERATOR_LABELS,
     QueuePolicy,
     Server,
     Tensor,
@@ -101,6 +105,10 @@ RULES: dict[str, Rule] = {
              "(a memory-backed /dev/shm counts against it)"),
         Rule("shm-backend-config", False, "the Python backend's shm settings in server.args are whole bytes and fit "
              "/dev/shm (server.shmSize): its default size times the replica's Python instances, and its growth step"),
+        Rule("pod-metadata", False, "server.podLabels and podAnnotations: valid keys, within Kubernetes' sizes, none of "
+             "the operator's own (its labels, its selector, its annotations)"),
+        Rule("pod-env", False, "server.env names each variable once and none the operator sets (HOME, the variables a "
+             "credentialsSecret sets in the fetch step)"),
         Rule("version-policy", True,
              "versionPolicy is one of latest, all or specific; specific names versions the model has (Triton refuses "
              "a policy serving none, and only logs one missing among others)"),
@@ -650,6 +658,10 @@ def _check_autoscaling(spec: TritonModelSpec, err: _Collector) -> None:
 SHM_DEFAULT_KEY, SHM_GROWTH_KEY = "shm-default-byte-size", "shm-growth-byte-size"
 #: What the Python backend refuses below (python_be.cc, 24.10): every instance starts with at least this region.
 SHM_DEFAULT_MIN = 1 << 20
+#: Kubernetes' limit on all of a pod's annotations together, less room for the operator's own.
+ANNOTATIONS_BUDGET = 256 * 1024 - 8 * 1024
+
+
 def python_shm_settings(args: Sequence[str]) -> list[tuple[int, str, str]]:
     """(index in args, key, value) of each Python backend shm setting: `--backend-config=python,KEY=VALUE`, or
     `--backend-config` followed by `python,KEY=VALUE`, as tritonserver's parser takes them."""
@@ -682,9 +694,49 @@ def _check_shm_size(server: Server, err: _Collector) -> None:
             f"memory: {limit}): what /dev/shm holds counts against that limit; lower shmSize or raise the limit")
 
 
+def _key_problem(key: str) -> str | None:
+    prefix, _, name = key.rpartition("/")
+    if len(name) > 63:
+        return f"the name part of {key!r} is {len(name)} characters, over 63"
+    if len(prefix) > 253:
+        return f"the prefix of {key!r} is {len(prefix)} characters, over 253"
+    return None
+
+
+def _check_pod_metadata(server: Server, err: _Collector) -> None:
+    for field, given, own, what in (("podLabels", server.pod_labels, OPERATOR_LABELS, "labels"),
+                                    ("podAnnotations", server.pod_annotations, OPERATOR_ANNOTATIONS, "annotations")):
+        for key in sorted(given or ()):
+            path = f"spec.server.{field}[{key}]"
+            if key.startswith(f"{GROUP}/") or key in own:
+                err("pod-metadata", path, f"is one of the operator's own {what} ({', '.join(own)} and every key under "
+                    f"{GROUP}/): the operator sets it on every replica"
+                    + (" and selects the replicas by the model label" if what == "labels" else ""))
+            elif (problem := _key_problem(key)) is not None:
+                err("pod-metadata", path, f"not a valid {what[:-1]} key: {problem}")
+    size = sum(len(k) + len(v) for k, v in (server.pod_annotations or {}).items())
+    if size > ANNOTATIONS_BUDGET:
+        err("pod-metadata", "spec.server.podAnnotations",
+            f"{size} bytes in all, over the {ANNOTATIONS_BUDGET} Kubernetes leaves beside the operator's own "
+            "(a pod's annotations may hold 256 KiB)")
+
+
+def _check_env_names(server: Server, err: _Collector) -> None:
+    seen: dict[str, int] = {}
+    for i, var in enumerate(server.env or ()):
+        if var.name in OPERATOR_ENV:
+            err("pod-env", f"spec.server.env[{i}].name", f"{var.name} is set by the operator in the tritonserver "
+                "container (NVIDIA's image has no home for the user replicas run as)")
+        if var.name in seen:
+            err("pod-env", f"spec.server.env[{i}].name", f"{var.name} is set twice (also env[{seen[var.name]}])")
+        seen.setdefault(var.name, i)
+
+
 def check_model(model: TritonModel, ident: str) -> list[FieldError]:
     err = _Collector(ident)
     _check_shm_size(model.spec.server, err)
+    _check_pod_metadata(model.spec.server, err)
+    _check_env_names(model.spec.server, err)
     _check_autoscaling(model.spec, err)
     _check_structure(model, err)
     _check_tensors(model.spec, err)
@@ -946,9 +998,16 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
     return err.errors
 
 
+#: The variables a source's credentialsSecret sets in the fetch step (`render.kubernetes`), by uri scheme.
+CREDENTIAL_ENV = {
+    "s3://": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION"),
+    "gs://": ("GOOGLE_APPLICATION_CREDENTIALS",),
+}
+
+
 def _check_replica(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
     """What one replica runs (the model and every step its ensemble reaches, in one tritonserver, shaped by the
-    model's server) against that server's settings: the Python backend's shm settings."""
+    model's server) against that server's settings: the Python backend's shm settings, the fetch step's env."""
     err = _Collector(ident)
     server = model.spec.server
     reached, _ = step_graph.closure(model.name, step_graph.of_models({**models, model.name: model}))
@@ -981,6 +1040,14 @@ def _check_replica(model: TritonModel, models: Mapping[str, TritonModel], ident:
                 f"{key}={n} is over /dev/shm's {shm} bytes (spec.server.shmSize {server.effective_shm_size}"
                 f"{'' if server.shm_size else ', the default'}): every region growth would fail; raise shmSize or "
                 "lower the setting")
+    secret_vars = {var for m in closure for src in [*m.spec.version_sources.values(), m.spec.model_files]
+                   if src is not None and src.credentials_secret and src.uri
+                   for scheme, names in CREDENTIAL_ENV.items() if src.uri.startswith(scheme) for var in names}
+    for i, var in enumerate(server.env or ()):
+        if var.name in secret_vars:
+            err("pod-env", f"spec.server.env[{i}].name",
+                f"{var.name} is set in the fetch step from a source's credentialsSecret: set it in that Secret, or "
+                "drop credentialsSecret and give the fetch step its credentials here")
     return err.errors
 
 
