@@ -198,3 +198,20 @@ def test_malformed_pod_settings_are_refused_by_the_schema(server: dict[str, Any]
 
 def test_everything_together_is_valid() -> None:
     assert not validation_errors(body(**EVERYTHING))
+
+
+def test_the_workload_identity_example_fetches_with_the_service_accounts_identity() -> None:
+    """examples/sources/s3-workload-identity.yaml: no key reaches fetch from the operator; the ServiceAccount does."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "sources" / "s3-workload-identity.yaml"
+    sa, tm = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert not validation_errors(tm)
+    model = TritonModel.model_validate(tm)
+    pod = render_children(model, render_repository([model]), "uid", "ns")[1]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"] and pod["automountServiceAccountToken"] is False
+    (fetch,) = pod["initContainers"]
+    assert fetch["env"] == [{"name": "AWS_REGION", "value": "us-east-1"}]
+    assert "eks.amazonaws.com/role-arn" in sa["metadata"]["annotations"]
