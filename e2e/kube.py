@@ -46,6 +46,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers", True),
     "APIService": ("/apis/apiregistration.k8s.io/v1", "apiservices", False),
+    "PriorityClass": ("/apis/scheduling.k8s.io/v1", "priorityclasses", False),
 }
 
 

@@ -225,3 +225,95 @@ def test_model_files_from_each_server_land_beside_the_config(
     assert tree["m/labels.txt"] == LABELS, sorted(tree)
     assert tree["m/1/model.py"] == b"# m\n" and "m/config.pbtxt" in tree, sorted(tree)
     assert sorted(tree) == ["m/1/model.py", "m/config.pbtxt", "m/labels.txt"], "nothing else, no staging left"
+
+
+# ---------------------------------------------------------------- no credentialsSecret: the default chains
+
+
+#: Nothing on this machine may feed the chains but what a test gives: no shared files, no instance metadata (the
+#: EC2 and GCE metadata servers are link-local addresses outside this project), no gcloud configuration.
+HERMETIC = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_EC2_METADATA_DISABLED": "true", "NO_GCE_CHECK": "true", "CLOUDSDK_CONFIG": "/nonexistent"}
+PUBLIC_READ = {"Version": "2012-10-17", "Statement": [{
+    "Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:ListBucket"],
+    "Resource": ["arn:aws:s3:::public", "arn:aws:s3:::public/*"]}]}
+
+
+@pytest.fixture(scope="module")
+def public_s3(s3: S3Server) -> S3Server:
+    """A bucket anyone may read (versitygw grants anonymous GET and List through a bucket policy)."""
+    import json
+
+    client = s3.client()
+    client.create_bucket(Bucket="public")
+    client.put_object(Bucket="public", Key="models/m/model.py", Body=MODEL_PY)
+    client.put_bucket_policy(Bucket="public", Policy=json.dumps(PUBLIC_READ))
+    return s3
+
+
+def test_without_any_s3_credentials_a_public_bucket_is_read_anonymously(public_s3: S3Server, tmp_path: Path) -> None:
+    """No credentialsSecret and nothing in the chain: requests go unsigned. Before, boto3 refused to send any
+    (NoCredentialsError), so a public bucket could not be fetched without a Secret."""
+    env = {**HERMETIC, "AWS_ENDPOINT_URL": public_s3.endpoint, "AWS_REGION": public_s3.region}
+    ok = _fetch_cli(tmp_path / "ok", "s3://public/models/m", env)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "ok" / "repo" / "m" / "1" / "model.py").read_bytes() == MODEL_PY
+    assert "Found no S3 credentials: requests go anonymous" in ok.stderr
+    denied = _fetch_cli(tmp_path / "denied", "s3://models/models/m", env)
+    assert denied.returncode == 1, denied.stderr
+    last = denied.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: fetch failed: s3://models/models/m: access denied to an anonymous request ("), last
+    assert "found no S3 credentials" in last and "the bucket is not public" in last
+    assert "Traceback" not in denied.stderr
+
+
+def test_s3_credentials_from_the_environment_and_a_shared_file_without_a_secret(s3: S3Server, tmp_path: Path) -> None:
+    """What spec.server.env (or envFrom, a Secret of the user's) puts in the fetch step, and a mounted credentials
+    file (AWS_SHARED_CREDENTIALS_FILE): boto3's chain finds each; the log says which."""
+    env = {**HERMETIC, "AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+           "AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": s3.region}
+    ok = _fetch_cli(tmp_path / "env", "s3://models/models/m", env)
+    assert ok.returncode == 0 and "Found S3 credentials source=env" in ok.stderr, ok.stderr
+    shared = tmp_path / "credentials"
+    shared.write_text(f"[default]\naws_access_key_id = {s3.access_key}\naws_secret_access_key = {s3.secret_key}\n")
+    env = {**HERMETIC, "AWS_SHARED_CREDENTIALS_FILE": str(shared), "AWS_ENDPOINT_URL": s3.endpoint,
+           "AWS_REGION": s3.region}
+    ok = _fetch_cli(tmp_path / "file", "s3://models/models/m", env)
+    assert ok.returncode == 0 and "Found S3 credentials source=shared-credentials-file" in ok.stderr, ok.stderr
+    assert (tmp_path / "file" / "repo" / "m" / "1" / "model.py").read_bytes() == MODEL_PY
+
+
+def test_a_web_identity_token_is_taken_to_sts_and_its_failures_say_so(s3: S3Server, tmp_path: Path) -> None:
+    """IRSA's variables (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE): boto3's chain exchanges the token at STS before
+    the first S3 request. versitygw has no STS (it answers AssumeRoleWithWebIdentity as an unknown S3 call), so this
+    proves the path is taken and its failures are told apart, not that a token yields credentials."""
+    token = tmp_path / "token"
+    token.write_text("eyJhbGciOiJSUzI1NiJ9.e30.c2lnbmF0dXJl\n")
+    irsa = {**HERMETIC, "AWS_ROLE_ARN": "arn:aws:iam::111122223333:role/model-reader",
+            "AWS_WEB_IDENTITY_TOKEN_FILE": str(token), "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
+    down = _fetch_cli(tmp_path / "down", "s3://models/models/m", {**irsa, "AWS_ENDPOINT_URL_STS": "http://127.0.0.1:9"})
+    assert down.returncode == 1, down.stderr
+    assert "Found S3 credentials source=assume-role-with-web-identity" in down.stderr
+    assert down.stderr.strip().splitlines()[-1] == (
+        "error: fetch failed: s3://models/models/m: cannot reach the STS endpoint http://127.0.0.1:9/ to exchange the "
+        "web identity token (AWS_WEB_IDENTITY_TOKEN_FILE) for credentials")
+    refused = _fetch_cli(tmp_path / "refused", "s3://models/models/m", {**irsa, "AWS_ENDPOINT_URL_STS": s3.endpoint})
+    assert refused.returncode == 1, refused.stderr
+    assert "STS refused the web identity token (" in refused.stderr.strip().splitlines()[-1], refused.stderr
+    assert "Traceback" not in down.stderr + refused.stderr
+
+
+def test_without_google_credentials_the_chain_runs_and_a_bucket_is_read_anonymously(gcs: GCSServer, tmp_path: Path) -> None:
+    """google-auth's default chain, as in a pod with neither a key file nor Workload Identity: the endpoint through
+    API_ENDPOINT_OVERRIDE (STORAGE_EMULATOR_HOST would skip the chain), the GCE check off (its metadata server is
+    not on this machine). The chain finds nothing and the fetch reads anonymously. fake-gcs-server checks no
+    credentials, so a refused anonymous read cannot be shown here."""
+    gcs.client().bucket("models").blob("anon/m/model.py").upload_from_string(MODEL_PY)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "STORAGE_EMULATOR", "GOOGLE_"))}
+    env = {**clean, **HERMETIC, "API_ENDPOINT_OVERRIDE": gcs.endpoint}
+    proc = subprocess.run([str(CLI), "fetch", "--from", str(tmp_path / "cm"), "--to", str(tmp_path / "repo"),
+                           "--uri", "m=gs://models/anon/m"], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "Found no GCS credentials: requests go anonymous" in proc.stderr
+    assert (tmp_path / "repo" / "m" / "1" / "model.py").read_bytes() == MODEL_PY

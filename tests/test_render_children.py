@@ -100,7 +100,7 @@ def test_deployment_shape() -> None:
     # Every file is in the ConfigMap: tritonserver reads its volume, with no fetch step before it.
     assert "initContainers" not in pod
     assert {"name": "repository", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
-    assert [v["name"] for v in pod["volumes"]] == ["repository", "tmp"]
+    assert [v["name"] for v in pod["volumes"]] == ["repository", "tmp", "dshm"]
     assert spec["template"]["metadata"]["annotations"]["serving.triton-operator.dev/poll-interval-ms"] == "200"
     digest = spec["template"]["metadata"]["annotations"][ANNOTATION_DIGEST]
     assert digest == render_repository([m])["m"].digest

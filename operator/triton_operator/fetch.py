@@ -7,7 +7,10 @@ uri-sourced model's version files (`MODEL=URI` into `MODEL/1/`, `MODEL/N=URI` in
 `spec.modelFiles.uri`): `https://` (a file or a .tar.gz/.tgz/.zip
 archive), `pvc://claim/path` (mounted at /sources/pvc/<claim>; a symbolic link in it is copied as
 its target, which must lie inside `path`), `s3://` (boto3) and `gs://` (google-cloud-storage).
-Credentials come from the environment or mounted Secret files, never from arguments.
+Credentials come from the environment or mounted files, never from arguments: boto3's and google-auth's default
+chains find a credentialsSecret's variables or key file, variables from spec.server.env, and the workload
+identities a ServiceAccount carries (IRSA's web identity token, EKS Pod Identity, GKE and Azure Workload
+Identity). With none found, requests go anonymous, which public buckets allow.
 
 Pins: an https:// download is checked against its `sha256` before anything is
 unpacked; with an object version, `s3://` and `gs://` fetch exactly that version
@@ -225,23 +228,66 @@ _S3_DENIED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "In
               "AllAccessDisabled", "403")
 
 
-def _s3_failure(uri: str, exc: Exception) -> FetchError:
+#: botocore's name for credentials from a web identity token (IRSA: AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE).
+_WEB_IDENTITY = "assume-role-with-web-identity"
+
+
+def _s3_client() -> tuple[Any, str | None]:
+    """An S3 client whose credentials come from boto3's default chain: the environment (a credentialsSecret's keys,
+    or spec.server.env's), a shared credentials file, a web identity token (IRSA), EKS Pod Identity or ECS
+    container credentials, the instance's role. When it finds none, requests go unsigned, which a public bucket
+    answers. Returns the client and where its credentials came from (botocore's name for it; None: anonymous)."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    session = boto3.session.Session()
+    credentials = session.get_credentials()  # a web identity token is exchanged later, at the first request
+    source = credentials.method if credentials is not None else None
+    config = Config(signature_version=UNSIGNED) if credentials is None else None
+    if source is None:
+        _log("Found no S3 credentials: requests go anonymous, which public buckets allow")
+    else:
+        _log(f"Found S3 credentials source={source}")
+    return session.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None, config=config), source
+
+
+def _s3_failure(uri: str, exc: Exception, source: str | None = "env", endpoint: str | None = None) -> FetchError:
+    """One line for a failed S3 fetch: what failed, and where to look given where the credentials came from."""
     from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
     if isinstance(exc, NoCredentialsError):
         return FetchError(f"{uri}: no S3 credentials: name a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                          "in credentialsSecret")
+                          "in credentialsSecret, or give the fetch step credentials through spec.server.env or its "
+                          "ServiceAccount (IRSA)")
     if isinstance(exc, EndpointConnectionError):
+        url = str(exc.kwargs.get("endpoint_url") or "")
+        if source == _WEB_IDENTITY and endpoint and not url.startswith(endpoint):
+            return FetchError(f"{uri}: cannot reach the STS endpoint {url} to exchange the web identity token "
+                              "(AWS_WEB_IDENTITY_TOKEN_FILE) for credentials")
         return FetchError(f"{uri}: cannot reach the S3 endpoint: {exc}")
     if isinstance(exc, ClientError):
         err = exc.response.get("Error") or {}
         code, message = str(err.get("Code", "")), str(err.get("Message", ""))
         status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        if exc.operation_name == "AssumeRoleWithWebIdentity":
+            return FetchError(f"{uri}: STS refused the web identity token ({code}: {message}): check the role "
+                              "(AWS_ROLE_ARN, the ServiceAccount's eks.amazonaws.com/role-arn annotation) and its "
+                              "trust policy")
         # Servers say it differently: AWS InvalidAccessKeyId (403), versitygw XAdminUserNotFound (404, "No user exists
         # with the provided access key ID"), and so on.
         if code in _S3_DENIED or status in (401, 403) or any(w in message.lower() for w in ("access key", "credential")):
-            return FetchError(f"{uri}: access denied ({code}: {message}): check the Secret named in credentialsSecret "
-                              "(keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
+            if source is None:
+                return FetchError(f"{uri}: access denied to an anonymous request ({code}: {message}): the fetch step "
+                                  "found no S3 credentials (a credentialsSecret, AWS_* variables from "
+                                  "spec.server.env, a web identity token or a role from its ServiceAccount, the "
+                                  "node's role), and the bucket is not public")
+            if source == "env":
+                return FetchError(f"{uri}: access denied ({code}: {message}): check the Secret named in "
+                                  "credentialsSecret (keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or the AWS_* "
+                                  "variables spec.server.env gives the fetch step")
+            return FetchError(f"{uri}: access denied ({code}: {message}) to the credentials from {source}: check "
+                              "what that identity may read in the bucket")
         if code == "NoSuchBucket":
             return FetchError(f"{uri}: no such bucket")
         return FetchError(f"{uri}: {code or 'error'}: {message or exc}")
@@ -250,12 +296,15 @@ def _s3_failure(uri: str, exc: Exception) -> FetchError:
 
 def _fetch_s3(uri: str, dst: Path, version: str | None = None) -> None:
     try:
-        import boto3
+        import boto3  # noqa: F401 - the extra's presence, checked before anything is fetched
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError as exc:
         raise FetchError("s3:// needs boto3 (install triton-operator[s3])") from exc
+    source: str | None = None
+    endpoint: str | None = None
     try:
-        s3 = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+        s3, source = _s3_client()
+        endpoint = s3.meta.endpoint_url
         if version is not None:
             bucket, key = _object(uri)
             body = s3.get_object(Bucket=bucket, Key=key, VersionId=version)["Body"]
@@ -284,15 +333,21 @@ def _fetch_s3(uri: str, dst: Path, version: str | None = None) -> None:
             raise
         _place(PurePosixPath(prefix).name, body.read(), dst)
     except (BotoCoreError, ClientError) as exc:
-        raise _s3_failure(uri, exc) from exc
+        raise _s3_failure(uri, exc, source, endpoint) from exc
 
 
-def _gcs_failure(uri: str, exc: Exception) -> FetchError:
+def _gcs_failure(uri: str, exc: Exception, anonymous: bool = False) -> FetchError:
     from google.api_core import exceptions as api
 
+    if isinstance(exc, (api.Unauthorized, api.Forbidden)) and anonymous:
+        return FetchError(f"{uri}: access denied to an anonymous request ({exc.code}: {exc.message}): the fetch step "
+                          "found no Google credentials (a credentialsSecret's key.json, GOOGLE_APPLICATION_CREDENTIALS "
+                          "from spec.server.env, GKE Workload Identity through its ServiceAccount), and the bucket is "
+                          "not public")
     if isinstance(exc, (api.Unauthorized, api.Forbidden)):
         return FetchError(f"{uri}: access denied ({exc.code}: {exc.message}): check the Secret named in "
-                          "credentialsSecret (key key.json, a service account key with read access)")
+                          "credentialsSecret (key key.json, a service account key with read access), or the identity "
+                          "the fetch step's credentials belong to")
     if isinstance(exc, api.NotFound):
         return FetchError(f"{uri}: not found: {exc.message}")
     return FetchError(f"{uri}: {type(exc).__name__}: {exc}")
@@ -306,11 +361,13 @@ def _fetch_gs(uri: str, dst: Path, version: str | None = None) -> None:
         from requests import RequestException
     except ImportError as exc:
         raise FetchError("gs:// needs google-cloud-storage (install triton-operator[gcs])") from exc
+    anonymous = False
     try:
         try:
-            client = storage.Client()
-        except auth.DefaultCredentialsError:  # no key.json: a public bucket still reads anonymously
-            client = storage.Client.create_anonymous_client()
+            client = storage.Client()  # google-auth's default chain (or anonymous, with STORAGE_EMULATOR_HOST)
+        except auth.DefaultCredentialsError:  # nothing found: a public bucket still reads anonymously
+            _log("Found no GCS credentials: requests go anonymous, which public buckets allow")
+            client, anonymous = storage.Client.create_anonymous_client(), True
         if version is not None:
             if not version.isdigit():
                 raise FetchError(f"a GCS object version is its generation, a number; got {version!r}")
@@ -335,7 +392,7 @@ def _fetch_gs(uri: str, dst: Path, version: str | None = None) -> None:
             raise _nothing_under(uri, root)
         _place(PurePosixPath(prefix).name, single.download_as_bytes(), dst)
     except (api.GoogleAPIError, auth.GoogleAuthError, RequestException) as exc:
-        raise _gcs_failure(uri, exc) from exc
+        raise _gcs_failure(uri, exc, anonymous) from exc
 
 
 SCHEMES = ("https://", "pvc://", "s3://", "gs://")

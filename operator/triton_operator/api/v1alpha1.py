@@ -9,11 +9,13 @@ same rules (and the ones CEL cannot express) locally with field paths.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 GROUP = "serving.triton-operator.dev"
 VERSION = "v1alpha1"
@@ -61,15 +63,21 @@ INLINE_OR_URI = ConfigDict(
 )
 Dim = Annotated[int, Field(ge=-1, le=2**31 - 1)]
 
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_UNITS: dict[str, Decimal | int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+          "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def quantity_value(q: str) -> Decimal:
+    """The exact value of a Kubernetes quantity as this API's patterns take them: `64Mi`, `1.5G`, `500m`, `1048576`."""
+    for suffix, mult in _UNITS.items():
+        if q.endswith(suffix):
+            return Decimal(q[: -len(suffix)]) * mult
+    return Decimal(q)
 
 
 def quantity_bytes(q: str) -> int:
-    """Bytes in a Kubernetes quantity such as `64Mi`, `1G` or `1048576`."""
-    for suffix, mult in _UNITS.items():
-        if q.endswith(suffix):
-            return int(float(q[: -len(suffix)]) * mult)
-    return int(float(q))
+    """Bytes in a Kubernetes quantity such as `64Mi`, `1G` or `1048576` (a fraction of a byte rounds down)."""
+    return int(quantity_value(q))
 
 
 #: A model parameter's key and value, as Triton's ModelParameter takes them.
@@ -573,6 +581,140 @@ class Toleration(_Model):
     toleration_seconds: int | None = None
 
 
+#: A label or annotation key: an optional DNS-subdomain prefix and `/`, then a name (at most 63 characters).
+QualifiedNameStr = Annotated[str, StringConstraints(
+    min_length=1, max_length=317,
+    pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+LabelValueStr = Annotated[str, StringConstraints(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+#: An environment variable's name, as Kubernetes has long taken them (a C identifier, with `-` and `.` too).
+EnvNameStr = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+#: A ConfigMap or Secret key.
+DataKeyStr = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+
+#: The pod labels the operator sets on every replica (`render.kubernetes.labels`): podLabels may not set them, nor
+#: any key under the API group's prefix (the selector, `serving.triton-operator.dev/model`, is one).
+OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")
+#: Pod annotations the operator writes besides those under its API group's prefix.
+OPERATOR_ANNOTATIONS = ("kubectl.kubernetes.io/default-container",)
+#: Environment variables the operator sets in the tritonserver container.
+OPERATOR_ENV = ("HOME",)
+#: What a replica's /dev/shm holds at most when spec.server.shmSize is unset (see Server.shm_size).
+SHM_SIZE_DEFAULT = "1Gi"
+
+
+def _reserved_keys_rule(field: str, keys: tuple[str, ...], what: str) -> JsonDict:
+    """The CEL rule (on Server) that refuses the operator's own label or annotation keys in `field`."""
+    listed = ", ".join(f"'{k}'" for k in keys)
+    return {
+        "rule": f"!has(self.{field}) || self.{field}.all(k, !k.startsWith('{GROUP}/') && !(k in [{listed}]))",
+        "message": f"{field} may not set the operator's own {what}: {', '.join(keys)} or any key under {GROUP}/",
+        "fieldPath": f".{field}",
+    }
+
+
+class LocalObjectReference(_Model):
+    """A reference to an object in the model's namespace by name."""
+
+    name: K8sNameStr = Field(description="The object's name.")
+
+
+class KeySelector(_Model):
+    """One key of a Secret or ConfigMap in the model's namespace."""
+
+    name: K8sNameStr = Field(description="The Secret's or ConfigMap's name.")
+    key: DataKeyStr = Field(description="The key whose value the variable takes.")
+    optional: bool | None = Field(default=None, description="Start the container even when the key is missing.")
+
+
+class ObjectFieldSelector(_Model):
+    """A field of the pod, e.g. `metadata.name`, `metadata.namespace`, `status.podIP`, `spec.nodeName`."""
+
+    field_path: Annotated[str, StringConstraints(min_length=1, max_length=256)] = Field(
+        description="The field's path in the pod.")
+    api_version: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        default=None, description="The schema the path is written in (default v1).")
+
+
+class ResourceFieldSelector(_Model):
+    """A container's resource request or limit, e.g. `limits.memory`."""
+
+    resource: Annotated[str, StringConstraints(min_length=1, max_length=128)] = Field(
+        description="limits.cpu, limits.memory, requests.cpu, requests.memory, …")
+    container_name: Annotated[str, StringConstraints(max_length=63)] | None = Field(
+        default=None, description="Whose resource (default: the container the variable is in).")
+    divisor: ResourceQuantityStr | None = Field(default=None, description="The unit the value is given in.")
+
+
+class EnvVarSource(_Model):
+    """Where a variable's value comes from: exactly one of the four."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), has(self.resourceFieldRef)]"
+                ".filter(x, x).size() == 1",
+        "message": "set exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef"}]})
+
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: ObjectFieldSelector | None = Field(default=None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(default=None, description="A resource of a container.")
+
+
+class EnvVar(_Model):
+    """An environment variable: a value, or where to read it from (Kubernetes' EnvVar)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!(has(self.value) && has(self.valueFrom))", "message": "set value or valueFrom, not both"}]})
+
+    name: EnvNameStr = Field(description="The variable's name.")
+    value: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
+        default=None, description="Its value; `$(OTHER)` expands a variable defined before it.")
+    value_from: EnvVarSource | None = Field(default=None, description="Where its value comes from.")
+
+
+class EnvFromReference(_Model):
+    """A Secret or ConfigMap whose every key becomes a variable."""
+
+    name: K8sNameStr = Field(description="The Secret's or ConfigMap's name.")
+    optional: bool | None = Field(default=None, description="Start the container even when it is missing.")
+
+
+class EnvFromSource(_Model):
+    """Every key of one Secret or ConfigMap as variables (Kubernetes' EnvFromSource)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "has(self.secretRef) != has(self.configMapRef)", "message": "set exactly one of secretRef or configMapRef"}]})
+
+    prefix: EnvNameStr | None = Field(default=None, description="Put before each key to make the variable's name.")
+    secret_ref: EnvFromReference | None = Field(default=None, description="A Secret.")
+    config_map_ref: EnvFromReference | None = Field(default=None, description="A ConfigMap.")
+
+
+class TopologySpreadConstraint(_Model):
+    """How replicas spread over a topology (Kubernetes' TopologySpreadConstraint)."""
+
+    max_skew: int = Field(ge=1, le=10_000, description="The largest allowed difference in replicas between two domains.")
+    topology_key: QualifiedNameStr = Field(
+        description="The node label whose values are the domains, e.g. `topology.kubernetes.io/zone`, "
+        "`kubernetes.io/hostname`.")
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        description="DoNotSchedule: a replica that would break maxSkew stays Pending; ScheduleAnyway: prefer, not require.")
+    label_selector: dict[str, Any] | None = Field(
+        default=None,
+        description="The pods counted (a Kubernetes LabelSelector). Unset: the model's own replicas "
+        "(`matchLabels: {serving.triton-operator.dev/model: <name>}`), which is what spreading replicas means.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    match_label_keys: list[QualifiedNameStr] | None = Field(
+        default=None, max_length=16,
+        description="Pod label keys whose values, taken from the replica, narrow labelSelector, e.g. "
+        "`pod-template-hash` to count only the replicas of one rollout.")
+    min_domains: int | None = Field(default=None, ge=1, le=10_000, description="With DoNotSchedule: the fewest domains.")
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, description="Whether nodeSelector and affinity limit the domains counted (Kubernetes: Honor).")
+    node_taints_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, description="Whether taints the replica does not tolerate limit the domains (Kubernetes: Ignore).")
+
+
 class Resources(_Model):
     """Container resources; `nvidia.com/gpu` comes from `server.gpus` (or what the instance groups need)."""
 
@@ -582,8 +724,37 @@ class Resources(_Model):
         default=None, description="Limits on cpu, memory, … (Kubernetes quantities).")
 
 
+#: Said of each pod field: it is part of the pod template, which Triton cannot load into a running server.
+_NEW_PODS = " A change rolls new pods, under rollout.strategy InPlace too."
+
+
 class Server(_Model):
-    """The tritonserver container of each replica."""
+    """The tritonserver container of each replica, and the pod around it."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {
+            "rule": "!has(self.shmSize) || !isQuantity(self.shmSize) || "
+                    "quantity(self.shmSize).compareTo(quantity('1Mi')) >= 0",
+            "message": "shmSize must be at least 1Mi (each Python backend model instance starts with a 1 MiB region)",
+            "fieldPath": ".shmSize",
+        },
+        {
+            "rule": "!has(self.shmSize) || !has(self.resources) || !has(self.resources.limits) || "
+                    "!('memory' in self.resources.limits) || !isQuantity(self.shmSize) || "
+                    "!isQuantity(self.resources.limits['memory']) || "
+                    "quantity(self.shmSize).compareTo(quantity(self.resources.limits['memory'])) <= 0",
+            "message": "shmSize may not exceed resources.limits.memory: what /dev/shm holds counts against the "
+                       "container's memory",
+            "fieldPath": ".shmSize",
+        },
+        _reserved_keys_rule("podLabels", OPERATOR_LABELS, "labels"),
+        _reserved_keys_rule("podAnnotations", OPERATOR_ANNOTATIONS, "annotations"),
+        {
+            "rule": "!has(self.env) || self.env.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in OPERATOR_ENV) + "]))",
+            "message": f"env may not set {', '.join(OPERATOR_ENV)}: the operator sets it in the tritonserver container",
+            "fieldPath": ".env",
+        },
+    ]})
 
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
         default="nvcr.io/nvidia/tritonserver:24.10-py3", description="tritonserver image."
@@ -621,11 +792,119 @@ class Server(_Model):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     args: list[Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
-        default=None, max_length=64, description="Extra tritonserver arguments, appended as given."
+        default=None,
+        max_length=64,
+        description=(
+            "Extra tritonserver arguments, appended as given. The Python backend's shared memory settings "
+            "(`--backend-config=python,shm-default-byte-size=N`, `…,shm-growth-byte-size=N`, in bytes) must fit "
+            "shmSize: a default size times the Python model instances the replica loads, or a growth step, larger "
+            "than /dev/shm is refused (Triton would fail every load or every growth)."
+        ),
     )
     startup_timeout_seconds: int = Field(
         default=600, ge=10, le=86400, description="How long load plus warm-up may take before the replica restarts."
     )
+    shm_size: QuantityStr | None = Field(
+        default=None,
+        description=(
+            "Size of each replica's /dev/shm, a memory-backed emptyDir (tmpfs). The Python backend moves every "
+            "request's and response's tensors through it: each model instance has a region there that grows to "
+            "hold the largest tensors it has handled (1 MiB to start, by default) and never shrinks while the "
+            "instance lives; a tensor that does not fit fails its request (\"Failed to increase the shared memory "
+            "pool size\"). The container runtime's default, 64 MiB, fails a Python model returning 76 MiB. "
+            f"Unset: {SHM_SIZE_DEFAULT}, or the container's memory limit (resources.limits.memory) when that is "
+            "lower: room for a Python step that takes a batch of eight 1080p RGB images and returns them in FP32 "
+            "(200 MB). It is a cap, not a reservation: tmpfs pages take memory only once written, and Kubernetes "
+            "counts them against the container's memory (its limit, and the node's eviction), so a value above "
+            "resources.limits.memory is refused. At least 1Mi." + _NEW_PODS
+        ),
+    )
+    service_account_name: K8sNameStr | None = Field(
+        default=None,
+        description=(
+            "The ServiceAccount the replicas run as, in the model's namespace (Kubernetes' default: `default`). The "
+            "identity cloud credentials hang on: IRSA (EKS), EKS Pod Identity, GKE and Azure Workload Identity "
+            "give the `fetch` init step credentials for s3:// and gs:// sources without a credentialsSecret." + _NEW_PODS
+        ),
+    )
+    automount_service_account_token: bool = Field(
+        default=False,
+        description=(
+            "Mount a Kubernetes API token in the replicas. Off by default: tritonserver and the user's Python code "
+            "never call the API server. The tokens IRSA and Azure Workload Identity inject are projected volumes of "
+            "their own, which this does not touch; GKE Workload Identity needs no token." + _NEW_PODS
+        ),
+    )
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "Secrets (type kubernetes.io/dockerconfigjson, in the model's namespace) for pulling server.image and "
+            "the operator's image (the fetch and probe containers) from private registries, e.g. a copy of "
+            "NVIDIA's image: `[{name: my-registry}]`." + _NEW_PODS
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    pod_labels: dict[QualifiedNameStr, LabelValueStr] | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Labels added to every replica (cost allocation, mesh or policy selection). Not the operator's own: "
+            f"{', '.join(OPERATOR_LABELS)} and every key under {GROUP}/ (the model's selector) are refused. They "
+            "are part of the pod digest." + _NEW_PODS
+        ),
+    )
+    pod_annotations: dict[QualifiedNameStr, Annotated[str, StringConstraints(max_length=65536)]] | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Annotations added to every replica (scrape settings, mesh injection, …). Not the operator's own: "
+            f"{', '.join(OPERATOR_ANNOTATIONS)} and every key under {GROUP}/ are refused." + _NEW_PODS
+        ),
+    )
+    priority_class_name: K8sNameStr | None = Field(
+        default=None,
+        description="The PriorityClass of the replicas: which pods the scheduler preempts for which." + _NEW_PODS,
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] | None = Field(
+        default=None,
+        max_length=8,
+        description=(
+            "How replicas spread over zones or nodes. A constraint without labelSelector counts the model's own "
+            "replicas." + _NEW_PODS
+        ),
+    )
+    env: list[EnvVar] | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Environment variables of the tritonserver container and of the `fetch` init step (so credentials "
+            "for s3:// and gs:// sources can come from here: AWS_*, GOOGLE_APPLICATION_CREDENTIALS, an endpoint, "
+            "a proxy). Not those the operator sets: HOME, nor, when a source the replica fetches names a "
+            "credentialsSecret, the variables it sets (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, "
+            "AWS_ENDPOINT_URL, AWS_REGION; GOOGLE_APPLICATION_CREDENTIALS)." + _NEW_PODS
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    env_from: list[EnvFromSource] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "Secrets and ConfigMaps whose keys become environment variables of the tritonserver container and the "
+            "`fetch` init step; a variable set by env or by the operator wins over one of the same name here."
+            + _NEW_PODS
+        ),
+    )
+
+    @property
+    def effective_shm_size(self) -> str:
+        """The size of a replica's shared memory: shmSize, or SHM_SIZE_DEFAULT capped at the memory limit."""
+        if self.shm_size is not None:
+            return self.shm_size
+        limit = (self.resources.limits or {}).get("memory") if self.resources is not None else None
+        if limit is not None and quantity_value(limit) < quantity_value(SHM_SIZE_DEFAULT):
+            return limit
+        return SHM_SIZE_DEFAULT
 
 
 class WarmupGate(_Model):
@@ -656,7 +935,9 @@ class Rollout(_Model):
             "model's own config alone: maxBatchSize, batching, batcher, sequenceBatcher, inputs, outputs, "
             "decoupled, responseCache (on a server that already has a cache), modelWarmup, instanceGroups (on the "
             "same GPUs) and parameters. Every other change needs new pods and rolls the Deployment (maxSurge 1, "
-            "maxUnavailable 0): server (image, resources, gpus, args, cacheSize, placement), source, modelFiles, "
+            "maxUnavailable 0): server (image, resources, gpus, args, cacheSize, placement, and every pod setting: "
+            "shmSize, serviceAccountName, automountServiceAccountToken, imagePullSecrets, podLabels, podAnnotations, "
+            "priorityClassName, topologySpreadConstraints, env, envFrom), source, modelFiles, "
             "versions, versionPolicy, warmupGate, and an ensemble's steps. NewPods: every change rolls the "
             "Deployment."
         ),
@@ -1006,8 +1287,9 @@ class TritonModelSpec(_Model):
         description=(
             "The tritonserver container of the model's own replicas. An ensemble's replicas run every step model "
             "in one tritonserver shaped by the ensemble's server alone: its image, gpus, resources, nodeSelector, "
-            "tolerations, affinity, args and startupTimeoutSeconds apply to every step there, and a step's own "
-            "values of these are ignored there. Only a step's cacheSize counts (see cacheSize)."
+            "tolerations, affinity, args, startupTimeoutSeconds and pod settings (shmSize, serviceAccountName, env, "
+            "…) apply to every step there, and a step's own values of these are ignored there. Only a step's "
+            "cacheSize counts (see cacheSize)."
         ),
         json_schema_extra={"default": {}},
     )

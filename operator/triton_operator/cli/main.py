@@ -86,6 +86,42 @@ def _write_repository(rendered: Mapping[str, RenderedModel], out: Path) -> None:
         raise CliError(f"{exc.filename or out}: cannot write: {exc.strerror or exc}") from exc
 
 
+def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None) -> str:
+    """The Kubernetes objects the operator applies for each TritonModel, as a multi-document YAML stream."""
+    import yaml
+
+    from ..render.kubernetes import Options, RepositoryTooLarge, render_children
+    from ..render.modelconfig import render_repository
+
+    models = [m for _, m in loaded.models]
+    rendered = render_repository(models)  # as the operator renders: no --cpu, replicas' /models
+    options = Options(operator_image=operator_image) if operator_image else Options()
+    docs = []
+    for m in models:
+        uid = str(m.metadata.model_extra.get("uid") or "") if m.metadata.model_extra else ""
+        try:
+            children = render_children(m, rendered, uid, namespace or m.metadata.namespace or "default", options)
+        except RepositoryTooLarge as exc:
+            raise CliError(f"TritonModel/{m.name}: {exc}") from exc
+        for child in children:
+            if not uid:  # the API server gives the TritonModel its uid: without one, no owner reference to show
+                del child["metadata"]["ownerReferences"]
+            docs.append(child)
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: object) -> bool:
+            return True  # every object written out in full, as kubectl shows it
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        # A file of the repository ConfigMap as a block, readable in a review (PyYAML falls back where it cannot).
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+
+    head = "# The objects triton-operator applies for these TritonModels (triton-operator render --objects).\n"
+    return head + yaml.dump_all(docs, Dumper=Dumper, sort_keys=False, width=120, explicit_start=True)
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from ..render.modelconfig import REPOSITORY_ROOT, render_repository
 
@@ -98,6 +134,12 @@ def cmd_render(args: argparse.Namespace) -> int:
         out = Path(args.output)
         _write_repository(rendered, out)
         _err(f"Wrote model repository with {len(rendered)} model(s) to {out}")
+    if args.objects:
+        if args.cpu or args.repository_root:
+            raise CliError("--objects prints what the operator applies, which maps no GPU group to CPU and mounts the "
+                           "repository at /models: drop --cpu and --repository-root")
+        sys.stdout.write(_objects(loaded, args.namespace, args.operator_image))
+        return 0
     for r in rendered.values():
         print(f"# {r.name}/config.pbtxt (TritonModel {r.model.name}, digest {r.digest})")
         print(r.config_pbtxt, end="" if r.config_pbtxt.endswith("\n") else "\n")
@@ -346,6 +388,17 @@ def build_parser() -> argparse.ArgumentParser:
         "starts here (default: /models, where replicas mount it; give the -o directory's absolute path to load the "
         "output in a tritonserver of your own)",
     )
+    r.add_argument(
+        "--objects",
+        action="store_true",
+        help="print the Kubernetes objects the operator would apply for each TritonModel (ConfigMap, Deployment, "
+        "Service, and a PodDisruptionBudget or HorizontalPodAutoscaler when the spec asks) as a multi-document YAML "
+        "stream, instead of the config.pbtxt files: the pods a change makes, for review",
+    )
+    r.add_argument("-n", "--namespace", help="with --objects: the namespace (default: each model's, else default)")
+    r.add_argument("--operator-image", metavar="IMAGE",
+                   help="with --objects: the operator's image, which the fetch and probe containers run "
+                   "(default: this version's; the chart sets the one it installs)")
     r.set_defaults(func=cmd_render)
 
     v = sub.add_parser("validate", help="render, then load every model (and run its warm-up) in a real local tritonserver")

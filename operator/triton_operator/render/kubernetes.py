@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL, OWNED
-from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, TritonModel, quantity_bytes
+from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, Server, TritonModel, quantity_bytes
 from .autoscaling import hpa_metric
 from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
 
@@ -49,6 +49,8 @@ ANNOTATION_LOADED = f"{GROUP}/loaded-config-digest"
 REPO_DIR = REPOSITORY_ROOT  # the config names files here (a custom batching strategy's)
 CONFIG_DIR = "/config"
 TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
+#: A memory-backed emptyDir sized by spec.server.shmSize: the Python backend's tensors pass through it.
+SHM_DIR = "/dev/shm"  # noqa: S108 - an emptyDir of the pod's own
 #: The unprivileged user every container runs as (distroless' "nonroot").
 RUN_AS = 65532
 #: What every container gets: enough for the Pod Security Standards' "restricted" profile, which hardened
@@ -328,6 +330,40 @@ def replica_gpus(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> i
     return max(rendered[n].model.spec.gpus_needed for n in step_closure(model.name, rendered))
 
 
+def _shm(server: Server) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shared memory volume (tmpfs, capped at shmSize) and the tritonserver container's mount of it at SHM_DIR."""
+    return ({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": server.effective_shm_size}},
+            {"name": "dshm", "mountPath": SHM_DIR})
+
+
+def _user_env(server: Server) -> dict[str, Any]:
+    """server.env and server.envFrom as a container's `env` and `envFrom` (for tritonserver and fetch alike)."""
+    out: dict[str, Any] = {}
+    if server.env:
+        out["env"] = [v.model_dump(by_alias=True, exclude_none=True) for v in server.env]
+    if server.env_from:
+        out["envFrom"] = [v.model_dump(by_alias=True, exclude_none=True) for v in server.env_from]
+    return out
+
+
+def _pod_settings(model: TritonModel) -> dict[str, Any]:
+    """The pod spec's fields that spec.server sets as they are: identity, pull secrets, priority, spreading."""
+    server = model.spec.server
+    out: dict[str, Any] = {"automountServiceAccountToken": server.automount_service_account_token}
+    if server.service_account_name:
+        out["serviceAccountName"] = server.service_account_name
+    if server.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": s.name} for s in server.image_pull_secrets]
+    if server.priority_class_name:
+        out["priorityClassName"] = server.priority_class_name
+    if server.topology_spread_constraints:
+        out["topologySpreadConstraints"] = [
+            {**c.model_dump(by_alias=True, exclude_none=True),
+             "labelSelector": c.label_selector if c.label_selector is not None else {"matchLabels": selector(model)}}
+            for c in server.topology_spread_constraints]
+    return out
+
+
 def render_deployment(
     model: TritonModel,
     rendered: Mapping[str, RenderedModel],
@@ -339,6 +375,8 @@ def render_deployment(
     server = spec.server
     digest = rendered[model.name].digest
     uri_args, uri_volumes, uri_mounts, uri_env = _uri_args(model, rendered)
+    user_env = _user_env(server)  # tritonserver's and fetch's: ambient credentials reach fetch too
+    shm_volume, shm_mount = _shm(server)
     gpus = replica_gpus(model, rendered)
     files = repository_for(model.name, rendered)
     items = [{"key": configmap_key(p), "path": p} for p in files]
@@ -375,12 +413,14 @@ def render_deployment(
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
         # HOME too: NVIDIA's image has no home for this user, and libraries cache there (torch, numba).
-        "env": [{"name": "HOME", "value": TMP_DIR}],
+        "env": [{"name": "HOME", "value": TMP_DIR}, *user_env.get("env", ())],
+        **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
         "volumeMounts": [
             # The repository: the `fetch` step's copy, or the ConfigMap itself when there is nothing to fetch.
             {"name": "models" if fetch_step else "repository", "mountPath": REPO_DIR, "readOnly": True},
             # The root filesystem is read-only: the Python backend makes /tmp/python_env_* at start.
             {"name": "tmp", "mountPath": TMP_DIR},
+            shm_mount,
         ],
         "securityContext": dict(CONTAINER_SECURITY),
         "livenessProbe": {**probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
@@ -404,8 +444,11 @@ def render_deployment(
         # status, and from there the TritonModel's (Degraded, SourceFetchFailed); a crash's last log lines too.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if uri_env:
-        fetch["env"] = uri_env
+    fetch_env = _user_env(server)  # its own copy: the two containers share no object
+    if uri_env or "env" in fetch_env:
+        fetch["env"] = [*uri_env, *fetch_env.get("env", ())]
+    if "envFrom" in fetch_env:
+        fetch["envFrom"] = fetch_env["envFrom"]
     pod_spec: dict[str, Any] = {
         **({"initContainers": [fetch]} if fetch_step else {}),
         "containers": [triton],
@@ -413,6 +456,7 @@ def render_deployment(
             {"name": "repository", "configMap": {"name": repository_name(model, rendered), "items": items}},
             *([{"name": "models", "emptyDir": {}}] if fetch_step else []),
             {"name": "tmp", "emptyDir": {}},
+            shm_volume,
             *uri_volumes,
         ],
         "securityContext": {
@@ -423,6 +467,7 @@ def render_deployment(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": grace,
+        **_pod_settings(model),
     }
     if spec.warmup_gate.enabled:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
@@ -476,6 +521,7 @@ def render_deployment(
         pod_spec["affinity"] = dict(server.affinity)
     steps = [rendered[n].model.triton_name for n in step_closure(model.name, rendered) if n != model.name]
     annotations = {
+        **(server.pod_annotations or {}),  # validation keeps them off the operator's own keys
         ANNOTATION_DIGEST: digest,
         ANNOTATION_TRITON_NAME: model.triton_name,
         ANNOTATION_POLL_MS: str(spec.warmup_gate.poll_interval_milliseconds),
@@ -488,7 +534,8 @@ def render_deployment(
     versions = versions_annotation([rendered[n].model for n in step_closure(model.name, rendered)])
     if versions:
         annotations[ANNOTATION_VERSIONS] = versions
-    annotations[ANNOTATION_POD_DIGEST] = pod_digest(model, rendered, annotations, pod_spec)
+    pod_labels = {**(server.pod_labels or {}), **labels(model)}
+    annotations[ANNOTATION_POD_DIGEST] = pod_digest(model, rendered, annotations, pod_spec, pod_labels)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -497,25 +544,26 @@ def render_deployment(
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector(model)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": labels(model), "annotations": annotations}, "spec": pod_spec},
+            "template": {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod_spec},
         },
     }
 
 
 def pod_digest(model: TritonModel, rendered: Mapping[str, RenderedModel], annotations: Mapping[str, str],
-               pod_spec: Mapping[str, Any]) -> str:
-    """A digest of everything a replica is made of except the model's own config: the pod spec and annotations
-    without the config digest and the repository ConfigMap's name, and every repository file but the model's own
-    config.pbtxt. Two renders with equal pod digests differ at most in that config, which Triton can load into a
-    running server (`plan.rollout`)."""
+               pod_spec: Mapping[str, Any], pod_labels: Mapping[str, str]) -> str:
+    """A digest of everything a replica is made of except the model's own config: the pod spec, labels and
+    annotations without the config digest and the repository ConfigMap's name, and every repository file but the
+    model's own config.pbtxt. Two renders with equal pod digests differ at most in that config, which Triton can
+    load into a running server (`plan.rollout`); any other change of the template (server.podLabels too) makes new
+    pods."""
     own_config = f"{model.triton_name}/config.pbtxt"
     spec = json.loads(json.dumps(pod_spec))
     for v in spec.get("volumes") or ():
         if v.get("name") == "repository":
             v["configMap"]["name"] = ""
     h = hashlib.sha256(json.dumps(
-        [spec, {k: v for k, v in annotations.items() if k not in (ANNOTATION_DIGEST, ANNOTATION_POD_DIGEST)}],
-        sort_keys=True).encode())
+        [spec, {k: v for k, v in annotations.items() if k not in (ANNOTATION_DIGEST, ANNOTATION_POD_DIGEST)},
+         dict(pod_labels)], sort_keys=True).encode())
     for path, content in sorted(repository_for(model.name, rendered).items()):
         if path != own_config:
             h.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(content).digest())

@@ -19,11 +19,17 @@ from dataclasses import dataclass
 from ..api import steps as step_graph
 from ..api.v1alpha1 import (
     BATCH_STRATEGY_PARAMETER,
+    GROUP,
+    OPERATOR_ANNOTATIONS,
+    OPERATOR_ENV,
+    OPERATOR_LABELS,
     QueuePolicy,
+    Server,
     Tensor,
     TritonModel,
     TritonModelSpec,
     quantity_bytes,
+    quantity_value,
 )
 from .errors import FieldError
 
@@ -95,6 +101,14 @@ RULES: dict[str, Rule] = {
         Rule("autoscaling-range", False, "autoscaling.minReplicas <= autoscaling.maxReplicas"),
         Rule("autoscaling-target", False,
              "autoscaling.target sets exactly one of queueTimeMilliseconds, inflightRequests, inferencesPerSecond"),
+        Rule("shm-size", False, "server.shmSize is at least 1Mi and at most the tritonserver container's memory limit "
+             "(a memory-backed /dev/shm counts against it)"),
+        Rule("shm-backend-config", False, "the Python backend's shm settings in server.args are whole bytes and fit "
+             "/dev/shm (server.shmSize): its default size times the replica's Python instances, and its growth step"),
+        Rule("pod-metadata", False, "server.podLabels and podAnnotations: valid keys, within Kubernetes' sizes, none of "
+             "the operator's own (its labels, its selector, its annotations)"),
+        Rule("pod-env", False, "server.env names each variable once and none the operator sets (HOME, the variables a "
+             "credentialsSecret sets in the fetch step)"),
         Rule("version-policy", True,
              "versionPolicy is one of latest, all or specific; specific names versions the model has (Triton refuses "
              "a policy serving none, and only logs one missing among others)"),
@@ -637,8 +651,92 @@ def _check_autoscaling(spec: TritonModelSpec, err: _Collector) -> None:
             f"inflightRequests or inferencesPerSecond, got {targets or 'none'}")
 
 
+# ---------------------------------------------------------------- the pod
+
+
+#: The Python backend's settings (`--backend-config=python,KEY=VALUE`) that size its regions in /dev/shm.
+SHM_DEFAULT_KEY, SHM_GROWTH_KEY = "shm-default-byte-size", "shm-growth-byte-size"
+#: What the Python backend refuses below (python_be.cc, 24.10): every instance starts with at least this region.
+SHM_DEFAULT_MIN = 1 << 20
+#: Kubernetes' limit on all of a pod's annotations together, less room for the operator's own.
+ANNOTATIONS_BUDGET = 256 * 1024 - 8 * 1024
+
+
+def python_shm_settings(args: Sequence[str]) -> list[tuple[int, str, str]]:
+    """(index in args, key, value) of each Python backend shm setting: `--backend-config=python,KEY=VALUE`, or
+    `--backend-config` followed by `python,KEY=VALUE`, as tritonserver's parser takes them."""
+    out = []
+    for i, arg in enumerate(args):
+        if arg.startswith("--backend-config="):
+            text = arg.split("=", 1)[1]
+        elif arg == "--backend-config" and i + 1 < len(args):
+            text, i = args[i + 1], i + 1
+        else:
+            continue
+        backend, _, setting = text.partition(",")
+        key, _, value = setting.partition("=")
+        if backend == "python" and key in (SHM_DEFAULT_KEY, SHM_GROWTH_KEY):
+            out.append((i, key, value))
+    return out
+
+
+def _check_shm_size(server: Server, err: _Collector) -> None:
+    if server.shm_size is None:
+        return
+    size = quantity_value(server.shm_size)
+    if size < SHM_DEFAULT_MIN:
+        err("shm-size", "spec.server.shmSize",
+            f"must be at least 1Mi, got {server.shm_size}: each Python backend model instance starts with a 1 MiB region")
+    limit = (server.resources.limits or {}).get("memory") if server.resources is not None else None
+    if limit is not None and size > quantity_value(limit):
+        err("shm-size", "spec.server.shmSize",
+            f"{server.shm_size} is above the tritonserver container's memory limit (spec.server.resources.limits."
+            f"memory: {limit}): what /dev/shm holds counts against that limit; lower shmSize or raise the limit")
+
+
+def _key_problem(key: str) -> str | None:
+    prefix, _, name = key.rpartition("/")
+    if len(name) > 63:
+        return f"the name part of {key!r} is {len(name)} characters, over 63"
+    if len(prefix) > 253:
+        return f"the prefix of {key!r} is {len(prefix)} characters, over 253"
+    return None
+
+
+def _check_pod_metadata(server: Server, err: _Collector) -> None:
+    for field, given, own, what in (("podLabels", server.pod_labels, OPERATOR_LABELS, "labels"),
+                                    ("podAnnotations", server.pod_annotations, OPERATOR_ANNOTATIONS, "annotations")):
+        for key in sorted(given or ()):
+            path = f"spec.server.{field}[{key}]"
+            if key.startswith(f"{GROUP}/") or key in own:
+                err("pod-metadata", path, f"is one of the operator's own {what} ({', '.join(own)} and every key under "
+                    f"{GROUP}/): the operator sets it on every replica"
+                    + (" and selects the replicas by the model label" if what == "labels" else ""))
+            elif (problem := _key_problem(key)) is not None:
+                err("pod-metadata", path, f"not a valid {what[:-1]} key: {problem}")
+    size = sum(len(k) + len(v) for k, v in (server.pod_annotations or {}).items())
+    if size > ANNOTATIONS_BUDGET:
+        err("pod-metadata", "spec.server.podAnnotations",
+            f"{size} bytes in all, over the {ANNOTATIONS_BUDGET} Kubernetes leaves beside the operator's own "
+            "(a pod's annotations may hold 256 KiB)")
+
+
+def _check_env_names(server: Server, err: _Collector) -> None:
+    seen: dict[str, int] = {}
+    for i, var in enumerate(server.env or ()):
+        if var.name in OPERATOR_ENV:
+            err("pod-env", f"spec.server.env[{i}].name", f"{var.name} is set by the operator in the tritonserver "
+                "container (NVIDIA's image has no home for the user replicas run as)")
+        if var.name in seen:
+            err("pod-env", f"spec.server.env[{i}].name", f"{var.name} is set twice (also env[{seen[var.name]}])")
+        seen.setdefault(var.name, i)
+
+
 def check_model(model: TritonModel, ident: str) -> list[FieldError]:
     err = _Collector(ident)
+    _check_shm_size(model.spec.server, err)
+    _check_pod_metadata(model.spec.server, err)
+    _check_env_names(model.spec.server, err)
     _check_autoscaling(model.spec, err)
     _check_structure(model, err)
     _check_tensors(model.spec, err)
@@ -900,6 +998,59 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
     return err.errors
 
 
+#: The variables a source's credentialsSecret sets in the fetch step (`render.kubernetes`), by uri scheme.
+CREDENTIAL_ENV = {
+    "s3://": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION"),
+    "gs://": ("GOOGLE_APPLICATION_CREDENTIALS",),
+}
+
+
+def _check_replica(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
+    """What one replica runs (the model and every step its ensemble reaches, in one tritonserver, shaped by the
+    model's server) against that server's settings: the Python backend's shm settings, the fetch step's env."""
+    err = _Collector(ident)
+    server = model.spec.server
+    reached, _ = step_graph.closure(model.name, step_graph.of_models({**models, model.name: model}))
+    closure = [models.get(n, model) if n != model.name else model for n in reached]
+    # The fewest Python instances the replica starts: each instance group's count (per GPU for KIND_GPU, so at
+    # least that), Triton's one instance for a model without groups. Each takes shm-default-byte-size at load.
+    instances = sum(max(1, sum(g.count for g in m.spec.instance_groups or ())) for m in closure
+                    if m.spec.backend == "python")
+    shm = quantity_bytes(server.effective_shm_size)
+    for i, key, value in python_shm_settings(server.args or ()):
+        path = f"spec.server.args[{i}]"
+        if not value.isdigit():
+            err("shm-backend-config", path, f"{key} takes a whole number of bytes, got {value!r} (Triton reads only the "
+                "leading digits: `64MB` is 64 bytes)")
+            continue
+        n = int(value)
+        if key == SHM_DEFAULT_KEY and n < SHM_DEFAULT_MIN:
+            err("shm-backend-config", path, f"{key} must be at least {SHM_DEFAULT_MIN} (1 MiB): the Python backend "
+                "refuses less, and every Python model then fails to load")
+        elif key == SHM_DEFAULT_KEY and instances and n * instances > shm:
+            err("shm-backend-config", path,
+                f"{key}={n} for each of the replica's {instances} Python model instance(s) is {n * instances} bytes, "
+                f"over /dev/shm's {shm} (spec.server.shmSize {server.effective_shm_size}"
+                f"{'' if server.shm_size else ', the default'}): those instances would fail to load; raise shmSize or "
+                "lower the setting")
+        elif key == SHM_GROWTH_KEY and n == 0:
+            err("shm-backend-config", path, f"{key} must be more than 0: the Python backend refuses 0")
+        elif key == SHM_GROWTH_KEY and n > shm:
+            err("shm-backend-config", path,
+                f"{key}={n} is over /dev/shm's {shm} bytes (spec.server.shmSize {server.effective_shm_size}"
+                f"{'' if server.shm_size else ', the default'}): every region growth would fail; raise shmSize or "
+                "lower the setting")
+    secret_vars = {var for m in closure for src in [*m.spec.version_sources.values(), m.spec.model_files]
+                   if src is not None and src.credentials_secret and src.uri
+                   for scheme, names in CREDENTIAL_ENV.items() if src.uri.startswith(scheme) for var in names}
+    for i, var in enumerate(server.env or ()):
+        if var.name in secret_vars:
+            err("pod-env", f"spec.server.env[{i}].name",
+                f"{var.name} is set in the fetch step from a source's credentialsSecret: set it in that Secret, or "
+                "drop credentialsSecret and give the fetch step its credentials here")
+    return err.errors
+
+
 def _cycles(models: Mapping[str, TritonModel]) -> Iterator[tuple[str, list[str]]]:
     """Ensembles that reach themselves through steps, with the path."""
     return step_graph.cycles([n for n, m in models.items() if m.spec.is_ensemble], step_graph.of_models(models))
@@ -924,6 +1075,7 @@ def check_models(models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:
             )
         errors.extend(check_model(m, ident))
         errors.extend(_check_ensemble(m, by_name, ident))
+        errors.extend(_check_replica(m, by_name, ident))
     for start, path in _cycles(by_name):
         errors.append(
             FieldError(idents[start], "spec.ensemble.steps", f"ensembles form a cycle: {' -> '.join(path)}", "ensemble-cycle")
