@@ -291,6 +291,17 @@ class ChartOperator(OperatorHandle):
              "--create-namespace", *self.values)
         self.start()
 
+    def reconfigure(self, *sets: str) -> None:
+        """`helm upgrade --reuse-values` with `sets` (e.g. `--set customMetrics.enabled=true`), the Deployment's
+        rollout complete (no replica of the old pod template left), then `start()`: every replica serves and a
+        live process leads."""
+        helm(self.kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+             *sets, "--wait", "--timeout", "180s")
+        kubectl(self.kubeconfig, "rollout", "status", "-n", RELEASE_NAMESPACE, f"deployment/{self.fullname}",
+                "--timeout=180s", timeout=200)
+        self.values = [*self.values, *sets]
+        self.start()
+
     def pods(self) -> list[dict]:
         """The operator's live pods, by name."""
         pods = self.kube.items("Pod", RELEASE_NAMESPACE, label_selector={"app.kubernetes.io/instance": RELEASE})

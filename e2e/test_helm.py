@@ -116,10 +116,7 @@ def installed(kubeconfig: Path, kube: Kube, name: str, namespace: str, *sets: st
         "pod-security.kubernetes.io/enforce-version": "latest",
     }}})
     try:
-        # One APIService serves custom.metrics.k8s.io in a cluster, and the session's release has it: a second
-        # release turns the custom metrics API off, as a cluster with another adapter would (chart README).
-        helm(kubeconfig, "install", name, str(CHART), "--namespace", namespace, "--set", "customMetrics.enabled=false",
-             *sets)
+        helm(kubeconfig, "install", name, str(CHART), "--namespace", namespace, *sets)
         yield Release(name, namespace, f"{name}-triton-operator")
     finally:
         with contextlib.suppress(AssertionError):

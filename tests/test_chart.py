@@ -199,7 +199,8 @@ def _rbac(docs: list[dict[str, Any]], webhook: bool = False) -> list[dict[str, A
 CUSTOM_METRICS_RBAC = ("-auth-delegator", "-auth-reader", "-custom-metrics-reader")
 
 
-@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+@pytest.mark.parametrize("values", [{}, NAMESPACED, {"customMetrics.enabled": True}],
+                         ids=["cluster-wide", "namespaced", "custom-metrics"])
 def test_rbac_has_no_wildcards_no_secrets_and_no_node_writes(helm: str, values: dict[str, Any]) -> None:
     docs = _rbac(render(helm, **values), webhook=True)
     assert docs
@@ -329,8 +330,7 @@ def test_webhook_configuration_is_the_operators_own_pointed_at_its_service(helm:
         "the operator no longer patches the configuration: nothing to grant")
 
 
-@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False, "customMetrics.enabled": False}],
-                         ids=["paused", "disabled"])
+@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False}], ids=["paused", "disabled"])
 def test_no_webhook_when_paused_or_disabled(helm: str, values: dict[str, Any]) -> None:
     docs = render(helm, **values)
     assert not kinds(docs, "ValidatingWebhookConfiguration")
@@ -521,9 +521,32 @@ def test_with_cert_manager_the_certificate_and_the_ca_bundle_are_cert_managers(h
 
 # -- the custom metrics API --------------------------------------------------------------------
 
+METRICS_ON = {"customMetrics.enabled": True}
+
+
+def test_the_custom_metrics_api_is_off_by_default_so_no_install_takes_the_group_over(helm: str) -> None:
+    """The HPA controller asks the group's preferred version; ours (v1beta2, priority 200) would outrank
+    prometheus-adapter's v1beta1: by default the chart registers nothing (chart README, "Autoscaling")."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["customMetrics"]["enabled"] is False
+    docs = render(helm)
+    assert not kinds(docs, "APIService")
+    assert not [d for d in docs if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
+    assert "--custom-metrics" not in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_without_cluster_access_the_takeover_check_cannot_see_and_renders_what_is_asked(helm: str) -> None:
+    """`helm template` (Argo CD's way) gets nothing from `lookup`: the check passes, as the README says. The live
+    refusal is e2e/test_metrics_api.py's."""
+    assert one(render(helm, **METRICS_ON), "APIService")["metadata"]["name"] == "v1beta2.custom.metrics.k8s.io"
+    tpl = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "apiregistration.k8s.io/v1" "APIService" "" ""' in tpl
+    readme = (CHART / "README.md").read_text()
+    assert "helm template" in readme and "Argo CD" in readme and "`lookup` needs the cluster" in readme
+
 
 def test_the_custom_metrics_api_is_served_through_the_webhook_service_with_its_ca(helm: str) -> None:
-    docs = render(helm)
+    docs = render(helm, **METRICS_ON)
     api = one(docs, "APIService")
     assert api["metadata"]["name"] == "v1beta2.custom.metrics.k8s.io"
     assert (api["spec"]["group"], api["spec"]["version"]) == ("custom.metrics.k8s.io", "v1beta2")
@@ -537,7 +560,7 @@ def test_the_custom_metrics_api_is_served_through_the_webhook_service_with_its_c
 
 
 def test_the_custom_metrics_rbac_delegates_authentication_and_lets_the_hpa_read_each_metric(helm: str) -> None:
-    docs = [d for d in render(helm) if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
+    docs = [d for d in render(helm, **METRICS_ON) if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
     by_name = {(d["kind"], d["metadata"]["name"].removeprefix(SA)): d for d in docs}
     delegator = by_name[("ClusterRoleBinding", "-auth-delegator")]
     assert delegator["roleRef"]["name"] == "system:auth-delegator"
@@ -554,15 +577,11 @@ def test_the_custom_metrics_rbac_delegates_authentication_and_lets_the_hpa_read_
                                 "namespace": "kube-system"}]
 
 
-def test_custom_metrics_off_renders_none_of_it_and_on_alone_keeps_the_tls_service(helm: str) -> None:
-    off = render(helm, **{"customMetrics.enabled": False})
-    assert not kinds(off, "APIService")
-    assert not [d for d in off if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
-    assert "--custom-metrics" not in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    alone = render(helm, **{"webhook.enabled": False})
+def test_custom_metrics_on_alone_keeps_the_tls_service_and_neither_renders_no_certificate(helm: str) -> None:
+    alone = render(helm, **{"webhook.enabled": False, **METRICS_ON})
     assert not kinds(alone, "ValidatingWebhookConfiguration")
     assert one(alone, "APIService")["spec"]["caBundle"] == one(alone, "Secret")["data"]["ca.crt"]
     args = one(alone, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--custom-metrics" in args and "--webhook-cert-dir=/etc/triton-operator/webhook-tls" in args
-    neither = render(helm, **{"webhook.enabled": False, "customMetrics.enabled": False})
+    neither = render(helm, **{"webhook.enabled": False})
     assert not kinds(neither, "Secret") and not kinds(neither, "APIService")
