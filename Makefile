@@ -31,10 +31,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Regenerate the CRD in crds/ from the pydantic models.
+## Regenerate the CRD from the pydantic models: crds/tritonmodels.yaml, and the chart's template of it
+## (charts/triton-operator/templates/crds.yaml: a template, so that `helm upgrade` upgrades it).
 crd: $(STAMP)
 	$(BIN)/triton-operator crd > crds/tritonmodels.yaml
-	cp crds/tritonmodels.yaml charts/triton-operator/crds/tritonmodels.yaml
+	$(BIN)/triton-operator crd --chart-template > charts/triton-operator/templates/crds.yaml
 
 ## Regenerate the TritonModel reference in README.md from the pydantic field descriptions.
 docs: $(STAMP)
@@ -121,7 +122,7 @@ bench: prereqs-test
 	$(BIN)/python -m bench.run $(BENCH)
 
 ## Helm chart and image lint: helm lint --strict (cluster-wide and namespaced values), hadolint.
-.PHONY: lint-chart chart-crds
+.PHONY: lint-chart
 lint-chart: $(STAMP) cluster-bin
 	@helm="$$(bash e2e/toolchain/build.sh 2>/dev/null)/helm"; \
 	  "$$helm" lint --strict charts/triton-operator && \
@@ -133,9 +134,5 @@ lint-chart: $(STAMP) cluster-bin
 .PHONY: images
 images: $(STAMP)
 	$(BIN)/python -m e2e.images build
-
-## Copy the generated CRD into the chart (run after `make crd`; tests/test_chart.py checks they match).
-chart-crds:
-	cp crds/tritonmodels.yaml charts/triton-operator/crds/tritonmodels.yaml
 
 lint: lint-chart

@@ -81,6 +81,9 @@ def install_operator(kubeconfig: Path, timeout: float) -> None:
     subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", "--install", RELEASE,
                     str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
                     "--set", "customMetrics.enabled=true",
+                    # A cluster an older demo made has the CRD from the chart's former crds/, which Helm did not
+                    # record as the release's: the first upgrade takes it over (chart README, "CRDs").
+                    "--take-ownership",
                     "--wait", "--timeout", f"{int(timeout)}s"], check=True, capture_output=True, text=True)
     kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/tritonmodels.serving.triton-operator.dev")
     deadline = time.monotonic() + timeout

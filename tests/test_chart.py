@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from triton_operator import __version__
+from triton_operator.api.crd import chart_template, crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.controller.kube import Kube
 from triton_operator.render.autoscaling import METRICS
@@ -428,28 +429,60 @@ def test_values_schema_rejects_bad_values(helm: str, values: dict[str, Any], mes
 # -- CRDs --------------------------------------------------------------------------------------
 
 
-def test_chart_crd_is_the_generated_crd() -> None:
-    chart_crds = sorted(p.name for p in (CHART / "crds").iterdir())
-    assert chart_crds == sorted(p.name for p in (ROOT / "crds").iterdir())
-    for name in chart_crds:
-        chart_copy = CHART / "crds" / name
-        assert not chart_copy.is_symlink(), "a copy, not a symlink: helm warns on every command about symlinks"
-        assert chart_copy.read_bytes() == (ROOT / "crds" / name).read_bytes(), (
-            f"charts/triton-operator/crds/{name} differs from crds/{name}: run `make chart-crds` and commit it"
-        )
+def test_the_charts_crd_is_a_template_generated_from_the_api_types() -> None:
+    """The CRD is a template (a plain `helm upgrade` upgrades it), made from the pydantic models like crds/."""
+    assert not (CHART / "crds").exists(), (
+        "the chart has a crds/ directory again: Helm never upgrades it, and Argo CD and Flux would apply the CRD "
+        "twice (from crds/ and from templates/crds.yaml)")
+    assert (CHART / "templates" / "crds.yaml").read_text() == chart_template(), (
+        "charts/triton-operator/templates/crds.yaml differs from the API types: run `make crd` and commit it")
 
 
-def test_helm_installs_the_crd(helm: str) -> None:
-    proc = _run([helm, "show", "crds", str(CHART)])
+def test_triton_operator_crd_prints_the_chart_template(capsys: pytest.CaptureFixture[str]) -> None:
+    from triton_operator.cli.main import main
+
+    assert main(["crd", "--chart-template"]) == 0
+    assert capsys.readouterr().out == chart_template()
+
+
+def test_the_crd_renders_with_the_release_kept_on_uninstall_unless_told(helm: str) -> None:
+    rendered = one(render(helm), "CustomResourceDefinition")
+    generated = crd()
+    assert rendered["metadata"]["name"] == generated["metadata"]["name"]
+    assert rendered["spec"] == generated["spec"], "the rendered CRD is not the one the API types give"
+    assert generated["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
+    assert rendered["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "annotations" not in one(render(helm, **{"crds.keep": False}), "CustomResourceDefinition")["metadata"]
+    assert not kinds(render(helm, **{"crds.enabled": False}), "CustomResourceDefinition")
+
+
+def test_a_template_escapes_what_helm_would_read_as_an_action(helm: str, tmp_path: Path) -> None:
+    doc = crd()
+    doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "a {{ .Values.x }} in a description"
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "crds.yaml").write_text(chart_template(doc))
+    proc = _run([helm, "template", RELEASE, str(chart), "--namespace", RELEASE_NS])
     assert proc.returncode == 0, proc.stderr
-    (crd,) = [d for d in yaml.safe_load_all(proc.stdout) if d]
-    assert crd["metadata"]["name"] == f"{PLURAL}.{GROUP}"
+    (rendered,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "CustomResourceDefinition"]
+    assert rendered["spec"] == doc["spec"]
+
+
+def test_gitops_tools_get_the_crd_once(helm: str) -> None:
+    """Argo CD renders with --include-crds, Flux applies crds/ by its policy: with no crds/, one CRD either way."""
+    proc = _run([helm, "show", "crds", str(CHART)])
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout[:500]
+    proc = _run([helm, "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--include-crds"])
+    assert proc.returncode == 0, proc.stderr
+    assert len(kinds([d for d in yaml.safe_load_all(proc.stdout) if d], "CustomResourceDefinition")) == 1
 
 
 def test_readme_documents_the_crd_upgrade_path() -> None:
     readme = (CHART / "README.md").read_text()
-    assert "kubectl apply --server-side" in readme and "crds/" in readme
-    assert "never upgrades" in readme or "does not upgrade" in readme
+    for needle in ("crds.enabled", "crds.keep", "helm.sh/resource-policy: keep", "--take-ownership",
+                   "never upgrades", "Argo CD", "Flux"):
+        assert needle in readme, needle
 
 
 # -- availability: two replicas, one leader, one certificate ------------------------------------------

@@ -270,9 +270,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from ..api.crd import crd_yaml
+    from ..api.crd import chart_template, crd_yaml
 
-    sys.stdout.write(crd_yaml())
+    sys.stdout.write(chart_template() if args.chart_template else crd_yaml())
     return 0
 
 
@@ -363,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_import)
 
     c = sub.add_parser("crd", help="print the TritonModel CustomResourceDefinition")
+    c.add_argument("--chart-template", action="store_true",
+                   help="print it as the Helm chart's template (charts/triton-operator/templates/crds.yaml)")
     c.set_defaults(func=cmd_crd)
 
     d = sub.add_parser("docs", help="print the TritonModel field reference (Markdown)")
