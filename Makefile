@@ -37,6 +37,13 @@ crd: $(STAMP)
 	$(BIN)/triton-operator crd > crds/tritonmodels.yaml
 	$(BIN)/triton-operator crd --chart-template > charts/triton-operator/templates/crds.yaml
 
+## Regenerate requirements.lock, what the operator image installs (pyproject's dependencies with the s3 and gcs
+## extras, every file's hash), with uv; UPGRADE=1 moves every pin to the newest version that fits.
+## tests/test_images.py fails while the lock is older than pyproject.toml.
+.PHONY: lock
+lock: $(STAMP)
+	$(BIN)/python -m e2e.images lock $(if $(UPGRADE),--upgrade)
+
 ## Regenerate the TritonModel reference in README.md from the pydantic field descriptions.
 docs: $(STAMP)
 	$(BIN)/triton-operator docs --update README.md
