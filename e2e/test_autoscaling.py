@@ -34,6 +34,7 @@ from e2e.operator_fixtures import (
     is_model_ready,
     kubectl,
     load_examples,
+    model_condition,
     record,
     wait_model,
 )
@@ -220,6 +221,9 @@ def test_the_hpa_scales_on_queue_time_new_replicas_join_through_the_gate_and_sca
     wait_for("1 ready endpoint", lambda: len(ready_endpoints(kube, namespace, MODEL)) == 1, 30)
     wait_for("the HPA reading the metric", lambda: "ValidMetricFound" in hpa_says(kube, namespace), 120,
              interval=1)
+    # The model's status restates it (e2e/test_metrics_api.py: False, where no server answers the metric).
+    wait_model(kube, namespace, MODEL, lambda tm: (c := model_condition(tm, "ScalingActive")).get("status")
+               == "True" and c.get("reason") == "ValidMetricFound", "ScalingActive=True", 60)
 
     (first,) = (p["metadata"]["name"] for p in live_pods(kube, namespace, MODEL))
     # Each operator replica samples a model from the first time it is asked (and that first answer waits for two

@@ -9,6 +9,10 @@ request log keeps growing, the group's preferred version stays v1beta1, ScalingA
 upgrading with `customMetrics.enabled=true` is refused, with the message naming the other APIService, and changes
 nothing: no release, no objects, the same APIServices.
 
+Where the operator does not serve the API and the server that does knows nothing of TritonModels (an adapter
+without rules for Triton's metrics), a TritonModel's spec.autoscaling cannot scale; its status says so
+(`ScalingActive=False`, the HPA's reason and message), instead of only the HPA's.
+
 The operator's own path (the API on, an HPA of spec.autoscaling scaling a TritonModel) is e2e/test_autoscaling.py.
 """
 
@@ -27,7 +31,7 @@ import pytest
 from e2e.cluster import REPO_ROOT
 from e2e.images import PAUSE_IMAGE, chart_operator_ref
 from e2e.kube import ApiError, Kube, wait_for
-from e2e.operator_fixtures import helm, helm_binary
+from e2e.operator_fixtures import OperatorHandle, helm, helm_binary, load_examples, model_condition, wait_model
 from triton_operator.controller.certificates import issue_certificate
 
 pytestmark = pytest.mark.cluster
@@ -258,6 +262,42 @@ def test_installing_the_chart_leaves_an_hpa_on_another_metrics_server_where_it_w
                 helm(kubeconfig, "uninstall", release, "--namespace", release_ns, "--wait", "--timeout", "120s")
     finally:
         # The APIService first: a group whose server is gone makes discovery fail, and namespace deletion waits on it.
+        with contextlib.suppress(ApiError):
+            kube.delete("APIService", OTHER_APISERVICE)
+        wait_for(f"the APIService {OTHER_APISERVICE} gone",
+                 lambda: kube.get_or_none("APIService", OTHER_APISERVICE) is None, 60)
+
+
+def test_a_tritonmodel_whose_metric_no_server_answers_says_so_in_its_status(
+    kubeconfig: Path, kube: Kube, nodes: Any, namespace: str, operator: OperatorHandle,
+) -> None:
+    """The session's release (custom metrics API off, the chart's default) and the other server, which answers
+    nothing about TritonModels: the HPA of examples/autoscaling.yaml asks it, gets 404, and cannot scale."""
+    assert not _group_apiservices(kube), f"custom.metrics.k8s.io is already served: {_group_apiservices(kube)}"
+    try:
+        _other_adapter(kube, namespace)
+        model = load_examples("autoscaling")[0]
+        kube.create(model, namespace)
+        name = model["metadata"]["name"]
+        tm = wait_model(kube, namespace, name, lambda t: (model_condition(t, "ScalingActive").get("status"),
+                                                          model_condition(t, "ScalingActive").get("reason"))
+                        == ("False", "FailedGetObjectMetric"), "ScalingActive=False FailedGetObjectMetric", 180, 1)
+        c = model_condition(tm, "ScalingActive")
+        assert c["reason"] == "FailedGetObjectMetric" and "triton_queue_time_ms" in c["message"], c
+        assert c["message"].startswith(f"HorizontalPodAutoscaler {name}: "), c
+        hpa = kube.get("HorizontalPodAutoscaler", name, namespace)
+        (active,) = [h for h in hpa["status"]["conditions"] if h["type"] == "ScalingActive"]
+        assert (active["status"], active["reason"]) == ("False", "FailedGetObjectMetric"), active
+        # It was the other server the HPA asked (the group's only version), and it does not know the metric.
+        (pod,) = kube.items("Pod", namespace, label_selector={"app": ADAPTER})
+        log = kube.request_text("GET", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/log")
+        assert f"tritonmodels.serving.triton-operator.dev/{name}/triton_queue_time_ms" in log, log[-2000:]
+        warnings = [e for e in kube.items("Event", namespace) if e.get("reason") == "FailedGetObjectMetric"
+                    and e["involvedObject"]["kind"] == "TritonModel" and e.get("type") == "Warning"]
+        assert warnings, "no Warning Event on the TritonModel"
+        kube.delete("TritonModel", name, namespace)
+        wait_for(f"TritonModel {name} gone", lambda: kube.get_or_none("TritonModel", name, namespace) is None, 60)
+    finally:
         with contextlib.suppress(ApiError):
             kube.delete("APIService", OTHER_APISERVICE)
         wait_for(f"the APIService {OTHER_APISERVICE} gone",
