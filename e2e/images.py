@@ -24,7 +24,7 @@ Everything is under `${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/triton
 storage (`--root/--runroot`, vfs driver; its blob-info cache, which containers/image keeps in
 /var/lib/containers/cache for root, goes there too through a private mount), the oci-archive files, the
 wheels and the base root filesystem. An archive is named by a hash of exactly its inputs (files, build
-arguments, package lists, the wheels' file names, the base's hash), so a changed input rebuilds that image
+arguments, package lists, the lock or the wheels' file names, the base's hash), so a changed input rebuilds that image
 and the ones built on it, and nothing else does; a warm `build_all` only hashes and takes seconds. Every
 result is written to a temporary name and renamed, so an interrupted build leaves nothing half-made.
 
@@ -486,9 +486,10 @@ class _Builder:
                 break
             drop = left
         # Archives no current image was built from and no build used for a day (another checkout's operator image
-        # stays while it is in use there), and wheels that no current image was built from.
+        # stays while it is in use there), and wheel directories likewise (another checkout's lock has its own).
         stale = stale_archives((self.root / "archives").glob("*.oci.tar"), [i.archive for i in current], time.time())
-        stale += [p for p in (self.root / "wheels").iterdir() if p.is_dir() and p not in self.wheel_dirs]
+        stale += stale_archives([p for p in (self.root / "wheels").iterdir() if p.is_dir()], sorted(self.wheel_dirs),
+                                time.time())
         for p in stale:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         self.log(f"[images] Pruned build storage images={removed} kept={len(listed.splitlines()) - removed} "
@@ -541,6 +542,7 @@ class _Builder:
         out = self.root / "wheels" / f"{name}-{key}"
         self.wheel_dirs.add(out)
         if out.is_dir():
+            os.utime(out)  # in use: gc keeps it a day for this checkout, whatever another one builds meanwhile
             return out
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp", dir=out.parent))
@@ -629,18 +631,19 @@ class _Builder:
 
     def operator(self, base: Image) -> Image:
         ref = chart_operator_ref()
-        wheels = [self.locked_wheels("operator", LOCK), self.wheels("operator-build", build_requirements())]
         files = {"Dockerfile": REPO_ROOT / "Dockerfile", "pyproject.toml": REPO_ROOT / "pyproject.toml",
                  LOCK.name: LOCK, "operator": REPO_ROOT / "operator"}
         build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
-        # The lock is one of `files`: a new lock is a new image.
-        inputs = {"files": _tree_digest(REPO_ROOT, list(files)),
-                  "wheels": sorted(p.name for d in wheels for p in d.glob("*.whl")),
+        # The lock is one of `files` and names every file installed: no need to list the wheels (so a built image
+        # is found without them, offline, in a test's network namespace).
+        inputs = {"files": _tree_digest(REPO_ROOT, list(files)), "build_requirements": build_requirements(),
+                  "python": list(PYTHON_VERSION), "machine": os.uname().machine,
                   "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
         key = _digest_inputs(inputs)
         image = Image(ref, (OPERATOR_ALIAS,), self.archive("operator", key))
         if not image.archive.exists():
             t0 = time.monotonic()
+            wheels = [self.locked_wheels("operator", LOCK), self.wheels("operator-build", build_requirements())]
             self.bud("operator", key, ref, self.stage(f"operator-{key}", files, wheels), build_args, image.archive)
             self.built("operator", ref, t0, image.archive)
         return image

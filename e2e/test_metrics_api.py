@@ -31,7 +31,16 @@ import pytest
 from e2e.cluster import REPO_ROOT
 from e2e.images import PAUSE_IMAGE, chart_operator_ref
 from e2e.kube import ApiError, Kube, wait_for
-from e2e.operator_fixtures import OperatorHandle, helm, helm_binary, load_examples, model_condition, wait_model
+from e2e.operator_fixtures import (
+    OperatorHandle,
+    ensure_crd,
+    helm,
+    helm_binary,
+    load_examples,
+    model_condition,
+    wait_model,
+)
+from e2e.testing import ready_addresses
 from triton_operator.controller.certificates import issue_certificate
 
 pytestmark = pytest.mark.cluster
@@ -223,9 +232,17 @@ def test_installing_the_chart_leaves_an_hpa_on_another_metrics_server_where_it_w
         with _release_namespace(kube, release_ns):
             # The chart with its default values, as `helm install` gives it to a new user; but for the CRD, which a
             # release of the session may own in this cluster: one release per cluster owns it (chart README, "CRDs").
+            # The CRD is there all the same: without it the operator would serve nothing, and an APIService of ours
+            # would stay unavailable, which the HPA controller passes over (this test could not see a takeover).
+            ensure_crd(kubeconfig, kube)
             helm(kubeconfig, "install", release, str(CHART), "--namespace", release_ns, "--set", "crds.enabled=false",
                  "--wait", "--timeout", "240s")
             try:
+                # Every replica of the release serves (TLS: the webhook, and the custom metrics API had the chart
+                # registered it): from here an APIService of ours would be available, and the HPA would move to it.
+                service = f"{release}-triton-operator-webhook"
+                wait_for("the release's operator replicas serving", lambda: len(ready_addresses(
+                    kube, release_ns, service)) == 2, 180, 1)
                 installed_at = _reads(kube, namespace)
                 assert _group_apiservices(kube) == before, "the default install registered an APIService of the group"
                 assert _preferred_version(kube) == "v1beta1"
