@@ -9,8 +9,9 @@
 # Build arguments (the defaults build from PyPI on the official Python image):
 #   BASE          the image both stages start from: any Debian-like image with python3.11 and its
 #                 venv module (the e2e tests use a Debian bookworm base of their own, see e2e/images.py).
-#   PIP_NO_INDEX  1 = install offline, from the wheels in ./wheels only (the dependencies with the
-#                 s3 and gcs extras, and the build requirements), e.g. made with `pip wheel`.
+#   PIP_NO_INDEX  1 = install offline, from the files in ./wheels only: those requirements.lock pins (e.g.
+#                 `pip download --no-deps --require-hashes -r requirements.lock`) and wheels of the build
+#                 requirements (`pip wheel setuptools wheel`).
 
 ARG BASE=python:3.11.14-slim-bookworm
 
@@ -24,14 +25,16 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 # ./wheels is optional: the glob copies it when present and nothing otherwise.
-COPY pyproject.toml wheel[s] /wheels/
+COPY requirements.lock wheel[s] /wheels/
 # Two virtualenvs: /opt/pip holds the pip that installs, /opt/venv (no pip) is what the image runs.
 # The dependencies (s3:// and gs:// sources for `fetch` included) go in a layer of their own: a
-# source change does not reinstall them.
+# source change does not reinstall them. Exactly the lock, every file's hash checked, and nothing it
+# does not pin (--no-deps): tritonclient's numpy, ml-dtypes and python-rapidjson serve its client,
+# which the operator never loads (see requirements.lock).
 RUN python -m venv /opt/pip \
  && python -m venv --without-pip /opt/venv \
- && /opt/pip/bin/python -c "import tomllib; p = tomllib.load(open('/wheels/pyproject.toml', 'rb'))['project']; extra = p['optional-dependencies']; print('\n'.join(p['dependencies'] + extra['s3'] + extra['gcs']))" > /tmp/requirements.txt \
- && /opt/pip/bin/pip --python /opt/venv/bin/python install --no-cache-dir -r /tmp/requirements.txt
+ && /opt/pip/bin/pip --python /opt/venv/bin/python install --no-cache-dir --no-deps --require-hashes \
+      -r /wheels/requirements.lock
 
 # This repository, built as a wheel and installed beside them; --root /app keeps its files apart so
 # that the image copies them as a layer of their own.

@@ -31,10 +31,18 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Regenerate the CRD in crds/ from the pydantic models.
+## Regenerate the CRD from the pydantic models: crds/tritonmodels.yaml, and the chart's template of it
+## (charts/triton-operator/templates/crds.yaml: a template, so that `helm upgrade` upgrades it).
 crd: $(STAMP)
 	$(BIN)/triton-operator crd > crds/tritonmodels.yaml
-	cp crds/tritonmodels.yaml charts/triton-operator/crds/tritonmodels.yaml
+	$(BIN)/triton-operator crd --chart-template > charts/triton-operator/templates/crds.yaml
+
+## Regenerate requirements.lock, what the operator image installs (pyproject's dependencies with the s3 and gcs
+## extras, every file's hash), with uv; UPGRADE=1 moves every pin to the newest version that fits.
+## tests/test_images.py fails while the lock is older than pyproject.toml.
+.PHONY: lock
+lock: $(STAMP)
+	$(BIN)/python -m e2e.images lock $(if $(UPGRADE),--upgrade)
 
 ## Regenerate the TritonModel reference in README.md from the pydantic field descriptions.
 docs: $(STAMP)
@@ -121,7 +129,7 @@ bench: prereqs-test
 	$(BIN)/python -m bench.run $(BENCH)
 
 ## Helm chart and image lint: helm lint --strict (cluster-wide and namespaced values), hadolint.
-.PHONY: lint-chart chart-crds
+.PHONY: lint-chart
 lint-chart: $(STAMP)
 	@helm="$$(bash e2e/toolchain/build.sh helm 2>/dev/null)/helm"; \
 	  "$$helm" lint --strict charts/triton-operator && \
@@ -133,9 +141,5 @@ lint-chart: $(STAMP)
 .PHONY: images
 images: $(STAMP)
 	$(BIN)/python -m e2e.images build
-
-## Copy the generated CRD into the chart (run after `make crd`; tests/test_chart.py checks they match).
-chart-crds:
-	cp crds/tritonmodels.yaml charts/triton-operator/crds/tritonmodels.yaml
 
 lint: lint-chart

@@ -74,9 +74,16 @@ def install_operator(kubeconfig: Path, timeout: float) -> None:
     """`helm upgrade --install` of the chart, then wait until the operator serves: every replica Ready (each serves
     the webhook) and one of them holding the leader Lease (it reconciles). An operator that does not serve is
     never reused: replicas not Ready, or no leader, within the timeout fail the demo with the log."""
-    say("[demo] Installing the operator: helm upgrade --install triton-operator charts/triton-operator")
+    # The custom metrics API (for examples/autoscaling.yaml) is off by default, so as not to take the group over
+    # from an adapter already in a cluster (chart README, "Autoscaling"); the demo's own cluster has none.
+    say("[demo] Installing the operator: helm upgrade --install triton-operator charts/triton-operator "
+        "--set customMetrics.enabled=true")
     subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", "--install", RELEASE,
                     str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
+                    "--set", "customMetrics.enabled=true",
+                    # A cluster an older demo made has the CRD from the chart's former crds/, which Helm did not
+                    # record as the release's: the first upgrade takes it over (chart README, "CRDs").
+                    "--take-ownership",
                     "--wait", "--timeout", f"{int(timeout)}s"], check=True, capture_output=True, text=True)
     kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/tritonmodels.serving.triton-operator.dev")
     deadline = time.monotonic() + timeout

@@ -8,7 +8,12 @@ Owns four OCI images, the cache they live in and their import into a node's cont
   official python image, cannot be pulled here).
 - **operator** (`ghcr.io/triton-operator/triton-operator:<appVersion>`, the reference the Helm chart renders,
   plus `localhost/triton-operator/triton-operator:dev`): the repository's own `Dockerfile`, installing
-  offline from wheels built on the host (`pip wheel`, dependencies with the s3 and gcs extras).
+  offline the files `requirements.lock` pins, downloaded on the host with their hashes checked (`pip download`),
+  and the project built with the wheels of its build requirements (`pip wheel`).
+
+Also owns `requirements.lock` itself: `python -m e2e.images lock` (`make lock`) writes it with uv from pyproject's
+dependencies and its s3 and gcs extras, and records a hash of those inputs in it (`lock_digest`), so that a test can
+tell a lock that no longer matches pyproject.toml.
 - **tritonserver** (`localhost/triton-operator/tritonserver:24.10-py3-cpu` plus the CRD's default
   `nvcr.io/nvidia/tritonserver:24.10-py3`): `e2e/images/tritonserver/Dockerfile`, the tritonserver 2.51 of
   the nvidia-pytriton wheel laid out at NGC's paths (/opt/tritonserver/...), CPU only.
@@ -19,7 +24,7 @@ Everything is under `${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/triton
 storage (`--root/--runroot`, vfs driver; its blob-info cache, which containers/image keeps in
 /var/lib/containers/cache for root, goes there too through a private mount), the oci-archive files, the
 wheels and the base root filesystem. An archive is named by a hash of exactly its inputs (files, build
-arguments, package lists, the wheels' file names, the base's hash), so a changed input rebuilds that image
+arguments, package lists, the lock or the wheels' file names, the base's hash), so a changed input rebuilds that image
 and the ones built on it, and nothing else does; a warm `build_all` only hashes and takes seconds. Every
 result is written to a temporary name and renamed, so an interrupted build leaves nothing half-made.
 
@@ -32,6 +37,7 @@ keeps a full copy per layer).
 
     python -m e2e.images build                                  # prints REF ARCHIVE per image
     python -m e2e.images import --address /path/containerd.sock # ctr images import (+ aliases), idempotent
+    python -m e2e.images lock [--upgrade]                       # rewrites requirements.lock (`make lock`)
 """
 
 from __future__ import annotations
@@ -72,6 +78,18 @@ DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/
                  "/usr/share/lintian/*")
 #: The base's Python: wheels are built on the host by an interpreter of the same version.
 PYTHON_VERSION = (3, 11)
+
+#: What the operator image installs: pinned with hashes by `make lock`, installed with `--no-deps`.
+LOCK = REPO_ROOT / "requirements.lock"
+#: The extras of pyproject.toml the image installs besides the dependencies: s3:// and gs:// sources for `fetch`.
+LOCK_EXTRAS = ("s3", "gcs")
+#: The interpreter and platform the lock is resolved for: the base's (Debian bookworm, glibc 2.36, CPython 3.11).
+LOCK_PYTHON, LOCK_PLATFORM = "3.11", "x86_64-manylinux_2_28"
+#: What locked packages declare and the image leaves out. tritonclient asks for them for its client (tritonclient.grpc,
+#: .http, .utils); the operator loads only its generated protobuf modules (api/protos.py), so the image has none.
+LOCK_LEFT_OUT = ("numpy", "ml-dtypes", "python-rapidjson")
+#: The lock's record of what it was made from (`lock_digest`).
+LOCK_DIGEST_PREFIX = "# inputs-sha256: "
 
 #: How every Dockerfile is built (an input of the images' hashes too).
 BUD_FLAGS = ("--isolation", "chroot", "--layers", "--squash", "--pull=never", "--format", "oci")
@@ -285,16 +303,97 @@ def chart_operator_ref() -> str:
     return f"{repo.group(1)}:{(tag.group(1) if tag and tag.group(1) else app.group(1))}"
 
 
-def operator_requirements() -> list[str]:
-    """pyproject's dependencies with the s3 and gcs extras, plus its build requirements (so the project
-    itself builds offline too)."""
+def _pyproject() -> dict:
     import tomllib
 
-    data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    project = data["project"]
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+
+
+def operator_requirements() -> list[str]:
+    """What the operator image runs with: pyproject's dependencies and its s3 and gcs extras (`requirements.lock`
+    pins them)."""
+    project = _pyproject()["project"]
     extras = project.get("optional-dependencies", {})
-    return [*project["dependencies"], *extras.get("s3", []), *extras.get("gcs", []),
-            *data.get("build-system", {}).get("requires", [])]
+    return [*project["dependencies"], *(r for e in LOCK_EXTRAS for r in extras.get(e, []))]
+
+
+def build_requirements() -> list[str]:
+    """pyproject's build requirements: the image builds the project itself offline with them."""
+    return list(_pyproject().get("build-system", {}).get("requires", []))
+
+
+# -- requirements.lock ------------------------------------------------------------------------------------
+
+
+def lock_inputs() -> dict:
+    """Everything `make lock` resolves from: a change to any of it needs a new lock."""
+    project = _pyproject()["project"]
+    extras = project.get("optional-dependencies", {})
+    return {"dependencies": project["dependencies"], "extras": {e: extras.get(e, []) for e in LOCK_EXTRAS},
+            "left_out": list(LOCK_LEFT_OUT), "python": LOCK_PYTHON, "platform": LOCK_PLATFORM}
+
+
+def lock_digest() -> str:
+    return _sha(json.dumps(lock_inputs(), sort_keys=True))
+
+
+def recorded_lock_digest(text: str) -> str | None:
+    """The inputs digest a lock says it was made from."""
+    return next((line.removeprefix(LOCK_DIGEST_PREFIX).strip() for line in text.splitlines()
+                 if line.startswith(LOCK_DIGEST_PREFIX)), None)
+
+
+def locked(text: str) -> dict[str, tuple[str, list[str]]]:
+    """A lock's pins: normalized name -> (version, its sha256 hashes)."""
+    pins: dict[str, tuple[str, list[str]]] = {}
+    name = ""
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line)
+        if m:
+            name = re.sub(r"[-_.]+", "-", m.group(1)).lower()
+            pins[name] = (m.group(2), [])
+        for digest in re.findall(r"--hash=sha256:([0-9a-f]{64})", line):
+            pins[name][1].append(digest)
+    return pins
+
+
+def write_lock(upgrade: bool = False, log: Log = print) -> Path:
+    """Resolves `lock_inputs()` with uv (from the dev extra) into requirements.lock, every file's hash included;
+    keeps the pins the old lock had where they still fit (`upgrade`: the newest that fit instead)."""
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.exists():
+        raise BuildError(f"{uv} is missing: it comes with the dev extra (pip install -e '.[dev]')")
+    header = [
+        "# The operator image's Python packages, each pinned with the hashes of its files: pyproject.toml's",
+        f"# dependencies and its {' and '.join(LOCK_EXTRAS)} extras, for CPython {LOCK_PYTHON} on {LOCK_PLATFORM}. "
+        "Regenerate it with",
+        "# `make lock` (`make lock UPGRADE=1` moves every pin to the newest that fits); tests/test_images.py fails",
+        "# when pyproject.toml has changed since. The Dockerfile installs it with --no-deps: "
+        f"{', '.join(LOCK_LEFT_OUT)},",
+        "# which tritonclient declares for its client, stay out (the operator loads only its generated protobuf",
+        "# modules, operator/triton_operator/api/protos.py).",
+        f"{LOCK_DIGEST_PREFIX}{lock_digest()}",
+    ]
+    tmp = LOCK.with_name(LOCK.name + ".tmp")
+    if LOCK.exists():
+        shutil.copy2(LOCK, tmp)  # uv keeps the pins of the file it writes to, where they still fit
+    argv: list[str | Path] = [uv, "pip", "compile", "pyproject.toml", *(f"--extra={e}" for e in LOCK_EXTRAS),
+                              "--generate-hashes", f"--python-version={LOCK_PYTHON}",
+                              f"--python-platform={LOCK_PLATFORM}",
+                              *(f"--no-emit-package={p}" for p in LOCK_LEFT_OUT),
+                              "--custom-compile-command=make lock", "--quiet", "--output-file", tmp,
+                              *(["--upgrade"] if upgrade else [])]
+    proc = subprocess.run([str(a) for a in argv], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"uv pip compile failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    body = [line for line in tmp.read_text().splitlines() if line not in header]
+    while body and not body[0].startswith("# This file was autogenerated"):
+        body.pop(0)  # the previous run's header
+    tmp.write_text("\n".join([*header, *body]) + "\n")
+    os.replace(tmp, LOCK)
+    log(f"[images] Wrote the lock path={LOCK.relative_to(REPO_ROOT)} packages={len(locked(LOCK.read_text()))}")
+    return LOCK
 
 
 def triton_requirements() -> list[str]:
@@ -387,9 +486,10 @@ class _Builder:
                 break
             drop = left
         # Archives no current image was built from and no build used for a day (another checkout's operator image
-        # stays while it is in use there), and wheels that no current image was built from.
+        # stays while it is in use there), and wheel directories likewise (another checkout's lock has its own).
         stale = stale_archives((self.root / "archives").glob("*.oci.tar"), [i.archive for i in current], time.time())
-        stale += [p for p in (self.root / "wheels").iterdir() if p.is_dir() and p not in self.wheel_dirs]
+        stale += stale_archives([p for p in (self.root / "wheels").iterdir() if p.is_dir()], sorted(self.wheel_dirs),
+                                time.time())
         for p in stale:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         self.log(f"[images] Pruned build storage images={removed} kept={len(listed.splitlines()) - removed} "
@@ -421,27 +521,40 @@ class _Builder:
 
     def wheels(self, name: str, requirements: Sequence[str], no_deps: bool = False) -> Path:
         """`pip wheel` on the host into a directory named by the requirements; built once."""
+        key = _digest_inputs({"requirements": list(requirements), "no_deps": no_deps,
+                              "python": list(PYTHON_VERSION), "machine": os.uname().machine})
+        argv = [sys.executable, "-m", "pip", "wheel", "--quiet", *(["--no-deps"] if no_deps else []), *requirements]
+        return self._wheel_dir(name, key, lambda tmp: [*argv, "--wheel-dir", tmp])
+
+    def locked_wheels(self, name: str, lock: Path) -> Path:
+        """The very files `lock` pins (`pip download`, every hash checked, wheels only: a wheel built here would not
+        have the hash the lock records), for the host's Python and machine, the base's; once per lock."""
+        key = _digest_inputs({"lock": _sha(lock.read_bytes()), "python": list(PYTHON_VERSION),
+                              "machine": os.uname().machine})
+        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+                "--only-binary=:all:", "--requirement", lock]
+        return self._wheel_dir(name, key, lambda tmp: [*argv, "--dest", tmp])
+
+    def _wheel_dir(self, name: str, key: str, argv: Callable[[Path], list[str | Path]]) -> Path:
         if sys.version_info[:2] != PYTHON_VERSION:
             raise BuildError(f"wheels for the images need Python {'.'.join(map(str, PYTHON_VERSION))} on the host "
                              f"(the base's); this is {sys.version.split()[0]}")
-        key = _digest_inputs({"requirements": list(requirements), "no_deps": no_deps,
-                              "python": list(PYTHON_VERSION), "machine": os.uname().machine})
         out = self.root / "wheels" / f"{name}-{key}"
         self.wheel_dirs.add(out)
         if out.is_dir():
+            os.utime(out)  # in use: gc keeps it a day for this checkout, whatever another one builds meanwhile
             return out
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp", dir=out.parent))
-        run = self.runner(f"wheels-{name}", key)
-        argv = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", tmp]
-        run([*argv, *(["--no-deps"] if no_deps else []), *requirements])
+        self.runner(f"wheels-{name}", key)(argv(tmp))
         _replace_dir(tmp, out)
         self.log(f"[images] Built wheels name={name} count={len(list(out.glob('*.whl')))} "
                  f"seconds={time.monotonic() - t0:.1f} dir={out}")
         return out
 
-    def stage(self, key: str, files: dict[str, Path], wheels: Path | None) -> Path:
-        """A build context of exactly the given files (+ wheels/), hard-linked where possible."""
+    def stage(self, key: str, files: dict[str, Path], wheels: Sequence[Path]) -> Path:
+        """A build context of exactly the given files (+ wheels/, the files of every `wheels` directory),
+        hard-linked where possible."""
         ctx = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=self.root / "contexts"))
         for rel, src in files.items():
             dst = ctx / rel
@@ -450,13 +563,13 @@ class _Builder:
             else:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dst)
-        if wheels is not None:
-            (ctx / "wheels").mkdir()
-            for whl in wheels.glob("*.whl"):
-                try:
-                    os.link(whl, ctx / "wheels" / whl.name)
-                except OSError:
-                    shutil.copy2(whl, ctx / "wheels" / whl.name)
+        if wheels:
+            (ctx / "wheels").mkdir(exist_ok=True)
+        for whl in (w for d in wheels for w in d.glob("*.whl")):
+            try:
+                os.link(whl, ctx / "wheels" / whl.name)
+            except OSError:
+                shutil.copy2(whl, ctx / "wheels" / whl.name)
         return ctx
 
     def bud(self, name: str, key: str, ref: str, ctx: Path, build_args: dict[str, str], archive: Path) -> None:
@@ -518,16 +631,19 @@ class _Builder:
 
     def operator(self, base: Image) -> Image:
         ref = chart_operator_ref()
-        wheels = self.wheels("operator", operator_requirements())
         files = {"Dockerfile": REPO_ROOT / "Dockerfile", "pyproject.toml": REPO_ROOT / "pyproject.toml",
-                 "operator": REPO_ROOT / "operator"}
+                 LOCK.name: LOCK, "operator": REPO_ROOT / "operator"}
         build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
-        inputs = {"files": _tree_digest(REPO_ROOT, list(files)), "wheels": sorted(p.name for p in wheels.glob("*.whl")),
+        # The lock is one of `files` and names every file installed: no need to list the wheels (so a built image
+        # is found without them, offline, in a test's network namespace).
+        inputs = {"files": _tree_digest(REPO_ROOT, list(files)), "build_requirements": build_requirements(),
+                  "python": list(PYTHON_VERSION), "machine": os.uname().machine,
                   "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
         key = _digest_inputs(inputs)
         image = Image(ref, (OPERATOR_ALIAS,), self.archive("operator", key))
         if not image.archive.exists():
             t0 = time.monotonic()
+            wheels = [self.locked_wheels("operator", LOCK), self.wheels("operator-build", build_requirements())]
             self.bud("operator", key, ref, self.stage(f"operator-{key}", files, wheels), build_args, image.archive)
             self.built("operator", ref, t0, image.archive)
         return image
@@ -543,7 +659,7 @@ class _Builder:
         image = Image(TRITON_REF, (TRITON_ALIAS,), self.archive("tritonserver", key))
         if not image.archive.exists():
             t0 = time.monotonic()
-            ctx = self.stage(f"tritonserver-{key}", files, wheels)
+            ctx = self.stage(f"tritonserver-{key}", files, [wheels])
             self.bud("tritonserver", key, TRITON_REF, ctx, build_args, image.archive)
             self.built("tritonserver", TRITON_REF, t0, image.archive)
         return image
@@ -691,9 +807,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     imp = sub.add_parser("import", help="build the missing images and import them into a containerd")
     imp.add_argument("--address", required=True, help="containerd socket")
     imp.add_argument("--snapshotter", default="native")
+    lock = sub.add_parser("lock", help="rewrite requirements.lock from pyproject.toml (uv pip compile)")
+    lock.add_argument("--upgrade", action="store_true", help="the newest versions that fit, not the lock's own")
     args = parser.parse_args(argv)
     log: Log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
+        if args.command == "lock":
+            write_lock(upgrade=args.upgrade, log=log)
+            return 0
         images = build_all(log=log)
         if args.command == "build":
             for image in images:

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from e2e.cluster import REPO_ROOT, free_port, session_root
-from e2e.kube import RESOURCES, Kube, condition, wait_for
+from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.testing import metric_samples, ready_addresses
 from triton_operator.api import kinds
 from triton_operator.api.kinds import LABEL_MODEL
@@ -222,6 +222,17 @@ def _crd_established(kube: Kube) -> bool:
     return bool(c and c["status"] == "True")
 
 
+def ensure_crd(kubeconfig: Path, kube: Kube) -> None:
+    """The TritonModel CRD, served: as it is when the cluster has it (the session's release owns it), else applied
+    from crds/ server-side. For a second chart release in a cluster, which leaves the CRD to the first
+    (`crds.enabled=false`, chart README)."""
+    try:
+        kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/tritonmodels.{GROUP}")
+    except ApiError:
+        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
+
+
 def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f"{OPERATOR_NAMESPACE_PREFIX}*",
                    log_name: str = "operator-pytest.log", webhook: bool = True) -> OperatorHandle:
     """The CRD, applied server-side, and a running `triton-operator run` watching `pattern` namespaces.
@@ -287,8 +298,22 @@ class ChartOperator(OperatorHandle):
         return f"{self.fullname}-webhook"
 
     def install(self) -> None:
+        """The release that owns the CRD in the session's cluster (crds.enabled, the chart's default). It takes the
+        CRD over if it exists without it (`--take-ownership`): applied by a test with kubectl, or kept by a release
+        uninstalled earlier; other releases in the same cluster set crds.enabled=false (`ensure_crd`)."""
         helm(self.kubeconfig, "upgrade", "--install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
-             "--create-namespace", *self.values)
+             "--create-namespace", "--take-ownership", *self.values)
+        self.start()
+
+    def reconfigure(self, *sets: str) -> None:
+        """`helm upgrade --reuse-values` with `sets` (e.g. `--set customMetrics.enabled=true`), the Deployment's
+        rollout complete (no replica of the old pod template left), then `start()`: every replica serves and a
+        live process leads."""
+        helm(self.kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+             *sets, "--wait", "--timeout", "180s")
+        kubectl(self.kubeconfig, "rollout", "status", "-n", RELEASE_NAMESPACE, f"deployment/{self.fullname}",
+                "--timeout=180s", timeout=200)
+        self.values = [*self.values, *sets]
         self.start()
 
     def pods(self) -> list[dict]:

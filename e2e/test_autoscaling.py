@@ -1,6 +1,8 @@
 """Autoscaling on Triton's own queue time, on the real node (issue 16): the HPA controller in the real
 kube-controller-manager scales a TritonModel through its scale subresource, on a metric the operator (the chart,
-in-cluster, two replicas) serves through the aggregated custom metrics API.
+in-cluster, two replicas) serves through the aggregated custom metrics API. The chart serves that API only when
+asked (`customMetrics.enabled`, off by default: chart README, "Autoscaling"), so this file turns it on for its tests
+and off again after them.
 
 `examples/autoscaling.yaml`: 20 ms per request on one model instance, 1 to 3 replicas, a 20 ms queue-time
 target. Clients load its Service's ClusterIP through kube-proxy (`e2e.load.ServiceLoad`); `GateAudit` checks that
@@ -16,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,11 +28,13 @@ from tritonclient.utils import InferenceServerException
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.load import ServiceLoad
 from e2e.operator_fixtures import (
+    ChartOperator,
     OperatorHandle,
     gate,
     is_model_ready,
     kubectl,
     load_examples,
+    model_condition,
     record,
     wait_model,
 )
@@ -58,6 +63,21 @@ def api_service_available(kube: Kube) -> bool:
     svc = kube.get_or_none("APIService", "v1beta2.custom.metrics.k8s.io")
     return any(c["type"] == "Available" and c["status"] == "True"
                for c in ((svc or {}).get("status") or {}).get("conditions") or ())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def metrics_api(operator: OperatorHandle, kube: Kube) -> Iterator[None]:
+    """The session's chart release with `customMetrics.enabled=true` for this file's tests (no other server of
+    custom.metrics.k8s.io runs in the local cluster), and back to the chart's default (off) after them, so that no
+    other test file meets an APIService it did not ask for."""
+    assert isinstance(operator, ChartOperator), "the custom metrics API is the chart's: run with the chart's operator"
+    operator.reconfigure("--set", "customMetrics.enabled=true")
+    try:
+        yield
+    finally:
+        operator.reconfigure("--set", "customMetrics.enabled=false")
+        wait_for("the APIService v1beta2.custom.metrics.k8s.io gone",
+                 lambda: kube.get_or_none("APIService", "v1beta2.custom.metrics.k8s.io") is None, 60)
 
 
 def hpa_says(kube: Kube, namespace: str) -> str:
@@ -201,6 +221,9 @@ def test_the_hpa_scales_on_queue_time_new_replicas_join_through_the_gate_and_sca
     wait_for("1 ready endpoint", lambda: len(ready_endpoints(kube, namespace, MODEL)) == 1, 30)
     wait_for("the HPA reading the metric", lambda: "ValidMetricFound" in hpa_says(kube, namespace), 120,
              interval=1)
+    # The model's status restates it (e2e/test_metrics_api.py: False, where no server answers the metric).
+    wait_model(kube, namespace, MODEL, lambda tm: (c := model_condition(tm, "ScalingActive")).get("status")
+               == "True" and c.get("reason") == "ValidMetricFound", "ScalingActive=True", 60)
 
     (first,) = (p["metadata"]["name"] for p in live_pods(kube, namespace, MODEL))
     # Each operator replica samples a model from the first time it is asked (and that first answer waits for two

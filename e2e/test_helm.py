@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import REPO_ROOT
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
+from e2e.operator_fixtures import ensure_crd
 from e2e.testing import ready_addresses, wait_gone
 
 pytestmark = pytest.mark.cluster
@@ -116,10 +117,9 @@ def installed(kubeconfig: Path, kube: Kube, name: str, namespace: str, *sets: st
         "pod-security.kubernetes.io/enforce-version": "latest",
     }}})
     try:
-        # One APIService serves custom.metrics.k8s.io in a cluster, and the session's release has it: a second
-        # release turns the custom metrics API off, as a cluster with another adapter would (chart README).
-        helm(kubeconfig, "install", name, str(CHART), "--namespace", namespace, "--set", "customMetrics.enabled=false",
-             *sets)
+        # The CRD belongs to the session's release where it runs (or is applied here): this one leaves it alone.
+        ensure_crd(kubeconfig, kube)
+        helm(kubeconfig, "install", name, str(CHART), "--namespace", namespace, "--set", "crds.enabled=false", *sets)
         yield Release(name, namespace, f"{name}-triton-operator")
     finally:
         with contextlib.suppress(AssertionError):

@@ -1,7 +1,7 @@
 """Install order: the operator starts before its CRD exists, as Helm, Argo CD and Flux may well do it.
 
 A control plane of the test's own (no nodes: the TritonModel has no replicas), the chart's RBAC for a
-namespaced install (`helm install --skip-crds`, so no CRD), and the operator started as the chart's
+namespaced install (`crds.enabled=false`, so no CRD), and the operator started as the chart's
 ServiceAccount (a token from the TokenRequest API): it cannot watch CRDs, which is how kopf alone never
 noticed a CRD created later. The CRD is applied 10 s after the operator started; the operator must
 then serve TritonModels without a restart.
@@ -42,8 +42,8 @@ def test_operator_started_before_its_crd_serves_tritonmodels_once_the_crd_exists
     admin = control_plane.kubeconfig
     kube = Kube(admin)
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TEAM}})
-    helm(admin, "install", "trop", str(CHART), "--namespace", "triton-system", "--create-namespace", "--skip-crds",
-         "--set", "replicaCount=0", "--set", f"watch.namespaces={{{TEAM}}}")
+    helm(admin, "install", "trop", str(CHART), "--namespace", "triton-system", "--create-namespace",
+         "--set", "crds.enabled=false", "--set", "replicaCount=0", "--set", f"watch.namespaces={{{TEAM}}}")
     with pytest.raises(ApiError):  # no CRD yet
         kube.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/tritonmodels.serving.triton-operator.dev")
     as_chart = _token_kubeconfig(kube, admin, "triton-system", "trop-triton-operator", tmp_path / "operator.kubeconfig")

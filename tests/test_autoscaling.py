@@ -239,3 +239,66 @@ def test_an_hpa_status_update_alone_asks_for_no_reconcile() -> None:
     assert not status_only(hpa, synced, "DELETED") and not status_only(None, synced, "ADDED")
     deployment = _children(_body())["Deployment"]
     assert not status_only(deployment, copy.deepcopy(deployment) | {"status": {"readyReplicas": 1}}, "MODIFIED")
+
+
+def test_a_change_of_the_hpas_scaling_active_asks_for_a_reconcile() -> None:
+    """The model's status restates the HPA's ScalingActive: a sync that flips it is news, one that keeps it is not."""
+    from triton_operator.controller.operator import status_only
+
+    hpa = _children(_body({"maxReplicas": 3, "target": {"queueTimeMilliseconds": 20}}))["HorizontalPodAutoscaler"]
+    hpa["metadata"]["generation"] = 1
+    active = copy.deepcopy(hpa) | {"status": {"conditions": [
+        {"type": "ScalingActive", "status": "True", "reason": "ValidMetricFound", "message": "ok"}]}}
+    failing = copy.deepcopy(hpa) | {"status": {"conditions": [
+        {"type": "ScalingActive", "status": "False", "reason": "FailedGetObjectMetric", "message": "not found"}]}}
+    assert not status_only(hpa, active, "MODIFIED"), "its first ScalingActive"
+    assert not status_only(active, failing, "MODIFIED"), "the metric went away"
+    again = copy.deepcopy(failing)
+    again["status"]["conditions"][0]["message"] = "not found, still"
+    assert status_only(failing, again, "MODIFIED"), "the same verdict, another sync: no reconcile"
+
+
+def _world_with_hpa(hpa_status: dict[str, Any] | None, stored: dict[str, Any] | None = None) -> World:
+    body = _body({"maxReplicas": 3, "target": {"queueTimeMilliseconds": 20}})
+    body["metadata"]["generation"] = 1
+    if stored is not None:
+        body["status"] = stored
+    children = _children(body)
+    hpa = copy.deepcopy(children["HorizontalPodAutoscaler"])
+    if hpa_status is not None:
+        hpa["status"] = hpa_status
+    return World(body=body, models={"m": body}, children={(c["kind"], c["metadata"]["name"]): (
+        hpa if c["kind"] == "HorizontalPodAutoscaler" else c) for c in children.values()}, pods=(),
+        now=dt.datetime.now(dt.UTC))
+
+
+def test_the_models_status_says_whether_its_hpa_can_read_the_metric() -> None:
+    """No server for the metric (the chart's custom metrics API off, no adapter rules): the HPA says so in its own
+    status only; the TritonModel restates it as ScalingActive, and a Warning Event when it turns False."""
+    def scaling(world: World) -> dict[str, Any]:
+        done = plan(world)
+        assert done.status is not None
+        (c,) = [c for c in done.status.model_dump(by_alias=True)["conditions"] if c["type"] == "ScalingActive"]
+        return c
+
+    waiting = scaling(_world_with_hpa(None))
+    assert (waiting["status"], waiting["reason"]) == ("Unknown", "AwaitingHPA")
+    missing = {"conditions": [{"type": "ScalingActive", "status": "False", "reason": "FailedGetObjectMetric",
+                               "message": "the HPA was unable to compute the replica count: unable to get metric "
+                                          "triton_queue_time_ms: the server could not find the requested resource"}]}
+    done = plan(_world_with_hpa(missing))
+    assert done.status is not None
+    first = scaling(_world_with_hpa(missing))
+    assert (first["status"], first["reason"]) == ("False", "FailedGetObjectMetric")
+    assert first["message"].startswith("HorizontalPodAutoscaler m: the HPA was unable") and "triton_queue_time_ms" in \
+        first["message"]
+    stored = done.status_patch | {"conditions": [
+        c | {"status": "True", "reason": "ValidMetricFound"} if c["type"] == "ScalingActive" else c
+        for c in done.status_patch["conditions"]]}
+    turned = plan(_world_with_hpa(missing, stored))
+    (event,) = [e for e in turned.events if e.reason == "FailedGetObjectMetric"]
+    assert event.type == "Warning", event
+    without = _body()
+    world = World(body=without, models={"m": without}, children={}, pods=(), now=dt.datetime.now(dt.UTC))
+    conds = plan(world).status
+    assert conds is not None and "ScalingActive" not in {c.type for c in conds.conditions}

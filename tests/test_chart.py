@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from triton_operator import __version__
+from triton_operator.api.crd import chart_template, crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.controller.kube import Kube
 from triton_operator.render.autoscaling import METRICS
@@ -199,7 +200,8 @@ def _rbac(docs: list[dict[str, Any]], webhook: bool = False) -> list[dict[str, A
 CUSTOM_METRICS_RBAC = ("-auth-delegator", "-auth-reader", "-custom-metrics-reader")
 
 
-@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+@pytest.mark.parametrize("values", [{}, NAMESPACED, {"customMetrics.enabled": True}],
+                         ids=["cluster-wide", "namespaced", "custom-metrics"])
 def test_rbac_has_no_wildcards_no_secrets_and_no_node_writes(helm: str, values: dict[str, Any]) -> None:
     docs = _rbac(render(helm, **values), webhook=True)
     assert docs
@@ -329,8 +331,7 @@ def test_webhook_configuration_is_the_operators_own_pointed_at_its_service(helm:
         "the operator no longer patches the configuration: nothing to grant")
 
 
-@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False, "customMetrics.enabled": False}],
-                         ids=["paused", "disabled"])
+@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False}], ids=["paused", "disabled"])
 def test_no_webhook_when_paused_or_disabled(helm: str, values: dict[str, Any]) -> None:
     docs = render(helm, **values)
     assert not kinds(docs, "ValidatingWebhookConfiguration")
@@ -428,28 +429,60 @@ def test_values_schema_rejects_bad_values(helm: str, values: dict[str, Any], mes
 # -- CRDs --------------------------------------------------------------------------------------
 
 
-def test_chart_crd_is_the_generated_crd() -> None:
-    chart_crds = sorted(p.name for p in (CHART / "crds").iterdir())
-    assert chart_crds == sorted(p.name for p in (ROOT / "crds").iterdir())
-    for name in chart_crds:
-        chart_copy = CHART / "crds" / name
-        assert not chart_copy.is_symlink(), "a copy, not a symlink: helm warns on every command about symlinks"
-        assert chart_copy.read_bytes() == (ROOT / "crds" / name).read_bytes(), (
-            f"charts/triton-operator/crds/{name} differs from crds/{name}: run `make chart-crds` and commit it"
-        )
+def test_the_charts_crd_is_a_template_generated_from_the_api_types() -> None:
+    """The CRD is a template (a plain `helm upgrade` upgrades it), made from the pydantic models like crds/."""
+    assert not (CHART / "crds").exists(), (
+        "the chart has a crds/ directory again: Helm never upgrades it, and Argo CD and Flux would apply the CRD "
+        "twice (from crds/ and from templates/crds.yaml)")
+    assert (CHART / "templates" / "crds.yaml").read_text() == chart_template(), (
+        "charts/triton-operator/templates/crds.yaml differs from the API types: run `make crd` and commit it")
 
 
-def test_helm_installs_the_crd(helm: str) -> None:
-    proc = _run([helm, "show", "crds", str(CHART)])
+def test_triton_operator_crd_prints_the_chart_template(capsys: pytest.CaptureFixture[str]) -> None:
+    from triton_operator.cli.main import main
+
+    assert main(["crd", "--chart-template"]) == 0
+    assert capsys.readouterr().out == chart_template()
+
+
+def test_the_crd_renders_with_the_release_kept_on_uninstall_unless_told(helm: str) -> None:
+    rendered = one(render(helm), "CustomResourceDefinition")
+    generated = crd()
+    assert rendered["metadata"]["name"] == generated["metadata"]["name"]
+    assert rendered["spec"] == generated["spec"], "the rendered CRD is not the one the API types give"
+    assert generated["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
+    assert rendered["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "annotations" not in one(render(helm, **{"crds.keep": False}), "CustomResourceDefinition")["metadata"]
+    assert not kinds(render(helm, **{"crds.enabled": False}), "CustomResourceDefinition")
+
+
+def test_a_template_escapes_what_helm_would_read_as_an_action(helm: str, tmp_path: Path) -> None:
+    doc = crd()
+    doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "a {{ .Values.x }} in a description"
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "crds.yaml").write_text(chart_template(doc))
+    proc = _run([helm, "template", RELEASE, str(chart), "--namespace", RELEASE_NS])
     assert proc.returncode == 0, proc.stderr
-    (crd,) = [d for d in yaml.safe_load_all(proc.stdout) if d]
-    assert crd["metadata"]["name"] == f"{PLURAL}.{GROUP}"
+    (rendered,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "CustomResourceDefinition"]
+    assert rendered["spec"] == doc["spec"]
+
+
+def test_gitops_tools_get_the_crd_once(helm: str) -> None:
+    """Argo CD renders with --include-crds, Flux applies crds/ by its policy: with no crds/, one CRD either way."""
+    proc = _run([helm, "show", "crds", str(CHART)])
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout[:500]
+    proc = _run([helm, "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--include-crds"])
+    assert proc.returncode == 0, proc.stderr
+    assert len(kinds([d for d in yaml.safe_load_all(proc.stdout) if d], "CustomResourceDefinition")) == 1
 
 
 def test_readme_documents_the_crd_upgrade_path() -> None:
     readme = (CHART / "README.md").read_text()
-    assert "kubectl apply --server-side" in readme and "crds/" in readme
-    assert "never upgrades" in readme or "does not upgrade" in readme
+    for needle in ("crds.enabled", "crds.keep", "helm.sh/resource-policy: keep", "--take-ownership",
+                   "never upgrades", "Argo CD", "Flux"):
+        assert needle in readme, needle
 
 
 # -- availability: two replicas, one leader, one certificate ------------------------------------------
@@ -521,9 +554,32 @@ def test_with_cert_manager_the_certificate_and_the_ca_bundle_are_cert_managers(h
 
 # -- the custom metrics API --------------------------------------------------------------------
 
+METRICS_ON = {"customMetrics.enabled": True}
+
+
+def test_the_custom_metrics_api_is_off_by_default_so_no_install_takes_the_group_over(helm: str) -> None:
+    """The HPA controller asks the group's preferred version; ours (v1beta2, priority 200) would outrank
+    prometheus-adapter's v1beta1: by default the chart registers nothing (chart README, "Autoscaling")."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["customMetrics"]["enabled"] is False
+    docs = render(helm)
+    assert not kinds(docs, "APIService")
+    assert not [d for d in docs if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
+    assert "--custom-metrics" not in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_without_cluster_access_the_takeover_check_cannot_see_and_renders_what_is_asked(helm: str) -> None:
+    """`helm template` (Argo CD's way) gets nothing from `lookup`: the check passes, as the README says. The live
+    refusal is e2e/test_metrics_api.py's."""
+    assert one(render(helm, **METRICS_ON), "APIService")["metadata"]["name"] == "v1beta2.custom.metrics.k8s.io"
+    tpl = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "apiregistration.k8s.io/v1" "APIService" "" ""' in tpl
+    readme = (CHART / "README.md").read_text()
+    assert "helm template" in readme and "Argo CD" in readme and "`lookup` needs the cluster" in readme
+
 
 def test_the_custom_metrics_api_is_served_through_the_webhook_service_with_its_ca(helm: str) -> None:
-    docs = render(helm)
+    docs = render(helm, **METRICS_ON)
     api = one(docs, "APIService")
     assert api["metadata"]["name"] == "v1beta2.custom.metrics.k8s.io"
     assert (api["spec"]["group"], api["spec"]["version"]) == ("custom.metrics.k8s.io", "v1beta2")
@@ -537,7 +593,7 @@ def test_the_custom_metrics_api_is_served_through_the_webhook_service_with_its_c
 
 
 def test_the_custom_metrics_rbac_delegates_authentication_and_lets_the_hpa_read_each_metric(helm: str) -> None:
-    docs = [d for d in render(helm) if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
+    docs = [d for d in render(helm, **METRICS_ON) if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
     by_name = {(d["kind"], d["metadata"]["name"].removeprefix(SA)): d for d in docs}
     delegator = by_name[("ClusterRoleBinding", "-auth-delegator")]
     assert delegator["roleRef"]["name"] == "system:auth-delegator"
@@ -554,15 +610,11 @@ def test_the_custom_metrics_rbac_delegates_authentication_and_lets_the_hpa_read_
                                 "namespace": "kube-system"}]
 
 
-def test_custom_metrics_off_renders_none_of_it_and_on_alone_keeps_the_tls_service(helm: str) -> None:
-    off = render(helm, **{"customMetrics.enabled": False})
-    assert not kinds(off, "APIService")
-    assert not [d for d in off if d["metadata"]["name"].endswith(CUSTOM_METRICS_RBAC)]
-    assert "--custom-metrics" not in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    alone = render(helm, **{"webhook.enabled": False})
+def test_custom_metrics_on_alone_keeps_the_tls_service_and_neither_renders_no_certificate(helm: str) -> None:
+    alone = render(helm, **{"webhook.enabled": False, **METRICS_ON})
     assert not kinds(alone, "ValidatingWebhookConfiguration")
     assert one(alone, "APIService")["spec"]["caBundle"] == one(alone, "Secret")["data"]["ca.crt"]
     args = one(alone, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--custom-metrics" in args and "--webhook-cert-dir=/etc/triton-operator/webhook-tls" in args
-    neither = render(helm, **{"webhook.enabled": False, "customMetrics.enabled": False})
+    neither = render(helm, **{"webhook.enabled": False})
     assert not kinds(neither, "Secret") and not kinds(neither, "APIService")

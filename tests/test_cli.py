@@ -284,3 +284,16 @@ def test_validate_invalid_spec_never_starts_a_server(tmp_path: Path) -> None:
     assert proc.returncode == 1, _explain(proc)
     assert "Starting tritonserver" not in proc.stderr
     assert "spec.batcher.preferredBatchSize[0]" in proc.stderr
+
+
+def test_validate_without_the_server_extras_client_says_so_in_one_line() -> None:
+    """Where tritonclient's gRPC client is missing (the operator image has no grpc), `validate` still checks the
+    specs, then stops with one line naming the extra: no traceback."""
+    code = ("import sys; sys.modules['grpc'] = None\n"  # `import grpc` fails, as in the image
+            "from triton_operator.cli.main import main\n"
+            f"sys.exit(main(['validate', {str(EXAMPLES / 'add-sub.yaml')!r}, '--cpu']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Validated 1 TritonModel(s)" in proc.stderr
+    assert "error: loading models needs the 'server' extra (pip install 'triton-operator[server]')" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Starting tritonserver" not in proc.stderr

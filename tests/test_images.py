@@ -25,14 +25,84 @@ def test_tritonserver_alias_is_the_crd_default_image() -> None:
 
 def test_tritonserver_wheel_is_the_one_pyproject_pins() -> None:
     pins = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["server"]
-    assert set(pins) <= set(images.triton_requirements())
+    wheel = [p for p in pins if p.startswith("nvidia-pytriton")]  # the extra's client stays on the host
+    assert wheel and set(wheel) <= set(images.triton_requirements())
 
 
 def test_operator_requirements_cover_the_extras_the_fetch_step_needs() -> None:
     reqs = images.operator_requirements()
     assert any(r.startswith("boto3") for r in reqs)
     assert any(r.startswith("google-cloud-storage") for r in reqs)
-    assert any(r.startswith("setuptools") for r in reqs)  # the project itself builds offline
+    assert any(r.startswith("setuptools") for r in images.build_requirements())  # the project builds offline too
+
+
+# -- requirements.lock: what the operator image installs --------------------------------------------------------
+
+#: Never in the operator image: tritonclient's gRPC client and what it computes with (issue 28).
+NOT_IN_THE_IMAGE = {"grpcio", "numpy"}
+
+
+def _lock() -> str:
+    assert images.LOCK.is_file(), "requirements.lock is missing: run `make lock` and commit it"
+    return images.LOCK.read_text()
+
+
+def test_the_lock_is_made_from_pyproject_as_it_is() -> None:
+    assert images.recorded_lock_digest(_lock()) == images.lock_digest(), (
+        "requirements.lock was made from other requirements than pyproject.toml's (its dependencies, or the s3 or "
+        "gcs extras, changed since): run `make lock` and commit requirements.lock")
+
+
+def test_the_recorded_digest_moves_with_the_requirements(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = images._pyproject()
+    before = images.lock_digest()
+    changed = {**data, "project": {**data["project"], "dependencies": [*data["project"]["dependencies"], "rich"]}}
+    monkeypatch.setattr(images, "_pyproject", lambda: changed)
+    assert images.lock_digest() != before
+    unrelated = {**data, "project": {**data["project"], "optional-dependencies": {
+        **data["project"]["optional-dependencies"], "dev": ["pytest"]}}}
+    monkeypatch.setattr(images, "_pyproject", lambda: unrelated)
+    assert images.lock_digest() == before, "the dev extra is not in the image: it must not ask for a new lock"
+
+
+def test_every_requirement_of_the_image_is_pinned_with_hashes_at_a_version_it_allows() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = images.locked(_lock())
+    env = {"python_version": images.LOCK_PYTHON, "python_full_version": f"{images.LOCK_PYTHON}.0",
+           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "os_name": "posix",
+           "extra": ""}
+    checked = 0
+    for line in images.operator_requirements():
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} (pyproject.toml) is not in requirements.lock: run `make lock`"
+        version, _ = pins[name]
+        assert req.specifier.contains(version, prereleases=True), (
+            f"requirements.lock pins {name}=={version}, which {line!r} does not allow: run `make lock`")
+        checked += 1
+    assert checked >= 8
+    unhashed = sorted(name for name, (_, hashes) in pins.items() if not hashes)
+    assert not unhashed, f"pinned without a hash: {unhashed}"
+
+
+def test_the_lock_has_no_grpc_and_no_numpy() -> None:
+    pins = images.locked(_lock())
+    assert len(pins) > 20, "the lock parsed to almost nothing"
+    assert not NOT_IN_THE_IMAGE & set(pins), f"requirements.lock pins {sorted(NOT_IN_THE_IMAGE & set(pins))}"
+    assert not set(images.LOCK_LEFT_OUT) & set(pins)
+    assert "tritonclient" in pins  # its generated protobuf modules: api/protos.py
+
+
+def test_the_dockerfile_installs_exactly_the_lock() -> None:
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    (install,) = [ln for ln in text.splitlines() if ln.startswith("RUN") and "requirements.lock" in ln]
+    assert "--no-deps" in install and "--require-hashes" in install and "-r /wheels/requirements.lock" in install
+    assert "pyproject" not in install, "the dependencies come from the lock alone"
 
 
 def test_tree_digest_moves_with_content_only(tmp_path: Path) -> None:

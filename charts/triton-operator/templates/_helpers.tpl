@@ -108,3 +108,27 @@ or to kopf itself; see the chart README for the reason of each.
 {{- define "triton-operator.servesTLS" -}}
 {{- if and (or .Values.webhook.enabled .Values.customMetrics.enabled) (gt (int .Values.replicaCount) 0) }}true{{ end }}
 {{- end }}
+
+{{/*
+Refuses to register the custom metrics API over another server's. The HPA controller asks every custom metric of
+the group's preferred version, and ours (v1beta2 at versionPriority 200) would outrank prometheus-adapter's v1beta1
+(100): every HPA already reading that adapter's metrics would be asked of the operator. So when Helm's `lookup` finds
+an APIService of custom.metrics.k8s.io (any version) whose Service is not this release's, the render fails with one
+message. `lookup` sees the cluster only in `helm install`/`upgrade` (and --dry-run=server): `helm template`, and so
+Argo CD, gets nothing back and cannot check (chart README, "Autoscaling").
+*/}}
+{{- define "triton-operator.refuseCustomMetricsTakeover" -}}
+{{- $ctx := .context }}
+{{- $others := list }}
+{{- range (lookup "apiregistration.k8s.io/v1" "APIService" "" "").items | default list }}
+{{- if eq (.spec.group | default "") "custom.metrics.k8s.io" }}
+{{- $svc := .spec.service | default dict }}
+{{- if not (and (eq ($svc.namespace | default "") $ctx.Release.Namespace) (eq ($svc.name | default "") $.service)) }}
+{{- $others = append $others (printf "%s (Service %s/%s)" .metadata.name ($svc.namespace | default "-") ($svc.name | default "-")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $others }}
+{{- fail (printf "customMetrics.enabled: custom.metrics.k8s.io is already served by another server: APIService %s. Registering this chart's v1beta2 would take that API over: every HorizontalPodAutoscaler on its metrics would be asked of triton-operator instead. Keep customMetrics.enabled=false and serve Triton's metrics through that server (chart README, \"Autoscaling\": prometheus-adapter rules), or remove its APIService first." (join ", " $others)) }}
+{{- end }}
+{{- end }}

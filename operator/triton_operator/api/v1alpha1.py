@@ -1306,8 +1306,11 @@ class TritonModelSpec(_Model):
         description=(
             "Scale the replicas on Triton's own statistics: the operator renders a HorizontalPodAutoscaler (named "
             "after the model, owned by it) that sets spec.replicas through the scale subresource, on a metric the "
-            "operator serves through the custom metrics API (custom.metrics.k8s.io, installed by the chart). Only "
-            "warmed replicas count. Leave spec.replicas out of manifests that set this: the HPA owns it. Unset: no "
+            "operator serves through the custom metrics API (custom.metrics.k8s.io: the chart's "
+            "customMetrics.enabled, off by default; or an adapter serving the same metric names). Only warmed "
+            "replicas count. Without a server for the metric the HPA does not scale, and says why in its ScalingActive "
+            "condition, which the model's status restates. "
+            "Leave spec.replicas out of manifests that set this: the HPA owns it. Unset: no "
             "HPA is rendered (one of your own still works through the scale subresource)."
         ),
     )

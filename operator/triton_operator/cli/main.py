@@ -155,7 +155,6 @@ def _fetched_at_pod_start(model: TritonModel) -> str | None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..api.v1alpha1 import quantity_bytes
     from ..render.modelconfig import render_repository, step_closure
-    from ..triton.client import connect, load_model
     from ..triton.local import TRITON_VERSION, LocalTritonServer, TritonNotInstalled
     from ..validate.rules import RULES
 
@@ -189,6 +188,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if len(skipped) == len(rendered):
             _err(f"No model loaded: all {len(rendered)} get their files at pod start; their configs passed the checks")
             return 0
+        try:  # tritonclient's gRPC client comes with the `server` extra, as tritonserver does (not in the image)
+            from ..triton.client import connect, load_model
+        except (ImportError, RuntimeError) as exc:  # tritonclient says RuntimeError when grpc or numpy is missing
+            _err(f"error: loading models needs the 'server' extra (pip install 'triton-operator[server]'): {exc}")
+            return 2
         server = LocalTritonServer(model_repository=repo, cache_size=cache or None, log_path=Path(tmp) / "tritonserver.log")
         _err(f"Starting tritonserver {TRITON_VERSION} on {server.host}…")
         t0 = time.monotonic()
@@ -312,9 +316,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from ..api.crd import crd_yaml
+    from ..api.crd import chart_template, crd_yaml
 
-    sys.stdout.write(crd_yaml())
+    sys.stdout.write(chart_template() if args.chart_template else crd_yaml())
     return 0
 
 
@@ -416,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_import)
 
     c = sub.add_parser("crd", help="print the TritonModel CustomResourceDefinition")
+    c.add_argument("--chart-template", action="store_true",
+                   help="print it as the Helm chart's template (charts/triton-operator/templates/crds.yaml)")
     c.set_defaults(func=cmd_crd)
 
     d = sub.add_parser("docs", help="print the TritonModel field reference (Markdown)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -149,14 +149,22 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
 
 
 def status_only(old: Mapping[str, Any] | None, new: Mapping[str, Any], event: str) -> bool:
-    """An update of an HPA's status alone (its controller writes one every sync): nothing the plan reads changed,
-    so no reconcile. Any other kind's status counts (a Deployment's says how many replicas are ready)."""
+    """An update of an HPA's status alone (its controller writes one every sync) that leaves its ScalingActive
+    condition as it was: nothing the plan reads changed, so no reconcile. Any other kind's status counts (a
+    Deployment's says how many replicas are ready), and so does ScalingActive (the model's status restates it)."""
     if event == "DELETED" or old is None or new.get("kind") != HPA.kind:
         return False
     o, n = old["metadata"], new["metadata"]
     return bool(o.get("generation") == n.get("generation") and o.get("labels") == n.get("labels")
                 and o.get("ownerReferences") == n.get("ownerReferences")
-                and o.get("annotations") == n.get("annotations"))
+                and o.get("annotations") == n.get("annotations")
+                and _scaling_active(old) == _scaling_active(new))
+
+
+def _scaling_active(hpa: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    conditions: Sequence[Mapping[str, Any]] = (hpa.get("status") or {}).get("conditions") or ()
+    c: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "ScalingActive"), {})
+    return c.get("status"), c.get("reason")
 
 
 async def _drift_loop(interval: float) -> None:

@@ -48,7 +48,7 @@ from ..render.modelconfig import render_repository
 from ..validate.errors import from_pydantic
 from ..validate.rules import check_models
 from .rollout import PodPatch, ReplicaRollout, in_place_deployment, patched, plan_replicas
-from .status import Observed, Problem, as_dict, compute_status, merge_patch, status_changed, transitions
+from .status import SCALING_ACTIVE, Observed, Problem, as_dict, compute_status, merge_patch, status_changed, transitions
 
 #: Ready=False reasons that are a model on its way, not in trouble: their Events are Normal, not Warning.
 ON_ITS_WAY = frozenset({"ReplicasWarming", "ReplicasJoining", "ReplicasStarting"})
@@ -356,6 +356,8 @@ def plan(world: World) -> Plan:
         deployment=world.children.get((DEPLOYMENT.kind, name)),
         pods=world.pods,
         ensembles=ensembles_using(name, world.models if world.ensembles is None else world.ensembles),
+        hpa=hpa if model is not None and model.spec.autoscaling is not None and hpa is not None
+        and _owned_by(hpa, name, uid) else None,
     )
     status = compute_status(observed, stored, world.now)
     if not status_changed(stored, status):
@@ -363,7 +365,8 @@ def plan(world: World) -> Plan:
                     problem=problem)
     events = tuple(
         Event("Warning" if (c["type"] == "Degraded" and c["status"] == "True")
-              or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY) else "Normal",
+              or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY)
+              or (c["type"] == SCALING_ACTIVE and c["status"] == "False") else "Normal",
               c["reason"], f"{c['type']}={c['status']}: {c['message']}", c["type"], c["status"])
         for c in transitions(stored, status))
     return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), pods=rollout.patches, status=status,

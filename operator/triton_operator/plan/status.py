@@ -48,6 +48,8 @@ class Observed:
     # The ensembles whose replicas load this model as a step (directly or through nested ensembles), with their
     # spec.replicas: those with replicas serve it, also when it runs none of its own.
     ensembles: Mapping[str, int] = field(default_factory=dict)
+    # The HorizontalPodAutoscaler of spec.autoscaling (None without the block): its ScalingActive condition is ours.
+    hpa: Mapping[str, Any] | None = None
 
     @property
     def served_by(self) -> list[str]:
@@ -186,6 +188,25 @@ def kstatus_conditions(progressing: Mapping[str, Any], degraded: Mapping[str, An
     ]
 
 
+#: spec.autoscaling's HPA, restated on the TritonModel: whether it can read its metric and so scale the model.
+SCALING_ACTIVE = "ScalingActive"
+
+
+def scaling_active(hpa: Mapping[str, Any], generation: int) -> dict[str, Any]:
+    """The HPA's own ScalingActive condition, on the TritonModel. False says why the HPA does not scale (no server
+    answers the metric: FailedGetObjectMetric, with the API server's message), which would otherwise be visible only
+    on the HPA; Unknown until the HPA controller has synced it."""
+    conditions: Sequence[Mapping[str, Any]] = (hpa.get("status") or {}).get("conditions") or ()
+    c = next((c for c in conditions if c.get("type") == SCALING_ACTIVE), None)
+    name = (hpa.get("metadata") or {}).get("name", "")
+    if c is None:
+        return {"type": SCALING_ACTIVE, "status": "Unknown", "reason": "AwaitingHPA",
+                "message": f"the HorizontalPodAutoscaler {name} has not reported yet", "observedGeneration": generation}
+    return {"type": SCALING_ACTIVE, "status": c.get("status") or "Unknown", "reason": c.get("reason") or "Unknown",
+            "message": f"HorizontalPodAutoscaler {name}: {c.get('message') or ''}"[:2000],
+            "observedGeneration": generation}
+
+
 def zero_replicas(obs: Observed, generation: int) -> dict[str, Any]:
     """Ready at `spec.replicas: 0`: the model runs no replica of its own, so what serves it is the ensembles that
     load it as a step. Ready=True either way: 0 is a state the spec asks for (as a Deployment scaled to 0 is
@@ -280,6 +301,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
             degraded = _cond("Degraded", False, "AsExpected", "no replica has failed", g)
         conds = [ready, progressing, degraded]
     conds += kstatus_conditions(conds[1], conds[2], g)
+    if obs.hpa is not None:
+        conds.append(scaling_active(obs.hpa, g))
 
     prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
     stamp = rfc3339(now)
