@@ -26,12 +26,12 @@ from triton_operator.api.crd import crd
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import check_documents, load_documents
 
-# What Triton's model_config.proto declares, by the proto type's range. The API server holds integers as int64
-# (a larger JSON number is refused there), so uint64's usable top is int64's.
+# What Triton's model_config.proto declares, by the proto type's range. (The API bounds 64-bit fields tighter, at
+# 2**53 - 1: see `test_every_bound_in_the_crd_is_exact_as_the_api_server_holds_it`.)
 INT32 = (-(2**31), 2**31 - 1)
 UINT32 = (0, 2**32 - 1)
 INT64 = (-(2**63), 2**63 - 1)
-UINT64 = (0, 2**63 - 1)
+UINT64 = (0, 2**64 - 1)
 _RANGE = {
     FieldDescriptor.TYPE_INT32: INT32, FieldDescriptor.TYPE_SINT32: INT32, FieldDescriptor.TYPE_SFIXED32: INT32,
     FieldDescriptor.TYPE_UINT32: UINT32, FieldDescriptor.TYPE_FIXED32: UINT32,
@@ -197,6 +197,16 @@ def test_every_integer_in_the_crd_has_a_minimum_and_a_maximum() -> None:
     assert len(nodes) >= 35
     unbounded = [p for p, n in nodes if "minimum" not in n or "maximum" not in n]
     assert not unbounded, f"integers the API server would take at any size: {unbounded}"
+
+
+def test_every_bound_in_the_crd_is_exact_as_the_api_server_holds_it() -> None:
+    """The API server keeps minimum and maximum as float64 and checks defaults against them as int64: int64's top,
+    2**63 - 1, became 2**63 and then int64's minimum, and it refused the CRD ("default: Invalid value: 0: in body
+    should be less than or equal to -9223372036854775808"; e2e/test_admission.py installs it)."""
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    inexact = [f"{p}.{k}={n[k]}" for p, n in _integer_nodes(schema) for k in ("minimum", "maximum")
+               if k in n and (abs(n[k]) > 2**53 - 1 or float(n[k]) != n[k])]
+    assert not inexact, f"bounds a float64 does not hold exactly: {inexact}"
 
 
 def _spec(**spec: Any) -> dict[str, Any]:

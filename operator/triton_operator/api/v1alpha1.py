@@ -74,11 +74,13 @@ INLINE_OR_URI = ConfigDict(
     }
 )
 #: The bounds of the protobuf integer types in Triton's model_config.proto, for the fields rendered into them
-#: (tests/test_bounds.py checks every integer field against the proto field it becomes). The API server holds
-#: integers as int64, so a uint64 or int64 field is bounded by INT64_MAX: a larger number is refused there anyway.
+#: (tests/test_bounds.py checks every integer field against the proto field it becomes). A 64-bit field is bounded
+#: by JSON_INT_MAX, the largest integer a float64 holds exactly: the API server keeps a schema's minimum and maximum
+#: as float64, so int64's own top (2**63 - 1) became 2**63 there, which its check of defaults against the maximum
+#: turned into int64's minimum and refused the CRD. 2**53 microseconds is 285 years.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 UINT32_MAX = 2**32 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+JSON_INT_MIN, JSON_INT_MAX = -(2**53 - 1), 2**53 - 1
 Dim = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 
 _UNITS: dict[str, Decimal | int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -337,7 +339,7 @@ class QueuePolicy(_Model):
         default="REJECT", description="On timeout, REJECT the request or DELAY it behind others."
     )
     default_timeout_microseconds: int = Field(
-        default=0, ge=0, le=INT64_MAX, description="Queue timeout per request; 0 means no timeout."
+        default=0, ge=0, le=JSON_INT_MAX, description="Queue timeout per request; 0 means no timeout."
     )
     allow_timeout_override: bool = Field(default=False, description="Requests may set a shorter timeout.")
     max_queue_size: int = Field(default=0, ge=0, le=UINT32_MAX, description="Queue capacity; 0 means unbounded.")
@@ -387,7 +389,7 @@ class DynamicBatcher(_Model):
     """Triton's dynamic batcher: combines requests into server-side batches."""
 
     max_queue_delay_microseconds: int = Field(
-        default=0, ge=0, le=INT64_MAX, description="How long to wait for a preferred batch size before executing."
+        default=0, ge=0, le=JSON_INT_MAX, description="How long to wait for a preferred batch size before executing."
     )
     preferred_batch_size: list[Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]] | None = Field(
         default=None,
@@ -459,7 +461,7 @@ class SequenceState(_Model):
 class SequenceDirect(_Model):
     """Direct strategy: each sequence gets a batch slot for its whole life."""
 
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=INT64_MAX, description="Wait for more slots to fill.")
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=JSON_INT_MAX, description="Wait for more slots to fill.")
     minimum_slot_utilization: float = Field(
         default=0.0, description="Fraction of slots that must be ready before a batch runs; in [0, 1]."
     )
@@ -474,7 +476,7 @@ class SequenceOldest(_Model):
         default=None, max_length=MAX_LIST, description="Batch sizes to aim for; each > 0 and <= maxBatchSize."
     )
     max_queue_delay_microseconds: int = Field(
-        default=0, ge=0, le=INT64_MAX, description="Wait for a preferred batch size.")
+        default=0, ge=0, le=JSON_INT_MAX, description="Wait for a preferred batch size.")
     preserve_ordering: bool = Field(default=False, description="Return responses in request order.")
 
 
@@ -492,7 +494,7 @@ class SequenceBatcher(_Model):
     direct: SequenceDirect | None = Field(default=None, description="The direct strategy (the default).")
     oldest: SequenceOldest | None = Field(default=None, description="The oldest-first strategy.")
     max_sequence_idle_microseconds: int = Field(
-        default=1_000_000, ge=1, le=INT64_MAX, description="A sequence idle this long is ended and its slot freed."
+        default=1_000_000, ge=1, le=JSON_INT_MAX, description="A sequence idle this long is ended and its slot freed."
     )
     control_inputs: list[SequenceControlInput] | None = Field(
         default=None, max_length=8, description="Control tensors: START, END, READY, CORRID."
@@ -574,7 +576,7 @@ class EnsembleStep(_Model):
     model_version: int = Field(
         default=-1,
         ge=-1,
-        le=INT64_MAX,
+        le=JSON_INT_MAX,
         description=(
             "Version of the step model to use: -1 (the latest it serves) or one of the versions it serves under its "
             "versionPolicy (a model with only source has version 1 alone). A version that does not exist, or that "
@@ -603,7 +605,7 @@ class Toleration(_Model):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    toleration_seconds: int | None = Field(default=None, ge=JSON_INT_MIN, le=JSON_INT_MAX)
 
 
 #: A label or annotation key: an optional DNS-subdomain prefix and `/`, then a name (at most 63 characters).
@@ -1388,7 +1390,7 @@ class TritonModelSpec(_Model):
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
-    observed_generation: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    observed_generation: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
     last_transition_time: str | None = None
     reason: str | None = None
     message: str | None = None
@@ -1410,7 +1412,7 @@ class TritonModelStatus(_Model):
 
     model_config = ConfigDict(frozen=False)
 
-    observed_generation: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    observed_generation: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
     conditions: list[Condition] | None = Field(
         default=None,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
