@@ -126,6 +126,39 @@ def test_the_reconciler_writes_the_children_once_and_then_nothing(apiserver: Pat
     assert ports["http"] == "http"
 
 
+def test_a_render_failure_is_degraded_on_the_status_and_the_reconcile_ends(apiserver: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec the checks pass that the renderer still cannot render (the review's out-of-range integers did) was
+    raised out of the reconcile: retried with back-off for ever, nothing on the TritonModel. Now the reconcile ends,
+    the status says Degraded=True reason RenderFailed with the error, and a second reconcile writes nothing. The
+    renderer is made to fail (no spec the API server admits does any more)."""
+    from triton_operator.plan import planner
+
+    def out_of_range(*_: object, **__: object) -> object:
+        raise ValueError("Value out of range: 4294967296")
+
+    kube, op = Kube(apiserver), _operator_kube(apiserver)
+    if kube.get_or_none("Namespace", NS) is None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    kube.create({**MODEL, "metadata": {"name": "unrenderable", "namespace": NS}}, NS)
+    monkeypatch.setattr(planner, "render_repository", out_of_range)
+    cache = Cache()
+    reconciler = Reconciler(op, cache)
+    _refresh(cache, op)
+    before = _writes()
+    asyncio.run(reconciler.reconcile(NS, "unrenderable"))  # raises nothing: the worker has nothing to retry
+    assert _delta(before, _writes()) == {"TritonModel/patch-status": 1, "Event/create": 2}  # Ready=False, Degraded=True
+    tm = kube.get("TritonModel", "unrenderable", NS)
+    degraded = {c["type"]: c for c in tm["status"]["conditions"]}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "RenderFailed"), degraded
+    assert "ValueError: Value out of range: 4294967296" in degraded["message"]
+    assert kube.get_or_none("Deployment", "unrenderable", NS) is None
+    _refresh(cache, op)
+    before = _writes()
+    asyncio.run(reconciler.reconcile(NS, "unrenderable"))
+    assert _delta(before, _writes()) == {}, "the same spec planned again must write nothing"
+
+
 # -- leader election on a real Lease ------------------------------------------------------------------
 
 
