@@ -159,6 +159,54 @@ def test_a_render_failure_is_degraded_on_the_status_and_the_reconcile_ends(apise
     assert _delta(before, _writes()) == {}, "the same spec planned again must write nothing"
 
 
+def test_the_api_server_takes_the_volumes_of_claims_and_secrets_named_with_dots_or_at_length(apiserver: Path) -> None:
+    """`pvc://a.b/...` and a GCS Secret `gcs.key` made volume names with a dot, which the API server refuses; two
+    claims alike in their first 59 characters shared one truncated name. The Deployment rendered now is taken by
+    the API server (a server-side dry run: admission and validation, nothing stored); the old names are refused."""
+    import copy
+
+    from e2e.kube import ApiError
+    from triton_operator.api.v1alpha1 import TritonModel
+    from triton_operator.render.kubernetes import render_children
+    from triton_operator.render.modelconfig import render_repository
+
+    kube = Kube(apiserver)
+    if kube.get_or_none("Namespace", NS) is None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    long_a, long_b = "c" * 70 + "-a", "c" * 70 + "-b"
+    body = copy.deepcopy(MODEL)
+    body["metadata"]["name"] = "dotted"
+    del body["spec"]["source"]
+    body["spec"]["versions"] = [{"version": 1, "source": {"uri": "pvc://models.team-a/m"}},
+                                {"version": 2, "source": {"uri": f"pvc://{long_a}/m"}},
+                                {"version": 3, "source": {"uri": f"pvc://{long_b}/m"}}]
+    body["spec"]["modelFiles"] = {"uri": "gs://bucket/labels", "credentialsSecret": "gcs.key"}
+    model = TritonModel.model_validate(body)
+    children = render_children(model, render_repository([model]), "00000000-0000-0000-0000-0000000000d0", NS)
+    for child in children:  # no owner to point at: the dry run would look for it
+        del child["metadata"]["ownerReferences"]
+    deployment = next(c for c in children if c["kind"] == "Deployment")
+    for child in children:
+        plural = child["kind"].lower() + "s"
+        group = "/api/v1" if child["apiVersion"] == "v1" else f"/apis/{child['apiVersion']}"
+        kube.request("POST", f"{group}/namespaces/{NS}/{plural}", child, params={"dryRun": "All"})
+
+    old = copy.deepcopy(deployment)  # as the operator named them before
+    pod = old["spec"]["template"]["spec"]
+    renamed = {v["name"]: ("pvc-" + v["persistentVolumeClaim"]["claimName"])[:63] if "persistentVolumeClaim" in v
+               else ("gcs-" + v["secret"]["secretName"])[:63] if "secret" in v else v["name"] for v in pod["volumes"]}
+    for v in pod["volumes"]:
+        v["name"] = renamed[v["name"]]
+    for c in pod["initContainers"]:
+        for m in c["volumeMounts"]:
+            m["name"] = renamed[m["name"]]
+    with pytest.raises(ApiError) as refused:
+        kube.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", old, params={"dryRun": "All"})
+    assert refused.value.status == 422, refused.value
+    message = str(refused.value)
+    assert "pvc-models.team-a" in message and "gcs-gcs.key" in message and "Duplicate value" in message, message
+
+
 # -- leader election on a real Lease ------------------------------------------------------------------
 
 
