@@ -126,6 +126,87 @@ def test_the_reconciler_writes_the_children_once_and_then_nothing(apiserver: Pat
     assert ports["http"] == "http"
 
 
+def test_a_render_failure_is_degraded_on_the_status_and_the_reconcile_ends(apiserver: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec the checks pass that the renderer still cannot render (the review's out-of-range integers did) was
+    raised out of the reconcile: retried with back-off for ever, nothing on the TritonModel. Now the reconcile ends,
+    the status says Degraded=True reason RenderFailed with the error, and a second reconcile writes nothing. The
+    renderer is made to fail (no spec the API server admits does any more)."""
+    from triton_operator.plan import planner
+
+    def out_of_range(*_: object, **__: object) -> object:
+        raise ValueError("Value out of range: 4294967296")
+
+    kube, op = Kube(apiserver), _operator_kube(apiserver)
+    if kube.get_or_none("Namespace", NS) is None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    kube.create({**MODEL, "metadata": {"name": "unrenderable", "namespace": NS}}, NS)
+    monkeypatch.setattr(planner, "render_repository", out_of_range)
+    cache = Cache()
+    reconciler = Reconciler(op, cache)
+    _refresh(cache, op)
+    before = _writes()
+    asyncio.run(reconciler.reconcile(NS, "unrenderable"))  # raises nothing: the worker has nothing to retry
+    assert _delta(before, _writes()) == {"TritonModel/patch-status": 1, "Event/create": 2}  # Ready=False, Degraded=True
+    tm = kube.get("TritonModel", "unrenderable", NS)
+    degraded = {c["type"]: c for c in tm["status"]["conditions"]}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "RenderFailed"), degraded
+    assert "ValueError: Value out of range: 4294967296" in degraded["message"]
+    assert kube.get_or_none("Deployment", "unrenderable", NS) is None
+    _refresh(cache, op)
+    before = _writes()
+    asyncio.run(reconciler.reconcile(NS, "unrenderable"))
+    assert _delta(before, _writes()) == {}, "the same spec planned again must write nothing"
+
+
+def test_the_api_server_takes_the_volumes_of_claims_and_secrets_named_with_dots_or_at_length(apiserver: Path) -> None:
+    """`pvc://a.b/...` and a GCS Secret `gcs.key` made volume names with a dot, which the API server refuses; two
+    claims alike in their first 59 characters shared one truncated name. The Deployment rendered now is taken by
+    the API server (a server-side dry run: admission and validation, nothing stored); the old names are refused."""
+    import copy
+
+    from e2e.kube import ApiError
+    from triton_operator.api.v1alpha1 import TritonModel
+    from triton_operator.render.kubernetes import render_children
+    from triton_operator.render.modelconfig import render_repository
+
+    kube = Kube(apiserver)
+    if kube.get_or_none("Namespace", NS) is None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    long_a, long_b = "c" * 70 + "-a", "c" * 70 + "-b"
+    body = copy.deepcopy(MODEL)
+    body["metadata"]["name"] = "dotted"
+    del body["spec"]["source"]
+    body["spec"]["versions"] = [{"version": 1, "source": {"uri": "pvc://models.team-a/m"}},
+                                {"version": 2, "source": {"uri": f"pvc://{long_a}/m"}},
+                                {"version": 3, "source": {"uri": f"pvc://{long_b}/m"}}]
+    body["spec"]["modelFiles"] = {"uri": "gs://bucket/labels", "credentialsSecret": "gcs.key"}
+    model = TritonModel.model_validate(body)
+    children = render_children(model, render_repository([model]), "00000000-0000-0000-0000-0000000000d0", NS)
+    for child in children:  # no owner to point at: the dry run would look for it
+        del child["metadata"]["ownerReferences"]
+    deployment = next(c for c in children if c["kind"] == "Deployment")
+    for child in children:
+        plural = child["kind"].lower() + "s"
+        group = "/api/v1" if child["apiVersion"] == "v1" else f"/apis/{child['apiVersion']}"
+        kube.request("POST", f"{group}/namespaces/{NS}/{plural}", child, params={"dryRun": "All"})
+
+    old = copy.deepcopy(deployment)  # as the operator named them before
+    pod = old["spec"]["template"]["spec"]
+    renamed = {v["name"]: ("pvc-" + v["persistentVolumeClaim"]["claimName"])[:63] if "persistentVolumeClaim" in v
+               else ("gcs-" + v["secret"]["secretName"])[:63] if "secret" in v else v["name"] for v in pod["volumes"]}
+    for v in pod["volumes"]:
+        v["name"] = renamed[v["name"]]
+    for c in pod["initContainers"]:
+        for m in c["volumeMounts"]:
+            m["name"] = renamed[m["name"]]
+    with pytest.raises(ApiError) as refused:
+        kube.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", old, params={"dryRun": "All"})
+    assert refused.value.status == 422, refused.value
+    message = str(refused.value)
+    assert "pvc-models.team-a" in message and "gcs-gcs.key" in message and "Duplicate value" in message, message
+
+
 # -- leader election on a real Lease ------------------------------------------------------------------
 
 

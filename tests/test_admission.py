@@ -6,6 +6,7 @@ objects being deleted). The same verdicts through a real API server: e2e/test_ad
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,38 @@ def _docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+_JSON_TYPE = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "object"}
+
+
+def _schema_type_refuses(subject: dict, path: str) -> bool:
+    """Whether the CRD's schema types the field at `path` (`spec.instanceGroups[0].count`) otherwise than the value
+    `subject` gives it: the API server then refuses the object before any webhook sees it."""
+    from triton_operator.api.crd import crd
+
+    node = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    value: object = subject
+    try:
+        for part in re.findall(r"[^.\[\]]+", path):
+            if part.isdigit():
+                node, value = node["items"], value[int(part)]  # type: ignore[index]
+            else:
+                node, value = node["properties"][part], value[part]  # type: ignore[index]
+    except (KeyError, IndexError, TypeError):
+        return False  # a field left out, a map's key: not a value the schema types
+    return _JSON_TYPE[type(value)] != node.get("type")
+
+
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
 def test_every_corpus_spec_is_refused_naming_its_field(case) -> None:  # type: ignore[no-untyped-def]
-    """The first document is the change; the others are what the namespace already holds."""
+    """The first document is the change; the others are what the namespace already holds. The webhook reads
+    objects as the API server stores them: a value of the wrong JSON type (a string for a number) never reaches it,
+    since the CRD's schema refuses it, and the CLI's strict reading refuses it (tests/test_corpus.py)."""
     subject, *context = _docs(case.path)
     name = subject["metadata"]["name"]
     neighbours = {d["metadata"]["name"]: d for d in context}
     dependents = [n for n, d in neighbours.items() if name in steps_of(d)]
+    if _schema_type_refuses(subject, case.expect):
+        return
     verdict = review(subject, None, neighbours, dependents)
     assert not verdict.allowed, f"{case.id}: allowed"
     paths = [e.path for e in verdict.errors]
@@ -112,3 +138,19 @@ def test_a_schema_error_is_refused_with_its_path_before_any_cross_object_rule() 
     doc["spec"]["inputs"][0]["dataType"] = "FP128"
     verdict = review(doc, None, {})
     assert not verdict.allowed and verdict.errors[0].path == "spec.inputs[0].dataType", verdict.errors
+
+
+def test_a_step_whose_new_secret_its_ensemble_cannot_honour_is_refused_naming_the_ensemble() -> None:
+    """One replica's fetch step has one set of AWS_* variables: a step taking a Secret of its own would have its
+    bucket, or its sibling's, fetched with the other's keys."""
+    from tests.test_render_children import _uri_ensemble, _uri_model
+
+    a = _uri_model("a", uri="s3://bucket-a/m", credentialsSecret="keys")
+    b = _uri_model("b", uri="s3://bucket-b/m", credentialsSecret="keys")
+    ens = _uri_ensemble("a", "b")
+    assert review(ens, None, {"a": a, "b": b}).allowed
+    changed = copy.deepcopy(b)
+    changed["spec"]["source"]["credentialsSecret"] = "keys-b"
+    verdict = review(changed, b, {"ens": ens, "a": a}, ["ens"])
+    assert not verdict.allowed
+    assert "would break ensemble ens: spec.ensemble.steps: " in verdict.message, verdict.message

@@ -153,3 +153,92 @@ def test_run_with_an_unreadable_kubeconfig(tmp_path: Path) -> None:
     config.write_text("current-context: c\n")
     config.chmod(0)
     _one_line_naming(_run("run", "--kubeconfig", str(config)), config, "cannot read")
+
+
+# -- YAML as written: a duplicate key, deep nesting and alias bombs are refused with the line; nothing is coerced
+
+
+MODEL = """apiVersion: serving.triton-operator.dev/v1alpha1
+kind: TritonModel
+metadata:
+  name: m
+spec:
+  backend: python
+  maxBatchSize: 4
+  inputs: [{name: INPUT, dataType: FP32, dims: [4]}]
+  outputs: [{name: OUTPUT, dataType: FP32, dims: [4]}]
+  instanceGroups: [{kind: CPU, count: 1}]
+  source: {inline: {model.py: "# m"}}
+"""
+
+
+def _refused(proc: subprocess.CompletedProcess[str], where: Path | str, *says: str) -> str:
+    """The count line, then one problem line naming the file (or the object); no traceback."""
+    explain = f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, explain
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0] == "error: 1 problem(s) found:", explain
+    assert str(where) in lines[1], explain
+    for s in says:
+        assert s in lines[1], explain
+    return lines[1]
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    """It used to take the last value silently."""
+    f = tmp_path / "twice.yaml"
+    f.write_text(MODEL + "  maxBatchSize: 8\n")
+    _refused(_run("render", str(f)), f, "line 12", "duplicate key 'maxBatchSize' (first at line 7)")
+
+
+def test_nesting_thousands_of_levels_deep_is_refused_with_the_line(tmp_path: Path) -> None:
+    """It used to end in a RecursionError traceback."""
+    f = tmp_path / "deep.yaml"
+    f.write_text(MODEL.replace("  backend: python\n", "  backend: python\n  parameters: {x: " + "[" * 5000 + "]" * 5000 + "}\n"))
+    _refused(_run("render", str(f)), f, "line 7", "nested more than 100 levels deep")
+
+
+@pytest.mark.parametrize(("aliases", "says"), [
+    ("".join(f"      l{i}: &l{i} [{', '.join([f'*l{i - 1}' if i else 'x'] * 10)}]\n" for i in range(8)),
+     "expand it to more than 100000 values"),
+    ("      loop: &loop [x, *loop]\n", "holds itself"),
+])
+def test_aliases_that_expand_past_the_limit_or_into_themselves_are_refused(tmp_path: Path, aliases: str,
+                                                                           says: str) -> None:
+    f = tmp_path / "aliases.yaml"
+    f.write_text(MODEL + "  server:\n    affinity:\n" + aliases)
+    _refused(_run("render", str(f)), f, says)
+
+
+@pytest.mark.parametrize(("written", "path", "got"), [
+    ("maxBatchSize: '8'", "spec.maxBatchSize", "got str '8'"),
+    ("maxBatchSize: true", "spec.maxBatchSize", "got bool True"),
+    ("decoupled: 'true'", "spec.decoupled", "got str 'true'"),
+])
+def test_strings_and_booleans_are_not_taken_for_numbers(tmp_path: Path, written: str, path: str, got: str) -> None:
+    """`"8"` used to be read as 8 and `true` as 1; the API server refuses both."""
+    f = tmp_path / "typed.yaml"
+    key = written.split(":", maxsplit=1)[0]
+    f.write_text("\n".join(ln for ln in MODEL.splitlines() if not ln.startswith(f"  {key}:")) + f"\n  {written}\n")
+    line = _refused(_run("render", str(f)), "TritonModel/m", f"{path}: ", got)
+    assert "Input should be a valid" in line
+
+
+def test_a_date_is_the_string_it_was_written_as(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As the API server reads YAML: no datetime, which no JSON holds."""
+    f = tmp_path / "dated.yaml"
+    f.write_text(MODEL + "  parameters: {since: 2024-01-31}\n")
+    assert main(["render", str(f)]) == 0, capsys.readouterr().err
+    assert 'string_value: "2024-01-31"' in capsys.readouterr().out
+
+
+def test_a_tag_that_makes_no_json_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "tagged.yaml"
+    f.write_text(MODEL + "  parameters: {blob: !!binary aGk=}\n")
+    _refused(_run("render", str(f)), f, "line 12", "makes no JSON value")
+
+
+def test_run_with_a_kubeconfig_key_given_twice(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text("current-context: a\ncurrent-context: b\n")
+    _one_line_naming(_run("run", "--kubeconfig", str(config)), config, "duplicate key 'current-context'", "line 2")

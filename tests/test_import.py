@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import difflib
+import os
 import re
 import subprocess
 import sys
@@ -611,3 +612,135 @@ def test_import_refuses_an_ensemble_mixing_decoupled_streams(tmp_path: Path, cap
     rc, out, err = cli(["import", str(repo)], capsys)
     assert rc == 1 and out == "", err
     assert "TritonModel/pipe: spec.ensemble.steps[1].inputMap: inputs come from different streams" in err, err
+
+
+# ---------------------------------------------------------------- what `import` reads: enums, links, sizes (issue 32)
+
+PLAIN = ('name: "{name}"\nbackend: "python"\nmax_batch_size: 4\ninput {{ name: "a" data_type: TYPE_FP32 dims: 1 }}\n'
+         'output {{ name: "b" data_type: TYPE_FP32 dims: 1 }}\ninstance_group {{ kind: KIND_CPU }}\n')
+
+
+def _plain_repository(root: Path, configs: dict[str, str]) -> Path:
+    for name, text in configs.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(text)
+        (root / name / "1" / "model.py").write_text("# m\n")
+    return root
+
+
+def _console(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CONSOLE_SCRIPT), *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_unknown_or_unset_enums_are_field_errors_not_tracebacks(tmp_path: Path) -> None:
+    """Nine enum fields: each used to end in `KeyError: 0` (unset) or a ValueError (a number no release defines)."""
+    repo = _plain_repository(tmp_path / "repo", {
+        "seq": 'name: "seq"\nbackend: "python"\nmax_batch_size: 4\n'
+               'input { name: "a" dims: 1 format: 9 }\n'                            # unset data_type, unknown format
+               'output { name: "b" dims: 1 data_type: 42 }\n'                       # unknown data_type
+               'instance_group { kind: 7 }\n'                                       # unknown kind
+               'sequence_batching {\n'
+               '  control_input { name: "S" control { kind: 9 } }\n'               # unknown control kind
+               '  control_input { name: "C" control { kind: CONTROL_SEQUENCE_CORRID } }\n'  # unset CORRID data_type
+               '  state { input_name: "si" output_name: "so" dims: 1 }\n'           # unset state data_type
+               '}\n'
+               'model_warmup { name: "w" batch_size: 1 inputs { key: "a" value { dims: 1 zero_data: true } } }\n',
+        "dyn": PLAIN.format(name="dyn") + 'dynamic_batching { default_queue_policy { timeout_action: 5 } }\n',
+    })
+    proc = _console("import", str(repo))
+    explain = f"exit {proc.returncode}\n--- stderr ---\n{proc.stderr}"
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, explain
+    problems = [ln.strip() for ln in proc.stderr.splitlines() if ln.startswith("  TritonModel/")]
+    assert [p.split(": ")[1] for p in problems] == [
+        "spec.batcher.defaultQueuePolicy.timeoutAction",
+        "spec.inputs[0].dataType", "spec.inputs[0].format", "spec.instanceGroups[0].kind",
+        "spec.modelWarmup[0].inputs.a.dataType", "spec.outputs[0].dataType",
+        "spec.sequenceBatcher.controlInputs[0].kind", "spec.sequenceBatcher.controlInputs[1].dataType",
+        "spec.sequenceBatcher.state[0].dataType",
+    ], explain
+    assert "TritonModel/seq: spec.outputs[0].dataType: 42 is no DataType" in proc.stderr, explain
+    assert "TritonModel/seq: spec.inputs[0].dataType: unset (TYPE_INVALID)" in proc.stderr, explain
+    assert not proc.stdout, "nothing is written when a problem is found"
+
+
+@pytest.mark.parametrize("link", ["version file", "model directory", "version directory", "warm-up file", "model file"])
+def test_a_link_out_of_the_repository_is_refused_and_nothing_it_names_is_copied(tmp_path: Path, link: str) -> None:
+    """It used to follow a link anywhere and copy the file it named into the manifest."""
+    outside = tmp_path / "outside"
+    (outside / "1").mkdir(parents=True)
+    (outside / "secret.txt").write_text("AWS_SECRET_ACCESS_KEY=hunter2\n")
+    (outside / "config.pbtxt").write_text(PLAIN.format(name="m"))
+    (outside / "1" / "model.py").write_text("# AWS_SECRET_ACCESS_KEY=hunter2\n")
+    repo = _plain_repository(tmp_path / "repo", {"m": PLAIN.format(name="m")})
+    model = repo / "m"
+    if link == "version file":
+        (at := model / "1" / "notes.txt").symlink_to(outside / "secret.txt")
+    elif link == "model directory":
+        (at := repo / "other").symlink_to(outside, target_is_directory=True)
+    elif link == "version directory":
+        (at := model / "2").symlink_to(outside / "1", target_is_directory=True)
+    elif link == "warm-up file":
+        (model / "warmup").mkdir()
+        (at := model / "warmup" / "a.bin").symlink_to(outside / "secret.txt")
+    else:
+        (at := model / "labels.txt").symlink_to(outside / "secret.txt")
+    proc = _console("import", str(repo))
+    explain = f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, explain
+    assert "hunter2" not in proc.stdout + proc.stderr, explain
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {at}: a symbolic link out of the model repository (to {(outside / 'secret.txt').resolve()})"
+        if link in ("version file", "warm-up file", "model file") else
+        f"error: {at}: a symbolic link out of the model repository (to {at.resolve()})"
+    ) + f": import copies the files it reads into the manifest, and reads none from outside {repo}", explain
+
+
+def test_a_link_inside_the_repository_is_followed(tmp_path: Path) -> None:
+    repo = _plain_repository(tmp_path / "repo", {"m": PLAIN.format(name="m")})
+    (repo / "m" / "labels.txt").write_text("cat\ndog\n")
+    (repo / "m" / "1" / "labels.txt").symlink_to(repo / "m" / "labels.txt")
+    proc = _console("import", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    [doc] = yaml.safe_load_all(proc.stdout)
+    assert doc["spec"]["source"]["inline"]["labels.txt"] == "cat\ndog\n"
+
+
+def test_a_large_file_is_not_read_and_is_left_for_a_uri(tmp_path: Path) -> None:
+    """1.5 GiB took 3.1 GiB of memory: every file was read whole. A file too large to inline is not read at all."""
+    repo = _plain_repository(tmp_path / "repo", {"m": PLAIN.format(name="m")})
+    with (repo / "m" / "1" / "weights.bin").open("wb") as f:
+        f.truncate(300 << 20)  # sparse: no disk
+    proc = _console("import", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    [doc] = yaml.safe_load_all(proc.stdout)
+    assert doc["spec"]["source"] == {"uri": "pvc://CHANGE-ME/m"}
+    assert "weights.bin: too large to inline" in proc.stderr
+
+
+def test_a_large_file_costs_no_memory(tmp_path: Path) -> None:
+    repo = _plain_repository(tmp_path / "repo", {"m": PLAIN.format(name="m")})
+    with (repo / "m" / "1" / "weights.bin").open("wb") as f:
+        f.truncate(300 << 20)
+    proc = subprocess.Popen([str(CONSOLE_SCRIPT), "import", str(repo)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    peak = usage.ru_maxrss / 1024  # KiB on Linux
+    assert peak < 150, f"import of a repository with a 300 MiB file peaked at {peak:.0f} MiB: it read the file"
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_config_too_large_for_a_configmap_is_refused_unread(tmp_path: Path) -> None:
+    repo = _plain_repository(tmp_path / "repo", {"m": PLAIN.format(name="m")})
+    with (repo / "m" / "config.pbtxt").open("ab") as f:
+        f.truncate(2 << 20)
+    proc = _console("import", str(repo))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (f"error: {repo / 'm' / 'config.pbtxt'}: over 1048576 bytes, more than a model's "
+                                   "config can be (the repository ConfigMap holds 1 MiB)")
+
+
+def test_a_name_that_starts_with_a_digit_becomes_a_valid_tritonmodel_name() -> None:
+    from triton_operator.importer import k8s_name
+
+    assert k8s_name("3d_resnet") == "model-3d-resnet"
+    assert k8s_name("ResNet.v2") == "resnet-v2"

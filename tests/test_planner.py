@@ -247,6 +247,43 @@ def test_an_invalid_spec_is_degraded_and_writes_no_child() -> None:
     assert "spec.batcher.preferredBatchSize" in decided.problem.message
 
 
+@pytest.mark.parametrize(("field", "value", "path"), [
+    ("batcher", {"defaultQueuePolicy": {"maxQueueSize": 2**32}}, "spec.batcher.defaultQueuePolicy.maxQueueSize"),
+    ("sequenceBatcher", {"oldest": {"maxCandidateSequences": 2**31}}, "spec.sequenceBatcher.oldest.maxCandidateSequences"),
+])
+def test_a_number_beyond_tritons_proto_is_degraded_naming_the_field_not_a_failed_reconcile(
+        field: str, value: dict[str, Any], path: str) -> None:
+    """The review's finding: these passed the CRD and the webhook, then every reconcile raised `ValueError: Value
+    out of range` and the status said nothing."""
+    decided = plan(_world(_body(maxBatchSize=4, **{field: value})))
+    assert not decided.apply and decided.problem is not None and decided.problem.reason == "InvalidSpec"
+    assert path in decided.problem.message, decided.problem.message
+    conds = {c.type: c for c in decided.status.conditions or ()}  # type: ignore[union-attr]
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == ("True", "InvalidSpec")
+
+
+@pytest.mark.parametrize("where", ["render_repository", "render_children"])
+def test_a_render_that_fails_is_degraded_render_failed_with_the_message_and_planned_again_writes_nothing(
+        where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec the checks pass but the renderer cannot render (a defect of the operator's) is said on the status, not
+    raised: a raised error would be retried with back-off forever, with nothing on the TritonModel."""
+    from triton_operator.plan import planner
+
+    def out_of_range(*_: Any, **__: Any) -> Any:
+        raise ValueError("Value out of range: 4294967296")
+
+    monkeypatch.setattr(planner, where, out_of_range)
+    world = _world(_body())
+    decided = plan(world)
+    assert not decided.apply and decided.problem is not None and decided.problem.reason == "RenderFailed"
+    conds = {c.type: c for c in decided.status.conditions or ()}  # type: ignore[union-attr]
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == ("True", "RenderFailed")
+    assert "ValueError: Value out of range: 4294967296" in conds["Degraded"].message
+    assert ("Degraded", "Warning") in {(e.condition, e.type) for e in decided.events}
+    # The status written, the next reconcile of the same spec has nothing to do: no hot retry.
+    assert plan(carried_out(world, decided)).writes_nothing
+
+
 def test_a_persistent_api_error_is_degraded_api_error_naming_the_verb_and_the_kind() -> None:
     world = _world(_body())
     refused = ApiFailure("apply", "Deployment", "team-a/m", 403, "Forbidden", 'deployments.apps "m" is forbidden')

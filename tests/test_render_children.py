@@ -189,3 +189,103 @@ def test_warmup_files_become_binary_configmap_data() -> None:
     )
     cm = _children(m)["ConfigMap"]
     assert list(cm["binaryData"].values()) == [base64.b64encode(b"\xff" * 16).decode()]
+
+
+# ---------------------------------------------------------------- volume names, credentials in one replica
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+def _pod(model: TritonModel, *others: TritonModel) -> dict:
+    return _children(model, list(others))["Deployment"]["spec"]["template"]["spec"]
+
+
+def test_volume_names_are_dns_labels_for_claims_and_secrets_named_with_dots_or_at_length() -> None:
+    """A claim or Secret may be named as a DNS subdomain (dots, up to 253); a volume only as a DNS label (63)."""
+    import re
+
+    long_a, long_b = "c" * 70 + "-a", "c" * 70 + "-b"  # the same first 63 characters
+    m = _model(versions=[{"version": 1, "source": {"uri": "pvc://models.team-a/m"}},
+                         {"version": 2, "source": {"uri": f"pvc://{long_a}/m"}},
+                         {"version": 3, "source": {"uri": f"pvc://{long_b}/m"}}],
+               source=None, modelFiles={"uri": "gs://bucket/labels", "credentialsSecret": "gcs.key"})
+    pod = _pod(m)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert len(volumes) == len(pod["volumes"]), f"two volumes share a name: {[v['name'] for v in pod['volumes']]}"
+    bad = [n for n in volumes if len(n) > 63 or not re.fullmatch(_DNS_LABEL, n)]
+    assert not bad, f"volume names the API server refuses: {bad}"
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in volumes.values() if "persistentVolumeClaim" in v}
+    assert claims == {"models.team-a", long_a, long_b}
+    assert {v["secret"]["secretName"] for v in volumes.values() if "secret" in v} == {"gcs.key"}
+    (fetch,) = pod["initContainers"]
+    assert {mount["name"] for mount in fetch["volumeMounts"]} <= set(volumes)
+    assert {mount["mountPath"] for mount in fetch["volumeMounts"] if mount["name"].startswith("pvc-")} == {
+        "/sources/pvc/models.team-a", f"/sources/pvc/{long_a}", f"/sources/pvc/{long_b}"}
+
+
+def test_a_name_that_makes_a_volume_name_keeps_it() -> None:
+    """No rollout on upgrade for the names that always worked."""
+    pod = _pod(_model(source={"uri": "pvc://models/m"}, modelFiles={"uri": "gs://b/l", "credentialsSecret": "gcs-key"}))
+    assert {"pvc-models", "gcs-gcs-key"} <= {v["name"] for v in pod["volumes"]}
+
+
+def _uri_model(name: str, **source: str) -> dict:
+    return {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "metadata": {"name": name},
+            "spec": {"backend": "python", "maxBatchSize": 4, "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
+                     "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
+                     "instanceGroups": [{"kind": "CPU", "count": 1}], "source": dict(source)}}
+
+
+def _uri_ensemble(*steps: str) -> dict:
+    chain = []
+    for i, step in enumerate(steps):
+        chain.append({"model": step, "inputMap": {"IN": "x" if i == 0 else f"t{i}"},
+                      "outputMap": {"OUT": "y" if i == len(steps) - 1 else f"t{i + 1}"}})
+    return {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "metadata": {"name": "ens"},
+            "spec": {"platform": "ensemble", "maxBatchSize": 4,
+                     "inputs": [{"name": "x", "dataType": "FP32", "dims": [4]}],
+                     "outputs": [{"name": "y", "dataType": "FP32", "dims": [4]}], "ensemble": {"steps": chain}}}
+
+
+def _check(*bodies: dict) -> list[tuple[str, str, str]]:
+    from triton_operator.validate import Document
+
+    loaded = check_documents([Document(f"d#{i}", b) for i, b in enumerate(bodies)])
+    return [(e.model, e.path, e.rule) for e in loaded.errors]
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_an_ensembles_steps_with_two_secrets_of_one_scheme_are_refused_on_the_ensemble(scheme: str) -> None:
+    """Two S3 Secrets: the last one's AWS_* variables won, so bucket A was fetched with Secret B's keys. Two GCS
+    Secrets: two volumes at /var/run/secrets/gcs, a pod the API server refuses."""
+    a = _uri_model("a", uri=f"{scheme}://bucket-a/m", credentialsSecret="keys-a")
+    b = _uri_model("b", uri=f"{scheme}://bucket-b/m", credentialsSecret="keys-b")
+    errors = _check(a, b, _uri_ensemble("a", "b"))
+    assert errors == [("TritonModel/ens", "spec.ensemble.steps", "credentials-secret")], errors
+    # Each step alone is fine: its own replicas fetch one source.
+    assert _check(a, b) == []
+
+
+def test_a_secret_and_ambient_credentials_of_one_scheme_in_one_replica_are_refused_naming_both() -> None:
+    body = _uri_model("m", uri="s3://bucket-a/m", credentialsSecret="keys-a")
+    body["spec"]["modelFiles"] = {"uri": "s3://public/labels"}
+    from triton_operator.validate import Document
+
+    [error] = check_documents([Document("d#0", body)]).errors
+    assert (error.path, error.rule) == ("spec.modelFiles.credentialsSecret", "credentials-secret")
+    assert "spec.source names Secret 'keys-a'" in error.message and "ambient" in error.message, error.message
+
+
+def test_one_secret_per_scheme_is_accepted_and_renders_one_set_of_variables_and_one_key_mount() -> None:
+    a = _uri_model("a", uri="s3://bucket-a/m", credentialsSecret="keys")
+    b = _uri_model("b", uri="s3://bucket-b/m", credentialsSecret="keys")
+    c = _uri_model("c", uri="gs://bucket-c/m", credentialsSecret="gcs-key")
+    ens = _uri_ensemble("a", "b", "c")
+    assert _check(a, b, c, ens) == []
+    models = [TritonModel.model_validate(x) for x in (ens, a, b, c)]
+    pod = _pod(*models)
+    (fetch,) = pod["initContainers"]
+    names = [e["name"] for e in fetch["env"]]
+    assert len(names) == len(set(names)), f"a variable set twice in the fetch step: {names}"
+    paths = [mount["mountPath"] for mount in fetch["volumeMounts"]]
+    assert len(paths) == len(set(paths)), f"two volumes at one mount path: {paths}"

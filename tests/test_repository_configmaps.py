@@ -54,7 +54,7 @@ def test_a_change_of_files_or_config_gets_a_new_configmap_and_the_same_content_t
 
 def test_two_models_with_the_same_files_never_share_a_configmap() -> None:
     """Each model owns (and may delete) its own: the name is also in the hash, not only in the prefix."""
-    long = "a" * 240
+    long = "a" * 62  # the longest names a TritonModel may have (a Service's), alike but for the last character
     one, two = _kids(_model(f"{long}x"))["ConfigMap"], _kids(_model(f"{long}y"))["ConfigMap"]
     assert one["metadata"]["name"] != two["metadata"]["name"]
     for cm in (one, two):

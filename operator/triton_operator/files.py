@@ -13,6 +13,7 @@ import yaml
 
 from .render.modelconfig import RenderedModel
 from .validate import Document
+from .validate.yaml_input import load_all
 
 
 class InputError(Exception):
@@ -25,6 +26,11 @@ def read_text(path: Path) -> str:
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return decode(path, data)
+
+
+def decode(path: Path, data: bytes) -> str:
+    """`data`, read from `path`, as UTF-8 text, or an InputError saying in one line why not."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -51,7 +57,7 @@ def load_paths(paths: Iterable[str | Path]) -> list[Document]:
         for f in _yaml_files(Path(p)):
             text = read_text(f)
             try:
-                items = list(yaml.safe_load_all(text))
+                items = load_all(text)
             except yaml.YAMLError as exc:
                 docs.append(Document(f"{f}", exc))
                 continue

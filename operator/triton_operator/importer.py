@@ -18,13 +18,16 @@ from google.protobuf import text_format
 from .api import protos
 from .api.v1alpha1 import API_VERSION, BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, KIND
 from .render.modelconfig import WIRE_NAME
+from .validate.errors import field_path
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2 as pb
 else:  # tritonclient's generated ModelConfig schema, without tritonclient's client (`api.protos`)
     pb = protos.generated("model_config_pb2")
 
-_KIND_NAME = {v: k for k, v in pb.ModelInstanceGroup.Kind.items()}
+_KIND_NAME = {v: k.removeprefix("KIND_") for k, v in pb.ModelInstanceGroup.Kind.items()}
+_FORMAT_NAME = {v: k for k, v in pb.ModelInput.Format.items()}
+_TIMEOUT_ACTION_NAME = {v: k for k, v in pb.ModelQueuePolicy.TimeoutAction.items()}
 _CONTROL_NAME = {
     pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: "START",
     pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: "END",
@@ -84,8 +87,11 @@ class Imported:
 
 
 def k8s_name(triton_name: str) -> str:
-    """A DNS label for a Triton model name: lowercase, '_' and '.' -> '-'."""
+    """A TritonModel name (`api.v1alpha1.MODEL_NAME_PATTERN`) for a Triton model name: lowercase, '_' and '.' ->
+    '-', and `model-` before one that starts with a digit (a Service's name starts with a letter)."""
     name = re.sub(r"[^a-z0-9-]", "-", triton_name.lower()).strip("-")
+    if name[:1].isdigit():
+        name = f"model-{name}"
     return (name or "model")[:63].rstrip("-")
 
 
@@ -93,8 +99,29 @@ def parse_config(text: str) -> pb.ModelConfig:
     return text_format.Parse(text, pb.ModelConfig())
 
 
-def _tensor(t: Any, is_input: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": t.name, "dataType": WIRE_NAME[t.data_type], "dims": list(t.dims)}
+def _enum(value: int, names: Mapping[int, str], enum: Any, where: str, out: dict[str, Any], key: str,
+          problems: list[ImportProblem]) -> None:
+    """`out[key]` = the manifest's name for the proto enum `value`, or a problem at `where` when it has none: a
+    config may hold an enum number proto3 keeps but no release of Triton defines, or leave a data type unset."""
+    name = names.get(value)
+    if name is not None:
+        out[key] = name
+        return
+    known = {v: k for k, v in enum.items()}
+    choices = ", ".join(dict.fromkeys(names.values()))
+    if value not in known:
+        said = f"{value} is no {enum.DESCRIPTOR.name} that Triton's model_config.proto defines"
+    elif value == 0:
+        said = f"unset ({known[value]}), which Triton refuses too"
+    else:
+        said = f"{known[value]} is not one a TritonModel can have"
+    problems.append(ImportProblem(where, f"{said}: give one of {choices}"))
+
+
+def _tensor(t: Any, is_input: bool, where: str, problems: list[ImportProblem]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": t.name}
+    _enum(t.data_type, WIRE_NAME, pb.DataType, f"{where}.dataType", out, "dataType", problems)
+    out["dims"] = list(t.dims)
     if is_input and t.optional:
         out["optional"] = True
     if is_input and t.allow_ragged_batch:
@@ -102,22 +129,21 @@ def _tensor(t: Any, is_input: bool) -> dict[str, Any]:
     if t.HasField("reshape"):
         out["reshape"] = list(t.reshape.shape)
     if is_input and t.format != pb.ModelInput.FORMAT_NONE:
-        out["format"] = pb.ModelInput.Format.Name(t.format)
+        _enum(t.format, _FORMAT_NAME, pb.ModelInput.Format, f"{where}.format", out, "format", problems)
     if not is_input and t.label_filename:
         out["labelFilename"] = t.label_filename
     return out
 
 
-def _policy(p: pb.ModelQueuePolicy) -> dict[str, Any]:
-    return {
-        "timeoutAction": pb.ModelQueuePolicy.TimeoutAction.Name(p.timeout_action),
-        "defaultTimeoutMicroseconds": p.default_timeout_microseconds,
-        "allowTimeoutOverride": p.allow_timeout_override,
-        "maxQueueSize": p.max_queue_size,
-    }
+def _policy(p: pb.ModelQueuePolicy, where: str, problems: list[ImportProblem]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    _enum(p.timeout_action, _TIMEOUT_ACTION_NAME, pb.ModelQueuePolicy.TimeoutAction, f"{where}.timeoutAction", out,
+          "timeoutAction", problems)
+    return {**out, "defaultTimeoutMicroseconds": p.default_timeout_microseconds,
+            "allowTimeoutOverride": p.allow_timeout_override, "maxQueueSize": p.max_queue_size}
 
 
-def _batcher(db: pb.ModelDynamicBatching) -> dict[str, Any]:
+def _batcher(db: pb.ModelDynamicBatching, problems: list[ImportProblem]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "maxQueueDelayMicroseconds": db.max_queue_delay_microseconds,
         "preserveOrdering": db.preserve_ordering,
@@ -127,13 +153,14 @@ def _batcher(db: pb.ModelDynamicBatching) -> dict[str, Any]:
     if db.preferred_batch_size:
         out["preferredBatchSize"] = list(db.preferred_batch_size)
     if db.HasField("default_queue_policy"):
-        out["defaultQueuePolicy"] = _policy(db.default_queue_policy)
+        out["defaultQueuePolicy"] = _policy(db.default_queue_policy, "spec.batcher.defaultQueuePolicy", problems)
     if db.priority_queue_policy:
-        out["priorityQueuePolicy"] = {str(k): _policy(v) for k, v in sorted(db.priority_queue_policy.items())}
+        out["priorityQueuePolicy"] = {str(k): _policy(v, f"spec.batcher.priorityQueuePolicy[{k}]", problems)
+                                      for k, v in sorted(db.priority_queue_policy.items())}
     return out
 
 
-def _sequence(sb: pb.ModelSequenceBatching, warnings: list[str]) -> dict[str, Any]:
+def _sequence(sb: pb.ModelSequenceBatching, warnings: list[str], problems: list[ImportProblem]) -> dict[str, Any]:
     out: dict[str, Any] = {"maxSequenceIdleMicroseconds": sb.max_sequence_idle_microseconds or 1_000_000}
     if sb.HasField("oldest"):
         o = sb.oldest
@@ -149,12 +176,14 @@ def _sequence(sb: pb.ModelSequenceBatching, warnings: list[str]) -> dict[str, An
             "maxQueueDelayMicroseconds": sb.direct.max_queue_delay_microseconds,
             "minimumSlotUtilization": sb.direct.minimum_slot_utilization,
         }
-    controls = []
+    controls: list[dict[str, Any]] = []
     for ci in sb.control_input:
         for c in ci.control:
-            entry: dict[str, Any] = {"name": ci.name, "kind": _CONTROL_NAME[c.kind]}
+            where = f"spec.sequenceBatcher.controlInputs[{len(controls)}]"
+            entry: dict[str, Any] = {"name": ci.name}
+            _enum(c.kind, _CONTROL_NAME, pb.ModelSequenceBatching.Control.Kind, f"{where}.kind", entry, "kind", problems)
             if c.kind == pb.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
-                entry["dataType"] = WIRE_NAME[c.data_type]
+                _enum(c.data_type, WIRE_NAME, pb.DataType, f"{where}.dataType", entry, "dataType", problems)
             elif c.fp32_false_true:
                 entry["dataType"], entry["falseTrue"] = "FP32", list(c.fp32_false_true)
             elif c.bool_false_true:
@@ -164,14 +193,12 @@ def _sequence(sb: pb.ModelSequenceBatching, warnings: list[str]) -> dict[str, An
             controls.append(entry)
     if controls:
         out["controlInputs"] = controls
-    states = []
+    states: list[dict[str, Any]] = []
     for st in sb.state:
-        s: dict[str, Any] = {
-            "inputName": st.input_name,
-            "outputName": st.output_name,
-            "dataType": WIRE_NAME[st.data_type],
-            "dims": list(st.dims),
-        }
+        s: dict[str, Any] = {"inputName": st.input_name, "outputName": st.output_name}
+        _enum(st.data_type, WIRE_NAME, pb.DataType, f"spec.sequenceBatcher.state[{len(states)}].dataType", s, "dataType",
+              problems)
+        s["dims"] = list(st.dims)
         if any(i.zero_data for i in st.initial_state):
             s["zeroInitialState"] = True
         if any(i.HasField("data_file") for i in st.initial_state):
@@ -182,10 +209,13 @@ def _sequence(sb: pb.ModelSequenceBatching, warnings: list[str]) -> dict[str, An
     return out
 
 
-def _warmup(w: pb.ModelWarmup) -> dict[str, Any]:
+def _warmup(w: pb.ModelWarmup, where: str, problems: list[ImportProblem]) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     for name, wi in sorted(w.inputs.items()):
-        entry: dict[str, Any] = {"dataType": WIRE_NAME[wi.data_type], "dims": list(wi.dims)}
+        entry: dict[str, Any] = {}
+        _enum(wi.data_type, WIRE_NAME, pb.DataType, field_path(("inputs", name, "dataType"), where), entry, "dataType",
+              problems)
+        entry["dims"] = list(wi.dims)
         which = wi.WhichOneof("input_data_type")
         if which == "random_data":
             entry["randomData"] = True
@@ -209,19 +239,33 @@ def _version_policy(vp: pb.ModelVersionPolicy) -> dict[str, Any] | None:
     return None
 
 
+#: A file's content as the CLI read it: None for one too large to inline, which it did not read (`cli.main`).
+FileContent = bytes | None
+
+
+def _text(files: Mapping[str, FileContent]) -> tuple[dict[str, str], list[str]]:
+    """The files that are UTF-8 text (and were read), and the names of the others: binary or too large."""
+    inline: dict[str, str] = {}
+    other = []
+    for fname, data in sorted(files.items()):
+        try:
+            text = None if data is None else data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None:
+            other.append(fname if data is not None else f"{fname}: too large to inline")
+        else:
+            inline[fname] = text
+    return inline, other
+
+
 def _source(
-    cfg: pb.ModelConfig, files: Mapping[str, bytes], uri: str | None, warnings: list[str], where: str = "spec.source",
-    placeholder: str = "",
+    cfg: pb.ModelConfig, files: Mapping[str, FileContent], uri: str | None, warnings: list[str],
+    where: str = "spec.source", placeholder: str = "",
 ) -> dict[str, Any]:
     """A Source for one version directory's files: inline when they are flat text, else a uri to fill in."""
     source: dict[str, Any] = {}
-    inline: dict[str, str] = {}
-    binary = []
-    for fname, data in sorted(files.items()):
-        try:
-            inline[fname] = data.decode("utf-8")
-        except UnicodeDecodeError:
-            binary.append(fname)
+    inline, binary = _text(files)
     if uri or binary or "/" in "".join(inline):
         source["uri"] = uri or placeholder or f"pvc://CHANGE-ME/{cfg.name}"
         warnings.append(
@@ -233,20 +277,12 @@ def _source(
     return source
 
 
-def _model_files(cfg: pb.ModelConfig, files: Mapping[str, bytes], warnings: list[str]) -> dict[str, Any]:
+def _model_files(cfg: pb.ModelConfig, files: Mapping[str, FileContent], warnings: list[str]) -> dict[str, Any]:
     """spec.modelFiles for the model directory's own files: inline when they are flat text, else a uri to fill in."""
-    inline: dict[str, str] = {}
-    binary = []
     hidden = sorted(f for f in files if any(part.startswith(".") for part in f.split("/")))
     if hidden:
         warnings.append(f"{cfg.name}: hidden files in the model directory were not imported: {', '.join(hidden)}")
-    for fname, data in sorted(files.items()):
-        if fname in hidden:
-            continue
-        try:
-            inline[fname] = data.decode("utf-8")
-        except UnicodeDecodeError:
-            binary.append(fname)
+    inline, binary = _text({f: data for f, data in files.items() if f not in hidden})
     if not binary and "/" not in "".join(inline):
         return {"inline": inline} if inline else {}
     uri = f"pvc://CHANGE-ME/{cfg.name}/model-files"
@@ -258,7 +294,7 @@ def _model_files(cfg: pb.ModelConfig, files: Mapping[str, bytes], warnings: list
 
 
 def _strategy_library(
-    cfg: pb.ModelConfig, path: str, source_files: Mapping[str, bytes] | None, problems: list[ImportProblem]
+    cfg: pb.ModelConfig, path: str, source_files: Mapping[str, FileContent] | None, problems: list[ImportProblem]
 ) -> dict[str, str] | None:
     """spec.batcher.strategyLibrary for a TRITON_BATCH_STRATEGY_PATH: `file` when the path ends in
     `<model>/1/<file>` and that file is one of `source_files`, version 1's files that become spec.source (whatever
@@ -280,13 +316,13 @@ def _strategy_library(
 
 def import_config(
     cfg: pb.ModelConfig,
-    files: Mapping[str, bytes] | None = None,
-    warmup_files: Mapping[str, bytes] | None = None,
+    files: Mapping[str, FileContent] | None = None,
+    warmup_files: Mapping[str, FileContent] | None = None,
     k8s_names: Mapping[str, str] | None = None,
     uri: str | None = None,
     versions: Mapping[str, Sequence[int]] | None = None,
-    version_files: Mapping[int, Mapping[str, bytes]] | None = None,
-    model_files: Mapping[str, bytes] | None = None,
+    version_files: Mapping[int, Mapping[str, FileContent]] | None = None,
+    model_files: Mapping[str, FileContent] | None = None,
 ) -> Imported:
     """A TritonModel manifest for `cfg`. `files` are the version directory's files (inlined when text).
 
@@ -313,14 +349,14 @@ def import_config(
     else:
         spec["maxBatchSize"] = cfg.max_batch_size
     if cfg.input:
-        spec["inputs"] = [_tensor(t, True) for t in cfg.input]
+        spec["inputs"] = [_tensor(t, True, f"spec.inputs[{i}]", problems) for i, t in enumerate(cfg.input)]
     if cfg.output:
-        spec["outputs"] = [_tensor(t, False) for t in cfg.output]
+        spec["outputs"] = [_tensor(t, False, f"spec.outputs[{i}]", problems) for i, t in enumerate(cfg.output)]
     which = cfg.WhichOneof("scheduling_choice")
     if which == "dynamic_batching":
-        spec["batcher"] = _batcher(cfg.dynamic_batching)
+        spec["batcher"] = _batcher(cfg.dynamic_batching, problems)
     elif which == "sequence_batching":
-        spec["sequenceBatcher"] = _sequence(cfg.sequence_batching, warnings)
+        spec["sequenceBatcher"] = _sequence(cfg.sequence_batching, warnings, problems)
     elif which == "ensemble_scheduling":
         spec["ensemble"] = {
             "steps": [
@@ -335,9 +371,12 @@ def import_config(
             ]
         }
     if cfg.instance_group:
-        groups = []
+        groups: list[dict[str, Any]] = []
         for g in cfg.instance_group:
-            entry: dict[str, Any] = {"kind": _KIND_NAME[g.kind].removeprefix("KIND_"), "count": g.count or 1}
+            entry: dict[str, Any] = {}
+            _enum(g.kind, _KIND_NAME, pb.ModelInstanceGroup.Kind, f"spec.instanceGroups[{len(groups)}].kind", entry, "kind",
+                  problems)
+            entry["count"] = g.count or 1
             if g.gpus:
                 entry["gpus"] = list(g.gpus)
             groups.append(entry)
@@ -359,7 +398,7 @@ def import_config(
     if params:
         spec["parameters"] = params
     if cfg.model_warmup:
-        spec["modelWarmup"] = [_warmup(w) for w in cfg.model_warmup]
+        spec["modelWarmup"] = [_warmup(w, f"spec.modelWarmup[{i}]", problems) for i, w in enumerate(cfg.model_warmup)]
     if cfg.model_transaction_policy.decoupled:
         spec["decoupled"] = True
     if cfg.response_cache.enable:
@@ -373,7 +412,13 @@ def import_config(
             spec["modelFiles"] = own
     if cfg.platform != "ensemble":
         by_version = dict(sorted(version_files.items())) if version_files else {1: files or {}}
-        warm = {k: base64.b64encode(v).decode() for k, v in sorted((warmup_files or {}).items())}
+        warm = {k: base64.b64encode(v).decode() for k, v in sorted((warmup_files or {}).items()) if v is not None}
+        for k, v in sorted((warmup_files or {}).items()):
+            if v is None:  # warm-up data travels in the repository ConfigMap, which holds 1 MiB
+                where = "spec.source" if list(by_version) == [1] else "spec.versions[0].source"
+                problems.append(ImportProblem(field_path(("warmupFiles", k), where), f"warmup/{k} is too large to "
+                                              "carry inline (the repository ConfigMap holds 1 MiB in all); use a "
+                                              "smaller sample, or randomData or zeroData in modelWarmup"))
         if list(by_version) == [1]:
             source = _source(cfg, by_version[1], uri, warnings)
             if warm:

@@ -104,17 +104,20 @@ def openapi_schema() -> dict[str, Any]:
             "config and finished warm-up."
         ),
         "required": ["spec"],
+        # metadata.name twice: its schema (the one restriction of metadata a CRD may have) names the field and the
+        # pattern when it refuses, the rule says why.
         "x-kubernetes-validations": [
             {
-                "rule": "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",
-                "message": "metadata.name must be a DNS label (lowercase letters, digits and '-', at most 63): "
-                "it names the Deployment, Service and pods",
+                "rule": f"self.metadata.name.matches('{api.MODEL_NAME_PATTERN}') && "
+                f"size(self.metadata.name) <= {api.MAX_MODEL_NAME}",
+                "message": f"metadata.name {api.MODEL_NAME_RULE}",
             }
         ],
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object."},
             "kind": {"type": "string", "description": "Kind of this object."},
-            "metadata": {"type": "object"},
+            "metadata": {"type": "object", "properties": {"name": {
+                "type": "string", "maxLength": api.MAX_MODEL_NAME, "pattern": api.MODEL_NAME_PATTERN}}},
             "spec": spec,
             "status": status,
         },

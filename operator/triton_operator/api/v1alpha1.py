@@ -43,6 +43,18 @@ FileNameStr = Annotated[str, StringConstraints(min_length=1, max_length=128, pat
 K8sNameStr = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_NAME, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 ]
+#: What a TritonModel's name must be: it names the model's Service, a DNS-1035 label (a lowercase letter first,
+#: lowercase letters, digits and `-`, at most 63), and it is the value of the labels its pods are selected by (at
+#: most 63). The CRD checks metadata.name against it at `kubectl apply` (`api.crd`).
+MODEL_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_MODEL_NAME = 63
+MODEL_NAME_RULE = (
+    "must be a DNS-1035 label: a lowercase letter first, then lowercase letters, digits and '-', ending in a letter "
+    "or digit, at most 63 characters (it names the model's Service and labels its pods)"
+)
+ModelObjectNameStr = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_MODEL_NAME, pattern=MODEL_NAME_PATTERN)
+]
 QuantityStr = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 #: A container resource quantity as Kubernetes writes one: `500m` CPU, `2`, `8Gi`, `1.5G`.
 ResourceQuantityStr = Annotated[str, StringConstraints(
@@ -61,7 +73,15 @@ INLINE_OR_URI = ConfigDict(
         ]
     }
 )
-Dim = Annotated[int, Field(ge=-1, le=2**31 - 1)]
+#: The bounds of the protobuf integer types in Triton's model_config.proto, for the fields rendered into them
+#: (tests/test_bounds.py checks every integer field against the proto field it becomes). A 64-bit field is bounded
+#: by JSON_INT_MAX, the largest integer a float64 holds exactly: the API server keeps a schema's minimum and maximum
+#: as float64, so int64's own top (2**63 - 1) became 2**63 there, which its check of defaults against the maximum
+#: turned into int64's minimum and refused the CRD. 2**53 microseconds is 285 years.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+UINT32_MAX = 2**32 - 1
+JSON_INT_MIN, JSON_INT_MAX = -(2**53 - 1), 2**53 - 1
+Dim = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 
 _UNITS: dict[str, Decimal | int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
           "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
@@ -223,7 +243,7 @@ class ModelVersion(_Model):
 
     version: int = Field(
         ge=1,
-        le=2**31 - 1,
+        le=INT32_MAX,
         description="The version number: the name of its directory in the model repository, and what clients and "
         "ensemble steps ask for.",
     )
@@ -258,11 +278,11 @@ class VersionPolicy(_Model):
     latest: int | None = Field(
         default=None,
         ge=1,
-        le=2**31 - 1,
+        le=INT32_MAX,
         description="Serve the N highest versions (Triton's default is latest 1, the highest version only).",
     )
     all: VersionPolicyAll | None = Field(default=None, description="Serve every version: `all: {}`.")
-    specific: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] | None = Field(
+    specific: list[Annotated[int, Field(ge=1, le=INT32_MAX)]] | None = Field(
         default=None,
         min_length=1,
         max_length=MAX_LIST,
@@ -319,10 +339,10 @@ class QueuePolicy(_Model):
         default="REJECT", description="On timeout, REJECT the request or DELAY it behind others."
     )
     default_timeout_microseconds: int = Field(
-        default=0, ge=0, description="Queue timeout per request; 0 means no timeout."
+        default=0, ge=0, le=JSON_INT_MAX, description="Queue timeout per request; 0 means no timeout."
     )
     allow_timeout_override: bool = Field(default=False, description="Requests may set a shorter timeout.")
-    max_queue_size: int = Field(default=0, ge=0, description="Queue capacity; 0 means unbounded.")
+    max_queue_size: int = Field(default=0, ge=0, le=UINT32_MAX, description="Queue capacity; 0 means unbounded.")
 
 
 #: The `parameters` key through which Triton finds a model's custom batching strategy library.
@@ -369,17 +389,17 @@ class DynamicBatcher(_Model):
     """Triton's dynamic batcher: combines requests into server-side batches."""
 
     max_queue_delay_microseconds: int = Field(
-        default=0, ge=0, description="How long to wait for a preferred batch size before executing."
+        default=0, ge=0, le=JSON_INT_MAX, description="How long to wait for a preferred batch size before executing."
     )
-    preferred_batch_size: list[Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]] | None = Field(
+    preferred_batch_size: list[Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]] | None = Field(
         default=None,
         max_length=MAX_LIST,
         description="Batch sizes to aim for; each must be > 0 and <= maxBatchSize.",
     )
     preserve_ordering: bool = Field(default=False, description="Return responses in request order.")
-    priority_levels: int = Field(default=0, ge=0, le=2**31 - 1, description="Number of priority levels; 0 disables priorities.")
+    priority_levels: int = Field(default=0, ge=0, le=INT32_MAX, description="Number of priority levels; 0 disables priorities.")
     default_priority_level: int = Field(
-        default=0, ge=0, le=2**31 - 1, description="Priority of requests that set none; in [1, priorityLevels]."
+        default=0, ge=0, le=INT32_MAX, description="Priority of requests that set none; in [1, priorityLevels]."
     )
     default_queue_policy: QueuePolicy | None = Field(default=None, description="Queue policy of every level by default.")
     priority_queue_policy: dict[Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")], QueuePolicy] | None = Field(
@@ -418,10 +438,13 @@ class SequenceControlInput(_Model):
             "INT32 or BYTES for CORRID."
         ),
     )
-    false_true: list[float] | None = Field(
+    false_true: list[Annotated[float, Field(ge=INT32_MIN, le=INT32_MAX, allow_inf_nan=False)]] | None = Field(
         default=None,
         max_length=8,
-        description="START/END/READY: the [false, true] values; exactly two entries. Defaults to [0, 1].",
+        description=(
+            "START/END/READY: the [false, true] values; exactly two entries, whole numbers for INT32 (Triton's "
+            "int32_false_true). Defaults to [0, 1]."
+        ),
     )
 
 
@@ -438,7 +461,7 @@ class SequenceState(_Model):
 class SequenceDirect(_Model):
     """Direct strategy: each sequence gets a batch slot for its whole life."""
 
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, description="Wait for more slots to fill.")
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=JSON_INT_MAX, description="Wait for more slots to fill.")
     minimum_slot_utilization: float = Field(
         default=0.0, description="Fraction of slots that must be ready before a batch runs; in [0, 1]."
     )
@@ -447,11 +470,13 @@ class SequenceDirect(_Model):
 class SequenceOldest(_Model):
     """Oldest strategy: the oldest sequences' requests are batched dynamically."""
 
-    max_candidate_sequences: int = Field(default=1, ge=1, description="Sequences considered for each batch.")
-    preferred_batch_size: list[Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]] | None = Field(
+    max_candidate_sequences: int = Field(
+        default=1, ge=1, le=INT32_MAX, description="Sequences considered for each batch.")
+    preferred_batch_size: list[Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]] | None = Field(
         default=None, max_length=MAX_LIST, description="Batch sizes to aim for; each > 0 and <= maxBatchSize."
     )
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, description="Wait for a preferred batch size.")
+    max_queue_delay_microseconds: int = Field(
+        default=0, ge=0, le=JSON_INT_MAX, description="Wait for a preferred batch size.")
     preserve_ordering: bool = Field(default=False, description="Return responses in request order.")
 
 
@@ -469,7 +494,7 @@ class SequenceBatcher(_Model):
     direct: SequenceDirect | None = Field(default=None, description="The direct strategy (the default).")
     oldest: SequenceOldest | None = Field(default=None, description="The oldest-first strategy.")
     max_sequence_idle_microseconds: int = Field(
-        default=1_000_000, ge=1, description="A sequence idle this long is ended and its slot freed."
+        default=1_000_000, ge=1, le=JSON_INT_MAX, description="A sequence idle this long is ended and its slot freed."
     )
     control_inputs: list[SequenceControlInput] | None = Field(
         default=None, max_length=8, description="Control tensors: START, END, READY, CORRID."
@@ -514,7 +539,8 @@ class Warmup(_Model):
     """One warm-up sample Triton runs on every instance before the model turns READY."""
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=128)] = Field(description="Sample name.")
-    batch_size: int = Field(default=1, ge=1, description="Batch size of the sample; <= maxBatchSize, 1 when not batching.")
+    batch_size: int = Field(
+        default=1, ge=1, le=UINT32_MAX, description="Batch size of the sample; <= maxBatchSize, 1 when not batching.")
     count: int = Field(default=1, ge=1, le=1000, description="How many times the sample runs.")
     inputs: dict[TensorNameStr, WarmupInput] = Field(
         max_length=MAX_TENSORS, description="Data for each model input, by input name."
@@ -546,10 +572,11 @@ class InstanceGroup(_Model):
 class EnsembleStep(_Model):
     """One step of an ensemble: a TritonModel in the same namespace and how tensors flow through it."""
 
-    model: K8sNameStr = Field(description="Name of a TritonModel in the same namespace.")
+    model: ModelObjectNameStr = Field(description="Name of a TritonModel in the same namespace.")
     model_version: int = Field(
         default=-1,
         ge=-1,
+        le=JSON_INT_MAX,
         description=(
             "Version of the step model to use: -1 (the latest it serves) or one of the versions it serves under its "
             "versionPolicy (a model with only source has version 1 alone). A version that does not exist, or that "
@@ -578,7 +605,7 @@ class Toleration(_Model):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(default=None, ge=JSON_INT_MIN, le=JSON_INT_MAX)
 
 
 #: A label or annotation key: an optional DNS-subdomain prefix and `/`, then a name (at most 63 characters).
@@ -1230,7 +1257,7 @@ class TritonModelSpec(_Model):
     )
 
     batching: bool = Field(default=True, description="Whether the model accepts batches; false renders max_batch_size: 0.")
-    max_batch_size: int = Field(default=4, ge=0, le=2**31 - 1, description="Largest batch the model accepts.")
+    max_batch_size: int = Field(default=4, ge=0, le=INT32_MAX, description="Largest batch the model accepts.")
     batcher: DynamicBatcher | None = Field(default=None, description="Enables Triton's dynamic batcher.")
     sequence_batcher: SequenceBatcher | None = Field(default=None, description="Enables the sequence batcher.")
 
@@ -1366,7 +1393,7 @@ class TritonModelSpec(_Model):
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
     last_transition_time: str | None = None
     reason: str | None = None
     message: str | None = None
@@ -1388,15 +1415,18 @@ class TritonModelStatus(_Model):
 
     model_config = ConfigDict(frozen=False)
 
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
     conditions: list[Condition] | None = Field(
         default=None,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    replicas: int | None = Field(default=None, description="Replicas that exist.")
-    ready_replicas: int | None = Field(default=None, description="Replicas that are Ready (gate included).")
+    replicas: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Replicas that exist.")
+    ready_replicas: int | None = Field(
+        default=None, ge=0, le=INT32_MAX, description="Replicas that are Ready (gate included).")
     warmed_replicas: int | None = Field(
         default=None,
+        ge=0,
+        le=INT32_MAX,
         description="Replicas at the desired config whose gate is True (without the gate: that are Ready).",
     )
     config_digest: str | None = Field(default=None, description="Digest of the desired model repository.")
@@ -1415,7 +1445,7 @@ class TritonModelStatus(_Model):
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    name: K8sNameStr
+    name: ModelObjectNameStr
     namespace: str | None = None
 
 

@@ -29,6 +29,15 @@ def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _decode(path: Path, data: bytes) -> str:
+    from ..files import InputError, decode
+
+    try:
+        return decode(path, data)
+    except InputError as exc:
+        raise CliError(str(exc)) from exc
+
+
 def _read_text(path: Path) -> str:
     from ..files import InputError, read_text
 
@@ -36,13 +45,6 @@ def _read_text(path: Path) -> str:
         return read_text(path)
     except InputError as exc:
         raise CliError(str(exc)) from exc
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -236,6 +238,55 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The largest file `import` reads: one the manifest can carry inline (a file's text in the repository ConfigMap,
+#: which holds 1 MiB in all). A larger version or model file is left where it is, for a uri; it is not read at all.
+IMPORT_FILE_MAX = 1 << 20
+#: The most `import` reads in all: past it, files are left where they are, as larger ones are.
+IMPORT_TOTAL_MAX = 64 << 20
+
+
+class _Repository:
+    """The model repository `import` reads: only what lies inside it (a symbolic link out of it is refused, not
+    copied into the manifest), and only files small enough to inline."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.real = root, root.resolve()
+        self.budget = IMPORT_TOTAL_MAX
+
+    def inside(self, path: Path) -> Path:
+        """`path`, after checking that it (and any link on the way) stays in the repository."""
+        real = path.resolve()
+        if not real.is_relative_to(self.real):
+            raise CliError(f"{path}: a symbolic link out of the model repository (to {real}): import copies the files "
+                           f"it reads into the manifest, and reads none from outside {self.root}")
+        return path
+
+    def read(self, path: Path, limit: int = IMPORT_FILE_MAX) -> bytes | None:
+        """The bytes of `path`, or None when it holds more than `limit` (or than what is left to read in all)."""
+        self.inside(path)
+        try:
+            with path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > min(limit, self.budget):
+                    return None
+                data = f.read(limit + 1)  # the file may have grown since
+        except OSError as exc:
+            raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        if len(data) > min(limit, self.budget):
+            return None
+        self.budget -= len(data)
+        return data
+
+    def files(self, directory: Path) -> list[Path]:
+        """The files under `directory`, each checked to lie in the repository (no directory link is followed)."""
+        found = []
+        for f in sorted(directory.rglob("*")):
+            self.inside(f)
+            if f.is_file() and "__pycache__" not in f.parts:
+                found.append(f)
+        return found
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     import yaml
 
@@ -246,13 +297,18 @@ def cmd_import(args: argparse.Namespace) -> int:
     if not root.is_dir():
         _err(f"error: {root} is not a directory")
         return 1
-    configs = sorted(p for p in root.iterdir() if (p / "config.pbtxt").is_file())
+    repo = _Repository(root)
+    configs = sorted(repo.inside(p) for p in root.iterdir() if (p / "config.pbtxt").is_file())
     if not configs:
         _err(f"error: no <model>/config.pbtxt under {root}")
         return 1
     parsed = {}
     for d in configs:
-        text = _read_text(d / "config.pbtxt")
+        data = repo.read(d / "config.pbtxt")
+        if data is None:
+            raise CliError(f"{d / 'config.pbtxt'}: over {IMPORT_FILE_MAX} bytes, more than a model's config can be "
+                           "(the repository ConfigMap holds 1 MiB)")
+        text = _decode(d / "config.pbtxt", data)
         try:
             cfg = parse_config(text)
         except Exception as exc:  # noqa: BLE001 - text_format raises several types
@@ -263,7 +319,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         parsed[d] = cfg
     names = {cfg.name: k8s_name(cfg.name) for cfg in parsed.values()}
     version_dirs = {
-        d: sorted((v for v in d.iterdir() if v.is_dir() and v.name.isdigit()), key=lambda v: int(v.name))
+        d: sorted((repo.inside(v) for v in d.iterdir() if v.is_dir() and v.name.isdigit()), key=lambda v: int(v.name))
         for d in parsed
     }
     served = {cfg.name: [int(v.name) for v in version_dirs[d]] for d, cfg in parsed.items()}
@@ -271,21 +327,21 @@ def cmd_import(args: argparse.Namespace) -> int:
     problems: list[FieldError] = []
     for d, cfg in parsed.items():
         # every version directory, each with its own files (a lone 1/ becomes spec.source, as before)
-        by_version = {
-            int(vdir.name): {str(f.relative_to(vdir)): _read_bytes(f) for f in sorted(vdir.rglob("*"))
-                             if f.is_file() and "__pycache__" not in f.parts}
-            for vdir in version_dirs[d]
-        }
+        # (None for a file too large to inline: left where it is, for a uri)
+        by_version = {int(vdir.name): {str(f.relative_to(vdir)): repo.read(f) for f in repo.files(vdir)}
+                      for vdir in version_dirs[d]}
         latest = by_version[max(by_version)] if by_version else {}
-        warm_dir = d / "warmup"
-        warm = {f.name: _read_bytes(f) for f in sorted(warm_dir.iterdir()) if f.is_file()} if warm_dir.is_dir() else {}
+        warm_dir = repo.inside(d / "warmup")
+        warm = {f.name: repo.read(f) for f in sorted(map(repo.inside, warm_dir.iterdir())) if f.is_file()} \
+            if warm_dir.is_dir() else {}
         # the model directory's own files (labels beside config.pbtxt, ...): everything but the config, warmup/
         # and the version directories
-        own = [p for p in d.iterdir() if p.name not in ("config.pbtxt", "warmup") and not (p.is_dir() and p.name.isdigit())]
+        own = [repo.inside(p) for p in d.iterdir()
+               if p.name not in ("config.pbtxt", "warmup") and not (p.is_dir() and p.name.isdigit())]
         model_files = {
-            str(f.relative_to(d)): _read_bytes(f)
-            for p in sorted(own) for f in ([p] if p.is_file() else sorted(p.rglob("*")))
-            if f.is_file() and "__pycache__" not in f.parts
+            str(f.relative_to(d)): repo.read(f)
+            for p in sorted(own) for f in ([p] if p.is_file() else repo.files(p))
+            if "__pycache__" not in f.parts
         }
         res = import_config(cfg, latest, warm, names, versions=served, version_files=by_version or None,
                             model_files=model_files or None)

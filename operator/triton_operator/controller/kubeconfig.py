@@ -60,6 +60,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from ..validate import yaml_input
+
 log = logging.getLogger("triton_operator.kubeconfig")
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -355,7 +357,7 @@ def _read(p: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"kubeconfig {p}: not UTF-8 text (at byte {exc.start})") from exc
     try:
-        return yaml.safe_load(text)
+        return yaml_input.load(text)  # duplicate keys, deep nesting and alias bombs refused with their line
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -226,12 +226,24 @@ def _desired(world: World, model: TritonModel) -> tuple[list[dict[str, Any]], st
     if errors:
         own = [e for e in errors if e.model == f"TritonModel/{name}"]
         return [], None, Problem("InvalidSpec", "; ".join(f"{e.path}: {e.message}" for e in (own or errors))[:2000])
-    rendered = render_repository(closure)
+    try:
+        rendered = render_repository(closure)
+    except Exception as exc:  # noqa: BLE001 - a spec validation let through: say so on the status, retry nothing
+        return [], None, render_failed(exc)
     digest = rendered[name].digest
     try:
         return render_children(model, rendered, world.body["metadata"]["uid"], namespace, world.options), digest, None
     except RepositoryTooLarge as exc:
         return [], digest, Problem("RepositoryTooLarge", str(exc))
+    except Exception as exc:  # noqa: BLE001 - as above
+        return [], digest, render_failed(exc)
+
+
+def render_failed(exc: Exception) -> Problem:
+    """A render that failed on a spec the checks passed: the operator's defect, not the user's. Degraded, reason
+    RenderFailed, with what failed; the same spec fails the same way, so it is not retried until it changes."""
+    return Problem("RenderFailed", f"the operator could not render this spec, which passed its checks "
+                   f"({type(exc).__name__}: {exc}); nothing new is deployed until the spec changes. Please report it"[:2000])
 
 
 def _replicas(body: Mapping[str, Any]) -> int:

@@ -223,6 +223,21 @@ def unused_repositories(
     return sorted(cm["metadata"]["name"] for cm in configmaps if cm["metadata"]["name"] not in keep)
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def volume_name(prefix: str, name: str) -> str:
+    """A pod volume's name (a DNS label: at most 63 of `[-a-z0-9]`) for the claim or Secret `name`: `<prefix>-<name>`
+    when that is one, else what fits of the name with a hash of all of it, `<prefix>-<name, dots as dashes>-<hash>`.
+    A claim or Secret may be named as a DNS subdomain (with dots, up to 253 characters), which no volume may be."""
+    plain = f"{prefix}-{name}"
+    if len(plain) <= 63 and _DNS_LABEL.fullmatch(name):
+        return plain
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    stem = re.sub(r"[^a-z0-9]+", "-", name.lower())[: 63 - len(prefix) - len(digest) - 2].strip("-")
+    return "-".join(p for p in (prefix, stem, digest) if p)
+
+
 def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tuple[list[str], Objects, Objects, Objects]:
     """fetch arguments, extra volumes, mounts and env for the models in the closure whose source is a uri."""
     args: list[str] = []
@@ -248,7 +263,7 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
             args += ["--object-version", f"{key}={src.object_version}"]
         if src.uri.startswith("pvc://"):
             claim = src.uri.removeprefix("pvc://").split("/", 1)[0]
-            vol = f"pvc-{claim}"[:63]
+            vol = volume_name("pvc", claim)
             if not any(v["name"] == vol for v in volumes):
                 volumes.append({"name": vol, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
                 mounts.append({"name": vol, "mountPath": f"/sources/pvc/{claim}", "readOnly": True})
@@ -261,7 +276,7 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
                     if entry not in env:  # (several versions fetched with one Secret)
                         env.append(entry)
             elif src.uri.startswith("gs://"):
-                vol = f"gcs-{secret}"[:63]
+                vol = volume_name("gcs", secret)
                 if not any(v["name"] == vol for v in volumes):
                     volumes.append({"name": vol, "secret": {"secretName": secret}})
                     mounts.append({"name": vol, "mountPath": "/var/run/secrets/gcs", "readOnly": True})

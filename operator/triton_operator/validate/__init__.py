@@ -1,21 +1,26 @@
 """Validation of TritonModels: schema (pydantic) plus semantic rules, pure, collecting every error.
 
-Documents come in as parsed YAML (`load_documents`); reading files is `triton_operator.files`."""
+Documents come in as parsed YAML (`load_documents`, read strictly by `yaml_input`); reading files is
+`triton_operator.files`. A document is checked as the JSON it stands for, strictly: a string or a boolean is not
+taken for a number (`maxBatchSize: "8"`, `count: true`), as the API server takes none. Objects read from the API
+server (the webhook, the planner) are checked with the models' own, lax, validation: the API server has already
+held them to the CRD's types."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from ..api.v1alpha1 import API_VERSION, KIND, TritonModel
 from .errors import FieldError, from_pydantic
 from .rules import RULES, check_models
+from .yaml_input import load_all
 
-__all__ = ["RULES", "Document", "FieldError", "Loaded", "check_documents", "load_documents"]
+__all__ = ["RULES", "Document", "FieldError", "Loaded", "check_documents", "load_documents", "parse_strictly"]
 
 
 def yaml_problem(exc: Exception) -> str:
@@ -41,7 +46,14 @@ class Loaded:
 
 
 def load_documents(text: str, ident: str = "<stdin>") -> list[Document]:
-    return [Document(f"{ident}#{i}", b) for i, b in enumerate(yaml.safe_load_all(text)) if b is not None]
+    """The documents of `text`, read strictly (`yaml_input`); a `yaml.YAMLError` says where the first problem is."""
+    return [Document(f"{ident}#{i}", b) for i, b in enumerate(load_all(text)) if b is not None]
+
+
+def parse_strictly(body: Any) -> TritonModel:
+    """A TritonModel from a document as written: as JSON, in pydantic's strict mode (an enum still takes its
+    value's string, as JSON gives it). Raises ValidationError, or ValueError for a value that makes no JSON."""
+    return TritonModel.model_validate_json(json.dumps(body, allow_nan=True), strict=True)
 
 
 def _is_triton_model(body: Any) -> bool:
@@ -63,9 +75,12 @@ def check_documents(docs: Sequence[Document]) -> Loaded:
             out.errors.append(FieldError(ident, "apiVersion", f"must be {API_VERSION}, got {doc.body.get('apiVersion')!r}"))
             continue
         try:
-            model = TritonModel.model_validate(doc.body)
+            model = parse_strictly(doc.body)
         except ValidationError as exc:
             out.errors.extend(from_pydantic(ident, exc))
+            continue
+        except (TypeError, ValueError) as exc:  # json.dumps: a value that is no JSON (a Python-built document)
+            out.errors.append(FieldError(ident, "(document)", f"not a JSON document: {exc}"))
             continue
         out.models.append((ident, model))
     out.errors.extend(check_models(out.models))

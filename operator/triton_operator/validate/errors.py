@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from ..api.v1alpha1 import MODEL_NAME_RULE
+
 
 @dataclass(frozen=True, order=True)
 class FieldError:
@@ -41,6 +43,10 @@ def field_path(loc: Iterable[object], prefix: str = "") -> str:
     return out
 
 
+#: Pydantic's errors for a value of the wrong JSON type (in strict mode, a string or a boolean for a number).
+_STRICT_TYPES = frozenset({"int_type", "float_type", "bool_type", "string_type"})
+
+
 def from_pydantic(model: str, exc: ValidationError, prefix: str = "") -> list[FieldError]:
     errors = []
     for e in exc.errors(include_url=False):
@@ -50,6 +56,10 @@ def from_pydantic(model: str, exc: ValidationError, prefix: str = "") -> list[Fi
             if not (isinstance(p, str) and (p.startswith(("function-", "constrained-")) or p == "[key]"))
         ]
         msg = e["msg"]
+        if e["type"] in _STRICT_TYPES:  # strict: "8" is no integer; say what was given
+            msg = f"{msg}, got {type(e['input']).__name__} {e['input']!r}"[:300]
+        elif loc == ["metadata", "name"] and e["type"] in ("string_pattern_mismatch", "string_too_long"):
+            msg = f"{MODEL_NAME_RULE}, got {e['input']!r}"
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         elif e["type"] == "missing":

@@ -109,6 +109,10 @@ RULES: dict[str, Rule] = {
              "the operator's own (its labels, its selector, its annotations)"),
         Rule("pod-env", False, "server.env names each variable once and none the operator sets (HOME, the variables a "
              "credentialsSecret sets in the fetch step)"),
+        Rule("credentials-secret", False,
+             "the s3:// sources one replica fetches (a model's, and its ensemble steps') all name one "
+             "credentialsSecret or none does, and so do its gs:// sources: the fetch step has one set of AWS_* "
+             "variables and one GOOGLE_APPLICATION_CREDENTIALS"),
         Rule("version-policy", True,
              "versionPolicy is one of latest, all or specific; specific names versions the model has (Triton refuses "
              "a policy serving none, and only logs one missing among others)"),
@@ -342,6 +346,10 @@ def _check_sequence(spec: TritonModelSpec, err: _Collector) -> None:
                 err("sequence-control", f"{p}.dataType", f"{c.kind} must be INT32, FP32 or BOOL, got {c.data_type}")
             if c.false_true is not None and len(c.false_true) != 2:
                 err("sequence-control", f"{p}.falseTrue", f"must have exactly 2 entries [false, true], got {len(c.false_true)}")
+            fractions = [v for v in c.false_true or () if v != int(v)]
+            if c.data_type == "INT32" and fractions:
+                err("sequence-control", f"{p}.falseTrue", f"an INT32 control takes whole numbers (Triton's "
+                    f"int32_false_true), got {fractions[0]}")
     kinds = [c.kind for c in s.control_inputs or ()]
     for k in sorted(set(kinds)):
         if kinds.count(k) > 1:
@@ -1040,6 +1048,7 @@ def _check_replica(model: TritonModel, models: Mapping[str, TritonModel], ident:
                 f"{key}={n} is over /dev/shm's {shm} bytes (spec.server.shmSize {server.effective_shm_size}"
                 f"{'' if server.shm_size else ', the default'}): every region growth would fail; raise shmSize or "
                 "lower the setting")
+    _check_credentials(model, closure, err)
     secret_vars = {var for m in closure for src in [*m.spec.version_sources.values(), m.spec.model_files]
                    if src is not None and src.credentials_secret and src.uri
                    for scheme, names in CREDENTIAL_ENV.items() if src.uri.startswith(scheme) for var in names}
@@ -1049,6 +1058,52 @@ def _check_replica(model: TritonModel, models: Mapping[str, TritonModel], ident:
                 f"{var.name} is set in the fetch step from a source's credentialsSecret: set it in that Secret, or "
                 "drop credentialsSecret and give the fetch step its credentials here")
     return err.errors
+
+
+def fetched_sources(spec: TritonModelSpec) -> list[tuple[str, str, str | None]]:
+    """(field path, uri, credentialsSecret) of each of the model's files fetched from a uri at pod start."""
+    out = []
+    sources = [("spec.source", spec.source)] + [(f"spec.versions[{i}].source", v.source)
+                                                for i, v in enumerate(spec.versions or ())]
+    for base, src in [*sources, ("spec.modelFiles", spec.model_files)]:
+        if src is not None and src.uri is not None:
+            out.append((base, src.uri, src.credentials_secret))
+    return out
+
+
+def _check_credentials(model: TritonModel, closure: Sequence[TritonModel], err: _Collector) -> None:
+    """One replica's fetch step fetches every uri source of its closure with one environment: a credentialsSecret
+    of an s3:// source sets AWS_* there (a source without one would use them too, boto3 prefers them to ambient
+    credentials), one of a gs:// source mounts key.json at one path and names it in GOOGLE_APPLICATION_CREDENTIALS.
+    So the closure's sources of one scheme must agree on their Secret, or one bucket is fetched with another's keys
+    (or, for two GCS Secrets, the pod is refused: two volumes at one mount path)."""
+    for scheme, what in (("s3://", "the AWS_* variables"), ("gs://", "GOOGLE_APPLICATION_CREDENTIALS and its key file")):
+        first: tuple[TritonModel, str, str | None] | None = None
+        for m in closure:
+            for path, uri, secret in fetched_sources(m.spec):
+                if not uri.startswith(scheme):
+                    continue
+                if first is None:
+                    first = (m, path, secret)
+                    continue
+                other, other_path, other_secret = first
+                if secret == other_secret:
+                    continue
+
+                def said(who: TritonModel, where: str, name: str | None) -> str:
+                    owner = "" if who.name == model.name else f"step model {who.name}'s "
+                    named = f"names Secret {name!r}" if name else "names no credentialsSecret (ambient credentials)"
+                    return f"{owner}{where} {named}"
+
+                why = (f"{said(m, path, secret)}, and {said(other, other_path, other_secret)}: one replica's fetch step "
+                       f"fetches every {scheme} source with one environment, where a credentialsSecret sets {what}, "
+                       "so one bucket would be fetched with the other's credentials; name one Secret (that can read "
+                       "both) in both, or none")
+                if m.name == model.name:
+                    err("credentials-secret", f"{path}.credentialsSecret", why)
+                else:
+                    err("credentials-secret", "spec.ensemble.steps", why)
+                break  # one error per scheme and model is enough to say it
 
 
 def _cycles(models: Mapping[str, TritonModel]) -> Iterator[tuple[str, list[str]]]:
