@@ -71,8 +71,8 @@ def metrics_api(operator: OperatorHandle, kube: Kube) -> Iterator[None]:
     custom.metrics.k8s.io runs in the local cluster), and back to the chart's default (off) after them, so that no
     other test file meets an APIService it did not ask for."""
     assert isinstance(operator, ChartOperator), "the custom metrics API is the chart's: run with the chart's operator"
-    operator.reconfigure("--set", "customMetrics.enabled=true")
-    try:
+    try:  # a reconfigure that fails half-way (helm done, replicas late) is undone too
+        operator.reconfigure("--set", "customMetrics.enabled=true")
         yield
     finally:
         operator.reconfigure("--set", "customMetrics.enabled=false")
