@@ -32,3 +32,7 @@ RELOADS = Counter(
     "triton_operator_reloads_total", "In-place reloads of a replica's config through Triton's repository API",
     ["mode", "result"],
 )
+TLS_REFUSED = Counter(
+    "triton_operator_tls_connections_refused_total",
+    "Connections to the webhook's TLS port refused at accept because the server had its maximum open",
+)
