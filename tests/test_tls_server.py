@@ -195,3 +195,33 @@ def test_a_review_with_a_spec_of_the_wrong_shape_is_denied_naming_the_field(serv
     response = answer["response"]
     assert response["uid"] == "u1" and response["allowed"] is False
     assert "spec.inputs" in response["status"]["message"], response
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(server: RunningWebhook) -> None:
+    with _tls(server) as sock:
+        sock.sendall(f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {tls_server.MAX_BODY + 1}\r\n\r\n".encode())
+        sock.settimeout(10)
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+
+def test_bodies_over_the_budget_together_get_503_at_once(server: RunningWebhook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each body under the limit, but more of them at once than the budget: the next is refused, not read."""
+    budget = tls_server._Budget(1024 * 1024)
+    monkeypatch.setattr(tls_server, "BODIES", budget)
+    head = f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {700 * 1024}\r\n\r\n{{".encode()
+    with _tls(server) as first, _tls(server) as second:
+        first.sendall(head)
+        deadline = time.monotonic() + 10
+        while budget.used != 700 * 1024:  # the first body is being read
+            assert time.monotonic() < deadline, "the first body was never reserved"
+            time.sleep(0.01)
+        second.sendall(head)
+        second.settimeout(10)
+        answer = second.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+        assert budget.used == 700 * 1024, "the first body's reservation"
+    deadline = time.monotonic() + 20
+    while budget.used:  # given back once the first request ends (its body deadline, or its connection closed)
+        assert time.monotonic() < deadline, f"{budget.used} bytes of the budget were never given back"
+        time.sleep(0.05)

@@ -27,6 +27,7 @@ import urllib3
 
 from ..api.steps import steps_of
 from ..api.v1alpha1 import API_VERSION, KIND
+from . import metrics
 from .kube import Kube
 
 log = logging.getLogger("triton_operator.informer")
@@ -78,6 +79,7 @@ class ModelStore:
                 self._namespaces = fresh
             else:
                 self._namespaces[scope] = fresh.get(scope) or _Namespace()
+            self._count()
 
     def put(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         meta = body["metadata"]
@@ -87,6 +89,10 @@ class ModelStore:
                 ns.drop(meta["name"])
             else:
                 ns.put(body)
+            self._count()
+
+    def _count(self) -> None:
+        metrics.WEBHOOK_MODELS.set(sum(len(ns.bodies) for ns in self._namespaces.values()))
 
     def graph(self, namespace: str) -> dict[str, tuple[str, ...]]:
         """Every kept model of the namespace and the names its ensemble steps use."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter("triton_operator_reconciles_total", "TritonModel reconciles", ["result"])
 RECONCILE_ERRORS = Counter("triton_operator_reconcile_errors_total", "TritonModel reconciles that failed", ["reason"])
@@ -35,4 +35,10 @@ RELOADS = Counter(
 TLS_REFUSED = Counter(
     "triton_operator_tls_connections_refused_total",
     "Connections to the webhook's TLS port refused at accept because the server had its maximum open",
+)
+WEBHOOK_MODELS = Gauge("triton_operator_webhook_models", "TritonModels in the webhook's own list+watch of them")
+ADMISSION_READS = Counter(
+    "triton_operator_admission_reads_total",
+    "TritonModels the webhook read with a GET: its watch lacked them (missing), or a refusal was being checked (refusal)",
+    ["why"],
 )

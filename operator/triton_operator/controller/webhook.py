@@ -412,6 +412,8 @@ class _View:
         todo = [n for n in dict.fromkeys(names) if n not in self.fresh and (again or n not in self.graph)]
         todo = todo[:max(MAX_READS - self.reads, 0)]
         self.reads += len(todo)
+        if todo:
+            metrics.ADMISSION_READS.labels(why="refusal" if again else "missing").inc(len(todo))
         found = await asyncio.gather(*(self.webhook.get_model(self.namespace, n) for n in todo))
         for n, body in zip(todo, found, strict=True):
             self.fresh[n] = body
