@@ -145,8 +145,9 @@ def test_slow_and_numerous_clients_are_closed_within_seconds_memory_stays_bounde
     held_long = [t for t in closed_at if t is None]
     record("tls burst: connections, refused at once, peak working set MiB (before)",
            f"{BURST}, {refused_now}, {peak / MIB:.0f} ({before / MIB:.0f})")
+    seen = f"working set {before / MIB:.0f} -> {peak / MIB:.0f} MiB, {refused_now} closed at once"
     assert not held_long, f"{len(held_long)} of {BURST} half-open connections were still open " \
-                          f"{tls_server.HANDSHAKE_SECONDS + MARGIN:.0f}s after they opened"
+                          f"{tls_server.HANDSHAKE_SECONDS + MARGIN:.0f}s after they opened ({seen})"
     assert refused_now >= BURST - tls_server.MAX_CONNECTIONS, \
         f"only {refused_now} of {BURST} connections were closed at once; the cap is {tls_server.MAX_CONNECTIONS}"
     assert _refused(ip) - refused_before >= BURST - tls_server.MAX_CONNECTIONS
