@@ -341,8 +341,8 @@ class AdmissionWebhook:
         named = [s for s in dict.fromkeys(steps_of(obj)) if s != name]
         await view.read([s for s in named if s not in view.graph])  # a step created a moment ago
         verdict, dependents = view.verdict(obj, old, name)
-        if not verdict.allowed and any(e.model != verdict.subject or e.rule.startswith("ensemble") for e in
-                                       verdict.errors):
+        alone = {(e.path, e.message) for e in review(obj, None, {}).errors} if not verdict.allowed else set()
+        if any(e.model != verdict.subject or (e.path, e.message) not in alone for e in verdict.errors):
             # Other models refused it: read the ones it names and the ensembles it breaks fresh, then decide.
             await view.read([*named, *dependents], again=True)
             verdict, _ = view.verdict(obj, old, name)
