@@ -63,8 +63,10 @@ MAX_CONNECTIONS = 256
 MAX_BODY = 4 * 1024 * 1024
 #: The bodies being read, together.
 BODY_BUDGET = 16 * 1024 * 1024
-#: The listen backlog: connections the kernel holds before the accept (refused over the cap right after it).
-BACKLOG = 128
+#: The listen backlog: connections the kernel completes before the accept (refused over the cap right after it).
+#: A burst larger than this overflows it: the kernel then drops the client's last handshake packet, and the
+#: connection, open as far as the client knows, waits for the kernel's retries before the server even sees it.
+BACKLOG = 1024
 
 
 def runner_options() -> dict[str, Any]:
