@@ -39,6 +39,7 @@ TLS_REFUSED = Counter(
 WEBHOOK_MODELS = Gauge("triton_operator_webhook_models", "TritonModels in the webhook's own list+watch of them")
 ADMISSION_READS = Counter(
     "triton_operator_admission_reads_total",
-    "TritonModels the webhook read with a GET: its watch lacked them (missing), or a refusal was being checked (refusal)",
+    "TritonModels the webhook read with a GET: its watch lacked them (missing), a refusal was being checked "
+    "(refusal), an update's uid was not the one in its watch (uid)",
     ["why"],
 )

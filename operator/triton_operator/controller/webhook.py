@@ -53,7 +53,7 @@ import logging
 import ssl
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -344,7 +344,7 @@ class AdmissionWebhook:
         alone = {(e.path, e.message) for e in review(obj, None, {}).errors} if not verdict.allowed else set()
         if any(e.model != verdict.subject or (e.path, e.message) not in alone for e in verdict.errors):
             # Other models refused it: read the ones it names and the ensembles it breaks fresh, then decide.
-            await view.read([*named, *dependents], again=True)
+            await view.read([*named, *dependents], why="refusal")
             verdict, _ = view.verdict(obj, old, name)
         shown = verdict if await self._has_read(view, name, obj, old) else redacted(verdict, obj)
         out: dict[str, Any] = {}
@@ -383,8 +383,8 @@ class AdmissionWebhook:
         uid = old["metadata"].get("uid")
         if not isinstance(uid, str) or not uid or obj["metadata"].get("uid") not in (None, uid):
             return False
-        if view.uid(name) is None:
-            await view.read([name])
+        if view.uid(name) != uid:  # not in the cache yet, or an object of that name deleted and made again
+            await view.read([name], why="uid")
         return view.uid(name) == uid
 
     async def get_model(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -396,7 +396,8 @@ class _View:
     """The TritonModels one review reads: the cache's (or a LIST's), with what it read fresh on top."""
 
     def __init__(self, webhook: AdmissionWebhook, namespace: str, graph: dict[str, tuple[str, ...]],
-                 body: Any, uid: Any, complete: bool = False) -> None:
+                 body: Callable[[str], dict[str, Any] | None], uid: Callable[[str], str | None],
+                 complete: bool = False) -> None:
         self.webhook, self.namespace = webhook, namespace
         self.graph = graph
         self._body, self._uid = body, uid
@@ -404,16 +405,16 @@ class _View:
         self.complete = complete  # a LIST of this moment: nothing to read again
         self.reads = 0
 
-    async def read(self, names: list[str], again: bool = False) -> None:
-        """GETs of `names` not read yet in this review (of those the cache lacks only, unless `again`), within
-        MAX_READS in all."""
+    async def read(self, names: list[str], why: str = "missing") -> None:
+        """GETs of `names` not read yet in this review, within MAX_READS in all: of those the cache lacks
+        (`why` "missing"), or of all of them (before a refusal, "refusal"; an UPDATE's uid to check, "uid")."""
         if self.complete:
             return
-        todo = [n for n in dict.fromkeys(names) if n not in self.fresh and (again or n not in self.graph)]
+        todo = [n for n in dict.fromkeys(names) if n not in self.fresh and (why != "missing" or n not in self.graph)]
         todo = todo[:max(MAX_READS - self.reads, 0)]
         self.reads += len(todo)
         if todo:
-            metrics.ADMISSION_READS.labels(why="refusal" if again else "missing").inc(len(todo))
+            metrics.ADMISSION_READS.labels(why=why).inc(len(todo))
         found = await asyncio.gather(*(self.webhook.get_model(self.namespace, n) for n in todo))
         for n, body in zip(todo, found, strict=True):
             self.fresh[n] = body
