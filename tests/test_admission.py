@@ -6,6 +6,7 @@ objects being deleted). The same verdicts through a real API server: e2e/test_ad
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import yaml
 
 from tests.test_corpus import _cases
 from triton_operator.api.steps import steps_of
-from triton_operator.validate.admission import needs_review, review
+from triton_operator.validate.admission import UNTOLD, UNTOLD_DEPENDENT, needs_review, redacted, review, rule_summary
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -154,3 +155,31 @@ def test_a_step_whose_new_secret_its_ensemble_cannot_honour_is_refused_naming_th
     verdict = review(changed, b, {"ens": ens, "a": a}, ["ens"])
     assert not verdict.allowed
     assert "would break ensemble ens: spec.ensemble.steps: " in verdict.message, verdict.message
+
+
+@pytest.mark.parametrize("case", [c for c in _cases() if len(_docs(c.path)) > 1], ids=lambda c: c.id)
+def test_the_redacted_verdict_says_only_what_the_object_shows_on_its_own(case) -> None:  # type: ignore[no-untyped-def]
+    """What the webhook tells a caller that has not shown it read the namespace (issue 32): the same verdict and
+    field paths; each message one the object alone gives (no other model around), or the rule's summary."""
+    subject, *context = _docs(case.path)
+    name = subject["metadata"]["name"]
+    neighbours = {d["metadata"]["name"]: d for d in context}
+    dependents = [n for n, d in neighbours.items() if name in steps_of(d)]
+    verdict = review(subject, None, neighbours, dependents)
+    told = redacted(verdict, subject)
+    assert told.allowed == verdict.allowed and not told.warnings
+    assert {e.path for e in told.errors} == {e.path for e in verdict.errors if e.model == verdict.subject} | (
+        {"spec"} if any(e.model != verdict.subject for e in verdict.errors) else set())
+    alone = {(e.path, e.message) for e in review(subject, None, {}).errors}
+    for e in told.errors:
+        generic = {UNTOLD.format(rule=rule_summary(e.rule)),
+                   UNTOLD_DEPENDENT.format(name=name, rule=rule_summary(e.rule))}
+        assert (e.path, e.message) in alone or e.message in generic, f"{case.id}: {e.path}: {e.message}"
+    others = {n for n in neighbours if n not in json.dumps(subject)}
+    assert not [n for n in others if n in told.message], f"{case.id}: names another model: {told.message}"
+
+
+def test_the_redacted_verdict_keeps_what_the_object_shows_on_its_own() -> None:
+    ens = _sentiment()["sentiment"]
+    verdict = review(ens, None, {})
+    assert redacted(verdict, ens) == verdict, "a missing step names only what the ensemble names"

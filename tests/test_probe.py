@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from triton_operator.triton.local import free_port
-from triton_operator.triton.probe import Readiness, address, notify_gate
+from triton_operator.triton.probe import IDLE_SECONDS, MAX_CONNECTIONS, Readiness, address, notify_gate
 
 HEAD_START = 0.6
 SETTLE = 0.05
@@ -258,3 +259,78 @@ def test_cli_rejects_a_head_start_or_a_settle_time_over_the_hold(capsys):
     assert "--hold must be over 0 and over --head-start" in capsys.readouterr().err
     assert main(["probe", "--hold", "1", "--head-start", "0.5", "--gate-settle", "1"]) == 1
     assert "--gate-settle must be 0 or more, and under --hold" in capsys.readouterr().err
+
+
+# -- bounds (issue 32): idle connections and too many of them --------------------------------------------------
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed `sock`, None if it did not within `seconds`."""
+    start = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return time.monotonic() - start
+    except ConnectionError:
+        return time.monotonic() - start
+    except TimeoutError:
+        return None
+
+
+def test_an_idle_connection_is_closed_within_seconds(probe):
+    _, port = probe
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /ready HTTP/1.1\r\n")  # and then nothing
+        took = _closed_within(sock, IDLE_SECONDS + 15)
+    assert took is not None, "a connection that stopped sending was kept (a thread each, without limit)"
+    assert took < IDLE_SECONDS + 3, f"closed only after {took:.1f}s"
+
+
+def test_connections_over_the_cap_are_closed_at_once_and_probes_pass_once_they_go(probe, target):
+    _, port = probe
+    target.open()
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    over = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+    try:
+        kept = [s for s in over if _closed_within(s, 2.0) is None]
+        assert not kept, f"{len(kept)} of 8 connections over the cap of {MAX_CONNECTIONS} were kept"
+        readable, _, _ = select.select(held, [], [], 0)
+        assert not readable, f"{len(readable)} of the first {MAX_CONNECTIONS} connections were closed at once"
+    finally:
+        for s in held + over:
+            s.close()
+    deadline = time.monotonic() + 10
+    while True:  # the server frees their threads as it sees them close
+        try:
+            assert get(port)[0] == 200
+            break
+        except (ConnectionError, http.client.RemoteDisconnected):
+            assert time.monotonic() < deadline, "probes still refused after the idle connections closed"
+
+
+def test_a_probe_held_longer_than_the_idle_timeout_still_gets_its_answer(target):
+    """The idle timeout is on the socket's reads and writes; a held probe has sent its request and waits `hold`."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
+         "--target", f"127.0.0.1:{target.port}", "--hold", str(IDLE_SECONDS + 4), "--head-start", "0.1"],
+        stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+        opener = threading.Timer(IDLE_SECONDS + 1, target.open)
+        opener.start()
+        started = time.monotonic()
+        status, _, answered = get(port)
+        opener.join()
+        assert status == 200 and answered - started > IDLE_SECONDS, (status, answered - started)
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -9,6 +9,7 @@ import os
 import ssl
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -116,12 +117,16 @@ def test_a_mounted_certificate_is_served_as_is_and_reloaded_when_the_secret_chan
     (tmp_path / "tls.key").write_bytes(first.key_pem)
     port = free_port()
 
-    class NoApi:  # the chart's mode writes nothing: any call would be a failure
-        def __getattr__(self, name: str) -> None:
-            raise AssertionError(f"the webhook called the API ({name}) in --webhook-cert-dir mode")
+    from tests.webhook_server import FakeModelsApi
+
+    class NoWrites(FakeModelsApi):  # the chart's mode writes nothing (it reads TritonModels: its own watch)
+        def __getattribute__(self, name: str) -> Any:
+            if name in ("apply_cluster", "json_patch_cluster", "delete_cluster", "apply", "create", "replace"):
+                raise AssertionError(f"the webhook called the API ({name}) in --webhook-cert-dir mode")
+            return super().__getattribute__(name)
 
     async def run() -> tuple[x509.Certificate, x509.Certificate]:
-        webhook = AdmissionWebhook(NoApi(), WebhookTarget(service_namespace="triton-system", service_name="trop-webhook"),  # type: ignore[arg-type]
+        webhook = AdmissionWebhook(NoWrites(), WebhookTarget(service_namespace="triton-system", service_name="trop-webhook"),  # type: ignore[arg-type]
                                    configuration="trop", failure_policy="Fail", namespaces=[], clusterwide=True,
                                    address="127.0.0.1", port=port, cert_dir=str(tmp_path))
         await webhook.start()
@@ -135,6 +140,7 @@ def test_a_mounted_certificate_is_served_as_is_and_reloaded_when_the_secret_chan
             return before, after
         finally:
             webhook._renewal and webhook._renewal.cancel()
+            webhook.informer.stop()
             if webhook._runner:
                 await webhook._runner.cleanup()
 

@@ -100,6 +100,12 @@ def _election_settings(args: argparse.Namespace) -> ElectionSettings | None:
                             retry_seconds=args.leader_election_retry_seconds)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number over 0, got {text!r}")
+    return int(text)
+
+
 def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
     from ..render.webhook import WebhookTarget
 
@@ -130,7 +136,7 @@ def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
     from ..controller.operator import WebhookSettings
 
     return WebhookSettings(target, args.webhook_configuration, args.webhook_failure_policy, args.webhook_address,
-                           args.webhook_port, args.webhook_cert_dir, args.custom_metrics)
+                           args.webhook_port, args.webhook_cert_dir, args.custom_metrics, args.webhook_max_connections)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -161,6 +167,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     w.add_argument("--webhook-address", default="0.0.0.0",  # noqa: S104 - the API server calls in from outside the pod
                    help="address the webhook listens on")
     w.add_argument("--webhook-port", type=int, default=9443, help="port the webhook listens on")
+    w.add_argument("--webhook-max-connections", type=_positive, default=256,
+                   help="connections the TLS port (webhook and custom metrics API) serves at once, TLS handshakes "
+                        "included; more are refused as soon as they are accepted (each holds ~300 KiB)")
     w.add_argument("--webhook-configuration", default="triton-operator",
                    help="name of the ValidatingWebhookConfiguration")
     w.add_argument("--webhook-failure-policy", choices=("Fail", "Ignore"), default="Fail",

@@ -12,7 +12,17 @@ as the ConfigMap kube-system/extension-apiserver-authentication describes. What 
 Authentication, as Kubernetes' delegated authentication does it: a client certificate signed by the
 front-proxy CA, with a name the API server allows, vouches for the headers; otherwise a bearer token is
 checked with a TokenReview; otherwise 401. Authorization: a SubjectAccessReview of the caller for `get` on the
-metric (resource `tritonmodels.<group>`, subresource the metric name). Both verdicts are cached for 10 s.
+metric (resource `tritonmodels.<group>`, subresource the metric name). Both verdicts are cached for 10 s, at
+most `CACHE_ENTRIES` of each (the oldest go first); requests that ask the same at once share one review; at most
+`CONCURRENT_REVIEWS` reviews are in flight; and a TokenReview of a token not in the cache is spent at most
+`NEW_TOKENS_PER_SECOND` times a second (bursts of `NEW_TOKENS_BURST`), so that a stream of made-up tokens costs
+the API server that much and no more; over it, 429. The API server's own calls (front-proxy certificate) need
+no TokenReview.
+
+Paths are checked before anything else: a namespace must be a DNS label and a name a DNS subdomain (or `*`),
+decoded; so an encoded slash (`%2F`), which aiohttp decodes inside a segment, is refused with 400 before it
+could reach an access review or a LIST. A TritonModel that does not exist gets 404 without starting a sampler:
+its existence is read from the webhook's watch of TritonModels (`Models`).
 
 The samples are this replica's own (followers too: the Service may send the HPA to any replica). A model is
 sampled from the first time it is asked about until nobody asked for `IDLE_SECONDS`: its pods are listed and
@@ -28,11 +38,13 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import re
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -58,7 +70,13 @@ AUTH_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
 SAMPLE_SECONDS = 2.0
 IDLE_SECONDS = 600.0
 CACHE_SECONDS = 10.0
+CACHE_ENTRIES = 4096
+CONCURRENT_REVIEWS = 4
+NEW_TOKENS_PER_SECOND = 10.0
+NEW_TOKENS_BURST = 50
 REFRESH_SECONDS = 300.0
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 # -- who is asking ------------------------------------------------------------------------------------
@@ -123,20 +141,89 @@ def _common_name(peercert: Mapping[str, Any] | None) -> str | None:
 
 
 class _Ttl:
-    """A small cache of verdicts, each kept `CACHE_SECONDS`."""
+    """Verdicts, each kept `CACHE_SECONDS`, at most `entries` of them (the least recently stored go first);
+    concurrent lookups of one key share one computation."""
 
-    def __init__(self) -> None:
-        self.items: dict[str, tuple[float, Any]] = {}
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self.items: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+        self.pending: dict[str, asyncio.Future[Any]] = {}
 
     def get(self, key: str) -> Any:
         hit = self.items.get(key)
         return hit[1] if hit and hit[0] > time.monotonic() else None
 
     def put(self, key: str, value: Any) -> None:
-        if len(self.items) > 4096:
-            now = time.monotonic()
-            self.items = {k: v for k, v in self.items.items() if v[0] > now}
+        self.items.pop(key, None)
         self.items[key] = (time.monotonic() + CACHE_SECONDS, value)
+        while len(self.items) > self.entries:
+            self.items.popitem(last=False)
+
+    async def get_or_compute(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any:
+        cached = self.get(key)
+        if cached is not None:
+            return cached
+        if key in self.pending:
+            return await asyncio.shield(self.pending[key])
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[key] = fut
+        try:
+            value = await compute()
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+        except Exception as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody else waited
+            raise
+        finally:
+            self.pending.pop(key, None)
+        self.put(key, value)
+        fut.set_result(value)
+        return value
+
+
+class _Rate:
+    """A token bucket: `take` is True at most `per_second` times a second on average, `burst` at once."""
+
+    def __init__(self, per_second: float, burst: int) -> None:
+        self.per_second, self.burst = per_second, burst
+        self.tokens, self.at = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.per_second)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class TooManyTokens(Exception):
+    """More new bearer tokens than `NEW_TOKENS_PER_SECOND`: no TokenReview was spent on this one."""
+
+
+class Models(Protocol):
+    """Which TritonModels exist (the webhook's watch of them, `KubeModels` without one)."""
+
+    async def exists(self, namespace: str, name: str) -> bool: ...
+
+    async def names(self, namespace: str) -> list[str]: ...
+
+
+class KubeModels:
+    """`Models` read from the API server: a GET or a LIST per question."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    async def exists(self, namespace: str, name: str) -> bool:
+        return await asyncio.to_thread(self.kube.get, MODEL_API_VERSION, KIND, namespace, name) is not None
+
+    async def names(self, namespace: str) -> list[str]:
+        listed = await asyncio.to_thread(self.kube.list, MODEL_API_VERSION, KIND, namespace)
+        return sorted(b["metadata"]["name"] for b in listed)
 
 
 # -- the samples ----------------------------------------------------------------------------------------
@@ -257,13 +344,17 @@ def _now() -> str:
 
 
 class CustomMetricsApi:
-    def __init__(self, kube: Kube, watched: Callable[[str], bool], collector: Collector | None = None) -> None:
+    def __init__(self, kube: Kube, watched: Callable[[str], bool], collector: Collector | None = None,
+                 models: Models | None = None) -> None:
         self.kube = kube
         self.watched = watched
         self.collector = collector or Collector(kube)
+        self.models = models or KubeModels(kube)
         self.front_proxy = FrontProxy()
         self._tokens = _Ttl()
         self._access = _Ttl()
+        self._reviews = asyncio.Semaphore(CONCURRENT_REVIEWS)
+        self._new_tokens = _Rate(NEW_TOKENS_PER_SECOND, NEW_TOKENS_BURST)
         self._refresh: asyncio.Task[None] | None = None
 
     def routes(self, app: web.Application) -> None:
@@ -316,34 +407,43 @@ class CustomMetricsApi:
             return None
         token = auth[7:].strip()
         key = hashlib.sha256(token.encode()).hexdigest()
-        cached = self._tokens.get(key)
-        if cached is None:
-            status = await asyncio.to_thread(self.kube.review, "authentication.k8s.io/v1", "tokenreviews",
-                                             {"token": token})
+
+        async def token_review() -> User | bool:
+            if not self._new_tokens.take():
+                raise TooManyTokens
+            async with self._reviews:
+                status = await asyncio.to_thread(self.kube.review, "authentication.k8s.io/v1", "tokenreviews",
+                                                 {"token": token})
             u = status.get("user") or {}
-            cached = User(u.get("username", ""), _authenticated(list(u.get("groups") or ())),
-                          tuple((k, tuple(v)) for k, v in sorted((u.get("extra") or {}).items())),
-                          u.get("uid", "")) if status.get("authenticated") else False
-            self._tokens.put(key, cached)
-        return cached or None
+            return User(u.get("username", ""), _authenticated(list(u.get("groups") or ())),
+                        tuple((k, tuple(v)) for k, v in sorted((u.get("extra") or {}).items())),
+                        u.get("uid", "")) if status.get("authenticated") else False
+
+        user = await self._tokens.get_or_compute(key, token_review)
+        return user or None
 
     async def _allowed(self, user: User, attributes: dict[str, Any], non_resource: bool = False) -> bool:
         key = json.dumps([user.name, user.groups, user.extra, user.uid, attributes], sort_keys=True)
-        cached = self._access.get(key)
-        if cached is None:
+
+        async def access_review() -> bool:
             spec: dict[str, Any] = {"user": user.name, "groups": list(user.groups),
                                     "extra": {k: list(v) for k, v in user.extra}, "uid": user.uid,
                                     "nonResourceAttributes" if non_resource else "resourceAttributes": attributes}
-            status = await asyncio.to_thread(self.kube.review, "authorization.k8s.io/v1", "subjectaccessreviews",
-                                             spec)
-            cached = bool(status.get("allowed")) and not status.get("denied")
-            self._access.put(key, cached)
-        return bool(cached)
+            async with self._reviews:
+                status = await asyncio.to_thread(self.kube.review, "authorization.k8s.io/v1",
+                                                 "subjectaccessreviews", spec)
+            return bool(status.get("allowed")) and not status.get("denied")
+
+        return bool(await self._access.get_or_compute(key, access_review))
 
     async def _guard(self, request: web.Request, attributes: dict[str, Any], non_resource: bool = False
                      ) -> web.Response | None:
         try:
             user = await self._user(request)
+        except TooManyTokens:
+            refused = _status(429, "TooManyRequests", "too many new bearer tokens at once; retry")
+            refused.headers["Retry-After"] = "1"
+            return refused
         except Exception as exc:  # noqa: BLE001 - the API server could not say: refuse, say why
             log.warning("TokenReview failed error=%r", exc)
             return _status(500, "InternalError", f"could not authenticate: {exc}")
@@ -374,6 +474,12 @@ class CustomMetricsApi:
     async def _metric(self, request: web.Request) -> web.Response:
         ns, resource = request.match_info["namespace"], request.match_info["resource"]
         name, metric = request.match_info["name"], request.match_info["metric"]
+        if not DNS_LABEL.fullmatch(ns):
+            return _status(400, "BadRequest", "the namespace must be a DNS label (an encoded / is not one)")
+        if name != "*" and not DNS_SUBDOMAIN.fullmatch(name):
+            return _status(400, "BadRequest", "the name must be * or a DNS subdomain (an encoded / is not one)")
+        if "/" in resource or "/" in metric:
+            return _status(400, "BadRequest", "an encoded / is not part of a resource or a metric name")
         refused = await self._guard(request, {"namespace": ns, "verb": "get", "group": API_GROUP,
                                               "version": API_VERSION, "resource": resource, "subresource": metric,
                                               "name": "" if name == "*" else name})
@@ -405,10 +511,11 @@ class CustomMetricsApi:
 
     async def _models(self, ns: str, name: str, metric: str) -> list[dict[str, Any]]:
         if name == "*":
-            names = sorted(b["metadata"]["name"] for b in await asyncio.to_thread(
-                self.kube.list, MODEL_API_VERSION, KIND, ns))
-        else:
+            names = await self.models.names(ns)
+        elif await self.models.exists(ns, name):
             names = [name]
+        else:
+            return []  # no sampler for a model that is not there: 404
         readings = await asyncio.gather(*(self.collector.read(ns, n) for n in names))
         return [self._item(KIND, MODEL_API_VERSION, ns, n, metric, r.model[metric])
                 for n, r in zip(names, readings, strict=True) if r.model is not None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
@@ -89,12 +89,12 @@ class Transport:
             return self._pool
 
     def _send(self, creds: kubeconfig.Credentials, method: str, url: str, body: bytes | None,
-              headers: dict[str, str]) -> urllib3.BaseHTTPResponse:
+              headers: dict[str, str], **kw: Any) -> urllib3.BaseHTTPResponse:
         sent = urllib3.HTTPHeaderDict(headers)
         for name, value in creds.headers():  # Authorization, Impersonate-* (a header per group: add, not set)
             sent.add(name, value)
-        return self._pool_for(creds).request(method, creds.server + url, body=body, headers=sent,
-                                             preload_content=True)
+        kw.setdefault("preload_content", True)
+        return self._pool_for(creds).request(method, creds.server + url, body=body, headers=sent, **kw)
 
     def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None, body: bytes | None = None,
                 headers: Mapping[str, str] | None = None) -> tuple[int, str, bytes]:
@@ -105,6 +105,21 @@ class Transport:
         if resp.status == 401:
             resp = self._send(self.source.reload(), method, url, body, hdrs)
         return resp.status, resp.reason or "", resp.data
+
+    def stream(self, path: str, query: list[tuple[str, str]], read_seconds: float) -> urllib3.BaseHTTPResponse:
+        """A GET whose answer is read as it comes (a watch): the response, unread, each read waiting at most
+        `read_seconds`; not retried. The caller releases it (`release_conn`), or `shutdown`s it from another
+        thread."""
+        url = path + "?" + urlencode(query)
+        hdrs = {**self.headers, "Accept": "application/json"}
+        kw: dict[str, Any] = {"preload_content": False, "retries": urllib3.Retry(total=0, redirect=False),
+                              "timeout": urllib3.Timeout(connect=TIMEOUT_SECONDS, read=read_seconds)}
+        resp = self._send(self.source.current(), "GET", url, None, hdrs, **kw)
+        if resp.status == 401:
+            resp.drain_conn()
+            resp.release_conn()
+            resp = self._send(self.source.reload(), "GET", url, None, hdrs, **kw)
+        return resp
 
 
 class Kube:
@@ -183,6 +198,41 @@ class Kube:
         items: Items = self._call("GET", self.path(api_version, kind, namespace), query=query,
                                   what=("list", kind, namespace, None))["items"]
         return items
+
+    def list_versioned(self, api_version: str, kind: str, namespace: str | None) -> tuple[Items, str]:
+        """Every object of the kind in `namespace` (None: in every namespace), and the list's resourceVersion (where
+        a watch of what changed since starts)."""
+        k = kind_of(api_version, kind)
+        path = self.path(api_version, kind, namespace) if namespace else f"{k.prefix}/{k.plural}"
+        listed = self._call("GET", path, what=("list", kind, namespace, None))
+        return listed.get("items") or [], str(listed["metadata"].get("resourceVersion") or "")
+
+    def watch(self, api_version: str, kind: str, namespace: str | None, resource_version: str, timeout_seconds: int,
+              opened: Callable[[urllib3.BaseHTTPResponse], None] | None = None) -> Iterator[dict[str, Any]]:
+        """The events of a watch from `resource_version` (bookmarks included) for at most `timeout_seconds`.
+        `opened` gets the response first (to `shutdown` it from another thread). An error answer raises
+        `ApiCallError`; an expired resourceVersion comes as an ERROR event with code 410, as the API server sends
+        it."""
+        k = kind_of(api_version, kind)
+        path = self.path(api_version, kind, namespace) if namespace else f"{k.prefix}/{k.plural}"
+        query = [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", str(timeout_seconds))]
+        resp = self.transport.stream(path, query, read_seconds=timeout_seconds + TIMEOUT_SECONDS)
+        try:
+            if opened is not None:
+                opened(resp)
+            if resp.status != 200:
+                raise ApiCallError("watch", kind, namespace, None, resp.status, resp.reason or "",
+                                   _message(resp.read()))
+            pending = b""
+            for chunk in resp.stream(64 * 1024):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            resp.release_conn()
 
     def list_uids(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> set[str]:
         """The uids of the objects a LIST returns, fetched as metadata only."""

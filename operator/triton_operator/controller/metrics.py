@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter("triton_operator_reconciles_total", "TritonModel reconciles", ["result"])
 RECONCILE_ERRORS = Counter("triton_operator_reconcile_errors_total", "TritonModel reconciles that failed", ["reason"])
@@ -31,4 +31,15 @@ ADMISSIONS = Counter(
 RELOADS = Counter(
     "triton_operator_reloads_total", "In-place reloads of a replica's config through Triton's repository API",
     ["mode", "result"],
+)
+TLS_REFUSED = Counter(
+    "triton_operator_tls_connections_refused_total",
+    "Connections to the webhook's TLS port refused at accept because the server had its maximum open",
+)
+WEBHOOK_MODELS = Gauge("triton_operator_webhook_models", "TritonModels in the webhook's own list+watch of them")
+ADMISSION_READS = Counter(
+    "triton_operator_admission_reads_total",
+    "TritonModels the webhook read with a GET: its watch lacked them (missing), a refusal was being checked "
+    "(refusal), an update's uid was not the one in its watch (uid)",
+    ["why"],
 )

@@ -50,6 +50,8 @@ class WebhookSettings:
     cert_dir: str | None = None
     # Also serve the custom metrics API (custom.metrics.k8s.io/v1beta2) on this port, for autoscaling.
     custom_metrics: bool = False
+    # Connections the port serves at once (`tls_server`); more are refused at accept.
+    max_connections: int = 256
 
 
 class State:
@@ -298,12 +300,12 @@ async def run_operator(
     STATE.webhook = None if webhook is None else AdmissionWebhook(
         STATE.kube, webhook.target, configuration=webhook.configuration, failure_policy=webhook.failure_policy,
         namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
-        cert_dir=webhook.cert_dir, custom_metrics=webhook.custom_metrics,
+        cert_dir=webhook.cert_dir, custom_metrics=webhook.custom_metrics, max_connections=webhook.max_connections,
     )
     elector = None if election is None else LeaderElection(STATE.kube, election)
     lost = asyncio.Event()
     tasks: list[asyncio.Task[Any]] = []
-    if STATE.webhook is not None:  # every replica, leader or not, and before any watch: admission needs no cache
+    if STATE.webhook is not None:  # every replica, leader or not, and before kopf's watches: it has a watch of its own
         await STATE.webhook.start()
     try:
         if elector is not None:

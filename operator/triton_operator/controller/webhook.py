@@ -16,12 +16,31 @@ into the ValidatingWebhookConfiguration, depends on how the operator runs:
   certificate for the Service's names, its CA written into the existing configuration's caBundle with
   a JSON patch (replacing what is there). Only sound with one replica: each would write its own CA.
 
-Each review reads the TritonModels around the object live from the API server, with one LIST of
-the namespace's TritonModels: the ensembles that use the object (its dependents) and every model
-their steps and its own reach. Never the watch cache, which may lag a `kubectl apply` of a step and
-its ensemble by milliseconds, or a restarting watch by longer. The verdict itself is
-`validate.admission.review`, pure. A namespace this operator does not watch is not its business:
-allowed.
+Each review reads the TritonModels around the object from this replica's own list+watch of them
+(`informer.ModelInformer`: the reconcile's cache lives only in the leader), never with a LIST per review: the
+ensembles that use the object (its dependents) and every model their steps and its own reach. A cache may lag
+a `kubectl apply` of a step and its ensemble by milliseconds, or a restarting watch by longer, and that must
+never refuse a good change: a step the object names that the cache lacks is read with a GET, and before a
+refusal that other models caused, the models the object names and the ensembles it would break are read again
+(GETs, at most `MAX_READS` per review). What a lagging cache can still do is allow a change that breaks an
+ensemble created a moment ago; the reconcile then reports that ensemble `Degraded`. Until the first list is in
+(at start), a review LISTs the namespace as before. The verdict itself is `validate.admission.review`, pure. A
+namespace this operator does not watch is not its business: allowed.
+
+Who may learn what. The API server presents no client certificate to a webhook unless its admin configures
+one (AdmissionConfiguration's kubeConfigFile), so any client that reaches the port can send a review, naming any
+namespace. The answer therefore names nothing the object itself does not name (`validate.admission.redacted`:
+an error caused by another model keeps its field path and rule, not that model's tensors, types or versions;
+an ensemble the change would break is not named), unless the review shows that its sender has read the
+object: an UPDATE whose oldObject carries the uid of the stored object, which the API server always sends and
+a caller without read access to the namespace cannot know. Then the answer is whole, as useful to the user
+as `kubectl get` would be. What an unauthenticated caller can still learn is the verdict, one guess at a time
+(does a model of this name exist); a NetworkPolicy that admits only the API server to the port, where the
+cluster enforces NetworkPolicies, keeps such callers away.
+
+Malformed reviews (not JSON, nested too deep, not an AdmissionReview v1, fields of the wrong type) get HTTP
+400 with the reason: no traceback, a debug line, and `triton_operator_admission_reviews_total{verdict=
+"malformed"}`. The server itself (deadlines, the connection cap) is `tls_server`.
 """
 
 from __future__ import annotations
@@ -29,9 +48,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import json
 import logging
 import ssl
 import tempfile
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +68,93 @@ from ..render.webhook import (
     WebhookTarget,
     render_webhook_configuration,
 )
-from ..validate.admission import needs_review, reachable, review
-from . import metrics
+from ..validate.admission import MAX_NEIGHBOURS, AdmissionVerdict, needs_review, redacted, review
+from . import metrics, tls_server
 from .certificates import CERT_VALIDITY, RENEW_AFTER, Issued, issue_certificate
 from .custom_metrics import PREFIX as CUSTOM_METRICS_PREFIX
 from .custom_metrics import CustomMetricsApi
+from .errors import ApiError
+from .informer import ModelInformer
 from .kube import Kube
 from .namespaces import exact_namespaces, watches
+from .tls_server import BodyRefused, TlsSite, body_of
 
 log = logging.getLogger("triton_operator.webhook")
 
+#: GETs of other TritonModels one review may make (those the cache lacks or may hold stale).
+MAX_READS = 8
+#: GETs of other TritonModels in flight at once, over every review.
+CONCURRENT_READS = 8
+#: How long after the start reviews wait for the first list of TritonModels; before it is in, a review LISTs the
+#: namespace itself.
+SYNC_WAIT_SECONDS = 2.0
+#: Nesting a review may have: a TritonModel is about 10 deep; the API server's schema allows no more.
+MAX_DEPTH = 64
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+REVIEW_VERSION = "admission.k8s.io/v1"
 
+
+class BadReview(ValueError):
+    """A request body that is not an AdmissionReview this webhook answers: why."""
+
+
+def _depth(value: Any) -> int:
+    """How deep JSON containers nest in `value` (iteratively: a deep value must not exhaust the stack here)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict):
+            items: Any = v.values()
+        elif isinstance(v, list):
+            items = v
+        else:
+            continue
+        deepest = max(deepest, d)
+        if deepest > MAX_DEPTH:
+            return deepest
+        todo.extend((x, d + 1) for x in items)
+    return deepest
+
+
+def parse_review(data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The AdmissionReview in `data` and its request, checked for the shape this webhook reads; `BadReview` saying
+    what is wrong otherwise."""
+    try:
+        body = json.loads(data)
+    except RecursionError:
+        raise BadReview(f"the JSON nests more than {MAX_DEPTH} levels deep") from None
+    except ValueError as exc:
+        raise BadReview(f"not JSON: {exc}") from None
+    if _depth(body) > MAX_DEPTH:
+        raise BadReview(f"the JSON nests more than {MAX_DEPTH} levels deep")
+    if not isinstance(body, dict):
+        raise BadReview("expected an AdmissionReview object")
+    if body.get("apiVersion") != REVIEW_VERSION or body.get("kind") != "AdmissionReview":
+        raise BadReview(f"expected apiVersion {REVIEW_VERSION}, kind AdmissionReview")
+    req = body.get("request")
+    if not isinstance(req, dict):
+        raise BadReview("request: expected an object")
+    for key in ("uid", "operation"):
+        if not isinstance(req.get(key), str) or not req[key]:
+            raise BadReview(f"request.{key}: expected a non-empty string")
+    if req["operation"] not in OPERATIONS:
+        raise BadReview(f"request.operation: expected one of {', '.join(OPERATIONS)}")
+    if not isinstance(req.get("namespace", ""), str):
+        raise BadReview("request.namespace: expected a string")
+    for key in ("object", "oldObject"):
+        obj = req.get(key)
+        if obj is None:
+            continue
+        if not isinstance(obj, dict):
+            raise BadReview(f"request.{key}: expected an object or null")
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            raise BadReview(f"request.{key}.metadata: expected an object")
+        if not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise BadReview(f"request.{key}.metadata.name: expected a non-empty string")
+        if not isinstance(meta.get("uid", ""), str):
+            raise BadReview(f"request.{key}.metadata.uid: expected a string")
+    return body, req
 
 
 # -- the server -----------------------------------------------------------------------------------
@@ -65,7 +163,7 @@ log = logging.getLogger("triton_operator.webhook")
 class AdmissionWebhook:
     def __init__(self, kube: Kube, target: WebhookTarget, *, configuration: str, failure_policy: str,
                  namespaces: list[str], clusterwide: bool, address: str, port: int, cert_dir: str | None = None,
-                 custom_metrics: bool = False) -> None:
+                 custom_metrics: bool = False, max_connections: int = tls_server.MAX_CONNECTIONS) -> None:
         self.kube = kube
         self.target = target
         self.configuration = configuration
@@ -73,6 +171,10 @@ class AdmissionWebhook:
         self.selector = exact_namespaces(namespaces, clusterwide)
         self.watched = watches(namespaces, clusterwide)
         self.address, self.port = address, port
+        self.max_connections = max_connections
+        self.informer = ModelInformer(kube, exact_namespaces(namespaces, clusterwide), self.watched)
+        self._reads = asyncio.Semaphore(CONCURRENT_READS)
+        self._sync_deadline = time.monotonic() + SYNC_WAIT_SECONDS
         self._dir = tempfile.TemporaryDirectory(prefix="triton-operator-webhook-")
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._ssl.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -82,7 +184,8 @@ class AdmissionWebhook:
         self.cert_dir = Path(cert_dir) if cert_dir else None
         self._cert_stamp: tuple[float, float] | None = None
         # The custom metrics API, on the same port and certificate (the chart's APIService names this Service).
-        self.custom_metrics = CustomMetricsApi(kube, self.watched) if custom_metrics else None
+        self.custom_metrics = CustomMetricsApi(kube, self.watched, models=_WatchedModels(self)) if custom_metrics \
+            else None
 
     # lifecycle
 
@@ -94,17 +197,22 @@ class AdmissionWebhook:
         else:
             issued = self._load(issue_certificate(self.target.hosts()))
         if self._runner is None:
-            app = web.Application(client_max_size=8 * 1024 * 1024)
+            self.informer.start()
+            self._sync_deadline = time.monotonic() + SYNC_WAIT_SECONDS
+            app = web.Application(client_max_size=tls_server.MAX_BODY)
             app.router.add_post(WEBHOOK_PATH, self._handle)
             if self.custom_metrics is not None:
                 await self.custom_metrics.start(self._ssl)
                 self.custom_metrics.routes(app)
-            runner = web.AppRunner(app, access_log=None)
+            runner = web.AppRunner(app, **tls_server.runner_options())
             await runner.setup()
-            await web.TCPSite(runner, self.address, self.port, ssl_context=self._ssl).start()
+            site = TlsSite(runner, self.address, self.port, self._ssl, max_connections=self.max_connections)
+            await site.start()
+            self.port = site.port
             self._runner = runner
-            log.info("Serving the admission webhook address=%s port=%d path=%s custom_metrics=%s", self.address,
-                     self.port, WEBHOOK_PATH, CUSTOM_METRICS_PREFIX if self.custom_metrics else "off")
+            log.info("Serving the admission webhook address=%s port=%d path=%s custom_metrics=%s max_connections=%d",
+                     self.address, self.port, WEBHOOK_PATH, CUSTOM_METRICS_PREFIX if self.custom_metrics else "off",
+                     self.max_connections)
         if self.cert_dir is not None:
             if self._renewal is None:
                 self._renewal = asyncio.create_task(self._reload_loop(), name="webhook-certificate")
@@ -117,6 +225,7 @@ class AdmissionWebhook:
     async def stop(self) -> None:
         if self._renewal:
             self._renewal.cancel()
+        self.informer.stop()
         if self.custom_metrics is not None:
             await self.custom_metrics.stop()
         if self.target.url:  # ours alone: a configuration left behind would point at a closed port
@@ -190,48 +299,165 @@ class AdmissionWebhook:
 
     async def _handle(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-            req = body["request"]
-        except (ValueError, KeyError, TypeError):
-            return web.json_response({"error": "expected an AdmissionReview"}, status=400)
-        response: dict[str, Any] = {"uid": req.get("uid"), "allowed": True}
+            async with body_of(request) as data:
+                body, req = parse_review(data)
+                response = await self._respond(req)
+        except BodyRefused as exc:
+            refused = web.json_response({"error": exc.reason}, status=exc.status)
+            refused.force_close()
+            return refused
+        except BadReview as exc:
+            log.debug("Refused a malformed admission review remote=%s reason=%s", request.remote, exc)
+            metrics.ADMISSIONS.labels(verdict="malformed").inc()
+            return web.json_response({"error": f"not an AdmissionReview this webhook answers: {exc}"}, status=400)
+        return web.json_response({"apiVersion": body["apiVersion"], "kind": "AdmissionReview", "response": response})
+
+    async def _respond(self, req: dict[str, Any]) -> dict[str, Any]:
+        response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
         try:
             response.update(await self._review(req))
         except Exception as exc:
             # The API server applies the failurePolicy to errors, not to a denial: say what broke, refuse.
-            log.exception("Admission review failed uid=%s", req.get("uid"))
+            if isinstance(exc, ApiError):
+                log.warning("Admission review failed uid=%s error=%s", req["uid"], exc)
+            else:
+                log.exception("Admission review failed uid=%s", req["uid"])
             metrics.ADMISSIONS.labels(verdict="error").inc()
             response.update({"allowed": False, "status": {
-                "code": 500, "reason": "InternalError", "message": f"triton-operator could not review: {exc}"}})
-        return web.json_response({"apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
-                                  "kind": "AdmissionReview", "response": response})
+                "code": 500, "reason": "InternalError",
+                "message": "triton-operator could not review: " + ("the API server did not answer" if
+                                                                     isinstance(exc, ApiError) else repr(exc))}})
+        return response
 
     async def _review(self, req: dict[str, Any]) -> dict[str, Any]:
-        namespace, operation = req.get("namespace") or "", req.get("operation", "")
+        namespace, operation = req.get("namespace") or "", req["operation"]
         obj, old = req.get("object"), req.get("oldObject")
         if not self.watched(namespace) or not needs_review(operation, obj, old):
             metrics.ADMISSIONS.labels(verdict="skipped").inc()
             return {}
         assert obj is not None
         name = obj["metadata"].get("name") or ""
-        listed = await asyncio.to_thread(self.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
-        live = {b["metadata"]["name"]: b for b in listed if b["metadata"]["name"] != name}
-        dependents = step_graph.dependents(name, live)
-        neighbours = reachable(live, [*steps_of(obj), *dependents])
-        verdict = review(obj, old, neighbours, dependents)
+        view = await self._view(namespace)
+        named = [s for s in dict.fromkeys(steps_of(obj)) if s != name]
+        await view.read([s for s in named if s not in view.graph])  # a step created a moment ago
+        verdict, dependents = view.verdict(obj, old, name)
+        alone = {(e.path, e.message) for e in review(obj, None, {}).errors} if not verdict.allowed else set()
+        if any(e.model != verdict.subject or (e.path, e.message) not in alone for e in verdict.errors):
+            # Other models refused it: read the ones it names and the ensembles it breaks fresh, then decide.
+            await view.read([*named, *dependents], why="refusal")
+            verdict, _ = view.verdict(obj, old, name)
+        shown = verdict if await self._has_read(view, name, obj, old) else redacted(verdict, obj)
         out: dict[str, Any] = {}
-        if verdict.warnings:
-            out["warnings"] = verdict.warnings[:10]
-        if verdict.allowed:
+        if shown.warnings:
+            out["warnings"] = shown.warnings[:10]
+        if shown.allowed:
             metrics.ADMISSIONS.labels(verdict="allowed").inc()
             return out
         metrics.ADMISSIONS.labels(verdict="denied").inc()
-        log.info("Denied %s namespace=%s name=%s errors=%d", operation, namespace, name, len(verdict.errors))
+        log.info("Denied %s namespace=%s name=%s errors=%d", operation, namespace, name, len(shown.errors))
         # kubectl prints the causes ("* field: message"), else the message.
-        causes = [{"field": e.path, "message": e.message, "reason": "FieldValueInvalid"} if e.model == verdict.subject
+        causes = [{"field": e.path, "message": e.message, "reason": "FieldValueInvalid"} if e.model == shown.subject
                   else {"message": line, "reason": "FieldValueInvalid"}
-                  for e, line in zip(verdict.errors, verdict.message.splitlines()[1:], strict=True)]
+                  for e, line in zip(shown.errors, shown.message.splitlines()[1:], strict=True)]
         out.update({"allowed": False, "status": {
-            "code": 422, "reason": "Invalid", "message": verdict.message,
+            "code": 422, "reason": "Invalid", "message": shown.message,
             "details": {"group": GROUP, "kind": KIND, "name": name, "causes": causes}}})
         return out
+
+    async def _view(self, namespace: str) -> _View:
+        """The namespace's TritonModels as this replica's watch has them; a LIST until its first list is in."""
+        if await self.informer.wait_synced(max(self._sync_deadline - time.monotonic(), 0.0)):
+            store = self.informer.store
+            return _View(self, namespace, store.graph(namespace), lambda n: store.body(namespace, n),
+                         lambda n: store.uid(namespace, n))
+        listed = await asyncio.to_thread(self.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
+        bodies = {b["metadata"]["name"]: b for b in listed}
+        return _View(self, namespace, {n: tuple(steps_of(b)) for n, b in bodies.items()}, bodies.get,
+                     lambda n: (bodies.get(n) or {}).get("metadata", {}).get("uid"), complete=True)
+
+    async def _has_read(self, view: _View, name: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+        """Whether the review shows its sender has read the object: an UPDATE whose old object carries the stored
+        object's uid (the API server's always does; nobody else can know it without reading the namespace)."""
+        if old is None or not name:
+            return False
+        uid = old["metadata"].get("uid")
+        if not isinstance(uid, str) or not uid or obj["metadata"].get("uid") not in (None, uid):
+            return False
+        if view.uid(name) != uid:  # not in the cache yet, or an object of that name deleted and made again
+            await view.read([name], why="uid")
+        return view.uid(name) == uid
+
+    async def get_model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        async with self._reads:
+            return await asyncio.to_thread(self.kube.get, f"{GROUP}/{VERSION}", KIND, namespace, name)
+
+
+class _View:
+    """The TritonModels one review reads: the cache's (or a LIST's), with what it read fresh on top."""
+
+    def __init__(self, webhook: AdmissionWebhook, namespace: str, graph: dict[str, tuple[str, ...]],
+                 body: Callable[[str], dict[str, Any] | None], uid: Callable[[str], str | None],
+                 complete: bool = False) -> None:
+        self.webhook, self.namespace = webhook, namespace
+        self.graph = graph
+        self._body, self._uid = body, uid
+        self.fresh: dict[str, dict[str, Any] | None] = {}
+        self.complete = complete  # a LIST of this moment: nothing to read again
+        self.reads = 0
+
+    async def read(self, names: list[str], why: str = "missing") -> None:
+        """GETs of `names` not read yet in this review, within MAX_READS in all: of those the cache lacks
+        (`why` "missing"), or of all of them (before a refusal, "refusal"; an UPDATE's uid to check, "uid")."""
+        if self.complete:
+            return
+        todo = [n for n in dict.fromkeys(names) if n not in self.fresh and (why != "missing" or n not in self.graph)]
+        todo = todo[:max(MAX_READS - self.reads, 0)]
+        self.reads += len(todo)
+        if todo:
+            metrics.ADMISSION_READS.labels(why=why).inc(len(todo))
+        found = await asyncio.gather(*(self.webhook.get_model(self.namespace, n) for n in todo))
+        for n, body in zip(todo, found, strict=True):
+            self.fresh[n] = body
+            if body is None:
+                self.graph.pop(n, None)
+            else:
+                self.graph[n] = tuple(steps_of(body))
+
+    def body(self, name: str) -> dict[str, Any] | None:
+        return self.fresh[name] if name in self.fresh else self._body(name)
+
+    def uid(self, name: str) -> str | None:
+        if name in self.fresh:
+            return ((self.fresh[name] or {}).get("metadata") or {}).get("uid")
+        found: str | None = self._uid(name)
+        return found
+
+    def verdict(self, obj: Mapping[str, Any], old: Mapping[str, Any] | None, name: str
+                ) -> tuple[AdmissionVerdict, list[str]]:
+        """The verdict with the models as this view has them, and the ensembles that use the object."""
+        graph = {n: steps for n, steps in self.graph.items() if n != name}
+        dependents = sorted(n for n, steps in graph.items() if name in steps)
+        reached, _ = step_graph.closure([*steps_of(obj), *dependents], lambda n: list(graph[n]) if n in graph
+                                        else None)
+        neighbours = {n: b for n in reached[:MAX_NEIGHBOURS] if (b := self.body(n)) is not None}
+        return review(obj, old, neighbours, dependents), dependents
+
+
+class _WatchedModels:
+    """Which TritonModels exist, for the custom metrics API: the watch's, and a GET for a name it lacks."""
+
+    def __init__(self, webhook: AdmissionWebhook) -> None:
+        self.webhook = webhook
+
+    async def exists(self, namespace: str, name: str) -> bool:
+        informer = self.webhook.informer
+        if informer.synced() and informer.store.uid(namespace, name) is not None:
+            return True
+        return await self.webhook.get_model(namespace, name) is not None
+
+    async def names(self, namespace: str) -> list[str]:
+        informer = self.webhook.informer
+        if informer.synced():
+            return sorted(informer.store.graph(namespace))
+        listed = await asyncio.to_thread(self.webhook.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
+        return sorted(b["metadata"]["name"] for b in listed)

@@ -22,6 +22,12 @@ A port that closes after a success is answered at once (503): that is tritonserv
 keeps answering until tritonserver's port refuses (its drain is over) and then exits, so that the pod's termination
 does not wait for it.
 
+Bounds. Anything that reaches the pod can connect here, so a connection that sends nothing (or stops sending)
+for `IDLE_SECONDS` is closed, and at most `MAX_CONNECTIONS` are served at once, a thread each: one more is
+closed as soon as it is accepted. The kubelet holds one probe at a time and the operator posts one notice, so
+the cap is far above what they use. The idle timeout is on the socket's reads and writes, never on the hold:
+a held probe sent its request already, and waits up to `hold` seconds by design.
+
 Standard library only: it runs in every replica, and starts in a fraction of a second.
 """
 
@@ -39,6 +45,10 @@ from typing import Any
 
 #: Where the operator tells the probe server that it has set the gate.
 GATE_PATH = "/gate"
+#: A connection that sends nothing (or reads nothing of the answer) for this long is closed.
+IDLE_SECONDS = 5.0
+#: Connections served at once (a thread each); more are closed as soon as they are accepted.
+MAX_CONNECTIONS = 32
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -123,7 +133,7 @@ class Readiness:
 
 
 def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
-          stop_poll: float = 0.1) -> int:
+          stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS) -> int:
     # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
     # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
     # soon as the port listens stays pending instead of killing the process.
@@ -133,6 +143,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = idle  # each read and write of the socket; BaseHTTPRequestHandler closes on the timeout
 
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] not in ("/", "/ready"):
@@ -165,12 +176,33 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
         def log_message(self, format: str, *args: object) -> None:
             pass  # one probe a second: no access log
 
+    slots = threading.BoundedSemaphore(max_connections)
+
     class Server(http.server.ThreadingHTTPServer):
         daemon_threads = True
+        block_on_close = False
+        request_queue_size = 64  # the listen backlog: beyond it, connections wait in SYN retries, not refused at once
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not slots.acquire(blocking=False):
+                self.shutdown_request(request)  # over the cap: closed at once, no thread
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                slots.release()
+                raise
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                slots.release()
 
         def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
-            # A kubelet that gave up on a held probe (its timeout, the pod's deletion) has closed the connection.
-            if not isinstance(sys.exc_info()[1], ConnectionError):
+            # A kubelet that gave up on a held probe (its timeout, the pod's deletion) has closed the connection; a
+            # client that does not read the answer timed out.
+            if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
                 super().handle_error(request, client_address)
 
     server = Server(listen, Handler)

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from ..api import steps as step_graph
 from ..api.v1alpha1 import TritonModel
 from .errors import FieldError, from_pydantic
-from .rules import check_models
+from .rules import RULES, check_models
 
 #: How a TritonModel is named in field errors here (the same as the operator's conditions).
 IDENT = "TritonModel/{}"
@@ -122,3 +122,39 @@ def reachable(models: Mapping[str, Mapping[str, Any]], start: list[str]) -> dict
     MAX_NEIGHBOURS of them)."""
     reached, _ = step_graph.closure(start, step_graph.of_bodies(models))
     return {n: models[n] for n in reached[:MAX_NEIGHBOURS]}
+
+
+#: What `redacted` says instead of an error another model caused: the rule, not the model.
+UNTOLD = "does not hold with the TritonModels involved (rule: {rule}); this answer gives no details of other models"
+#: What `redacted` says instead of an error the change would cause in an ensemble that uses it.
+UNTOLD_DEPENDENT = "would break an ensemble that uses {name} (rule: {rule})"
+
+
+def rule_summary(rule: str) -> str:
+    return RULES[rule].summary if rule in RULES else "agrees with the other TritonModels of the namespace"
+
+
+def redacted(verdict: AdmissionVerdict, obj: Mapping[str, Any]) -> AdmissionVerdict:
+    """The verdict as told to a caller that has not shown it may read the namespace: nothing in it that `obj` does
+    not name.
+
+    An error `obj` shows on its own (the same path and message with no other TritonModel around, such as a step
+    that is not defined) is kept as it is. Every other one comes from another model's fields: it keeps its path
+    in `obj` and says which rule (`UNTOLD`), not what the other model has; one that `obj` would cause in an
+    ensemble using it names neither the ensemble nor its fields (`UNTOLD_DEPENDENT`). Warnings, all about other
+    models, are dropped. The verdict itself (allowed or not) stays."""
+    if verdict.allowed:
+        return AdmissionVerdict(True, subject=verdict.subject)
+    alone = {(e.path, e.message) for e in review(obj, None, {}).errors}
+    errors: list[FieldError] = []
+    for e in verdict.errors:
+        if e.model != verdict.subject:
+            told = FieldError(verdict.subject, "spec", UNTOLD_DEPENDENT.format(
+                name=obj["metadata"]["name"], rule=rule_summary(e.rule)), e.rule)
+        elif (e.path, e.message) in alone:
+            told = e
+        else:
+            told = FieldError(e.model, e.path, UNTOLD.format(rule=rule_summary(e.rule)), e.rule)
+        if told not in errors:
+            errors.append(told)
+    return AdmissionVerdict(False, errors, subject=verdict.subject)
