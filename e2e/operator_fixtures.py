@@ -361,20 +361,34 @@ class ChartOperator(OperatorHandle):
         under the identity the Lease holds)."""
         killed, before = self._killed
 
+        why = ["not checked yet"]
+
         def up() -> bool:
             pods = self.pods()
-            if len(pods) < self.replicas or not all(self._operator_status(p).get("ready") is True for p in pods):
+            unready = [p["metadata"]["name"] for p in pods if self._operator_status(p).get("ready") is not True]
+            if len(pods) < self.replicas or unready:
+                why[0] = f"{len(pods)} pods of {self.replicas}, not ready: {unready}"
                 return False
             serving = ready_addresses(self.kube, RELEASE_NAMESPACE, self.webhook_service)
-            if not all((p.get("status") or {}).get("podIP") in serving for p in pods):
+            if missing := [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("podIP") not in serving]:
+                why[0] = f"not yet ready endpoints of {self.webhook_service}: {missing}"
                 return False
-            if killed and self._operator_status(next((p for p in pods if p["metadata"]["name"] == killed), None)
-                                                ).get("restartCount", 0) <= before:
+            # The pod kill() hit must have been restarted by its kubelet; one replaced since (a helm upgrade rolled
+            # the Deployment) has nothing left to restart.
+            hit = next((p for p in pods if p["metadata"]["name"] == killed), None)
+            if killed and hit is not None and self._operator_status(hit).get("restartCount", 0) <= before:
+                why[0] = f"{killed} (killed) not restarted yet"
                 return False
             holder = self.holder()
-            return bool(holder) and f"identity={holder}" in self.log_since() and "Became the leader" in self.log_since()
+            if not (holder and f"identity={holder}" in self.log_since() and "Became the leader" in self.log_since()):
+                why[0] = f"the Lease's holder {holder!r} is not a live process that says it became the leader"
+                return False
+            return True
 
-        wait_for(f"{self.replicas} operator replicas running and ready, and a live leader", up, 180)
+        try:
+            wait_for(f"{self.replicas} operator replicas running and ready, and a live leader", up, 180)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}: {why[0]}") from None
         self._killed = ("", 0)
 
     def stop(self) -> None:

@@ -717,16 +717,27 @@ def test_a_large_file_is_not_read_and_is_left_for_a_uri(tmp_path: Path) -> None:
     assert "weights.bin: too large to inline" in proc.stderr
 
 
-def test_a_large_file_costs_no_memory(tmp_path: Path) -> None:
-    repo = _plain_repository(tmp_path / "repo", {"m": PLAIN.format(name="m")})
-    with (repo / "m" / "1" / "weights.bin").open("wb") as f:
-        f.truncate(300 << 20)
+def _import_peak_mib(repo: Path) -> float:
     proc = subprocess.Popen([str(CONSOLE_SCRIPT), "import", str(repo)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
-    peak = usage.ru_maxrss / 1024  # KiB on Linux
-    assert peak < 150, f"import of a repository with a 300 MiB file peaked at {peak:.0f} MiB: it read the file"
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.waitstatus_to_exitcode(status) == 0, f"import {repo} failed"
+    return usage.ru_maxrss / 1024  # KiB on Linux
+
+
+def test_a_large_file_costs_no_memory(tmp_path: Path) -> None:
+    """The same import with and without a 300 MiB file: the file must not show in the peak. Compared with the
+    import of the repository without it, in the same run, so the interpreter's own size (which varies with the
+    machine and its load: CI saw 183 MiB) is not mistaken for the file."""
+    small = _plain_repository(tmp_path / "small", {"m": PLAIN.format(name="m")})
+    repo = _plain_repository(tmp_path / "repo", {"m": PLAIN.format(name="m")})
+    with (repo / "m" / "1" / "weights.bin").open("wb") as f:
+        f.truncate(300 << 20)
+    baseline = _import_peak_mib(small)
+    peak = _import_peak_mib(repo)
+    assert peak < baseline + 100, (
+        f"import of a repository with a 300 MiB file peaked at {peak:.0f} MiB, {peak - baseline:.0f} MiB above "
+        f"the same repository without it ({baseline:.0f} MiB): it read the file")
 
 
 def test_a_config_too_large_for_a_configmap_is_refused_unread(tmp_path: Path) -> None:
