@@ -147,9 +147,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def _fetched_at_pod_start(model: TritonModel) -> str | None:
-    """The first uri `model`'s files come from (a version's source, or spec.modelFiles), if any."""
+    """The first uri `model`'s files come from (a version's source, or spec.modelFiles), if any, as it may be
+    printed (no query, fragment or userinfo)."""
+    from ..uris import shown
+
     sources = [*model.spec.version_sources.values(), model.spec.model_files]
-    return next((s.uri for s in sources if s is not None and s.uri), None)
+    return next((shown(s.uri) for s in sources if s is not None and s.uri), None)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
