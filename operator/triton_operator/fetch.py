@@ -318,30 +318,35 @@ def _is_archive(name: str) -> bool:
 
 def _place(name: str, read: Callable[[int], bytes], staging: Path, budget: Budget, *, size: int | None = None,
            check: Callable[[Any], None] | None = None) -> None:
-    """One object, streamed from `read`, into `staging/files`: an archive (kept aside in `staging`, checked, then
-    unpacked and removed), any other file as `name` (checked once written; a file that fails the check goes with
-    the staging directory). `check` gets the download's sha256 object."""
+    """One object, streamed from `read`, into `staging/files`: an archive (kept aside as `staging/download`,
+    checked, then unpacked and removed), any other file as `name` (checked once written; a file that fails the
+    check goes with the staging directory). `check` gets the download's sha256 object."""
     if size is not None:
         budget.expect(size)
     sha = hashlib.sha256()
-    files = staging / "files"
-    if _is_archive(name):
-        download = staging / "download"
-        n = _write(download, read, budget, sha=sha)
+    if not _is_archive(name):
+        _write(staging / "files" / name, read, budget, sha=sha)
         if check is not None:
             check(sha)
-        try:
-            if name.endswith(".zip"):
-                _unpack_zip(download, files, budget)
-            else:
-                _unpack_tar(download, files, budget)
-        finally:
-            download.unlink(missing_ok=True)
-            budget.give_back(n + BLOCK)
-    else:
-        _write(files / name, read, budget, sha=sha)
-        if check is not None:
-            check(sha)
+        return
+    n = _write(staging / "download", read, budget, sha=sha)
+    if check is not None:
+        check(sha)
+    _unpack(name, staging, budget, n)
+
+
+def _unpack(name: str, staging: Path, budget: Budget, size: int) -> None:
+    """The archive downloaded as `staging/download` (`size` bytes) unpacked into `staging/files`, then removed and
+    its room given back."""
+    download = staging / "download"
+    try:
+        if name.endswith(".zip"):
+            _unpack_zip(download, staging / "files", budget)
+        else:
+            _unpack_tar(download, staging / "files", budget)
+    finally:
+        download.unlink(missing_ok=True)
+        budget.give_back(size + BLOCK)
 
 
 class _HttpsOnly(urllib.request.HTTPRedirectHandler):
@@ -629,7 +634,7 @@ class _Sink:
     chunk by chunk."""
 
     def __init__(self, target: Path, budget: Budget) -> None:
-        self.target, self.budget = target, budget
+        self.budget, self.written = budget, 0
         _mkdir(target.parent, budget)
         budget.entry()
         try:
@@ -639,6 +644,7 @@ class _Sink:
 
     def write(self, data: bytes) -> int:
         self.budget.charge(len(data))
+        self.written += len(data)
         return self.file.write(data)
 
     def __enter__(self) -> _Sink:
@@ -652,17 +658,11 @@ def _gcs_place(blob: Any, name: str, staging: Path, budget: Budget) -> None:
     """One GCS object: a file as `name`, or an archive kept aside and unpacked."""
     if blob.size is not None:
         budget.expect(int(blob.size))
-    if not _is_archive(name):
-        with _Sink(staging / "files" / name, budget) as sink:
-            blob.download_to_file(sink)
-        return
-    with _Sink(staging / "object", budget) as sink:
+    archive = _is_archive(name)
+    with _Sink(staging / "download" if archive else staging / "files" / name, budget) as sink:
         blob.download_to_file(sink)
-    with (staging / "object").open("rb") as f:
-        _place(name, f.read, staging, budget)
-    n = (staging / "object").stat().st_size
-    (staging / "object").unlink()
-    budget.give_back(n + BLOCK)
+    if archive:
+        _unpack(name, staging, budget, sink.written)
 
 
 def _fetch_gs(uri: str, staging: Path, budget: Budget, version: str | None = None) -> None:
