@@ -51,8 +51,9 @@ CONFIG_DIR = "/config"
 TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
 #: The `fetch` init container's resources. It streams every download in 1 MiB chunks, so its memory does not grow
 #: with the model: peak RSS measured at 24 MiB for a 400 MiB https:// file, 51 MiB for a 200 MiB s3:// object
-#: (boto3) and 57 MiB for a 200 MiB gs:// one (google-cloud-storage). No ephemeral-storage limit: what it writes goes to the `models` emptyDir, bounded
-#: by its sizeLimit (an init container's ephemeral-storage limit would cap the whole pod's usage, emptyDirs included).
+#: (boto3) and 57 MiB for a 200 MiB gs:// one (google-cloud-storage). No ephemeral-storage limit: what it writes
+#: goes to the `models` emptyDir, bounded by its sizeLimit (an init container's ephemeral-storage limit would cap
+#: the whole pod's usage, emptyDirs included).
 FETCH_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}}
 #: A memory-backed emptyDir sized by spec.server.shmSize: the Python backend's tensors pass through it.
 SHM_DIR = "/dev/shm"  # noqa: S108 - an emptyDir of the pod's own
