@@ -157,6 +157,7 @@ def test_a_source_past_the_fetch_cap_is_source_fetch_failed_with_fetchs_line_and
     node_ip = nodes.real(nodes.names[0]).ip
     signature = "e2e0SECRET0signature"
     name = "add-sub-capped"
+    (tmp_path / "https").mkdir()
     gen = serve(tmp_path / "https", host=node_ip)
     https = next(gen)
     try:
@@ -178,7 +179,7 @@ def test_a_source_past_the_fetch_cap_is_source_fetch_failed_with_fetchs_line_and
             f"{pod['metadata']['name']}: fetch: https://{node_ip}:{https.port}/add-sub.tar.gz?<redacted>: more than "
             "2.0 MiB to write into the model repository (the cap: spec.server.fetch.maxBytes)"), degraded
         assert https.requests and https.requests[0].startswith("/add-sub.tar.gz?"), https.requests  # fetched, refused
-        assert signature not in json.dumps(tm), "the signature leaked into the TritonModel"
+        assert signature not in json.dumps(tm["status"]), "the signature leaked into the TritonModel's status"
         assert signature not in json.dumps(pod["status"]), "the signature leaked into the pod's status"
         log = kube.request_text("GET", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/log"
                                        "?container=fetch")
