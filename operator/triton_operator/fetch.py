@@ -275,11 +275,13 @@ def _unpack_tar(archive: Path, dst: Path, budget: Budget) -> None:
                     continue
                 if member.isdir():
                     _mkdir(target, budget)
+                    tar.members = []
                     continue
                 budget.expect(member.size)
                 data = tar.extractfile(member)
                 assert data is not None  # a regular file's
                 _write(target, data.read, budget, executable=bool(member.mode & 0o100))
+                tar.members = []  # a stream needs no index of what it read: memory stays flat over many members
     except (tarfile.TarError, EOFError, zlib.error) as exc:  # a short or corrupt .gz raises EOFError or zlib.error
         raise FetchError(f"{budget.source}: not a readable tar archive: {exc}") from exc
 
