@@ -245,6 +245,11 @@ def _member_target(dst: Path, name: str, budget: Budget) -> Path | None:
     return target
 
 
+def _forget_members(tar: tarfile.TarFile) -> None:
+    """Drop tarfile's index of the members read so far (a stream needs none): memory stays flat over many members."""
+    tar.members = []  # type: ignore[attr-defined]  # an attribute of TarFile that typeshed does not declare
+
+
 def _unpack_tar(archive: Path, dst: Path, budget: Budget) -> None:
     """Regular files and directories, one member at a time (the archive is read as a stream, never whole). Our own
     checks refuse links, devices, fifos, absolute names and `..`; tarfile's `data` filter (Python 3.11.4 and later)
@@ -275,13 +280,13 @@ def _unpack_tar(archive: Path, dst: Path, budget: Budget) -> None:
                     continue
                 if member.isdir():
                     _mkdir(target, budget)
-                    tar.members = []
+                    _forget_members(tar)
                     continue
                 budget.expect(member.size)
                 data = tar.extractfile(member)
                 assert data is not None  # a regular file's
                 _write(target, data.read, budget, executable=bool(member.mode & 0o100))
-                tar.members = []  # a stream needs no index of what it read: memory stays flat over many members
+                _forget_members(tar)
     except (tarfile.TarError, EOFError, zlib.error) as exc:  # a short or corrupt .gz raises EOFError or zlib.error
         raise FetchError(f"{budget.source}: not a readable tar archive: {exc}") from exc
 
