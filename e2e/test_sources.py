@@ -6,12 +6,17 @@ model's files from a real source before tritonserver starts.
 - `s3://`: a real S3 server (versitygw, built from its Go module) listening on a node's address, with the
   credentials in a Secret, as the README says; a wrong credential surfaces on the TritonModel's status as
   Degraded, reason SourceFetchFailed, with fetch's own message.
+- `https://` (issue 32): a presigned URL (its signature in the query) on a real HTTPS server on a node's address,
+  whose archive unpacks past spec.server.fetch.maxBytes: fetch stops at the cap, and the status says so in fetch's
+  line, the signature redacted everywhere but the pod's own args.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.test_operator import add_sub, apply, infer_add_sub, one_ready_pod
+from tests.https_server import serve
 
 pytestmark = pytest.mark.cluster
 
@@ -130,3 +136,59 @@ def test_a_model_fetched_from_s3_with_its_secret_and_a_wrong_secret_is_source_fe
         assert served["metadata"]["uid"] == pod["metadata"]["uid"], "the pod was replaced instead of retried"
         tm = kube.get("TritonModel", model, namespace)
         assert model_condition(tm, "Degraded")["status"] == "False", model_condition(tm, "Degraded")
+
+
+def _bomb(size: int) -> bytes:
+    """A .tar.gz of a few KiB holding model.py and `size` bytes of zeros."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in (("model.py", MODEL_PY.encode()), ("zeros.bin", b"\0" * size)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_source_past_the_fetch_cap_is_source_fetch_failed_with_fetchs_line_and_no_secret(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any, tmp_path: Path) -> None:
+    """A presigned https:// URL whose 8 KiB archive unpacks to 8 MiB, with spec.server.fetch.maxBytes 2Mi. The fetch
+    init container (our image: Debian's Python 3.11, no tarfile data filter) trusts the test CA through
+    SSL_CERT_FILE, pointing at a file of spec.modelFiles (in the ConfigMap it reads)."""
+    node_ip = nodes.real(nodes.names[0]).ip
+    signature = "e2e0SECRET0signature"
+    name = "add-sub-capped"
+    (tmp_path / "https").mkdir()
+    gen = serve(tmp_path / "https", host=node_ip)
+    https = next(gen)
+    try:
+        archive = _bomb(8 << 20)
+        assert len(archive) < 64 << 10
+        https["/add-sub.tar.gz"] = archive
+        doc = add_sub(name)
+        doc["spec"]["source"] = {"uri": https.url("/add-sub.tar.gz") + f"?X-Amz-Expires=600&X-Amz-Signature={signature}"}
+        doc["spec"]["modelFiles"] = {"inline": {"ca.pem": https.ca_file.read_text()}}
+        doc["spec"]["server"] = {"env": [{"name": "SSL_CERT_FILE", "value": f"/config/{name}/ca.pem"}],
+                                 "fetch": {"maxBytes": "2Mi"}}
+        apply(kubeconfig, namespace, doc)
+        tm = wait_model(kube, namespace, name, lambda tm: model_condition(tm, "Degraded").get("reason")
+                        == "SourceFetchFailed", "Degraded, SourceFetchFailed", 180)
+        [pod] = model_pods(kube, namespace, name)
+        degraded = model_condition(tm, "Degraded")
+        assert degraded["status"] == "True", degraded
+        assert degraded["message"] == (
+            f"{pod['metadata']['name']}: fetch: https://{node_ip}:{https.port}/add-sub.tar.gz?<redacted>: more than "
+            "2.0 MiB to write into the model repository (the cap: spec.server.fetch.maxBytes)"), degraded
+        assert https.requests and https.requests[0].startswith("/add-sub.tar.gz?"), https.requests  # fetched, refused
+        assert signature not in json.dumps(tm["status"]), "the signature leaked into the TritonModel's status"
+        assert signature not in json.dumps(pod["status"]), "the signature leaked into the pod's status"
+        log = kube.request_text("GET", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/log"
+                                       "?container=fetch")
+        assert "?<redacted>" in log and signature not in log, log
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["models"]["emptyDir"] == {"sizeLimit": "10Gi"} and volumes["tmp"]["emptyDir"] == {"sizeLimit": "4Gi"}
+        [fetch] = pod["spec"]["initContainers"]
+        assert fetch["resources"]["limits"]["memory"] == "256Mi", fetch["resources"]
+    finally:
+        kube.delete("TritonModel", name, namespace)
+        wait_for("the model's pods gone", lambda: not model_pods(kube, namespace, name), 120)
+        gen.close()

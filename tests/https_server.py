@@ -9,6 +9,7 @@ import datetime as dt
 import ipaddress
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,12 +24,16 @@ from cryptography.x509.oid import NameOID
 @dataclass
 class Page:
     """What one path answers: a body (status 200), a redirect (`location`, 302), an error status, or a body
-    cut short (`truncate`: Content-Length says the whole body, the connection closes after this many bytes)."""
+    cut short (`truncate`: Content-Length says the whole body, the connection closes after this many bytes).
+    `length=False` sends no Content-Length (the body ends when the connection closes); `drip` sends the body one
+    byte at a time, this many seconds apart (a source that is slow on purpose)."""
 
     body: bytes = b""
     status: int = 200
     location: str | None = None
     truncate: int | None = None
+    length: bool = True
+    drip: float | None = None
 
 
 @dataclass
@@ -37,9 +42,10 @@ class HttpsServer:
     port: int
     pages: dict[str, Page] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
 
     def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.port}{path}"
+        return f"https://{self.host}:{self.port}{path}"
 
     def __setitem__(self, path: str, page: bytes | Page) -> None:
         self.pages[path] = page if isinstance(page, Page) else Page(page)
@@ -77,10 +83,11 @@ def _certificates(directory: Path, names: list[x509.GeneralName] | None = None) 
     return ca_file, cert_file, key_file
 
 
-def serve(directory: Path) -> Iterator[HttpsServer]:
-    """Runs the server until the generator is closed (use as a pytest fixture body)."""
-    ca_file, cert_file, key_file = _certificates(directory)
-    state = HttpsServer(ca_file, 0)
+def serve(directory: Path, host: str = "127.0.0.1") -> Iterator[HttpsServer]:
+    """Runs the server on `host` (an IP address; its certificate names it) until the generator is closed (use as a
+    pytest fixture body)."""
+    ca_file, cert_file, key_file = _certificates(directory, [x509.IPAddress(ipaddress.ip_address(host))])
+    state = HttpsServer(ca_file, 0, host=host)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -99,16 +106,26 @@ def serve(directory: Path) -> Iterator[HttpsServer]:
                 self.send_error(page.status)
                 return
             self.send_response(200)
-            self.send_header("Content-Length", str(len(page.body)))
+            if page.length:
+                self.send_header("Content-Length", str(len(page.body)))
             self.end_headers()
-            self.wfile.write(page.body[: page.truncate] if page.truncate is not None else page.body)
-            if page.truncate is not None:
+            body = page.body[: page.truncate] if page.truncate is not None else page.body
+            pieces = [body] if page.drip is None else [body[i:i + 1] for i in range(len(body))]
+            try:
+                for piece in pieces:
+                    self.wfile.write(piece)
+                    self.wfile.flush()
+                    if page.drip is not None:
+                        time.sleep(page.drip)  # the source's own pace, not a test's wait
+            except (BrokenPipeError, ConnectionResetError, ssl.SSLError):  # the client gave up
+                pass
+            if page.truncate is not None or not page.length:
                 self.close_connection = True
 
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd = ThreadingHTTPServer((host, 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_file, key_file)
     httpd.socket = context.wrap_socket(httpd.socket, server_side=True)

@@ -45,6 +45,10 @@ OBJECTS = {
     "single/model.py": b"# one object\n",
     "single/m.tar.gz": _tar({"model.py": b"# from the archive\n"}),
     "escape/../evil.py": b"# a key with .. in it\n",
+    # Over the caps of the test below: 3 MiB in one object, an archive that unpacks to 64 MiB, 12 small objects.
+    "big/weights.bin": b"\x01" * (3 << 20),
+    "bomb/m.tar.gz": _tar({"model.py": b"ok\n", "zeros.bin": b"\0" * (64 << 20)}),
+    **{f"many/f{i}.txt": b"x" for i in range(12)},
 }
 
 
@@ -142,6 +146,31 @@ def test_a_gcs_generation_pins_exactly_that_generation(gcs: GCSServer, tmp_path:
     fetch_uri("one", "gs://versioned/model.py", tmp_path, object_version=str(g1))
     fetch_uri("two", "gs://versioned/model.py", tmp_path, object_version=str(g2))
     assert _tree(tmp_path) == {"one/1/model.py": b"# generation one\n", "two/1/model.py": b"# generation two\n"}
+
+
+CAPPED: dict[str, tuple[dict[str, int], str]] = {  # uri (below the bucket) -> (the caps it exceeds, what is said)
+    "big/weights.bin": ({"max_bytes": 1 << 20}, "more than 1.0 MiB to write into the model repository (the cap: "
+                        "spec.server.fetch.maxBytes)"),
+    "big": ({"max_bytes": 1 << 20}, "more than 1.0 MiB to write into the model repository"),
+    "bomb/m.tar.gz": ({"max_bytes": 8 << 20}, "more than 8.0 MiB to write into the model repository"),
+    "many": ({"max_files": 10}, "more than 10 files and directories (the cap: spec.server.fetch.maxFiles)"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(CAPPED))
+def test_what_exceeds_the_caps_is_refused_and_leaves_nothing(store: Any, tmp_path: Path, key: str) -> None:
+    """An object, a prefix's objects, an archive's members: each charged as it is written (never held whole)."""
+    from triton_operator.fetch import Budget  # (issue 32)
+
+    _, scheme = store
+    caps, says = CAPPED[key]
+    uri = f"{scheme}://models/{key}"
+    with pytest.raises(FetchError) as exc:
+        fetch_uri("m", uri, tmp_path, budget=Budget(**caps))
+    assert str(exc.value).startswith(f"{uri}: {says}"), exc.value
+    assert list(tmp_path.iterdir()) == [], "a refused fetch left files behind"
+    fetch_uri("m", uri, tmp_path)  # within the default caps
+    assert (tmp_path / "m" / "1").is_dir()
 
 
 def _fetch_cli(tmp_path: Path, uri: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -116,7 +116,33 @@ def test_the_fetch_step_assembles_the_repository_when_some_of_it_is_not_in_the_c
         assert fetch["image"] == Options().operator_image
         assert {"name": "models", "mountPath": "/models"} in fetch["volumeMounts"]
         assert {"name": "models", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
-        assert {"name": "models", "emptyDir": {}} in pod["volumes"]
+        assert {"name": "models", "emptyDir": {"sizeLimit": "10Gi"}} in pod["volumes"]
+
+
+def test_the_repository_volumes_and_the_fetch_step_are_bounded() -> None:
+    """issue 32: the emptyDirs have a sizeLimit (the kubelet evicts a pod past it), fetch is told the same caps it
+    enforces itself, and it runs with requests and limits of its own."""
+    uri = {"uri": "https://example.com/m.tar.gz"}
+    pod = _children(_model(source=uri))["Deployment"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["models"] == {"name": "models", "emptyDir": {"sizeLimit": "10Gi"}}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}
+    (fetch,) = pod["initContainers"]
+    assert fetch["args"][5:11] == ["--max-bytes", str(10 << 30), "--max-files", "100000", "--timeout", "3600"]
+    assert fetch["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                  "limits": {"cpu": "1", "memory": "256Mi"}}
+    # Each from the spec; fetch.maxBytes unset is the volume's limit.
+    server = {"repositorySizeLimit": "2Gi", "tmpSizeLimit": "512Mi", "fetch": {"maxFiles": 50, "timeoutSeconds": 60}}
+    pod = _children(_model(source=uri, server=server))["Deployment"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["models"]["emptyDir"] == {"sizeLimit": "2Gi"} and volumes["tmp"]["emptyDir"] == {"sizeLimit": "512Mi"}
+    assert pod["initContainers"][0]["args"][5:11] == ["--max-bytes", str(2 << 30), "--max-files", "50", "--timeout", "60"]
+    server["fetch"]["maxBytes"] = "1.5Gi"  # type: ignore[index]
+    pod = _children(_model(source=uri, server=server))["Deployment"]["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["args"][5:7] == ["--max-bytes", str(3 << 29)]
+    # Without a fetch step there is no `models` volume; /tmp is bounded all the same.
+    pod = _children(_model())["Deployment"]["spec"]["template"]["spec"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}} in pod["volumes"]
 
 
 def test_grace_period_makes_room_for_the_users_own_exit_timeout() -> None:

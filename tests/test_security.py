@@ -177,7 +177,7 @@ def test_rendered_pods_pass_pod_security_restricted(source: dict) -> None:
     assert pod["securityContext"]["runAsUser"] == 65532 and pod["securityContext"]["runAsNonRoot"] is True
     assert triton["securityContext"]["readOnlyRootFilesystem"] is True
     tmp = next(m["name"] for m in triton["volumeMounts"] if m["mountPath"] == "/tmp")
-    assert {"name": tmp, "emptyDir": {}} in pod["volumes"]
+    assert {"name": tmp, "emptyDir": {"sizeLimit": "4Gi"}} in pod["volumes"]
     assert {"name": "HOME", "value": "/tmp"} in triton["env"]
 
 

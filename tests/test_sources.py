@@ -225,3 +225,60 @@ def test_the_pvc_example_mounts_its_claim_read_only_into_fetch_alone() -> None:
     [fetch] = pod["initContainers"]
     assert {"name": vol["name"], "mountPath": f"/sources/pvc/{claim}", "readOnly": True} in fetch["volumeMounts"]
     assert all(m["name"] != vol["name"] for c in pod["containers"] for m in c.get("volumeMounts", []))
+
+
+# ---------------------------------------------------------------- credentials in a uri, bounds (issue 32)
+
+
+@pytest.mark.parametrize("where", ["source", "modelFiles", "versions"])
+def test_a_uri_with_userinfo_is_refused_naming_the_field_and_not_the_password(where: str) -> None:
+    uri = "https://user:SECRET@example.com/m.tar.gz"
+    if where == "source":
+        body, path = _body({"uri": uri}), "spec.source.uri"
+    elif where == "modelFiles":
+        body, path = _body({"inline": {"model.py": "pass\n"}}, modelFiles={"uri": uri}), "spec.modelFiles.uri"
+    else:
+        body = _body({"inline": {"model.py": "pass\n"}})
+        del body["spec"]["source"]
+        body["spec"]["versions"] = [{"version": 1, "source": {"uri": uri}}]
+        path = "spec.versions[0].source.uri"
+    errors = _errors(body)
+    assert [p for p, _ in errors] == [path], errors
+    assert "carries credentials (user:password@)" in errors[0][1] and "SECRET" not in errors[0][1], errors
+
+
+def test_a_presigned_query_is_accepted_and_never_printed_by_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A presigned URL is a legitimate source; its query is a credential, so the CLI shows it redacted."""
+    import yaml
+
+    body = _body({"uri": "https://example.com/m.tar.gz?X-Amz-Signature=SECRET&X-Amz-Expires=600"})
+    assert _errors(body) == []
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(body))
+    assert main(["validate", str(tmp_path / "m.yaml")]) == 0
+    out = capsys.readouterr()
+    assert "its files come from https://example.com/m.tar.gz?<redacted> at pod start" in out.out, out
+    assert "SECRET" not in out.out + out.err
+
+
+def test_fetch_may_not_write_more_than_the_repository_volume_holds() -> None:
+    body = _body({"uri": "s3://b/m/"}, server={"repositorySizeLimit": "1Gi", "fetch": {"maxBytes": "2Gi"}})
+    errors = _errors(body)
+    assert [p for p, _ in errors] == ["spec.server.fetch.maxBytes"], errors
+    assert "may not exceed repositorySizeLimit (1Gi)" in errors[0][1], errors
+    assert _errors(_body({"uri": "s3://b/m/"}, server={"repositorySizeLimit": "1Gi", "fetch": {"maxBytes": "1Gi"}})) == []
+    assert _errors(_body({"uri": "s3://b/m/"}, server={"repositorySizeLimit": "1Gi"})) == []
+
+
+def test_the_status_quotes_fetchs_message_without_a_query_even_from_an_older_fetch() -> None:
+    """The operator redacts what it quotes, whoever wrote it (a fetch image from before issue 32, a crash's log)."""
+    from triton_operator.plan.status import replica_state
+
+    def pod(message: str) -> dict[str, Any]:
+        return {"metadata": {"name": "m-1"}, "status": {"initContainerStatuses": [{
+            "name": "fetch", "state": {"terminated": {"exitCode": 1, "message": message}}}]}}
+
+    said = replica_state(pod("error: fetch failed: https://u:PASS@h/m.tar.gz?sig=SECRET: HTTP 403 Forbidden\n"))
+    assert said["reason"] == "SourceFetchFailed"
+    assert said["message"] == "fetch: https://<redacted>@h/m.tar.gz?<redacted>: HTTP 403 Forbidden"
+    tail = "Fetching model files model=m version=1 uri=s3://b/k?versionId=SECRET\nTraceback (most recent call last):"
+    assert "SECRET" not in replica_state(pod(tail))["message"]

@@ -69,7 +69,13 @@ ObjectVersionStr = Annotated[str, StringConstraints(min_length=1, max_length=102
 INLINE_OR_URI = ConfigDict(
     json_schema_extra={
         "x-kubernetes-validations": [
-            {"rule": "has(self.inline) != has(self.uri)", "message": "exactly one of inline or uri must be set"}
+            {"rule": "has(self.inline) != has(self.uri)", "message": "exactly one of inline or uri must be set"},
+            {
+                "rule": "!has(self.uri) || !self.uri.matches('^[A-Za-z0-9+.-]+://[^/?#]*@')",
+                "message": "uri carries credentials (user:password@), which would be printed wherever the uri is: "
+                           "give them through credentialsSecret or spec.server.env",
+                "fieldPath": ".uri",
+            },
         ]
     }
 )
@@ -82,6 +88,12 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 UINT32_MAX = 2**32 - 1
 JSON_INT_MIN, JSON_INT_MAX = -(2**53 - 1), 2**53 - 1
 Dim = Annotated[int, Field(ge=-1, le=INT32_MAX)]
+#: Said of each fetched uri: what it may not hold, and how it is printed.
+_URI_CREDENTIALS = (
+    " No `user:password@` (refused: credentials come from credentialsSecret, spec.server.env or the "
+    "ServiceAccount). A query, such as a presigned URL's signature, is fine: logs, the status and the CLI print "
+    "it as `?<redacted>`."
+)
 
 _UNITS: dict[str, Decimal | int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
           "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
@@ -158,7 +170,7 @@ class Source(_Model):
                 "or a .tar.gz/.zip archive), `pvc://<claim>/<path>`, `s3://<bucket>/<prefix>` or "
                 "`gs://<bucket>/<prefix>` (or one object there, with objectVersion). A change to uri, sha256 or "
                 "objectVersion rolls the replicas; new files behind an unchanged uri are not noticed until a "
-                "replica restarts, so pin them with sha256 or objectVersion."
+                "replica restarts, so pin them with sha256 or objectVersion." + _URI_CREDENTIALS
             ),
         )
     )
@@ -219,7 +231,7 @@ class ModelFiles(_Model):
             description=(
                 "Where the model directory's own files are fetched from at pod start, like source.uri (a file, an "
                 "archive or a prefix), but placed in `<model>/`. The fetch step refuses a tree holding "
-                "config.pbtxt, `warmup` or a version directory (a number): those are the operator's."
+                "config.pbtxt, `warmup` or a version directory (a number): those are the operator's." + _URI_CREDENTIALS
             ),
         )
     )
@@ -627,6 +639,9 @@ OPERATOR_ANNOTATIONS = ("kubectl.kubernetes.io/default-container",)
 OPERATOR_ENV = ("HOME",)
 #: What a replica's /dev/shm holds at most when spec.server.shmSize is unset (see Server.shm_size).
 SHM_SIZE_DEFAULT = "1Gi"
+#: The sizeLimit of a replica's repository volume (the `fetch` step's emptyDir) and of its /tmp.
+REPOSITORY_SIZE_DEFAULT = "10Gi"
+TMP_SIZE_DEFAULT = "4Gi"
 
 
 def _reserved_keys_rule(field: str, keys: tuple[str, ...], what: str) -> JsonDict:
@@ -755,6 +770,41 @@ class Resources(_Model):
 _NEW_PODS = " A change rolls new pods, under rollout.strategy InPlace too."
 
 
+class FetchLimits(_Model):
+    """What the `fetch` init step may cost a node: it stops, and the replica reports Degraded with reason
+    SourceFetchFailed naming the field, at the first of these it reaches."""
+
+    max_bytes: QuantityStr | None = Field(
+        default=None,
+        description=(
+            "The most fetch writes into the repository volume in one run: each download as it streams to disk "
+            "(an archive while it is there), everything an archive unpacks to, the rendered files, counting a 4 KiB "
+            "block per file and directory, as the volume's usage is measured. A source past it (an archive that "
+            "unpacks to more than it says, a bucket prefix that grew) fails in one line, before the kubelet would "
+            "evict the pod for its volume. Unset: repositorySizeLimit; at most repositorySizeLimit." + _NEW_PODS
+        ),
+    )
+    max_files: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "The most files and directories fetch creates in one run (archive members, objects under a prefix, "
+            "files of a claim): many small files fill a node's inodes long before its bytes." + _NEW_PODS
+        ),
+    )
+    timeout_seconds: int = Field(
+        default=3600,
+        ge=10,
+        le=86400,
+        description=(
+            "The deadline of a whole fetch run, besides the 60 s each read may wait: a source that keeps sending a "
+            "byte now and then cannot hold the replica in its init step. The kubelet retries a failed run with "
+            "back-off." + _NEW_PODS
+        ),
+    )
+
+
 class Server(_Model):
     """The tritonserver container of each replica, and the pod around it."""
 
@@ -776,6 +826,19 @@ class Server(_Model):
         },
         _reserved_keys_rule("podLabels", OPERATOR_LABELS, "labels"),
         _reserved_keys_rule("podAnnotations", OPERATOR_ANNOTATIONS, "annotations"),
+        {
+            "rule": "!has(self.repositorySizeLimit) || !isQuantity(self.repositorySizeLimit) || "
+                    "quantity(self.repositorySizeLimit).compareTo(quantity('1Mi')) >= 0",
+            "message": "repositorySizeLimit must be at least 1Mi (the rendered files alone may take 1 MiB)",
+            "fieldPath": ".repositorySizeLimit",
+        },
+        {
+            "rule": "!has(self.fetch) || !has(self.fetch.maxBytes) || !isQuantity(self.fetch.maxBytes) || "
+                    "!has(self.repositorySizeLimit) || !isQuantity(self.repositorySizeLimit) || "
+                    "quantity(self.fetch.maxBytes).compareTo(quantity(self.repositorySizeLimit)) <= 0",
+            "message": "fetch.maxBytes may not exceed repositorySizeLimit: the volume fetch writes into holds no more",
+            "fieldPath": ".fetch.maxBytes",
+        },
         {
             "rule": "!has(self.env) || self.env.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in OPERATOR_ENV) + "]))",
             "message": f"env may not set {', '.join(OPERATOR_ENV)}: the operator sets it in the tritonserver container",
@@ -844,6 +907,32 @@ class Server(_Model):
             "(200 MB). It is a cap, not a reservation: tmpfs pages take memory only once written, and Kubernetes "
             "counts them against the container's memory (its limit, and the node's eviction), so a value above "
             "resources.limits.memory is refused. At least 1Mi." + _NEW_PODS
+        ),
+    )
+    repository_size_limit: QuantityStr = Field(
+        default=REPOSITORY_SIZE_DEFAULT,
+        description=(
+            "The sizeLimit of the replica's repository volume: the emptyDir the `fetch` init step fills when a "
+            "source is a uri (and tritonserver reads). The kubelet evicts a pod whose volume grows past it; fetch "
+            "itself stops at fetch.maxBytes, at most this, with a clear message. Raise it for models larger than "
+            f"the default, {REPOSITORY_SIZE_DEFAULT}. It is a cap, not a reservation: the node's disk is taken only "
+            "as files are written. At least 1Mi." + _NEW_PODS
+        ),
+    )
+    tmp_size_limit: QuantityStr = Field(
+        default=TMP_SIZE_DEFAULT,
+        description=(
+            "The sizeLimit of tritonserver's /tmp, an emptyDir (the root filesystem is read-only): the Python "
+            "backend unpacks execution environments there, and libraries cache there (HOME is /tmp). The kubelet "
+            "evicts a pod whose /tmp grows past it." + _NEW_PODS
+        ),
+    )
+    fetch: FetchLimits = Field(
+        default_factory=FetchLimits,
+        description=(
+            "Bounds of the `fetch` init step, which runs when a source is a uri: what it may write, how many "
+            "files, and for how long. Its container has requests and limits of its own (cpu 100m to 1, memory "
+            "128Mi to 256Mi): it streams every download, so its memory does not grow with the model."
         ),
     )
     service_account_name: K8sNameStr | None = Field(
@@ -933,6 +1022,11 @@ class Server(_Model):
             return limit
         return SHM_SIZE_DEFAULT
 
+    @property
+    def fetch_max_bytes(self) -> int:
+        """What the fetch step may write: fetch.maxBytes, or the repository volume's sizeLimit."""
+        return quantity_bytes(self.fetch.max_bytes if self.fetch.max_bytes is not None else self.repository_size_limit)
+
 
 class WarmupGate(_Model):
     """The readiness gate that keeps a replica out of the Service until it serves the desired config, warm."""
@@ -963,8 +1057,9 @@ class Rollout(_Model):
             "decoupled, responseCache (on a server that already has a cache), modelWarmup, instanceGroups (on the "
             "same GPUs) and parameters. Every other change needs new pods and rolls the Deployment (maxSurge 1, "
             "maxUnavailable 0): server (image, resources, gpus, args, cacheSize, placement, and every pod setting: "
-            "shmSize, serviceAccountName, automountServiceAccountToken, imagePullSecrets, podLabels, podAnnotations, "
-            "priorityClassName, topologySpreadConstraints, env, envFrom), source, modelFiles, "
+            "shmSize, repositorySizeLimit, tmpSizeLimit, fetch, serviceAccountName, automountServiceAccountToken, "
+            "imagePullSecrets, podLabels, podAnnotations, priorityClassName, topologySpreadConstraints, env, envFrom), "
+            "source, modelFiles, "
             "versions, versionPolicy, warmupGate, and an ensemble's steps. NewPods: every change rolls the "
             "Deployment."
         ),

@@ -149,9 +149,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def _fetched_at_pod_start(model: TritonModel) -> str | None:
-    """The first uri `model`'s files come from (a version's source, or spec.modelFiles), if any."""
+    """The first uri `model`'s files come from (a version's source, or spec.modelFiles), if any, as it may be
+    printed (no query, fragment or userinfo)."""
+    from ..uris import shown
+
     sources = [*model.spec.version_sources.values(), model.spec.model_files]
-    return next((s.uri for s in sources if s is not None and s.uri), None)
+    return next((shown(s.uri) for s in sources if s is not None and s.uri), None)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -379,13 +382,17 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from ..fetch import FetchError, pairs, run
+    from ..fetch import Budget, FetchError, pairs, run
+    from ..uris import redact
 
     try:
+        budget = Budget(args.max_bytes, args.max_files, args.timeout)
         return run(Path(args.src), Path(args.dst), args.uri or [], pairs(args.sha256 or [], "--sha256"),
-                   pairs(args.object_version or [], "--object-version"))
+                   pairs(args.object_version or [], "--object-version"), budget)
     except (FetchError, OSError) as exc:
-        message = f"error: fetch failed: {exc}"
+        # A uri's query (a presigned URL's signature) or userinfo never reaches the log or the status, whoever
+        # wrote the message (fetch, urllib, boto3, google-cloud-storage).
+        message = redact(f"error: fetch failed: {exc}")
         _err(message)
         # The container's termination message: the kubelet puts it in the pod's status, where the operator reads
         # it (Degraded, SourceFetchFailed). Only into a file the kubelet mounted: outside a pod there is none.
@@ -432,7 +439,18 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a positive whole number, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from ..fetch import BLOCK as FETCH_BLOCK
+    from ..fetch import DEFAULT_MAX_BYTES as DEFAULT_FETCH_MAX_BYTES
+    from ..fetch import DEFAULT_MAX_FILES as DEFAULT_FETCH_MAX_FILES
+    from ..fetch import DEFAULT_TIMEOUT_SECONDS as DEFAULT_FETCH_TIMEOUT
+
     p = argparse.ArgumentParser(prog="triton-operator", description="Declarative NVIDIA Triton models on Kubernetes.")
     p.add_argument("--version", action="version", version=f"triton-operator {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -492,6 +510,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--sha256", action="append", metavar="MODEL=HEX", help="the SHA-256 a model's https:// download must have")
     f.add_argument("--object-version", action="append", metavar="MODEL=VERSION",
                    help="fetch this version of a model's s3:// (VersionId) or gs:// (generation) object")
+    f.add_argument("--max-bytes", type=_positive_int, default=DEFAULT_FETCH_MAX_BYTES, metavar="N",
+                   help="refuse to write more than N bytes into the repository, downloads and unpacked archives "
+                        f"alike, counting a {FETCH_BLOCK}-byte block per file and directory (default "
+                        f"{DEFAULT_FETCH_MAX_BYTES})")
+    f.add_argument("--max-files", type=_positive_int, default=DEFAULT_FETCH_MAX_FILES, metavar="N",
+                   help=f"refuse to create more than N files and directories (default {DEFAULT_FETCH_MAX_FILES})")
+    f.add_argument("--timeout", type=_positive_int, default=DEFAULT_FETCH_TIMEOUT, metavar="SECONDS",
+                   help=f"give up when the whole fetch takes longer (default {DEFAULT_FETCH_TIMEOUT})")
     f.set_defaults(func=cmd_fetch)
 
     pr = sub.add_parser("probe", help="(replica container) answer the kubelet's readiness probe as soon as tritonserver is up")

@@ -17,6 +17,7 @@ from typing import Any
 from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import WARMED_CONDITION, Condition, ReplicaState, TritonModelStatus
 from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_LOADED, ANNOTATION_PREVIOUS
+from ..uris import redact
 
 TRITON_CONTAINER = "tritonserver"
 FETCH_CONTAINER = "fetch"
@@ -99,7 +100,8 @@ def fetch_failure(pod: Mapping[str, Any]) -> str | None:
         ended = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
         if not ended.get("exitCode"):
             return None
-        text = (ended.get("message") or "").strip()
+        # Redacted here too (a uri's query or userinfo), whoever wrote it: an older fetch, a crash's log tail.
+        text = redact((ended.get("message") or "").strip())
         said = [ln[len(FETCH_FAILED_PREFIX):] for ln in text.splitlines() if ln.startswith(FETCH_FAILED_PREFIX)]
         return (said[-1] if said else text.splitlines()[-1] if text else f"exit code {ended['exitCode']}")[:1000]
     return None

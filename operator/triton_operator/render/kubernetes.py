@@ -49,6 +49,12 @@ ANNOTATION_LOADED = f"{GROUP}/loaded-config-digest"
 REPO_DIR = REPOSITORY_ROOT  # the config names files here (a custom batching strategy's)
 CONFIG_DIR = "/config"
 TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
+#: The `fetch` init container's resources. It streams every download in 1 MiB chunks, so its memory does not grow
+#: with the model: peak RSS measured at 24 MiB for a 400 MiB https:// file, 51 MiB for a 200 MiB s3:// object
+#: (boto3) and 57 MiB for a 200 MiB gs:// one (google-cloud-storage). No ephemeral-storage limit: what it writes
+#: goes to the `models` emptyDir, bounded by its sizeLimit (an init container's ephemeral-storage limit would cap
+#: the whole pod's usage, emptyDirs included).
+FETCH_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}}
 #: A memory-backed emptyDir sized by spec.server.shmSize: the Python backend's tensors pass through it.
 SHM_DIR = "/dev/shm"  # noqa: S108 - an emptyDir of the pod's own
 #: The unprivileged user every container runs as (distroless' "nonroot").
@@ -448,12 +454,15 @@ def render_deployment(
     fetch: dict[str, Any] = {
         "name": "fetch",
         "image": options.operator_image,
-        "args": ["fetch", "--from", CONFIG_DIR, "--to", REPO_DIR, *uri_args],
+        # The caps fetch enforces itself, within the volume's sizeLimit (validation refuses a larger maxBytes).
+        "args": ["fetch", "--from", CONFIG_DIR, "--to", REPO_DIR, "--max-bytes", str(server.fetch_max_bytes),
+                 "--max-files", str(server.fetch.max_files), "--timeout", str(server.fetch.timeout_seconds), *uri_args],
         "volumeMounts": [
             {"name": "repository", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "models", "mountPath": REPO_DIR},
             *uri_mounts,
         ],
+        "resources": json.loads(json.dumps(FETCH_RESOURCES)),
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
         # Its failure (`error: fetch failed: ...`, also written to the termination message file) reaches the pod's
         # status, and from there the TritonModel's (Degraded, SourceFetchFailed); a crash's last log lines too.
@@ -469,8 +478,8 @@ def render_deployment(
         "containers": [triton],
         "volumes": [
             {"name": "repository", "configMap": {"name": repository_name(model, rendered), "items": items}},
-            *([{"name": "models", "emptyDir": {}}] if fetch_step else []),
-            {"name": "tmp", "emptyDir": {}},
+            *([{"name": "models", "emptyDir": {"sizeLimit": server.repository_size_limit}}] if fetch_step else []),
+            {"name": "tmp", "emptyDir": {"sizeLimit": server.tmp_size_limit}},
             shm_volume,
             *uri_volumes,
         ],

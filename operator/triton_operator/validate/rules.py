@@ -31,6 +31,7 @@ from ..api.v1alpha1 import (
     quantity_bytes,
     quantity_value,
 )
+from ..uris import has_userinfo, shown
 from .errors import FieldError
 
 
@@ -51,6 +52,10 @@ RULES: dict[str, Rule] = {
         Rule("ensemble-no-instances", True, "an ensemble has no instanceGroups or modelWarmup"),
         Rule("source", False, "a non-ensemble model has a source; an ensemble has none"),
         Rule("source-pin", False, "sha256 pins an https:// file; objectVersion pins one s3:// or gs:// object"),
+        Rule("source-uri", False, "a fetched uri carries no user:password@ (it would be printed wherever the uri is); "
+             "credentials come from credentialsSecret, server.env or the ServiceAccount"),
+        Rule("fetch-limits", False, "server.repositorySizeLimit is at least 1Mi, and server.fetch.maxBytes fits in "
+             "it (the volume fetch writes into)"),
         Rule("max-batch-size", True, "maxBatchSize >= 1 when batching"),
         Rule("preferred-batch-size", True, "each preferredBatchSize in [1, maxBatchSize]"),
         Rule("default-priority-level", True, "defaultPriorityLevel in [1, priorityLevels]"),
@@ -520,6 +525,9 @@ def _check_versions(spec: TritonModelSpec, err: _Collector) -> None:
 def _check_pins(
     uri: str | None, sha256: str | None, version: str | None, err: _Collector, base: str = "spec.source"
 ) -> None:
+    if uri is not None and has_userinfo(uri):
+        err("source-uri", f"{base}.uri", f"{shown(uri)} carries credentials (user:password@), which would be printed "
+            "wherever the uri is (logs, the status): give them through credentialsSecret or spec.server.env")
     if sha256 is not None and not (uri or "").startswith("https://"):
         err(
             "source-pin",
@@ -538,7 +546,8 @@ def _check_pins(
         err(
             "source-pin",
             f"{base}.uri",
-            f"with objectVersion, uri must name one object (a file or a .tar.gz/.tgz/.zip archive), not a prefix: {uri!r}",
+            f"with objectVersion, uri must name one object (a file or a .tar.gz/.tgz/.zip archive), not a prefix: "
+            f"{shown(uri)!r}",
         )
     if uri.startswith("gs://") and not version.isdigit():
         err("source-pin", f"{base}.objectVersion", f"a GCS object's version is its generation, a number; got {version!r}")
@@ -740,9 +749,26 @@ def _check_env_names(server: Server, err: _Collector) -> None:
         seen.setdefault(var.name, i)
 
 
+#: The smallest repository volume: the rendered files alone (a ConfigMap) may take 1 MiB.
+REPOSITORY_SIZE_MIN = 1 << 20
+
+
+def _check_fetch_limits(server: Server, err: _Collector) -> None:
+    size = quantity_value(server.repository_size_limit)
+    if size < REPOSITORY_SIZE_MIN:
+        err("fetch-limits", "spec.server.repositorySizeLimit",
+            f"must be at least 1Mi, got {server.repository_size_limit}: the rendered files alone may take 1 MiB")
+    if server.fetch.max_bytes is not None and quantity_value(server.fetch.max_bytes) > size:
+        err("fetch-limits", "spec.server.fetch.maxBytes",
+            f"{server.fetch.max_bytes} may not exceed repositorySizeLimit ({server.repository_size_limit}), the "
+            "sizeLimit of the volume fetch writes into: the kubelet would evict the pod instead of fetch failing "
+            "with a clear message; lower maxBytes or raise repositorySizeLimit")
+
+
 def check_model(model: TritonModel, ident: str) -> list[FieldError]:
     err = _Collector(ident)
     _check_shm_size(model.spec.server, err)
+    _check_fetch_limits(model.spec.server, err)
     _check_pod_metadata(model.spec.server, err)
     _check_env_names(model.spec.server, err)
     _check_autoscaling(model.spec, err)
