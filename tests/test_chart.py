@@ -26,8 +26,9 @@ from triton_operator.api.crd import chart_template, crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.controller.kube import Kube
 from triton_operator.render.autoscaling import METRICS
-from triton_operator.render.kubernetes import Options, render_children
+from triton_operator.render.kubernetes import Options, render_children, render_key_secret
 from triton_operator.render.modelconfig import render_repository
+from triton_operator.render.repository_key import RepositoryKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "triton-operator"
@@ -50,6 +51,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "patch"},  # patch: in-place reload annotations (plan.rollout)
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
+    ("", "secrets"): {"create"},  # each model's repository key: created, never read (render/repository_key.py)
 }
 
 
@@ -108,6 +110,12 @@ def one(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = kinds(docs, kind)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
+
+
+def tls_secret(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The webhook's TLS Secret (the chart's other Secret holds the repository master key)."""
+    (secret,) = [d for d in kinds(docs, "Secret") if d["metadata"]["name"] == f"{SA}-webhook-tls"]
+    return secret
 
 
 def grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -210,7 +218,9 @@ def test_rbac_has_no_wildcards_no_secrets_and_no_node_writes(helm: str, values: 
         for rule in role["rules"]:
             for field in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
                 assert not any("*" in v for v in rule.get(field, [])), f"{role['kind']} {field}: {rule}"
-            assert "secrets" not in rule.get("resources", []), f"{role['kind']} grants secrets: {rule}"
+            if "secrets" in rule.get("resources", []):  # create the repository key Secrets, and nothing else
+                assert rule["resources"] == ["secrets"] and rule["verbs"] == ["create"], f"{role['kind']} reads secrets: {rule}"
+                assert not rule.get("resourceNames"), rule
             if "nodes" in rule.get("resources", []) or "nodes/status" in rule.get("resources", []):
                 assert not WRITE_VERBS & set(rule["verbs"]), f"{role['kind']} writes nodes: {rule}"
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
@@ -298,6 +308,41 @@ def test_rbac_is_enough_for_every_watch_and_write_the_operator_makes(helm: str) 
     assert "patch" in granted[("", "pods/status")] and "patch" in granted[(GROUP, f"{PLURAL}/status")]
     assert "create" in granted[("", "events")]
     assert "list" in granted[(GROUP, PLURAL)]  # the webhook lists the namespace's TritonModels live
+    secret = render_key_secret(model, "uid", "ns", Options(repository_keys=RepositoryKeys(b"k" * 32)))
+    assert secret is not None and granted[("", "secrets")] == {"create"}, "the key Secret is created, never read"
+
+
+# -- the repository key ------------------------------------------------------------------------
+
+
+def test_the_operator_reads_its_repository_master_key_from_a_secret_the_chart_makes_and_keeps(helm: str) -> None:
+    docs = render(helm)
+    secret = next(d for d in kinds(docs, "Secret") if d["metadata"]["name"] == f"{SA}-repository-key")
+    assert secret["metadata"]["namespace"] == RELEASE_NS and secret["type"] == "Opaque"
+    assert len(base64.b64decode(secret["data"]["key"])) == 64
+    pod = one(docs, "Deployment")["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert "--repository-key-file=/etc/triton-operator/repository-key/key" in c["args"]
+    assert {"name": "repository-key", "mountPath": "/etc/triton-operator/repository-key", "readOnly": True} in c[
+        "volumeMounts"]
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "repository-key")
+    assert vol["secret"] == {"secretName": secret["metadata"]["name"], "defaultMode": 0o444,
+                             "items": [{"key": "key", "path": "key"}]}
+    import hashlib
+
+    assert pod["metadata"]["annotations"]["checksum/repository-key"] == hashlib.sha256(
+        secret["data"]["key"].encode()).hexdigest(), "a new key restarts the operator"
+    tpl = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "v1" "Secret" .Release.Namespace (printf "%s-repository-key"' in tpl
+
+
+def test_an_existing_secret_holds_the_repository_master_key_instead(helm: str) -> None:
+    docs = render(helm, **{"repositoryKey.existingSecret": "my-key"})
+    assert not [d for d in kinds(docs, "Secret") if d["metadata"]["name"].endswith("-repository-key")]
+    pod = one(docs, "Deployment")["spec"]["template"]
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "repository-key")
+    assert vol["secret"]["secretName"] == "my-key"
+    assert "checksum/repository-key" not in (pod["metadata"].get("annotations") or {})
 
 
 # -- the admission webhook ---------------------------------------------------------------------
@@ -585,7 +630,7 @@ def test_the_custom_metrics_api_is_served_through_the_webhook_service_with_its_c
     assert (api["spec"]["group"], api["spec"]["version"]) == ("custom.metrics.k8s.io", "v1beta2")
     service = next(d for d in kinds(docs, "Service") if d["metadata"]["name"].endswith("-webhook"))
     assert api["spec"]["service"] == {"namespace": RELEASE_NS, "name": service["metadata"]["name"], "port": 443}
-    secret = one(docs, "Secret")
+    secret = tls_secret(docs)
     assert api["spec"]["caBundle"] == secret["data"]["ca.crt"]
     assert api["spec"]["caBundle"] == one(docs, "ValidatingWebhookConfiguration")["webhooks"][0]["clientConfig"][
         "caBundle"], "one CA for both: one Service, one certificate"
@@ -613,8 +658,9 @@ def test_the_custom_metrics_rbac_delegates_authentication_and_lets_the_hpa_read_
 def test_custom_metrics_on_alone_keeps_the_tls_service_and_neither_renders_no_certificate(helm: str) -> None:
     alone = render(helm, **{"webhook.enabled": False, **METRICS_ON})
     assert not kinds(alone, "ValidatingWebhookConfiguration")
-    assert one(alone, "APIService")["spec"]["caBundle"] == one(alone, "Secret")["data"]["ca.crt"]
+    assert one(alone, "APIService")["spec"]["caBundle"] == tls_secret(alone)["data"]["ca.crt"]
     args = one(alone, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--custom-metrics" in args and "--webhook-cert-dir=/etc/triton-operator/webhook-tls" in args
     neither = render(helm, **{"webhook.enabled": False})
-    assert not kinds(neither, "Secret") and not kinds(neither, "APIService")
+    assert not [d for d in kinds(neither, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    assert not kinds(neither, "APIService")
