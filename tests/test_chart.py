@@ -664,3 +664,72 @@ def test_custom_metrics_on_alone_keeps_the_tls_service_and_neither_renders_no_ce
     neither = render(helm, **{"webhook.enabled": False})
     assert not [d for d in kinds(neither, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
     assert not kinds(neither, "APIService")
+
+
+# -- NetworkPolicies ---------------------------------------------------------------------------
+# The local cluster's network plugin (bridge) enforces no NetworkPolicy: these check what is rendered; the e2e tests
+# check that the API server takes it and that Helm's lookup found the API server's addresses.
+
+
+def _ingress_by_port(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
+    """port -> the rule's `from` (None: every source)."""
+    out: dict[int, list[dict[str, Any]] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port.get("protocol", "TCP") == "TCP"
+            out[int(port["port"])] = rule.get("from")
+    return out
+
+
+def test_the_operators_network_policy_admits_the_api_server_to_tls_and_scrapers_to_metrics(helm: str) -> None:
+    docs = render(helm)
+    policy = one(docs, "NetworkPolicy")
+    pod = one(docs, "Deployment")["spec"]["template"]
+    assert policy["metadata"]["namespace"] == RELEASE_NS and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    by_port = _ingress_by_port(policy)
+    # healthz: the kubelet's probes come from the pod's node, which NetworkPolicy always admits: no rule, no one else.
+    assert set(by_port) == {ports["webhook"], ports["metrics"]}, by_port
+    assert by_port[ports["metrics"]] == [{"namespaceSelector": {}}]
+    # `helm template` cannot look the API server's addresses up: every source (the chart README says so).
+    assert by_port[ports["webhook"]] is None
+    peers = [{"ipBlock": {"cidr": "198.18.0.1/32"}}, {"namespaceSelector": {"matchLabels": {"k": "konnectivity"}}}]
+    scrapers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    by_port = _ingress_by_port(one(render(helm, **{"networkPolicy.apiServer.from": peers,
+                                                   "networkPolicy.metrics.from": scrapers}), "NetworkPolicy"))
+    assert by_port == {ports["webhook"]: peers, ports["metrics"]: scrapers}
+    tpl = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "discovery.k8s.io/v1" "EndpointSlice" "default" ""' in tpl
+
+
+@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False}], ids=["paused", "no-tls"])
+def test_without_a_tls_port_the_network_policy_admits_only_scrapers(helm: str, values: dict[str, Any]) -> None:
+    assert set(_ingress_by_port(one(render(helm, **values), "NetworkPolicy"))) == {8081}
+
+
+def test_network_policies_can_be_turned_off(helm: str) -> None:
+    assert not kinds(render(helm, **{"networkPolicy.enabled": False}), "NetworkPolicy")
+
+
+def test_the_example_network_policy_for_model_pods_admits_each_port_the_replicas_open(helm: str) -> None:
+    """examples/policies/network-policy.yaml: it selects every replica the operator renders, admits each of their
+    ports (inference for clients, metrics for scrapers, the probe port and HTTP for the operator) and names the
+    operator as the chart labels it."""
+    (policy,) = [d for d in yaml.safe_load_all((ROOT / "examples" / "policies" / "network-policy.yaml").read_text()) if d]
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
+    body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TritonModel", "metadata": {"name": "m"},
+            "spec": {"backend": "python", "source": {"uri": "https://example.com/m.tar.gz", "sha256": "a" * 64}}}
+    model = TritonModel.model_validate(body)
+    pod = next(c for c in render_children(model, render_repository([model]), "uid", "ns")
+               if c["kind"] == "Deployment")["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    opened = {p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports") or ()}
+    admitted = _ingress_by_port(policy)
+    assert opened == set(admitted) == {8000, 8001, 8002, 8090}, (opened, admitted)
+    operator_pod = one(render(helm), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    rules = policy["spec"]["ingress"]
+    operator_rule = next(r for r in rules if {p["port"] for p in r["ports"]} == {8000, 8090})
+    (peer,) = operator_rule["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "triton-system"}

@@ -161,3 +161,27 @@ that the Secret and the Deployment's checksum annotation agree (each template ca
 {{- define "triton-operator.repositoryKeySecret" -}}
 {{- .Values.repositoryKey.existingSecret | default (printf "%s-repository-key" (include "triton-operator.fullname" .)) }}
 {{- end }}
+
+{{/*
+The peers the NetworkPolicy admits to the TLS port: networkPolicy.apiServer.from when set; else the API server's own
+addresses, those of the `kubernetes` Service's endpoints (EndpointSlices in `default`, read with Helm's `lookup`), one
+ipBlock each; else (nothing found: `helm template` and Argo CD render without the cluster) an empty list, which
+admits every source. A YAML list.
+*/}}
+{{- define "triton-operator.apiServerPeers" -}}
+{{- $peers := list }}
+{{- if .Values.networkPolicy.apiServer.from }}
+{{- $peers = .Values.networkPolicy.apiServer.from }}
+{{- else }}
+{{- range (lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "").items | default list }}
+{{- if eq (index (.metadata.labels | default dict) "kubernetes.io/service-name" | default "") "kubernetes" }}
+{{- range .endpoints | default list }}
+{{- range .addresses | default list }}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" (printf "%s/%s" . (ternary "128" "32" (contains ":" .))))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $peers }}
+{{- end }}
