@@ -733,3 +733,47 @@ def test_the_example_network_policy_for_model_pods_admits_each_port_the_replicas
     (peer,) = operator_rule["from"]
     assert peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
     assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "triton-system"}
+
+
+# -- ValidatingAdmissionPolicies ---------------------------------------------------------------
+
+
+def _policy(docs: list[dict[str, Any]], suffix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    (policy,) = [d for d in kinds(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"] == f"{SA}-{suffix}"]
+    (binding,) = [d for d in kinds(docs, "ValidatingAdmissionPolicyBinding") if d["metadata"]["name"] == f"{SA}-{suffix}"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"] and binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    return policy, binding
+
+
+def _matched(policy: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in policy["spec"]["matchConstraints"]["resourceRules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["operations"])
+    return out
+
+
+def test_the_operators_writes_are_held_to_its_own_objects_by_an_admission_policy(helm: str) -> None:
+    policy, binding = _policy(render(helm), "operator-writes")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == \"system:serviceaccount:{RELEASE_NS}:{SA}\""
+    assert "matchResources" not in binding["spec"], "every namespace"
+    # Every kind the operator may write (its RBAC), but Events, its Lease and its TritonModels' status, is matched.
+    written = {k for k, verbs in EXPECTED_RULES.items() if verbs & WRITE_VERBS} - {
+        ("", "events"), (GROUP, f"{PLURAL}/status")}
+    matched = _matched(policy)
+    assert written <= set(matched), written - set(matched)
+    assert all(ops == {"CREATE", "UPDATE", "DELETE"} for ops in matched.values())
+    text = json.dumps(policy)
+    protected = next(v["expression"] for v in policy["spec"]["validations"] if "request.namespace in" in v["expression"])
+    assert json.loads(protected.split(" in ", 1)[1].rstrip(")")) == [RELEASE_NS, "kube-system", "kube-public",
+                                                                       "kube-node-lease"], "the release's namespace too"
+    assert "app.kubernetes.io/managed-by' in variables.newLabels" in text
+    assert "serving.triton-operator.dev/warmed" in text and "object.spec == oldObject.spec" in text
+
+
+def test_admission_policies_can_be_turned_off(helm: str) -> None:
+    docs = render(helm, **{"admissionPolicies.operator.enabled": False})
+    assert not kinds(docs, "ValidatingAdmissionPolicy") and not kinds(docs, "ValidatingAdmissionPolicyBinding")
