@@ -5,6 +5,9 @@ each of these calls: patching a kube-system ConfigMap, changing a replica pod's 
 or the pod's address, adopting a ConfigMap of someone else's, running a Deployment with a hostPath volume, are all
 refused by the operator-writes policy; meanwhile the same operator reconciles a model to Ready, end to end.
 
+The TritonModel policy refuses at `kubectl apply`, with its message, a model that tolerates the control plane (or
+every taint), and, once the release names allowed registries, an image from elsewhere.
+
 NetworkPolicy: the local cluster's network plugin (the bridge CNI) enforces none. So this checks only that the
 objects are what they should be: the chart's policy names the API server's own addresses (found by Helm's lookup
 of the `kubernetes` Service's endpoints) for the TLS port, and the API server accepts the example policy for model
@@ -23,13 +26,15 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.kube import ApiError, Kube
+from e2e.kube import ApiError, Kube, wait_for
 from e2e.operator_fixtures import (
+    CHART,
     KUBECTL,
     RELEASE,
     RELEASE_NAMESPACE,
     OperatorHandle,
     as_stream,
+    helm,
     is_model_ready,
     kubectl,
     load_examples,
@@ -44,6 +49,7 @@ pytestmark = pytest.mark.cluster
 SERVICE_ACCOUNT = f"{RELEASE}-triton-operator"
 USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
 POLICY = "ValidatingAdmissionPolicy 'trop-triton-operator-operator-writes'"
+MODEL_POLICY = "ValidatingAdmissionPolicy 'trop-triton-operator-tritonmodels'"
 EXAMPLE_POLICY = Path(__file__).resolve().parent.parent / "examples" / "policies" / "network-policy.yaml"
 
 
@@ -162,6 +168,55 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
     record("operator token under the admission policy",
            f"{len(answers)} writes RBAC allows refused (403); the model Ready in the meantime "
            f"(digest {tm['status']['configDigest']})")
+
+
+def apply_model(kubeconfig: Path, namespace: str, doc: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream([doc]), check=False)
+
+
+def test_tritonmodels_may_not_tolerate_the_control_plane_nor_use_an_image_from_elsewhere(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    base = load_examples("add-sub")[0]
+    base["spec"]["replicas"] = 0
+
+    def model(name: str, **server: Any) -> dict[str, Any]:
+        doc = copy.deepcopy(base)
+        doc["metadata"]["name"] = name
+        doc["spec"]["server"] = server
+        return doc
+
+    for name, tolerations in (("control-plane", [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                                                   "effect": "NoSchedule"}]),
+                              ("master", [{"key": "node-role.kubernetes.io/master", "operator": "Exists"}]),
+                              ("everything", [{"operator": "Exists"}])):
+        proc = apply_model(kubeconfig, namespace, model(name, tolerations=tolerations))
+        assert proc.returncode != 0 and MODEL_POLICY in proc.stderr, (name, proc.stdout, proc.stderr)
+        assert "spec.server.tolerations: a TritonModel may not tolerate" in proc.stderr, proc.stderr
+        assert kube.get_or_none("TritonModel", name, namespace) is None
+    gpu = model("gpu-toleration", tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    assert apply_model(kubeconfig, namespace, gpu).returncode == 0, "a toleration of a worker taint is fine"
+    elsewhere = model("elsewhere", image="registry.example/triton/tritonserver:24.10-py3")
+    assert apply_model(kubeconfig, namespace, elsewhere).returncode == 0, "by default, any registry"
+    kube.delete("TritonModel", "elsewhere", namespace)
+
+    # The release narrows the registries: an image from elsewhere is refused at apply, NVIDIA's default is not.
+    helm(kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+         "--set-json", 'admissionPolicies.tritonModels.allowedImageRegistries=["nvcr.io/nvidia"]')
+    try:
+        def refusal() -> str | None:
+            proc = apply_model(kubeconfig, namespace, elsewhere)
+            if proc.returncode == 0:
+                kube.delete("TritonModel", "elsewhere", namespace)
+                return None
+            return proc.stderr
+
+        stderr = wait_for("the narrowed policy to refuse an image from elsewhere", refusal, 30, 0.5)
+        assert MODEL_POLICY in stderr and "spec.server.image: registry.example/triton/tritonserver:24.10-py3 is " \
+            "not from a registry this cluster allows for TritonModels (nvcr.io/nvidia" in stderr, stderr
+        assert apply_model(kubeconfig, namespace, model("nvidia")).returncode == 0, "the default image is NVIDIA's"
+    finally:
+        helm(kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+             "--set-json", "admissionPolicies.tritonModels.allowedImageRegistries=[]")
 
 
 def test_the_network_policies_are_what_the_api_server_takes_though_this_cluster_enforces_none(

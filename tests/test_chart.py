@@ -774,6 +774,35 @@ def test_the_operators_writes_are_held_to_its_own_objects_by_an_admission_policy
     assert "serving.triton-operator.dev/warmed" in text and "object.spec == oldObject.spec" in text
 
 
+def test_the_tritonmodel_policy_refuses_control_plane_tolerations_and_allows_any_registry_by_default(helm: str) -> None:
+    policy, binding = _policy(render(helm), "tritonmodels")
+    assert _matched(policy) == {(GROUP, PLURAL): {"CREATE", "UPDATE"}}
+    text = json.dumps(policy["spec"]["validations"])
+    assert "node-role.kubernetes.io/control-plane" in text and "spec.server.tolerations" in text
+    assert "spec.server.image" not in text, "no allow-list: any registry"
+    assert "matchResources" not in binding["spec"]
+    policy, _ = _policy(render(helm, **{"admissionPolicies.tritonModels.allowedImageRegistries": ["nvcr.io/nvidia"],
+                                        "admissionPolicies.tritonModels.allowControlPlaneTolerations": True}),
+                        "tritonmodels")
+    text = json.dumps(policy["spec"]["validations"])
+    assert '[\\"nvcr.io/nvidia\\"].exists(r' in text and "spec.server.image" in text
+    assert "spec.server.tolerations" not in text
+    from triton_operator.api.v1alpha1 import Server
+
+    image = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "image")
+    assert f'"{Server().image}"' in image, "the chart's default image is the API's"
+
+
+def test_the_tritonmodel_policy_binds_the_namespaces_the_webhook_reviews(helm: str) -> None:
+    docs = render(helm, **NAMESPACED)
+    _, binding = _policy(docs, "tritonmodels")
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == hook["namespaceSelector"]
+    selector = {"matchLabels": {"team": "ml"}}
+    _, binding = _policy(render(helm, **{"webhook.namespaceSelector": selector}), "tritonmodels")
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == selector
+
+
 def test_admission_policies_can_be_turned_off(helm: str) -> None:
-    docs = render(helm, **{"admissionPolicies.operator.enabled": False})
+    docs = render(helm, **{"admissionPolicies.operator.enabled": False, "admissionPolicies.tritonModels.enabled": False})
     assert not kinds(docs, "ValidatingAdmissionPolicy") and not kinds(docs, "ValidatingAdmissionPolicyBinding")

@@ -185,3 +185,29 @@ admits every source. A YAML list.
 {{- end }}
 {{- toYaml $peers }}
 {{- end }}
+
+{{/* spec.server.image's default (operator/triton_operator/api/v1alpha1.py, Server.image): what a TritonModel without
+     one runs. tests/test_chart.py keeps the two equal. */}}
+{{- define "triton-operator.defaultTritonImage" -}}
+nvcr.io/nvidia/tritonserver:24.10-py3
+{{- end }}
+
+{{/* A policy binding's matchResources: the namespaces the release serves, as the webhook's namespaceSelector says
+     (webhook.namespaceSelector, else watch.namespaces, else every namespace). */}}
+{{- define "triton-operator.servedNamespaces" -}}
+{{- if .Values.webhook.namespaceSelector }}
+matchResources:
+  namespaceSelector:
+    {{- toYaml .Values.webhook.namespaceSelector | nindent 4 }}
+{{- else if .Values.watch.namespaces }}
+matchResources:
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values:
+          {{- range (sortAlpha .Values.watch.namespaces) }}
+          - {{ . }}
+          {{- end }}
+{{- end }}
+{{- end }}
