@@ -12,6 +12,7 @@ collected with `record()` and printed at the end of the session.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import json
@@ -233,6 +234,17 @@ def ensure_crd(kubeconfig: Path, kube: Kube) -> None:
     wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
 
 
+def repository_key_file(logs: Path) -> Path:
+    """The repository master key of the session's host-run operators (`--repository-key-file`): made once, so that a
+    restarted operator derives the keys its replicas hold (a new key would roll every model to new pods)."""
+    path = logs / "repository-master-key"
+    if not path.exists():
+        logs.mkdir(parents=True, exist_ok=True)
+        path.write_text(base64.b64encode(os.urandom(48)).decode() + "\n")
+        path.chmod(0o600)
+    return path
+
+
 def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f"{OPERATOR_NAMESPACE_PREFIX}*",
                    log_name: str = "operator-pytest.log", webhook: bool = True) -> OperatorHandle:
     """The CRD, applied server-side, and a running `triton-operator run` watching `pattern` namespaces.
@@ -249,7 +261,8 @@ def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f
     liveness = f"http://127.0.0.1:{liveness_port}/healthz"
     argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--namespace", pattern,
             "--metrics-port", str(metrics_port),
-            "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL)]
+            "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL),
+            "--repository-key-file", str(repository_key_file(logs))]
     log_path.write_bytes(b"")
     if webhook:
         # The admission webhook, called by the API server on loopback; its configuration is this

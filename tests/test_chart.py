@@ -26,8 +26,9 @@ from triton_operator.api.crd import chart_template, crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.controller.kube import Kube
 from triton_operator.render.autoscaling import METRICS
-from triton_operator.render.kubernetes import Options, render_children
+from triton_operator.render.kubernetes import Options, render_children, render_key_secret
 from triton_operator.render.modelconfig import render_repository
+from triton_operator.render.repository_key import RepositoryKeys
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "triton-operator"
@@ -50,6 +51,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "patch"},  # patch: in-place reload annotations (plan.rollout)
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
+    ("", "secrets"): {"create"},  # each model's repository key: created, never read (render/repository_key.py)
 }
 
 
@@ -108,6 +110,12 @@ def one(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = kinds(docs, kind)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
+
+
+def tls_secret(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The webhook's TLS Secret (the chart's other Secret holds the repository master key)."""
+    (secret,) = [d for d in kinds(docs, "Secret") if d["metadata"]["name"] == f"{SA}-webhook-tls"]
+    return secret
 
 
 def grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -210,7 +218,9 @@ def test_rbac_has_no_wildcards_no_secrets_and_no_node_writes(helm: str, values: 
         for rule in role["rules"]:
             for field in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
                 assert not any("*" in v for v in rule.get(field, [])), f"{role['kind']} {field}: {rule}"
-            assert "secrets" not in rule.get("resources", []), f"{role['kind']} grants secrets: {rule}"
+            if "secrets" in rule.get("resources", []):  # create the repository key Secrets, and nothing else
+                assert rule["resources"] == ["secrets"] and rule["verbs"] == ["create"], f"{role['kind']} reads secrets: {rule}"
+                assert not rule.get("resourceNames"), rule
             if "nodes" in rule.get("resources", []) or "nodes/status" in rule.get("resources", []):
                 assert not WRITE_VERBS & set(rule["verbs"]), f"{role['kind']} writes nodes: {rule}"
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
@@ -298,6 +308,41 @@ def test_rbac_is_enough_for_every_watch_and_write_the_operator_makes(helm: str) 
     assert "patch" in granted[("", "pods/status")] and "patch" in granted[(GROUP, f"{PLURAL}/status")]
     assert "create" in granted[("", "events")]
     assert "list" in granted[(GROUP, PLURAL)]  # the webhook lists the namespace's TritonModels live
+    secret = render_key_secret(model, "uid", "ns", Options(repository_keys=RepositoryKeys(b"k" * 32)))
+    assert secret is not None and granted[("", "secrets")] == {"create"}, "the key Secret is created, never read"
+
+
+# -- the repository key ------------------------------------------------------------------------
+
+
+def test_the_operator_reads_its_repository_master_key_from_a_secret_the_chart_makes_and_keeps(helm: str) -> None:
+    docs = render(helm)
+    secret = next(d for d in kinds(docs, "Secret") if d["metadata"]["name"] == f"{SA}-repository-key")
+    assert secret["metadata"]["namespace"] == RELEASE_NS and secret["type"] == "Opaque"
+    assert len(base64.b64decode(secret["data"]["key"])) == 64
+    pod = one(docs, "Deployment")["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert "--repository-key-file=/etc/triton-operator/repository-key/key" in c["args"]
+    assert {"name": "repository-key", "mountPath": "/etc/triton-operator/repository-key", "readOnly": True} in c[
+        "volumeMounts"]
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "repository-key")
+    assert vol["secret"] == {"secretName": secret["metadata"]["name"], "defaultMode": 0o444,
+                             "items": [{"key": "key", "path": "key"}]}
+    import hashlib
+
+    assert pod["metadata"]["annotations"]["checksum/repository-key"] == hashlib.sha256(
+        secret["data"]["key"].encode()).hexdigest(), "a new key restarts the operator"
+    tpl = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "v1" "Secret" .Release.Namespace (printf "%s-repository-key"' in tpl
+
+
+def test_an_existing_secret_holds_the_repository_master_key_instead(helm: str) -> None:
+    docs = render(helm, **{"repositoryKey.existingSecret": "my-key"})
+    assert not [d for d in kinds(docs, "Secret") if d["metadata"]["name"].endswith("-repository-key")]
+    pod = one(docs, "Deployment")["spec"]["template"]
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "repository-key")
+    assert vol["secret"]["secretName"] == "my-key"
+    assert "checksum/repository-key" not in (pod["metadata"].get("annotations") or {})
 
 
 # -- the admission webhook ---------------------------------------------------------------------
@@ -585,7 +630,7 @@ def test_the_custom_metrics_api_is_served_through_the_webhook_service_with_its_c
     assert (api["spec"]["group"], api["spec"]["version"]) == ("custom.metrics.k8s.io", "v1beta2")
     service = next(d for d in kinds(docs, "Service") if d["metadata"]["name"].endswith("-webhook"))
     assert api["spec"]["service"] == {"namespace": RELEASE_NS, "name": service["metadata"]["name"], "port": 443}
-    secret = one(docs, "Secret")
+    secret = tls_secret(docs)
     assert api["spec"]["caBundle"] == secret["data"]["ca.crt"]
     assert api["spec"]["caBundle"] == one(docs, "ValidatingWebhookConfiguration")["webhooks"][0]["clientConfig"][
         "caBundle"], "one CA for both: one Service, one certificate"
@@ -613,8 +658,151 @@ def test_the_custom_metrics_rbac_delegates_authentication_and_lets_the_hpa_read_
 def test_custom_metrics_on_alone_keeps_the_tls_service_and_neither_renders_no_certificate(helm: str) -> None:
     alone = render(helm, **{"webhook.enabled": False, **METRICS_ON})
     assert not kinds(alone, "ValidatingWebhookConfiguration")
-    assert one(alone, "APIService")["spec"]["caBundle"] == one(alone, "Secret")["data"]["ca.crt"]
+    assert one(alone, "APIService")["spec"]["caBundle"] == tls_secret(alone)["data"]["ca.crt"]
     args = one(alone, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--custom-metrics" in args and "--webhook-cert-dir=/etc/triton-operator/webhook-tls" in args
     neither = render(helm, **{"webhook.enabled": False})
-    assert not kinds(neither, "Secret") and not kinds(neither, "APIService")
+    assert not [d for d in kinds(neither, "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    assert not kinds(neither, "APIService")
+
+
+# -- NetworkPolicies ---------------------------------------------------------------------------
+# The local cluster's network plugin (bridge) enforces no NetworkPolicy: these check what is rendered; the e2e tests
+# check that the API server takes it and that Helm's lookup found the API server's addresses.
+
+
+def _ingress_by_port(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
+    """port -> the rule's `from` (None: every source)."""
+    out: dict[int, list[dict[str, Any]] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port.get("protocol", "TCP") == "TCP"
+            out[int(port["port"])] = rule.get("from")
+    return out
+
+
+def test_the_operators_network_policy_admits_the_api_server_to_tls_and_scrapers_to_metrics(helm: str) -> None:
+    docs = render(helm)
+    policy = one(docs, "NetworkPolicy")
+    pod = one(docs, "Deployment")["spec"]["template"]
+    assert policy["metadata"]["namespace"] == RELEASE_NS and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    by_port = _ingress_by_port(policy)
+    # healthz: the kubelet's probes come from the pod's node, which NetworkPolicy always admits: no rule, no one else.
+    assert set(by_port) == {ports["webhook"], ports["metrics"]}, by_port
+    assert by_port[ports["metrics"]] == [{"namespaceSelector": {}}]
+    # `helm template` cannot look the API server's addresses up: every source (the chart README says so).
+    assert by_port[ports["webhook"]] is None
+    peers = [{"ipBlock": {"cidr": "198.18.0.1/32"}}, {"namespaceSelector": {"matchLabels": {"k": "konnectivity"}}}]
+    scrapers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    by_port = _ingress_by_port(one(render(helm, **{"networkPolicy.apiServer.from": peers,
+                                                   "networkPolicy.metrics.from": scrapers}), "NetworkPolicy"))
+    assert by_port == {ports["webhook"]: peers, ports["metrics"]: scrapers}
+    tpl = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'lookup "discovery.k8s.io/v1" "EndpointSlice" "default" ""' in tpl
+
+
+@pytest.mark.parametrize("values", [{"replicaCount": 0}, {"webhook.enabled": False}], ids=["paused", "no-tls"])
+def test_without_a_tls_port_the_network_policy_admits_only_scrapers(helm: str, values: dict[str, Any]) -> None:
+    assert set(_ingress_by_port(one(render(helm, **values), "NetworkPolicy"))) == {8081}
+
+
+def test_network_policies_can_be_turned_off(helm: str) -> None:
+    assert not kinds(render(helm, **{"networkPolicy.enabled": False}), "NetworkPolicy")
+
+
+def test_the_example_network_policy_for_model_pods_admits_each_port_the_replicas_open(helm: str) -> None:
+    """examples/policies/network-policy.yaml: it selects every replica the operator renders, admits each of their
+    ports (inference for clients, metrics for scrapers, the probe port and HTTP for the operator) and names the
+    operator as the chart labels it."""
+    (policy,) = [d for d in yaml.safe_load_all((ROOT / "examples" / "policies" / "network-policy.yaml").read_text()) if d]
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
+    body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TritonModel", "metadata": {"name": "m"},
+            "spec": {"backend": "python", "source": {"uri": "https://example.com/m.tar.gz", "sha256": "a" * 64}}}
+    model = TritonModel.model_validate(body)
+    pod = next(c for c in render_children(model, render_repository([model]), "uid", "ns")
+               if c["kind"] == "Deployment")["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    opened = {p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports") or ()}
+    admitted = _ingress_by_port(policy)
+    assert opened == set(admitted) == {8000, 8001, 8002, 8090}, (opened, admitted)
+    operator_pod = one(render(helm), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    rules = policy["spec"]["ingress"]
+    operator_rule = next(r for r in rules if {p["port"] for p in r["ports"]} == {8000, 8090})
+    (peer,) = operator_rule["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "triton-system"}
+
+
+# -- ValidatingAdmissionPolicies ---------------------------------------------------------------
+
+
+def _policy(docs: list[dict[str, Any]], suffix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    (policy,) = [d for d in kinds(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"] == f"{SA}-{suffix}"]
+    (binding,) = [d for d in kinds(docs, "ValidatingAdmissionPolicyBinding") if d["metadata"]["name"] == f"{SA}-{suffix}"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"] and binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    return policy, binding
+
+
+def _matched(policy: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in policy["spec"]["matchConstraints"]["resourceRules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["operations"])
+    return out
+
+
+def test_the_operators_writes_are_held_to_its_own_objects_by_an_admission_policy(helm: str) -> None:
+    policy, binding = _policy(render(helm), "operator-writes")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == \"system:serviceaccount:{RELEASE_NS}:{SA}\""
+    assert "matchResources" not in binding["spec"], "every namespace"
+    # Every kind the operator may write (its RBAC), but Events, its Lease and its TritonModels' status, is matched.
+    written = {k for k, verbs in EXPECTED_RULES.items() if verbs & WRITE_VERBS} - {
+        ("", "events"), (GROUP, f"{PLURAL}/status")}
+    matched = _matched(policy)
+    assert written <= set(matched), written - set(matched)
+    assert all(ops == {"CREATE", "UPDATE", "DELETE"} for ops in matched.values())
+    text = json.dumps(policy)
+    protected = next(v["expression"] for v in policy["spec"]["validations"] if "request.namespace in" in v["expression"])
+    assert json.loads(protected.split(" in ", 1)[1].rstrip(")")) == [RELEASE_NS, "kube-system", "kube-public",
+                                                                       "kube-node-lease"], "the release's namespace too"
+    assert "app.kubernetes.io/managed-by' in variables.newLabels" in text
+    assert "serving.triton-operator.dev/warmed" in text and "object.spec == oldObject.spec" in text
+
+
+def test_the_tritonmodel_policy_refuses_control_plane_tolerations_and_allows_any_registry_by_default(helm: str) -> None:
+    policy, binding = _policy(render(helm), "tritonmodels")
+    assert _matched(policy) == {(GROUP, PLURAL): {"CREATE", "UPDATE"}}
+    text = json.dumps(policy["spec"]["validations"])
+    assert "node-role.kubernetes.io/control-plane" in text and "spec.server.tolerations" in text
+    assert "spec.server.image" not in text, "no allow-list: any registry"
+    assert "matchResources" not in binding["spec"]
+    policy, _ = _policy(render(helm, **{"admissionPolicies.tritonModels.allowedImageRegistries": ["nvcr.io/nvidia"],
+                                        "admissionPolicies.tritonModels.allowControlPlaneTolerations": True}),
+                        "tritonmodels")
+    text = json.dumps(policy["spec"]["validations"])
+    assert '[\\"nvcr.io/nvidia\\"].exists(r' in text and "spec.server.image" in text
+    assert "spec.server.tolerations" not in text
+    from triton_operator.api.v1alpha1 import Server
+
+    image = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "image")
+    assert f'"{Server().image}"' in image, "the chart's default image is the API's"
+
+
+def test_the_tritonmodel_policy_binds_the_namespaces_the_webhook_reviews(helm: str) -> None:
+    docs = render(helm, **NAMESPACED)
+    _, binding = _policy(docs, "tritonmodels")
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == hook["namespaceSelector"]
+    selector = {"matchLabels": {"team": "ml"}}
+    _, binding = _policy(render(helm, **{"webhook.namespaceSelector": selector}), "tritonmodels")
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == selector
+
+
+def test_admission_policies_can_be_turned_off(helm: str) -> None:
+    docs = render(helm, **{"admissionPolicies.operator.enabled": False, "admissionPolicies.tritonModels.enabled": False})
+    assert not kinds(docs, "ValidatingAdmissionPolicy") and not kinds(docs, "ValidatingAdmissionPolicyBinding")

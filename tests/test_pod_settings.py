@@ -68,7 +68,9 @@ def test_every_pod_setting_reaches_the_replicas_pod() -> None:
 def test_env_reaches_tritonserver_and_fetch_but_not_the_probe() -> None:
     template = _template(**{k: EVERYTHING[k] for k in ("env", "envFrom")})
     triton, probe = template["spec"]["containers"]
-    assert triton["env"] == [{"name": "HOME", "value": "/tmp"}, *EVERYTHING["env"]]
+    key = {"name": "TRITON_OPERATOR_REPOSITORY_KEY", "valueFrom": {"secretKeyRef": {"name": "m-repository-key",
+                                                                                   "key": "key"}}}
+    assert triton["env"] == [{"name": "HOME", "value": "/tmp"}, key, *EVERYTHING["env"]]
     assert triton["envFrom"] == EVERYTHING["envFrom"]
     assert "env" not in probe and "envFrom" not in probe
     model = TritonModel.model_validate(body(source={"uri": "s3://bucket/m"}, env=EVERYTHING["env"],
@@ -77,7 +79,7 @@ def test_env_reaches_tritonserver_and_fetch_but_not_the_probe() -> None:
     (fetch,) = pod["initContainers"]
     assert fetch["env"] == EVERYTHING["env"], "no credentialsSecret: the fetch step takes its credentials from here"
     assert fetch["envFrom"] == EVERYTHING["envFrom"]
-    assert fetch["env"] is not pod["containers"][0]["env"][1:], "the containers share no object"
+    assert fetch["env"] is not pod["containers"][0]["env"][2:], "the containers share no object"
 
 
 def test_a_credentials_secret_and_env_both_reach_fetch() -> None:

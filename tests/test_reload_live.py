@@ -6,6 +6,10 @@ swaps in the background, with no failed request; a load that fails leaves the ol
 the model away until the next load. Then one replica's reload end to end (`reload_replica`, Swap and Drain, a
 config that loads and one that does not), with a recording stand-in for the Kubernetes API only.
 
+The server restricts its repository API to a key, with the flags replicas run with (`render.repository_key`): the
+operator's calls carry the key; without it, an unload, a load with files of one's own and the index are refused
+over HTTP (403) and gRPC, and the model keeps serving.
+
 The model: a Python model whose `initialize` sleeps `initSeconds` (a model that takes a while to load, so the
 swap is observable) and raises when `failInitialize` is "yes" (a config Triton cannot load); it answers
 INPUT + `generation`, so each answer says which config's copy served it.
@@ -14,11 +18,16 @@ INPUT + `generation`, so each answer says which config's copy served it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +51,7 @@ from triton_operator.render.kubernetes import (
     configmap_key,
 )
 from triton_operator.render.modelconfig import RenderedModel, config_json, render_repository
+from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER, RepositoryKeys
 from triton_operator.triton import reload as triton
 from triton_operator.triton.local import LocalTritonServer
 
@@ -137,6 +147,9 @@ BAD = {"delay": 7000, "generation": "3", "fail": "yes"}
 #: One model per test, so no test sees another's reload. SWAP's initialize takes 2 s: the swap is long enough
 #: for thousands of requests to arrive while the new copy loads.
 SWAP, REFUSED, UNLOAD, SEEN, DRAIN = "reload-swap", "reload-refused", "reload-unload", "reload-seen", "reload-drain"
+GUARDED = "reload-guarded"  # clients without the key try to unload it and to load code of their own
+#: The model's repository key, as the operator derives it (`render.repository_key`): the server requires it.
+KEY = RepositoryKeys(b"k" * 32).key("ns", GUARDED, "00000000-0000-0000-0000-000000000001")
 STREAM = "reload-stream"
 REPLICA = {case: f"replica-{case}" for case in ("swap-ok", "swap-bad", "drain-ok", "drain-bad")}
 INIT = {SWAP: "2"}
@@ -155,12 +168,12 @@ def render_stream(generation: int) -> RenderedModel:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    names = [SWAP, REFUSED, UNLOAD, SEEN, DRAIN, *REPLICA.values()]
+    names = [SWAP, REFUSED, UNLOAD, SEEN, DRAIN, GUARDED, *REPLICA.values()]
     models = [m for n in names for m in models_from_yaml(SPEC.format(name=n, **{**BASE, "init": INIT.get(n, "1")}))]
     models += models_from_yaml(STREAM_SPEC.format(name=STREAM, generation=1), STREAM)
     started: list[LocalTritonServer] = []
     try:
-        served = start_served(models, tmp_path_factory.mktemp("reload") / "repo", on_start=started.append)
+        served = start_served(models, tmp_path_factory.mktemp("reload") / "repo", on_start=started.append, key=KEY)
         yield served
         served.client.close()
     finally:
@@ -243,7 +256,7 @@ class Traffic:
 
 def timed_load(server: Served, name: str, pbtxt: str) -> tuple[triton.Loaded, float]:
     start = time.monotonic()
-    loaded = asyncio.run(triton.load(address(server), name, config_json(pbtxt)))
+    loaded = asyncio.run(triton.load(address(server), name, config_json(pbtxt), key=KEY))
     return loaded, time.monotonic() - start
 
 
@@ -252,8 +265,6 @@ def timed_load(server: Served, name: str, pbtxt: str) -> tuple[triton.Loaded, fl
 
 def test_config_json_is_the_rendered_config() -> None:
     """config_json carries every field of the pbtxt, the digest parameter included (protobuf's JSON mapping)."""
-    import json
-
     new = render(SWAP, **NEW)
     loaded = json.loads(config_json(new.config_pbtxt))
     assert loaded["name"] == SWAP
@@ -308,7 +319,7 @@ def test_unload_takes_the_model_away_until_the_next_load(server: Served) -> None
     old, new = render(UNLOAD), render(UNLOAD, **NEW)
     assert served_digest(server, UNLOAD) == old.digest
     assert infer(server.client, UNLOAD) == 1
-    asyncio.run(triton.unload(address(server), UNLOAD))
+    asyncio.run(triton.unload(address(server), UNLOAD, key=KEY))
     assert not server.client.is_model_ready(UNLOAD), "unload() returned while the model was still READY"
     assert asyncio.run(triton.served(address(server), UNLOAD)) is None
     with pytest.raises(InferenceServerException) as refused:
@@ -332,6 +343,89 @@ def test_requests_seen_counts_each_request(server: Served) -> None:
     for _ in range(5):
         infer(server.client, SEEN)
     assert asyncio.run(triton.requests_seen(addr, SEEN)) - second == 5
+
+
+# ---------------------------------------------------------------- the repository key
+
+
+def post(server: Served, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """One HTTP call to the server's repository API, as any client of the model's Service could make it."""
+    req = urllib.request.Request(f"http://{address(server)}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 - 127.0.0.1
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def intruder(name: str, marker: Path) -> tuple[str, dict[str, bytes]]:
+    """A load request's `config` and files for a Python model of a client's own: its code writes `marker` when it runs
+    inside tritonserver."""
+    config = json.dumps({"name": name, "backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": [4]}],
+                         "output": [{"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [4]}]})
+    code = (f"class TritonPythonModel:\n    def initialize(self, args):\n        open({str(marker)!r}, 'w').write('ran')\n"
+            "    def execute(self, requests):\n        return []\n")
+    return config, {"file:1/model.py": code.encode()}
+
+
+def test_without_the_key_no_client_can_unload_a_model_or_load_code_of_its_own(server: Served, tmp_path: Path) -> None:
+    """What anyone who reached a replica could do with the repository API open: unload the model, or load their own
+    Python code (under a new name, or over the served model). Each is refused over HTTP (403) and gRPC, with no key
+    or a wrong one; the model stays READY and answers; none of the code ran. The same load with the key (the
+    operator's) does run it: the payload is real."""
+    marker = tmp_path / "intruder-ran"
+    assert infer(server.client, GUARDED) == 1
+    attempts: dict[str, tuple[str, dict[str, Any]]] = {}
+    for target in ("intruder", GUARDED):
+        config, files = intruder(target, marker)
+        body = {"parameters": {"config": config, **{k: base64.b64encode(v).decode() for k, v in files.items()}}}
+        attempts[f"load {target} with files"] = (f"/v2/repository/models/{target}/load", body)
+    attempts["unload"] = (f"/v2/repository/models/{GUARDED}/unload", {})
+    attempts["index"] = ("/v2/repository/index", {})
+    answers = {f"{what} ({'a wrong key' if headers else 'no key'})": post(server, path, body, headers)
+               for what, (path, body) in attempts.items() for headers in (None, {KEY_HEADER: "0" * 64})}
+    print(f"\nHTTP without the key: {sorted({status for status, _ in answers.values()})}; "
+          f"{next(iter(answers.values()))[1]}")
+    for what, (status, text) in answers.items():
+        assert status == 403 and "This API is restricted" in text, server.why(f"{what}: {status} {text}")
+
+    client = grpcclient.InferenceServerClient(server.server.grpc_url)
+    config, files = intruder("intruder", marker)
+    calls = {"unload": lambda h: client.unload_model(GUARDED, headers=h),
+             "load with files": lambda h: client.load_model("intruder", config=config, files=files, headers=h),
+             "index": lambda h: client.get_model_repository_index(headers=h)}
+    try:
+        for what, call in calls.items():
+            for headers in (None, {GRPC_KEY_HEADER: "0" * 64}):
+                with pytest.raises(InferenceServerException) as refused:
+                    call(headers)
+                assert refused.value.status() == "StatusCode.UNAVAILABLE", (what, headers, refused.value)
+                assert "This protocol is restricted" in (refused.value.message() or ""), (what, refused.value)
+        print(f"gRPC without the key: {refused.value.status()} {refused.value.message()}")
+    finally:
+        client.close()
+    assert not marker.exists(), server.why("a client's code ran in tritonserver")
+    assert server.client.is_model_ready(GUARDED), server.why(f"{GUARDED} is not READY after the refused calls")
+    assert infer(server.client, GUARDED) == 1
+    assert asyncio.run(triton.served(address(server), GUARDED)).digest == render(GUARDED).digest  # type: ignore[union-attr]
+
+    status, text = post(server, *attempts["load intruder with files"], {KEY_HEADER: KEY})
+    assert status == 200 and marker.read_text() == "ran", server.why(f"the load with the key: {status} {text}")
+    assert post(server, "/v2/repository/models/intruder/unload", {}, {KEY_HEADER: KEY})[0] == 200
+
+
+def test_the_gate_asks_why_a_model_is_not_ready_with_the_key(server: Served) -> None:
+    """The gate's question when a model is not READY (the repository index) carries the key; without it (a replica
+    holding another key) the verdict says so instead of blaming the model."""
+    from triton_operator.triton.replica import check_replica
+
+    known = asyncio.run(check_replica(address(server), "no-such-model", (), "d", key=KEY))
+    assert (known.reason, known.message) == ("ModelLoadFailed", "model no-such-model is UNAVAILABLE: not in the model "
+                                             "repository"), known
+    refused = asyncio.run(check_replica(address(server), "no-such-model", (), "d"))
+    assert refused.reason == "RepositoryKeyRefused" and "This API is restricted" in refused.message, refused
 
 
 # ---------------------------------------------------------------- drain()
@@ -384,7 +478,7 @@ def run_replica(server: Served, name: str, mode: str, target: RenderedModel, old
           "data": {configmap_key(f"{name}/config.pbtxt"): target.config_pbtxt}}
     kube, body = RecordingKube({"cm": cm}), pod(name, annotations)
     start = time.monotonic()
-    asyncio.run(reload_replica(kube, lambda: body, address(server), name))  # type: ignore[arg-type]
+    asyncio.run(reload_replica(kube, lambda: body, address(server), name, KEY))  # type: ignore[arg-type]
     return kube, annotations, time.monotonic() - start
 
 
@@ -484,7 +578,7 @@ def test_a_drain_reloads_a_decoupled_model_only_once_its_open_stream_is_closed(s
 
     def reload() -> None:
         try:
-            asyncio.run(reload_replica(kube, lambda: body, address(server), STREAM))  # type: ignore[arg-type]
+            asyncio.run(reload_replica(kube, lambda: body, address(server), STREAM, KEY))  # type: ignore[arg-type]
         finally:
             reload_done.set()
 
@@ -497,7 +591,7 @@ def test_a_drain_reloads_a_decoupled_model_only_once_its_open_stream_is_closed(s
         assert stream.answers() == list(range(100, 110)), stream.answers()
         # The drain's quiet second and the unload are past; the stream is still open: nothing new loads.
         time.sleep(2.5)
-        index = {m.name: m.state for m in server.client.get_model_repository_index().models}
+        index = {m.name: m.state for m in server.client.get_model_repository_index(headers=server.headers).models}
         assert index[STREAM] == "UNLOADING", server.why(f"{STREAM} with an open stream: {index[STREAM]}")
         assert not reload_done.is_set(), server.why("the reload finished while a stream was open")
         closed = time.monotonic()

@@ -193,3 +193,25 @@ def test_every_example_renders_pods_that_pass_pod_security_restricted() -> None:
         dep = next(c for c in render_children(m, rendered, "uid", "ns") if c["kind"] == "Deployment")
         assert not restricted_violations(dep["spec"]["template"]["spec"]), (m.name, restricted_violations(
             dep["spec"]["template"]["spec"]))
+
+
+def test_every_example_replica_restricts_the_repository_api_to_a_key_it_reads_from_a_secret() -> None:
+    """Issue 32: no replica leaves Triton's repository API (load, unload, index) open to its Service's clients, and
+    none carries the key in its pod spec (tests/test_repository_key.py has the details)."""
+    from triton_operator.files import load_paths
+    from triton_operator.render.kubernetes import Options
+    from triton_operator.render.repository_key import RepositoryKeys
+    from triton_operator.validate import check_documents
+
+    keys = RepositoryKeys(b"s" * 32)
+    loaded = check_documents(load_paths([Path(__file__).resolve().parent.parent / "examples"]))
+    models = [m for _, m in loaded.models]
+    rendered = render_repository(models)
+    for m in models:
+        dep = next(c for c in render_children(m, rendered, "uid", "ns", Options(repository_keys=keys))
+                   if c["kind"] == "Deployment")
+        (triton,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "tritonserver"]
+        restricted = [a.split("=", 1)[1] for a in triton["args"]
+                      if a.startswith(("--http-restricted-api=", "--grpc-restricted-protocol="))]
+        assert restricted == ["model-repository:triton-operator-key=$(TRITON_OPERATOR_REPOSITORY_KEY)"] * 2, m.name
+        assert keys.key("ns", m.name, "uid") not in str(dep), m.name

@@ -19,9 +19,10 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import np_to_triton_dtype
 
-from triton_operator.api.v1alpha1 import TritonModel, quantity_bytes
+from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV, TritonModel, quantity_bytes
 from triton_operator.files import load_paths, write_repository
 from triton_operator.render.modelconfig import RenderedModel, render_repository
+from triton_operator.render.repository_key import GRPC_KEY_HEADER, restriction_args
 from triton_operator.triton.client import LoadResult, load_model
 from triton_operator.triton.local import LocalTritonServer
 from triton_operator.validate import check_documents, load_documents
@@ -78,6 +79,12 @@ def cache_size_for(models: Iterable[TritonModel]) -> int | None:
 # ---------------------------------------------------------------- a served repository
 
 
+def restricted_args(key: str) -> list[str]:
+    """The flags replicas run with (`render.repository_key.restriction_args`), with the key the kubelet would put in
+    for `$(TRITON_OPERATOR_REPOSITORY_KEY)`: the repository API answers only requests that carry `key`."""
+    return [a.replace(f"$({REPOSITORY_KEY_ENV})", key) for a in restriction_args()]
+
+
 @dataclass
 class Served:
     """A running tritonserver with a rendered repository, and a gRPC client to it."""
@@ -86,6 +93,12 @@ class Served:
     client: grpcclient.InferenceServerClient
     rendered: dict[str, RenderedModel]  # by TritonModel name
     loads: dict[str, LoadResult] = field(default_factory=dict)  # by Triton model name
+    key: str | None = None  # the repository key the server requires (`restricted_args`), if any
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """gRPC metadata for repository calls (load, unload, index) to a server started with a key."""
+        return {GRPC_KEY_HEADER: self.key} if self.key else None
 
     def why(self, message: str, lines: int = 40) -> str:
         """An assertion message with the server's log tail, so a failure says what Triton said."""
@@ -117,7 +130,8 @@ class Served:
         """Load (and so warm up) models in explicit mode, several at a time; assert each is READY."""
         names = list(names)
         with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names)))) as pool:
-            results = dict(zip(names, pool.map(lambda n: load_model(self.client, n), names), strict=True))
+            results = dict(zip(names, pool.map(lambda n: load_model(self.client, n, headers=self.headers), names),
+                               strict=True))
         self.loads.update(results)
         failed = {n: r.reason for n, r in results.items() if not r.ready}
         assert not failed, self.why(f"models failed to load: {failed}", lines=80)
@@ -132,12 +146,14 @@ def start_served(
     load: Iterable[str] | None = None,
     cache_size: int | None = None,
     on_start: Callable[[LocalTritonServer], None] | None = None,
+    key: str | None = None,
 ) -> Served:
     """Render `models` into `repo`, start tritonserver (explicit mode) and load models; the caller stops it.
 
     `load` is the Triton model names to load (default: every model, steps before ensembles).
     `cache_size` defaults to what the models' spec.server.cacheSize asks for (see `cache_size_for`).
     `on_start` gets the server as soon as it runs, so the caller can stop it even if a load fails.
+    `key`: the server restricts its repository API to this key, as replicas do (`restricted_args`).
     """
     rendered = render_repository(models)
     write_repository(rendered, repo)
@@ -146,11 +162,12 @@ def start_served(
         model_control_mode="explicit",
         cache_size=cache_size if cache_size is not None else cache_size_for(models),
         log_path=repo.parent / f"{repo.name}-tritonserver.log",
+        extra_args=restricted_args(key) if key else (),
     )
     server.start()
     if on_start is not None:
         on_start(server)
-    served = Served(server=server, client=grpcclient.InferenceServerClient(server.grpc_url), rendered=rendered)
+    served = Served(server=server, client=grpcclient.InferenceServerClient(server.grpc_url), rendered=rendered, key=key)
     by_triton = {r.name: r for r in rendered.values()}
     names = sorted(by_triton) if load is None else list(load)
     missing = [n for n in names if n not in by_triton]

@@ -101,6 +101,11 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# Each model's repository key Secret: created once (immutable, named by a digest of its content), never read,
+# listed, watched, updated or deleted. The operator derives the key from its master key instead of reading it back.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 {{- end }}
 
 {{/* Whether the operator serves TLS (the admission webhook, the custom metrics API, or both): one Service,
@@ -130,5 +135,79 @@ Argo CD, gets nothing back and cannot check (chart README, "Autoscaling").
 {{- end }}
 {{- if $others }}
 {{- fail (printf "customMetrics.enabled: custom.metrics.k8s.io is already served by another server: APIService %s. Registering this chart's v1beta2 would take that API over: every HorizontalPodAutoscaler on its metrics would be asked of triton-operator instead. Keep customMetrics.enabled=false and serve Triton's metrics through that server (chart README, \"Autoscaling\": prometheus-adapter rules), or remove its APIService first." (join ", " $others)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The repository master key (base64, as the Secret's data holds it) of the chart's own Secret: the one in the cluster
+(`lookup`, so an upgrade keeps it), else 64 new random characters. Worked out once per render and kept in .Values, so
+that the Secret and the Deployment's checksum annotation agree (each template calls this).
+*/}}
+{{- define "triton-operator.repositoryKey" -}}
+{{- if not (hasKey .Values "_repositoryKeyData") }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (printf "%s-repository-key" (include "triton-operator.fullname" .)) }}
+{{- $data := "" }}
+{{- if and $existing (index ($existing.data | default dict) "key") }}
+{{- $data = index $existing.data "key" }}
+{{- else }}
+{{- $data = randAlphaNum 64 | b64enc }}
+{{- end }}
+{{- $_ := set .Values "_repositoryKeyData" $data }}
+{{- end }}
+{{- index .Values "_repositoryKeyData" }}
+{{- end }}
+
+{{/* The Secret the operator reads the repository master key from. */}}
+{{- define "triton-operator.repositoryKeySecret" -}}
+{{- .Values.repositoryKey.existingSecret | default (printf "%s-repository-key" (include "triton-operator.fullname" .)) }}
+{{- end }}
+
+{{/*
+The peers the NetworkPolicy admits to the TLS port: networkPolicy.apiServer.from when set; else the API server's own
+addresses, those of the `kubernetes` Service's endpoints (EndpointSlices in `default`, read with Helm's `lookup`), one
+ipBlock each; else (nothing found: `helm template` and Argo CD render without the cluster) an empty list, which
+admits every source. A YAML list.
+*/}}
+{{- define "triton-operator.apiServerPeers" -}}
+{{- $peers := list }}
+{{- if .Values.networkPolicy.apiServer.from }}
+{{- $peers = .Values.networkPolicy.apiServer.from }}
+{{- else }}
+{{- range (lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "").items | default list }}
+{{- if eq (index (.metadata.labels | default dict) "kubernetes.io/service-name" | default "") "kubernetes" }}
+{{- range .endpoints | default list }}
+{{- range .addresses | default list }}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" (printf "%s/%s" . (ternary "128" "32" (contains ":" .))))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $peers }}
+{{- end }}
+
+{{/* spec.server.image's default (operator/triton_operator/api/v1alpha1.py, Server.image): what a TritonModel without
+     one runs. tests/test_chart.py keeps the two equal. */}}
+{{- define "triton-operator.defaultTritonImage" -}}
+nvcr.io/nvidia/tritonserver:24.10-py3
+{{- end }}
+
+{{/* A policy binding's matchResources: the namespaces the release serves, as the webhook's namespaceSelector says
+     (webhook.namespaceSelector, else watch.namespaces, else every namespace). */}}
+{{- define "triton-operator.servedNamespaces" -}}
+{{- if .Values.webhook.namespaceSelector }}
+matchResources:
+  namespaceSelector:
+    {{- toYaml .Values.webhook.namespaceSelector | nindent 4 }}
+{{- else if .Values.watch.namespaces }}
+matchResources:
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values:
+          {{- range (sortAlpha .Values.watch.namespaces) }}
+          - {{ . }}
+          {{- end }}
 {{- end }}
 {{- end }}

@@ -52,6 +52,8 @@ HPA = Kind("HorizontalPodAutoscaler", "autoscaling", "v2", "horizontalpodautosca
 POD = Kind("Pod", "", "v1", "pods", LABEL_MODEL)  # the replicas: the Deployment's, labelled with their model
 REPLICA_SET = Kind("ReplicaSet", "apps", "v1", "replicasets")  # read (repository garbage collection), not watched
 EVENT = Kind("Event", "", "v1", "events")  # written only
+#: Each model's repository key (`render.repository_key`): created only; the operator never reads a Secret.
+SECRET = Kind("Secret", "", "v1", "secrets")
 LEASE = Kind("Lease", "coordination.k8s.io", "v1", "leases")  # leader election, in the operator's own namespace
 
 #: The children a reconcile applies, owner-referenced to their TritonModel and labelled `OWNED`.
@@ -59,7 +61,7 @@ CHILDREN: tuple[Kind, ...] = (CONFIG_MAP, DEPLOYMENT, SERVICE, PDB, HPA)
 #: What the operator watches (and the drift round re-lists): the models, their children and their replicas.
 WATCHED: tuple[Kind, ...] = (TRITON_MODEL, *CHILDREN, POD)
 #: Every kind the operator's client addresses.
-ALL: tuple[Kind, ...] = (*WATCHED, REPLICA_SET, EVENT, LEASE)
+ALL: tuple[Kind, ...] = (*WATCHED, REPLICA_SET, EVENT, LEASE, SECRET)
 
 _BY_API_VERSION = {(k.api_version, k.kind): k for k in ALL}
 

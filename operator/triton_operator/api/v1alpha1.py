@@ -635,8 +635,15 @@ DataKeyStr = Annotated[str, StringConstraints(min_length=1, max_length=253, patt
 OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")
 #: Pod annotations the operator writes besides those under its API group's prefix.
 OPERATOR_ANNOTATIONS = ("kubectl.kubernetes.io/default-container",)
+#: The tritonserver container's variable holding its repository key (`render.repository_key`), from the model's Secret.
+REPOSITORY_KEY_ENV = "TRITON_OPERATOR_REPOSITORY_KEY"
 #: Environment variables the operator sets in the tritonserver container.
-OPERATOR_ENV = ("HOME",)
+OPERATOR_ENV = ("HOME", REPOSITORY_KEY_ENV)
+#: tritonserver flags the operator sets and server.args may not: they restrict Triton's model repository API to the
+#: operator's key (`render.repository_key`). Triton's parser (getopt_long) takes any unambiguous prefix of a long
+#: option, so every argument starting with one of these prefixes is refused: `--http-r` names no other flag, nor
+#: does `--grpc-re` (`--grpc-root-cert` is `--grpc-ro`).
+OPERATOR_ARGS = {"--http-r": "--http-restricted-api", "--grpc-re": "--grpc-restricted-protocol"}
 #: What a replica's /dev/shm holds at most when spec.server.shmSize is unset (see Server.shm_size).
 SHM_SIZE_DEFAULT = "1Gi"
 #: The sizeLimit of a replica's repository volume (the `fetch` step's emptyDir) and of its /tmp.
@@ -844,6 +851,13 @@ class Server(_Model):
             "message": f"env may not set {', '.join(OPERATOR_ENV)}: the operator sets it in the tritonserver container",
             "fieldPath": ".env",
         },
+        {
+            "rule": "!has(self.args) || self.args.all(a, " + " && ".join(
+                f"!a.startsWith('{prefix}')" for prefix in OPERATOR_ARGS) + ")",
+            "message": f"args may not set {' or '.join(OPERATOR_ARGS.values())}: the operator sets them, to restrict "
+                       "Triton's model repository API to its own key",
+            "fieldPath": ".args",
+        },
     ]})
 
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
@@ -885,7 +899,9 @@ class Server(_Model):
         default=None,
         max_length=64,
         description=(
-            "Extra tritonserver arguments, appended as given. The Python backend's shared memory settings "
+            "Extra tritonserver arguments, appended as given. Not --http-restricted-api or "
+            "--grpc-restricted-protocol: the operator sets them, so that only it may use Triton's model repository "
+            "API (load, unload, index). The Python backend's shared memory settings "
             "(`--backend-config=python,shm-default-byte-size=N`, `…,shm-growth-byte-size=N`, in bytes) must fit "
             "shmSize: a default size times the Python model instances the replica loads, or a growth step, larger "
             "than /dev/shm is refused (Triton would fail every load or every growth)."
@@ -996,7 +1012,7 @@ class Server(_Model):
         description=(
             "Environment variables of the tritonserver container and of the `fetch` init step (so credentials "
             "for s3:// and gs:// sources can come from here: AWS_*, GOOGLE_APPLICATION_CREDENTIALS, an endpoint, "
-            "a proxy). Not those the operator sets: HOME, nor, when a source the replica fetches names a "
+            "a proxy). Not those the operator sets: HOME, TRITON_OPERATOR_REPOSITORY_KEY, nor, when a source the replica fetches names a "
             "credentialsSecret, the variables it sets (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, "
             "AWS_ENDPOINT_URL, AWS_REGION; GOOGLE_APPLICATION_CREDENTIALS)." + _NEW_PODS
         ),

@@ -120,7 +120,9 @@ def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None) 
 
     Dumper.add_representer(str, text)
 
-    head = "# The objects triton-operator applies for these TritonModels (triton-operator render --objects).\n"
+    head = ("# The objects triton-operator applies for these TritonModels (triton-operator render --objects).\n"
+            "# Not shown: the Secret each model's replicas read their repository key from, which the operator creates\n"
+            "# from its master key; its name ends in the key's digest (here, without one: <model>-repository-key).\n")
     return head + yaml.dump_all(docs, Dumper=Dumper, sort_keys=False, width=120, explicit_start=True)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..controller.leader import ElectionSettings
     from ..controller.operator import WebhookSettings
+    from ..render.repository_key import RepositoryKeys
 
 
 def block_unused_clients() -> None:
@@ -48,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
     webhook = _webhook_settings(args)
     election = _election_settings(args)
+    keys = _repository_keys(args.repository_key_file)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -58,7 +60,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_address)
         logging.getLogger("triton_operator").info("Started metrics endpoint port=%d", args.metrics_port)
-    options = Options(operator_image=args.operator_image)
+    options = Options(operator_image=args.operator_image, repository_keys=keys)
+    if args.repository_key_file:
+        logging.getLogger("triton_operator").info("Loaded repository master key file=%s fingerprint=%s",
+                                                  args.repository_key_file, keys.fingerprint)
+    else:
+        logging.getLogger("triton_operator").warning(
+            "Made a repository master key of this process alone (no --repository-key-file) fingerprint=%s: each "
+            "start makes another, and every model's replicas then roll to new pods", keys.fingerprint)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -79,6 +88,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
 
     return asyncio.run(main())
+
+
+def _repository_keys(path: str | None) -> RepositoryKeys:
+    """The master key every model's repository key is derived from (`render.repository_key`): the file's bytes
+    (surrounding whitespace dropped), or, without a file, random bytes of this process alone."""
+    import secrets
+
+    from ..render.repository_key import MIN_MASTER_BYTES, RepositoryKeys
+
+    if not path:
+        return RepositoryKeys(secrets.token_bytes(MIN_MASTER_BYTES))
+    try:
+        with open(path, "rb") as f:
+            master = f.read(64 * 1024).strip()
+    except OSError as exc:
+        raise SystemExit(f"--repository-key-file: cannot read {path}: {exc.strerror or exc}") from exc
+    if len(master) < MIN_MASTER_BYTES:
+        raise SystemExit(f"--repository-key-file: {path} holds {len(master)} bytes; the master key needs at least "
+                         f"{MIN_MASTER_BYTES} (e.g. `head -c 48 /dev/urandom | base64 > {path}`)")
+    return RepositoryKeys(master)
 
 
 def _election_settings(args: argparse.Namespace) -> ElectionSettings | None:
@@ -153,6 +182,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=os.environ.get("TRITON_OPERATOR_IMAGE", "ghcr.io/triton-operator/triton-operator:0.1.0"),
         help="image of the `fetch` init container (this operator's own image)",
     )
+    r.add_argument("--repository-key-file", metavar="FILE",
+                   help="the master key (at least 32 bytes; the chart mounts its Secret here) from which each model's "
+                        "repository key is derived: replicas let only that key load, unload or list models through "
+                        "Triton's repository API. Unset: a random key of this process alone, and every model's "
+                        "replicas roll to new pods at each start")
     r.add_argument("--drift-interval", type=float, default=60.0, help="seconds between drift-correcting reconciles")
     r.add_argument("--log-level", default="info")
     w = r.add_argument_group("admission webhook", "served over TLS with a certificate the operator issues itself; "

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,10 +75,15 @@ class _PodGate:
         return f"{(self.body.get('status') or {}).get('podIP')}:{HTTP_PORT}"
 
 
+#: The repository key of a replica's TritonModel (namespace, name), or None when the operator cannot tell it.
+KeyOf = Callable[[str, str], "str | None"]
+
+
 class WarmupGate:
     def __init__(self, kube: Kube, poll_interval: float = 0.2, max_concurrent_checks: int = 32,
-                 on_change: Any = None) -> None:
+                 on_change: Any = None, key_of: KeyOf | None = None) -> None:
         self.kube = kube
+        self.key_of = key_of  # repository calls (the index when a model is not READY, reloads) carry the model's key
         self.poll_interval = poll_interval
         self.sem = asyncio.Semaphore(max_concurrent_checks)
         self.pods: dict[tuple[str, str], _PodGate] = {}
@@ -173,10 +179,11 @@ class WarmupGate:
         gate.reload_for = version
         ann = gate.body["metadata"].get("annotations") or {}
         address = gate.address
+        key = self._key(gate)
 
         async def run() -> None:
             try:
-                await reload_replica(self.kube, lambda: gate.body, address, ann.get(ANNOTATION_TRITON_NAME, ""))
+                await reload_replica(self.kube, lambda: gate.body, address, ann.get(ANNOTATION_TRITON_NAME, ""), key)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the next pod event (or gate round) tries again
@@ -219,6 +226,11 @@ class WarmupGate:
         self._notices.add(task)
         task.add_done_callback(self._notices.discard)
 
+    def _key(self, gate: _PodGate) -> str | None:
+        """The repository key of the pod's TritonModel (the one its label names)."""
+        model = (gate.body["metadata"].get("labels") or {}).get(LABEL_MODEL)
+        return self.key_of(gate.namespace, model) if self.key_of is not None and model else None
+
     def _interval(self, gate: _PodGate) -> float:
         ann = gate.body["metadata"].get("annotations") or {}
         ms = ann.get(ANNOTATION_POLL_MS)
@@ -238,7 +250,7 @@ class WarmupGate:
         async with self.sem:
             verdict = await check_replica(
                 gate.address, ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, ""),
-                versions=versions, also=ann.get(ANNOTATION_PREVIOUS),
+                versions=versions, also=ann.get(ANNOTATION_PREVIOUS), key=self._key(gate),
             )
         if verdict.ready_seen and gate.ready_seen_at is None:
             gate.ready_seen_at = time.monotonic()

@@ -269,6 +269,17 @@ class Kube:
                                              what=("create", obj["kind"], meta["namespace"], meta["name"]))
         return created
 
+    def create_if_absent(self, obj: dict[str, Any]) -> bool:
+        """POST a new object; whether it was created (False: one of that name exists, which is not read). The answer's
+        body is dropped: for a Secret it holds what was just sent."""
+        try:
+            self.create(obj)
+        except ApiCallError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
     def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
         """PUT an object read before: its metadata.resourceVersion makes it conditional (409 if it changed since)."""
         meta = obj["metadata"]

@@ -101,7 +101,8 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         # 0.5 s the operator's peak RSS at 1000 models fell from 271-279 MB (three runs) to 247 MB, converging as
         # fast (bench.scale phases, issue 17). A later event for the object just starts a new worker.
         settings.queueing.idle_timeout = 0.5
-        STATE.gate = WarmupGate(STATE.kube, on_change=lambda ns, name: STATE.reconciler.request(ns, name))
+        STATE.gate = WarmupGate(STATE.kube, on_change=lambda ns, name: STATE.reconciler.request(ns, name),
+                                key_of=_repository_key)
         STATE.drift = detached(_drift_loop(drift_interval), name="drift")
 
     @kopf.on.cleanup(registry=registry)
@@ -148,6 +149,16 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
             STATE.reconciler.request(body["metadata"]["namespace"], model)
 
     return registry
+
+
+def _repository_key(namespace: str, name: str) -> str | None:
+    """The repository key of the cached TritonModel `namespace/name` (its uid is part of it), or None."""
+    keys = STATE.reconciler.options.repository_keys
+    models = STATE.cache.models.get(namespace)
+    if keys is None or models is None or name not in models:
+        return None
+    uid = models.uid(name)
+    return keys.key(namespace, name, uid) if uid else None
 
 
 def status_only(old: Mapping[str, Any] | None, new: Mapping[str, Any], event: str) -> bool:

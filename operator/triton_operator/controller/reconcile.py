@@ -237,7 +237,12 @@ class Reconciler:
             raise refused
 
     async def _carry_out(self, namespace: str, name: str, decided: Plan) -> None:
-        """The plan's applies (a `verify` one only if the object read now differs), in order, then its deletes."""
+        """The plan's creates (one found there already is done), its applies (a `verify` one only if the object read now
+        differs), in order, then its deletes."""
+        for obj in decided.create:
+            created = await asyncio.to_thread(self.kube.create_if_absent, obj)
+            log.info("%s %s namespace=%s name=%s owner=TritonModel/%s", "Created" if created else "Found",
+                     obj["kind"], namespace, obj["metadata"]["name"], name)
         for a in decided.apply:
             child = a.obj
             key = (child["kind"], namespace, child["metadata"]["name"])

@@ -11,6 +11,10 @@ Two things the cache may not know yet are left to the execution, in a form that 
 - whether old repository ConfigMaps are still used: the plan `reads` the model's ReplicaSets, and the
   controller plans again with them before deleting anything.
 
+The Secret of the model's repository key (`render.repository_key`) is created, never applied: the operator may not
+read Secrets, so the plan asks for a create (`Plan.create`, before the applies: the Deployment names it) when the
+live Deployment does not name it yet, or when a replica cannot start because it is missing; a 409 is success.
+
 The status says too which ensembles serve the model (`status.servedBy`): those among the namespace's TritonModels
 whose replicas load it as a step; a model at `replicas: 0` that they serve is Ready (`ServedByEnsembles`). Its
 children stay at 0 replicas (`render.kubernetes`). `steps_to_revisit` tells the controller whose servedBy a
@@ -40,11 +44,13 @@ from ..render.kubernetes import (
     Options,
     RepositoryTooLarge,
     render_children,
+    render_key_secret,
     repository_of,
     selector_string,
     unused_repositories,
 )
 from ..render.modelconfig import render_repository
+from ..render.repository_key import key_env, secret_missing
 from ..validate.errors import from_pydantic
 from ..validate.rules import check_models
 from .rollout import PodPatch, ReplicaRollout, in_place_deployment, patched, plan_replicas
@@ -170,6 +176,7 @@ class Event:
 @dataclass(frozen=True)
 class Plan:
     reads: tuple[Read, ...] = ()  # when not empty, the deletes are not decided yet: read these and plan again
+    create: tuple[dict[str, Any], ...] = ()  # objects to create (one that exists already is fine), before the applies
     apply: tuple[Apply, ...] = ()  # server-side apply, in this order
     delete: tuple[Delete, ...] = ()  # after the applies
     pods: tuple[PodPatch, ...] = ()  # in-place reloads: annotations to set on replicas' pods, after the deletes
@@ -182,7 +189,7 @@ class Plan:
     @property
     def writes_nothing(self) -> bool:
         """No child to apply or delete, no status to write, nothing to tell: the world is as the model wants it."""
-        return not (self.apply or self.delete or self.pods or self.status is not None or self.events)
+        return not (self.create or self.apply or self.delete or self.pods or self.status is not None or self.events)
 
     @property
     def empty(self) -> bool:
@@ -288,6 +295,24 @@ def steps_to_revisit(old: Mapping[str, Any] | None, new: Mapping[str, Any] | Non
     return sorted(names)
 
 
+def _key_secret(world: World, model: TritonModel, desired: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """The model's key Secret, to create when nothing shows that it exists: the live Deployment does not name it (a
+    new model, a new master key, a Deployment from before keys), or a replica says it is missing."""
+    if not desired:
+        return ()
+    meta = world.body["metadata"]
+    secret = render_key_secret(model, meta["uid"], meta["namespace"], world.options)
+    if secret is None:
+        return ()
+    name = secret["metadata"]["name"]
+    live = world.children.get((DEPLOYMENT.kind, model.name))
+    containers = (((live or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or ()
+    named = any(key_env(name) in (c.get("env") or ()) for c in containers)
+    if named and not any(secret_missing(p, name) for p in world.pods):
+        return ()
+    return (secret,)
+
+
 def _owned_by(body: Mapping[str, Any], name: str, uid: str) -> bool:
     meta = body["metadata"]
     return ((meta.get("labels") or {}).get(LABEL_MODEL) == name
@@ -330,6 +355,7 @@ def plan(world: World) -> Plan:
     # A child the cache lacks is verified first, if the model was reconciled before; a model with no status was
     # never reconciled: nothing of ours can exist, so its children are applied straight away (one left by a
     # first reconcile cut short is re-applied unchanged, a no-op for the server).
+    create = _key_secret(world, model, desired) if model is not None else ()
     apply = tuple(
         Apply(c, verify=bool(stored)) if (c["kind"], c["metadata"]["name"]) not in world.children else Apply(c)
         for c in desired if differs(world.children.get((c["kind"], c["metadata"]["name"])), c))
@@ -373,16 +399,16 @@ def plan(world: World) -> Plan:
     )
     status = compute_status(observed, stored, world.now)
     if not status_changed(stored, status):
-        return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), pods=rollout.patches, digest=digest,
-                    problem=problem)
+        return Plan(reads=tuple(reads), create=create, apply=apply, delete=tuple(delete), pods=rollout.patches,
+                    digest=digest, problem=problem)
     events = tuple(
         Event("Warning" if (c["type"] == "Degraded" and c["status"] == "True")
               or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY)
               or (c["type"] == SCALING_ACTIVE and c["status"] == "False") else "Normal",
               c["reason"], f"{c['type']}={c['status']}: {c['message']}", c["type"], c["status"])
         for c in transitions(stored, status))
-    return Plan(reads=tuple(reads), apply=apply, delete=tuple(delete), pods=rollout.patches, status=status,
-                status_patch=merge_patch(stored, status), events=events, digest=digest, problem=problem)
+    return Plan(reads=tuple(reads), create=create, apply=apply, delete=tuple(delete), pods=rollout.patches,
+                status=status, status_patch=merge_patch(stored, status), events=events, digest=digest, problem=problem)
 
 
 def carried_out(world: World, done: Plan, applied: Mapping[ChildKey, Mapping[str, Any]] | None = None) -> World:

@@ -1,8 +1,9 @@
 """Pure rendering of a TritonModel's Kubernetes children: ConfigMap, Deployment, Service, PodDisruptionBudget and
-HorizontalPodAutoscaler.
+HorizontalPodAutoscaler, and the Secret of its repository key.
 
 `render_children(model, rendered, uid, namespace, options)` -> plain dicts ready for server-side
-apply. No client, no I/O: the controller applies what this returns.
+apply. No client, no I/O: the controller applies what this returns. `render_key_secret` is the Secret the
+controller creates (never applies: see `render.repository_key`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..api.kinds import LABEL_MODEL, OWNED
 from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, Server, TritonModel, quantity_bytes
 from .autoscaling import hpa_metric
 from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
+from .repository_key import RepositoryKeys, key_env, render_secret, restriction_args, secret_name
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
 CONFIGMAP_LIMIT = 1024 * 1024 - 16 * 1024
@@ -96,6 +98,9 @@ class Options:
     probe_hold_seconds: int = 8
     probe_head_start_seconds: float = 0.5
     probe_gate_settle_seconds: float = 0.03
+    # Each model's repository key, derived from the operator's master key (`render.repository_key`). None (unit
+    # tests, `render --objects`): the replicas are restricted all the same, and name the Secret without its digest.
+    repository_keys: RepositoryKeys | None = None
 
 
 class RepositoryTooLarge(ValueError):
@@ -145,6 +150,25 @@ def _meta(model: TritonModel, name: str, uid: str, namespace: str) -> dict[str, 
         "labels": labels(model),
         "ownerReferences": [owner_reference(model, uid)],
     }
+
+
+def repository_key(model: TritonModel, uid: str, namespace: str, options: Options) -> str | None:
+    """The model's repository key, or None without a master key."""
+    keys = options.repository_keys
+    return keys.key(namespace, model.name, uid) if keys is not None else None
+
+
+def key_secret_name(model: TritonModel, uid: str, namespace: str, options: Options) -> str:
+    """The name of the Secret holding the model's repository key (a digest of the key ends it)."""
+    return secret_name(model.name, repository_key(model, uid, namespace, options))
+
+
+def render_key_secret(model: TritonModel, uid: str, namespace: str, options: Options) -> dict[str, Any] | None:
+    """The Secret the replicas read their repository key from; None without a master key (nothing to hold)."""
+    key = repository_key(model, uid, namespace, options)
+    if key is None:
+        return None
+    return render_secret(_meta(model, secret_name(model.name, key), uid, namespace), key)
 
 
 def configmap_key(path: str) -> str:
@@ -321,6 +345,8 @@ def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel], opti
         f"--http-port={HTTP_PORT}",
         f"--grpc-port={GRPC_PORT}",
         f"--metrics-port={METRICS_PORT}",
+        # The repository API (load, unload, index) answers only the operator (`render.repository_key`).
+        *restriction_args(),
     ]
     if any(m.spec.response_cache for m in closure):
         size = max(quantity_bytes(m.spec.server.cache_size) for m in closure if m.spec.response_cache)
@@ -433,8 +459,10 @@ def render_deployment(
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        # HOME too: NVIDIA's image has no home for this user, and libraries cache there (torch, numba).
-        "env": [{"name": "HOME", "value": TMP_DIR}, *user_env.get("env", ())],
+        # HOME too: NVIDIA's image has no home for this user, and libraries cache there (torch, numba). The
+        # repository key before the user's variables: the args name it, and validation keeps env off its name.
+        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret_name(model, uid, namespace, options)),
+                *user_env.get("env", ())],
         **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
         "volumeMounts": [
             # The repository: the `fetch` step's copy, or the ConfigMap itself when there is nothing to fetch.

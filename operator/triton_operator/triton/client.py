@@ -49,9 +49,10 @@ def loaded_digest(client: grpcclient.InferenceServerClient, name: str, timeout: 
     return param.string_value if param is not None and param.string_value else None
 
 
-def repository_states(client: grpcclient.InferenceServerClient, timeout: float | None = 2.0) -> dict[str, ModelState]:
+def repository_states(client: grpcclient.InferenceServerClient, timeout: float | None = 2.0,
+                      headers: dict[str, str] | None = None) -> dict[str, ModelState]:
     """Every model in the repository index with its state and reason (newest version per model)."""
-    index = client.get_model_repository_index(client_timeout=timeout)
+    index = client.get_model_repository_index(headers=headers, client_timeout=timeout)
     out: dict[str, ModelState] = {}
     for m in index.models:
         prev = out.get(m.name)
@@ -65,20 +66,22 @@ def execution_count(client: grpcclient.InferenceServerClient, name: str) -> int:
     return sum(s.execution_count for s in stats.model_stats)
 
 
-def load_model(client: grpcclient.InferenceServerClient, name: str, timeout: float = 300.0) -> LoadResult:
+def load_model(client: grpcclient.InferenceServerClient, name: str, timeout: float = 300.0,
+               headers: dict[str, str] | None = None) -> LoadResult:
     """Load (and so warm up) one model in explicit mode; READY or Triton's own reason for failing.
 
     Some defects leave Triton LOADING forever (a Python model whose stub cannot start), so the
     load has a deadline; past it the model is reported as failed with its repository state.
+    `headers`: gRPC metadata for a server whose repository API is restricted (`render.repository_key`).
     """
     start = time.monotonic()
     try:
-        client.load_model(name, client_timeout=timeout)
+        client.load_model(name, headers=headers, client_timeout=timeout)
     except InferenceServerException as exc:
         reason = exc.message() or str(exc)
         if "Deadline" in reason:
             reason = f"still not READY after {timeout:.0f}s (Triton keeps it LOADING; see the tritonserver log)"
-        states = _safe_states(client)
+        states = _safe_states(client, headers)
         if name in states and states[name].reason:
             reason = states[name].reason
         return LoadResult(name, False, time.monotonic() - start, reason)
@@ -93,8 +96,9 @@ def load_model(client: grpcclient.InferenceServerClient, name: str, timeout: flo
     return LoadResult(name, ready, seconds, "" if ready else "not READY after load", executions)
 
 
-def _safe_states(client: grpcclient.InferenceServerClient) -> dict[str, ModelState]:
+def _safe_states(client: grpcclient.InferenceServerClient,
+                 headers: dict[str, str] | None = None) -> dict[str, ModelState]:
     try:
-        return repository_states(client)
+        return repository_states(client, headers=headers)
     except InferenceServerException:
         return {}

@@ -59,11 +59,11 @@ async def requests_seen(address: str, name: str, timeout: float = 5.0) -> int:
     return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in stats.model_stats)
 
 
-async def unloaded(address: str, name: str, timeout: float, interval: float = 0.25) -> bool:
+async def unloaded(address: str, name: str, timeout: float, interval: float = 0.25, key: str | None = None) -> bool:
     """Waits, for at most `timeout` seconds, until no copy of `name` is UNLOADING (requests in flight and open
-    streams done, the copy gone from memory); whether it got there."""
+    streams done, the copy gone from memory); whether it got there. `key`: the model's repository key."""
     deadline = time.monotonic() + timeout
-    async with TritonClient(address) as client:
+    async with TritonClient(address, key) as client:
         while True:
             index = await client.repository_index(timeout=10.0)
             if not any(m.name == name and m.state == "UNLOADING" for m in index.models):
@@ -73,17 +73,18 @@ async def unloaded(address: str, name: str, timeout: float, interval: float = 0.
             await asyncio.sleep(interval)
 
 
-async def unload(address: str, name: str, timeout: float = 120.0) -> None:
-    """Unloads `name` (Triton lets requests in flight finish first)."""
-    async with TritonClient(address) as client:
+async def unload(address: str, name: str, timeout: float = 120.0, key: str | None = None) -> None:
+    """Unloads `name` (Triton lets requests in flight finish first). `key`: the model's repository key."""
+    async with TritonClient(address, key) as client:
         await client.unload_model(name, timeout=timeout)
 
 
-async def load(address: str, name: str, config: str, timeout: float = 600.0) -> Loaded:
+async def load(address: str, name: str, config: str, timeout: float = 600.0, key: str | None = None) -> Loaded:
     """Loads `name` with `config` (JSON) over the files the replica's repository holds; returns once Triton has
-    the new copy READY (warm-up included) or has given up on it, with Triton's reason."""
+    the new copy READY (warm-up included) or has given up on it, with Triton's reason. `key`: the model's
+    repository key (without it a replica refuses the load: 403)."""
     json.loads(config)  # a malformed config is our defect, not Triton's answer
-    async with TritonClient(address) as client:
+    async with TritonClient(address, key) as client:
         try:
             await client.load_model(name, config=config, timeout=timeout)
             if not await client.is_model_ready(name, timeout=10.0):

@@ -34,6 +34,7 @@ async def check_replica(
     timeout: float = 2.0,
     versions: Mapping[str, tuple[int, ...]] | None = None,
     also: str | None = None,
+    key: str | None = None,
 ) -> ReplicaVerdict:
     """One round of questions to the Triton at `address` (host:port of its HTTP endpoint).
 
@@ -41,9 +42,11 @@ async def check_replica(
     model it does not name is asked about its latest version. `also` is a second digest the replica may serve
     (in-place Swap: the config it served before, while the new one loads beside it). The questions go over HTTP,
     the port tritonserver opens last (gRPC, then HTTP): a replica that answered READY over gRPC alone could still
-    refuse HTTP clients for a moment (tens of milliseconds in the pods here, longer on a loaded machine)."""
+    refuse HTTP clients for a moment (tens of milliseconds in the pods here, longer on a loaded machine). `key` is
+    the model's repository key: a model that is not READY is looked up in the repository index, which replicas answer
+    only with it."""
     versions = versions or {}
-    client = TritonClient(address)
+    client = TritonClient(address, key)
     try:
         for name in (model, *steps):
             for v in versions.get(name) or (None,):
@@ -98,7 +101,15 @@ async def port_open(address: str, timeout: float = 1.0) -> bool:
 async def _why_not_ready(
     client: TritonClient, name: str, timeout: float, version: int | None = None
 ) -> ReplicaVerdict:
-    index = await client.repository_index(timeout=timeout)
+    try:
+        index = await client.repository_index(timeout=timeout)
+    except TritonError as exc:
+        if exc.status != 403:
+            raise
+        # Not this operator's key: a replica made before the master key changed (its replacement is on its way).
+        what = f"model {name}" if version is None else f"model {name} version {version}"
+        return ReplicaVerdict(False, "RepositoryKeyRefused", f"{what} is not READY, and Triton refused the operator's "
+                              f"repository key when asked why: {exc.message()}")
     entries = [m for m in index.models if m.name == name]
     # the index has one entry per version (with its own state); without a version, the newest one speaks
     entry = next((m for m in entries if m.version == str(version)), None) if version is not None else None

@@ -9,6 +9,9 @@ fields as ever. Errors come as `TritonError`: Triton's own message, and the HTTP
 
 HTTP is also the port tritonserver opens last (gRPC first, then HTTP, then metrics): a replica that answers here
 answers over both.
+
+The repository calls (index, load, unload) carry the model's repository key (`render.repository_key`), which
+replicas require for them; no other call carries it, so a replica's other endpoints never see it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import aiohttp
 from google.protobuf import json_format
 
 from ..api import protos
+from ..render.repository_key import KEY_HEADER
 
 
 class TritonError(Exception):
@@ -50,10 +54,12 @@ def _error_text(body: bytes) -> str:
 
 
 class TritonClient:
-    """Calls to the Triton whose HTTP endpoint is `address` (host:port). Use as `async with`, or `close()`."""
+    """Calls to the Triton whose HTTP endpoint is `address` (host:port), with `key` on its repository calls (None:
+    none; a replica then refuses them with 403). Use as `async with`, or `close()`."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, key: str | None = None) -> None:
         self.address = address
+        self._repository_headers = {KEY_HEADER: key} if key else {}
         self._base = f"http://{address}"
         self._session: aiohttp.ClientSession | None = None
 
@@ -75,6 +81,8 @@ class TritonClient:
             self._session = aiohttp.ClientSession(trust_env=False)
         data = None if body is None else json.dumps(body).encode()
         headers = {} if data is None else {"Content-Type": "application/json"}
+        if path.startswith("/v2/repository/"):
+            headers.update(self._repository_headers)
         try:
             async with self._session.request(method, self._base + path, data=data, headers=headers,
                                              timeout=aiohttp.ClientTimeout(total=timeout)) as resp:

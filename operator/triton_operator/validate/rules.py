@@ -21,8 +21,10 @@ from ..api.v1alpha1 import (
     BATCH_STRATEGY_PARAMETER,
     GROUP,
     OPERATOR_ANNOTATIONS,
+    OPERATOR_ARGS,
     OPERATOR_ENV,
     OPERATOR_LABELS,
+    REPOSITORY_KEY_ENV,
     QueuePolicy,
     Server,
     Tensor,
@@ -112,12 +114,15 @@ RULES: dict[str, Rule] = {
              "/dev/shm (server.shmSize): its default size times the replica's Python instances, and its growth step"),
         Rule("pod-metadata", False, "server.podLabels and podAnnotations: valid keys, within Kubernetes' sizes, none of "
              "the operator's own (its labels, its selector, its annotations)"),
-        Rule("pod-env", False, "server.env names each variable once and none the operator sets (HOME, the variables a "
-             "credentialsSecret sets in the fetch step)"),
+        Rule("pod-env", False, "server.env names each variable once and none the operator sets (HOME, "
+             "TRITON_OPERATOR_REPOSITORY_KEY, the variables a credentialsSecret sets in the fetch step)"),
         Rule("credentials-secret", False,
              "the s3:// sources one replica fetches (a model's, and its ensemble steps') all name one "
              "credentialsSecret or none does, and so do its gs:// sources: the fetch step has one set of AWS_* "
              "variables and one GOOGLE_APPLICATION_CREDENTIALS"),
+        Rule("server-args", False, "server.args sets no flag the operator sets to restrict Triton's model repository "
+             "API to its own key (--http-restricted-api, --grpc-restricted-protocol, or a prefix Triton would read "
+             "as one)"),
         Rule("version-policy", True,
              "versionPolicy is one of latest, all or specific; specific names versions the model has (Triton refuses "
              "a policy serving none, and only logs one missing among others)"),
@@ -741,7 +746,10 @@ def _check_pod_metadata(server: Server, err: _Collector) -> None:
 def _check_env_names(server: Server, err: _Collector) -> None:
     seen: dict[str, int] = {}
     for i, var in enumerate(server.env or ()):
-        if var.name in OPERATOR_ENV:
+        if var.name == REPOSITORY_KEY_ENV:
+            err("pod-env", f"spec.server.env[{i}].name", f"{var.name} is set by the operator in the tritonserver "
+                "container: the key that restricts Triton's model repository API to the operator")
+        elif var.name in OPERATOR_ENV:
             err("pod-env", f"spec.server.env[{i}].name", f"{var.name} is set by the operator in the tritonserver "
                 "container (NVIDIA's image has no home for the user replicas run as)")
         if var.name in seen:
@@ -765,8 +773,20 @@ def _check_fetch_limits(server: Server, err: _Collector) -> None:
             "with a clear message; lower maxBytes or raise repositorySizeLimit")
 
 
+def _check_server_args(server: Server, err: _Collector) -> None:
+    for i, arg in enumerate(server.args or ()):
+        flag = next((full for prefix, full in OPERATOR_ARGS.items() if arg.startswith(prefix)), None)
+        if flag is not None:
+            given = arg.split("=", 1)[0]
+            what = flag if given == flag else f"{given} (Triton reads it as {flag})"
+            err("server-args", f"spec.server.args[{i}]", f"{what} is set by the operator: it restricts Triton's model "
+                "repository API (load, unload, index) to the operator's key, so that no client of the model's Service "
+                "can unload it or load code into it")
+
+
 def check_model(model: TritonModel, ident: str) -> list[FieldError]:
     err = _Collector(ident)
+    _check_server_args(model.spec.server, err)
     _check_shm_size(model.spec.server, err)
     _check_fetch_limits(model.spec.server, err)
     _check_pod_metadata(model.spec.server, err)

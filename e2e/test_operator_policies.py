@@ -1,0 +1,239 @@
+"""The chart's ValidatingAdmissionPolicies and NetworkPolicy on the real API server (issue 32).
+
+With a token of the chart-installed operator's own ServiceAccount (TokenRequest API), whose cluster-wide RBAC allows
+each of these calls: patching a kube-system ConfigMap, changing a replica pod's image, writing another pod condition
+or the pod's address, adopting a ConfigMap of someone else's, running a Deployment with a hostPath volume, are all
+refused by the operator-writes policy; meanwhile the same operator reconciles a model to Ready, end to end.
+
+The TritonModel policy refuses at `kubectl apply`, with its message, a model that tolerates the control plane (or
+every taint), and, once the release names allowed registries, an image from elsewhere.
+
+NetworkPolicy: the local cluster's network plugin (the bridge CNI) enforces none. So this checks only that the
+objects are what they should be: the chart's policy names the API server's own addresses (found by Helm's lookup
+of the `kubernetes` Service's endpoints) for the TLS port, and the API server accepts the example policy for model
+pods (examples/policies/network-policy.yaml).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.kube import ApiError, Kube, wait_for
+from e2e.operator_fixtures import (
+    CHART,
+    KUBECTL,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    OperatorHandle,
+    as_stream,
+    helm,
+    is_model_ready,
+    kubectl,
+    load_examples,
+    model_pods,
+    record,
+    wait_model,
+)
+from triton_operator.api.v1alpha1 import WARMED_CONDITION
+
+pytestmark = pytest.mark.cluster
+
+SERVICE_ACCOUNT = f"{RELEASE}-triton-operator"
+USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
+POLICY = "ValidatingAdmissionPolicy 'trop-triton-operator-operator-writes'"
+MODEL_POLICY = "ValidatingAdmissionPolicy 'trop-triton-operator-tritonmodels'"
+EXAMPLE_POLICY = Path(__file__).resolve().parent.parent / "examples" / "policies" / "network-policy.yaml"
+
+
+def operator_token_kubeconfig(admin: Path, kube: Kube, path: Path) -> Path:
+    """A kubeconfig holding a bound token of the chart-installed operator's ServiceAccount."""
+    token = kube.service_account_token(RELEASE_NAMESPACE, SERVICE_ACCOUNT, seconds=600)
+    cfg = yaml.safe_load(admin.read_text())
+    cluster = cfg["clusters"][0]["cluster"]
+    if "certificate-authority" in cluster:
+        cluster = {"server": cluster["server"], "certificate-authority-data":
+                   base64.b64encode(Path(cluster["certificate-authority"]).read_bytes()).decode()}
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": [{"name": "e2e", "cluster": {k: cluster[k] for k in ("server", "certificate-authority-data")}}],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "e2e", "user": "operator"}}],
+    }))
+    path.chmod(0o600)
+    return path
+
+
+def refused(kube: Kube, method: str, path: str, body: Any, content_type: str) -> str:
+    """The API server's refusal of one call (ApiError's message); fails if the call went through."""
+    try:
+        kube.request(method, path, body, content_type=content_type)
+    except ApiError as exc:
+        return f"{exc.status} {json.dumps(exc.body)}"
+    raise AssertionError(f"{method} {path} went through with the operator's token")
+
+
+def can_i(kubeconfig: Path, verb: str, resource: str, namespace: str, sub: str = "") -> bool:
+    proc = subprocess.run([str(KUBECTL), "--kubeconfig", str(kubeconfig), "auth", "can-i", verb, resource,
+                           *([f"--subresource={sub}"] if sub else []), f"--as={USER}", "-n", namespace],
+                          capture_output=True, text=True, timeout=30)
+    return proc.stdout.strip() == "yes"
+
+
+def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serves_a_model(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, tmp_path: Path) -> None:
+    doc = load_examples("add-sub")[0]
+    doc["spec"]["replicas"] = 1
+    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream([doc]))
+    tm = wait_model(kube, namespace, "add-sub", lambda t: is_model_ready(t) and t["status"].get("readyReplicas") == 1,
+                    "Ready under the admission policy", 240)
+    (pod,) = [p for p in model_pods(kube, namespace, "add-sub") if not p["metadata"].get("deletionTimestamp")]
+    name = pod["metadata"]["name"]
+    assert not [ln for ln in operator.log_since().splitlines() if "ValidatingAdmissionPolicy" in ln], (
+        "the policy refused one of the operator's own writes")
+
+    # Each of these, RBAC allows (cluster-wide): the policy is what stops them.
+    for verb, resource, ns, sub in (("patch", "configmaps", "kube-system", ""), ("patch", "pods", namespace, ""),
+                                    ("patch", "pods", namespace, "status"), ("create", "deployments", namespace, ""),
+                                    ("patch", "configmaps", namespace, "")):
+        assert can_i(kubeconfig, verb, resource, ns, sub), f"RBAC does not allow {verb} {resource} {sub} in {ns}"
+    op = Kube(operator_token_kubeconfig(kubeconfig, kube, tmp_path / "operator.kubeconfig"))
+    merge, strategic = "application/merge-patch+json", "application/strategic-merge-patch+json"
+    answers = {
+        "patch a kube-system ConfigMap": refused(
+            op, "PATCH", "/api/v1/namespaces/kube-system/configmaps/kube-root-ca.crt",
+            {"metadata": {"labels": {"app.kubernetes.io/managed-by": "triton-operator"}}}, merge),
+        "change the replica's image": refused(
+            op, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
+            {"spec": {"containers": [{"name": "tritonserver", "image": "registry.example/evil:1"}]}}, strategic),
+        "annotate the replica outside the operator's prefix": refused(
+            op, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
+            {"metadata": {"annotations": {"sidecar.istio.io/inject": "true"}}}, merge),
+        "set the replica's Ready condition": refused(
+            op, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}, strategic),
+        "move the replica's address": refused(
+            op, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            {"status": {"podIP": "198.18.255.254", "podIPs": [{"ip": "198.18.255.254"}]}}, merge),
+        "adopt a ConfigMap of someone else's": refused(
+            op, "PATCH", f"/api/v1/namespaces/{namespace}/configmaps/kube-root-ca.crt",
+            {"metadata": {"labels": {"app.kubernetes.io/managed-by": "triton-operator"}}}, merge),
+    }
+    deployment = copy.deepcopy(kube.get("Deployment", "add-sub", namespace))
+    host = {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "host-path", "namespace": namespace, "labels": deployment["metadata"]["labels"]},
+            "spec": {"selector": {"matchLabels": {"e2e": "host-path"}}, "replicas": 0,
+                     "template": {"metadata": {"labels": {"e2e": "host-path", **deployment["metadata"]["labels"]}},
+                                  "spec": deployment["spec"]["template"]["spec"]}}}
+    host["spec"]["template"]["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+    answers["run a Deployment mounting the node's root"] = refused(
+        op, "POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", host, "application/json")
+    privileged = copy.deepcopy(host)
+    privileged["metadata"]["name"] = "privileged"
+    privileged["spec"]["template"]["spec"]["volumes"].pop()
+    privileged["spec"]["template"]["spec"]["hostNetwork"] = True
+    privileged["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(
+        privileged=True, allowPrivilegeEscalation=True)
+    answers["run a privileged Deployment on the host network"] = refused(
+        op, "POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", privileged, "application/json")
+    labels = deployment["metadata"]["labels"]
+    answers["open a NodePort"] = refused(
+        op, "POST", f"/api/v1/namespaces/{namespace}/services", {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "node-port", "labels": labels},
+            "spec": {"type": "NodePort", "selector": {"e2e": "x"}, "ports": [{"port": 8000}]}}, "application/json")
+    answers["mint a ServiceAccount token Secret"] = refused(
+        op, "POST", f"/api/v1/namespaces/{namespace}/secrets", {
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+            "metadata": {"name": "minted", "labels": labels,
+                         "annotations": {"kubernetes.io/service-account.name": "default"}}}, "application/json")
+    for what, answer in answers.items():
+        assert answer.startswith("403 ") and POLICY in answer, f"{what}: {answer}"
+    # And nothing moved: the pod as it was, its gate its own, the model still Ready.
+    now = kube.get("Pod", name, namespace)
+    assert now["spec"]["containers"][0]["image"] == pod["spec"]["containers"][0]["image"]
+    assert next(c for c in now["status"]["conditions"] if c["type"] == "Ready")["status"] == "True"
+    assert now["status"]["podIP"] == pod["status"]["podIP"]
+    assert next(c for c in now["status"]["conditions"] if c["type"] == WARMED_CONDITION)["status"] == "True"
+    assert is_model_ready(kube.get("TritonModel", "add-sub", namespace))
+    for kind, gone in (("Deployment", "host-path"), ("Deployment", "privileged"), ("Service", "node-port"),
+                       ("Secret", "minted")):
+        assert kube.get_or_none(kind, gone, namespace) is None, f"{kind} {gone} exists"
+    record("operator token under the admission policy",
+           f"{len(answers)} writes RBAC allows refused (403); the model Ready in the meantime "
+           f"(digest {tm['status']['configDigest']})")
+
+
+def apply_model(kubeconfig: Path, namespace: str, doc: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream([doc]), check=False)
+
+
+def test_tritonmodels_may_not_tolerate_the_control_plane_nor_use_an_image_from_elsewhere(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    base = load_examples("add-sub")[0]
+    base["spec"]["replicas"] = 0
+
+    def model(name: str, **server: Any) -> dict[str, Any]:
+        doc = copy.deepcopy(base)
+        doc["metadata"]["name"] = name
+        doc["spec"]["server"] = server
+        return doc
+
+    for name, tolerations in (("control-plane", [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                                                   "effect": "NoSchedule"}]),
+                              ("master", [{"key": "node-role.kubernetes.io/master", "operator": "Exists"}]),
+                              ("everything", [{"operator": "Exists"}])):
+        proc = apply_model(kubeconfig, namespace, model(name, tolerations=tolerations))
+        assert proc.returncode != 0 and MODEL_POLICY in proc.stderr, (name, proc.stdout, proc.stderr)
+        assert "spec.server.tolerations: a TritonModel may not tolerate" in proc.stderr, proc.stderr
+        assert kube.get_or_none("TritonModel", name, namespace) is None
+    gpu = model("gpu-toleration", tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    assert apply_model(kubeconfig, namespace, gpu).returncode == 0, "a toleration of a worker taint is fine"
+    elsewhere = model("elsewhere", image="registry.example/triton/tritonserver:24.10-py3")
+    assert apply_model(kubeconfig, namespace, elsewhere).returncode == 0, "by default, any registry"
+    kube.delete("TritonModel", "elsewhere", namespace)
+
+    # The release narrows the registries: an image from elsewhere is refused at apply, NVIDIA's default is not.
+    helm(kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+         "--set-json", 'admissionPolicies.tritonModels.allowedImageRegistries=["nvcr.io/nvidia"]')
+    try:
+        def refusal() -> str | None:
+            proc = apply_model(kubeconfig, namespace, elsewhere)
+            if proc.returncode == 0:
+                kube.delete("TritonModel", "elsewhere", namespace)
+                return None
+            return proc.stderr
+
+        stderr = wait_for("the narrowed policy to refuse an image from elsewhere", refusal, 30, 0.5)
+        assert MODEL_POLICY in stderr and "spec.server.image: registry.example/triton/tritonserver:24.10-py3 is " \
+            "not from a registry this cluster allows for TritonModels (nvcr.io/nvidia" in stderr, stderr
+        assert apply_model(kubeconfig, namespace, model("nvidia")).returncode == 0, "the default image is NVIDIA's"
+    finally:
+        helm(kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+             "--set-json", "admissionPolicies.tritonModels.allowedImageRegistries=[]")
+
+
+def test_the_network_policies_are_what_the_api_server_takes_though_this_cluster_enforces_none(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    """The local cluster's bridge CNI enforces no NetworkPolicy: only the objects are checked. The chart's policy
+    admits, on the TLS port, exactly the API server's own addresses, which Helm's lookup found in the `kubernetes`
+    Service's endpoints at install."""
+    policy = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{RELEASE_NAMESPACE}/networkpolicies/"
+                                 f"{RELEASE}-triton-operator")
+    apiserver = {a for s in kube.items("EndpointSlice", "default", label_selector={
+        "kubernetes.io/service-name": "kubernetes"}) for e in s.get("endpoints") or () for a in e["addresses"]}
+    assert apiserver, "the kubernetes Service has no endpoints"
+    rules = {p["port"]: r.get("from") for r in policy["spec"]["ingress"] for p in r["ports"]}
+    assert sorted(peer["ipBlock"]["cidr"] for peer in rules[9443] or ()) == sorted(f"{a}/32" for a in apiserver), rules
+    assert rules[8081] == [{"namespaceSelector": {}}] and set(rules) == {9443, 8081}, rules
+    (example,) = [d for d in yaml.safe_load_all(EXAMPLE_POLICY.read_text()) if d]
+    kubectl(kubeconfig, "apply", "--server-side", "-n", namespace, "-f", str(EXAMPLE_POLICY))
+    stored = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/triton-models")
+    assert stored["spec"]["ingress"] == [
+        {**r, "ports": [{"protocol": "TCP", **p} for p in r["ports"]]} for r in example["spec"]["ingress"]]
