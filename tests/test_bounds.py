@@ -72,6 +72,8 @@ NOT_TRITON: dict[tuple[type[BaseModel], str], tuple[str, tuple[int, int]]] = {
     (api.TopologySpreadConstraint, "min_domains"): ("topologySpreadConstraints[].minDomains", INT32),
     (api.WarmupGate, "poll_interval_milliseconds"): ("a pod annotation the gate reads", INT32),
     (api.Rollout, "max_unavailable"): ("the operator's rollout", INT32),
+    (api.FetchLimits, "max_files"): ("fetch's --max-files, a Python int", INT32),
+    (api.FetchLimits, "timeout_seconds"): ("fetch's --timeout, a Python int", INT32),
     (api.Rollout, "drain_timeout_seconds"): ("a pod annotation the gate reads", INT32),
     (api.Autoscaling, "min_replicas"): ("HorizontalPodAutoscaler spec.minReplicas", INT32),
     (api.Autoscaling, "max_replicas"): ("HorizontalPodAutoscaler spec.maxReplicas", INT32),
