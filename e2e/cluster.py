@@ -118,6 +118,23 @@ def pid_cmdline(pid: int) -> list[str]:
         return []
 
 
+#: The least free space a cluster starts with: its nodes' image stores take about 1.2 GiB each, their pods' files
+#: and logs some more, and below 256 MiB the kubelets stop admitting pods.
+MIN_FREE_BYTES = 4 << 30
+
+
+def check_free_space(minimum: int = MIN_FREE_BYTES) -> None:
+    """Refuses to start nodes on a nearly full disk, naming the space and what frees it, instead of failing later
+    on images the kubelet cannot pull (there is no registry here)."""
+    where = node_mod.STATE_BASE if node_mod.STATE_BASE.exists() else node_mod.STATE_BASE.parent
+    free = shutil.disk_usage(where).free
+    if free < minimum:
+        raise RuntimeError(
+            f"only {free / 2**30:.1f} GiB free on the filesystem of {where}; a local cluster needs {minimum >> 30} GiB "
+            f"(its nodes' image stores and pods). `python -m e2e.cluster gc --idle-days 0` removes the node state of "
+            f"clusters whose directory is gone (du -sh {node_mod.STATE_BASE}/* shows them)")
+
+
 @dataclass
 class Ports:
     etcd_client: int
@@ -378,6 +395,8 @@ class LocalCluster:
             log("Found a partially running cluster; stopping it before a fresh start")
             self.down(quiet=True)
         bins = self.binaries()
+        if self.node_names:
+            check_free_space()
         from e2e import images
 
         built = images.build_all(log=lambda m: print(m, flush=True)) if self.node_names else []
@@ -830,9 +849,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a node to start (repeatable; default: {', '.join(DEFAULT_NODES)})")
     parser.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="fake GPUs per node")
     parser.add_argument("--no-kube-proxy", action="store_true", help="no kube-proxy (another cluster runs one)")
+    parser.add_argument("--idle-days", type=float, default=7.0,
+                        help="gc: only state no node has started from for this long (0: any whose directory is gone)")
     args = parser.parse_args(argv)
     if args.command == "gc":
-        for gone in node_mod.gc_state_roots():
+        for gone in node_mod.gc_state_roots(idle_days=args.idle_days):
             log(f"Removed the node state of a cluster whose directory is gone path={gone}")
         return 0
     cluster = LocalCluster(Path(args.root), nodes=tuple(args.node) or DEFAULT_NODES, gpus=args.gpus,

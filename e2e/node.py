@@ -413,7 +413,11 @@ oom_score = 0
             # Images are imported, never pulled: the kubelet must not garbage-collect them.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+            # Nor may disk pressure make it delete them (its eviction manager frees the image filesystem by
+            # removing every image no running container uses, the sandbox image included): a shared disk with
+            # 2% free (5 GiB of 252) made every new pod of three clusters fail on a missing pause image. Absolute
+            # thresholds, below which nothing would work anyway; e2e.cluster checks the free space before a start.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "256Mi", "imagefs.available": "256Mi",
                              "nodefs.inodesFree": "1%"},
             # ConfigMap volume updates reach pods on the pod's next sync.
             "syncFrequency": "10s",
