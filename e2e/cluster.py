@@ -135,6 +135,31 @@ def check_free_space(minimum: int = MIN_FREE_BYTES) -> None:
             f"clusters whose directory is gone (du -sh {node_mod.STATE_BASE}/* shows them)")
 
 
+#: inotify instances a user may hold. Each node takes about ten (the kubelet's cAdvisor, certificate and plugin
+#: watchers, containerd's CNI watcher), and the kernel's default, 128, ran out with seven clusters on one machine
+#: (three test workers, their short-lived second clusters, a demo): "inotify_init: too many open files", and the
+#: kubelet exited. kind and k3d ask their users to raise it the same way.
+INOTIFY_INSTANCES = 1024
+INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def raise_inotify_instances(want: int = INOTIFY_INSTANCES) -> None:
+    """Raises fs.inotify.max_user_instances to `want` when it is lower and this process may (root); never lowers
+    it. Logged, since it is a setting of the host."""
+    try:
+        have = int(INOTIFY_SYSCTL.read_text())
+    except (OSError, ValueError):
+        return
+    if have >= want or os.geteuid() != 0:
+        return
+    try:
+        INOTIFY_SYSCTL.write_text(f"{want}\n")
+    except OSError as e:
+        log(f"Could not raise fs.inotify.max_user_instances from {have} to {want}: {e}")
+        return
+    log(f"Raised fs.inotify.max_user_instances from={have} to={want} (each node holds about ten)")
+
+
 @dataclass
 class Ports:
     etcd_client: int
@@ -397,6 +422,7 @@ class LocalCluster:
         bins = self.binaries()
         if self.node_names:
             check_free_space()
+            raise_inotify_instances()
         from e2e import images
 
         built = images.build_all(log=lambda m: print(m, flush=True)) if self.node_names else []

@@ -177,6 +177,11 @@ class OperatorHandle:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:  # noqa: S310 - 127.0.0.1
             return metric_samples(resp.read().decode(), metric)
 
+    def samples_of_every_replica(self, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """`samples` summed over the operator's replicas (one here): what every replica did, such as the admission
+        reviews the webhook Service spread over them."""
+        return self.samples(metric)
+
     def writes(self) -> dict[str, float]:
         """`triton_operator_api_writes_total` by "kind/verb"."""
         return {f"{dict(k)['kind']}/{dict(k)['verb']}": v
@@ -363,6 +368,15 @@ class ChartOperator(OperatorHandle):
     @metrics_url.setter
     def metrics_url(self, _: str) -> None:
         pass
+
+    def samples_of_every_replica(self, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
+        total: dict[tuple[tuple[str, str], ...], float] = {}
+        for pod in self.pods():
+            url = f"http://{(pod.get('status') or {}).get('podIP')}:8081/metrics"
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                for labels, value in metric_samples(resp.read().decode(), metric).items():
+                    total[labels] = total.get(labels, 0.0) + value
+        return total
 
     def alive(self) -> bool:
         return "running" in (self._container().get("state") or {})

@@ -41,7 +41,8 @@ def apply(kubeconfig: Path, namespace: str, *docs: dict, check: bool = True) -> 
 
 
 def denials(op: OperatorHandle) -> float:
-    return sum(v for k, v in op.samples("triton_operator_admission_reviews_total").items()
+    """Reviews the webhook denied, on every replica: the webhook Service sends each review to any of them."""
+    return sum(v for k, v in op.samples_of_every_replica("triton_operator_admission_reviews_total").items()
                if dict(k)["verdict"] == "denied")
 
 
