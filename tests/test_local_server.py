@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,11 +37,15 @@ def test_a_server_that_exits_before_it_listens_is_started_again_on_fresh_ports(
             pass
         warned = [r.getMessage() for r in caplog.records]
         assert len(warned) == 1 and "exited with code 1 before it listened (start 1 of 2)" in warned[0], warned
-        text = log.read_text()
-        # both starts' output is kept: the first's bind failure, then the second's header and its gRPC service
+        # Both starts' output is kept: the first's bind failure, then the second's header and its gRPC service. The
+        # port answers a moment before tritonserver's line about it reaches the file (CI read the file in between).
+        started = f"Started GRPCInferenceService at 127.0.0.1:{server.grpc_port}"
+        deadline = time.monotonic() + 10
+        while started not in (text := log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         first, _, second = text.partition("--- start 2 of 2, ports ")
         assert f"failed to start GRPC service: Unavailable - Socket '127.0.0.1:{held_port}' already in use" in first
-        assert f"Started GRPCInferenceService at 127.0.0.1:{server.grpc_port}" in second, text[-2000:]
+        assert started in second, text[-2000:]
     finally:
         server.stop()
     assert server.process is not None and server.process.returncode is not None
