@@ -55,25 +55,29 @@ def target() -> Iterator[Target]:
         t.close()
 
 
-@pytest.fixture
-def probe(target: Target) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def _start_probe(target: Target, *args: str) -> tuple[subprocess.Popen[str], int]:
+    """`triton-operator probe` against `target` with `args`, once it listens on its port."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
-         "--target", f"127.0.0.1:{target.port}", "--hold", "2", "--head-start", str(HEAD_START),
-         "--gate-settle", str(SETTLE)],
+         "--target", f"127.0.0.1:{target.port}", *args],
         stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 20
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
+            return proc, port
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 pytest.fail(f"the probe server did not listen on {port}: {proc.communicate()[1]}")
             time.sleep(0.02)
+
+
+@pytest.fixture
+def probe(target: Target) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    proc, port = _start_probe(target, "--hold", "2", "--head-start", str(HEAD_START), "--gate-settle", str(SETTLE))
     yield proc, port
     if proc.poll() is None:
         proc.kill()
@@ -311,20 +315,8 @@ def test_connections_over_the_cap_are_closed_at_once_and_probes_pass_once_they_g
 
 def test_a_probe_held_longer_than_the_idle_timeout_still_gets_its_answer(target):
     """The idle timeout is on the socket's reads and writes; a held probe has sent its request and waits `hold`."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
-         "--target", f"127.0.0.1:{target.port}", "--hold", str(IDLE_SECONDS + 4), "--head-start", "0.1"],
-        stderr=subprocess.PIPE, text=True, env=env)
+    proc, port = _start_probe(target, "--hold", str(IDLE_SECONDS + 4), "--head-start", "0.1")
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
         opener = threading.Timer(IDLE_SECONDS + 1, target.open)
         opener.start()
         started = time.monotonic()
