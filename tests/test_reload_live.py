@@ -332,27 +332,25 @@ def test_unload_takes_the_model_away_until_the_next_load(server: Served) -> None
     assert infer(server.client, UNLOAD) == 2
 
 
-def _seen_reaches(addr: str, want: int, timeout: float = 10.0) -> int:
-    """Triton counts a request in its statistics just after the response goes out, so a count read at once may
-    lag the last request (CI saw 4 of 5 on a loaded machine): read until it reaches `want`, or give up and return
-    the last count (which the caller's assertion then shows)."""
-    deadline = time.monotonic() + timeout
-    while (seen := asyncio.run(triton.requests_seen(addr, SEEN))) < want and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return seen
-
-
 def test_requests_seen_counts_each_request(server: Served) -> None:
     addr = address(server)
-    first = asyncio.run(triton.requests_seen(addr, SEEN))
+
+    def seen() -> int:
+        return asyncio.run(triton.requests_seen(addr, SEEN))
+
+    # Triton counts a request in its statistics just after the response goes out, so a count read at once may lag
+    # the last request (CI saw 4 of 5 on a loaded machine): read until it has caught up, then compare.
+    first = seen()
     for _ in range(17):
         assert infer(server.client, SEEN) == 1
-    second = _seen_reaches(addr, first + 17)
+    wait_until("17 requests counted", lambda: seen() >= first + 17, 10)
+    second = seen()
     assert second - first == 17, (first, second)
-    assert asyncio.run(triton.requests_seen(addr, SEEN)) == second  # no request, no change
+    assert seen() == second  # no request, no change
     for _ in range(5):
         infer(server.client, SEEN)
-    assert _seen_reaches(addr, second + 5) - second == 5
+    wait_until("5 more requests counted", lambda: seen() >= second + 5, 10)
+    assert seen() - second == 5
 
 
 # ---------------------------------------------------------------- the repository key
