@@ -360,10 +360,13 @@ class ChartOperator(OperatorHandle):
     def _container(self) -> dict:
         return self._operator_status(self.pod())
 
+    @staticmethod
+    def _metrics_url_of(pod: dict | None) -> str:
+        return f"http://{((pod or {}).get('status') or {}).get('podIP')}:8081/metrics"
+
     @property
     def metrics_url(self) -> str:  # type: ignore[override]
-        pod = self.pod()
-        return f"http://{(pod or {}).get('status', {}).get('podIP')}:8081/metrics"
+        return self._metrics_url_of(self.pod())
 
     @metrics_url.setter
     def metrics_url(self, _: str) -> None:
@@ -372,8 +375,7 @@ class ChartOperator(OperatorHandle):
     def samples_of_every_replica(self, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
         total: dict[tuple[tuple[str, str], ...], float] = {}
         for pod in self.pods():
-            url = f"http://{(pod.get('status') or {}).get('podIP')}:8081/metrics"
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(self._metrics_url_of(pod), timeout=5) as resp:  # noqa: S310 - a pod of this cluster
                 for labels, value in metric_samples(resp.read().decode(), metric).items():
                     total[labels] = total.get(labels, 0.0) + value
         return total
