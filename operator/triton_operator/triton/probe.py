@@ -528,6 +528,28 @@ async def notify_gate(host: str, port: int, timeout: float = 1.0) -> int:
     return await asyncio.wait_for(post(), timeout)
 
 
+async def probe_status(host: str, port: int, timeout: float = 1.0) -> dict[str, str]:
+    """What a replica's probe server found broken (`GET /status`): model name (or "tritonserver") -> why."""
+    import asyncio
+
+    async def get() -> dict[str, str]:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(f"GET {STATUS_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            data = await reader.read(1 << 20)
+        finally:
+            writer.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        status = head.split(b"\r\n", 1)[0].split()
+        if len(status) < 2 or status[1] != b"200":
+            raise ConnectionError(f"the probe answered {b' '.join(status)!r}")
+        broken = json.loads(body).get("broken") or {}
+        return {str(k): str(v) for k, v in broken.items()}
+
+    return await asyncio.wait_for(get(), timeout)
+
+
 def address(text: str, default_host: str) -> tuple[str, int]:
     """`HOST:PORT` or `:PORT` or `PORT`."""
     host, sep, port = text.rpartition(":")
