@@ -60,7 +60,7 @@ class Outcome:
 
     left: float | None = None  # the bad replica's endpoint turned ready: false
     back: float | None = None  # ... and ready again
-    served: float | None = None  # ... and answered a request through the Service
+    served: float | None = None  # ... and answered a request of its own
     failed: int = 0
     sent: int = 0
     gate_reasons: list[str] = field(default_factory=list)
@@ -105,8 +105,16 @@ def stubs_of(nodes: Any, pod: dict, model: str) -> list[int]:
     """The Python stub processes of `model` in the pod's tritonserver container: the processes of that container's
     cgroup (on the host) whose command runs the stub for `<repository>/<model>/<version>/model.py`."""
     pid = nodes.container_pid(pod, "tritonserver")
-    line = next(ln for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ln.startswith("0::"))
-    procs = Path("/sys/fs/cgroup" + line[3:], "cgroup.procs").read_text().split()
+    # Any hierarchy the container's cgroup is in (cgroup v2, or a v1 controller on a hybrid host) lists its processes.
+    dirs = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for root in ((Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")) if not controllers
+                     else (Path("/sys/fs/cgroup", controllers.split(",")[0].removeprefix("name=")),)):
+            dirs.append(root / path.lstrip("/"))
+    found = next((d for d in dirs if (d / "cgroup.procs").is_file() and d != Path("/sys/fs/cgroup")), None)
+    assert found is not None, f"no cgroup directory of tritonserver (pid {pid}) among {dirs}"
+    procs = (found / "cgroup.procs").read_text().split()
     out = []
     for p in procs:
         try:
@@ -157,6 +165,16 @@ def serving(kube: Kube, namespace: str, model: str, replicas: int) -> list[dict]
     return wait_for(f"{replicas} replicas of {model} in the Service", all_in, 120)
 
 
+def answers(ip: str, model: str) -> bool:
+    """Whether the replica at `ip` answers one inference of `model` (add-sub's inputs, or the sentiment ensemble's)."""
+    if model == "sentiment":
+        body: dict = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["a good film"]}]}
+    else:
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+                           {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]}
+    return post(f"http://{ip}:8000/v2/models/{model}/infer", body, timeout=10) == 200
+
+
 def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad, fault: Callable[[], None],
             after: Callable[[], None] | None = None, timeout: float = 180) -> Outcome:
     """Runs `fault` against `pod` under `load`, and follows the replica's endpoint out and back in (polled back to
@@ -190,8 +208,7 @@ def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad
                 seen.append(r)
         if out.back is None and endpoint_ready(kube, namespace, model, ip):
             out.back = time.monotonic() - t0
-            back_wall = time.time()
-        if out.back is not None and load.answered_between(ip, back_wall, time.time()) > 0:
+        if out.back is not None and answers(ip, model):
             out.served = time.monotonic() - t0
         time.sleep(0.05)
     phase = load.tally() - before
