@@ -19,6 +19,7 @@ import pytest
 
 from tests.test_probe import get
 from tests.triton_helpers import Served, load_models, serve, tensor
+from triton_operator.render.modelconfig import config_json
 from triton_operator.triton.local import free_port
 from triton_operator.triton.probe import Health
 
@@ -141,7 +142,8 @@ def probe(sentiment: Served) -> Iterator[tuple[subprocess.Popen[str], int]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
          "--target", sentiment.server.http_url, "--hold", str(HOLD), "--head-start", "0.1",
-         "--model", "sentiment", "--model", "tokenizer", "--model", "classifier"],
+         "--model", "sentiment", "--model", "tokenizer", "--model", "classifier",
+         "--repository", str(sentiment.server.model_repository)],
         stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 20
@@ -191,9 +193,9 @@ def status(port: int) -> dict:
     return json.loads(get(port, "/status")[1])
 
 
-def repository(served: Served, action: str, model: str) -> None:
-    req = urllib.request.Request(f"http://{served.server.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
-                                 method="POST")
+def repository(served: Served, action: str, model: str, body: dict | None = None) -> None:
+    req = urllib.request.Request(f"http://{served.server.http_url}/v2/repository/models/{model}/{action}",
+                                 data=json.dumps(body or {}).encode(), method="POST")
     with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - http:// to the test's own server
         assert resp.status == 200
 
@@ -237,8 +239,12 @@ def test_a_killed_stub_fails_the_held_probe_and_a_reload_of_the_step_brings_it_b
     assert get(port)[0] == 503, "a broken replica fails every probe"
     # Triton still calls it READY: the probe is what sees it.
     assert urllib.request.urlopen(f"http://{sentiment.server.http_url}/v2/models/tokenizer/ready").status == 200
+    # The operator's heal: an unload, and at once a load with the desired config (no wait for the unload: a dead
+    # stub's copy stays UNLOADING).
+    config = config_json((sentiment.server.model_repository / "tokenizer" / "config.pbtxt").read_text())
     repository(sentiment, "unload", "tokenizer")
-    repository(sentiment, "load", "tokenizer")
+    repository(sentiment, "load", "tokenizer", {"parameters": {"config": config}})
+    assert stubs_of(sentiment, "tokenizer"), "no new stub"
     wait_passing(port)
     assert infer(sentiment)
     assert status(port)["broken"] == {}

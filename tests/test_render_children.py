@@ -79,7 +79,8 @@ def test_deployment_shape() -> None:
     assert probe["name"] == "probe"
     assert spec["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "tritonserver"
     assert probe["args"] == ["probe", "--listen", ":8090", "--target", "127.0.0.1:8000", "--hold", "8",
-                             "--gate-settle", "0.03", "--head-start", "0.5", "--model", m.triton_name]
+                             "--gate-settle", "0.03", "--head-start", "0.5", "--repository", "/models",
+                             "--model", m.triton_name]
     assert pod["shareProcessNamespace"] is True, "the probe watches the Python stubs"
     assert probe["image"] == Options().operator_image  # the operator's image, as the fetch step's
     assert probe["ports"] == [{"name": "probe", "containerPort": 8090, "protocol": "TCP"}]

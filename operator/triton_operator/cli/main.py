@@ -422,7 +422,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     try:
         return serve(listen, target, args.hold, args.head_start, args.gate_settle, models=tuple(args.model or ()),
                      check_interval=args.check_interval, fail_threshold=args.fail_threshold,
-                     hang_seconds=args.hang_seconds)
+                     hang_seconds=args.hang_seconds, repository=args.repository)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
 
@@ -546,6 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a model is broken after N failed requests with no success between them (default 3)")
     pr.add_argument("--hang-seconds", type=float, default=2.0, metavar="SECONDS",
                     help="tritonserver is broken when it has not answered for this long (default 2)")
+    pr.add_argument("--repository", metavar="DIR",
+                    help="watch only the Python stubs of models under this directory (tritonserver's repository)")
     pr.set_defaults(func=cmd_probe)
 
     from .run import add_commands  # `run` imports the controller (kopf) only when it runs

@@ -16,8 +16,8 @@ Serving, not only READY (issue 33). The pod's `probe` container checks every mod
 time, and fails the container's readiness the moment one is broken (a dead Python stub, a model unloaded, failures
 with no success); the kubelet takes the replica out of the Service with no operator in the path. That readiness
 change is a pod event: the gate then asks the probe what is broken (`GET /status`), sets the gate False with the
-reason (ModelFailing), and heals the replica (`controller.heal`): the broken models are loaded again with the
-desired config. Heals of one pod back off (HEAL_BACKOFF), so a config that can never load is retried, and
+reason (ModelFailing), and heals the replica (`controller.heal`): the broken models are unloaded and loaded
+again with the desired config. Heals of one pod back off (HEAL_BACKOFF), so a config that can never load is retried, and
 says why, without looping hot.
 """
 
@@ -205,7 +205,7 @@ class WarmupGate:
         if gate.healed_at is not None and now - gate.healed_at >= HEAL_RESET_SECONDS:
             gate.heals = 0
         if gate.heal is not None and not gate.heal.done():
-            return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: loading "
+            return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: unloading and loading "
                            f"{', '.join(names)} again (heal {gate.heals})")
         wait = HEAL_BACKOFF[min(gate.heals, len(HEAL_BACKOFF) - 1)]
         if gate.healed_at is not None and now < gate.healed_at + wait:
@@ -216,7 +216,7 @@ class WarmupGate:
             return replace(verdict, message=f"{verdict.message}{note}; next heal in {left:.0f}s")
         gate.heals += 1
         self._start_heal(gate, names, "; ".join(f"{m}: {why}" for m, why in gate.broken.items()))
-        return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: loading "
+        return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: unloading and loading "
                        f"{', '.join(names)} again (heal {gate.heals})")
 
     def _start_heal(self, gate: _PodGate, names: tuple[str, ...], why: str) -> None:
@@ -241,7 +241,7 @@ class WarmupGate:
             if healed.ok:
                 log.info("Healed replica pod=%s/%s models=%s seconds=%.2f", gate.namespace, gate.name,
                          ",".join(names), healed.seconds)
-                message = f"{why}: loaded {', '.join(names)} again in {healed.seconds:.1f}s"
+                message = f"{why}: unloaded and loaded {', '.join(names)} again in {healed.seconds:.1f}s"
             else:
                 log.warning("Failed to heal replica pod=%s/%s models=%s error=%s", gate.namespace, gate.name,
                             ",".join(names), healed.message)
@@ -362,11 +362,12 @@ class WarmupGate:
             log.debug("Could not ask the probe pod=%s/%s error=%r", gate.namespace, gate.name, exc)
             return verdict
         gate.broken.update(broken)
+        if TRITONSERVER in broken:  # stopped or deadlocked: nothing to reload; it rejoins once it answers again
+            return ReplicaVerdict(False, "TritonNotAnswering", broken[TRITONSERVER], ready_seen=verdict.ready_seen,
+                                  loaded=verdict.loaded)
         if not broken or not verdict.ok:
             return verdict
-        hung = TRITONSERVER in broken
-        return ReplicaVerdict(False, "TritonNotAnswering" if hung else MODEL_FAILING, "; ".join(broken.values()),
-                              ready_seen=True, loaded=verdict.loaded)
+        return ReplicaVerdict(False, MODEL_FAILING, "; ".join(broken.values()), ready_seen=True, loaded=verdict.loaded)
 
     async def _set(self, gate: _PodGate, verdict: ReplicaVerdict, write: GateWrite) -> None:
         cond = write.condition

@@ -1,11 +1,12 @@
 """Heals a replica that stopped serving while its tritonserver runs (issue 33): the models its probe found broken
-(a dead Python stub, a model unloaded or failed) are loaded again, with the config the pod is to serve.
+(a dead Python stub, a model unloaded or failed) are unloaded and loaded again, with the config the pod is to serve.
 
-How. A load with `config` makes Triton load a new copy and swap it in, as an in-place Swap reload does, also when the
-config is the one it holds (a load without `config` would be a no-op): measured on 2.51, a model whose stub was
-killed serves again once that load returns, 2.7 s later (warm-up included), with one stub. No unload first: Triton never
-finishes unloading a Python model whose stub is dead (UNLOADING for over 5 minutes, measured), so waiting on it
-would hold the heal, and an unload without that wait adds nothing to the load.
+How. Each broken model is unloaded, then loaded with the desired config at once. A load alone does not do: with
+the config Triton holds it is a no-op (measured in the pods here, 2.51: "loading" and "successfully loaded" 1 ms
+apart, the dead stub still in place). Nothing waits for the unload to finish: Triton never finishes unloading a
+Python model whose stub is dead (UNLOADING for over 5 minutes, measured), and the load makes a new copy beside it
+(its stub starts, the model serves again). The stuck copy stays in memory until tritonserver exits: one per heal,
+which is one reason a replica that keeps breaking is restarted instead (`controller.gate`).
 
 Which models. Those broken, in the order the gate checks them (the model, then each ensemble step). When a step is
 broken the ensemble fails too (Triton counts the step's failures on both), but only the step is reloaded: loading
@@ -54,7 +55,7 @@ class Healed:
 
 
 def to_reload(pod: Mapping[str, Any], broken: Mapping[str, str]) -> tuple[str, ...]:
-    """The models to load again, in the gate's order: the broken steps, else the model itself."""
+    """The models to unload and load again, in the gate's order: the broken steps, else the model itself."""
     ann = pod["metadata"].get("annotations") or {}
     model = ann.get(ANNOTATION_TRITON_NAME, "")
     steps = [s for s in (ann.get(ANNOTATION_STEPS) or "").split(",") if s]
@@ -104,8 +105,8 @@ def _configs(data: Mapping[str, str], names: Sequence[str]) -> dict[str, str] | 
 
 async def reload_models(kube: Kube, pod: Mapping[str, Any], address: str, names: Sequence[str],
                         key: str | None, timeout: float = 120.0) -> Healed:
-    """Loads each of `names` again in the replica at `address`, with the desired config; stops at the first load
-    that fails (Triton's reason in the message)."""
+    """Unloads and loads each of `names` in the replica at `address`, with the desired config; stops at the first
+    load that fails (Triton's reason in the message)."""
     start = time.monotonic()
     meta = pod["metadata"]
     configs = await desired_configs(kube, pod, names)
@@ -113,8 +114,9 @@ async def reload_models(kube: Kube, pod: Mapping[str, Any], address: str, names:
         return Healed(False, tuple(names), "no repository ConfigMap of the model carries the replica's config digest "
                       f"{(meta.get('annotations') or {}).get(ANNOTATION_DIGEST)}", time.monotonic() - start)
     for name in names:
+        await triton.unload(address, name, timeout=timeout, key=key)
         loaded = await triton.load(address, name, configs[name], timeout=timeout, key=key)
         if not loaded.ok:
             return Healed(False, tuple(names), f"loading {name} again failed: {loaded.message}",
                           time.monotonic() - start)
-    return Healed(True, tuple(names), f"loaded {', '.join(names)} again", time.monotonic() - start)
+    return Healed(True, tuple(names), f"unloaded and loaded {', '.join(names)} again", time.monotonic() - start)

@@ -247,6 +247,7 @@ class Stubs:
     namespace; otherwise it sees none): `scan()` lists those that exited unreaped, and those that run."""
 
     proc: Path = Path("/proc")
+    repository: str | None = None  # only the stubs of models under this directory (None: any)
     models: dict[int, str] = field(default_factory=dict)  # pid -> model, learned while the stub ran
 
     def scan(self) -> tuple[dict[int, str], dict[int, str]]:
@@ -268,8 +269,9 @@ class Stubs:
                     argv = (entry / "cmdline").read_bytes().split(b"\0")
                     if not argv[0].endswith(STUB.encode()) or len(argv) < 2:
                         continue
-                    parts = Path(argv[1].decode(errors="replace")).parts  # <repository>/<model>/<version>/model.py
-                    if len(parts) < 3:
+                    path = Path(argv[1].decode(errors="replace"))  # <repository>/<model>/<version>/model.py
+                    parts = path.parts
+                    if len(parts) < 3 or (self.repository is not None and not path.is_relative_to(self.repository)):
                         continue
                     self.models[pid] = parts[-3]
                 alive.add(pid)
@@ -281,13 +283,13 @@ class Stubs:
 
 
 def watch_health(health: Health, target: tuple[str, int], interval: float, on_change: Callable[[], None],
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, repository: str | None = None) -> None:
     """The checking thread: `fetch_counts` every `interval` into `health`; `on_change` when what is broken changes."""
     timeout = max(interval, min(1.0, health.hang_seconds / 2))
     conn = http.client.HTTPConnection(*target, timeout=timeout)
     last: dict[str, str] = {}
     was_refused = True
-    stubs = Stubs()
+    stubs = Stubs(repository=repository)
     while not stop.is_set():
         started = time.monotonic()
         refused = False
@@ -405,7 +407,7 @@ class Readiness:
 def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
           stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS,
           models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL, fail_threshold: int = FAIL_THRESHOLD,
-          hang_seconds: float = HANG_SECONDS) -> int:
+          hang_seconds: float = HANG_SECONDS, repository: str | None = None) -> int:
     # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
     # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
     # soon as the port listens stays pending instead of killing the process.
@@ -488,7 +490,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
     if health is not None:
-        threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health),
+        threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health, repository),
                          daemon=True, name="health").start()
         print(f"probe: checking every {check_interval:g} s that models {', '.join(models)} serve (broken after "
               f"{fail_threshold} failed requests with no success, or {hang_seconds:g} s without an answer)",
@@ -537,7 +539,12 @@ async def probe_status(host: str, port: int, timeout: float = 1.0) -> dict[str, 
         try:
             writer.write(f"GET {STATUS_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
             await writer.drain()
-            data = await reader.read(1 << 20)
+            data = b""
+            while len(data) < 1 << 20:  # to the end: the server closes the connection after its answer
+                chunk = await reader.read(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
         finally:
             writer.close()
         head, _, body = data.partition(b"\r\n\r\n")
