@@ -65,3 +65,31 @@ def test_the_config_loaded_is_the_one_that_carries_the_pods_digest():
     assert got is not None and json.loads(got["ens"])["parameters"]["triton-operator.config-digest"]["string_value"] == "d1"
     # No ConfigMap carries it: nothing is loaded.
     assert asyncio.run(desired_configs(kube, _pod("tok", digest="d3"), ["tok"])) is None  # type: ignore[arg-type]
+
+
+def _gated(name: str, ready: bool, model: str = "ens") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "labels": {LABEL_MODEL: model}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_a_replica_is_deleted_only_within_the_models_budget_and_with_back_off():
+    from triton_operator.controller import gate as gate_module
+    from triton_operator.controller.gate import DELETE_BACKOFF, WarmupGate, _PodGate
+
+    budgets = {"ens": 1}
+    g = WarmupGate(kube=None, budget_of=lambda ns, name: budgets[name])  # type: ignore[arg-type]
+    for name, ready in (("a", False), ("b", True), ("c", True)):
+        g.pods[("ns", name)] = _PodGate("ns", name, _gated(name, ready))
+    g.pods[("ns", "x")] = _PodGate("ns", "x", _gated("x", False, model="other"))
+    a, b = g.pods[("ns", "a")], g.pods[("ns", "b")]
+    assert g._delete_wait(a) == 0.0, "one replica out (this one): within maxUnavailable 1"
+    b.body = _gated("b", False)
+    assert g._delete_wait(a) > 0, "two out at once would exceed maxUnavailable 1"
+    budgets["ens"] = 2
+    assert g._delete_wait(a) == 0.0
+    # Deletions of one model's replicas back off.
+    now = gate_module.time.monotonic()
+    g.deletions[("ns", "ens")] = [now]
+    assert DELETE_BACKOFF[1] - 1 < g._delete_wait(a) <= DELETE_BACKOFF[1]
+    g.deletions[("ns", "ens")] = [now - gate_module.DELETE_MEMORY - 1]
+    assert g._delete_wait(a) == 0.0, "deletions long ago are forgotten"
