@@ -331,3 +331,33 @@ def test_a_single_replica_whose_stub_dies_comes_back_by_itself(
         finish(kube, namespace, "add-sub", "single replica, stub SIGKILL", out, load)
     assert out.action.startswith("Healed: "), out.action
     assert any(d.startswith("True/") for d in out.degraded), out.degraded
+
+
+def test_a_replica_that_breaks_again_soon_after_a_heal_is_replaced_by_a_new_pod(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any) -> None:
+    apply(kubeconfig, namespace, python_model("add-sub"))
+    pod = serving(kube, namespace, "add-sub", 2)[0]
+    name = pod["metadata"]["name"]
+    with ServiceLoad(kubeconfig, namespace, "add-sub", threads=4, rate=20) as load:
+        wait_for("the load answered", lambda: load.tally().sent - load.tally().failed > 20, 60)
+        first = measure(kube, namespace, "add-sub", pod, load,
+                        lambda: [os.kill(p, signal.SIGKILL) for p in stubs_of(nodes, pod, "add-sub")])
+        assert first.action.startswith("Healed: "), first.action
+        wait_for("the healed replica's gate True", lambda: gate(kube.get("Pod", name, namespace)).get("status") == "True",
+                 60)
+        # Broken again within the window: a reload would pile up another dead copy; the pod is replaced.
+        before = load.tally()
+        for p in stubs_of(nodes, kube.get("Pod", name, namespace), "add-sub"):
+            os.kill(p, signal.SIGKILL)
+        replaced = time.monotonic()
+        wait_for("the pod deleted", lambda: (kube.get_or_none("Pod", name, namespace) or {}).get(
+            "metadata", {}).get("deletionTimestamp") or kube.get_or_none("Pod", name, namespace) is None, 60)
+        serving(kube, namespace, "add-sub", 2)
+        took = time.monotonic() - replaced
+        failed = (load.tally() - before).failed
+        events = [f"{e.get('reason')}: {e.get('message')}" for e in kube.items("Event", namespace)
+                  if (e.get("involvedObject") or {}).get("name") == name and e.get("reason") == "HealDeleted"]
+    record("heal: broken again within the window", f"first {first.line()}; then the pod was deleted and its "
+           f"replacement served {took:.1f}s after the second kill, {failed} requests failed; {events}")
+    assert events and "broke again" in events[0], events
+    assert name not in {p["metadata"]["name"] for p in live_pods(kube, namespace, "add-sub")}

@@ -101,6 +101,7 @@ class _PodGate:
     heal_note: str = ""  # what the last heal did, for the gate's message
     heal_ok: bool = True  # whether the last heal loaded what it reloaded
     served: bool = False  # the gate was True once for this pod
+    served_since_heal: bool = False  # ... and since the last heal (the replica broke again, not still)
     deleting: bool = False  # the operator asked for this pod's deletion
 
     @property
@@ -229,7 +230,9 @@ class WarmupGate:
                            f"{', '.join(names)} again (heal {gate.heals})")
         if gate.deleting:
             return replace(verdict, reason=HEALING, message=f"{verdict.message}; replacing the pod")
-        again = gate.heal_ok and gate.healed_at is not None and now - gate.healed_at < REPEAT_WINDOW
+        # Again: it served after the heal and broke within the window (not: still broken, the probe catching up).
+        again = (gate.heal_ok and gate.served_since_heal and gate.healed_at is not None
+                 and now - gate.healed_at < REPEAT_WINDOW)
         if gate.served and gate.healed_at is not None and (again or not gate.heal_ok):
             why = (f"it broke again {now - gate.healed_at:.0f}s after heal {gate.heals}" if again
                    else f"heal {gate.heals} failed ({gate.heal_note})")
@@ -248,6 +251,7 @@ class WarmupGate:
             note = f"; {gate.heal_note}" if gate.heal_note else ""
             return replace(verdict, message=f"{verdict.message}{note}; next heal in {left:.0f}s")
         gate.heals += 1
+        gate.served_since_heal = False
         self._start_heal(gate, names, "; ".join(f"{m}: {why}" for m, why in gate.broken.items()))
         return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: unloading and loading "
                        f"{', '.join(names)} again (heal {gate.heals})")
@@ -456,7 +460,7 @@ class WarmupGate:
             metrics.READY_TO_GATE_SECONDS.observe(time.monotonic() - gate.ready_seen_at)
         metrics.GATE_TRANSITIONS.labels(status=status, reason=verdict.reason).inc()
         if status == "True":
-            gate.served = True
+            gate.served = gate.served_since_heal = True
             self._notify_probe(gate)
         # keep our copy current so the next round compares against what we wrote
         gate.body.setdefault("status", {})["conditions"] = with_condition(gate.body, cond)
