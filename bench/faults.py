@@ -46,7 +46,7 @@ from .pods import pod_cluster
 
 NAMESPACE = "bench-faults"
 #: Injections per fault (the hang and the memory limit cost more: a 10 s stop, a container restart).
-REPEAT = {"stub": 10, "step": 10, "unload": 6, "hog": 3, "stop": 3}
+REPEAT = {"stub": 8, "step": 8, "unload": 4, "hog": 2, "stop": 2}
 COST_SECONDS = 20.0
 TITLES = {
     "stub": "Python stub SIGKILL (add-sub)",

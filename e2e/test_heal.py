@@ -81,11 +81,10 @@ def python_model(name: str, replicas: int = 2, hog: bool = False, memory: str | 
     doc["spec"]["replicas"] = replicas
     if hog:
         code = doc["spec"]["source"]["inline"]["model.py"]
-        code = code.replace('a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()\n',
-                            'a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()\n'
-                            f'                    if a.size and a.reshape(-1)[0] == {HOG_TRIGGER}:\n'
-                            '                        hog = np.ones((2 << 30) // 8)  # 2 GiB, written: resident\n'
-                            '                        a = a + hog[:1].astype(a.dtype) - 1\n', 1)
+        line = '            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()\n'
+        code = code.replace(line, line + f'            if a.size and a.reshape(-1)[0] == {HOG_TRIGGER}:\n'
+                            '                hog = np.ones((2 << 30) // 8)  # 2 GiB, written: resident\n'
+                            '                a = a + hog[:1].astype(a.dtype) - 1\n', 1)
         assert str(HOG_TRIGGER) in code, "the add-sub example changed: the hog's trigger did not go in"
         doc["spec"]["source"]["inline"]["model.py"] = code
     if memory:
