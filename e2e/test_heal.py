@@ -44,6 +44,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.test_operator import add_sub, apply, endpoint_ready, live_pods
+from e2e.testing import ready_addresses
 from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
 from triton_operator.render.repository_key import KEY_HEADER
 
@@ -180,6 +181,7 @@ def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad
     back: what is measured is the system's latency, not the poll's), then until the replica answers again."""
     name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
     out = Outcome()
+    replicas = len(ready_addresses(kube, namespace, model))
     before = load.tally()
     t0 = time.monotonic()
     fault()
@@ -196,7 +198,7 @@ def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad
         assert now - t0 < timeout, (f"the replica did not serve again within {timeout:.0f}s: {out.line()}; "
                                     f"endpoints {load.endpoint_history[-5:]}; events {heal_events(kube, namespace, name)}")
         p = kube.get_or_none("Pod", name, namespace)
-        reason = gate(p).get("reason", "") if p else "(pod gone)"
+        reason = gate(p).get("reason", "") if p and not p["metadata"].get("deletionTimestamp") else "(pod replaced)"
         if reason and (not out.gate_reasons or out.gate_reasons[-1] != reason):
             out.gate_reasons.append(reason)
         tm = kube.get("TritonModel", model, namespace)
@@ -205,10 +207,17 @@ def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad
             r = f"{c.get('status')}/{c.get('reason')}"
             if not seen or seen[-1] != r:
                 seen.append(r)
-        if out.back is None and endpoint_ready(kube, namespace, model, ip):
-            out.back = time.monotonic() - t0
-        if out.back is not None and answers(ip, model):
-            out.served = time.monotonic() - t0
+        if reason == "(pod replaced)":  # the operator deleted it: back once its replacement is in the Service
+            ready = ready_addresses(kube, namespace, model) - {ip}
+            if out.back is None and len(ready) >= replicas:
+                out.back = time.monotonic() - t0
+            if out.back is not None and all(answers(a, model) for a in ready):
+                out.served = time.monotonic() - t0
+        else:
+            if out.back is None and endpoint_ready(kube, namespace, model, ip):
+                out.back = time.monotonic() - t0
+            if out.back is not None and answers(ip, model):
+                out.served = time.monotonic() - t0
         time.sleep(0.05)
     phase = load.tally() - before
     out.failed, out.sent = phase.failed, phase.sent
