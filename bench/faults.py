@@ -147,7 +147,7 @@ def cost(tmp: Path) -> dict[str, Any]:
             probe_cpu = (cpu_seconds(probe.pid) or 0.0) - p0
             rate = (_checks(port) - checks0) / (time.monotonic() - t0)
         finally:
-            probe.terminate()
+            probe.kill()  # on SIGTERM it would wait for tritonserver's port to close, as in a pod
             probe.wait(10)
     return {"seconds": COST_SECONDS, "tritonserver_cpu_without": without / COST_SECONDS,
             "tritonserver_cpu_with": with_probe / COST_SECONDS, "probe_cpu": probe_cpu / COST_SECONDS,

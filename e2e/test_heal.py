@@ -146,10 +146,15 @@ def post(url: str, body: dict, headers: dict[str, str] | None = None, timeout: f
         return 0
 
 
-def heal_events(kube: Kube, namespace: str, pod: str) -> list[str]:
+def heal_events(kube: Kube, namespace: str, pod: str, skip: frozenset[str] = frozenset()) -> list[str]:
+    """The operator's heal Events on the pod (but those named in `skip`: the ones before a fault)."""
     return [f"{e.get('reason')}: {e.get('message')}" for e in kube.items("Event", namespace)
-            if (e.get("involvedObject") or {}).get("name") == pod
+            if (e.get("involvedObject") or {}).get("name") == pod and e["metadata"]["name"] not in skip
             and e.get("reason") in ("Healed", "HealFailed", "HealDeleted")]
+
+
+def event_names(kube: Kube, namespace: str) -> frozenset[str]:
+    return frozenset(e["metadata"]["name"] for e in kube.items("Event", namespace))
 
 
 def serving(kube: Kube, namespace: str, model: str, replicas: int) -> list[dict]:
@@ -182,6 +187,7 @@ def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad
     name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
     out = Outcome()
     replicas = len(ready_addresses(kube, namespace, model))
+    earlier = event_names(kube, namespace)
     before = load.tally()
     t0 = time.monotonic()
     fault()
@@ -223,7 +229,7 @@ def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad
     out.failed, out.sent = phase.failed, phase.sent
     p = kube.get_or_none("Pod", name, namespace)
     restarts = sum(cs.get("restartCount", 0) for cs in ((p or {}).get("status") or {}).get("containerStatuses") or ())
-    events = heal_events(kube, namespace, name)
+    events = heal_events(kube, namespace, name, earlier)
     out.action = "; ".join(events) or (f"container restarted ({restarts} restarts)" if restarts else "none recorded")
     return out
 
