@@ -23,7 +23,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
-ORDER = ("gate", "first_request", "scale", "batching", "rollout", "autoscale")
+ORDER = ("gate", "first_request", "scale", "batching", "rollout", "autoscale", "faults")
 
 
 def log(msg: str) -> None:

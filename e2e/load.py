@@ -6,8 +6,8 @@ that need per-replica figures, `via="endpoints"` does kube-proxy's job in the cl
 ready endpoints of the Service's EndpointSlices (an endpoint whose `conditions.ready` is unset counts
 as ready, as kube-proxy reads it; terminating endpoints are not ready), one picked at random per
 request. Either way one thread re-reads the EndpointSlices every `refresh` seconds and records every
-distinct ready set, and several threads send add-sub inferences over HTTP (`/v2/models/<m>/infer`,
-JSON) continuously, each at most `rate` per second.
+distinct ready set, and several threads send add-sub inferences (or, with `kind="sentiment"`, the sentiment
+ensemble's) over HTTP (`/v2/models/<m>/infer`, JSON) continuously, each at most `rate` per second.
 
 Every request sent is counted, and so is every failure: a refused or reset connection, a
 timeout, a non-200 answer, a wrong result, or no ready endpoint at all (what kube-proxy would
@@ -63,9 +63,12 @@ class ServiceLoad:
 
     def __init__(self, kubeconfig: Path, namespace: str, service: str, model: str = "add-sub", *,
                  threads: int = 4, rate: float = 40.0, refresh: float = 0.1, port: str = "http",
-                 timeout: float = 10.0, via: str = "cluster-ip") -> None:
+                 timeout: float = 10.0, via: str = "cluster-ip", kind: str = "add-sub") -> None:
         if via not in ("cluster-ip", "endpoints"):
             raise ValueError(f"via: cluster-ip or endpoints, not {via!r}")
+        if kind not in ("add-sub", "sentiment"):
+            raise ValueError(f"kind: add-sub or sentiment, not {kind!r}")
+        self.kind = kind
         self.kube = Kube(kubeconfig, timeout=5)
         self.via = via
         self._cluster_ip: tuple[str, int] | None = None
@@ -231,10 +234,15 @@ class ServiceLoad:
 
     def _infer(self, target: tuple[str, int], a: list[float], b: list[float]) -> str:
         """One request on a new connection; returns "" on a correct answer, else what went wrong."""
-        body = json.dumps({"inputs": [
-            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": a},
-            {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": b},
-        ], "outputs": [{"name": "OUTPUT0"}]})
+        if self.kind == "sentiment":
+            body = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
+                                           "data": [f"a good film, number {int(a[1])}"]}],
+                               "outputs": [{"name": "LABEL"}]})
+        else:
+            body = json.dumps({"inputs": [
+                {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": a},
+                {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": b},
+            ], "outputs": [{"name": "OUTPUT0"}]})
         conn = http.client.HTTPConnection(target[0], target[1], timeout=self.timeout)
         sport = 0
         try:
@@ -257,6 +265,12 @@ class ServiceLoad:
             conn.close()
         if resp.status != 200:
             return f"HTTP {resp.status}: {data[:200].decode(errors='replace')}"
+        if self.kind == "sentiment":
+            try:
+                label = next(o for o in json.loads(data)["outputs"] if o["name"] == "LABEL")["data"]
+            except (ValueError, KeyError, StopIteration) as e:
+                return f"unreadable answer ({e!r}): {data[:200].decode(errors='replace')}"
+            return "" if label == ["positive"] else f"wrong answer {label}, expected ['positive']"
         try:
             out: Any = next(o for o in json.loads(data)["outputs"] if o["name"] == "OUTPUT0")["data"]
         except (ValueError, KeyError, StopIteration) as e:

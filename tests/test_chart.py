@@ -48,7 +48,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("apps", "replicasets"): {"list"},  # which repository ConfigMaps their pod templates still use
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("autoscaling", "horizontalpodautoscalers"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"get", "list", "watch", "patch"},  # patch: in-place reload annotations (plan.rollout)
+    ("", "pods"): {"get", "list", "watch", "patch", "delete"},  # patch: in-place reloads; delete: heals (gate)
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
     ("", "secrets"): {"create"},  # each model's repository key: created, never read (render/repository_key.py)

@@ -79,7 +79,9 @@ def test_deployment_shape() -> None:
     assert probe["name"] == "probe"
     assert spec["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "tritonserver"
     assert probe["args"] == ["probe", "--listen", ":8090", "--target", "127.0.0.1:8000", "--hold", "8",
-                             "--gate-settle", "0.03", "--head-start", "0.5"]
+                             "--gate-settle", "0.03", "--head-start", "0.5", "--repository", "/models",
+                             "--model", m.triton_name]
+    assert pod["shareProcessNamespace"] is True, "the probe watches the Python stubs"
     assert probe["image"] == Options().operator_image  # the operator's image, as the fetch step's
     assert probe["ports"] == [{"name": "probe", "containerPort": 8090, "protocol": "TCP"}]
     assert "nvidia.com/gpu" not in probe["resources"].get("limits", {})
@@ -181,6 +183,12 @@ def test_ensemble_repository_includes_steps() -> None:
     assert dirs == {"sentiment", "tokenizer", "classifier"}
     ann = kids["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     assert set(ann["serving.triton-operator.dev/triton-steps"].split(",")) == {"tokenizer", "classifier"}
+    # The probe checks the ensemble and every step; their Python stubs are visible to it in the shared namespace.
+    pod = kids["Deployment"]["spec"]["template"]["spec"]
+    probe = next(c for c in pod["containers"] if c["name"] == "probe")
+    named = probe["args"][probe["args"].index("--model"):]
+    assert named[::2] == ["--model"] * 3 and named[1] == "sentiment" and set(named[3::2]) == {"tokenizer", "classifier"}
+    assert pod["shareProcessNamespace"] is True
 
 
 def test_repository_over_the_configmap_limit_is_refused() -> None:

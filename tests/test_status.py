@@ -324,3 +324,29 @@ def test_a_fetch_crash_without_its_error_line_reports_the_last_log_line_or_the_e
     silent = {"state": {"terminated": {"exitCode": 2}}}
     got = [replica_state(_fetching("a", "d1", **f))["message"] for f in (crashed, silent)]
     assert got == ["fetch: MemoryError", "fetch: exit code 2"]
+
+
+def test_a_replica_that_stopped_serving_is_degraded_and_no_rollout_is_said_to_stall() -> None:
+    """Issue 33: an unloaded model (or a dead stub) in a running replica: not Ready, Degraded with the gate's reason,
+    and Progressing about rollouts only (none is under way: every replica runs the desired config)."""
+    why = "the Python stub of model tokenizer (pid 41) has exited; every request to it fails"
+    for reason in ("ModelFailing", "Healing", "ModelLoadFailed"):
+        pods = [_replica("a", "d1", "True"), _replica("b", "d1", "False", reason=reason, msg=why)]
+        st = compute_status(Observed(5, 2, "d1", "sel", pods=pods), None)
+        c = _conds(st)
+        assert c["Ready"]["status"] == "False", reason
+        assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", reason)
+        assert "b: the Python stub" in c["Degraded"]["message"]
+        assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "RolloutComplete"), reason
+        assert "no rollout under way" in c["Progressing"]["message"]
+        assert [s["state"] for s in st["replicaStates"]] == ["Ready", "Failed"]
+        assert st["replicaStates"][1]["reason"] == reason and "pid 41" in st["replicaStates"][1]["message"]
+    # Healed: the gate is True again, and so is everything else.
+    pods = [_replica("a", "d1", "True"), _replica("b", "d1", "True")]
+    c = _conds(compute_status(Observed(5, 2, "d1", "sel", pods=pods), None))
+    assert (c["Ready"]["status"], c["Degraded"]["status"], c["Progressing"]["reason"]) == ("True", "False",
+                                                                                         "RolloutComplete")
+    # During a rollout a failed new replica still stalls it.
+    pods = [_replica("a", "d1", "True"), _replica("b", "d2", "False", reason="ModelLoadFailed", msg="boom")]
+    c = _conds(compute_status(Observed(6, 1, "d2", "sel", pods=pods), None))
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "RolloutStalled")

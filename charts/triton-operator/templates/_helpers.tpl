@@ -89,10 +89,11 @@ or to kopf itself; see the chart README for the reason of each.
   resources: ["horizontalpodautoscalers"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Triton pods: watched for the warm-up gate and the replica counts; their annotations patched for in-place
-# rollouts (which config a replica is to load, which it has loaded, a reload that failed).
+# rollouts (which config a replica is to load, which it has loaded, a reload that failed); deleted when a replica
+# that stopped serving cannot be healed in place (its ReplicaSet replaces it; controller/gate.py).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # The warm-up readiness gate: one pod condition, patched on the status subresource.
 - apiGroups: [""]
   resources: ["pods/status"]

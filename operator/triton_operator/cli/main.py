@@ -417,8 +417,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise CliError("--hold must be over 0 and over --head-start, which must be 0 or more")
     if args.gate_settle < 0 or args.gate_settle >= args.hold:
         raise CliError("--gate-settle must be 0 or more, and under --hold")
+    if args.check_interval <= 0 or args.fail_threshold < 1 or args.hang_seconds <= 0:
+        raise CliError("--check-interval and --hang-seconds must be over 0, and --fail-threshold at least 1")
     try:
-        return serve(listen, target, args.hold, args.head_start, args.gate_settle)
+        return serve(listen, target, args.hold, args.head_start, args.gate_settle, models=tuple(args.model or ()),
+                     check_interval=args.check_interval, fail_threshold=args.fail_threshold,
+                     hang_seconds=args.hang_seconds, repository=args.repository)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
 
@@ -533,6 +537,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "pass, so that the kubelet has synced the gate first")
     pr.add_argument("--head-start", type=float, default=0.5,
                     help="without that notice, seconds the port must have been open before the probe passes")
+    pr.add_argument("--model", action="append", metavar="NAME",
+                    help="a Triton model the replica serves (repeat: the model and every ensemble step); the probe "
+                    "then fails while one is not loaded, fails every request, or tritonserver does not answer")
+    pr.add_argument("--check-interval", type=float, default=0.1, metavar="SECONDS",
+                    help="how often the models' statistics are read (default 0.1)")
+    pr.add_argument("--fail-threshold", type=int, default=3, metavar="N",
+                    help="a model is broken after N failed requests with no success between them (default 3)")
+    pr.add_argument("--hang-seconds", type=float, default=2.0, metavar="SECONDS",
+                    help="tritonserver is broken when it has not answered for this long (default 2)")
+    pr.add_argument("--repository", metavar="DIR",
+                    help="watch only the Python stubs of models under this directory (tritonserver's repository)")
     pr.set_defaults(func=cmd_probe)
 
     from .run import add_commands  # `run` imports the controller (kopf) only when it runs

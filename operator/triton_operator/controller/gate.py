@@ -11,6 +11,20 @@ warms, backs off once it is stable, and is woken at once by any event on its pod
 (a crash flips the gate within one round trip). Concurrent checks are
 bounded, and so is the rate of connects over all pods, so cost stays flat with
 hundreds of pods.
+
+Serving, not only READY (issue 33). The pod's `probe` container checks every model the replica serves, all the
+time, and fails the container's readiness the moment one is broken (a dead Python stub, a model unloaded, failures
+with no success); the kubelet takes the replica out of the Service with no operator in the path. That readiness
+change is a pod event: the gate then asks the probe what is broken (`GET /status`), sets the gate False with the
+reason (ModelFailing), and heals the replica (`controller.heal`): the broken models are unloaded and loaded
+again with the desired config. Heals of one pod back off (HEAL_BACKOFF), so a config that can never load is retried, and
+says why, without looping hot.
+
+When a reload is not enough, the pod is deleted (its ReplicaSet makes a new one): a replica that served and whose
+heal failed, or that broke again within REPEAT_WINDOW of a heal (each heal leaves the dead copy in memory). Never more
+replicas of one model out of the Service at once than its rollout.maxUnavailable allows, counting the one deleted;
+and the deletions of one model's replicas back off (DELETE_BACKOFF), so a model that keeps breaking is replaced
+more and more slowly rather than churned.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ from ..api.kinds import LABEL_MODEL
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
 from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
-from ..plan.status import TRITON_CONTAINER, triton_container_status
+from ..plan.status import TRITON_CONTAINER, pod_condition, pod_ready, triton_container_status
 from ..render.kubernetes import (
     ANNOTATION_DIGEST,
     ANNOTATION_LOADED,
@@ -42,9 +56,10 @@ from ..render.kubernetes import (
     PROBE_PORT,
     parse_versions_annotation,
 )
-from ..triton.probe import notify_gate
+from ..triton.probe import notify_gate, probe_status
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
+from .heal import TRITONSERVER, reload_models, to_reload
 from .kube import Kube
 from .reload import reload_replica
 from .tasks import detached
@@ -56,6 +71,17 @@ STABLE_BACKOFF = (1.0, 2.0, 5.0)
 PORT_PROBE_INTERVAL = 0.02
 #: ... and at most this many connects a second over all pods (a thousand replicas loading at once).
 PORT_PROBES_PER_SECOND = 500.0
+#: Seconds between two heals of one pod: the first at once, then doubling to the last (a config that never loads).
+HEAL_BACKOFF = (0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 300.0)
+#: A pod that served this long since its last heal starts the backoff again.
+HEAL_RESET_SECONDS = 600.0
+#: A replica that breaks again within this many seconds of a heal is deleted instead of reloaded again.
+REPEAT_WINDOW = 120.0
+#: Seconds between two deletions of one model's replicas (by how many came within the last DELETE_MEMORY seconds).
+DELETE_BACKOFF = (0.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+DELETE_MEMORY = 1800.0
+#: The gate's reasons for a replica that stopped serving (the status shows them as Failed).
+MODEL_FAILING, HEALING = "ModelFailing", "Healing"
 
 
 @dataclass
@@ -68,6 +94,15 @@ class _PodGate:
     ready_seen_at: float | None = None
     reload: asyncio.Task[None] | None = None  # an in-place reload under way (`controller.reload`)
     reload_for: str | None = None  # the resourceVersion of the pod that reload was started for
+    broken: dict[str, str] = field(default_factory=dict)  # what the probe (or Triton) last said cannot serve
+    heal: asyncio.Task[None] | None = None  # a heal under way (`controller.heal`)
+    heals: int = 0  # heals started since the pod last served for HEAL_RESET_SECONDS
+    healed_at: float | None = None  # when the last heal ended (monotonic)
+    heal_note: str = ""  # what the last heal did, for the gate's message
+    heal_ok: bool = True  # whether the last heal loaded what it reloaded
+    served: bool = False  # the gate was True once for this pod
+    served_since_heal: bool = False  # ... and since the last heal (the replica broke again, not still)
+    deleting: bool = False  # the operator asked for this pod's deletion
 
     @property
     def address(self) -> str:
@@ -77,11 +112,13 @@ class _PodGate:
 
 #: The repository key of a replica's TritonModel (namespace, name), or None when the operator cannot tell it.
 KeyOf = Callable[[str, str], "str | None"]
+#: rollout.maxUnavailable of a replica's TritonModel (namespace, name).
+BudgetOf = Callable[[str, str], int]
 
 
 class WarmupGate:
     def __init__(self, kube: Kube, poll_interval: float = 0.2, max_concurrent_checks: int = 32,
-                 on_change: Any = None, key_of: KeyOf | None = None) -> None:
+                 on_change: Any = None, key_of: KeyOf | None = None, budget_of: BudgetOf | None = None) -> None:
         self.kube = kube
         self.key_of = key_of  # repository calls (the index when a model is not READY, reloads) carry the model's key
         self.poll_interval = poll_interval
@@ -90,6 +127,8 @@ class WarmupGate:
         self.on_change = on_change  # callback(namespace, model) after a gate flip
         self.probing = 0  # pods waiting for their Triton's port to open (`_wait_for_port`)
         self._notices: set[asyncio.Task[None]] = set()  # `_notify_probe` tasks under way
+        self.budget_of = budget_of  # how many of a model's replicas may be out of the Service at once (default 1)
+        self.deletions: dict[tuple[str, str], list[float]] = {}  # (namespace, model) -> when replicas were deleted
 
     def observe(self, body: dict[str, Any], deleted: bool = False) -> None:
         """Feed a pod watch event."""
@@ -98,7 +137,7 @@ class WarmupGate:
         gate = self.pods.get(key)
         if deleted or meta.get("deletionTimestamp"):
             if gate is not None:
-                for task in (gate.task, gate.reload):
+                for task in (gate.task, gate.reload, gate.heal):
                     if task:
                         task.cancel()
                 self.pods.pop(key, None)
@@ -114,7 +153,7 @@ class WarmupGate:
             gate.task = detached(self._run(gate), name=f"gate-{key[0]}/{key[1]}")
 
     async def stop(self) -> None:
-        tasks = [t for g in list(self.pods.values()) for t in (g.task, g.reload) if t]
+        tasks = [t for g in list(self.pods.values()) for t in (g.task, g.reload, g.heal) if t]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -133,6 +172,8 @@ class WarmupGate:
             if ANNOTATION_RELOAD in ann and not verdict.ok:
                 verdict = replace(verdict, reason="Reloading", message=(
                     f"loading config {ann.get(ANNOTATION_DIGEST)} in place ({ann[ANNOTATION_RELOAD]}): {verdict.message}"))
+            elif not verdict.ok:
+                verdict = self._heal(gate, verdict)
             write = gate_condition(gate.body, verdict.ok, verdict.reason, verdict.message, utc_now())
             if write is not None:
                 await self._set(gate, verdict, write)
@@ -170,6 +211,127 @@ class WarmupGate:
                     return True
         finally:
             self.probing -= 1
+
+    def _heal(self, gate: _PodGate, verdict: ReplicaVerdict) -> ReplicaVerdict:
+        """Starts a heal of a replica whose models the probe (or Triton) found broken, when its backoff allows;
+        the verdict to write meanwhile, saying so."""
+        if (pod_condition(gate.body, WARMED_CONDITION) or {}).get("status") == "True":
+            gate.served = True  # also for a pod an earlier operator process let in
+        names = to_reload(gate.body, gate.broken)
+        if not names:
+            return verdict
+        if verdict.ok is False and verdict.reason not in (MODEL_FAILING, "ModelLoadFailed"):
+            return verdict
+        now = time.monotonic()
+        if gate.healed_at is not None and now - gate.healed_at >= HEAL_RESET_SECONDS:
+            gate.heals = 0
+        if gate.heal is not None and not gate.heal.done():
+            return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: unloading and loading "
+                           f"{', '.join(names)} again (heal {gate.heals})")
+        if gate.deleting:
+            return replace(verdict, reason=HEALING, message=f"{verdict.message}; replacing the pod")
+        # Again: it served after the heal and broke within the window (not: still broken, the probe catching up).
+        again = (gate.heal_ok and gate.served_since_heal and gate.healed_at is not None
+                 and now - gate.healed_at < REPEAT_WINDOW)
+        if gate.served and gate.healed_at is not None and (again or not gate.heal_ok):
+            why = (f"it broke again {now - gate.healed_at:.0f}s after heal {gate.heals}" if again
+                   else f"heal {gate.heals} failed ({gate.heal_note})")
+            left = self._delete_wait(gate)
+            if left > 0:
+                asyncio.get_running_loop().call_later(min(left, 30.0), gate.wake.set)
+                return replace(verdict, message=f"{verdict.message}; {why}: replacing the pod in {left:.0f}s "
+                               "(within rollout.maxUnavailable, with back-off)")
+            self._delete(gate, why)
+            return replace(verdict, reason=HEALING, message=f"{verdict.message}; {why}: replacing the pod")
+        wait = HEAL_BACKOFF[min(gate.heals, len(HEAL_BACKOFF) - 1)]
+        if gate.healed_at is not None and now < gate.healed_at + wait:
+            left = gate.healed_at + wait - now
+            loop = asyncio.get_running_loop()
+            loop.call_later(left, gate.wake.set)
+            note = f"; {gate.heal_note}" if gate.heal_note else ""
+            return replace(verdict, message=f"{verdict.message}{note}; next heal in {left:.0f}s")
+        gate.heals += 1
+        gate.served_since_heal = False
+        self._start_heal(gate, names, "; ".join(f"{m}: {why}" for m, why in gate.broken.items()))
+        return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: unloading and loading "
+                       f"{', '.join(names)} again (heal {gate.heals})")
+
+    def _delete_wait(self, gate: _PodGate) -> float:
+        """Seconds until this pod may be deleted: 0 when the model's budget and back-off allow it now."""
+        model = (gate.body["metadata"].get("labels") or {}).get(LABEL_MODEL, "")
+        budget = max(1, self.budget_of(gate.namespace, model)) if self.budget_of is not None else 1
+        out = [g for g in self.pods.values() if g is not gate and g.namespace == gate.namespace
+               and (g.body["metadata"].get("labels") or {}).get(LABEL_MODEL) == model
+               and (g.deleting or not pod_ready(g.body))]
+        if len(out) + 1 > budget:
+            return 5.0  # another replica of the model is out: look again soon
+        now = time.monotonic()
+        recent = [t for t in self.deletions.get((gate.namespace, model), ()) if now - t < DELETE_MEMORY]
+        self.deletions[(gate.namespace, model)] = recent
+        if not recent:
+            return 0.0
+        return max(0.0, recent[-1] + DELETE_BACKOFF[min(len(recent), len(DELETE_BACKOFF) - 1)] - now)
+
+    def _delete(self, gate: _PodGate, why: str) -> None:
+        """Deletes the pod (its ReplicaSet replaces it), records it, and says so in an Event."""
+        model = (gate.body["metadata"].get("labels") or {}).get(LABEL_MODEL, "")
+        gate.deleting = True
+        self.deletions.setdefault((gate.namespace, model), []).append(time.monotonic())
+        involved = {**gate.body, "apiVersion": "v1", "kind": "Pod"}
+        log.warning("Deleting replica pod=%s/%s why=%r", gate.namespace, gate.name, why)
+
+        async def run() -> None:
+            try:
+                await asyncio.to_thread(self.kube.delete, "v1", "Pod", gate.namespace, gate.name)
+            except Exception as exc:  # noqa: BLE001 - RBAC, the API server: the next round tries again
+                gate.deleting = False
+                metrics.HEALS.labels(action="delete", result="failed").inc()
+                log.warning("Failed to delete replica pod=%s/%s error=%r", gate.namespace, gate.name, exc)
+                return
+            metrics.HEALS.labels(action="delete", result="ok").inc()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.kube.event, involved, "HealDeleted", f"{why}: deleted the pod; its "
+                                        "ReplicaSet replaces it", "Warning")
+
+        gate.heal = asyncio.create_task(run(), name=f"heal-delete-{gate.namespace}/{gate.name}")
+
+    def _start_heal(self, gate: _PodGate, names: tuple[str, ...], why: str) -> None:
+        address, key, pod = gate.address, self._key(gate), gate.body
+        involved = {**pod, "apiVersion": "v1", "kind": "Pod"}
+        log.info("Healing replica pod=%s/%s models=%s heal=%d why=%r", gate.namespace, gate.name, ",".join(names),
+                 gate.heals, why)
+
+        async def run() -> None:
+            try:
+                healed = await reload_models(self.kube, pod, address, names, key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Triton unreachable, the API server: the next heal retries
+                from .heal import Healed
+                healed = Healed(False, names, f"{type(exc).__name__}: {exc}", 0.0)
+            gate.healed_at = time.monotonic()
+            gate.heal_ok = healed.ok
+            result = "ok" if healed.ok else "failed"
+            metrics.HEALS.labels(action="reload", result=result).inc()
+            gate.heal_note = (f"heal {gate.heals} reloaded {', '.join(names)} in {healed.seconds:.1f}s" if healed.ok
+                              else f"heal {gate.heals} failed: {healed.message}")
+            if healed.ok:
+                log.info("Healed replica pod=%s/%s models=%s seconds=%.2f", gate.namespace, gate.name,
+                         ",".join(names), healed.seconds)
+                message = f"{why}: unloaded and loaded {', '.join(names)} again in {healed.seconds:.1f}s"
+            else:
+                log.warning("Failed to heal replica pod=%s/%s models=%s error=%s", gate.namespace, gate.name,
+                            ",".join(names), healed.message)
+                message = f"{why}: reloading {', '.join(names)} failed: {healed.message}"
+            try:
+                await asyncio.to_thread(self.kube.event, involved, "Healed" if healed.ok else "HealFailed", message,
+                                        "Normal" if healed.ok else "Warning")
+            except Exception as exc:  # noqa: BLE001 - an Event is news, not state
+                log.debug("Could not record the heal's Event pod=%s/%s error=%r", gate.namespace, gate.name, exc)
+            gate.broken = {}
+            gate.wake.set()
+
+        gate.heal = asyncio.create_task(run(), name=f"heal-{gate.namespace}/{gate.name}")
 
     def _start_reload(self, gate: _PodGate) -> None:
         """Starts the reload the pod's annotations ask for, unless one runs or already ran for this pod version."""
@@ -252,11 +414,37 @@ class WarmupGate:
                 gate.address, ann.get(ANNOTATION_TRITON_NAME, ""), steps, ann.get(ANNOTATION_DIGEST, ""),
                 versions=versions, also=ann.get(ANNOTATION_PREVIOUS), key=self._key(gate),
             )
+        verdict = await self._ask_probe(gate, verdict, cs)
         if verdict.ready_seen and gate.ready_seen_at is None:
             gate.ready_seen_at = time.monotonic()
         if not verdict.ready_seen:
             gate.ready_seen_at = None
         return verdict
+
+    async def _ask_probe(self, gate: _PodGate, verdict: ReplicaVerdict, cs: Any) -> ReplicaVerdict:
+        """While tritonserver runs but its container is not ready, what the pod's probe found broken (`GET /status`):
+        a replica Triton calls READY may fail every request (a dead Python stub). Sets `gate.broken`."""
+        gate.broken = {}
+        if verdict.model and verdict.reason == "ModelLoadFailed":
+            gate.broken[verdict.model] = verdict.message
+        containers = (gate.body.get("spec") or {}).get("containers") or ()
+        ip = (gate.body.get("status") or {}).get("podIP")
+        if (cs or {}).get("ready") or not ip or not any(c.get("name") == PROBE_CONTAINER for c in containers):
+            return verdict
+        if not verdict.ok and verdict.reason not in ("ModelLoadFailed", "TritonUnreachable"):
+            return verdict
+        try:
+            broken = await probe_status(ip, PROBE_PORT)
+        except (OSError, ValueError) as exc:  # TimeoutError and ConnectionError included; an old probe: 404
+            log.debug("Could not ask the probe pod=%s/%s error=%r", gate.namespace, gate.name, exc)
+            return verdict
+        gate.broken.update(broken)
+        if TRITONSERVER in broken:  # stopped or deadlocked: nothing to reload; it rejoins once it answers again
+            return ReplicaVerdict(False, "TritonNotAnswering", broken[TRITONSERVER], ready_seen=verdict.ready_seen,
+                                  loaded=verdict.loaded)
+        if not broken or not verdict.ok:
+            return verdict
+        return ReplicaVerdict(False, MODEL_FAILING, "; ".join(broken.values()), ready_seen=True, loaded=verdict.loaded)
 
     async def _set(self, gate: _PodGate, verdict: ReplicaVerdict, write: GateWrite) -> None:
         cond = write.condition
@@ -272,6 +460,7 @@ class WarmupGate:
             metrics.READY_TO_GATE_SECONDS.observe(time.monotonic() - gate.ready_seen_at)
         metrics.GATE_TRANSITIONS.labels(status=status, reason=verdict.reason).inc()
         if status == "True":
+            gate.served = gate.served_since_heal = True
             self._notify_probe(gate)
         # keep our copy current so the next round compares against what we wrote
         gate.body.setdefault("status", {})["conditions"] = with_condition(gate.body, cond)

@@ -43,3 +43,8 @@ ADMISSION_READS = Counter(
     "(refusal), an update's uid was not the one in its watch (uid)",
     ["why"],
 )
+HEALS = Counter(
+    "triton_operator_heals_total",
+    "Replicas healed after they stopped serving: action reload (unload and load the broken models) or delete (the pod)",
+    ["action", "result"],
+)

@@ -102,7 +102,7 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         # fast (bench.scale phases, issue 17). A later event for the object just starts a new worker.
         settings.queueing.idle_timeout = 0.5
         STATE.gate = WarmupGate(STATE.kube, on_change=lambda ns, name: STATE.reconciler.request(ns, name),
-                                key_of=_repository_key)
+                                key_of=_repository_key, budget_of=_max_unavailable)
         STATE.drift = detached(_drift_loop(drift_interval), name="drift")
 
     @kopf.on.cleanup(registry=registry)
@@ -159,6 +159,13 @@ def _repository_key(namespace: str, name: str) -> str | None:
         return None
     uid = models.uid(name)
     return keys.key(namespace, name, uid) if uid else None
+
+
+def _max_unavailable(namespace: str, name: str) -> int:
+    """rollout.maxUnavailable of the cached TritonModel `namespace/name` (1, its default, when not cached)."""
+    body = STATE.cache.model(namespace, name) or {}
+    value = ((body.get("spec") or {}).get("rollout") or {}).get("maxUnavailable", 1)
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 def status_only(old: Mapping[str, Any] | None, new: Mapping[str, Any], event: str) -> bool:

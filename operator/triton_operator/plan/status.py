@@ -21,6 +21,9 @@ from ..uris import redact
 
 TRITON_CONTAINER = "tritonserver"
 FETCH_CONTAINER = "fetch"
+#: The gate's reasons for a replica that does not serve what it loaded: it failed to load, loaded another config, or
+#: stopped serving (the probe found a model broken, or tritonserver does not answer) and the operator heals it.
+FAILED_GATE_REASONS = ("ModelLoadFailed", "ConfigDigestMismatch", "ModelFailing", "Healing", "TritonNotAnswering")
 #: The line `triton-operator fetch` ends a failure with (and writes to its termination message file).
 FETCH_FAILED_PREFIX = "error: fetch failed: "
 
@@ -131,7 +134,7 @@ def replica_state(pod: Mapping[str, Any]) -> dict[str, Any]:
         turned = parse_rfc3339(gate.get("lastTransitionTime"))
         if started and turned and turned >= started:
             out["warmupSeconds"] = float((turned - started).total_seconds())
-    elif gate and gate.get("reason") in ("ModelLoadFailed", "ConfigDigestMismatch"):
+    elif gate and gate.get("reason") in FAILED_GATE_REASONS:
         out.update(state="Failed", reason=gate["reason"], message=gate.get("message", ""))
     elif waiting.get("reason") in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerError"):
         out.update(state="Failed", reason=waiting["reason"], message=waiting.get("message", ""))
@@ -276,7 +279,11 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
         else:
             reason = "ReplicasJoining" if len(warm) >= n else "ReplicasWarming"  # warm, waiting for pod Ready
             ready = _cond("Ready", False, reason, f"{len(warm)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
-        rolling = len(serving) < n or len(live) > n
+        # A rollout is under way while some replica is not at the desired config, or the Deployment has not yet
+        # made what it asks for (a new ReplicaSet's pods, a scale); a replica at the desired config that stopped
+        # serving is not one (Degraded says so, Ready counts it out).
+        rolling = (len(current) < len(live) or len(live) != n
+                   or (len(serving) < n and not any(s["state"] == "Failed" for s in states)))
         if rolling and stopped:
             progressing = _cond("Progressing", False, "RolloutStalled", stopped.message[:2000], g)
         elif rolling and not failed and not refused:
@@ -288,6 +295,10 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
         elif n == 0:
             progressing = _cond("Progressing", False, "RolloutComplete",
                                 f"no replica of its own to roll out (spec.replicas is 0); config {obs.digest}", g)
+        elif failed:
+            progressing = _cond("Progressing", False, "RolloutComplete",
+                                f"no rollout under way: every replica runs config {obs.digest}; {len(failed)} of them "
+                                "do not serve (see Degraded)", g)
         else:
             progressing = _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {obs.digest}", g)
         if obs.api_error is not None:

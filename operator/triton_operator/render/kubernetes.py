@@ -541,12 +541,20 @@ def render_deployment(
             "timeoutSeconds": options.probe_hold_seconds + 2,
             "failureThreshold": 1,
         }
+        # The probe also checks that every model the replica serves can serve (its statistics; with the Python
+        # backend, its stubs, which it sees in the pod's shared process namespace): a break fails the held probe at
+        # once, and the operator heals the replica (issue 33; see triton_operator.triton.probe).
+        closure = [rendered[n].model for n in step_closure(model.name, rendered)]
+        served = [model.triton_name, *(m.triton_name for m in closure if m.name != model.name)]
+        if any(m.spec.backend == "python" for m in closure):
+            pod_spec["shareProcessNamespace"] = True
         pod_spec["containers"].append({
             "name": PROBE_CONTAINER,
             "image": options.operator_image,
             "args": ["probe", "--listen", f":{PROBE_PORT}", "--target", f"127.0.0.1:{HTTP_PORT}",
                      "--hold", str(options.probe_hold_seconds), "--gate-settle", f"{options.probe_gate_settle_seconds:g}",
-                     "--head-start", f"{options.probe_head_start_seconds:g}"],
+                     "--head-start", f"{options.probe_head_start_seconds:g}", "--repository", REPO_DIR,
+                     *(arg for name in served for arg in ("--model", name))],
             "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
             "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
             "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},

@@ -22,6 +22,38 @@ A port that closes after a success is answered at once (503): that is tritonserv
 keeps answering until tritonserver's port refuses (its drain is over) and then exits, so that the pod's termination
 does not wait for it.
 
+Serving, not only up (issue 33). Triton's own readiness misses faults clients meet: a Python model whose stub
+process died (killed, out of memory) stays READY while every request to it fails ("Stub process ... is not healthy"),
+and a model unloaded from a running replica left the endpoint ready for seconds. So with `--model` names (the
+replica's model and every ensemble step) a thread (`Health`) asks tritonserver every `--check-interval` (0.1 s) for
+the statistics of every model it serves, one request (`GET /v2/models/stats`, on a kept-alive connection). From that
+answer:
+
+- a model missing from it is not loaded (unloaded, a reload that failed, still loading): broken at once;
+- a model whose failed-request count rose by `--fail-threshold` (3) since its success count last rose is broken: a
+  dead stub fails every request while Triton calls the model READY. Slow is not broken: a slow model's requests
+  succeed late (its success count rises), and only failed executions count (Triton counts neither a request it
+  refused as malformed, nor one a client gave up waiting for). It stays broken until its success count rises again
+  or its counters restart (Triton zeroes them when the model is loaded again: the operator's heal);
+- no answer within `--hang-seconds` (2 s; a stopped or deadlocked tritonserver whose port still accepts): broken.
+
+A failed request says so late: the Python backend gives a dead stub a second to answer each request before it fails
+it (measured, 2.51), so the first failure comes a second after the fault, and with one instance one a second. So when
+the pod shares its process namespace (the renderer asks for it when a model runs the Python backend), the same check
+also looks at tritonserver's Python stubs in /proc: a stub that has exited while tritonserver has not reaped it
+(a zombie, seen on two checks in a row) is a stub that died under a loaded model, since Triton reaps the stubs of a
+model it unloads itself. That model is broken at once, until it is loaded again (its counters restart, or a new stub
+of it starts: Triton 2.51 never reaps the dead one). The stub's model is the directory of the `model.py` its command
+line names, remembered while it ran (a zombie has no command line).
+
+While a model is broken every probe fails at once (a held probe returns), and so does each probe after it, until it
+serves again; while all is well, a probe is held (up to `hold`) and answered as soon as something breaks, so the
+kubelet learns within a check interval, not on its next period. `GET /status` says what is broken, as JSON, for the
+operator (which heals it). Decoupled and sequence models are covered by the same counters (a request counts once,
+however many responses it streams); an ensemble's failures count on the ensemble and on the step that failed, which
+is how the operator knows to reload the step. Nothing here needs a sample input, so a model without warm-up data is
+covered as well; a model no client calls cannot fail a request, and is covered by its readiness alone.
+
 Bounds. Anything that reaches the pod can connect here, so a connection that sends nothing (or stops sending)
 for `IDLE_SECONDS` is closed, and at most `MAX_CONNECTIONS` are served at once, a thread each: one more is
 closed as soon as it is accepted. The kubelet holds one probe at a time and the operator posts one notice, so
@@ -33,7 +65,9 @@ Standard library only: it runs in every replica, and starts in a fraction of a s
 
 from __future__ import annotations
 
+import http.client
 import http.server
+import json
 import signal
 import socket
 import sys
@@ -41,6 +75,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: Where the operator tells the probe server that it has set the gate.
@@ -49,6 +84,15 @@ GATE_PATH = "/gate"
 IDLE_SECONDS = 5.0
 #: Connections served at once (a thread each); more are closed as soon as they are accepted.
 MAX_CONNECTIONS = 32
+#: Where the operator reads what the probe found broken (JSON).
+STATUS_PATH = "/status"
+#: The health check's defaults (see the module's docstring).
+CHECK_INTERVAL = 0.1
+FAIL_THRESHOLD = 3
+HANG_SECONDS = 2.0
+
+#: (success, fail) request counts of each model Triton has loaded, summed over its versions; None: no answer in time.
+Counts = dict[str, tuple[int, int]]
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -63,6 +107,215 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+class Refused(Exception):
+    """tritonserver's HTTP port refused the connection: it is not up (the readiness's port check says so)."""
+
+
+@dataclass
+class Health:
+    """What the last statistics of tritonserver say about the models this replica serves: `observe` takes one
+    answer (or its absence), `broken` says which model (or "tritonserver") cannot serve and why. Pure: tests pass
+    counts and a fake clock."""
+
+    models: tuple[str, ...]
+    fail_threshold: int = FAIL_THRESHOLD
+    hang_seconds: float = HANG_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    last_answer: float | None = None  # when tritonserver last answered (None: not since its port opened)
+    counts: Counts = field(default_factory=dict)
+    since_success: dict[str, int] = field(default_factory=dict)  # fails since the model's success count last rose
+    failing: dict[str, str] = field(default_factory=dict)  # model -> why, sticky until it serves again
+    missing: dict[str, str] = field(default_factory=dict)
+    hung: str | None = None
+    dead_stubs: dict[str, str] = field(default_factory=dict)  # model -> why: a stub seen dead on two checks
+    zombies: set[int] = field(default_factory=set)  # stub pids seen dead on the last check
+    forgiven: set[int] = field(default_factory=set)  # dead stubs of a model loaded again since
+    live_stubs: set[int] | None = None  # stub pids running at the last check (None: no check yet)
+    _reloaded: set[str] = field(default_factory=set)  # models whose counters restarted on this check
+    checks: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, counts: Counts | None, refused: bool = False, dead: dict[int, str] | None = None,
+                live: dict[int, str] | None = None) -> None:
+        """One check's outcome: the counts, None for no answer in time, or `refused` (the port is closed); and the
+        Python stubs (pid -> model) that have exited unreaped, and those running, when the probe can see them."""
+        with self._lock:
+            self.checks += 1
+            self._reloaded = set()
+            self._observe(counts, refused)
+            dead = {pid: m for pid, m in (dead or {}).items() if m in self.models}
+            live = live or {}
+            started = {m for pid, m in live.items() if pid not in self.live_stubs} if self.live_stubs is not None else set()
+            self.live_stubs = set(live)
+            again = started | self._reloaded
+            self.forgiven = {pid for pid in self.forgiven | {p for p, m in dead.items() if m in again} if pid in dead}
+            dead = {pid: m for pid, m in dead.items() if pid not in self.forgiven}
+            self.dead_stubs = {m: f"the Python stub of model {m} (pid {pid}) has exited; every request to it fails"
+                               for pid, m in sorted(dead.items()) if pid in self.zombies}
+            self.zombies = set(dead)
+
+    def _observe(self, counts: Counts | None, refused: bool) -> None:
+        now = self.clock()
+        if refused:  # a tritonserver that exits or restarts: counters start again with the next one
+            self.last_answer, self.hung = None, None
+            self.counts, self.since_success, self.failing, self.missing = {}, {}, {}, {}
+            return
+        if counts is None:
+            if self.last_answer is not None and now - self.last_answer >= self.hang_seconds:
+                self.hung = f"tritonserver did not answer for {now - self.last_answer:.1f}s"
+            return
+        self.last_answer, self.hung = now, None
+        self.missing = {m: f"model {m} is not loaded (Triton has no statistics for it)"
+                        for m in self.models if m not in counts}
+        self._reloaded |= set(self.missing)
+        for m in self.models:
+            if m not in counts:
+                self.counts.pop(m, None)
+                self.since_success.pop(m, None)
+                self.failing.pop(m, None)
+                continue
+            success, fail = counts[m]
+            before = self.counts.get(m)
+            self.counts[m] = (success, fail)
+            if before is None or success < before[0] or fail < before[1]:
+                # first seen, or counters that went back: the model was loaded again
+                if before is not None:
+                    self._reloaded.add(m)
+                self.since_success[m] = 0
+                self.failing.pop(m, None)
+                continue
+            if success > before[0]:
+                self.since_success[m] = 0
+                self.failing.pop(m, None)
+                continue
+            self.since_success[m] = self.since_success.get(m, 0) + fail - before[1]
+            if self.since_success[m] >= self.fail_threshold:
+                self.failing[m] = (f"model {m} failed {self.since_success[m]} requests in a row and served none "
+                                   "(Triton's statistics)")
+
+    def broken(self) -> dict[str, str]:
+        """What cannot serve, and why: model names, or "tritonserver" when it does not answer."""
+        with self._lock:
+            if self.hung is not None:
+                return {"tritonserver": self.hung}
+            return {**self.failing, **self.dead_stubs, **self.missing}
+
+    def status(self) -> dict[str, Any]:
+        """`GET /status`: what is broken, and the counts the verdict rests on."""
+        with self._lock:
+            broken = ({"tritonserver": self.hung} if self.hung is not None
+                      else {**self.failing, **self.dead_stubs, **self.missing})
+            return {"models": list(self.models), "broken": broken, "checks": self.checks,
+                    "counts": {m: {"success": c[0], "fail": c[1]} for m, c in self.counts.items()},
+                    "failsSinceSuccess": dict(self.since_success)}
+
+    def why(self) -> str | None:
+        broken = self.broken()
+        return "; ".join(broken.values()) if broken else None
+
+
+def fetch_counts(conn: http.client.HTTPConnection) -> Counts:
+    """`GET /v2/models/stats` on `conn` (kept alive across calls): (success, fail) by model name. Raises OSError
+    (TimeoutError when tritonserver does not answer in the connection's timeout; Refused when its port is closed)."""
+    try:
+        conn.request("GET", "/v2/models/stats")
+        resp = conn.getresponse()
+        body = resp.read()
+    except ConnectionRefusedError as exc:
+        conn.close()
+        raise Refused() from exc
+    except (OSError, http.client.HTTPException) as exc:
+        conn.close()
+        raise TimeoutError(str(exc)) if not isinstance(exc, TimeoutError) else exc from None
+    if resp.status != 200:
+        raise TimeoutError(f"tritonserver answered {resp.status} for its statistics")
+    out: Counts = {}
+    for entry in json.loads(body).get("model_stats") or ():
+        stats = entry.get("inference_stats") or {}
+        s, f = out.get(entry.get("name", ""), (0, 0))
+        out[entry.get("name", "")] = (s + int((stats.get("success") or {}).get("count", 0)),
+                                      f + int((stats.get("fail") or {}).get("count", 0)))
+    return out
+
+
+STUB = "triton_python_backend_stub"
+
+
+@dataclass
+class Stubs:
+    """tritonserver's Python backend stubs, as this process sees them in /proc (a pod that shares its process
+    namespace; otherwise it sees none): `scan()` lists those that exited unreaped, and those that run."""
+
+    proc: Path = Path("/proc")
+    repository: str | None = None  # only the stubs of models under this directory (None: any)
+    models: dict[int, str] = field(default_factory=dict)  # pid -> model, learned while the stub ran
+
+    def scan(self) -> tuple[dict[int, str], dict[int, str]]:
+        out: dict[int, str] = {}
+        alive: set[int] = set()
+        running: dict[int, str] = {}
+        for entry in self.proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state in ("Z", "X"):
+                    if pid in self.models:
+                        out[pid] = self.models[pid]
+                        alive.add(pid)
+                    continue
+                if pid not in self.models:
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                    if not argv[0].endswith(STUB.encode()) or len(argv) < 2:
+                        continue
+                    path = Path(argv[1].decode(errors="replace"))  # <repository>/<model>/<version>/model.py
+                    parts = path.parts
+                    if len(parts) < 3 or (self.repository is not None and not path.is_relative_to(self.repository)):
+                        continue
+                    self.models[pid] = parts[-3]
+                alive.add(pid)
+                running[pid] = self.models[pid]
+            except (OSError, IndexError):
+                continue
+        self.models = {pid: m for pid, m in self.models.items() if pid in alive}
+        return out, running
+
+
+def watch_health(health: Health, target: tuple[str, int], interval: float, on_change: Callable[[], None],
+                 stop: threading.Event, repository: str | None = None) -> None:
+    """The checking thread: `fetch_counts` every `interval` into `health`; `on_change` when what is broken changes."""
+    timeout = max(interval, min(1.0, health.hang_seconds / 2))
+    conn = http.client.HTTPConnection(*target, timeout=timeout)
+    last: dict[str, str] = {}
+    was_refused = True
+    stubs = Stubs(repository=repository)
+    while not stop.is_set():
+        started = time.monotonic()
+        refused = False
+        try:
+            dead, live = stubs.scan()
+        except OSError:
+            dead, live = {}, {}
+        try:
+            health.observe(fetch_counts(conn), dead=dead, live=live)
+        except Refused:
+            refused = True
+            health.observe(None, refused=True)
+        except (OSError, ValueError):
+            health.observe(None, dead=dead, live=live)
+        broken = health.broken()
+        if broken != last:
+            print(f"probe: health changed; broken={json.dumps(broken)}" if broken else
+                  f"probe: health changed; nothing broken (was {', '.join(sorted(last))})", file=sys.stderr, flush=True)
+            last = broken
+            on_change()
+        elif refused != was_refused:
+            on_change()  # the port closed (or opened): a held probe looks at it now
+        was_refused = refused
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+
+
 @dataclass
 class Readiness:
     """When tritonserver's port is open, when the operator set the gate, and what the last answer was: shared by the
@@ -75,6 +328,9 @@ class Readiness:
     interval: float = 0.005
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] | None = None
+    # With a health check: why the replica cannot serve (None: it can), and a ready probe is held until that
+    # changes (or `hold` passes), so a break fails the probe the kubelet holds open.
+    broken: Callable[[], str | None] | None = None
     open_since: float | None = None
     gate_at: float | None = None
     last_ready: bool = False
@@ -99,6 +355,11 @@ class Readiness:
                 self._cond.notify_all()
         return is_open
 
+    def poke(self) -> None:
+        """Something changed (the health check): held probes look again now."""
+        with self._cond:
+            self._cond.notify_all()
+
     def _passes_at(self) -> float | None:
         """When a probe may pass (under the lock): `settle` after the gate's notice, else `head_start` after the
         port opened. None while the port is closed."""
@@ -108,44 +369,64 @@ class Readiness:
         return at if self.gate_at is None else min(at, self.gate_at + self.settle)
 
     def answer(self) -> tuple[bool, str]:
-        """Wait, within `hold`, until a probe may pass; say ready or why not."""
+        """Wait, within `hold`, until a probe may pass (or, with a health check, until a passing replica breaks);
+        say ready or why not."""
         deadline = self.clock() + self.hold
         while True:
             is_open = self._observe()
+            why = self.broken() if self.broken is not None and is_open else None
             with self._cond:
                 now = self.clock()
                 if not is_open and self.last_ready:
                     # It was ready: a closed port is news the kubelet should have now, not after a hold.
                     self.last_ready = False
                     return False, "tritonserver's HTTP port refuses connections"
+                if why is not None and self.last_ready:
+                    self.last_ready = False  # a break: news at once, too
+                    return False, why
                 at = self._passes_at() if is_open else None
-                if at is not None and now >= at:
+                # Passing. With a health check, a probe that follows a pass is held, to fail the moment something
+                # breaks, and passes when the hold is over.
+                passing = at is not None and why is None and now >= at
+                if passing and (self.broken is None or not self.last_ready or now >= deadline):
                     self.last_ready = True
                     return True, "tritonserver is up"
                 if now >= deadline:
                     self.last_ready = False
-                    return False, "tritonserver's HTTP port refuses connections"
-                wait = max(0.001, min(self.interval if at is None else at - now, deadline - now))
+                    return False, why or "tritonserver's HTTP port refuses connections"
+                if why is not None or (at is not None and now >= at):
+                    until = deadline  # broken, or passing and held: the health check's poke wakes it
+                else:
+                    until = now + self.interval if at is None else at
+                wait = max(0.001, min(until, deadline) - now)
                 if self.sleep is None:
-                    self._cond.wait(wait)  # a gate notice wakes it early
+                    self._cond.wait(wait)  # a gate notice (or a change of health) wakes it early
                     continue
             self.sleep(wait)
 
-
 def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
-          stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS) -> int:
+          stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS,
+          models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL, fail_threshold: int = FAIL_THRESHOLD,
+          hang_seconds: float = HANG_SECONDS, repository: str | None = None) -> int:
     # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
     # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
     # soon as the port listens stays pending instead of killing the process.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle)
+    health = Health(models, fail_threshold=fail_threshold, hang_seconds=hang_seconds) if models else None
+    readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle,
+                          broken=health.why if health is not None else None)
+    stop_health = threading.Event()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = idle  # each read and write of the socket; BaseHTTPRequestHandler closes on the timeout
 
         def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] == STATUS_PATH:
+                body = health.status() if health is not None else {"models": [], "broken": {}}
+                self._reply(200, json.dumps(body), "application/json")
+                return
             if self.path.split("?", 1)[0] not in ("/", "/ready"):
                 self._reply(404, "not found")
                 return
@@ -163,10 +444,10 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
             else:
                 self._reply(409, "tritonserver's HTTP port refuses connections")
 
-        def _reply(self, code: int, text: str) -> None:
+        def _reply(self, code: int, text: str, content_type: str = "text/plain; charset=utf-8") -> None:
             body = (text + "\n").encode()
             self.send_response(code)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Connection", "close")
             self.end_headers()
@@ -208,6 +489,12 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     server = Server(listen, Handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
+    if health is not None:
+        threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health, repository),
+                         daemon=True, name="health").start()
+        print(f"probe: checking every {check_interval:g} s that models {', '.join(models)} serve (broken after "
+              f"{fail_threshold} failed requests with no success, or {hang_seconds:g} s without an answer)",
+              file=sys.stderr, flush=True)
     print(f"probe: answering readiness on {listen[0]}:{listen[1]} for tritonserver's HTTP port {target[0]}:{target[1]}"
           f" (hold {hold:g} s; passes {settle:g} s after the operator's POST {GATE_PATH}, else {head_start:g} s after the"
           " port opens)", file=sys.stderr, flush=True)
@@ -216,6 +503,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     print("probe: SIGTERM; waiting for tritonserver's HTTP port to close", file=sys.stderr, flush=True)
     while port_open(*target, timeout=stop_poll):
         time.sleep(stop_poll)
+    stop_health.set()
     server.shutdown()
     print("probe: tritonserver's HTTP port is closed; exiting", file=sys.stderr, flush=True)
     return 0
@@ -240,6 +528,33 @@ async def notify_gate(host: str, port: int, timeout: float = 1.0) -> int:
             writer.close()
 
     return await asyncio.wait_for(post(), timeout)
+
+
+async def probe_status(host: str, port: int, timeout: float = 1.0) -> dict[str, str]:
+    """What a replica's probe server found broken (`GET /status`): model name (or "tritonserver") -> why."""
+    import asyncio
+
+    async def get() -> dict[str, str]:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(f"GET {STATUS_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            data = b""
+            while len(data) < 1 << 20:  # to the end: the server closes the connection after its answer
+                chunk = await reader.read(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            writer.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        status = head.split(b"\r\n", 1)[0].split()
+        if len(status) < 2 or status[1] != b"200":
+            raise ConnectionError(f"the probe answered {b' '.join(status)!r}")
+        broken = json.loads(body).get("broken") or {}
+        return {str(k): str(v) for k, v in broken.items()}
+
+    return await asyncio.wait_for(get(), timeout)
 
 
 def address(text: str, default_host: str) -> tuple[str, int]:

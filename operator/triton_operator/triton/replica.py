@@ -24,6 +24,7 @@ class ReplicaVerdict:
     message: str
     ready_seen: bool = False  # the model answered READY (for READY -> gate latency)
     loaded: str | None = None  # the digest of the config Triton said it has loaded (None: it did not say)
+    model: str | None = None  # the Triton model the verdict is about, when one is not READY
 
 
 async def check_replica(
@@ -119,5 +120,5 @@ async def _why_not_ready(
     state = entry.state if entry is not None else "UNAVAILABLE"
     reason = entry.reason if entry is not None else "not in the model repository"
     if state in ("LOADING", ""):
-        return ReplicaVerdict(False, "ModelWarming", f"{what} is loading and warming up")
-    return ReplicaVerdict(False, "ModelLoadFailed", f"{what} is {state}: {reason}".strip())
+        return ReplicaVerdict(False, "ModelWarming", f"{what} is loading and warming up", model=name)
+    return ReplicaVerdict(False, "ModelLoadFailed", f"{what} is {state}: {reason}".strip(), model=name)

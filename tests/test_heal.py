@@ -1,0 +1,95 @@
+"""`controller.heal`'s choices, pure: which models a heal reloads, and which config it loads (the desired one only).
+Against a real cluster and tritonserver: e2e/test_heal.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.controller.heal import desired_configs, to_reload
+from triton_operator.render.kubernetes import (
+    ANNOTATION_DIGEST,
+    ANNOTATION_STEPS,
+    ANNOTATION_TRITON_NAME,
+    configmap_key,
+)
+
+
+def _pod(steps: str = "", digest: str = "d2", volume: str = "m-repository-1") -> dict[str, Any]:
+    ann = {ANNOTATION_TRITON_NAME: "ens", ANNOTATION_DIGEST: digest}
+    if steps:
+        ann[ANNOTATION_STEPS] = steps
+    return {"metadata": {"name": "p", "namespace": "ns", "annotations": ann, "labels": {LABEL_MODEL: "ens"}},
+            "spec": {"volumes": [{"name": "repository", "configMap": {"name": volume}}]}}
+
+
+def test_a_broken_step_is_reloaded_not_the_ensemble_that_fails_because_of_it():
+    pod = _pod("tok,cls")
+    assert to_reload(pod, {"ens": "failed", "tok": "stub died"}) == ("tok",)
+    assert to_reload(pod, {"ens": "failed", "cls": "x", "tok": "y"}) == ("tok", "cls"), "the gate's order"
+    assert to_reload(pod, {"ens": "not loaded"}) == ("ens",)
+    assert to_reload(pod, {"tritonserver": "did not answer"}) == (), "a hung tritonserver has nothing to reload"
+    assert to_reload(_pod(), {"other": "x"}) == ()
+
+
+def _config(name: str, digest: str) -> str:
+    return (f'name: "{name}"\nbackend: "python"\nparameters {{\n  key: "triton-operator.config-digest"\n'
+            f'  value {{\n    string_value: "{digest}"\n  }}\n}}\n')
+
+
+class FakeKube:
+    """ConfigMaps by name: the two calls `desired_configs` makes."""
+
+    def __init__(self, maps: dict[str, dict[str, str]]) -> None:
+        self.maps = maps
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name}, "data": self.maps[name]} if name in self.maps else None
+
+    def list(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> list[dict]:
+        assert label_selector == f"{LABEL_MODEL}=ens"
+        return [{"metadata": {"name": n}, "data": d} for n, d in self.maps.items()]
+
+
+def test_the_config_loaded_is_the_one_that_carries_the_pods_digest():
+    old = {configmap_key("ens/config.pbtxt"): _config("ens", "d1"), configmap_key("tok/config.pbtxt"): _config("tok", "t1")}
+    new = {configmap_key("ens/config.pbtxt"): _config("ens", "d2"), configmap_key("tok/config.pbtxt"): _config("tok", "t2")}
+    kube = FakeKube({"m-repository-1": old, "m-repository-2": new})
+    # The pod mounts the old ConfigMap but was reloaded in place to d2: the newer one is found by its digest.
+    got = asyncio.run(desired_configs(kube, _pod("tok"), ["tok"]))  # type: ignore[arg-type]
+    assert got is not None and json.loads(got["tok"])["parameters"]["triton-operator.config-digest"]["string_value"] == "t2"
+    # Its own ConfigMap carries the digest: that one.
+    got = asyncio.run(desired_configs(kube, _pod("tok", digest="d1"), ["ens"]))  # type: ignore[arg-type]
+    assert got is not None and json.loads(got["ens"])["parameters"]["triton-operator.config-digest"]["string_value"] == "d1"
+    # No ConfigMap carries it: nothing is loaded.
+    assert asyncio.run(desired_configs(kube, _pod("tok", digest="d3"), ["tok"])) is None  # type: ignore[arg-type]
+
+
+def _gated(name: str, ready: bool, model: str = "ens") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "labels": {LABEL_MODEL: model}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_a_replica_is_deleted_only_within_the_models_budget_and_with_back_off():
+    from triton_operator.controller import gate as gate_module
+    from triton_operator.controller.gate import DELETE_BACKOFF, WarmupGate, _PodGate
+
+    budgets = {"ens": 1}
+    g = WarmupGate(kube=None, budget_of=lambda ns, name: budgets[name])  # type: ignore[arg-type]
+    for name, ready in (("a", False), ("b", True), ("c", True)):
+        g.pods[("ns", name)] = _PodGate("ns", name, _gated(name, ready))
+    g.pods[("ns", "x")] = _PodGate("ns", "x", _gated("x", False, model="other"))
+    a, b = g.pods[("ns", "a")], g.pods[("ns", "b")]
+    assert g._delete_wait(a) == 0.0, "one replica out (this one): within maxUnavailable 1"
+    b.body = _gated("b", False)
+    assert g._delete_wait(a) > 0, "two out at once would exceed maxUnavailable 1"
+    budgets["ens"] = 2
+    assert g._delete_wait(a) == 0.0
+    # Deletions of one model's replicas back off.
+    now = gate_module.time.monotonic()
+    g.deletions[("ns", "ens")] = [now]
+    assert DELETE_BACKOFF[1] - 1 < g._delete_wait(a) <= DELETE_BACKOFF[1]
+    g.deletions[("ns", "ens")] = [now - gate_module.DELETE_MEMORY - 1]
+    assert g._delete_wait(a) == 0.0, "deletions long ago are forgotten"
