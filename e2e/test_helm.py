@@ -274,7 +274,10 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
                            ("patch", "tritonmodels.serving.triton-operator.dev/status"),
                            ("create", "deployments.apps"), ("patch", "deployments.apps"),
                            ("delete", "poddisruptionbudgets.policy"), ("patch", "pods/status"),
-                           ("create", "events")):
+                           ("create", "events"),
+                           # Issue 33: it replaces a replica that stopped serving and that a reload did not heal (its
+                           # ReplicaSet makes the new pod); the admission policy limits this to the pods it renders.
+                           ("delete", "pods")):
         assert can_i(kubeconfig, sa, verb, resource, watched), f"cannot {verb} {resource} in {watched}"
     # Leader election: its own Lease in its own namespace, and no other.
     for verb in ("get", "update"):
@@ -290,7 +293,8 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
         ("get", "secrets", watched), ("list", "secrets", watched), ("watch", "secrets", watched),
         ("get", "secrets", own), ("list", "secrets", None),
         ("patch", "nodes", None), ("update", "nodes", None), ("delete", "nodes", None), ("list", "nodes", None),
-        ("create", "pods", watched), ("delete", "pods", watched), ("create", "pods/exec", watched),
+        ("create", "pods", watched), ("delete", "pods", "default"), ("delete", "pods", own),
+        ("create", "pods/exec", watched),
         ("update", "tritonmodels.serving.triton-operator.dev", watched),
         ("delete", "tritonmodels.serving.triton-operator.dev", watched),
         ("delete", "deployments.apps", watched), ("create", "rolebindings.rbac.authorization.k8s.io", watched),

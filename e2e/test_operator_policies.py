@@ -101,6 +101,7 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
 
     # Each of these, RBAC allows (cluster-wide): the policy is what stops them.
     for verb, resource, ns, sub in (("patch", "configmaps", "kube-system", ""), ("patch", "pods", namespace, ""),
+                                    ("delete", "pods", namespace, ""),
                                     ("patch", "pods", namespace, "status"), ("create", "deployments", namespace, ""),
                                     ("patch", "configmaps", namespace, "")):
         assert can_i(kubeconfig, verb, resource, ns, sub), f"RBAC does not allow {verb} {resource} {sub} in {ns}"
@@ -153,8 +154,16 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
             "metadata": {"name": "minted", "labels": labels,
                          "annotations": {"kubernetes.io/service-account.name": "default"}}}, "application/json")
+    # Issue 33: RBAC lets the operator delete pods (it replaces a replica that stopped serving); the policy limits
+    # that to the pods it renders. A pod of someone else's, bound to no node so that it never runs:
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "someone-elses", "namespace": namespace},
+                 "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "example.invalid/c:1"}]}},
+                namespace)
+    answers["delete a pod it does not manage"] = refused(
+        op, "DELETE", f"/api/v1/namespaces/{namespace}/pods/someone-elses", None, "application/json")
     for what, answer in answers.items():
         assert answer.startswith("403 ") and POLICY in answer, f"{what}: {answer}"
+    assert kube.get_or_none("Pod", "someone-elses", namespace) is not None, "the policy refused, the pod is there"
     # And nothing moved: the pod as it was, its gate its own, the model still Ready.
     now = kube.get("Pod", name, namespace)
     assert now["spec"]["containers"][0]["image"] == pod["spec"]["containers"][0]["image"]

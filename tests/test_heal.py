@@ -93,3 +93,38 @@ def test_a_replica_is_deleted_only_within_the_models_budget_and_with_back_off():
     assert DELETE_BACKOFF[1] - 1 < g._delete_wait(a) <= DELETE_BACKOFF[1]
     g.deletions[("ns", "ens")] = [now - gate_module.DELETE_MEMORY - 1]
     assert g._delete_wait(a) == 0.0, "deletions long ago are forgotten"
+
+
+def test_a_heal_keeps_the_gates_reason_and_says_each_step_once():
+    """The gate's reason stays the cause while the replica heals (a status reading Degraded/ModelLoadFailed during a
+    stalled rollout keeps reading so); the phase changes once per step, so the gate is written per step only."""
+    import asyncio
+
+    from triton_operator.controller import gate as gate_module
+    from triton_operator.controller.gate import WarmupGate, _PodGate
+    from triton_operator.triton.replica import ReplicaVerdict
+
+    async def scenario() -> list[tuple[str, str, str]]:
+        g = WarmupGate(kube=None)  # type: ignore[arg-type]
+        pg = _PodGate("ns", "a", _gated("a", False))
+        pg.body["metadata"]["annotations"] = {ANNOTATION_TRITON_NAME: "ens"}
+        pg.broken = {"ens": "model ens is not in Triton's statistics (UNAVAILABLE)"}
+        started: list[tuple[str, ...]] = []
+        g._start_heal = lambda gate, names, why: started.append(names)  # type: ignore[method-assign]
+        bad = ReplicaVerdict(False, "ModelLoadFailed", "model ens is UNAVAILABLE: boom")
+        seen = []
+        v, phase = g._heal(pg, bad)
+        seen.append((v.reason, phase, v.message))
+        # The heal ran and failed: the next round waits for the back-off, under the same reason.
+        pg.healed_at, pg.heal_ok, pg.heal_note = gate_module.time.monotonic(), False, "heal 1 failed: boom"
+        for _ in range(2):
+            v, phase = g._heal(pg, bad)
+            seen.append((v.reason, phase, v.message))
+        assert started == [("ens",)], "one heal started; the back-off holds the next"
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert {reason for reason, _, _ in seen} == {"ModelLoadFailed"}, seen
+    assert seen[0][1] == "heal 1" and "healing: unloading and loading ens again (heal 1)" in seen[0][2], seen
+    assert seen[1][1] == seen[2][1] == "wait 1" and seen[1][2] == seen[2][2], "one message per step: " + repr(seen)
+    assert "heal 1 failed: boom; next heal at " in seen[1][2], seen

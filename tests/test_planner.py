@@ -563,3 +563,19 @@ def test_a_new_reason_with_the_same_status_keeps_the_transition_time() -> None:
     assert write is not None and "lastTransitionTime" not in write.condition and write.warmup_seconds is None
     stored = {c["type"]: c for c in with_condition(pod, write.condition)}
     assert stored[WARMED_CONDITION]["lastTransitionTime"] == "2026-01-01T00:00:05Z"
+
+
+def test_a_heals_next_step_rewrites_the_message_under_the_same_reason() -> None:
+    """Issue 33: while a replica heals, the gate keeps the cause as its reason (ModelLoadFailed, ModelFailing) and
+    the message says what the heal does; a new heal step (`changed`) writes the new message, nothing else does."""
+    pod = _pod("m-a", "d", warm=False, ready=False)
+    first = gate_condition(pod, False, "ModelLoadFailed", "boom; healing (heal 1)", T0)
+    assert first is not None
+    pod["status"]["conditions"] = with_condition(pod, first.condition)
+    assert gate_condition(pod, False, "ModelLoadFailed", "boom; next heal at 2026-01-01T00:00:02Z", T0) is None, \
+        "the same reason and no new heal step: no write"
+    again = gate_condition(pod, False, "ModelLoadFailed", "boom; next heal at 2026-01-01T00:00:02Z", T0, changed=True)
+    assert again is not None and again.condition["reason"] == "ModelLoadFailed"
+    assert "lastTransitionTime" not in again.condition, "still False: the transition time stays"
+    assert gate_condition(pod, False, "ModelLoadFailed", "boom; healing (heal 1)", T0, changed=True) is None, \
+        "a new step with the message already written: no write"

@@ -330,7 +330,7 @@ def test_a_replica_that_stopped_serving_is_degraded_and_no_rollout_is_said_to_st
     """Issue 33: an unloaded model (or a dead stub) in a running replica: not Ready, Degraded with the gate's reason,
     and Progressing about rollouts only (none is under way: every replica runs the desired config)."""
     why = "the Python stub of model tokenizer (pid 41) has exited; every request to it fails"
-    for reason in ("ModelFailing", "Healing", "ModelLoadFailed"):
+    for reason in ("ModelFailing", "TritonNotAnswering", "ModelLoadFailed"):
         pods = [_replica("a", "d1", "True"), _replica("b", "d1", "False", reason=reason, msg=why)]
         st = compute_status(Observed(5, 2, "d1", "sel", pods=pods), None)
         c = _conds(st)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL
-from ..api.timestamps import utc_now
+from ..api.timestamps import rfc3339, utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
 from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
 from ..plan.status import TRITON_CONTAINER, pod_condition, pod_ready, triton_container_status
@@ -81,7 +82,7 @@ REPEAT_WINDOW = 120.0
 DELETE_BACKOFF = (0.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 DELETE_MEMORY = 1800.0
 #: The gate's reasons for a replica that stopped serving (the status shows them as Failed).
-MODEL_FAILING, HEALING = "ModelFailing", "Healing"
+MODEL_FAILING = "ModelFailing"
 
 
 @dataclass
@@ -103,6 +104,7 @@ class _PodGate:
     served: bool = False  # the gate was True once for this pod
     served_since_heal: bool = False  # ... and since the last heal (the replica broke again, not still)
     deleting: bool = False  # the operator asked for this pod's deletion
+    phase: str = ""  # the heal's phase the gate's message last said (`_heal`): a new one is written
 
     @property
     def address(self) -> str:
@@ -172,11 +174,15 @@ class WarmupGate:
             if ANNOTATION_RELOAD in ann and not verdict.ok:
                 verdict = replace(verdict, reason="Reloading", message=(
                     f"loading config {ann.get(ANNOTATION_DIGEST)} in place ({ann[ANNOTATION_RELOAD]}): {verdict.message}"))
-            elif not verdict.ok:
-                verdict = self._heal(gate, verdict)
-            write = gate_condition(gate.body, verdict.ok, verdict.reason, verdict.message, utc_now())
-            if write is not None:
-                await self._set(gate, verdict, write)
+            phase = ""
+            if ANNOTATION_RELOAD not in ann and not verdict.ok:
+                verdict, phase = self._heal(gate, verdict)
+            write = gate_condition(gate.body, verdict.ok, verdict.reason, verdict.message, utc_now(),
+                                   changed=phase != gate.phase)
+            if write is None:
+                gate.phase = phase
+            elif await self._set(gate, verdict, write):
+                gate.phase = phase
                 stable_rounds = 0
             # After the gate, never before it: the kubelet's pod worker syncs the pod object of the last UPDATE (an
             # annotation write), so one written first made the next sync see the gate still False, and Ready came a
@@ -212,49 +218,52 @@ class WarmupGate:
         finally:
             self.probing -= 1
 
-    def _heal(self, gate: _PodGate, verdict: ReplicaVerdict) -> ReplicaVerdict:
-        """Starts a heal of a replica whose models the probe (or Triton) found broken, when its backoff allows;
-        the verdict to write meanwhile, saying so."""
+    def _heal(self, gate: _PodGate, verdict: ReplicaVerdict) -> tuple[ReplicaVerdict, str]:
+        """Starts a heal of a replica whose models the probe (or Triton) found broken, when its backoff allows.
+        Returns the verdict to write meanwhile (its reason stays the cause: ModelFailing, ModelLoadFailed; its
+        message says what the heal does) and the heal's phase, which changes once per heal step: the gate is
+        written again when it does, not on every round."""
         if (pod_condition(gate.body, WARMED_CONDITION) or {}).get("status") == "True":
             gate.served = True  # also for a pod an earlier operator process let in
         names = to_reload(gate.body, gate.broken)
         if not names:
-            return verdict
+            return verdict, ""
         if verdict.ok is False and verdict.reason not in (MODEL_FAILING, "ModelLoadFailed"):
-            return verdict
+            return verdict, ""
         now = time.monotonic()
         if gate.healed_at is not None and now - gate.healed_at >= HEAL_RESET_SECONDS:
             gate.heals = 0
+        what = f"unloading and loading {', '.join(names)} again"
         if gate.heal is not None and not gate.heal.done():
-            return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: unloading and loading "
-                           f"{', '.join(names)} again (heal {gate.heals})")
+            return replace(verdict, message=f"{verdict.message}; healing: {what} (heal {gate.heals})"), \
+                f"heal {gate.heals}"
         if gate.deleting:
-            return replace(verdict, reason=HEALING, message=f"{verdict.message}; replacing the pod")
+            return replace(verdict, message=f"{verdict.message}; replacing the pod"), "delete"
         # Again: it served after the heal and broke within the window (not: still broken, the probe catching up).
         again = (gate.heal_ok and gate.served_since_heal and gate.healed_at is not None
                  and now - gate.healed_at < REPEAT_WINDOW)
         if gate.served and gate.healed_at is not None and (again or not gate.heal_ok):
-            why = (f"it broke again {now - gate.healed_at:.0f}s after heal {gate.heals}" if again
+            why = (f"it broke again within {REPEAT_WINDOW:.0f}s of heal {gate.heals}" if again
                    else f"heal {gate.heals} failed ({gate.heal_note})")
             left = self._delete_wait(gate)
             if left > 0:
                 asyncio.get_running_loop().call_later(min(left, 30.0), gate.wake.set)
-                return replace(verdict, message=f"{verdict.message}; {why}: replacing the pod in {left:.0f}s "
-                               "(within rollout.maxUnavailable, with back-off)")
+                return replace(verdict, message=f"{verdict.message}; {why}: the pod is replaced once "
+                               "rollout.maxUnavailable and the back-off allow"), "delete wait"
             self._delete(gate, why)
-            return replace(verdict, reason=HEALING, message=f"{verdict.message}; {why}: replacing the pod")
+            return replace(verdict, message=f"{verdict.message}; {why}: replacing the pod"), "delete"
         wait = HEAL_BACKOFF[min(gate.heals, len(HEAL_BACKOFF) - 1)]
         if gate.healed_at is not None and now < gate.healed_at + wait:
             left = gate.healed_at + wait - now
-            loop = asyncio.get_running_loop()
-            loop.call_later(left, gate.wake.set)
+            asyncio.get_running_loop().call_later(left, gate.wake.set)
             note = f"; {gate.heal_note}" if gate.heal_note else ""
-            return replace(verdict, message=f"{verdict.message}{note}; next heal in {left:.0f}s")
+            at = rfc3339(utc_now() + dt.timedelta(seconds=round(left)))
+            return replace(verdict, message=f"{verdict.message}{note}; next heal at {at}"), f"wait {gate.heals}"
         gate.heals += 1
         gate.served_since_heal = False
         self._start_heal(gate, names, "; ".join(f"{m}: {why}" for m, why in gate.broken.items()))
-        return replace(verdict, reason=HEALING, message=f"{verdict.message}; healing: unloading and loading "
-                       f"{', '.join(names)} again (heal {gate.heals})")
+        return replace(verdict, message=f"{verdict.message}; healing: {what} (heal {gate.heals})"), \
+            f"heal {gate.heals}"
 
     def _delete_wait(self, gate: _PodGate) -> float:
         """Seconds until this pod may be deleted: 0 when the model's budget and back-off allow it now."""
@@ -446,19 +455,22 @@ class WarmupGate:
             return verdict
         return ReplicaVerdict(False, MODEL_FAILING, "; ".join(broken.values()), ready_seen=True, loaded=verdict.loaded)
 
-    async def _set(self, gate: _PodGate, verdict: ReplicaVerdict, write: GateWrite) -> None:
+    async def _set(self, gate: _PodGate, verdict: ReplicaVerdict, write: GateWrite) -> bool:
+        """Writes the gate; False when the write failed (the next round tries again)."""
         cond = write.condition
         status, message = cond["status"], cond["message"]
+        before = pod_condition(gate.body, WARMED_CONDITION) or {}
         try:
             await asyncio.to_thread(self.kube.patch_pod_condition, gate.namespace, gate.name, cond)
         except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next event retries
             log.warning("Failed to patch gate pod=%s/%s error=%s", gate.namespace, gate.name, exc)
-            return
+            return False
         if write.warmup_seconds is not None:
             metrics.WARMUP_SECONDS.observe(write.warmup_seconds)
         if verdict.ok and gate.ready_seen_at is not None:
             metrics.READY_TO_GATE_SECONDS.observe(time.monotonic() - gate.ready_seen_at)
-        metrics.GATE_TRANSITIONS.labels(status=status, reason=verdict.reason).inc()
+        if (before.get("status"), before.get("reason")) != (status, verdict.reason):  # not a heal's new message
+            metrics.GATE_TRANSITIONS.labels(status=status, reason=verdict.reason).inc()
         if status == "True":
             gate.served = gate.served_since_heal = True
             self._notify_probe(gate)
@@ -472,6 +484,7 @@ class WarmupGate:
             model = (gate.body["metadata"].get("labels") or {}).get(LABEL_MODEL)
             if model:
                 self.on_change(gate.namespace, model)
+        return True
 
 
 __all__ = ["TRITON_CONTAINER", "WarmupGate"]

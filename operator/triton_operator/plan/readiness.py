@@ -20,11 +20,14 @@ class GateWrite:
     warmup_seconds: float | None  # container start -> warm, when the gate turns True
 
 
-def gate_condition(pod: Mapping[str, Any], ok: bool, reason: str, message: str, now: dt.datetime) -> GateWrite | None:
-    """The condition to write, or None when the pod already carries this status and reason (no write)."""
+def gate_condition(pod: Mapping[str, Any], ok: bool, reason: str, message: str, now: dt.datetime,
+                   changed: bool = False) -> GateWrite | None:
+    """The condition to write, or None when the pod already carries this status and reason (no write) and the
+    caller says nothing else `changed` (a heal's next step: the same reason, a new message)."""
     status = "True" if ok else "False"
     current = pod_condition(pod, WARMED_CONDITION)
-    if current is not None and current.get("status") == status and current.get("reason") == reason:
+    if (current is not None and current.get("status") == status and current.get("reason") == reason
+            and (not changed or current.get("message") == message[:1024])):
         return None
     warm: float | None = None
     if ok:

@@ -22,8 +22,9 @@ from ..uris import redact
 TRITON_CONTAINER = "tritonserver"
 FETCH_CONTAINER = "fetch"
 #: The gate's reasons for a replica that does not serve what it loaded: it failed to load, loaded another config, or
-#: stopped serving (the probe found a model broken, or tritonserver does not answer) and the operator heals it.
-FAILED_GATE_REASONS = ("ModelLoadFailed", "ConfigDigestMismatch", "ModelFailing", "Healing", "TritonNotAnswering")
+#: stopped serving (the probe found a model broken, or tritonserver does not answer); the message says how the
+#: operator heals it.
+FAILED_GATE_REASONS = ("ModelLoadFailed", "ConfigDigestMismatch", "ModelFailing", "TritonNotAnswering")
 #: The line `triton-operator fetch` ends a failure with (and writes to its termination message file).
 FETCH_FAILED_PREFIX = "error: fetch failed: "
 
