@@ -71,6 +71,7 @@ NOT_TRITON: dict[tuple[type[BaseModel], str], tuple[str, tuple[int, int]]] = {
     (api.TopologySpreadConstraint, "max_skew"): ("topologySpreadConstraints[].maxSkew", INT32),
     (api.TopologySpreadConstraint, "min_domains"): ("topologySpreadConstraints[].minDomains", INT32),
     (api.WarmupGate, "poll_interval_milliseconds"): ("a pod annotation the gate reads", INT32),
+    (api.WarmupGate, "failed_request_threshold"): ("the probe's --fail-threshold (a Python int)", INT32),
     (api.Rollout, "max_unavailable"): ("the operator's rollout", INT32),
     (api.FetchLimits, "max_files"): ("fetch's --max-files, a Python int", INT32),
     (api.FetchLimits, "timeout_seconds"): ("fetch's --timeout, a Python int", INT32),

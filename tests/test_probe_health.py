@@ -66,6 +66,17 @@ def test_failures_between_successes_are_not_a_break():
     assert h.broken() == {}
 
 
+def test_a_fail_threshold_of_0_never_breaks_a_model_by_its_failed_requests_but_still_by_the_rest():
+    """warmupGate.failedRequestThreshold: 0, for a model whose code raises on some clients' requests."""
+    h = Health(("m",), fail_threshold=0)
+    h.observe({"m": (5, 0)})
+    for fail in range(1, 100, 7):
+        h.observe({"m": (5, fail)})
+        assert h.broken() == {}, "failed requests alone, with the rule off"
+    h.observe({})
+    assert set(h.broken()) == {"m"}, "a model no longer loaded is still broken"
+
+
 def test_a_model_missing_from_the_statistics_is_broken_at_once():
     h = Health(("ens", "step"))
     h.observe({"ens": (1, 0), "step": (1, 0)})

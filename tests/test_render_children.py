@@ -80,7 +80,10 @@ def test_deployment_shape() -> None:
     assert spec["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "tritonserver"
     assert probe["args"] == ["probe", "--listen", ":8090", "--target", "127.0.0.1:8000", "--hold", "8",
                              "--gate-settle", "0.03", "--head-start", "0.5", "--repository", "/models",
-                             "--model", m.triton_name]
+                             "--fail-threshold", "3", "--model", m.triton_name]
+    off = _children(_model(warmupGate={"failedRequestThreshold": 0}))["Deployment"]["spec"]["template"]["spec"]
+    assert off["containers"][1]["args"][off["containers"][1]["args"].index("--fail-threshold") + 1] == "0", \
+        "warmupGate.failedRequestThreshold reaches the probe"
     assert pod["shareProcessNamespace"] is True, "the probe watches the Python stubs"
     assert probe["image"] == Options().operator_image  # the operator's image, as the fetch step's
     assert probe["ports"] == [{"name": "probe", "containerPort": 8090, "protocol": "TCP"}]

@@ -1058,6 +1058,19 @@ class WarmupGate(_Model):
     poll_interval_milliseconds: int = Field(
         default=200, ge=50, le=10_000, description="How often a warming replica is checked."
     )
+    failed_request_threshold: int = Field(
+        default=3,
+        ge=0,
+        le=1000,
+        description=(
+            "Once a replica serves, it counts as broken (out of the Service at once, then healed) when a model it "
+            "serves is no longer loaded, when one of its Python stubs has died, when tritonserver stops answering, "
+            "or when this many requests to one model fail in a row with none served between them (Triton's "
+            "statistics). 0 turns the last rule off: set it when clients' own requests can make the model's code "
+            "raise (Triton counts those as failed requests), so that a client sending them cannot take replicas "
+            "out of the Service."
+        ),
+    )
 
 
 class Rollout(_Model):

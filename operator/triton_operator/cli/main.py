@@ -417,8 +417,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise CliError("--hold must be over 0 and over --head-start, which must be 0 or more")
     if args.gate_settle < 0 or args.gate_settle >= args.hold:
         raise CliError("--gate-settle must be 0 or more, and under --hold")
-    if args.check_interval <= 0 or args.fail_threshold < 1 or args.hang_seconds <= 0:
-        raise CliError("--check-interval and --hang-seconds must be over 0, and --fail-threshold at least 1")
+    if args.check_interval <= 0 or args.fail_threshold < 0 or args.hang_seconds <= 0:
+        raise CliError("--check-interval and --hang-seconds must be over 0, and --fail-threshold 0 (off) or more")
     try:
         return serve(listen, target, args.hold, args.head_start, args.gate_settle, models=tuple(args.model or ()),
                      check_interval=args.check_interval, fail_threshold=args.fail_threshold,
@@ -543,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--check-interval", type=float, default=0.1, metavar="SECONDS",
                     help="how often the models' statistics are read (default 0.1)")
     pr.add_argument("--fail-threshold", type=int, default=3, metavar="N",
-                    help="a model is broken after N failed requests with no success between them (default 3)")
+                    help="a model is broken after N failed requests with no success between them (default 3; 0: never "
+                    "by its failed requests)")
     pr.add_argument("--hang-seconds", type=float, default=2.0, metavar="SECONDS",
                     help="tritonserver is broken when it has not answered for this long (default 2)")
     pr.add_argument("--repository", metavar="DIR",

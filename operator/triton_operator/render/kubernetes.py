@@ -554,6 +554,7 @@ def render_deployment(
             "args": ["probe", "--listen", f":{PROBE_PORT}", "--target", f"127.0.0.1:{HTTP_PORT}",
                      "--hold", str(options.probe_hold_seconds), "--gate-settle", f"{options.probe_gate_settle_seconds:g}",
                      "--head-start", f"{options.probe_head_start_seconds:g}", "--repository", REPO_DIR,
+                     "--fail-threshold", str(spec.warmup_gate.failed_request_threshold),
                      *(arg for name in served for arg in ("--model", name))],
             "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
             "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},

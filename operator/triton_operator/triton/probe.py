@@ -34,7 +34,9 @@ answer:
   dead stub fails every request while Triton calls the model READY. Slow is not broken: a slow model's requests
   succeed late (its success count rises), and only failed executions count (Triton counts neither a request it
   refused as malformed, nor one a client gave up waiting for). It stays broken until its success count rises again
-  or its counters restart (Triton zeroes them when the model is loaded again: the operator's heal);
+  or its counters restart (Triton zeroes them when the model is loaded again: the operator's heal). `--fail-threshold 0`
+  (the TritonModel's `warmupGate.failedRequestThreshold: 0`) turns this rule off, for models whose own code raises on
+  some clients' requests: a client sending only those would otherwise take the replica out;
 - no answer within `--hang-seconds` (2 s; a stopped or deadlocked tritonserver whose port still accepts): broken.
 
 A failed request says so late: the Python backend gives a dead stub a second to answer each request before it fails
@@ -189,7 +191,7 @@ class Health:
                 self.failing.pop(m, None)
                 continue
             self.since_success[m] = self.since_success.get(m, 0) + fail - before[1]
-            if self.since_success[m] >= self.fail_threshold:
+            if self.fail_threshold and self.since_success[m] >= self.fail_threshold:
                 self.failing[m] = (f"model {m} failed {self.since_success[m]} requests in a row and served none "
                                    "(Triton's statistics)")
 
