@@ -298,9 +298,12 @@ class WarmupGate:
                 log.warning("Failed to delete replica pod=%s/%s error=%r", gate.namespace, gate.name, exc)
                 return
             metrics.HEALS.labels(action="delete", result="ok").inc()
-            with contextlib.suppress(Exception):
+            log.info("Deleted replica pod=%s/%s why=%r", gate.namespace, gate.name, why)
+            try:
                 await asyncio.to_thread(self.kube.event, involved, "HealDeleted", f"{why}: deleted the pod; its "
                                         "ReplicaSet replaces it", "Warning")
+            except Exception as exc:  # noqa: BLE001 - an Event is news, not state
+                log.warning("Could not record the deletion's Event pod=%s/%s error=%r", gate.namespace, gate.name, exc)
 
         gate.heal = asyncio.create_task(run(), name=f"heal-delete-{gate.namespace}/{gate.name}")
 

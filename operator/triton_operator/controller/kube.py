@@ -9,6 +9,7 @@ writes nothing.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
@@ -22,6 +23,8 @@ from ..api.timestamps import rfc3339, utc_now
 from ..api.v1alpha1 import GROUP, PLURAL, VERSION
 from . import kubeconfig, metrics
 from .errors import ApiCallError, ApiError
+
+log = logging.getLogger("triton_operator.kube")
 
 FIELD_MANAGER = "triton-operator"
 
@@ -416,8 +419,9 @@ class Kube:
         metrics.API_WRITES.labels(kind="Event", verb="create").inc()
         try:
             self._call("POST", self.path("v1", "Event", meta["namespace"]), body=body)
-        except ApiError:
-            pass  # events are best effort
+        except ApiError as exc:  # events are best effort: said in the log, not raised
+            log.warning("Failed to record Event reason=%s object=%s/%s status=%s error=%s", reason, meta["namespace"],
+                        meta["name"], exc.status, exc)
 
 
 def _message(data: bytes) -> str:
