@@ -115,6 +115,14 @@ def test_a_heal_keeps_the_gates_reason_and_says_each_step_once():
         seen = []
         v, phase = g._heal(pg, bad)
         seen.append((v.reason, phase, v.message))
+        # While it runs, the reload makes the model LOADING: the gate still says the cause, in the same words.
+        pg.heal = asyncio.get_running_loop().create_future()  # type: ignore[assignment]
+        loading = ReplicaVerdict(False, "ModelWarming", "model ens is loading and warming up")
+        v, phase = g._heal(pg, loading)
+        assert (v.reason, phase, v.message) == seen[0], "a heal under way keeps the cause's reason and message"
+        crashed = ReplicaVerdict(False, "TritonNotRunning", "tritonserver exited (code 137)")
+        assert g._heal(pg, crashed) == (crashed, ""), "tritonserver crashing meanwhile is said as such"
+        pg.heal.cancel()
         # The heal ran and failed: the next round waits for the back-off, under the same reason.
         pg.healed_at, pg.heal_ok, pg.heal_note = gate_module.time.monotonic(), False, "heal 1 failed: boom"
         for _ in range(2):

@@ -105,6 +105,8 @@ class _PodGate:
     served_since_heal: bool = False  # ... and since the last heal (the replica broke again, not still)
     deleting: bool = False  # the operator asked for this pod's deletion
     phase: str = ""  # the heal's phase the gate's message last said (`_heal`): a new one is written
+    cause: tuple[str, str, tuple[str, ...]] | None = None  # the gate's reason and message a heal started for, and
+    # the models it reloads: said while it runs (the reload itself makes the model LOADING)
 
     @property
     def address(self) -> str:
@@ -128,7 +130,7 @@ class WarmupGate:
         self.pods: dict[tuple[str, str], _PodGate] = {}
         self.on_change = on_change  # callback(namespace, model) after a gate flip
         self.probing = 0  # pods waiting for their Triton's port to open (`_wait_for_port`)
-        self._notices: set[asyncio.Task[None]] = set()  # `_notify_probe` tasks under way
+        self._notices: set[asyncio.Task[None]] = set()  # `_notify_probe` and pod deletion tasks under way
         self.budget_of = budget_of  # how many of a model's replicas may be out of the Service at once (default 1)
         self.deletions: dict[tuple[str, str], list[float]] = {}  # (namespace, model) -> when replicas were deleted
 
@@ -225,6 +227,13 @@ class WarmupGate:
         written again when it does, not on every round."""
         if (pod_condition(gate.body, WARMED_CONDITION) or {}).get("status") == "True":
             gate.served = True  # also for a pod an earlier operator process let in
+        if gate.heal is not None and not gate.heal.done() and gate.cause is not None:
+            if verdict.reason not in (MODEL_FAILING, "ModelLoadFailed", "ModelWarming"):
+                return verdict, ""  # tritonserver itself stopped or crashed meanwhile: say that
+            # The reload makes the model LOADING ("ModelWarming"): still the cause, until the heal says otherwise.
+            reason, message, names = gate.cause
+            return replace(verdict, reason=reason, message=f"{message}; healing: unloading and loading "
+                           f"{', '.join(names)} again (heal {gate.heals})"), f"heal {gate.heals}"
         names = to_reload(gate.body, gate.broken)
         if not names:
             return verdict, ""
@@ -234,9 +243,6 @@ class WarmupGate:
         if gate.healed_at is not None and now - gate.healed_at >= HEAL_RESET_SECONDS:
             gate.heals = 0
         what = f"unloading and loading {', '.join(names)} again"
-        if gate.heal is not None and not gate.heal.done():
-            return replace(verdict, message=f"{verdict.message}; healing: {what} (heal {gate.heals})"), \
-                f"heal {gate.heals}"
         if gate.deleting:
             return replace(verdict, message=f"{verdict.message}; replacing the pod"), "delete"
         # Again: it served after the heal and broke within the window (not: still broken, the probe catching up).
@@ -261,6 +267,7 @@ class WarmupGate:
             return replace(verdict, message=f"{verdict.message}{note}; next heal at {at}"), f"wait {gate.heals}"
         gate.heals += 1
         gate.served_since_heal = False
+        gate.cause = (verdict.reason, verdict.message, names)
         self._start_heal(gate, names, "; ".join(f"{m}: {why}" for m, why in gate.broken.items()))
         return replace(verdict, message=f"{verdict.message}; healing: {what} (heal {gate.heals})"), \
             f"heal {gate.heals}"
@@ -305,7 +312,11 @@ class WarmupGate:
             except Exception as exc:  # noqa: BLE001 - an Event is news, not state
                 log.warning("Could not record the deletion's Event pod=%s/%s error=%r", gate.namespace, gate.name, exc)
 
-        gate.heal = asyncio.create_task(run(), name=f"heal-delete-{gate.namespace}/{gate.name}")
+        # Not the pod's own task: the deletion's watch event makes the gate forget the pod and cancel its tasks,
+        # which would drop the Event (seen: the pod deleted, no HealDeleted).
+        task = asyncio.create_task(run(), name=f"heal-delete-{gate.namespace}/{gate.name}")
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
 
     def _start_heal(self, gate: _PodGate, names: tuple[str, ...], why: str) -> None:
         address, key, pod = gate.address, self._key(gate), gate.body
