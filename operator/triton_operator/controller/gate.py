@@ -42,6 +42,7 @@ from ..api.timestamps import utc_now
 from ..api.v1alpha1 import WARMED_CONDITION
 from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
 from ..plan.status import TRITON_CONTAINER, pod_condition, pod_ready, triton_container_status
+from ..platform.kube import Kube
 from ..render.kubernetes import (
     ANNOTATION_DIGEST,
     ANNOTATION_LOADED,
@@ -60,7 +61,6 @@ from ..triton.probe import notify_gate, probe_status
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
 from .heal import TRITONSERVER, reload_models, to_reload
-from .kube import Kube
 from .reload import reload_replica
 from .tasks import detached
 

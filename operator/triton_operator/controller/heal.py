@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL
+from ..platform.kube import Kube
 from ..render.kubernetes import (
     ANNOTATION_DIGEST,
     ANNOTATION_RELOAD_FROM,
@@ -38,7 +39,6 @@ from ..render.kubernetes import (
 )
 from ..render.modelconfig import config_json
 from ..triton import reload as triton
-from .kube import Kube
 
 log = logging.getLogger("triton_operator.heal")
 

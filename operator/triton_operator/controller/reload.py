@@ -23,6 +23,7 @@ from typing import Any
 
 from ..plan.rollout import INSTRUCTION
 from ..plan.status import pod_ready
+from ..platform.kube import Kube
 from ..render.kubernetes import (
     ANNOTATION_DIGEST,
     ANNOTATION_DRAIN_SECONDS,
@@ -36,7 +37,6 @@ from ..render.kubernetes import (
 from ..render.modelconfig import config_json
 from ..triton import reload as triton
 from . import metrics
-from .kube import Kube
 
 log = logging.getLogger("triton_operator.reload")
 
