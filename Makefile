@@ -44,9 +44,11 @@ crd: $(STAMP)
 lock: $(STAMP)
 	$(BIN)/python -m e2e.images lock $(if $(UPGRADE),--upgrade)
 
-## Regenerate the TritonModel reference in README.md from the pydantic field descriptions.
+## Regenerate the TritonModel reference in README.md from the pydantic field descriptions, and the counts of the
+## invalid corpus (tests/corpus_counts.py: the schema/CEL-webhook split is a figure measured by e2e/test_admission.py).
 docs: $(STAMP)
 	$(BIN)/triton-operator docs --update README.md
+	$(BIN)/python -m tests.corpus_counts --update README.md
 
 ## The layers (import-linter), ruff, mypy --strict on operator/ (and, below, helm lint and hadolint).
 lint: $(STAMP)

@@ -20,8 +20,8 @@ from typing import Any
 import kopf
 
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, VERSION, TritonModel
-from triton_operator.controller.errors import ApiError
-from triton_operator.controller.kube import Kube
+from triton_operator.platform.errors import ApiError
+from triton_operator.platform.kube import Kube
 from triton_operator.render.kubernetes import render_children
 from triton_operator.render.modelconfig import render_repository
 

@@ -21,8 +21,9 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from e2e.kube import Kube, condition, wait_for
+from triton_operator.api.pod import WARMED_CONDITION
 from triton_operator.api.timestamps import parse_rfc3339
-from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModel
+from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.kubernetes import render_children
 
 from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, ensure_namespace

@@ -72,7 +72,7 @@ def client_of(agent: str) -> str:
             return component
     if agent.startswith("python-urllib3"):
         return "bench"  # e2e.kube.Kube: our creates and watches
-    return "operator"  # kopf (aiohttp) and controller.kube (triton-operator/<version>)
+    return "operator"  # kopf (aiohttp) and platform.kube (triton-operator/<version>)
 
 
 class Convergence:

@@ -34,8 +34,8 @@ from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.testing import metric_samples, ready_addresses
 from triton_operator.api import kinds
 from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.api.pod import WARMED_CONDITION as WARMED
 from triton_operator.api.v1alpha1 import GROUP, VERSION
-from triton_operator.api.v1alpha1 import WARMED_CONDITION as WARMED
 
 ANNOTATION_DIGEST = f"{GROUP}/config-digest"
 CRD = REPO_ROOT / "crds" / "tritonmodels.yaml"

@@ -25,6 +25,7 @@ from e2e.operator_fixtures import (
     load_examples,
     record,
 )
+from tests.corpus_counts import ADMISSION_SPLIT
 from triton_operator.api.kinds import OWNED_SELECTOR
 from triton_operator.api.steps import steps_of
 
@@ -130,6 +131,12 @@ def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_noth
            f"{len(cases)} of {len(cases)} ({by_layer['schema/CEL']} by the CRD schema/CEL, "
            f"{by_layer['webhook']} by the webhook)")
     assert sum(by_layer.values()) == len(cases)
+    # The README states this split (`make docs` writes it from tests/corpus_counts.py, which records it).
+    split = ADMISSION_SPLIT
+    assert (by_layer["schema/CEL"], by_layer["webhook"]) == (split.schema_cel, split.webhook), (
+        f"measured {by_layer['schema/CEL']} by the schema/CEL and {by_layer['webhook']} by the webhook, the README says "
+        f"{split.schema_cel} and {split.webhook}: record the measured split in tests/corpus_counts.py "
+        "(ADMISSION_SPLIT) and run `make docs`")
 
 
 def test_cross_object_rules_through_the_webhook(kube: Kube, kubeconfig: Path, namespace: str,

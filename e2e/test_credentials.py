@@ -190,9 +190,9 @@ def _impersonator(kube: Kube) -> str:
 def _self_subject_reviews(kubeconfig: Path) -> dict[str, Any]:
     """status.userInfo of a SelfSubjectReview made by each client (ours, and the session kopf's login gets), or
     the status code it was refused with."""
-    from triton_operator.controller.kube import Kube as OperatorKube
-    from triton_operator.controller.kubeconfig import KubeConfig
     from triton_operator.controller.operator import kopf_session
+    from triton_operator.platform.kube import Kube as OperatorKube
+    from triton_operator.platform.kubeconfig import KubeConfig
 
     source = KubeConfig([str(kubeconfig)], environ={})
     path = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
@@ -228,9 +228,9 @@ def test_impersonation_is_what_both_clients_run_as_and_a_refused_field_stops_the
     # The real user is no one: as itself, it may not even list TritonModels.
     real = _self_subject_reviews(plain)
     assert real["ours"]["username"] == real["kopf"]["username"] == "system:serviceaccount:default:impersonator", real
-    from triton_operator.controller.errors import ApiCallError
-    from triton_operator.controller.kube import Kube as OperatorKube
-    from triton_operator.controller.kubeconfig import KubeConfig
+    from triton_operator.platform.errors import ApiCallError
+    from triton_operator.platform.kube import Kube as OperatorKube
+    from triton_operator.platform.kubeconfig import KubeConfig
     with pytest.raises(ApiCallError) as denied:
         OperatorKube(KubeConfig([str(plain)], environ={})).list("serving.triton-operator.dev/v1alpha1", "TritonModel", TEAM)
     assert denied.value.status == 403, denied.value

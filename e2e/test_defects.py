@@ -37,13 +37,14 @@ from e2e.test_operator import (
     model_ready_over_http,
 )
 from e2e.testing import consistently, is_ready, ready_endpoints
+from triton_operator.api.pod import repository_of
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.controller.cache import Cache
-from triton_operator.controller.errors import ApiCallError
-from triton_operator.controller.kube import Kube as OperatorKube
-from triton_operator.controller.kubeconfig import load as load_credentials
 from triton_operator.controller.reconcile import Reconciler
-from triton_operator.render.kubernetes import Options, render_children, repository_of
+from triton_operator.platform.errors import ApiCallError
+from triton_operator.platform.kube import Kube as OperatorKube
+from triton_operator.platform.kubeconfig import load as load_credentials
+from triton_operator.render.kubernetes import Options, render_children
 from triton_operator.render.modelconfig import render_repository
 
 pytestmark = pytest.mark.cluster

@@ -30,13 +30,7 @@ from e2e.operator_fixtures import (
 )
 from e2e.test_operator import add_sub, apply, live_pods
 from e2e.testing import consistently, is_ready, ready_endpoints
-from triton_operator.api.v1alpha1 import DIGEST_PARAMETER
-from triton_operator.render.kubernetes import (
-    ANNOTATION_DIGEST,
-    ANNOTATION_PREVIOUS,
-    ANNOTATION_RELOAD,
-    ANNOTATION_RELOAD_FAILED,
-)
+from triton_operator.api.pod import ANNOTATION_DIGEST, ANNOTATION_PREVIOUS, ANNOTATION_RELOAD, ANNOTATION_RELOAD_FAILED, DIGEST_PARAMETER
 
 pytestmark = pytest.mark.cluster
 

@@ -41,7 +41,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.testing import ready_addresses
-from triton_operator.controller.certificates import issue_certificate
+from triton_operator.platform.certificates import issue_certificate
 
 pytestmark = pytest.mark.cluster
 

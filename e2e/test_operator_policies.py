@@ -42,7 +42,7 @@ from e2e.operator_fixtures import (
     record,
     wait_model,
 )
-from triton_operator.api.v1alpha1 import WARMED_CONDITION
+from triton_operator.api.pod import WARMED_CONDITION
 
 pytestmark = pytest.mark.cluster
 

@@ -20,10 +20,10 @@ from e2e.cluster import LocalCluster
 from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import CRD, _crd_established, kubectl
 from triton_operator.api.kinds import CHILDREN, LABEL_MODEL, POD
-from triton_operator.controller import metrics
 from triton_operator.controller.cache import Cache
-from triton_operator.controller.kube import Kube as OperatorKube
 from triton_operator.controller.reconcile import Reconciler
+from triton_operator.platform import metrics
+from triton_operator.platform.kube import Kube as OperatorKube
 
 pytestmark = pytest.mark.cluster
 
@@ -214,7 +214,7 @@ def test_one_leader_at_a_time_a_follower_takes_over_a_lease_left_unrenewed_and_a
         apiserver: Path) -> None:
     from dataclasses import replace
 
-    from triton_operator.controller.leader import ElectionSettings, LeaderElection
+    from triton_operator.platform.leader import ElectionSettings, LeaderElection
 
     kube = Kube(apiserver)
     if kube.get_or_none("Namespace", "lease-test") is None:

@@ -41,8 +41,8 @@ from e2e.operator_fixtures import (
     start_operator,
     wait_model,
 )
+from triton_operator.api.pod import ANNOTATION_DIGEST
 from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
-from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER
 
 pytestmark = pytest.mark.cluster

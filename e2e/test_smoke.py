@@ -364,11 +364,11 @@ def test_deleted_pod_runs_prestop_hooks_and_serves_until_sigterm(kube: Kube, nam
     # The exec hook ran inside the container (its /scratch) before the container got SIGTERM.
     assert _output(execer_log)[1:] == ["SIGTERM received; preStop marker present=True", "exited cleanly"]
 
-# The operator's own API access (`controller.kube` over `controller.kubeconfig`'s in-cluster credentials), in its
+# The operator's own API access (`platform.kube` over `platform.kubeconfig`'s in-cluster credentials), in its
 # image, which ships no `kubernetes` client (issue 17: the operator's memory).
 IN_CLUSTER_SCRIPT = """
 import importlib.util, os
-from triton_operator.controller.kube import Kube
+from triton_operator.platform.kube import Kube
 kube = Kube.from_environment()
 ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
 pods = kube.list("v1", "Pod", ns)

@@ -29,7 +29,7 @@ import pytest
 from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import ChartOperator, as_stream, kubectl, load_examples, record
 from e2e.testing import metric_samples
-from triton_operator.controller import tls_server
+from triton_operator.servers import tls_server
 
 pytestmark = pytest.mark.cluster
 

@@ -20,10 +20,9 @@ import yaml
 from e2e.testing import ARGOCD_HEALTH_SCRIPT as SCRIPT
 from e2e.testing import LUA, lua_literal
 from e2e.testing import argocd_health as health
-from triton_operator.api.v1alpha1 import WARMED_CONDITION
+from triton_operator.api.pod import ANNOTATION_DIGEST, WARMED_CONDITION
 from triton_operator.plan.status import Observed, Problem, as_dict
 from triton_operator.plan.status import compute_status as typed_status
-from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
 
 def compute_status(obs: Observed, previous: dict | None) -> dict:

@@ -22,12 +22,12 @@ from tests.test_drain import SLOW  # a model that sleeps what each request asks
 from tests.triton_helpers import models_from_yaml, serve, tensor
 from triton_operator.api.crd import crd
 from triton_operator.api.v1alpha1 import API_VERSION, TritonModel
-from triton_operator.controller.custom_metrics import FrontProxy
 from triton_operator.plan.autoscaling import Counters, Sample, delta, model_metrics, replica_metrics, trim
 from triton_operator.plan.planner import World, plan
 from triton_operator.render.autoscaling import INFLIGHT, QUEUE_TIME, RATE, quantity
 from triton_operator.render.kubernetes import Options, render_children
 from triton_operator.render.modelconfig import render_repository
+from triton_operator.servers.custom_metrics import FrontProxy
 from triton_operator.triton.stats import model_counters
 from triton_operator.validate import Document, check_documents
 

@@ -16,7 +16,7 @@ from bench.scale import by_client, client_of
     ("python-urllib3/2.2.3", "bench"),
     ("kopf/1.37.2", "operator"),
     ("OpenAPI-Generator/31.0.0/python", "operator"),  # the kubernetes client, which the operator used before
-    ("triton-operator/0.1.0", "operator"),  # controller.kube's own client
+    ("triton-operator/0.1.0", "operator"),  # platform.kube's own client
 ])
 def test_client_of(agent: str, client: str) -> None:
     assert client_of(agent) == client

@@ -24,7 +24,7 @@ import yaml
 from triton_operator import __version__
 from triton_operator.api.crd import chart_template, crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
-from triton_operator.controller.kube import Kube
+from triton_operator.platform.kube import Kube
 from triton_operator.render.autoscaling import METRICS
 from triton_operator.render.kubernetes import Options, render_children, render_key_secret
 from triton_operator.render.modelconfig import render_repository

@@ -23,7 +23,8 @@ import yaml
 
 from tests.triton_helpers import Served, fetch_uris, tensor
 from triton_operator import fetch
-from triton_operator.api.v1alpha1 import BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, TritonModel
+from triton_operator.api.pod import DIGEST_PARAMETER
+from triton_operator.api.v1alpha1 import BATCH_STRATEGY_PARAMETER, TritonModel
 from triton_operator.cli.main import main
 from triton_operator.files import write_repository
 from triton_operator.importer import import_config, parse_config

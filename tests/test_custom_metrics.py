@@ -1,4 +1,4 @@
-"""The custom metrics API (`controller.custom_metrics`) against the requests of issue 32's findings: an encoded
+"""The custom metrics API (`servers.custom_metrics`) against the requests of issue 32's findings: an encoded
 slash in a path segment, a model that does not exist, and bearer tokens that each cost a TokenReview.
 
 The API is served by aiohttp's test server on 127.0.0.1 (plain HTTP: no client certificate, so every caller
@@ -17,9 +17,9 @@ from typing import Any
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
-from triton_operator.controller import custom_metrics
-from triton_operator.controller.custom_metrics import PREFIX, CustomMetricsApi, _Ttl
 from triton_operator.render.autoscaling import QUEUE_TIME
+from triton_operator.servers import custom_metrics
+from triton_operator.servers.custom_metrics import PREFIX, CustomMetricsApi, _Ttl
 
 GOOD = "good"  # the token FakeKube's TokenReview accepts
 MODELS = f"{PREFIX}/namespaces/team-a/tritonmodels.serving.triton-operator.dev"

@@ -8,13 +8,9 @@ import json
 from typing import Any
 
 from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.api.pod import ANNOTATION_DIGEST, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME
 from triton_operator.controller.heal import desired_configs, to_reload
-from triton_operator.render.kubernetes import (
-    ANNOTATION_DIGEST,
-    ANNOTATION_STEPS,
-    ANNOTATION_TRITON_NAME,
-    configmap_key,
-)
+from triton_operator.render.kubernetes import configmap_key
 
 
 def _pod(steps: str = "", digest: str = "d2", volume: str = "m-repository-1") -> dict[str, Any]:

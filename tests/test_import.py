@@ -20,7 +20,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tests.triton_helpers import EXAMPLES
-from triton_operator.api.v1alpha1 import DIGEST_PARAMETER
+from triton_operator.api.pod import DIGEST_PARAMETER
 from triton_operator.cli.main import main
 from triton_operator.files import load_paths
 from triton_operator.importer import parse_config

@@ -1,4 +1,4 @@
-"""The operator's own credential loader (`controller.kubeconfig`, issue 17: no `kubernetes` package in the operator
+"""The operator's own credential loader (`platform.kubeconfig`, issue 17: no `kubernetes` package in the operator
 process): kubeconfigs and in-cluster ServiceAccounts on real temporary files, exec plugins as real scripts."""
 
 # ruff: noqa: S105, S107 - the tokens and passwords here are test data
@@ -27,8 +27,8 @@ from cryptography import x509
 
 from e2e.proxy import ConnectProxy
 from tests.https_server import _certificates
-from triton_operator.controller.kube import Kube
-from triton_operator.controller.kubeconfig import (
+from triton_operator.platform.kube import Kube
+from triton_operator.platform.kubeconfig import (
     TOKEN_FILE_MAX_AGE,
     ConfigError,
     InCluster,
@@ -310,7 +310,7 @@ def test_a_401_reads_a_rotated_token_and_retries_once(tmp_path: Path, http_serve
     assert [s.split()[1] for s in http_server.seen] == ["first", "second"]
     assert http_server.seen[0].split()[2].startswith("triton-operator")
     http_server.accepted = "never"
-    from triton_operator.controller.errors import ApiCallError
+    from triton_operator.platform.errors import ApiCallError
     with pytest.raises(ApiCallError) as refused:
         kube.get("v1", "Pod", "ns", "p")
     assert refused.value.status == 401 and refused.value.message == "Unauthorized"

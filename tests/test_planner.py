@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from triton_operator.api import steps as step_graph
 from triton_operator.api.kinds import LABEL_MODEL
-from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModelStatus
+from triton_operator.api.pod import ANNOTATION_DIGEST, ANNOTATION_LOADED, WARMED_CONDITION
+from triton_operator.api.v1alpha1 import TritonModelStatus
 from triton_operator.plan.planner import (
     ApiFailure,
     Apply,
@@ -35,7 +36,6 @@ from triton_operator.plan.planner import (
     plan,
     steps_to_revisit,
 )
-from triton_operator.render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_LOADED
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NS = "team-a"

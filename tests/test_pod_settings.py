@@ -9,12 +9,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from triton_operator.api.pod import ANNOTATION_POD_DIGEST
 from triton_operator.api.v1alpha1 import TritonModel
-from triton_operator.render.kubernetes import (
-    ANNOTATION_POD_DIGEST,
-    labels,
-    render_children,
-)
+from triton_operator.render.kubernetes import labels, render_children
 from triton_operator.render.modelconfig import render_repository
 
 from .test_shm import body, validation_errors

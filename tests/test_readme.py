@@ -1,39 +1,32 @@
-"""The README's figures about the invalid corpus are the corpus's own: counted here, not trusted."""
+"""The README's figures about the invalid corpus are the corpus's own: counted from it, not trusted (`make docs` writes
+them: tests/corpus_counts.py)."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+import pytest
 
-from tests.test_corpus import CASES, TRITON_CASES
-
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+from tests import corpus_counts
+from tests.corpus_counts import MARK, README, AdmissionSplit, counts, update
 
 
-def _flat(text: str) -> str:
-    return re.sub(r"\s+", " ", text)
+def test_the_readmes_corpus_counts_are_current() -> None:
+    readme = README.read_text()
+    values = counts()
+    assert {m["key"] for m in MARK.finditer(readme)} == set(values), "README.md should mark every corpus count"
+    assert update(readme, values) == readme, "README.md's corpus counts are stale: run `make docs`"
 
 
-def test_readme_corpus_size_is_the_corpus_size() -> None:
-    text = _flat(README)
-    [held] = re.findall(r"`tests/corpus/invalid/` holds (\d+) invalid specs", text)
-    assert int(held) == len(CASES)
-    for total in re.findall(r"all (\d+) corpus specs", text):
-        assert int(total) == len(CASES)
+def test_a_stale_count_is_written_again_and_an_unknown_one_refused() -> None:
+    text = "holds <!-- corpus:specs -->98<!-- /corpus --> specs, <!-- corpus:triton -->1<!-- /corpus --> real"
+    assert update(text, {"specs": 99, "triton": 56}) == (
+        "holds <!-- corpus:specs -->99<!-- /corpus --> specs, <!-- corpus:triton -->56<!-- /corpus --> real")
+    with pytest.raises(ValueError, match="no value: rules"):
+        update("<!-- corpus:rules -->3<!-- /corpus -->", {"specs": 99})
 
 
-def test_readme_count_of_defects_triton_refuses_is_the_corpus_count() -> None:
-    """The corpus files with a `# triton-error:` line are the ones tests/test_corpus.py loads in tritonserver."""
-    [refused] = re.findall(r"For the (\d+) whose defect Triton itself refuses", _flat(README))
-    assert int(refused) == len(TRITON_CASES), (
-        f"README says {refused}; tests/corpus/invalid has {len(TRITON_CASES)} specs with a triton-error line"
-    )
-
-
-def test_readme_admission_split_adds_up_to_the_corpus() -> None:
-    """Which layer refuses a spec is measured by e2e/test_admission.py; here only that the split covers the corpus."""
-    text = _flat(README)
-    splits = re.findall(r"(\d+) by the schema(?: and |/)CEL, (\d+) by the webhook", text)
-    assert len(splits) == 2, splits
-    for schema, webhook in splits:
-        assert int(schema) + int(webhook) == len(CASES)
+def test_a_split_measured_on_another_corpus_is_refused_naming_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    live = corpus_counts.ADMISSION_SPLIT
+    monkeypatch.setattr(corpus_counts, "ADMISSION_SPLIT", AdmissionSplit(
+        specs=live.specs - 1, schema_cel=live.schema_cel, webhook=live.webhook - 1, measured="then"))
+    with pytest.raises(ValueError, match=r"measure it again .*e2e/test_admission\.py"):
+        counts()

@@ -36,10 +36,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.triton_helpers import Served, models_from_yaml, start_served, tensor
-from triton_operator.api.v1alpha1 import DIGEST_PARAMETER
-from triton_operator.controller.reload import drain, reload_replica
-from triton_operator.plan.rollout import INSTRUCTION
-from triton_operator.render.kubernetes import (
+from triton_operator.api.pod import (
     ANNOTATION_DIGEST,
     ANNOTATION_DRAIN_SECONDS,
     ANNOTATION_LOADED,
@@ -48,8 +45,11 @@ from triton_operator.render.kubernetes import (
     ANNOTATION_RELOAD_FAILED,
     ANNOTATION_RELOAD_FROM,
     ANNOTATION_RELOAD_MESSAGE,
-    configmap_key,
+    DIGEST_PARAMETER,
 )
+from triton_operator.controller.reload import drain, reload_replica
+from triton_operator.plan.rollout import INSTRUCTION
+from triton_operator.render.kubernetes import configmap_key
 from triton_operator.render.modelconfig import RenderedModel, config_json, render_repository
 from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER, RepositoryKeys
 from triton_operator.triton import reload as triton

@@ -10,7 +10,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from triton_operator.api.v1alpha1 import DIGEST_PARAMETER, TritonModel
+from triton_operator.api.pod import DIGEST_PARAMETER
+from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths
 from triton_operator.render.modelconfig import config_text, render_repository, repository_for
 from triton_operator.validate import check_documents

@@ -9,15 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from triton_operator.api.v1alpha1 import WARMED_CONDITION, TritonModel
+from triton_operator.api.pod import ANNOTATION_DIGEST, WARMED_CONDITION
+from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths
-from triton_operator.render.kubernetes import (
-    ANNOTATION_DIGEST,
-    CONFIGMAP_LIMIT,
-    Options,
-    RepositoryTooLarge,
-    render_children,
-)
+from triton_operator.render.kubernetes import CONFIGMAP_LIMIT, Options, RepositoryTooLarge, render_children
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import check_documents
 

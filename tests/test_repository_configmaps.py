@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import re
 
+from triton_operator.api.pod import ANNOTATION_DIGEST, repository_of
 from triton_operator.api.v1alpha1 import TritonModel
-from triton_operator.render.kubernetes import (
-    ANNOTATION_DIGEST,
-    LABEL_MODEL,
-    render_children,
-    repository_of,
-    unused_repositories,
-)
+from triton_operator.render.kubernetes import LABEL_MODEL, render_children, unused_repositories
 from triton_operator.render.modelconfig import render_repository
 
 UID = "00000000-0000-0000-0000-000000000001"

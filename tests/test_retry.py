@@ -15,8 +15,8 @@ import urllib3
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from triton_operator.controller.cache import Cache
-from triton_operator.controller.errors import ApiError
 from triton_operator.controller.reconcile import Reconciler
+from triton_operator.platform.errors import ApiError
 
 
 class VirtualClockLoop(asyncio.SelectorEventLoop):
@@ -96,7 +96,8 @@ def test_a_success_resets_the_backoff() -> None:
     (415, True), (422, True), (408, False), (429, False), (500, False), (502, False), (503, False), (504, False),
 ])
 def test_which_refusals_are_persistent(status: int, persistent: bool) -> None:
-    from triton_operator.controller.errors import ApiCallError, retry_after
+    from triton_operator.controller.errors import retry_after
+    from triton_operator.platform.errors import ApiCallError
 
     err = ApiCallError("apply", "Deployment", "ns", "m", status, "Reason", "the API server's message")
     retry = retry_after(err, 1)
@@ -105,7 +106,8 @@ def test_which_refusals_are_persistent(status: int, persistent: bool) -> None:
 
 
 def test_the_failure_names_the_verb_the_kind_and_the_api_servers_message() -> None:
-    from triton_operator.controller.errors import ApiCallError, retry_after
+    from triton_operator.controller.errors import retry_after
+    from triton_operator.platform.errors import ApiCallError
 
     err = ApiCallError("apply", "Deployment", "team-a", "add-sub", 422, "Unprocessable Entity",
                        'Deployment.apps "add-sub" is invalid: spec.template.spec.containers[0].resources.requests: '
@@ -146,8 +148,8 @@ def test_no_answer_at_all_is_transient(exc: BaseException) -> None:
 def test_a_real_refused_connection_is_transient() -> None:
     """The operator's own client against a closed port: what it raises is retried as transient."""
     from triton_operator.controller.errors import retry_after
-    from triton_operator.controller.kube import Kube
-    from triton_operator.controller.kubeconfig import Credentials, CredentialSource
+    from triton_operator.platform.kube import Kube
+    from triton_operator.platform.kubeconfig import Credentials, CredentialSource
 
     class Closed(CredentialSource):
         def _current(self) -> Credentials:

@@ -16,10 +16,7 @@ from typing import Any
 import pytest
 
 from tests.test_planner import NS, _Api, _body, _conditions, _settle, _world
-from triton_operator.api.v1alpha1 import WARMED_CONDITION
-from triton_operator.plan.planner import Plan, World, carried_out, plan
-from triton_operator.plan.rollout import INSTRUCTION, PodPatch, patched
-from triton_operator.render.kubernetes import (
+from triton_operator.api.pod import (
     ANNOTATION_DIGEST,
     ANNOTATION_DRAIN_SECONDS,
     ANNOTATION_LOADED,
@@ -29,8 +26,11 @@ from triton_operator.render.kubernetes import (
     ANNOTATION_RELOAD_FAILED,
     ANNOTATION_RELOAD_FROM,
     ANNOTATION_RELOAD_MESSAGE,
+    WARMED_CONDITION,
     repository_of,
 )
+from triton_operator.plan.planner import Plan, World, carried_out, plan
+from triton_operator.plan.rollout import INSTRUCTION, PodPatch, patched
 
 #: A model whose own config has something to change in each of its parts (and files beside it).
 BASE: dict[str, Any] = {

@@ -6,10 +6,9 @@ Pods here are what the API server returns for a replica: the template's readines
 
 from __future__ import annotations
 
-from triton_operator.api.v1alpha1 import WARMED_CONDITION
+from triton_operator.api.pod import ANNOTATION_DIGEST, WARMED_CONDITION
 from triton_operator.plan.status import Observed, Problem, as_dict, replica_state, status_changed, transitions
 from triton_operator.plan.status import compute_status as typed_status
-from triton_operator.render.kubernetes import ANNOTATION_DIGEST
 
 
 def compute_status(obs: Observed, previous: dict | None) -> dict:

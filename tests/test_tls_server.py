@@ -1,4 +1,4 @@
-"""The operator's TLS port (`controller.tls_server`, served by `AdmissionWebhook`) against clients that are slow,
+"""The operator's TLS port (`servers.tls_server`, served by `AdmissionWebhook`) against clients that are slow,
 numerous or malformed: real sockets and real TLS to a server on 127.0.0.1, as in issue 32's findings.
 
 - A client that connects and never starts TLS, one that sends its headers a byte at a time and one whose body
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.webhook_server import FakeModelsApi, RunningWebhook
-from triton_operator.controller import tls_server
+from triton_operator.servers import tls_server
 
 PATH = "/validate-tritonmodels"
 #: Closed "within seconds": the server's deadline for the stage, and this much more for a busy machine.

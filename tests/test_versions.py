@@ -20,16 +20,12 @@ from tritonclient.grpc import model_config_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from tests.triton_helpers import serve, tensor
+from triton_operator.api.pod import ANNOTATION_VERSIONS, parse_versions_annotation, versions_annotation
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.cli.main import main
 from triton_operator.files import load_paths
 from triton_operator.importer import parse_config
-from triton_operator.render.kubernetes import (
-    ANNOTATION_VERSIONS,
-    parse_versions_annotation,
-    render_deployment,
-    versions_annotation,
-)
+from triton_operator.render.kubernetes import render_deployment
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.triton.local import free_port
 from triton_operator.validate import Document, check_documents

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from triton_operator.controller.certificates import CERT_VALIDITY, issue_certificate
-from triton_operator.controller.namespaces import exact_namespaces, missed, watches
+from triton_operator.platform.certificates import CERT_VALIDITY, issue_certificate
+from triton_operator.platform.namespaces import exact_namespaces, missed, watches
 from triton_operator.render.webhook import WebhookTarget
 
 
@@ -107,8 +107,8 @@ def _served_certificate(port: int, ca_pem: bytes) -> x509.Certificate:
 def test_a_mounted_certificate_is_served_as_is_and_reloaded_when_the_secret_changes(tmp_path: Path) -> None:
     import asyncio
 
-    from triton_operator.controller.webhook import AdmissionWebhook
     from triton_operator.render.webhook import WebhookTarget
+    from triton_operator.servers.webhook import AdmissionWebhook
     from triton_operator.triton.local import free_port
 
     hosts = ["trop-webhook.triton-system.svc"]

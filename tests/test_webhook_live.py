@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from tests.webhook_server import FakeModelsApi
-from triton_operator.controller.webhook import AdmissionWebhook
 from triton_operator.render.webhook import WebhookTarget
+from triton_operator.servers.webhook import AdmissionWebhook
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

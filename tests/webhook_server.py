@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from triton_operator.api.v1alpha1 import GROUP, VERSION
-from triton_operator.controller.webhook import AdmissionWebhook
 from triton_operator.render.webhook import WebhookTarget
+from triton_operator.servers.webhook import AdmissionWebhook
 from triton_operator.triton.local import free_port
 
 

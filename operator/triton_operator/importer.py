@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import text_format
 
 from .api import protos
-from .api.v1alpha1 import API_VERSION, BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, KIND
+from .api.pod import DIGEST_PARAMETER
+from .api.v1alpha1 import API_VERSION, BATCH_STRATEGY_PARAMETER, KIND
 from .render.modelconfig import WIRE_NAME
 from .validate.errors import field_path
 

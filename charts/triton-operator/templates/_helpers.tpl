@@ -49,7 +49,7 @@ app.kubernetes.io/component: operator
 
 {{/*
 The rules the operator needs, the same in a ClusterRole (cluster-wide) and in each namespace's
-Role. Every rule maps to a call in operator/triton_operator/controller/ (kube.py, operator.py)
+Role. Every rule maps to a call in operator/triton_operator/ (platform/kube.py, controller/operator.py)
 or to kopf itself; see the chart README for the reason of each.
 */}}
 {{- define "triton-operator.rules" -}}

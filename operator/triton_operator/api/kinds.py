@@ -1,7 +1,7 @@
 """The one table of the Kubernetes kinds the operator reads and writes.
 
 It drives the watches (`controller.operator`), the resync LISTs (`controller.reconcile`), the REST paths
-(`controller.kube`) and the labels the children carry (`render.kubernetes`): a kind is added here, once.
+(`platform.kube`) and the labels the children carry (`render.kubernetes`): a kind is added here, once.
 """
 
 from __future__ import annotations

@@ -25,11 +25,6 @@ PLURAL = "tritonmodels"
 SINGULAR = "tritonmodel"
 SHORT_NAMES = ["tm", "tmodel"]
 
-#: Pod readiness-gate condition the operator sets once a replica has loaded the desired config and warmed up.
-WARMED_CONDITION = f"{GROUP}/warmed"
-#: `parameters` key carrying the digest of the rendered model repository.
-DIGEST_PARAMETER = "triton-operator.config-digest"
-
 MAX_LIST = 64
 MAX_TENSORS = 128
 MAX_NAME = 253

@@ -12,15 +12,15 @@ import uuid
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..controller.leader import ElectionSettings
     from ..controller.operator import WebhookSettings
+    from ..platform.leader import ElectionSettings
     from ..render.repository_key import RepositoryKeys
 
 
 def block_unused_clients() -> None:
     """Makes `import kubernetes` fail in this process (a None entry in sys.modules raises ImportError).
 
-    The operator talks to the API server with its own small client (`controller.kube`, `controller.kubeconfig`), but
+    The operator talks to the API server with its own small client (`platform.kube`, `platform.kubeconfig`), but
     kopf imports `kubernetes.client` at `import kopf` whenever that package is importable (for isinstance checks on
     its model objects, which we never pass it), and its default login handlers try it too (we register our own).
     That import alone is ~32 MB of the operator's RSS (issue 17). The image does not ship the package; a
@@ -37,8 +37,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from prometheus_client import start_http_server
 
-    from ..controller.kubeconfig import ConfigError, load
     from ..controller.operator import run_operator
+    from ..platform.kubeconfig import ConfigError, load
     from ..render.kubernetes import Options
     from .main import CliError
 
@@ -113,7 +113,7 @@ def _repository_keys(path: str | None) -> RepositoryKeys:
 def _election_settings(args: argparse.Namespace) -> ElectionSettings | None:
     if not args.leader_elect:
         return None
-    from ..controller.leader import ElectionSettings
+    from ..platform.leader import ElectionSettings
 
     namespace, _, name = args.leader_election_lease.partition("/")
     # One identity per process, as client-go's controllers make theirs (host name + "_" + a UUID): a leader's

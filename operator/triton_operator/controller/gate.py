@@ -25,6 +25,9 @@ heal failed, or that broke again within REPEAT_WINDOW of a heal (each heal leave
 replicas of one model out of the Service at once than its rollout.maxUnavailable allows, counting the one deleted;
 and the deletions of one model's replicas back off (DELETE_BACKOFF), so a model that keeps breaking is replaced
 more and more slowly rather than churned.
+
+The gate's other parts (the pod's gate and probe container, the verdicts, the calls to Triton) live where `api.pod`
+says.
 """
 
 from __future__ import annotations
@@ -39,11 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL
-from ..api.timestamps import rfc3339, utc_now
-from ..api.v1alpha1 import WARMED_CONDITION
-from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
-from ..plan.status import TRITON_CONTAINER, pod_condition, pod_ready, triton_container_status
-from ..render.kubernetes import (
+from ..api.pod import (
     ANNOTATION_DIGEST,
     ANNOTATION_LOADED,
     ANNOTATION_POLL_MS,
@@ -55,13 +54,18 @@ from ..render.kubernetes import (
     HTTP_PORT,
     PROBE_CONTAINER,
     PROBE_PORT,
+    TRITON_CONTAINER,
+    WARMED_CONDITION,
     parse_versions_annotation,
 )
+from ..api.timestamps import rfc3339, utc_now
+from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
+from ..plan.status import pod_condition, pod_ready, triton_container_status
+from ..platform.kube import Kube
 from ..triton.probe import notify_gate, probe_status
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
 from .heal import TRITONSERVER, reload_models, to_reload
-from .kube import Kube
 from .reload import reload_replica
 from .tasks import detached
 

@@ -29,16 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL
-from ..render.kubernetes import (
-    ANNOTATION_DIGEST,
-    ANNOTATION_RELOAD_FROM,
-    ANNOTATION_STEPS,
-    ANNOTATION_TRITON_NAME,
-    configmap_key,
-)
+from ..api.pod import ANNOTATION_DIGEST, ANNOTATION_RELOAD_FROM, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME
+from ..platform.kube import Kube
+from ..render.kubernetes import configmap_key
 from ..render.modelconfig import config_json
 from ..triton import reload as triton
-from .kube import Kube
 
 log = logging.getLogger("triton_operator.heal")
 

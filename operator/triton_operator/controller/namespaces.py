@@ -1,4 +1,4 @@
-"""Which namespaces are the operator's, and keeping kopf's set of served namespaces level with the API.
+"""Keeping kopf's set of served namespaces level with the API (which namespaces are the operator's: `platform.namespaces`).
 
 With a glob (`--namespace 'team-*'`), kopf finds the matching namespaces itself: one LIST, then a
 watch that starts with a LIST of its own whose items it ignores. A namespace created between those
@@ -10,43 +10,15 @@ round and adds what kopf missed; kopf then starts that namespace's watches as fo
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
-from collections.abc import Callable
 
 # kopf takes the insights it serves from as a keyword of kopf.operator(); the class is not re-exported.
 from kopf._cogs.structs.references import Insights, NamespaceName
 
-from .kube import Kube
+from ..platform.kube import Kube
+from ..platform.namespaces import missed, watches
 
 log = logging.getLogger("triton_operator.namespaces")
-
-
-def watches(namespaces: list[str], clusterwide: bool) -> Callable[[str], bool]:
-    """kopf's namespace patterns (globs, `!` excludes) as a predicate."""
-    if clusterwide or not namespaces:
-        return lambda ns: True
-    include = [p for p in namespaces if not p.startswith("!")]
-    exclude = [p[1:] for p in namespaces if p.startswith("!")]
-    return lambda ns: any(fnmatch.fnmatchcase(ns, p) for p in include) and not any(
-        fnmatch.fnmatchcase(ns, p) for p in exclude)
-
-
-def has_patterns(namespaces: list[str]) -> bool:
-    """Whether any namespace is a glob or an exclusion (kopf then discovers namespaces; else it takes the names)."""
-    return any(ch in n for n in namespaces for ch in "*?[!")
-
-
-def exact_namespaces(namespaces: list[str], clusterwide: bool) -> list[str] | None:
-    """The namespaceSelector's list when every pattern is a plain name; else None (every namespace)."""
-    if clusterwide or not namespaces or has_patterns(namespaces):
-        return None
-    return list(namespaces)
-
-
-def missed(listed: dict[str, bool], served: set[str], watched: Callable[[str], bool]) -> set[str]:
-    """Namespaces that exist, are not being deleted, match the patterns, and are not served."""
-    return {name for name, terminating in listed.items() if not terminating and watched(name)} - served
 
 
 class NamespaceSet:

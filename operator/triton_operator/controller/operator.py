@@ -23,17 +23,18 @@ from aiohttp import web
 
 from ..api.kinds import CHILDREN, HPA, LABEL_MODEL, OWNED, POD, TRITON_MODEL
 from ..api.v1alpha1 import GROUP, VERSION
+from ..platform.kube import Kube
+from ..platform.kubeconfig import Credentials, CredentialSource
+from ..platform.leader import ElectionSettings, LeaderElection
+from ..platform.namespaces import has_patterns
 from ..render.kubernetes import Options
 from ..render.webhook import WebhookTarget
+from ..servers.webhook import AdmissionWebhook
 from .cache import Cache
 from .gate import WarmupGate
-from .kube import Kube
-from .kubeconfig import Credentials, CredentialSource
-from .leader import ElectionSettings, LeaderElection
-from .namespaces import NamespaceSet, has_patterns
+from .namespaces import NamespaceSet
 from .reconcile import Reconciler
 from .tasks import detached
-from .webhook import AdmissionWebhook
 
 log = logging.getLogger("triton_operator")
 
@@ -50,7 +51,7 @@ class WebhookSettings:
     cert_dir: str | None = None
     # Also serve the custom metrics API (custom.metrics.k8s.io/v1beta2) on this port, for autoscaling.
     custom_metrics: bool = False
-    # Connections the port serves at once (`tls_server`); more are refused at accept.
+    # Connections the port serves at once (`servers.tls_server`); more are refused at accept.
     max_connections: int = 256
 
 

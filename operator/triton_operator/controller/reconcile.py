@@ -24,11 +24,11 @@ from ..api import steps as step_graph
 from ..api.kinds import DEPLOYMENT, LABEL_MODEL, REPLICA_SET, TRITON_MODEL, WATCHED
 from ..api.timestamps import utc_now
 from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
+from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from . import metrics
 from .cache import Cache, lean
 from .errors import api_failure, retry_after
-from .kube import Kube
 from .tasks import detached
 
 log = logging.getLogger("triton_operator.reconcile")

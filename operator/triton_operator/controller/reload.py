@@ -21,9 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..plan.rollout import INSTRUCTION
-from ..plan.status import pod_ready
-from ..render.kubernetes import (
+from ..api.pod import (
     ANNOTATION_DIGEST,
     ANNOTATION_DRAIN_SECONDS,
     ANNOTATION_LOADED,
@@ -31,12 +29,14 @@ from ..render.kubernetes import (
     ANNOTATION_RELOAD_FAILED,
     ANNOTATION_RELOAD_FROM,
     ANNOTATION_RELOAD_MESSAGE,
-    configmap_key,
 )
+from ..plan.rollout import INSTRUCTION
+from ..plan.status import pod_ready
+from ..platform.kube import Kube
+from ..render.kubernetes import configmap_key
 from ..render.modelconfig import config_json
 from ..triton import reload as triton
 from . import metrics
-from .kube import Kube
 
 log = logging.getLogger("triton_operator.reload")
 

@@ -38,17 +38,9 @@ from pydantic import ValidationError
 
 from ..api import steps as step_graph
 from ..api.kinds import CONFIG_MAP, DEPLOYMENT, HPA, LABEL_MODEL, PDB, REPLICA_SET
+from ..api.pod import ANNOTATION_POD_DIGEST, repository_of
 from ..api.v1alpha1 import TritonModel, TritonModelStatus
-from ..render.kubernetes import (
-    ANNOTATION_POD_DIGEST,
-    Options,
-    RepositoryTooLarge,
-    render_children,
-    render_key_secret,
-    repository_of,
-    selector_string,
-    unused_repositories,
-)
+from ..render.kubernetes import Options, RepositoryTooLarge, render_children, render_key_secret, selector_string, unused_repositories
 from ..render.modelconfig import render_repository
 from ..render.repository_key import key_env, secret_missing
 from ..validate.errors import from_pydantic

@@ -1,5 +1,8 @@
 """The warm-up gate's decision, pure: which readiness-gate condition a replica's pod should carry for what its
-Triton answered (`triton.replica.ReplicaVerdict`), and whether that differs from what it carries."""
+Triton answered (`triton.replica.ReplicaVerdict`), and whether that differs from what it carries.
+
+The loop that asks and writes is `controller.gate`; where every part of the gate lives: `api.pod`.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.pod import ANNOTATION_DIGEST, ANNOTATION_LOADED, WARMED_CONDITION
 from ..api.timestamps import parse_rfc3339, rfc3339
-from ..api.v1alpha1 import WARMED_CONDITION
-from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_LOADED
 from .status import pod_condition, triton_container_status
 
 

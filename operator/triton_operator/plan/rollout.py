@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..api.v1alpha1 import Rollout
-from ..render.kubernetes import (
+from ..api.pod import (
     ANNOTATION_DIGEST,
     ANNOTATION_DRAIN_SECONDS,
     ANNOTATION_LOADED,
@@ -30,6 +29,7 @@ from ..render.kubernetes import (
     ANNOTATION_RELOAD_MESSAGE,
     repository_of,
 )
+from ..api.v1alpha1 import Rollout
 from .status import Problem, pod_ready
 
 #: The instruction annotations a finished (or superseded) reload leaves behind, removed together.

@@ -14,13 +14,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.pod import (
+    ANNOTATION_DIGEST,
+    ANNOTATION_LOADED,
+    ANNOTATION_PREVIOUS,
+    FETCH_CONTAINER,
+    TRITON_CONTAINER,
+    WARMED_CONDITION,
+)
 from ..api.timestamps import parse_rfc3339, rfc3339
-from ..api.v1alpha1 import WARMED_CONDITION, Condition, ReplicaState, TritonModelStatus
-from ..render.kubernetes import ANNOTATION_DIGEST, ANNOTATION_LOADED, ANNOTATION_PREVIOUS
+from ..api.v1alpha1 import Condition, ReplicaState, TritonModelStatus
 from ..uris import redact
 
-TRITON_CONTAINER = "tritonserver"
-FETCH_CONTAINER = "fetch"
 #: The gate's reasons for a replica that does not serve what it loaded: it failed to load, loaded another config, or
 #: stopped serving (the probe found a model broken, or tritonserver does not answer); the message says how the
 #: operator heals it.

@@ -4,6 +4,10 @@ HorizontalPodAutoscaler, and the Secret of its repository key.
 `render_children(model, rendered, uid, namespace, options)` -> plain dicts ready for server-side
 apply. No client, no I/O: the controller applies what this returns. `render_key_secret` is the Secret the
 controller creates (never applies: see `render.repository_key`).
+
+The warm-up gate's part in the pod (`render_deployment`): the readiness gate (`WARMED_CONDITION`), the annotations
+the gate reads, and the `probe` container that holds the kubelet's readiness probe. Those names are the replica pod
+contract, `api.pod`, whose docstring says where the other parts of the gate live.
 """
 
 from __future__ import annotations
@@ -17,7 +21,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL, OWNED
-from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, Server, TritonModel, quantity_bytes
+from ..api.pod import (
+    ANNOTATION_DIGEST,
+    ANNOTATION_POD_DIGEST,
+    ANNOTATION_POLL_MS,
+    ANNOTATION_STEPS,
+    ANNOTATION_TRITON_NAME,
+    ANNOTATION_VERSIONS,
+    GRPC_PORT,
+    HTTP_PORT,
+    METRICS_PORT,
+    PROBE_CONTAINER,
+    PROBE_PORT,
+    WARMED_CONDITION,
+    repository_of,
+    versions_annotation,
+)
+from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
 from .autoscaling import hpa_metric
 from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
 from .repository_key import RepositoryKeys, key_env, render_secret, restriction_args, secret_name
@@ -25,29 +45,6 @@ from .repository_key import RepositoryKeys, key_env, render_secret, restriction_
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
 CONFIGMAP_LIMIT = 1024 * 1024 - 16 * 1024
 
-ANNOTATION_DIGEST = f"{GROUP}/config-digest"
-ANNOTATION_TRITON_NAME = f"{GROUP}/triton-model"
-ANNOTATION_STEPS = f"{GROUP}/triton-steps"
-ANNOTATION_POLL_MS = f"{GROUP}/poll-interval-ms"
-#: The versions the gate checks, for the models (own and steps) that serve more than version 1 alone:
-#: `name=1,2;step=3` (Triton names hold no `=`, `;` or `,`). A model not named serves version 1.
-ANNOTATION_VERSIONS = f"{GROUP}/triton-versions"
-#: What a pod template holds apart from the model's own config: equal digests, and a change can be loaded in place.
-ANNOTATION_POD_DIGEST = f"{GROUP}/pod-digest"
-# In-place reloads (`plan.rollout`), on pods only, written by the operator; the gate reads them:
-#: swap: the digest the replica served before, approved too while the new one loads beside it
-ANNOTATION_PREVIOUS = f"{GROUP}/config-digest-previous"
-#: `Swap` or `Drain`: the replica is to load ANNOTATION_DIGEST's config, found in ANNOTATION_RELOAD_FROM
-ANNOTATION_RELOAD = f"{GROUP}/reload"
-#: the repository ConfigMap (named by content, immutable) whose config.pbtxt the reload loads
-ANNOTATION_RELOAD_FROM = f"{GROUP}/reload-from"
-#: Drain: the longest wait for the replica's requests to stop, in seconds
-ANNOTATION_DRAIN_SECONDS = f"{GROUP}/drain-timeout-seconds"
-#: a digest whose load failed on this replica, and Triton's message: the rollout stops there
-ANNOTATION_RELOAD_FAILED = f"{GROUP}/reload-failed"
-ANNOTATION_RELOAD_MESSAGE = f"{GROUP}/reload-failed-message"
-#: written by the gate: the digest of the config the replica's Triton said it has loaded
-ANNOTATION_LOADED = f"{GROUP}/loaded-config-digest"
 REPO_DIR = REPOSITORY_ROOT  # the config names files here (a custom batching strategy's)
 CONFIG_DIR = "/config"
 TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
@@ -68,11 +65,6 @@ CONTAINER_SECURITY = {
     "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
-
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-# The `probe` container's readiness endpoint (gated replicas): it long-polls tritonserver's HTTP port for the kubelet.
-PROBE_PORT = 8090
-PROBE_CONTAINER = "probe"
 
 
 @dataclass(frozen=True)
@@ -223,14 +215,6 @@ def render_configmap(
     return cm
 
 
-def repository_of(template: Mapping[str, Any]) -> str | None:
-    """The repository ConfigMap a pod template mounts."""
-    for v in (template.get("spec") or {}).get("volumes") or ():
-        if v.get("name") == "repository" and "configMap" in v:
-            return str(v["configMap"].get("name"))
-    return None
-
-
 def unused_repositories(
     configmaps: Iterable[Mapping[str, Any]], replicasets: Iterable[Mapping[str, Any]], desired: str,
     template: str | None = None,
@@ -314,23 +298,6 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
                 if gac not in env:
                     env.append(gac)
     return args, volumes, mounts, env
-
-
-def versions_annotation(models: list[TritonModel]) -> str:
-    """ANNOTATION_VERSIONS for the models one replica loads: each that serves other than version 1 alone."""
-    served = {m.triton_name: m.spec.served_versions for m in models}
-    return ";".join(f"{name}={','.join(map(str, v))}" for name, v in sorted(served.items()) if v and v != [1])
-
-
-def parse_versions_annotation(text: str | None) -> dict[str, tuple[int, ...]]:
-    """The inverse of `versions_annotation`; malformed entries are skipped (the gate then checks the latest)."""
-    out: dict[str, tuple[int, ...]] = {}
-    for entry in (text or "").split(";"):
-        name, _, nums = entry.partition("=")
-        parts = [n for n in nums.split(",") if n.isdigit()]
-        if name and parts:
-            out[name] = tuple(int(n) for n in parts)
-    return out
 
 
 def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel], options: Options) -> list[str]:

@@ -23,7 +23,8 @@ from google.protobuf import json_format, text_format
 
 from ..api import protos
 from ..api import steps as step_graph
-from ..api.v1alpha1 import BATCH_STRATEGY_PARAMETER, DIGEST_PARAMETER, QueuePolicy, TritonModel, TritonModelSpec
+from ..api.pod import DIGEST_PARAMETER
+from ..api.v1alpha1 import BATCH_STRATEGY_PARAMETER, QueuePolicy, TritonModel, TritonModelSpec
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2 as pb

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from ..api.v1alpha1 import DIGEST_PARAMETER
+from ..api.pod import DIGEST_PARAMETER
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format
 
-from ..api.v1alpha1 import DIGEST_PARAMETER
+from ..api.pod import DIGEST_PARAMETER
 from .rest import TritonClient, TritonError
 
 

@@ -4,6 +4,8 @@ A replica passes when the model and every ensemble step are READY (every version
 its version policy serves, when the caller names them) and the loaded config's
 digest parameter, in each served version of the model, equals the digest the
 replica was created for. Otherwise the verdict says why, with Triton's own reason when a load failed.
+
+The warm-up gate's call to Triton (`controller.gate` asks, `plan.readiness` decides; the map: `api.pod`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..api.v1alpha1 import DIGEST_PARAMETER
+from ..api.pod import DIGEST_PARAMETER
 from .rest import TritonClient, TritonError
 
 

@@ -1,7 +1,7 @@
 """The admission verdict on one TritonModel change, given the TritonModels around it. Pure.
 
 The CRD schema and its CEL rules refuse what one object shows on its own. What needs
-other objects is decided here, for the validating webhook (`controller/webhook.py`):
+other objects is decided here, for the validating webhook (`servers/webhook.py`):
 
 - the new object passes every rule in `rules.py`, checked together with the models its
   ensemble steps reach (step references, tensor names, types and shapes, batch sizes,

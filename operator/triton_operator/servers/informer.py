@@ -27,8 +27,8 @@ import urllib3
 
 from ..api.steps import steps_of
 from ..api.v1alpha1 import API_VERSION, KIND
+from ..platform.kube import Kube
 from . import metrics
-from .kube import Kube
 
 log = logging.getLogger("triton_operator.informer")
 

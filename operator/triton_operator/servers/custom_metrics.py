@@ -51,14 +51,14 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from ..api.kinds import LABEL_MODEL, POD
+from ..api.pod import ANNOTATION_TRITON_NAME, HTTP_PORT
 from ..api.v1alpha1 import API_VERSION as MODEL_API_VERSION
 from ..api.v1alpha1 import GROUP, KIND, PLURAL
 from ..plan.autoscaling import WINDOW_SECONDS, Sample, delta, model_metrics, replica_metrics, trim
 from ..plan.status import warmed
+from ..platform.kube import Kube
 from ..render.autoscaling import METRICS, quantity
-from ..render.kubernetes import ANNOTATION_TRITON_NAME, HTTP_PORT
 from ..triton.stats import model_counters
-from .kube import Kube
 
 log = logging.getLogger("triton_operator.custom_metrics")
 

@@ -62,6 +62,10 @@ from aiohttp import web
 from ..api import steps as step_graph
 from ..api.steps import steps_of
 from ..api.v1alpha1 import GROUP, KIND, VERSION
+from ..platform.certificates import CERT_VALIDITY, RENEW_AFTER, Issued, issue_certificate
+from ..platform.errors import ApiError
+from ..platform.kube import Kube
+from ..platform.namespaces import exact_namespaces, watches
 from ..render.webhook import (
     WEBHOOK_NAME,
     WEBHOOK_PATH,
@@ -70,13 +74,9 @@ from ..render.webhook import (
 )
 from ..validate.admission import MAX_NEIGHBOURS, AdmissionVerdict, needs_review, redacted, review
 from . import metrics, tls_server
-from .certificates import CERT_VALIDITY, RENEW_AFTER, Issued, issue_certificate
 from .custom_metrics import PREFIX as CUSTOM_METRICS_PREFIX
 from .custom_metrics import CustomMetricsApi
-from .errors import ApiError
 from .informer import ModelInformer
-from .kube import Kube
-from .namespaces import exact_namespaces, watches
 from .tls_server import BodyRefused, TlsSite, body_of
 
 log = logging.getLogger("triton_operator.webhook")

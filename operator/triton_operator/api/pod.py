@@ -1,0 +1,97 @@
+"""The replica pod contract: what the renderer writes on a replica's pod, and what the planner, the gate, reloads,
+heals, the custom metrics API and the CLI read back from it. Names only, and the parsers of the annotations that
+need one; no rendering, no decisions.
+
+- annotations (`ANNOTATION_*`): the config digest a pod was created for and the one its Triton loaded, the Triton
+  model and its ensemble steps and versions that the gate checks, its poll interval, and the in-place reload's
+  instructions and outcome (`plan.rollout`);
+- the readiness-gate condition type (`WARMED_CONDITION`) and the model-config parameter that carries a rendered
+  repository's digest into Triton (`DIGEST_PARAMETER`), which the gate compares with `ANNOTATION_DIGEST`;
+- the containers (`TRITON_CONTAINER`, `FETCH_CONTAINER`, `PROBE_CONTAINER`), Triton's and the probe's ports, and
+  the volume that mounts the repository ConfigMap (`REPOSITORY_VOLUME`).
+
+The label that ties a replica to its TritonModel (`LABEL_MODEL`) is not here: every child carries it, and the table
+of kinds selects by it (`api.kinds`).
+
+Where the warm-up gate lives, by part (each module's docstring says more):
+
+- the pod: `render.kubernetes` writes the readiness gate (`WARMED_CONDITION` in `readinessGates`), these
+  annotations, and the `probe` container that holds the kubelet's readiness probe;
+- the calls to the replica: `triton.replica` asks Triton whether it serves the desired config, `triton.probe` is
+  the probe container's server (its `/status` says what is broken, `notify_gate` tells it the gate is set);
+- the verdicts, pure: `plan.readiness` (which condition a pod should carry for Triton's answer), `plan.status`
+  (what the gate's conditions mean for the model's status);
+- the loop, and what it does about a replica: `controller.gate` (one task per pod, the condition writes),
+  `controller.heal` (reloading broken models, or deleting the pod), `controller.reload` (in-place reloads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .v1alpha1 import GROUP, TritonModel
+
+ANNOTATION_DIGEST = f"{GROUP}/config-digest"
+ANNOTATION_TRITON_NAME = f"{GROUP}/triton-model"
+ANNOTATION_STEPS = f"{GROUP}/triton-steps"
+ANNOTATION_POLL_MS = f"{GROUP}/poll-interval-ms"
+#: The versions the gate checks, for the models (own and steps) that serve more than version 1 alone:
+#: `name=1,2;step=3` (Triton names hold no `=`, `;` or `,`). A model not named serves version 1.
+ANNOTATION_VERSIONS = f"{GROUP}/triton-versions"
+#: What a pod template holds apart from the model's own config: equal digests, and a change can be loaded in place.
+ANNOTATION_POD_DIGEST = f"{GROUP}/pod-digest"
+# In-place reloads (`plan.rollout`), on pods only, written by the operator; the gate reads them:
+#: swap: the digest the replica served before, approved too while the new one loads beside it
+ANNOTATION_PREVIOUS = f"{GROUP}/config-digest-previous"
+#: `Swap` or `Drain`: the replica is to load ANNOTATION_DIGEST's config, found in ANNOTATION_RELOAD_FROM
+ANNOTATION_RELOAD = f"{GROUP}/reload"
+#: the repository ConfigMap (named by content, immutable) whose config.pbtxt the reload loads
+ANNOTATION_RELOAD_FROM = f"{GROUP}/reload-from"
+#: Drain: the longest wait for the replica's requests to stop, in seconds
+ANNOTATION_DRAIN_SECONDS = f"{GROUP}/drain-timeout-seconds"
+#: a digest whose load failed on this replica, and Triton's message: the rollout stops there
+ANNOTATION_RELOAD_FAILED = f"{GROUP}/reload-failed"
+ANNOTATION_RELOAD_MESSAGE = f"{GROUP}/reload-failed-message"
+#: written by the gate: the digest of the config the replica's Triton said it has loaded
+ANNOTATION_LOADED = f"{GROUP}/loaded-config-digest"
+
+#: Pod readiness-gate condition the operator sets once a replica has loaded the desired config and warmed up.
+WARMED_CONDITION = f"{GROUP}/warmed"
+#: `parameters` key carrying the digest of the rendered model repository.
+DIGEST_PARAMETER = "triton-operator.config-digest"
+
+TRITON_CONTAINER = "tritonserver"
+FETCH_CONTAINER = "fetch"
+PROBE_CONTAINER = "probe"
+#: The pod volume of the repository ConfigMap (the one a pod template mounts: `repository_of`).
+REPOSITORY_VOLUME = "repository"
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+# The `probe` container's readiness endpoint (gated replicas): it long-polls tritonserver's HTTP port for the kubelet.
+PROBE_PORT = 8090
+
+
+def versions_annotation(models: list[TritonModel]) -> str:
+    """ANNOTATION_VERSIONS for the models one replica loads: each that serves other than version 1 alone."""
+    served = {m.triton_name: m.spec.served_versions for m in models}
+    return ";".join(f"{name}={','.join(map(str, v))}" for name, v in sorted(served.items()) if v and v != [1])
+
+
+def parse_versions_annotation(text: str | None) -> dict[str, tuple[int, ...]]:
+    """The inverse of `versions_annotation`; malformed entries are skipped (the gate then checks the latest)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for entry in (text or "").split(";"):
+        name, _, nums = entry.partition("=")
+        parts = [n for n in nums.split(",") if n.isdigit()]
+        if name and parts:
+            out[name] = tuple(int(n) for n in parts)
+    return out
+
+
+def repository_of(template: Mapping[str, Any]) -> str | None:
+    """The repository ConfigMap a pod template mounts."""
+    for v in (template.get("spec") or {}).get("volumes") or ():
+        if v.get("name") == REPOSITORY_VOLUME and "configMap" in v:
+            return str(v["configMap"].get("name"))
+    return None
