@@ -347,3 +347,12 @@ def argocd_health(obj: dict[str, Any], script: Path = ARGOCD_HEALTH_SCRIPT) -> t
     assert proc.returncode == 0, proc.stderr
     status, _, message = proc.stdout.partition("\0")
     return status, message
+
+
+def endpoint_of(kube: Kube, namespace: str, service: str, ip: str) -> dict | None:
+    return next((ep for ep in endpoints(kube, namespace, service) if ip in ep.get("addresses", ())), None)
+
+
+def endpoint_ready(kube: Kube, namespace: str, service: str, ip: str) -> bool:
+    ep = endpoint_of(kube, namespace, service, ip)
+    return bool(ep and (ep.get("conditions") or {}).get("ready"))
