@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from e2e.testing import kstatus_results
-from tests.test_argocd_health import _model, _pod
+from tests.documents import _model, _pod
 from triton_operator.plan.status import Observed, Problem
 
 GO = shutil.which("go")

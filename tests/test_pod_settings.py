@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tests.documents import body, validation_errors
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.kubernetes import (
     ANNOTATION_POD_DIGEST,
@@ -16,8 +17,6 @@ from triton_operator.render.kubernetes import (
     render_children,
 )
 from triton_operator.render.modelconfig import render_repository
-
-from .test_shm import body, validation_errors
 
 
 def _template(**server: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.test_corpus import CASES, TRITON_CASES
+from tests.corpus_cases import CASES, TRITON_CASES
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
