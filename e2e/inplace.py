@@ -9,8 +9,12 @@ from __future__ import annotations
 import re
 import threading
 import time
+import traceback
 
-from e2e.kube import Kube, wait_for
+import urllib3
+from tritonclient.utils import InferenceServerException
+
+from e2e.kube import ApiError, Kube, wait_for
 from e2e.operator_fixtures import add_sub, gate, live_pods
 from e2e.testing import is_ready, ready_endpoints
 from e2e.traffic import loaded_digest
@@ -90,15 +94,25 @@ class GateAudit:
     its gate False; an endpoint still ready with its pod NotReady), so an endpoint is also judged against what
     the gate approved at any time during the pod's last Ready spell: a Drain replica keeps serving that until
     it is out of the endpoints. A replica serving a config its gate never approved while it was Ready, or no
-    READY copy at all, is a violation."""
+    READY copy at all, is a violation.
+
+    A sample that meets a `TRANSIENT` error is dropped and the error counted; any other exception stops the audit,
+    and leaving the `with` block fails with its traceback. Leaving it also fails unless at least `min_samples`
+    samples judged a ready endpoint, so that "no violations" cannot be said of no data."""
 
     LAG = 2.0
+    #: What a sample may meet and go on from: the API server answering with an error or out of reach for a moment,
+    #: a replica's Triton not answering (its pod going away, a 2 s timeout on a loaded machine).
+    TRANSIENT = (ApiError, urllib3.exceptions.HTTPError, OSError, InferenceServerException)
 
-    def __init__(self, kube: Kube, namespace: str, model: str = "add-sub") -> None:
+    def __init__(self, kube: Kube, namespace: str, model: str = "add-sub", *, min_samples: int) -> None:
         self.kube, self.namespace, self.model = kube, namespace, model
+        self.min_samples = min_samples
         self.samples = 0
+        self.judged = 0  # samples that judged at least one ready endpoint
         self.violations: list[str] = []
         self.errors: list[str] = []
+        self.failure: str | None = None  # the traceback of an exception no sample should meet
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gate-audit", daemon=True)
         self._approvals: dict[str, list[tuple[float, set[str]]]] = {}  # pod -> (when, what its gate approved)
@@ -109,12 +123,19 @@ class GateAudit:
         self._start = time.monotonic()
         self._thread.start()
         # what each gate approves before the change: the history a lagging EndpointSlice is judged against
-        wait_for("the gate audit's first samples", lambda: self.samples >= 3 or self.errors, 30)
+        wait_for("the gate audit's first samples", lambda: self.samples >= 3 or self.errors or self.failure, 30)
+        assert self.failure is None, f"the gate audit stopped on an exception it cannot classify:\n{self.failure}"
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self._halt.set()
         self._thread.join(10)
+        if exc_type is not None:
+            return  # the test's own failure is the one to read
+        assert self.failure is None, f"the gate audit stopped on an exception it cannot classify:\n{self.failure}"
+        assert self.judged >= self.min_samples, (
+            f"the gate audit judged ready endpoints in {self.judged} samples, fewer than the {self.min_samples} this "
+            f"scenario produces ({self.samples} samples in all; errors: {self.errors[:5]})")
 
     def _run(self) -> None:
         while not self._halt.wait(0.2):
@@ -133,7 +154,8 @@ class GateAudit:
                         self._was_ready.add(name)
                     else:
                         self._was_ready.discard(name)
-                for name in sorted(ready & set(pods)):
+                judged = sorted(ready & set(pods))
+                for name in judged:
                     # The pod's Ready (and then the EndpointSlice) lags its gate: a replica that was Ready serves
                     # what its gate approved during that Ready spell until it is out of the endpoints.
                     approved = set().union(*(a for _, a in self._approvals[name]), self._when_ready.get(name, set()))
@@ -145,5 +167,9 @@ class GateAudit:
                             f"{sorted(approved)} (gate {g.get('status')} {g.get('reason')}; pod Ready "
                             f"{is_ready(pods[name])})")
                 self.samples += 1
-            except Exception as e:  # noqa: BLE001 - a pod going away mid-sample; counted, not fatal
+                self.judged += bool(judged)
+            except self.TRANSIENT as e:  # a pod going away mid-sample, an API server busy for a moment
                 self.errors.append(repr(e))
+            except Exception:  # noqa: BLE001 - not the audit's to judge: stop, and fail the test that runs it
+                self.failure = traceback.format_exc()
+                return

@@ -211,7 +211,7 @@ def test_the_hpa_scales_on_queue_time_new_replicas_join_through_the_gate_and_sca
     for _ in range(8):
         kube.request("GET", pods_metric_path(namespace))
     # A load step: 6 clients back to back on one instance of 20 ms each, about 100 ms in the queue.
-    with GateAudit(kube, namespace, MODEL) as audit, PodMetricAudit(kube, namespace) as metric_audit:
+    with GateAudit(kube, namespace, MODEL, min_samples=20) as audit, PodMetricAudit(kube, namespace) as metric_audit:
         heavy = ServiceLoad(kubeconfig, namespace, MODEL, model=MODEL, threads=6, rate=1000).start()
         t0 = time.monotonic()
         wait_for(f"the HPA to ask for 2 or more replicas ({hpa_says(kube, namespace)})",
@@ -243,7 +243,6 @@ def test_the_hpa_scales_on_queue_time_new_replicas_join_through_the_gate_and_sca
     assert up.failed == 0 and down.failed == 0, f"{up.summary()} {heavy.samples}; {down.summary()} {light.samples}"
     assert up.sent > 100 and down.sent > 20, (up.summary(), down.summary())
     assert not audit.violations, audit.violations[:10]
-    assert audit.samples > 10, f"the gate audit ran {audit.samples} times: {audit.errors[:5]}"
     assert not metric_audit.violations, metric_audit.violations[:5]
     assert metric_audit.checked, (f"no read of the pods' metric saw a replica before it was warmed "
                                   f"(errors: {metric_audit.errors[:5]})")

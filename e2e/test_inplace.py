@@ -61,7 +61,7 @@ def test_in_place_change_keeps_every_pod_needs_no_spare_gpu_and_fails_no_request
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
     template = kube.get("Deployment", "add-sub", namespace)["spec"]["template"]
 
-    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace, min_samples=11) as audit:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         t0 = time.monotonic()
         new = change_queue_delay(kube, namespace, 500, old)
@@ -80,7 +80,6 @@ def test_in_place_change_keeps_every_pod_needs_no_spare_gpu_and_fails_no_request
     assert kube.get("Deployment", "add-sub", namespace)["spec"]["template"] == template, "the pod template changed"
     assert tally.failed == 0 and tally.sent > 200, f"{tally.summary()}; {load.samples}"
     assert not audit.violations, audit.violations[:10]
-    assert audit.samples > 10, f"the audit ran {audit.samples} times: {audit.errors[:5]}"
     states = {s["pod"]: s.get("configDigest") for s in tm["status"]["replicaStates"]}
     assert states == dict.fromkeys(before, new), f"status.replicaStates[].configDigest: {states}"
 
@@ -110,7 +109,7 @@ def test_a_config_that_fails_to_load_stops_after_one_replica_which_keeps_serving
     tm = wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
                     "Ready with 2 warmed replicas", 180)
     old = tm["status"]["configDigest"]
-    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace, min_samples=10) as audit:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         kube.patch("TritonModel", "add-sub", {"spec": {"parameters": {"refuse": "yes"}}}, namespace, type="merge")
         tm = wait_model(kube, namespace, "add-sub",
@@ -149,7 +148,7 @@ def test_the_operator_killed_mid_rollout_resumes_it_a_replica_added_later_serves
                     "Ready with 2 warmed replicas", 180)
     old = tm["status"]["configDigest"]
     uids = {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
-    with GateAudit(kube, namespace) as audit:
+    with GateAudit(kube, namespace, min_samples=10) as audit:
         kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": 900}}}, namespace,
                    type="merge")
         reloading = wait_for("a replica told to reload", lambda: next(
@@ -168,8 +167,8 @@ def test_the_operator_killed_mid_rollout_resumes_it_a_replica_added_later_serves
     # A replica added now starts from the pod template (the old config) and joins only once it serves the new one.
     kube.patch("TritonModel", "add-sub", {"spec": {"replicas": 3}}, namespace, type="merge")
     wait_for("3 replicas at the new config", lambda: serving(kube, namespace, new, 3), 180)
-    with GateAudit(kube, namespace) as audit:
-        wait_for("a few audits", lambda: audit.samples >= 5, 30)
+    with GateAudit(kube, namespace, min_samples=5) as audit:
+        wait_for("a few audits", lambda: audit.judged >= 5, 30)
     assert not audit.violations, audit.violations[:10]
     wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 3,
                "Ready with 3 warmed replicas", 60)
@@ -177,7 +176,7 @@ def test_the_operator_killed_mid_rollout_resumes_it_a_replica_added_later_serves
     # Three replicas rolled in place under load through the Service's ClusterIP, Drain mode: each leaves the
     # endpoints, drains, unloads and loads while the other two take the traffic.
     uids = {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
-    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace, min_samples=20) as audit:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         t0 = time.monotonic()
         newer = change_queue_delay(kube, namespace, 1100, new)
