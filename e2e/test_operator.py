@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from e2e.health_checks import argocd_health, kstatus
 from e2e.kube import Kube, wait_for
 from e2e.node import LogFollower
 from e2e.operator_fixtures import (
@@ -42,17 +43,7 @@ from e2e.operator_fixtures import (
     wait_model,
     wait_writes_settle,
 )
-from e2e.testing import (
-    argocd_health,
-    container_status,
-    endpoint_of,
-    endpoint_ready,
-    endpoints,
-    is_ready,
-    kstatus,
-    ready_endpoints,
-    wait_gone,
-)
+from e2e.testing import container_status, endpoint_of, endpoint_ready, endpoints, is_ready, ready_endpoints, wait_gone
 from e2e.traffic import infer_add_sub, model_ready_over_http
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR, POD, REPLICA_SET, WATCHED
 from triton_operator.api.timestamps import parse_rfc3339

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.testing import ARGOCD_HEALTH_SCRIPT as SCRIPT
-from e2e.testing import LUA, lua_literal
-from e2e.testing import argocd_health as health
+from e2e.health_checks import ARGOCD_HEALTH_SCRIPT as SCRIPT
+from e2e.health_checks import LUA, lua_literal
+from e2e.health_checks import argocd_health as health
 from tests.documents import _model, _pod
 from triton_operator.plan.status import Observed, Problem
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.testing import kstatus_results
+from e2e.health_checks import kstatus_results
 from tests.documents import _model, _pod
 from triton_operator.plan.status import Observed, Problem
 
