@@ -1,68 +1,20 @@
 """No module imports a test module (`test_*.py`): what tests, benches and the operator share lives in library
 modules (e2e/operator_fixtures.py, e2e/traffic.py, tests/documents.py, ...), so a test module can change or go
-without breaking another. Read from the source with `ast` (nothing is imported), over every Python file of the
-operator, the tests, the e2e harness, the benches and the tools.
+without breaking another. Read from the source with `ast` (nothing is imported, tests/import_scan.py), over every
+Python file of the operator, the tests, the e2e harness, the benches and the tools.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-#: Where the project's Python lives, and the package root of each (the operator's package is under operator/).
-ROOTS = {"operator": REPO / "operator", "tests": REPO, "e2e": REPO, "bench": REPO, "tools": REPO}
-
-
-def _is_test_module(name: str) -> bool:
-    return name.rpartition(".")[2].startswith("test_")
-
-
-def _module_file(name: str, bases: list[Path]) -> Path | None:
-    """The file of module `name` under one of `bases` (a module or a package), or None: not the project's."""
-    parts = name.split(".")
-    for base in bases:
-        for candidate in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")):
-            if candidate.is_file():
-                return candidate
-    return None
-
-
-def imported_test_modules(path: Path, base: Path, bases: list[Path], root: Path = REPO) -> list[str]:
-    """The test modules `path` imports, as "importer:line imports test module" (paths relative to `root`): module
-    names that resolve, under `bases`, to a `test_*.py` file. `base` is the package root of `path`."""
-    package = list(path.relative_to(base).parent.parts)
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            parent = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*parent, *([node.module] if node.module else [])])
-            names = [module, *(f"{module}.{a.name}" if module else a.name for a in node.names)]
-        for name in names:
-            if _is_test_module(name) and (target := _module_file(name, bases)) is not None:
-                found.append(f"{path.relative_to(root)}:{node.lineno} imports {target.relative_to(root)}")
-    return found
-
-
-def project_files() -> list[tuple[Path, Path]]:
-    """(file, its package root) for every Python file of the project, outside virtualenvs and caches."""
-    out = []
-    for top, base in ROOTS.items():
-        for p in sorted((REPO / top).rglob("*.py")):
-            if not {".venv", "__pycache__", "build"} & set(p.relative_to(REPO).parts):
-                out.append((p, base))
-    out += [(p, REPO) for p in sorted(REPO.glob("*.py"))]
-    return out
+from tests.import_scan import BASES, imported_test_modules, project_files
 
 
 def test_no_module_imports_a_test_module() -> None:
     files = project_files()
     assert len(files) > 100, f"the scan found only {len(files)} files: is ROOTS still where the code is?"
-    bases = sorted(set(ROOTS.values()))
-    offenders = [line for path, base in files for line in imported_test_modules(path, base, bases)]
+    offenders = [line for path, base in files for line in imported_test_modules(path, base, BASES)]
     assert not offenders, ("test modules are imported; move what they share to a library module:\n  "
                            + "\n  ".join(offenders))
 
