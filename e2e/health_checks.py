@@ -44,8 +44,6 @@ def kstatus(obj: dict) -> tuple[str, str]:
 
 # Argo CD's health check for TritonModels, the chart's Lua, run by a real Lua interpreter.
 ARGOCD_HEALTH_SCRIPT = Path(__file__).resolve().parent.parent / "charts" / "triton-operator" / "argocd-health.lua"
-
-
 LUA = shutil.which("lua5.4") or shutil.which("lua")
 
 

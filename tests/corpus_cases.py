@@ -41,6 +41,4 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
-
-
 TRITON_CASES = [c for c in CASES if c.triton_error]

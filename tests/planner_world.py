@@ -13,11 +13,7 @@ from typing import Any
 from triton_operator.plan.planner import Plan, World, carried_out, differs, plan
 
 NS = "team-a"
-
-
 UID = "00000000-0000-0000-0000-00000000000a"
-
-
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
