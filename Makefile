@@ -39,7 +39,7 @@ crd: $(STAMP)
 
 ## Regenerate requirements.lock, what the operator image installs (pyproject's dependencies with the s3 and gcs
 ## extras, every file's hash), with uv; UPGRADE=1 moves every pin to the newest version that fits.
-## tests/test_images.py fails while the lock is older than pyproject.toml.
+## e2e/test_images.py fails while the lock is older than pyproject.toml.
 .PHONY: lock
 lock: $(STAMP)
 	$(BIN)/python -m e2e.images lock $(if $(UPGRADE),--upgrade)

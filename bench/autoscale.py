@@ -31,9 +31,8 @@ from typing import Any
 from e2e.cluster import LocalCluster, free_port
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad
-from e2e.operator_fixtures import ChartOperator, is_model_ready, load_examples, wait_model
-from e2e.test_autoscaling import added_answers
-from e2e.test_operator import live_pods
+from e2e.operator_fixtures import ChartOperator, is_model_ready, live_pods, load_examples, wait_model
+from e2e.traffic import added_answers
 
 from .common import CpuMeter, Result, Row, log, percentile, write_result
 
@@ -142,7 +141,7 @@ def _phase(kube: Kube, kubeconfig: Path, name: str, model: dict[str, Any], hpa: 
         replicas_seen.append(replicas)
         if asked is None and replicas > 1:
             asked = time.monotonic() - t0
-        if first_added is None and added_answers(kube, ns, first):
+        if first_added is None and added_answers(kube, ns, first, MODEL):
             first_added = time.monotonic() - t0
             log(f"{name}: an added replica answered {first_added:.1f}s into the step")
         time.sleep(0.5)

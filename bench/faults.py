@@ -30,19 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from e2e.healing import HOG_TRIGGER, Outcome, measure, post, python_model, repository_key, sentiment, serving, stubs_of
 from e2e.kube import wait_for
 from e2e.load import ServiceLoad
-from e2e.test_heal import (
-    HOG_TRIGGER,
-    Outcome,
-    measure,
-    post,
-    python_model,
-    repository_key,
-    sentiment,
-    serving,
-    stubs_of,
-)
 from triton_operator.render.repository_key import KEY_HEADER
 
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result

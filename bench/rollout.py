@@ -1,7 +1,7 @@
 """Benchmark `rollout`: one config change on the same 3 replicas, in place (Swap, then Drain) and with new pods.
 
 On our own cluster (control plane, one real node with containerd + kubelet, the operator as a host process):
-3 replicas of e2e/test_inplace.py's reloadable add-sub (its initialize sleeps `initSeconds`, here 1 s; the
+3 replicas of e2e/inplace.py's reloadable add-sub (its initialize sleeps `initSeconds`, here 1 s; the
 example's modelWarmup runs on every load). Three phases in one run, each changing only
 spec.batcher.maxQueueDelayMicroseconds (another value each time), with spec.rollout in the same patch:
 
@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.inplace import reloadable, serving
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad, Tally
-from e2e.operator_fixtures import is_model_ready, model_condition, model_pods, wait_model
-from e2e.test_inplace import reloadable, serving
-from e2e.test_operator import live_pods
+from e2e.operator_fixtures import is_model_ready, live_pods, model_condition, model_pods, wait_model
 
 from .common import CpuMeter, Result, Row, log, write_result
 from .kubeenv import watch_forever
@@ -288,7 +287,7 @@ def _result(phases: list[Phase]) -> Result:
         title="Config change on 3 replicas: in place vs new pods",
         method=(
             "Our own cluster (control plane, one node with containerd + kubelet, the operator as a host process). "
-            f"{REPLICAS} replicas of the reloadable add-sub of e2e/test_inplace.py (initialize sleeps "
+            f"{REPLICAS} replicas of the reloadable add-sub of e2e/inplace.py (initialize sleeps "
             f"initSeconds={INIT_SECONDS}; the example's modelWarmup runs on every load). Three phases in one run, "
             "each patching only spec.batcher.maxQueueDelayMicroseconds (another value each time) together with "
             "spec.rollout: in place with mode Swap (the default), in place with mode Drain (maxUnavailable 1), "

@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from e2e.kube import Kube, wait_for
 from triton_operator.api.kinds import CHILDREN, HPA, LABEL_MODEL, PDB
 
+from .clients import by_client
 from .common import CpuMeter, Result, Row, log, summary, write_result
 from .kubeenv import (
     BenchCluster,
@@ -61,18 +61,6 @@ def model_docs(n: int) -> list[dict[str, Any]]:
         docs.append(d)
     checked(docs[0])
     return docs
-
-
-def client_of(agent: str) -> str:
-    """Who sent a request, from its user agent."""
-    # The real node's kubelet (node status, its Lease) and kube-proxy write too: they are not the operator.
-    for component in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "kubectl", "kubelet",
-                      "kube-proxy"):
-        if agent.startswith(component):
-            return component
-    if agent.startswith("python-urllib3"):
-        return "bench"  # e2e.kube.Kube: our creates and watches
-    return "operator"  # kopf (aiohttp) and platform.kube (triton-operator/<version>)
 
 
 class Convergence:
@@ -130,13 +118,6 @@ def wait_quiet(kube: Kube, quiet: float = 5.0, timeout: float = 120.0) -> float:
         elif time.time() - since >= quiet:
             break
     return since
-
-
-def by_client(audit: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
-    out: dict[str, Counter[str]] = {}
-    for agent, counts in audit.items():
-        out.setdefault(client_of(agent), Counter()).update(counts)
-    return {c: dict(sorted(v.items())) for c, v in sorted(out.items())}
 
 
 def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:

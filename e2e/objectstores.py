@@ -18,7 +18,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from e2e.cluster import REPO_ROOT, free_port
+from e2e.ports import free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 BUILD = REPO_ROOT / "tools" / "objectstores" / "build.sh"
 

@@ -6,7 +6,8 @@ ServiceAccount; shared by every test, each in its own `op-*` namespace), the hos
 (`OperatorHandle`, kept for tests that need their own control plane or a second operator), their
 logs and metrics (`writes()` sums `triton_operator_api_writes_total`), `kubectl` and `helm` for
 tests that act as a user would, and the TritonModel vocabulary tests are written in
-(`model_condition`, `wait_model`, `load_examples`). Measurements tests take (latencies, counts) are
+(`model_condition`, `wait_model`, `load_examples`, `add_sub`, `apply`, `live_pods`, `rolled_out`,
+`one_ready_pod`). Measurements tests take (latencies, counts) are
 collected with `record()` and printed at the end of the session.
 """
 
@@ -31,7 +32,7 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, free_port, session_root
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
-from e2e.testing import metric_samples, ready_addresses
+from e2e.testing import metric_samples, ready_addresses, ready_endpoints
 from triton_operator.api import kinds
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.pod import WARMED_CONDITION as WARMED
@@ -570,3 +571,45 @@ def summary_lines() -> list[str]:
     return [f"{k}: {v}" for k, v in MEASUREMENTS.items()]
 
 
+def apply(kubeconfig: Path, namespace: str, *docs: dict) -> None:
+    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream(list(docs)))
+
+
+def add_sub(name: str = "add-sub", strategy: str | None = None) -> dict:
+    """The add-sub example as `name`; `strategy` sets spec.rollout.strategy (NewPods: a config change rolls the
+    Deployment, for the tests of that path; the default, InPlace, reloads replicas: e2e/test_inplace.py)."""
+    doc = load_examples("add-sub")[0]
+    doc["metadata"]["name"] = name
+    if strategy:
+        doc["spec"]["rollout"] = {"strategy": strategy}
+    return doc
+
+
+def live_pods(kube: Kube, namespace: str, model: str) -> list[dict]:
+    return [p for p in model_pods(kube, namespace, model) if not p["metadata"].get("deletionTimestamp")]
+
+
+def digest_of(pod: dict) -> str:
+    return (pod["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST, "")
+
+
+def rolled_out(kube: Kube, namespace: str, name: str, digest: str, replicas: int) -> bool:
+    """Exactly `replicas` pods exist (terminating ones included), all at `digest`, all warmed."""
+    pods = model_pods(kube, namespace, name)
+    return len(pods) == replicas and all(
+        digest_of(p) == digest and gate(p).get("status") == "True" and not p["metadata"].get("deletionTimestamp")
+        for p in pods)
+
+
+def one_ready_pod(kube: Kube, namespace: str, name: str) -> dict:
+    return wait_for(f"one warmed pod of {name}", lambda: next(
+        (p for p in live_pods(kube, namespace, name) if gate(p).get("status") == "True"), None), 60)
+
+
+def _two_ready_replicas(kube: Kube, kubeconfig: Path, namespace: str, doc: dict) -> dict:
+    doc["spec"]["replicas"] = 2
+    apply(kubeconfig, namespace, doc)
+    tm = wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
+                    "Ready with 2 warmed replicas", 180)
+    wait_for("2 ready endpoints", lambda: len(ready_endpoints(kube, namespace, "add-sub")) == 2, 30)
+    return tm

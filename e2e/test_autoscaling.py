@@ -22,25 +22,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
 
+from e2e.inplace import GateAudit
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.load import ServiceLoad
 from e2e.operator_fixtures import (
     ChartOperator,
     OperatorHandle,
+    apply,
     gate,
     is_model_ready,
     kubectl,
+    live_pods,
     load_examples,
     model_condition,
     record,
     wait_model,
 )
-from e2e.test_inplace import GateAudit
-from e2e.test_operator import apply, live_pods
 from e2e.testing import ready_endpoints
+from e2e.traffic import added_answers
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.v1alpha1 import API_VERSION, GROUP, PLURAL
 
@@ -129,26 +129,6 @@ class PodMetricAudit:
                 self.errors.append(repr(e))
 
 
-def added_answers(kube: Kube, namespace: str, first: str) -> dict[str, int]:
-    """Requests each replica other than `first` has answered, by Triton's own statistics (the load goes through
-    the ClusterIP: only the replicas know who answered); only those that answered some."""
-    out = {}
-    for pod in live_pods(kube, namespace, MODEL):
-        if pod["metadata"]["name"] == first or not pod["status"].get("podIP"):
-            continue
-        client = grpcclient.InferenceServerClient(f"{pod['status']['podIP']}:8001")
-        try:
-            stats = client.get_inference_statistics(MODEL, client_timeout=2)
-            done = sum(s.inference_stats.success.count for s in stats.model_stats)
-        except InferenceServerException:
-            done = 0
-        finally:
-            client.close()
-        if done:
-            out[pod["metadata"]["name"]] = done
-    return out
-
-
 def _https(url: str, token: str | None = None, cert: tuple[Path, Path] | None = None) -> tuple[int, str]:
     """GET `url` on the operator's TLS port, not verifying its certificate (its CA is the chart's), with a bearer
     `token`, or with a client certificate `cert` (and headers naming a user, as the front proxy's would)."""
@@ -231,7 +211,7 @@ def test_the_hpa_scales_on_queue_time_new_replicas_join_through_the_gate_and_sca
     for _ in range(8):
         kube.request("GET", pods_metric_path(namespace))
     # A load step: 6 clients back to back on one instance of 20 ms each, about 100 ms in the queue.
-    with GateAudit(kube, namespace, MODEL) as audit, PodMetricAudit(kube, namespace) as metric_audit:
+    with GateAudit(kube, namespace, MODEL, min_samples=20) as audit, PodMetricAudit(kube, namespace) as metric_audit:
         heavy = ServiceLoad(kubeconfig, namespace, MODEL, model=MODEL, threads=6, rate=1000).start()
         t0 = time.monotonic()
         wait_for(f"the HPA to ask for 2 or more replicas ({hpa_says(kube, namespace)})",
@@ -240,7 +220,7 @@ def test_the_hpa_scales_on_queue_time_new_replicas_join_through_the_gate_and_sca
         wait_for("2 or more ready endpoints", lambda: len(ready_endpoints(kube, namespace, MODEL)) >= 2, 120)
         ready = time.monotonic() - t0
         answered = wait_for("an added replica answering the step (Triton's own count of its requests)",
-                            lambda: added_answers(kube, namespace, first), 60)
+                            lambda: added_answers(kube, namespace, first, MODEL), 60)
         serving = time.monotonic() - t0
         peak = kube.get("TritonModel", MODEL, namespace)["spec"]["replicas"]
         up = heavy.stop()
@@ -263,7 +243,6 @@ def test_the_hpa_scales_on_queue_time_new_replicas_join_through_the_gate_and_sca
     assert up.failed == 0 and down.failed == 0, f"{up.summary()} {heavy.samples}; {down.summary()} {light.samples}"
     assert up.sent > 100 and down.sent > 20, (up.summary(), down.summary())
     assert not audit.violations, audit.violations[:10]
-    assert audit.samples > 10, f"the gate audit ran {audit.samples} times: {audit.errors[:5]}"
     assert not metric_audit.violations, metric_audit.violations[:5]
     assert metric_audit.checked, (f"no read of the pods' metric saw a replica before it was warmed "
                                   f"(errors: {metric_audit.errors[:5]})")

@@ -18,13 +18,14 @@ from e2e.operator_fixtures import (
     LEASE_SECONDS,
     RELEASE_NAMESPACE,
     OperatorHandle,
+    _two_ready_replicas,
+    add_sub,
     is_model_ready,
     model_condition,
     record,
+    rolled_out,
     wait_model,
 )
-from e2e.test_operator import add_sub, rolled_out
-from e2e.test_rollouts import _two_ready_replicas
 from e2e.testing import ready_addresses
 
 pytestmark = pytest.mark.cluster

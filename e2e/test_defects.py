@@ -20,23 +20,19 @@ from e2e.operator_fixtures import (
     GROUP,
     LABEL_MODEL,
     OperatorHandle,
+    add_sub,
+    apply,
+    digest_of,
     gate,
     is_model_ready,
     kubectl,
+    live_pods,
     load_examples,
     model_condition,
     wait_model,
 )
-from e2e.test_operator import (
-    add_sub,
-    apply,
-    digest_of,
-    endpoint_ready,
-    infer_add_sub,
-    live_pods,
-    model_ready_over_http,
-)
-from e2e.testing import consistently, is_ready, ready_endpoints
+from e2e.testing import consistently, endpoint_ready, is_ready, ready_endpoints
+from e2e.traffic import infer_add_sub, model_ready_over_http
 from triton_operator.api.pod import repository_of
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.controller.cache import Cache

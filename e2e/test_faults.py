@@ -45,17 +45,20 @@ from e2e.operator_fixtures import (
     LABEL_MODEL,
     VERSION,
     OperatorHandle,
+    add_sub,
+    apply,
     gate,
     is_model_ready,
     load_examples,
     model_condition,
+    one_ready_pod,
     record,
     start_operator,
     wait_model,
     wait_writes_settle,
 )
-from e2e.test_operator import add_sub, apply, endpoint_ready, infer_add_sub, model_ready_over_http, one_ready_pod
-from e2e.testing import container_status, ready_addresses
+from e2e.testing import container_status, endpoint_ready, ready_addresses
+from e2e.traffic import infer_add_sub, model_ready_over_http
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR
 
 if TYPE_CHECKING:

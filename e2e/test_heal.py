@@ -19,220 +19,30 @@ not asserted (`make bench BENCH=faults` measures them on purpose).
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import signal
 import time
-import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from e2e.healing import HOG_TRIGGER, Outcome, measure, post, python_model, repository_key, sentiment, serving, stubs_of
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad
 from e2e.operator_fixtures import (
     OperatorHandle,
+    apply,
     gate,
     is_model_ready,
-    load_examples,
+    live_pods,
     model_condition,
     record,
     wait_model,
 )
-from e2e.test_operator import add_sub, apply, endpoint_ready, live_pods
-from e2e.testing import ready_addresses
-from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
 from triton_operator.render.repository_key import KEY_HEADER
 
 pytestmark = pytest.mark.cluster
-
-STUB = b"triton_python_backend_stub"
-#: A request whose INPUT0 starts with this makes the `hog` model allocate past its container's memory limit.
-HOG_TRIGGER = -7777.0
-
-
-@dataclass
-class Outcome:
-    """What one fault did, as the test saw it (seconds from the fault)."""
-
-    left: float | None = None  # the bad replica's endpoint turned ready: false
-    back: float | None = None  # ... and ready again
-    served: float | None = None  # ... and answered a request of its own
-    failed: int = 0
-    sent: int = 0
-    gate_reasons: list[str] = field(default_factory=list)
-    degraded: list[str] = field(default_factory=list)  # the TritonModel's Degraded reasons while it healed
-    progressing: list[str] = field(default_factory=list)
-    action: str = ""
-
-    def line(self) -> str:
-        def s(x: float | None) -> str:
-            return "never" if x is None else f"{x:.2f}s"
-        return (f"out of the endpoints {s(self.left)}, ready again {s(self.back)}, served again {s(self.served)}; "
-                f"{self.failed} of {self.sent} requests failed; gate {self.gate_reasons}; action: {self.action}")
-
-
-def python_model(name: str, replicas: int = 2, hog: bool = False, memory: str | None = None) -> dict:
-    """add-sub (a Python model) as `name`; `hog`: a request with INPUT0[0] == HOG_TRIGGER allocates 2 GiB."""
-    doc = add_sub(name)
-    doc["spec"]["replicas"] = replicas
-    if hog:
-        code = doc["spec"]["source"]["inline"]["model.py"]
-        line = '            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()\n'
-        code = code.replace(line, line + f'            if a.size and a.reshape(-1)[0] == {HOG_TRIGGER}:\n'
-                            '                hog = np.ones((2 << 30) // 8)  # 2 GiB, written: resident\n'
-                            '                a = a + hog[:1].astype(a.dtype) - 1\n', 1)
-        assert str(HOG_TRIGGER) in code, "the add-sub example changed: the hog's trigger did not go in"
-        doc["spec"]["source"]["inline"]["model.py"] = code
-    if memory:
-        doc["spec"].setdefault("server", {})["resources"] = {"limits": {"memory": memory}, "requests": {"memory": memory}}
-    return doc
-
-
-def sentiment(replicas: int = 2) -> list[dict]:
-    docs = load_examples("sentiment-ensemble")
-    for d in docs:
-        if d["metadata"]["name"] == "sentiment":
-            d["spec"]["replicas"] = replicas
-    return docs
-
-
-def stubs_of(nodes: Any, pod: dict, model: str) -> list[int]:
-    """The Python stub processes of `model` in the pod's tritonserver container: the processes of that container's
-    cgroup (on the host) whose command runs the stub for `<repository>/<model>/<version>/model.py`."""
-    pid = nodes.container_pid(pod, "tritonserver")
-    # Any hierarchy the container's cgroup is in (cgroup v2, or a v1 controller on a hybrid host) lists its processes.
-    dirs = []
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for root in ((Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")) if not controllers
-                     else (Path("/sys/fs/cgroup", controllers.split(",")[0].removeprefix("name=")),)):
-            dirs.append(root / path.lstrip("/"))
-    found = next((d for d in dirs if (d / "cgroup.procs").is_file() and d != Path("/sys/fs/cgroup")), None)
-    assert found is not None, f"no cgroup directory of tritonserver (pid {pid}) among {dirs}"
-    procs = (found / "cgroup.procs").read_text().split()
-    out = []
-    for p in procs:
-        try:
-            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[0].endswith(STUB) and len(argv) > 1 and Path(argv[1].decode()).parts[-3:-2] == (model,):
-            out.append(int(p))
-    return out
-
-
-def repository_key(kube: Kube, namespace: str, name: str) -> str:
-    """The model's repository key, read as the cluster's admin from the Secret its Deployment names."""
-    template = kube.get("Deployment", name, namespace)["spec"]["template"]["spec"]
-    (ref,) = [e["valueFrom"]["secretKeyRef"] for e in template["containers"][0]["env"] if e["name"] == REPOSITORY_KEY_ENV]
-    secret = kube.get("Secret", ref["name"], namespace)
-    return base64.b64decode(secret["data"][ref["key"]]).decode()
-
-
-def post(url: str, body: dict, headers: dict[str, str] | None = None, timeout: float = 60) -> int:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310 - http:// to a pod of this test
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http:// to a pod of this test
-            return int(resp.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
-
-
-def heal_events(kube: Kube, namespace: str, pod: str, skip: frozenset[str] = frozenset()) -> list[str]:
-    """The operator's heal Events on the pod (but those named in `skip`: the ones before a fault)."""
-    return [f"{e.get('reason')}: {e.get('message')}" for e in kube.items("Event", namespace)
-            if (e.get("involvedObject") or {}).get("name") == pod and e["metadata"]["name"] not in skip
-            and e.get("reason") in ("Healed", "HealFailed", "HealDeleted")]
-
-
-def event_names(kube: Kube, namespace: str) -> frozenset[str]:
-    return frozenset(e["metadata"]["name"] for e in kube.items("Event", namespace))
-
-
-def serving(kube: Kube, namespace: str, model: str, replicas: int) -> list[dict]:
-    """Waits until the model is Ready with `replicas` warmed pods, each in the Service; returns them."""
-    wait_model(kube, namespace, model, is_model_ready, "Ready", 240)
-
-    def all_in() -> list[dict] | None:
-        pods = live_pods(kube, namespace, model)
-        ok = len(pods) == replicas and all(gate(p).get("status") == "True" and endpoint_ready(
-            kube, namespace, model, p["status"]["podIP"]) for p in pods)
-        return pods if ok else None
-
-    return wait_for(f"{replicas} replicas of {model} in the Service", all_in, 120)
-
-
-def answers(ip: str, model: str) -> bool:
-    """Whether the replica at `ip` answers one inference of `model` (add-sub's inputs, or the sentiment ensemble's)."""
-    if model == "sentiment":
-        body: dict = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["a good film"]}]}
-    else:
-        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
-                           {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]}
-    return post(f"http://{ip}:8000/v2/models/{model}/infer", body, timeout=10) == 200
-
-
-def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad, fault: Callable[[], None],
-            after: Callable[[], None] | None = None, timeout: float = 180) -> Outcome:
-    """Runs `fault` against `pod` under `load`, and follows the replica's endpoint out and back in (polled back to
-    back: what is measured is the system's latency, not the poll's), then until the replica answers again."""
-    name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
-    out = Outcome()
-    replicas = len(ready_addresses(kube, namespace, model))
-    earlier = event_names(kube, namespace)
-    before = load.tally()
-    t0 = time.monotonic()
-    fault()
-    while out.left is None:
-        assert time.monotonic() - t0 < 60, f"the replica never left the endpoints: {load.endpoint_history[-5:]}"
-        if not endpoint_ready(kube, namespace, model, ip):
-            out.left = time.monotonic() - t0
-        else:
-            time.sleep(0.005)
-    if after is not None:
-        after()
-    while out.served is None:
-        now = time.monotonic()
-        assert now - t0 < timeout, (f"the replica did not serve again within {timeout:.0f}s: {out.line()}; "
-                                    f"endpoints {load.endpoint_history[-5:]}; events {heal_events(kube, namespace, name)}")
-        p = kube.get_or_none("Pod", name, namespace)
-        reason = gate(p).get("reason", "") if p and not p["metadata"].get("deletionTimestamp") else "(pod replaced)"
-        if reason and (not out.gate_reasons or out.gate_reasons[-1] != reason):
-            out.gate_reasons.append(reason)
-        tm = kube.get("TritonModel", model, namespace)
-        for type_, seen in (("Degraded", out.degraded), ("Progressing", out.progressing)):
-            c = model_condition(tm, type_)
-            r = f"{c.get('status')}/{c.get('reason')}"
-            if not seen or seen[-1] != r:
-                seen.append(r)
-        if reason == "(pod replaced)":  # the operator deleted it: back once its replacement is in the Service
-            ready = ready_addresses(kube, namespace, model) - {ip}
-            if out.back is None and len(ready) >= replicas:
-                out.back = time.monotonic() - t0
-            if out.back is not None and all(answers(a, model) for a in ready):
-                out.served = time.monotonic() - t0
-        else:
-            if out.back is None and endpoint_ready(kube, namespace, model, ip):
-                out.back = time.monotonic() - t0
-            if out.back is not None and answers(ip, model):
-                out.served = time.monotonic() - t0
-        time.sleep(0.05)
-    phase = load.tally() - before
-    out.failed, out.sent = phase.failed, phase.sent
-    p = kube.get_or_none("Pod", name, namespace)
-    restarts = sum(cs.get("restartCount", 0) for cs in ((p or {}).get("status") or {}).get("containerStatuses") or ())
-    events = heal_events(kube, namespace, name, earlier)
-    out.action = "; ".join(events) or (f"container restarted ({restarts} restarts)" if restarts else "none recorded")
-    return out
-
 
 def finish(kube: Kube, namespace: str, model: str, what: str, out: Outcome, load: ServiceLoad) -> None:
     record(f"heal: {what}", out.line())

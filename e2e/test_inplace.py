@@ -8,8 +8,6 @@ gate approves. Same session operator (the chart, in-cluster) and per-test namesp
 
 from __future__ import annotations
 
-import re
-import threading
 import time
 from pathlib import Path
 
@@ -17,87 +15,25 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from e2e.inplace import GateAudit, annotations, reloadable, serving
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad
 from e2e.operator_fixtures import (
     OperatorHandle,
+    apply,
     gate,
     is_model_ready,
+    live_pods,
     load_examples,
     model_condition,
     record,
     wait_model,
 )
-from e2e.test_operator import add_sub, apply, live_pods
-from e2e.testing import consistently, is_ready, ready_endpoints
-from triton_operator.api.pod import ANNOTATION_DIGEST, ANNOTATION_PREVIOUS, ANNOTATION_RELOAD, ANNOTATION_RELOAD_FAILED, DIGEST_PARAMETER
+from e2e.testing import consistently, ready_endpoints
+from e2e.traffic import loaded_digest
+from triton_operator.api.pod import ANNOTATION_DIGEST, ANNOTATION_RELOAD, ANNOTATION_RELOAD_FAILED
 
 pytestmark = pytest.mark.cluster
-
-#: add-sub's model.py, plus an initialize that takes `initSeconds` and refuses to load with `refuse: "yes"`: a
-#: slow reload to watch, and a config-only change that cannot load.
-ADD_SUB_PY = '''import json
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        params = json.loads(args["model_config"]).get("parameters", {})
-        if params.get("refuse", {}).get("string_value") == "yes":
-            raise RuntimeError("refusing to load: parameters.refuse is yes")
-        time.sleep(float(params.get("initSeconds", {}).get("string_value", "0")))
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
-            responses.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor("OUTPUT0", (a + b).astype(np.float32)),
-                pb_utils.Tensor("OUTPUT1", (a - b).astype(np.float32)),
-            ]))
-        return responses
-'''
-
-
-def reloadable(replicas: int, init_seconds: float = 1.0, **rollout: object) -> dict:
-    doc = add_sub()
-    doc["spec"]["replicas"] = replicas
-    doc["spec"]["source"]["inline"]["model.py"] = ADD_SUB_PY
-    doc["spec"]["parameters"] = {"initSeconds": str(init_seconds)}
-    if rollout:
-        doc["spec"]["rollout"] = dict(rollout)
-    return doc
-
-
-def annotations(pod: dict) -> dict:
-    return pod["metadata"].get("annotations") or {}
-
-
-def loaded_digest(ip: str, model: str = "add-sub") -> str | None:
-    """The digest parameter of the config the replica's Triton has loaded (None: it has no READY copy)."""
-    client = grpcclient.InferenceServerClient(f"{ip}:8001")
-    try:
-        if not client.is_model_ready(model, client_timeout=2):
-            return None
-        param = client.get_model_config(model, client_timeout=2).config.parameters.get(DIGEST_PARAMETER)
-        return param.string_value if param is not None else None
-    finally:
-        client.close()
-
-
-def serving(kube: Kube, namespace: str, digest: str, replicas: int, model: str = "add-sub") -> bool:
-    """`replicas` live pods, each told `digest` alone (no reload pending, no previous digest), gate True, and its
-    Triton saying it has loaded `digest`."""
-    pods = live_pods(kube, namespace, model)
-    return len(pods) == replicas and all(
-        annotations(p).get(ANNOTATION_DIGEST) == digest and ANNOTATION_RELOAD not in annotations(p)
-        and ANNOTATION_PREVIOUS not in annotations(p) and gate(p).get("status") == "True"
-        and loaded_digest(p["status"]["podIP"], model) == digest for p in pods)
-
 
 def change_queue_delay(kube: Kube, namespace: str, delay: int, old: str) -> str:
     """Patches add-sub's batcher queue delay; returns status.configDigest once it is no longer `old`."""
@@ -106,86 +42,6 @@ def change_queue_delay(kube: Kube, namespace: str, delay: int, old: str) -> str:
     tm = wait_model(kube, namespace, "add-sub", lambda tm: tm["status"].get("configDigest") != old,
                     "the new digest in the status", 30)
     return str(tm["status"]["configDigest"])
-
-
-def gate_approved(pod: dict) -> set[str]:
-    """The digests the pod's gate approves: those the pod names (its config-digest, and during a swap its previous
-    one), and the one its gate condition named when it last turned True (until the gate has seen an instruction,
-    e.g. while the operator is down, the replica serves what was approved then)."""
-    ann = annotations(pod)
-    approved = {ann.get(ANNOTATION_DIGEST), ann.get(ANNOTATION_PREVIOUS)} - {None}
-    said = re.search(r"config digest ([0-9a-f]+)", gate(pod).get("message") or "")
-    if gate(pod).get("status") == "True" and said:
-        approved.add(said.group(1))
-    return approved
-
-
-class GateAudit:
-    """Samples, until stopped: every ready endpoint of the model's Service must be a pod whose Triton serves a
-    digest its gate approves (`gate_approved`), now or within the last `LAG` seconds: an EndpointSlice follows a
-    pod's readiness a moment later (the kubelet's status update, then the EndpointSlice controller), and until
-    it does the replica serves what its gate approved before (Drain unloads only once the pod is NotReady and
-    has had no request for a second). Both steps took over 2 s in CI, on a loaded machine (a pod still Ready with
-    its gate False; an endpoint still ready with its pod NotReady), so an endpoint is also judged against what
-    the gate approved at any time during the pod's last Ready spell: a Drain replica keeps serving that until
-    it is out of the endpoints. A replica serving a config its gate never approved while it was Ready, or no
-    READY copy at all, is a violation."""
-
-    LAG = 2.0
-
-    def __init__(self, kube: Kube, namespace: str, model: str = "add-sub") -> None:
-        self.kube, self.namespace, self.model = kube, namespace, model
-        self.samples = 0
-        self.violations: list[str] = []
-        self.errors: list[str] = []
-        self._halt = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gate-audit", daemon=True)
-        self._approvals: dict[str, list[tuple[float, set[str]]]] = {}  # pod -> (when, what its gate approved)
-        self._when_ready: dict[str, set[str]] = {}  # pod -> what its gate approved in its last Ready spell
-        self._was_ready: set[str] = set()  # pods Ready at the last sample
-
-    def __enter__(self) -> GateAudit:
-        self._start = time.monotonic()
-        self._thread.start()
-        # what each gate approves before the change: the history a lagging EndpointSlice is judged against
-        wait_for("the gate audit's first samples", lambda: self.samples >= 3 or self.errors, 30)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._halt.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._halt.wait(0.2):
-            try:
-                ready = {ep["targetRef"]["name"] for ep in ready_endpoints(self.kube, self.namespace, self.model)
-                         if ep.get("targetRef")}
-                pods = {p["metadata"]["name"]: p for p in live_pods(self.kube, self.namespace, self.model)}
-                now = time.monotonic()
-                for name, pod in pods.items():
-                    seen = [(t, a) for t, a in self._approvals.get(name, []) if now - t <= self.LAG]
-                    self._approvals[name] = [*seen, (now, gate_approved(pod))]
-                    if is_ready(pod):  # what the gate approved over the pod's whole Ready spell (a pod's Ready
-                        # lags its gate too: the kubelet recomputes it after the operator turns the gate False)
-                        spell = self._when_ready.get(name, set()) if name in self._was_ready else set()
-                        self._when_ready[name] = spell | gate_approved(pod)
-                        self._was_ready.add(name)
-                    else:
-                        self._was_ready.discard(name)
-                for name in sorted(ready & set(pods)):
-                    # The pod's Ready (and then the EndpointSlice) lags its gate: a replica that was Ready serves
-                    # what its gate approved during that Ready spell until it is out of the endpoints.
-                    approved = set().union(*(a for _, a in self._approvals[name]), self._when_ready.get(name, set()))
-                    loaded = loaded_digest(pods[name]["status"]["podIP"], self.model)
-                    if loaded not in approved:
-                        g = gate(pods[name])
-                        self.violations.append(
-                            f"+{now - self._start:.1f}s {name}: a ready endpoint serving {loaded}, its gate approves "
-                            f"{sorted(approved)} (gate {g.get('status')} {g.get('reason')}; pod Ready "
-                            f"{is_ready(pods[name])})")
-                self.samples += 1
-            except Exception as e:  # noqa: BLE001 - a pod going away mid-sample; counted, not fatal
-                self.errors.append(repr(e))
 
 
 def test_in_place_change_keeps_every_pod_needs_no_spare_gpu_and_fails_no_request_while_new_pods_stay_pending(
@@ -201,7 +57,7 @@ def test_in_place_change_keeps_every_pod_needs_no_spare_gpu_and_fails_no_request
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
     template = kube.get("Deployment", "add-sub", namespace)["spec"]["template"]
 
-    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace, min_samples=11) as audit:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         t0 = time.monotonic()
         new = change_queue_delay(kube, namespace, 500, old)
@@ -220,7 +76,6 @@ def test_in_place_change_keeps_every_pod_needs_no_spare_gpu_and_fails_no_request
     assert kube.get("Deployment", "add-sub", namespace)["spec"]["template"] == template, "the pod template changed"
     assert tally.failed == 0 and tally.sent > 200, f"{tally.summary()}; {load.samples}"
     assert not audit.violations, audit.violations[:10]
-    assert audit.samples > 10, f"the audit ran {audit.samples} times: {audit.errors[:5]}"
     states = {s["pod"]: s.get("configDigest") for s in tm["status"]["replicaStates"]}
     assert states == dict.fromkeys(before, new), f"status.replicaStates[].configDigest: {states}"
 
@@ -250,7 +105,7 @@ def test_a_config_that_fails_to_load_stops_after_one_replica_which_keeps_serving
     tm = wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
                     "Ready with 2 warmed replicas", 180)
     old = tm["status"]["configDigest"]
-    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace, min_samples=10) as audit:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         kube.patch("TritonModel", "add-sub", {"spec": {"parameters": {"refuse": "yes"}}}, namespace, type="merge")
         tm = wait_model(kube, namespace, "add-sub",
@@ -289,7 +144,7 @@ def test_the_operator_killed_mid_rollout_resumes_it_a_replica_added_later_serves
                     "Ready with 2 warmed replicas", 180)
     old = tm["status"]["configDigest"]
     uids = {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
-    with GateAudit(kube, namespace) as audit:
+    with GateAudit(kube, namespace, min_samples=10) as audit:
         kube.patch("TritonModel", "add-sub", {"spec": {"batcher": {"maxQueueDelayMicroseconds": 900}}}, namespace,
                    type="merge")
         reloading = wait_for("a replica told to reload", lambda: next(
@@ -308,8 +163,8 @@ def test_the_operator_killed_mid_rollout_resumes_it_a_replica_added_later_serves
     # A replica added now starts from the pod template (the old config) and joins only once it serves the new one.
     kube.patch("TritonModel", "add-sub", {"spec": {"replicas": 3}}, namespace, type="merge")
     wait_for("3 replicas at the new config", lambda: serving(kube, namespace, new, 3), 180)
-    with GateAudit(kube, namespace) as audit:
-        wait_for("a few audits", lambda: audit.samples >= 5, 30)
+    with GateAudit(kube, namespace, min_samples=5) as audit:
+        wait_for("a few audits", lambda: audit.judged >= 5, 30)
     assert not audit.violations, audit.violations[:10]
     wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 3,
                "Ready with 3 warmed replicas", 60)
@@ -317,7 +172,7 @@ def test_the_operator_killed_mid_rollout_resumes_it_a_replica_added_later_serves
     # Three replicas rolled in place under load through the Service's ClusterIP, Drain mode: each leaves the
     # endpoints, drains, unloads and loads while the other two take the traffic.
     uids = {p["metadata"]["uid"] for p in live_pods(kube, namespace, "add-sub")}
-    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace) as audit:
+    with ServiceLoad(kubeconfig, namespace, "add-sub") as load, GateAudit(kube, namespace, min_samples=20) as audit:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         t0 = time.monotonic()
         newer = change_queue_delay(kube, namespace, 1100, new)

@@ -26,8 +26,7 @@ from e2e.cluster import LocalCluster, session_root
 from e2e.images import OPERATOR_ALIAS
 from e2e.kube import Kube, condition, wait_for
 from e2e.node import leftovers
-from e2e.operator_fixtures import LABEL_MODEL, OperatorHandle, gate, is_model_ready, record, wait_model
-from e2e.test_operator import add_sub, apply, live_pods
+from e2e.operator_fixtures import LABEL_MODEL, OperatorHandle, add_sub, apply, gate, is_model_ready, live_pods, record, wait_model
 from e2e.testing import container_status, is_ready, ready_addresses, ready_endpoints, wait_pod
 
 pytestmark = pytest.mark.cluster

@@ -11,14 +11,13 @@ from __future__ import annotations
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from e2e.health_checks import argocd_health, kstatus
 from e2e.kube import Kube, wait_for
 from e2e.node import LogFollower
 from e2e.operator_fixtures import (
@@ -27,18 +26,25 @@ from e2e.operator_fixtures import (
     LABEL_MODEL,
     WARMED,
     OperatorHandle,
+    add_sub,
+    apply,
     as_stream,
+    digest_of,
     gate,
     is_model_ready,
     kubectl,
+    live_pods,
     load_examples,
     model_condition,
     model_pods,
+    one_ready_pod,
     record,
+    rolled_out,
     wait_model,
     wait_writes_settle,
 )
-from e2e.testing import argocd_health, container_status, endpoints, is_ready, kstatus, ready_endpoints, wait_gone
+from e2e.testing import container_status, endpoint_of, endpoint_ready, endpoints, is_ready, ready_endpoints, wait_gone
+from e2e.traffic import infer_add_sub, model_ready_over_http
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR, POD, REPLICA_SET, WATCHED
 from triton_operator.api.timestamps import parse_rfc3339
 from triton_operator.render.kubernetes import Options
@@ -49,86 +55,8 @@ pytestmark = pytest.mark.cluster
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def apply(kubeconfig: Path, namespace: str, *docs: dict) -> None:
-    kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream(list(docs)))
-
-
-def add_sub(name: str = "add-sub", strategy: str | None = None) -> dict:
-    """The add-sub example as `name`; `strategy` sets spec.rollout.strategy (NewPods: a config change rolls the
-    Deployment, for the tests of that path; the default, InPlace, reloads replicas: e2e/test_inplace.py)."""
-    doc = load_examples("add-sub")[0]
-    doc["metadata"]["name"] = name
-    if strategy:
-        doc["spec"]["rollout"] = {"strategy": strategy}
-    return doc
-
-
-def infer_add_sub(address: str, model: str = "add-sub") -> np.ndarray:
-    """One request at `address`:8001; returns OUTPUT0 (a+b)."""
-    client = grpcclient.InferenceServerClient(f"{address}:8001")
-    try:
-        a = np.array([[1, 2, 3, 4]], dtype=np.float32)
-        b = np.array([[10, 20, 30, 40]], dtype=np.float32)
-        inputs = [grpcclient.InferInput("INPUT0", [1, 4], "FP32"), grpcclient.InferInput("INPUT1", [1, 4], "FP32")]
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(b)
-        return client.infer(model, inputs, client_timeout=30).as_numpy("OUTPUT0")
-    finally:
-        client.close()
-
-
-def model_ready_over_http(ip: str, model: str) -> bool | None:
-    """Triton's own answer, on a fresh connection each time (a gRPC channel would back off after refusals).
-
-    True on 200; False when Triton says no (400) or nothing listens yet (Triton opens its ports only once
-    load and warm-up are done); None when the question went unanswered (a timeout on a loaded machine),
-    which proves nothing either way.
-    """
-    try:
-        with urllib.request.urlopen(f"http://{ip}:8000/v2/models/{model}/ready", timeout=5) as resp:
-            return resp.status == 200
-    except urllib.error.HTTPError:
-        return False
-    except urllib.error.URLError as e:
-        return False if isinstance(e.reason, ConnectionRefusedError) else None
-    except ConnectionRefusedError:
-        return False
-    except OSError:
-        return None
-
-
-def endpoint_of(kube: Kube, namespace: str, service: str, ip: str) -> dict | None:
-    return next((ep for ep in endpoints(kube, namespace, service) if ip in ep.get("addresses", ())), None)
-
-
-def endpoint_ready(kube: Kube, namespace: str, service: str, ip: str) -> bool:
-    ep = endpoint_of(kube, namespace, service, ip)
-    return bool(ep and (ep.get("conditions") or {}).get("ready"))
-
-
-def live_pods(kube: Kube, namespace: str, model: str) -> list[dict]:
-    return [p for p in model_pods(kube, namespace, model) if not p["metadata"].get("deletionTimestamp")]
-
-
-def digest_of(pod: dict) -> str:
-    return (pod["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST, "")
-
-
 def template_digest(kube: Kube, namespace: str, name: str) -> str:
     return kube.get("Deployment", name, namespace)["spec"]["template"]["metadata"]["annotations"][ANNOTATION_DIGEST]
-
-
-def rolled_out(kube: Kube, namespace: str, name: str, digest: str, replicas: int) -> bool:
-    """Exactly `replicas` pods exist (terminating ones included), all at `digest`, all warmed."""
-    pods = model_pods(kube, namespace, name)
-    return len(pods) == replicas and all(
-        digest_of(p) == digest and gate(p).get("status") == "True" and not p["metadata"].get("deletionTimestamp")
-        for p in pods)
-
-
-def one_ready_pod(kube: Kube, namespace: str, name: str) -> dict:
-    return wait_for(f"one warmed pod of {name}", lambda: next(
-        (p for p in live_pods(kube, namespace, name) if gate(p).get("status") == "True"), None), 60)
 
 
 def managers(obj: dict) -> set[tuple[str, str | None]]:

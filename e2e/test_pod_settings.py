@@ -20,8 +20,8 @@ import pytest
 
 from e2e.kube import ApiError, Kube
 from e2e.objectstores import S3Server
-from e2e.operator_fixtures import OperatorHandle, is_model_ready, wait_model
-from e2e.test_operator import add_sub, apply, infer_add_sub, one_ready_pod
+from e2e.operator_fixtures import OperatorHandle, add_sub, apply, is_model_ready, one_ready_pod, wait_model
+from e2e.traffic import infer_add_sub
 
 pytestmark = pytest.mark.cluster
 

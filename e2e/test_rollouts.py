@@ -23,15 +23,19 @@ from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad, Tally
 from e2e.operator_fixtures import (
     OperatorHandle,
+    _two_ready_replicas,
+    add_sub,
+    digest_of,
     gate,
     is_model_ready,
     kubectl,
+    live_pods,
     model_condition,
     model_pods,
     record,
+    rolled_out,
     wait_model,
 )
-from e2e.test_operator import add_sub, apply, digest_of, live_pods, rolled_out
 from e2e.testing import consistently, is_ready, ready_endpoints
 from triton_operator.validate import Document, check_documents
 
@@ -41,15 +45,6 @@ pytestmark = pytest.mark.cluster
 #: shortest phase (a scale up: start, load, warm, gate, endpoint) takes 2-3 s or more.
 MIN_PER_PHASE = 150
 MIN_TOTAL = 2000
-
-
-def _two_ready_replicas(kube: Kube, kubeconfig: Path, namespace: str, doc: dict) -> dict:
-    doc["spec"]["replicas"] = 2
-    apply(kubeconfig, namespace, doc)
-    tm = wait_model(kube, namespace, "add-sub", lambda tm: is_model_ready(tm) and tm["status"]["warmedReplicas"] == 2,
-                    "Ready with 2 warmed replicas", 180)
-    wait_for("2 ready endpoints", lambda: len(ready_endpoints(kube, namespace, "add-sub")) == 2, 30)
-    return tm
 
 
 def _served(kube: Kube, namespace: str) -> dict[str, int]:

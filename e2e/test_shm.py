@@ -17,8 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from e2e.kube import Kube, wait_for
-from e2e.operator_fixtures import OperatorHandle, is_model_ready, record, wait_model
-from e2e.test_operator import apply, one_ready_pod
+from e2e.operator_fixtures import OperatorHandle, apply, is_model_ready, one_ready_pod, record, wait_model
 from triton_operator.api.v1alpha1 import SHM_SIZE_DEFAULT, quantity_bytes
 
 pytestmark = pytest.mark.cluster

@@ -28,13 +28,16 @@ from e2e.kube import Kube, wait_for
 from e2e.objectstores import S3Server
 from e2e.operator_fixtures import (
     OperatorHandle,
+    add_sub,
+    apply,
     is_model_ready,
     load_examples,
     model_condition,
     model_pods,
+    one_ready_pod,
     wait_model,
 )
-from e2e.test_operator import add_sub, apply, infer_add_sub, one_ready_pod
+from e2e.traffic import infer_add_sub
 from tests.https_server import serve
 
 pytestmark = pytest.mark.cluster

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_corpus import _cases
+from tests.corpus_cases import _cases
 from triton_operator.api.steps import steps_of
 from triton_operator.validate.admission import UNTOLD, UNTOLD_DEPENDENT, needs_review, redacted, review, rule_summary
 
@@ -144,7 +144,7 @@ def test_a_schema_error_is_refused_with_its_path_before_any_cross_object_rule() 
 def test_a_step_whose_new_secret_its_ensemble_cannot_honour_is_refused_naming_the_ensemble() -> None:
     """One replica's fetch step has one set of AWS_* variables: a step taking a Secret of its own would have its
     bucket, or its sibling's, fetched with the other's keys."""
-    from tests.test_render_children import _uri_ensemble, _uri_model
+    from tests.documents import _uri_ensemble, _uri_model
 
     a = _uri_model("a", uri="s3://bucket-a/m", credentialsSecret="keys")
     b = _uri_model("b", uri="s3://bucket-b/m", credentialsSecret="keys")

@@ -17,18 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.testing import ARGOCD_HEALTH_SCRIPT as SCRIPT
-from e2e.testing import LUA, lua_literal
-from e2e.testing import argocd_health as health
-from triton_operator.api.pod import ANNOTATION_DIGEST, WARMED_CONDITION
-from triton_operator.plan.status import Observed, Problem, as_dict
-from triton_operator.plan.status import compute_status as typed_status
-
-
-def compute_status(obs: Observed, previous: dict | None) -> dict:
-    """The status as the API server stores it (the planner's typed `TritonModelStatus`, dumped)."""
-    return as_dict(typed_status(obs, previous))
-
+from e2e.health_checks import ARGOCD_HEALTH_SCRIPT as SCRIPT
+from e2e.health_checks import LUA, lua_literal
+from e2e.health_checks import argocd_health as health
+from tests.documents import _model, _pod
+from triton_operator.plan.status import Observed, Problem
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "triton-operator"
 KEY = "resource.customizations.health.serving.triton-operator.dev_TritonModel"
@@ -46,33 +39,6 @@ def test_the_literal_round_trips_through_lua() -> None:
 
 
 # ---------------------------------------------------------------- TritonModels with the statuses the operator writes
-
-
-def _pod(name: str, digest: str, gate: str, reason: str = "ModelWarmed", message: str = "", ready: str | None = None) -> dict:
-    return {
-        "metadata": {"name": name, "annotations": {ANNOTATION_DIGEST: digest}},
-        "spec": {"readinessGates": [{"conditionType": WARMED_CONDITION}]},  # as the template renders it
-        "status": {
-            "conditions": [
-                {"type": WARMED_CONDITION, "status": gate, "reason": reason, "message": message,
-                 "lastTransitionTime": "2026-01-01T00:00:05Z"},
-                {"type": "Ready", "status": ready or gate},
-            ],
-            "containerStatuses": [{"name": "tritonserver", "state": {"running": {"startedAt": "2026-01-01T00:00:01Z"}}}],
-        },
-    }
-
-
-def _model(generation: int, obs: Observed | None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": "serving.triton-operator.dev/v1alpha1",
-        "kind": "TritonModel",
-        "metadata": {"name": "add-sub", "namespace": "default", "generation": generation, "uid": "u1"},
-        "spec": {"backend": "python", "replicas": 2},
-    }
-    if obs is not None:
-        body["status"] = compute_status(obs, None)
-    return body
 
 
 def _conds(body: dict[str, Any]) -> dict[str, dict]:

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 from multidict import CIMultiDict
 
-from tests.test_drain import SLOW  # a model that sleeps what each request asks
-from tests.triton_helpers import models_from_yaml, serve, tensor
+from tests.triton_helpers import SLOW, models_from_yaml, serve, tensor
 from triton_operator.api.crd import crd
 from triton_operator.api.v1alpha1 import API_VERSION, TritonModel
 from triton_operator.plan.autoscaling import Counters, Sample, delta, model_metrics, replica_metrics, trim

@@ -1,11 +1,11 @@
-"""bench/scale.py attributes each audited request to its client by user agent: the operator's writes are what the
-scale benchmark reports, so no other component's request may count as the operator's."""
+"""bench/scale.py attributes each audited request to its client by user agent (bench/clients.py): the operator's
+writes are what the scale benchmark reports, so no other component's request may count as the operator's."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.scale import by_client, client_of
+from bench.clients import by_client, client_of
 
 
 @pytest.mark.parametrize(("agent", "client"), [

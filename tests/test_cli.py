@@ -14,21 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli_helpers import cli
 from tests.triton_helpers import EXAMPLES
-from triton_operator.cli.main import main
 from triton_operator.files import load_paths
 from triton_operator.validate import check_documents
 
 CORPUS = Path(__file__).parent / "corpus" / "invalid"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-operator"
-
-
-def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """`triton-operator ARGV` in this process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def example_models() -> list:

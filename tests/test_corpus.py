@@ -11,56 +11,21 @@ Each file in tests/corpus/invalid/ starts with comment lines:
 
 from __future__ import annotations
 
-import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from tests.corpus_cases import CASES, CORPUS, TRITON_CASES, Case
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths, write_repository
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import RULES, check_documents
 
-CORPUS = Path(__file__).parent / "corpus" / "invalid"
 GENERIC_MODEL = (Path(__file__).parent / "models" / "generic_model.py").read_text()
 MARKER = "# corpus: generic model"
-
-
-@dataclass(frozen=True)
-class Case:
-    path: Path
-    rule: str
-    expect: str
-    triton_error: str | None
-    triton_append: str | None
-
-    @property
-    def id(self) -> str:
-        return self.path.stem
-
-
-def _cases() -> list[Case]:
-    cases = []
-    for p in sorted(CORPUS.glob("*.yaml")):
-        head = dict(re.findall(r"^# ([a-z-]+): (.*)$", p.read_text(), flags=re.M))
-        cases.append(
-            Case(
-                p,
-                head["rule"],
-                head["expect"],
-                head.get("triton-error"),
-                head["triton-append"].encode().decode("unicode_escape") if "triton-append" in head else None,
-            )
-        )
-    return cases
-
-
-CASES = _cases()
-TRITON_CASES = [c for c in CASES if c.triton_error]
 
 
 def test_corpus_is_large_enough() -> None:

@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.triton_helpers import models_from_yaml
+from tests.triton_helpers import SLOW, models_from_yaml
 from triton_operator.files import write_repository
 from triton_operator.render.kubernetes import exit_timeout, render_children
 from triton_operator.render.modelconfig import render_repository
@@ -30,38 +30,6 @@ from triton_operator.triton.client import load_model
 from triton_operator.triton.local import LocalTritonServer
 
 pytestmark = pytest.mark.triton
-
-SLOW = """
-apiVersion: serving.triton-operator.dev/v1alpha1
-kind: TritonModel
-metadata: {name: slow}
-spec:
-  backend: python
-  batching: false
-  inputs: [{name: SECONDS, dataType: FP32, dims: [1]}]
-  outputs: [{name: SLEPT, dataType: FP32, dims: [1]}]
-  instanceGroups: [{kind: CPU, count: 1}]
-  source:
-    inline:
-      model.py: |
-        import pathlib
-        import time
-        import triton_python_backend_utils as pb_utils
-
-
-        class TritonPythonModel:
-            def execute(self, requests):
-                responses = []
-                for request in requests:
-                    seconds = pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()
-                    if seconds[0] > 0:  # tells the test a slow request is executing
-                        with open(pathlib.Path(__file__).with_name("executing"), "a") as f:
-                            f.write("1")
-                    time.sleep(float(seconds[0]))
-                    responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SLEPT", seconds)]))
-                return responses
-"""
-
 
 def _http_infer(conn: http.client.HTTPConnection, seconds: float) -> list[float]:
     body = json.dumps({"inputs": [{"name": "SECONDS", "shape": [1], "datatype": "FP32", "data": [seconds]}]})

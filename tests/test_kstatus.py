@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.testing import kstatus_results
-from tests.test_argocd_health import _model, _pod
+from e2e.health_checks import kstatus_results
+from tests.documents import _model, _pod
 from triton_operator.plan.status import Observed, Problem
 
 GO = shutil.which("go")

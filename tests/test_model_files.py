@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from tests.test_import import cli, configs_under, diff, normalized
+from tests.cli_helpers import cli, configs_under, diff, normalized
 from tests.triton_helpers import EXAMPLES, load_models, serve, tensor
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths

@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tests.documents import body, validation_errors
 from triton_operator.api.pod import ANNOTATION_POD_DIGEST
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.kubernetes import labels, render_children
 from triton_operator.render.modelconfig import render_repository
-
-from .test_shm import body, validation_errors
 
 
 def _template(**server: Any) -> dict[str, Any]:

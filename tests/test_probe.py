@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.probing import get
 from triton_operator.triton.local import free_port
 from triton_operator.triton.probe import IDLE_SECONDS, MAX_CONNECTIONS, Readiness, address, notify_gate
 
@@ -84,17 +85,6 @@ def probe(target: Target) -> Iterator[tuple[subprocess.Popen[str], int]]:
     proc.wait()
     if proc.stderr and not proc.stderr.closed:
         proc.stderr.close()
-
-
-def get(port: int, path: str = "/ready") -> tuple[int, str, float]:
-    """One kubelet-like probe: the status, the body and when the answer came (monotonic)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path, headers={"User-Agent": "kube-probe/1.35"})
-        resp = conn.getresponse()
-        return resp.status, resp.read().decode(), time.monotonic()
-    finally:
-        conn.close()
 
 
 def test_a_probe_is_held_until_tritonserver_is_up_then_passes_after_the_head_start(probe, target):

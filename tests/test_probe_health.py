@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_probe import get
+from tests.probing import get
 from tests.triton_helpers import Served, load_models, serve, tensor
 from triton_operator.render.modelconfig import config_json
 from triton_operator.triton.local import free_port

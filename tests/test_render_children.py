@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.documents import _uri_ensemble, _uri_model
 from triton_operator.api.pod import ANNOTATION_DIGEST, WARMED_CONDITION
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths
@@ -259,24 +260,6 @@ def test_a_name_that_makes_a_volume_name_keeps_it() -> None:
     """No rollout on upgrade for the names that always worked."""
     pod = _pod(_model(source={"uri": "pvc://models/m"}, modelFiles={"uri": "gs://b/l", "credentialsSecret": "gcs-key"}))
     assert {"pvc-models", "gcs-gcs-key"} <= {v["name"] for v in pod["volumes"]}
-
-
-def _uri_model(name: str, **source: str) -> dict:
-    return {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "metadata": {"name": name},
-            "spec": {"backend": "python", "maxBatchSize": 4, "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
-                     "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
-                     "instanceGroups": [{"kind": "CPU", "count": 1}], "source": dict(source)}}
-
-
-def _uri_ensemble(*steps: str) -> dict:
-    chain = []
-    for i, step in enumerate(steps):
-        chain.append({"model": step, "inputMap": {"IN": "x" if i == 0 else f"t{i}"},
-                      "outputMap": {"OUT": "y" if i == len(steps) - 1 else f"t{i + 1}"}})
-    return {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "metadata": {"name": "ens"},
-            "spec": {"platform": "ensemble", "maxBatchSize": 4,
-                     "inputs": [{"name": "x", "dataType": "FP32", "dims": [4]}],
-                     "outputs": [{"name": "y", "dataType": "FP32", "dims": [4]}], "ensemble": {"steps": chain}}}
 
 
 def _check(*bodies: dict) -> list[tuple[str, str, str]]:

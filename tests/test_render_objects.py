@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_cli import cli
+from tests.cli_helpers import cli
 from triton_operator.plan.planner import World, plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

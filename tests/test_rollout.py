@@ -1,6 +1,6 @@
 """In-place rollouts, pure: `plan.rollout` and how `plan.planner.plan` uses it.
 
-A model is settled at one spec (its children as the API server stores them, `tests.test_planner._settle`) with
+A model is settled at one spec (its children as the API server stores them, `tests.planner_world._settle`) with
 replicas made from its Deployment's pod template, then its spec changes; the plan says whether the Deployment
 rolls or the replicas are told, by pod annotations, to load the new config in place.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_planner import NS, _Api, _body, _conditions, _settle, _world
+from tests.planner_world import NS, _Api, _body, _conditions, _settle, _world
 from triton_operator.api.pod import (
     ANNOTATION_DIGEST,
     ANNOTATION_DRAIN_SECONDS,

@@ -8,27 +8,12 @@ from typing import Any
 
 import pytest
 
+from tests.documents import body, validation_errors
 from triton_operator.api.v1alpha1 import SHM_SIZE_DEFAULT, TritonModel, quantity_bytes
 from triton_operator.render.kubernetes import render_children
 from triton_operator.render.modelconfig import render_repository
-from triton_operator.validate import Document, FieldError, check_documents
+from triton_operator.validate import Document, check_documents
 from triton_operator.validate.rules import python_shm_settings
-
-
-def body(name: str = "m", source: dict[str, Any] | None = None, **server: Any) -> dict[str, Any]:
-    """A valid Python model (two CPU instances) with `server` as its spec.server."""
-    return {
-        "apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "metadata": {"name": name},
-        "spec": {"backend": "python", "maxBatchSize": 4,
-                 "inputs": [{"name": "INPUT", "dataType": "FP32", "dims": [4]}],
-                 "outputs": [{"name": "OUTPUT", "dataType": "FP32", "dims": [4]}],
-                 "instanceGroups": [{"kind": "CPU", "count": 2}],
-                 "source": source or {"inline": {"model.py": "pass\n"}}, "server": server},
-    }
-
-
-def validation_errors(*bodies: dict[str, Any]) -> list[FieldError]:
-    return check_documents([Document(f"t#{i}", b) for i, b in enumerate(bodies)]).errors
 
 
 def _pod(**server: Any) -> dict[str, Any]:

@@ -234,3 +234,35 @@ def tensor(name: str, array: Any) -> grpcclient.InferInput:
     inp = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     inp.set_data_from_numpy(array)
     return inp
+
+
+SLOW = """
+apiVersion: serving.triton-operator.dev/v1alpha1
+kind: TritonModel
+metadata: {name: slow}
+spec:
+  backend: python
+  batching: false
+  inputs: [{name: SECONDS, dataType: FP32, dims: [1]}]
+  outputs: [{name: SLEPT, dataType: FP32, dims: [1]}]
+  instanceGroups: [{kind: CPU, count: 1}]
+  source:
+    inline:
+      model.py: |
+        import pathlib
+        import time
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                responses = []
+                for request in requests:
+                    seconds = pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()
+                    if seconds[0] > 0:  # tells the test a slow request is executing
+                        with open(pathlib.Path(__file__).with_name("executing"), "a") as f:
+                            f.write("1")
+                    time.sleep(float(seconds[0]))
+                    responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SLEPT", seconds)]))
+                return responses
+"""

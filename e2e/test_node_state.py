@@ -1,5 +1,8 @@
 """e2e/node.py's garbage collection of node state (`gc_state_roots`), on directories of a test's own: what a
-cluster whose directory is gone leaves in `/var/lib/trop` goes, anything else stays."""
+cluster whose directory is gone leaves in `/var/lib/trop` goes, anything else stays.
+
+Beside the harness it tests; no marker, so `make unit` runs it (the unit tier, tests/, imports no harness
+module)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """e2e/images.py without building anything: the references the nodes need agree with what the operator and the
-chart render, and an image's hash moves with its inputs and nothing else."""
+chart render, and an image's hash moves with its inputs and nothing else.
+
+Beside the harness it tests; no marker, so `make unit` runs it (the unit tier, tests/, imports no harness
+module)."""
 
 from __future__ import annotations
 
