@@ -2,7 +2,8 @@
 HorizontalPodAutoscaler, and the Secret of its repository key.
 
 `render_children(model, rendered, uid, namespace, options)` -> plain dicts ready for server-side
-apply. No client, no I/O: the controller applies what this returns. `render_key_secret` is the Secret the
+apply. No client, no I/O: the controller applies what this returns. The repository a replica loads (the model and
+its ensemble steps, `modelconfig.Repository`) is computed once per render and handed to each builder. `render_key_secret` is the Secret the
 controller creates (never applies: see `render.repository_key`).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 from ..api.kinds import LABEL_MODEL, OWNED
 from ..api.v1alpha1 import API_VERSION, GROUP, KIND, WARMED_CONDITION, Server, TritonModel, quantity_bytes
 from .autoscaling import hpa_metric
-from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
+from .modelconfig import REPOSITORY_ROOT, RenderedModel, Repository
 from .repository_key import RepositoryKeys, key_env, render_secret, restriction_args, secret_name
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
@@ -177,28 +178,28 @@ def configmap_key(path: str) -> str:
     return f"{flat[-200:]}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
-def repository_name(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> str:
+def repository_name(model: TritonModel, repository: Repository) -> str:
     """`<model>-repository-<hash>`: named by its content (and the model's name, so no two models share one).
 
     A pod template names the ConfigMap it was made for, and that ConfigMap never changes (`immutable`): a pod
     re-created for an old ReplicaSet fetches the old files, not whatever the model holds now.
     """
     h = hashlib.sha256(model.name.encode())
-    for path, content in sorted(repository_for(model.name, rendered).items()):
+    for path, content in repository.files.items():
         h.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(content).digest())
     suffix = f"-repository-{h.hexdigest()[:10]}"
     return model.name[: 253 - len(suffix)].rstrip("-.") + suffix
 
 
 def render_configmap(
-    model: TritonModel, rendered: Mapping[str, RenderedModel], uid: str, namespace: str
+    model: TritonModel, repository: Repository, uid: str, namespace: str
 ) -> dict[str, Any]:
     """The model repository (the model plus, for ensembles, its steps) as one immutable ConfigMap named by its
     content (`repository_name`).
 
     Keys are flattened paths; the volume's `items` puts each back at its repository path.
     """
-    files = repository_for(model.name, rendered)
+    files = repository.files
     data: dict[str, str] = {}
     binary: dict[str, str] = {}
     size = 0
@@ -214,7 +215,7 @@ def render_configmap(
     cm: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(model, repository_name(model, rendered), uid, namespace),
+        "metadata": _meta(model, repository_name(model, repository), uid, namespace),
         "immutable": True,
         "data": data,
     }
@@ -268,7 +269,7 @@ def volume_name(prefix: str, name: str) -> str:
     return "-".join(p for p in (prefix, stem, digest) if p)
 
 
-def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tuple[list[str], Objects, Objects, Objects]:
+def _uri_args(repository: Repository) -> tuple[list[str], Objects, Objects, Objects]:
     """fetch arguments, extra volumes, mounts and env for the models in the closure whose source is a uri."""
     args: list[str] = []
     volumes: list[dict[str, Any]] = []
@@ -276,11 +277,11 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
     env: list[dict[str, Any]] = []
     fetched = [
         (m.triton_name if not m.spec.versions else f"{m.triton_name}/{version}", src)  # spec.source: MODEL, into 1/
-        for m in (rendered[name].model for name in step_closure(model.name, rendered))
+        for m in (r.model for r in repository.models)
         for version, src in m.spec.version_sources.items()
     ] + [
         (f"{m.triton_name}/.", m.spec.model_files)  # spec.modelFiles.uri: into the model directory itself
-        for m in (rendered[name].model for name in step_closure(model.name, rendered))
+        for m in (r.model for r in repository.models)
         if m.spec.model_files is not None
     ]
     for key, src in fetched:
@@ -333,8 +334,8 @@ def parse_versions_annotation(text: str | None) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel], options: Options) -> list[str]:
-    closure = [rendered[n].model for n in step_closure(model.name, rendered)]
+def _server_args(model: TritonModel, repository: Repository, options: Options) -> list[str]:
+    closure = [r.model for r in repository.models]
     args = [
         f"--model-repository={REPO_DIR}",
         "--model-control-mode=explicit",
@@ -370,11 +371,11 @@ def exit_timeout(args: list[str], default: int) -> int:
     return value
 
 
-def replica_gpus(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> int:
+def replica_gpus(model: TritonModel, repository: Repository) -> int:
     """`nvidia.com/gpu` per replica: `server.gpus`, or the most any model the replica loads needs."""
     if model.spec.server.gpus is not None:
         return model.spec.server.gpus
-    return max(rendered[n].model.spec.gpus_needed for n in step_closure(model.name, rendered))
+    return max(r.model.spec.gpus_needed for r in repository.models)
 
 
 def _shm(server: Server) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -417,15 +418,19 @@ def render_deployment(
     uid: str,
     namespace: str,
     options: Options = Options(),
+    repository: Repository | None = None,
 ) -> dict[str, Any]:
+    """The model's Deployment. `repository`: the one `rendered` holds for the model, when the caller has it."""
+    if repository is None:
+        repository = Repository.of(model.name, rendered)
     spec = model.spec
     server = spec.server
-    digest = rendered[model.name].digest
-    uri_args, uri_volumes, uri_mounts, uri_env = _uri_args(model, rendered)
+    digest = repository.own.digest
+    uri_args, uri_volumes, uri_mounts, uri_env = _uri_args(repository)
     user_env = _user_env(server)  # tritonserver's and fetch's: ambient credentials reach fetch too
     shm_volume, shm_mount = _shm(server)
-    gpus = replica_gpus(model, rendered)
-    files = repository_for(model.name, rendered)
+    gpus = replica_gpus(model, repository)
+    files = repository.files
     items = [{"key": configmap_key(p), "path": p} for p in files]
     # The `fetch` init step assembles the repository when some of it is not in the ConfigMap: a uri source (a
     # custom batching library in the repository is one too: inline files are text). Otherwise tritonserver reads the
@@ -445,7 +450,7 @@ def render_deployment(
 
     def probe_http(path: str) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}}
-    args = _server_args(model, rendered, options)
+    args = _server_args(model, repository, options)
     # A user's own --exit-timeout-secs (in server.args, after ours) is the drain Triton will take: make room for it.
     grace = (options.pre_stop_sleep_seconds + exit_timeout(args, options.exit_timeout_seconds)
              + options.termination_margin_seconds)
@@ -505,7 +510,7 @@ def render_deployment(
         **({"initContainers": [fetch]} if fetch_step else {}),
         "containers": [triton],
         "volumes": [
-            {"name": "repository", "configMap": {"name": repository_name(model, rendered), "items": items}},
+            {"name": "repository", "configMap": {"name": repository_name(model, repository), "items": items}},
             *([{"name": "models", "emptyDir": {"sizeLimit": server.repository_size_limit}}] if fetch_step else []),
             {"name": "tmp", "emptyDir": {"sizeLimit": server.tmp_size_limit}},
             shm_volume,
@@ -544,7 +549,7 @@ def render_deployment(
         # The probe also checks that every model the replica serves can serve (its statistics; with the Python
         # backend, its stubs, which it sees in the pod's shared process namespace): a break fails the held probe at
         # once, and the operator heals the replica (issue 33; see triton_operator.triton.probe).
-        closure = [rendered[n].model for n in step_closure(model.name, rendered)]
+        closure = [r.model for r in repository.models]
         served = [model.triton_name, *(m.triton_name for m in closure if m.name != model.name)]
         if any(m.spec.backend == "python" for m in closure):
             pod_spec["shareProcessNamespace"] = True
@@ -579,7 +584,7 @@ def render_deployment(
         pod_spec["tolerations"] = tolerations
     if server.affinity:
         pod_spec["affinity"] = dict(server.affinity)
-    steps = [rendered[n].model.triton_name for n in step_closure(model.name, rendered) if n != model.name]
+    steps = [r.model.triton_name for r in repository.steps]
     annotations = {
         **(server.pod_annotations or {}),  # validation keeps them off the operator's own keys
         ANNOTATION_DIGEST: digest,
@@ -591,11 +596,11 @@ def render_deployment(
     if len(pod_spec["containers"]) > 1:
         # `kubectl logs` and `kubectl exec` without -c pick tritonserver, not the `probe` beside it.
         annotations["kubectl.kubernetes.io/default-container"] = triton["name"]
-    versions = versions_annotation([rendered[n].model for n in step_closure(model.name, rendered)])
+    versions = versions_annotation([r.model for r in repository.models])
     if versions:
         annotations[ANNOTATION_VERSIONS] = versions
     pod_labels = {**(server.pod_labels or {}), **labels(model)}
-    annotations[ANNOTATION_POD_DIGEST] = pod_digest(model, rendered, annotations, pod_spec, pod_labels)
+    annotations[ANNOTATION_POD_DIGEST] = pod_digest(model, repository, annotations, pod_spec, pod_labels)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -609,7 +614,7 @@ def render_deployment(
     }
 
 
-def pod_digest(model: TritonModel, rendered: Mapping[str, RenderedModel], annotations: Mapping[str, str],
+def pod_digest(model: TritonModel, repository: Repository, annotations: Mapping[str, str],
                pod_spec: Mapping[str, Any], pod_labels: Mapping[str, str]) -> str:
     """A digest of everything a replica is made of except the model's own config: the pod spec, labels and
     annotations without the config digest and the repository ConfigMap's name, and every repository file but the
@@ -624,7 +629,7 @@ def pod_digest(model: TritonModel, rendered: Mapping[str, RenderedModel], annota
     h = hashlib.sha256(json.dumps(
         [spec, {k: v for k, v in annotations.items() if k not in (ANNOTATION_DIGEST, ANNOTATION_POD_DIGEST)},
          dict(pod_labels)], sort_keys=True).encode())
-    for path, content in sorted(repository_for(model.name, rendered).items()):
+    for path, content in repository.files.items():
         if path != own_config:
             h.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(content).digest())
     return h.hexdigest()[:16]
@@ -688,9 +693,10 @@ def render_children(
     options: Options = Options(),
 ) -> list[dict[str, Any]]:
     """Every child, in apply order (the ConfigMap before the Deployment that mounts it)."""
+    repository = Repository.of(model.name, rendered)
     children = [
-        render_configmap(model, rendered, uid, namespace),
-        render_deployment(model, rendered, uid, namespace, options),
+        render_configmap(model, repository, uid, namespace),
+        render_deployment(model, rendered, uid, namespace, options, repository),
         render_service(model, uid, namespace),
     ]
     if model.spec.replicas > 1:
