@@ -315,6 +315,123 @@ def _strategy_library(
     return {"path": path}
 
 
+def _head(cfg: pb.ModelConfig, name: str) -> dict[str, Any]:
+    """spec's first fields: the Triton name when the TritonModel's differs, platform, backend and batch size."""
+    spec: dict[str, Any] = {}
+    if name != cfg.name:
+        spec["modelName"] = cfg.name
+    if cfg.platform:
+        spec["platform"] = cfg.platform
+    if cfg.backend and cfg.platform != "ensemble":
+        spec["backend"] = cfg.backend
+    if cfg.max_batch_size == 0:
+        spec["batching"] = False
+    else:
+        spec["maxBatchSize"] = cfg.max_batch_size
+    return spec
+
+
+def _scheduling(cfg: pb.ModelConfig, k8s_names: Mapping[str, str], warnings: list[str],
+                problems: list[ImportProblem]) -> dict[str, Any]:
+    """spec.batcher, spec.sequenceBatcher or spec.ensemble, from the config's scheduling choice."""
+    which = cfg.WhichOneof("scheduling_choice")
+    if which == "dynamic_batching":
+        return {"batcher": _batcher(cfg.dynamic_batching, problems)}
+    if which == "sequence_batching":
+        return {"sequenceBatcher": _sequence(cfg.sequence_batching, warnings, problems)}
+    if which == "ensemble_scheduling":
+        return {"ensemble": {
+            "steps": [
+                {
+                    "model": k8s_names.get(s.model_name, k8s_name(s.model_name)),
+                    # whether the step model has and serves it is validate's rule (ensemble-step-version)
+                    "modelVersion": s.model_version,
+                    "inputMap": dict(sorted(s.input_map.items())),
+                    "outputMap": dict(sorted(s.output_map.items())),
+                }
+                for s in cfg.ensemble_scheduling.step
+            ]
+        }}
+    return {}
+
+
+def _instance_groups(cfg: pb.ModelConfig, problems: list[ImportProblem]) -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = []
+    for g in cfg.instance_group:
+        entry: dict[str, Any] = {}
+        _enum(g.kind, _KIND_NAME, pb.ModelInstanceGroup.Kind, f"spec.instanceGroups[{len(groups)}].kind", entry, "kind",
+              problems)
+        entry["count"] = g.count or 1
+        if g.gpus:
+            entry["gpus"] = list(g.gpus)
+        groups.append(entry)
+    return groups
+
+
+def _parameters(cfg: pb.ModelConfig, spec: dict[str, Any], files: Mapping[str, FileContent] | None,
+                version_files: Mapping[int, Mapping[str, FileContent]] | None, warnings: list[str],
+                problems: list[ImportProblem]) -> dict[str, str]:
+    """spec.parameters, but the digest's and the custom batching strategy's: that one becomes
+    spec.batcher.strategyLibrary (set on `spec` here), or is dropped with a warning where Triton never reads it."""
+    which = cfg.WhichOneof("scheduling_choice")
+    params = {k: v.string_value for k, v in sorted(cfg.parameters.items()) if k != DIGEST_PARAMETER}
+    if BATCH_STRATEGY_PARAMETER in params and which != "sequence_batching":  # (Triton refuses it with that)
+        strategy_path = params.pop(BATCH_STRATEGY_PARAMETER)
+        if which == "dynamic_batching":
+            dirs = dict(version_files) if version_files else {1: files or {}}
+            source_files = dirs[1] if list(dirs) == [1] else None  # what becomes spec.source, if anything does
+            lib = _strategy_library(cfg, strategy_path, source_files, problems)
+            if lib is not None:
+                spec["batcher"]["strategyLibrary"] = lib
+        else:
+            warnings.append(
+                f"{cfg.name}: parameter {BATCH_STRATEGY_PARAMETER} ({strategy_path}) was dropped: without "
+                "dynamic_batching Triton never asks a custom batching strategy"
+            )
+    return params
+
+
+def _behaviour(cfg: pb.ModelConfig, problems: list[ImportProblem]) -> dict[str, Any]:
+    """spec.modelWarmup, decoupled, responseCache and versionPolicy, where the config sets them."""
+    spec: dict[str, Any] = {}
+    if cfg.model_warmup:
+        spec["modelWarmup"] = [_warmup(w, f"spec.modelWarmup[{i}]", problems) for i, w in enumerate(cfg.model_warmup)]
+    if cfg.model_transaction_policy.decoupled:
+        spec["decoupled"] = True
+    if cfg.response_cache.enable:
+        spec["responseCache"] = True
+    policy = _version_policy(cfg.version_policy)
+    if policy is not None:
+        spec["versionPolicy"] = policy
+    return spec
+
+
+def _sources(cfg: pb.ModelConfig, by_version: Mapping[int, Mapping[str, FileContent]],
+             warmup_files: Mapping[str, FileContent] | None, uri: str | None, warnings: list[str],
+             problems: list[ImportProblem]) -> dict[str, Any]:
+    """spec.source for a lone version 1, else spec.versions; the warm-up files go with the first."""
+    warm = {k: base64.b64encode(v).decode() for k, v in sorted((warmup_files or {}).items()) if v is not None}
+    for k, v in sorted((warmup_files or {}).items()):
+        if v is None:  # warm-up data travels in the repository ConfigMap, which holds 1 MiB
+            where = "spec.source" if list(by_version) == [1] else "spec.versions[0].source"
+            problems.append(ImportProblem(field_path(("warmupFiles", k), where), f"warmup/{k} is too large to "
+                                          "carry inline (the repository ConfigMap holds 1 MiB in all); use a "
+                                          "smaller sample, or randomData or zeroData in modelWarmup"))
+    if list(by_version) == [1]:
+        source = _source(cfg, by_version[1], uri, warnings)
+        if warm:
+            source["warmupFiles"] = warm
+        return {"source": source}
+    entries = []
+    for i, (number, vfiles) in enumerate(by_version.items()):
+        vsource = _source(cfg, vfiles, uri, warnings, f"spec.versions[{i}].source",
+                          f"pvc://CHANGE-ME/{cfg.name}/{number}")
+        if warm and i == 0:  # every version reads the one warmup/ directory: give it once
+            vsource["warmupFiles"] = warm
+        entries.append({"version": number, "source": vsource})
+    return {"versions": entries}
+
+
 def import_config(
     cfg: pb.ModelConfig,
     files: Mapping[str, FileContent] | None = None,
@@ -338,101 +455,24 @@ def import_config(
     for path in _dropped(cfg):
         warnings.append(f"{cfg.name}: field {path!r} is not supported by TritonModel and was dropped")
     name = k8s_names.get(cfg.name, k8s_name(cfg.name))
-    spec: dict[str, Any] = {}
-    if name != cfg.name:
-        spec["modelName"] = cfg.name
-    if cfg.platform:
-        spec["platform"] = cfg.platform
-    if cfg.backend and cfg.platform != "ensemble":
-        spec["backend"] = cfg.backend
-    if cfg.max_batch_size == 0:
-        spec["batching"] = False
-    else:
-        spec["maxBatchSize"] = cfg.max_batch_size
+    spec = _head(cfg, name)
     if cfg.input:
         spec["inputs"] = [_tensor(t, True, f"spec.inputs[{i}]", problems) for i, t in enumerate(cfg.input)]
     if cfg.output:
         spec["outputs"] = [_tensor(t, False, f"spec.outputs[{i}]", problems) for i, t in enumerate(cfg.output)]
-    which = cfg.WhichOneof("scheduling_choice")
-    if which == "dynamic_batching":
-        spec["batcher"] = _batcher(cfg.dynamic_batching, problems)
-    elif which == "sequence_batching":
-        spec["sequenceBatcher"] = _sequence(cfg.sequence_batching, warnings, problems)
-    elif which == "ensemble_scheduling":
-        spec["ensemble"] = {
-            "steps": [
-                {
-                    "model": k8s_names.get(s.model_name, k8s_name(s.model_name)),
-                    # whether the step model has and serves it is validate's rule (ensemble-step-version)
-                    "modelVersion": s.model_version,
-                    "inputMap": dict(sorted(s.input_map.items())),
-                    "outputMap": dict(sorted(s.output_map.items())),
-                }
-                for s in cfg.ensemble_scheduling.step
-            ]
-        }
+    spec.update(_scheduling(cfg, k8s_names, warnings, problems))
     if cfg.instance_group:
-        groups: list[dict[str, Any]] = []
-        for g in cfg.instance_group:
-            entry: dict[str, Any] = {}
-            _enum(g.kind, _KIND_NAME, pb.ModelInstanceGroup.Kind, f"spec.instanceGroups[{len(groups)}].kind", entry, "kind",
-                  problems)
-            entry["count"] = g.count or 1
-            if g.gpus:
-                entry["gpus"] = list(g.gpus)
-            groups.append(entry)
-        spec["instanceGroups"] = groups
-    params = {k: v.string_value for k, v in sorted(cfg.parameters.items()) if k != DIGEST_PARAMETER}
-    if BATCH_STRATEGY_PARAMETER in params and which != "sequence_batching":  # (Triton refuses it with that)
-        strategy_path = params.pop(BATCH_STRATEGY_PARAMETER)
-        if which == "dynamic_batching":
-            dirs = dict(version_files) if version_files else {1: files or {}}
-            source_files = dirs[1] if list(dirs) == [1] else None  # what becomes spec.source, if anything does
-            lib = _strategy_library(cfg, strategy_path, source_files, problems)
-            if lib is not None:
-                spec["batcher"]["strategyLibrary"] = lib
-        else:
-            warnings.append(
-                f"{cfg.name}: parameter {BATCH_STRATEGY_PARAMETER} ({strategy_path}) was dropped: without "
-                "dynamic_batching Triton never asks a custom batching strategy"
-            )
+        spec["instanceGroups"] = _instance_groups(cfg, problems)
+    params = _parameters(cfg, spec, files, version_files, warnings, problems)
     if params:
         spec["parameters"] = params
-    if cfg.model_warmup:
-        spec["modelWarmup"] = [_warmup(w, f"spec.modelWarmup[{i}]", problems) for i, w in enumerate(cfg.model_warmup)]
-    if cfg.model_transaction_policy.decoupled:
-        spec["decoupled"] = True
-    if cfg.response_cache.enable:
-        spec["responseCache"] = True
-    policy = _version_policy(cfg.version_policy)
-    if policy is not None:
-        spec["versionPolicy"] = policy
+    spec.update(_behaviour(cfg, problems))
     if model_files:  # (an ensemble's too: its outputs may name labels as well)
         own = _model_files(cfg, model_files, warnings)
         if own:
             spec["modelFiles"] = own
     if cfg.platform != "ensemble":
         by_version = dict(sorted(version_files.items())) if version_files else {1: files or {}}
-        warm = {k: base64.b64encode(v).decode() for k, v in sorted((warmup_files or {}).items()) if v is not None}
-        for k, v in sorted((warmup_files or {}).items()):
-            if v is None:  # warm-up data travels in the repository ConfigMap, which holds 1 MiB
-                where = "spec.source" if list(by_version) == [1] else "spec.versions[0].source"
-                problems.append(ImportProblem(field_path(("warmupFiles", k), where), f"warmup/{k} is too large to "
-                                              "carry inline (the repository ConfigMap holds 1 MiB in all); use a "
-                                              "smaller sample, or randomData or zeroData in modelWarmup"))
-        if list(by_version) == [1]:
-            source = _source(cfg, by_version[1], uri, warnings)
-            if warm:
-                source["warmupFiles"] = warm
-            spec["source"] = source
-        else:
-            entries = []
-            for i, (number, vfiles) in enumerate(by_version.items()):
-                vsource = _source(cfg, vfiles, uri, warnings, f"spec.versions[{i}].source",
-                                  f"pvc://CHANGE-ME/{cfg.name}/{number}")
-                if warm and i == 0:  # every version reads the one warmup/ directory: give it once
-                    vsource["warmupFiles"] = warm
-                entries.append({"version": number, "source": vsource})
-            spec["versions"] = entries
+        spec.update(_sources(cfg, by_version, warmup_files, uri, warnings, problems))
     manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
     return Imported(manifest, warnings, problems)

@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 
@@ -159,9 +159,46 @@ def _fetched_at_pod_start(model: TritonModel) -> str | None:
     return next((shown(s.uri) for s in sources if s is not None and s.uri), None)
 
 
+def _skipped_at_pod_start(rendered: Mapping[str, RenderedModel]) -> dict[str, str]:
+    """The models `validate` cannot load here, and why: files behind a uri arrive only at pod start (the fetch init
+    container), so such a model, and an ensemble that runs it, cannot load here. Said, instead of Triton's "at least
+    one version must be available"."""
+    from ..render.modelconfig import step_closure
+
+    fetched = {r.name: uri for r in rendered.values() if (uri := _fetched_at_pod_start(r.model))}
+    skipped = {}
+    for r in rendered.values():
+        behind = [n for n in step_closure(r.name, rendered) if n in fetched]
+        if behind:
+            step = behind[0]
+            skipped[r.name] = (f"its files come from {fetched[step]} at pod start" if step == r.name
+                               else f"its step {step} gets its files from {fetched[step]} at pod start")
+    return skipped
+
+
+def _load_each(client: Any, order: Sequence[RenderedModel], width: int, timeout: float) -> int:
+    """Loads each model of `order` into the local tritonserver and prints how it went; the number that failed."""
+    from ..triton.client import load_model
+
+    failed = 0
+    for i, r in enumerate(order, 1):
+        _err(f"[{i}/{len(order)}] Loading {r.name} (load and warm-up)…")
+        res = load_model(client, r.name, timeout=timeout)
+        if res.ready:
+            warm = len(r.config.model_warmup)
+            detail = f"loaded and warmed in {res.seconds:.2f}s"
+            if warm:
+                detail += f" ({warm} warm-up sample(s), {res.warmup_executions} execution(s))"
+            print(f"{r.name:<{width}}  READY   {detail}", flush=True)
+        else:
+            failed += 1
+            print(f"{r.name:<{width}}  FAILED  after {res.seconds:.2f}s: {res.reason}", flush=True)
+    return failed
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..api.v1alpha1 import quantity_bytes
-    from ..render.modelconfig import render_repository, step_closure
+    from ..render.modelconfig import render_repository
     from ..triton.local import TRITON_VERSION, LocalTritonServer, TritonNotInstalled
     from ..validate.rules import RULES
 
@@ -179,16 +216,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # The local server finds the repository here, not at a replica's /models (a strategy file's path says where).
         rendered = render_repository(models, cpu_only=args.cpu, repository_root=str(repo.resolve()))
         _write_repository(rendered, repo)
-        # Files behind a uri arrive only at pod start (the fetch init container): such a model, and an ensemble that
-        # runs it, cannot load here. Say so, instead of Triton's "at least one version must be available".
-        fetched = {r.name: uri for r in rendered.values() if (uri := _fetched_at_pod_start(r.model))}
-        skipped = {}
-        for r in rendered.values():
-            behind = [n for n in step_closure(r.name, rendered) if n in fetched]
-            if behind:
-                step = behind[0]
-                skipped[r.name] = (f"its files come from {fetched[step]} at pod start" if step == r.name
-                                   else f"its step {step} gets its files from {fetched[step]} at pod start")
+        skipped = _skipped_at_pod_start(rendered)
         width = max(len(name) for name in rendered)
         for name, why in sorted(skipped.items()):
             print(f"{name:<{width}}  SKIPPED {why}: not loaded here (its config passed the checks above)", flush=True)
@@ -196,7 +224,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             _err(f"No model loaded: all {len(rendered)} get their files at pod start; their configs passed the checks")
             return 0
         try:  # tritonclient's gRPC client comes with the `server` extra, as tritonserver does (not in the image)
-            from ..triton.client import connect, load_model
+            from ..triton.client import connect
         except (ImportError, RuntimeError) as exc:  # tritonclient says RuntimeError when grpc or numpy is missing
             _err(f"error: loading models needs the 'server' extra (pip install 'triton-operator[server]'): {exc}")
             return 2
@@ -209,24 +237,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
             _err(f"error: {exc}")
             return 2
         _err(f"Started tritonserver in {time.monotonic() - t0:.1f}s (gRPC port {server.grpc_port})")
+        # steps before ensembles, so a step's own failure is reported against the step
+        order = sorted((r for r in rendered.values() if r.name not in skipped),
+                       key=lambda r: (r.model.spec.is_ensemble, r.model.name))
         failed = 0
         try:
-            client = connect(server.grpc_url)
-            # steps before ensembles, so a step's own failure is reported against the step
-            order = sorted((r for r in rendered.values() if r.name not in skipped),
-                           key=lambda r: (r.model.spec.is_ensemble, r.model.name))
-            for i, r in enumerate(order, 1):
-                _err(f"[{i}/{len(order)}] Loading {r.name} (load and warm-up)…")
-                res = load_model(client, r.name, timeout=args.load_timeout)
-                if res.ready:
-                    warm = len(r.config.model_warmup)
-                    detail = f"loaded and warmed in {res.seconds:.2f}s"
-                    if warm:
-                        detail += f" ({warm} warm-up sample(s), {res.warmup_executions} execution(s))"
-                    print(f"{r.name:<{width}}  READY   {detail}", flush=True)
-                else:
-                    failed += 1
-                    print(f"{r.name:<{width}}  FAILED  after {res.seconds:.2f}s: {res.reason}", flush=True)
+            failed = _load_each(connect(server.grpc_url), order, width, args.load_timeout)
         finally:
             server.stop()
         if failed and args.show_log:
@@ -292,21 +308,11 @@ class _Repository:
         return found
 
 
-def cmd_import(args: argparse.Namespace) -> int:
-    import yaml
+def _parse_configs(repo: _Repository, configs: Sequence[Path]) -> dict[Path, Any] | None:
+    """Each model directory's config.pbtxt, parsed (named after its directory when it names no model); None when
+    one does not parse, which is said."""
+    from ..importer import parse_config
 
-    from ..importer import import_config, k8s_name, parse_config
-    from ..validate import Document, FieldError, check_documents
-
-    root = Path(args.repository)
-    if not root.is_dir():
-        _err(f"error: {root} is not a directory")
-        return 1
-    repo = _Repository(root)
-    configs = sorted(repo.inside(p) for p in root.iterdir() if (p / "config.pbtxt").is_file())
-    if not configs:
-        _err(f"error: no <model>/config.pbtxt under {root}")
-        return 1
     parsed = {}
     for d in configs:
         data = repo.read(d / "config.pbtxt")
@@ -318,10 +324,47 @@ def cmd_import(args: argparse.Namespace) -> int:
             cfg = parse_config(text)
         except Exception as exc:  # noqa: BLE001 - text_format raises several types
             _err(f"error: {d / 'config.pbtxt'}: {exc}")
-            return 1
+            return None
         if not cfg.name:
             cfg.name = d.name
         parsed[d] = cfg
+    return parsed
+
+
+def _warmup_and_own_files(repo: _Repository, d: Path) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
+    """A model directory's warm-up files, and its own files (labels beside config.pbtxt, ...): everything but the
+    config, warmup/ and the version directories. None for a file too large to inline: left where it is."""
+    warm_dir = repo.inside(d / "warmup")
+    warm = {f.name: repo.read(f) for f in sorted(map(repo.inside, warm_dir.iterdir())) if f.is_file()} \
+        if warm_dir.is_dir() else {}
+    own = [repo.inside(p) for p in d.iterdir()
+           if p.name not in ("config.pbtxt", "warmup") and not (p.is_dir() and p.name.isdigit())]
+    model_files = {
+        str(f.relative_to(d)): repo.read(f)
+        for p in sorted(own) for f in ([p] if p.is_file() else repo.files(p))
+        if "__pycache__" not in f.parts
+    }
+    return warm, model_files
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    import yaml
+
+    from ..importer import import_config, k8s_name
+    from ..validate import Document, FieldError, check_documents
+
+    root = Path(args.repository)
+    if not root.is_dir():
+        _err(f"error: {root} is not a directory")
+        return 1
+    repo = _Repository(root)
+    configs = sorted(repo.inside(p) for p in root.iterdir() if (p / "config.pbtxt").is_file())
+    if not configs:
+        _err(f"error: no <model>/config.pbtxt under {root}")
+        return 1
+    parsed = _parse_configs(repo, configs)
+    if parsed is None:
+        return 1
     names = {cfg.name: k8s_name(cfg.name) for cfg in parsed.values()}
     version_dirs = {
         d: sorted((repo.inside(v) for v in d.iterdir() if v.is_dir() and v.name.isdigit()), key=lambda v: int(v.name))
@@ -336,18 +379,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         by_version = {int(vdir.name): {str(f.relative_to(vdir)): repo.read(f) for f in repo.files(vdir)}
                       for vdir in version_dirs[d]}
         latest = by_version[max(by_version)] if by_version else {}
-        warm_dir = repo.inside(d / "warmup")
-        warm = {f.name: repo.read(f) for f in sorted(map(repo.inside, warm_dir.iterdir())) if f.is_file()} \
-            if warm_dir.is_dir() else {}
-        # the model directory's own files (labels beside config.pbtxt, ...): everything but the config, warmup/
-        # and the version directories
-        own = [repo.inside(p) for p in d.iterdir()
-               if p.name not in ("config.pbtxt", "warmup") and not (p.is_dir() and p.name.isdigit())]
-        model_files = {
-            str(f.relative_to(d)): repo.read(f)
-            for p in sorted(own) for f in ([p] if p.is_file() else repo.files(p))
-            if "__pycache__" not in f.parts
-        }
+        warm, model_files = _warmup_and_own_files(repo, d)
         res = import_config(cfg, latest, warm, names, versions=served, version_files=by_version or None,
                             model_files=model_files or None)
         ident = f"TritonModel/{res.manifest['metadata']['name']}"
@@ -451,16 +483,7 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ..fetch import BLOCK as FETCH_BLOCK
-    from ..fetch import DEFAULT_MAX_BYTES as DEFAULT_FETCH_MAX_BYTES
-    from ..fetch import DEFAULT_MAX_FILES as DEFAULT_FETCH_MAX_FILES
-    from ..fetch import DEFAULT_TIMEOUT_SECONDS as DEFAULT_FETCH_TIMEOUT
-
-    p = argparse.ArgumentParser(prog="triton-operator", description="Declarative NVIDIA Triton models on Kubernetes.")
-    p.add_argument("--version", action="version", version=f"triton-operator {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_render(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = sub.add_parser("render", help="render TritonModels into a Triton model repository and print each config.pbtxt")
     r.add_argument("paths", nargs="+", metavar="FILE|DIR")
     r.add_argument("-o", "--output", help="write the model repository here")
@@ -485,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: this version's; the chart sets the one it installs)")
     r.set_defaults(func=cmd_render)
 
+
+def _add_validate_import_crd_docs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v = sub.add_parser("validate", help="render, then load every model (and run its warm-up) in a real local tritonserver")
     v.add_argument("paths", nargs="+", metavar="FILE|DIR")
     v.add_argument("--cpu", action="store_true", help="map GPU instance groups to CPU, for machines without GPUs")
@@ -508,6 +533,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--update", metavar="FILE", help="replace the generated reference between its markers in FILE")
     d.set_defaults(func=cmd_docs)
 
+
+def _add_fetch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ..fetch import BLOCK as FETCH_BLOCK
+    from ..fetch import DEFAULT_MAX_BYTES as DEFAULT_FETCH_MAX_BYTES
+    from ..fetch import DEFAULT_MAX_FILES as DEFAULT_FETCH_MAX_FILES
+    from ..fetch import DEFAULT_TIMEOUT_SECONDS as DEFAULT_FETCH_TIMEOUT
+
     f = sub.add_parser("fetch", help="(init container) assemble the model repository from the ConfigMap and uris")
     f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")
     f.add_argument("--to", dest="dst", required=True, help="model repository directory to fill")
@@ -526,6 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"give up when the whole fetch takes longer (default {DEFAULT_FETCH_TIMEOUT})")
     f.set_defaults(func=cmd_fetch)
 
+
+def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pr = sub.add_parser("probe", help="(replica container) answer the kubelet's readiness probe as soon as tritonserver is up")
     pr.add_argument("--listen", default=":8090", metavar="[HOST:]PORT", help="where to answer (default :8090)")
     pr.add_argument("--target", default="127.0.0.1:8000", metavar="[HOST:]PORT",
@@ -550,6 +584,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--repository", metavar="DIR",
                     help="watch only the Python stubs of models under this directory (tritonserver's repository)")
     pr.set_defaults(func=cmd_probe)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="triton-operator", description="Declarative NVIDIA Triton models on Kubernetes.")
+    p.add_argument("--version", action="version", version=f"triton-operator {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_render(sub)
+    _add_validate_import_crd_docs(sub)
+    _add_fetch(sub)
+    _add_probe(sub)
 
     from .run import add_commands  # `run` imports the controller (kopf) only when it runs
 

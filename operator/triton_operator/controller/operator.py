@@ -292,6 +292,44 @@ async def _serve_liveness(liveness: str | None, state: str) -> web.AppRunner | N
     return runner
 
 
+def _admission_webhook(webhook: WebhookSettings | None, namespaces: list[str], clusterwide: bool) -> AdmissionWebhook | None:
+    """The admission webhook (and the custom metrics it serves) for `webhook`'s settings; None without them."""
+    return None if webhook is None else AdmissionWebhook(
+        STATE.kube, webhook.target, configuration=webhook.configuration, failure_policy=webhook.failure_policy,
+        namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
+        cert_dir=webhook.cert_dir, custom_metrics=webhook.custom_metrics, max_connections=webhook.max_connections,
+    )
+
+
+async def _acquire(elector: LeaderElection, liveness: str | None, stop: asyncio.Event) -> bool:
+    """Follows until this replica holds the leader Lease (True) or is stopped (False); liveness answers meanwhile."""
+    server = await _serve_liveness(liveness, "following: another replica leads")
+    try:
+        return await elector.acquire(stop)
+    finally:
+        if server is not None:
+            await server.cleanup()
+
+
+async def _relay(stop: asyncio.Event, lost: asyncio.Event, kopf_stop: asyncio.Event) -> None:
+    """kopf stops on either: asked to, or no longer the leader."""
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for w in waits:
+        w.cancel()
+    kopf_stop.set()
+
+
+def _add_login(registry: kopf.OperatorRegistry) -> None:
+    @kopf.on.login(registry=registry)
+    async def _login(**_: Any) -> kopf.AiohttpSession:
+        # The same credentials our writes use (--kubeconfig, KUBECONFIG or in-cluster), re-read on every
+        # login (kopf logs in again after a 401 or at an exec credential's expiration): kopf's own
+        # login_via_client would need the `kubernetes` package, which the operator process never imports.
+        # Async: the session belongs to kopf's event loop (a sync handler runs in a thread).
+        return kopf_session(await asyncio.to_thread(STATE.kube.credentials.reload))
+
+
 async def run_operator(
     *,
     kubeconfig: str | None,
@@ -316,11 +354,7 @@ async def run_operator(
     STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if globs else None
     STATE.cache = Cache()
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
-    STATE.webhook = None if webhook is None else AdmissionWebhook(
-        STATE.kube, webhook.target, configuration=webhook.configuration, failure_policy=webhook.failure_policy,
-        namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
-        cert_dir=webhook.cert_dir, custom_metrics=webhook.custom_metrics, max_connections=webhook.max_connections,
-    )
+    STATE.webhook = _admission_webhook(webhook, namespaces, clusterwide)
     elector = None if election is None else LeaderElection(STATE.kube, election)
     lost = asyncio.Event()
     tasks: list[asyncio.Task[Any]] = []
@@ -328,34 +362,13 @@ async def run_operator(
         await STATE.webhook.start()
     try:
         if elector is not None:
-            server = await _serve_liveness(liveness, "following: another replica leads")
-            try:
-                if not await elector.acquire(stop):
-                    return 0
-            finally:
-                if server is not None:
-                    await server.cleanup()
+            if not await _acquire(elector, liveness, stop):
+                return 0
             tasks.append(asyncio.create_task(elector.hold(lost), name="lease"))
         kopf_stop = asyncio.Event()
-
-        async def relay() -> None:  # kopf stops on either: asked to, or no longer the leader
-            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-            kopf_stop.set()
-
-        tasks.append(asyncio.create_task(relay(), name="stop-relay"))
+        tasks.append(asyncio.create_task(_relay(stop, lost, kopf_stop), name="stop-relay"))
         registry = build_registry(drift_interval)
-
-        @kopf.on.login(registry=registry)
-        async def _login(**_: Any) -> kopf.AiohttpSession:
-            # The same credentials our writes use (--kubeconfig, KUBECONFIG or in-cluster), re-read on every
-            # login (kopf logs in again after a 401 or at an exec credential's expiration): kopf's own
-            # login_via_client would need the `kubernetes` package, which the operator process never imports.
-            # Async: the session belongs to kopf's event loop (a sync handler runs in a thread).
-            return kopf_session(await asyncio.to_thread(STATE.kube.credentials.reload))
-
+        _add_login(registry)
         await kopf.operator(
             registry=registry,
             insights=None if STATE.namespace_set is None else STATE.namespace_set.insights,

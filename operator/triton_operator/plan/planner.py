@@ -311,48 +311,38 @@ def _owned_by(body: Mapping[str, Any], name: str, uid: str) -> bool:
             and any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or ()))
 
 
-def plan(world: World) -> Plan:
-    """What one reconcile of `world.body` does: the writes, the reads the deletes wait for, the status."""
-    body = world.body
-    meta = body["metadata"]
-    name, uid = meta["name"], meta["uid"]
-    generation = int(meta.get("generation", 1))
-    stored = body.get("status") or {}
-    api_error = api_problem(world.api_error)
-
-    problem: Problem | None = None
-    model: TritonModel | None = None
+def _parsed(world: World) -> tuple[TritonModel | None, Problem | None]:
+    """The TritonModel as read, or the problem that its spec does not parse."""
     try:
-        model = TritonModel.model_validate(body)
+        return TritonModel.model_validate(world.body), None
     except ValidationError as exc:
-        problem = Problem("InvalidSpec", "; ".join(str(e) for e in from_pydantic(f"TritonModel/{name}", exc)))
-    desired: list[dict[str, Any]] = []
-    digest: str | None = None
-    if model is not None:
-        desired, digest, problem = _desired(world, model)
+        name = world.body["metadata"]["name"]
+        return None, Problem("InvalidSpec", "; ".join(str(e) for e in from_pydantic(f"TritonModel/{name}", exc)))
 
-    rollout = ReplicaRollout()
+
+def _in_place(world: World, model: TritonModel, desired: list[dict[str, Any]],
+              digest: str) -> tuple[list[dict[str, Any]], ReplicaRollout]:
+    """The children and the replicas' rollout when a new config is loaded into the running replicas (`plan.rollout`)."""
     # In place only where a replica can load the config: with no replica wanted, the Deployment takes the new
     # template at no cost (no pod to replace), and its template and ConfigMap name the desired config.
-    if model is not None and digest is not None and desired and model.spec.warmup_gate.enabled \
-            and model.spec.rollout.strategy == "InPlace" and model.spec.replicas > 0:
-        desired = [in_place_deployment(c, world.children.get((DEPLOYMENT.kind, name))) if c["kind"] == DEPLOYMENT.kind
-                   else c for c in desired]
-        want = next(c for c in desired if c["kind"] == DEPLOYMENT.kind)
-        rollout = plan_replicas(
-            world.pods, digest, next(c for c in desired if c["kind"] == CONFIG_MAP.kind)["metadata"]["name"],
-            want["spec"]["template"]["metadata"]["annotations"][ANNOTATION_POD_DIGEST], model.spec.rollout,
-            sequences=model.spec.sequence_batcher is not None, streams=model.spec.decoupled)
+    if not (model.spec.warmup_gate.enabled and model.spec.rollout.strategy == "InPlace" and model.spec.replicas > 0):
+        return desired, ReplicaRollout()
+    desired = [in_place_deployment(c, world.children.get((DEPLOYMENT.kind, model.name))) if c["kind"] == DEPLOYMENT.kind
+               else c for c in desired]
+    want = next(c for c in desired if c["kind"] == DEPLOYMENT.kind)
+    rollout = plan_replicas(
+        world.pods, digest, next(c for c in desired if c["kind"] == CONFIG_MAP.kind)["metadata"]["name"],
+        want["spec"]["template"]["metadata"]["annotations"][ANNOTATION_POD_DIGEST], model.spec.rollout,
+        sequences=model.spec.sequence_batcher is not None, streams=model.spec.decoupled)
+    return desired, rollout
 
-    # A child the cache lacks is verified first, if the model was reconciled before; a model with no status was
-    # never reconciled: nothing of ours can exist, so its children are applied straight away (one left by a
-    # first reconcile cut short is re-applied unchanged, a no-op for the server).
-    create = _key_secret(world, model, desired) if model is not None else ()
-    apply = tuple(
-        Apply(c, verify=bool(stored)) if (c["kind"], c["metadata"]["name"]) not in world.children else Apply(c)
-        for c in desired if differs(world.children.get((c["kind"], c["metadata"]["name"])), c))
+
+def _deletes(world: World, model: TritonModel | None, desired: list[dict[str, Any]],
+             api_error: Problem | None) -> tuple[list[Read], list[Delete]]:
+    """The children to delete, and what must be read before the repository ConfigMaps' deletes are decided."""
+    meta = world.body["metadata"]
+    name, uid = meta["name"], meta["uid"]
     reads: list[Read] = []
-
     delete: list[Delete] = []
     if desired:
         # Repository ConfigMaps no pod can need any more; the ReplicaSets say which ones still may.
@@ -373,11 +363,49 @@ def plan(world: World) -> Plan:
     hpa = world.children.get((HPA.kind, name))
     if model is not None and model.spec.autoscaling is None and hpa is not None and _owned_by(hpa, name, uid):
         delete.append(Delete(HPA.api_version, HPA.kind, name, "spec.autoscaling is unset"))
+    return reads, delete
+
+
+def _events(stored: Mapping[str, Any], status: TritonModelStatus) -> tuple[Event, ...]:
+    """An Event per condition whose status or reason changed: Warning for trouble, Normal for the rest."""
+    return tuple(
+        Event("Warning" if (c["type"] == "Degraded" and c["status"] == "True")
+              or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY)
+              or (c["type"] == SCALING_ACTIVE and c["status"] == "False") else "Normal",
+              c["reason"], f"{c['type']}={c['status']}: {c['message']}", c["type"], c["status"])
+        for c in transitions(stored, status))
+
+
+def plan(world: World) -> Plan:
+    """What one reconcile of `world.body` does: the writes, the reads the deletes wait for, the status."""
+    body = world.body
+    meta = body["metadata"]
+    name, uid = meta["name"], meta["uid"]
+    stored = body.get("status") or {}
+    api_error = api_problem(world.api_error)
+
+    model, problem = _parsed(world)
+    desired: list[dict[str, Any]] = []
+    digest: str | None = None
+    if model is not None:
+        desired, digest, problem = _desired(world, model)
+    rollout = ReplicaRollout()
+    if model is not None and digest is not None and desired:
+        desired, rollout = _in_place(world, model, desired, digest)
+
+    # A child the cache lacks is verified first, if the model was reconciled before; a model with no status was
+    # never reconciled: nothing of ours can exist, so its children are applied straight away (one left by a
+    # first reconcile cut short is re-applied unchanged, a no-op for the server).
+    create = _key_secret(world, model, desired) if model is not None else ()
+    apply = tuple(
+        Apply(c, verify=bool(stored)) if (c["kind"], c["metadata"]["name"]) not in world.children else Apply(c)
+        for c in desired if differs(world.children.get((c["kind"], c["metadata"]["name"])), c))
+    reads, delete = _deletes(world, model, desired, api_error)
     # The status, from the replicas as they are (the writes above change no pod at once).
-    replicas = model.spec.replicas if model is not None else int((body.get("spec") or {}).get("replicas", 1))
+    hpa = world.children.get((HPA.kind, name))
     observed = Observed(
-        generation=generation,
-        desired_replicas=replicas,
+        generation=int(meta.get("generation", 1)),
+        desired_replicas=model.spec.replicas if model is not None else int((body.get("spec") or {}).get("replicas", 1)),
         digest=digest or stored.get("configDigest"),
         selector=f"{LABEL_MODEL}={name}" if model is None else selector_string(model),
         problem=problem,
@@ -393,14 +421,9 @@ def plan(world: World) -> Plan:
     if not status_changed(stored, status):
         return Plan(reads=tuple(reads), create=create, apply=apply, delete=tuple(delete), pods=rollout.patches,
                     digest=digest, problem=problem)
-    events = tuple(
-        Event("Warning" if (c["type"] == "Degraded" and c["status"] == "True")
-              or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY)
-              or (c["type"] == SCALING_ACTIVE and c["status"] == "False") else "Normal",
-              c["reason"], f"{c['type']}={c['status']}: {c['message']}", c["type"], c["status"])
-        for c in transitions(stored, status))
     return Plan(reads=tuple(reads), create=create, apply=apply, delete=tuple(delete), pods=rollout.patches,
-                status=status, status_patch=merge_patch(stored, status), events=events, digest=digest, problem=problem)
+                status=status, status_patch=merge_patch(stored, status), events=_events(stored, status), digest=digest,
+                problem=problem)
 
 
 def carried_out(world: World, done: Plan, applied: Mapping[ChildKey, Mapping[str, Any]] | None = None) -> World:

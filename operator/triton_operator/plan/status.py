@@ -3,14 +3,16 @@
 Conditions follow Kubernetes conventions: Ready / Progressing / Degraded with
 CamelCase reasons and observedGeneration; lastTransitionTime changes only when
 a condition's status flips. Reconciling and Stalled restate Progressing and Degraded
-in kstatus' abnormal-true form (see `kstatus_conditions`). The status is the pydantic
+in kstatus' abnormal-true form (see `kstatus_conditions`). Ready, Progressing and Degraded each come from a chain
+of small named policies (READY, PROGRESSING, DEGRADED), each `(Seen) -> condition | None`, the first that answers
+winning, as in cert-manager's readiness policy chains. The status is the pydantic
 model the CRD is generated from, so its shape is written down once. No client here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,90 +237,240 @@ def zero_replicas(obs: Observed, generation: int) -> dict[str, Any]:
     return _cond("Ready", True, "ScaledToZero", f"spec.replicas is 0 {why}: nothing serves it", generation)
 
 
-def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.datetime | None = None) -> TritonModelStatus:
-    """The whole status the operator wants, with lastTransitionTime carried over when unchanged (else `now`)."""
-    live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
-    states = sorted((replica_state(p) for p in live), key=lambda s: s["pod"])
-    # At the desired config: created for it, or told to load it in place and done (not still swapping it in).
-    current = [p for p in live if (p["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST) == obs.digest
-               and ANNOTATION_PREVIOUS not in (p["metadata"].get("annotations") or {})]
-    warm = [p for p in current if warmed(p)]
-    # Serving = in the Service: the pod is Ready (gate and readiness probe), not only warmed.
-    serving = [p for p in warm if pod_ready(p)]
-    # Without the gate (warmupGate.enabled: false) the pods' readiness is all there is to go by.
-    ungated = bool(current) and not any(gated(p) for p in current)
-    failed = [s for s in states if s["state"] == "Failed"]
-    stopped = obs.rollout_problem
-    refused = replica_failure(obs.deployment)
-    refused_reason = (refused or {}).get("reason") or "FailedCreate"
-    refused_message = f"the Deployment's ReplicaSet cannot create pods: {(refused or {}).get('message', '')}"[:2000]
-    dep_status = (obs.deployment or {}).get("status") or {}
-    n = obs.desired_replicas
-    g = obs.generation
+@dataclass(frozen=True)
+class Seen:
+    """What the conditions are decided from: the observation, and what it says of the replicas, counted once."""
 
-    if obs.problem is not None:
-        p = obs.problem
-        conds = [
-            _cond("Ready", False, p.reason, p.message, g),
-            _cond("Progressing", False, p.reason, p.message, g),
-            _cond("Degraded", True, p.reason, p.message, g),
-        ]
-    else:
-        if n == 0:
-            ready = zero_replicas(obs, g)
-        elif len(serving) >= n and ungated:
-            ready = _cond("Ready", True, "AllReplicasReady",
-                          f"{len(serving)}/{n} replicas at the desired config are Ready (warm-up gate disabled)", g)
-        elif len(serving) >= n:
-            ready = _cond("Ready", True, "AllReplicasWarmed", f"{len(serving)}/{n} replicas serve the desired config, warm", g)
-        elif stopped:
-            ready = _cond("Ready", False, stopped.reason, f"{len(serving)}/{n} replicas serve the desired config; "
-                          f"{stopped.message}"[:2000], g)
-        elif failed:
-            why = f"{len(warm)}/{n} replicas warmed; {failed[0]['pod']}: {failed[0].get('message', '')}".strip()
-            ready = _cond("Ready", False, failed[0]["reason"], why, g)
-        elif refused:
-            ready = _cond("Ready", False, refused_reason, f"{len(serving)}/{n} Ready; {refused_message}", g)
-        elif ungated:
-            ready = _cond("Ready", False, "ReplicasStarting",
-                          f"{len(serving)}/{n} replicas at the desired config Ready (warm-up gate disabled)", g)
-        else:
-            reason = "ReplicasJoining" if len(warm) >= n else "ReplicasWarming"  # warm, waiting for pod Ready
-            ready = _cond("Ready", False, reason, f"{len(warm)}/{n} replicas warmed, {len(serving)}/{n} Ready", g)
-        # A rollout is under way while some replica is not at the desired config, or the Deployment has not yet
-        # made what it asks for (a new ReplicaSet's pods, a scale); a replica at the desired config that stopped
-        # serving is not one (Degraded says so, Ready counts it out).
-        rolling = (len(current) < len(live) or len(live) != n
-                   or (len(serving) < n and not any(s["state"] == "Failed" for s in states)))
-        if rolling and stopped:
-            progressing = _cond("Progressing", False, "RolloutStalled", stopped.message[:2000], g)
-        elif rolling and not failed and not refused:
-            progressing = _cond("Progressing", True, "RollingOut", f"{len(warm)}/{n} replicas at config {obs.digest} warmed", g)
-        elif rolling and failed:
-            progressing = _cond("Progressing", False, "RolloutStalled", f"replica {failed[0]['pod']} failed: {failed[0]['reason']}", g)
-        elif rolling:
-            progressing = _cond("Progressing", False, "RolloutStalled", refused_message, g)
-        elif n == 0:
-            progressing = _cond("Progressing", False, "RolloutComplete",
-                                f"no replica of its own to roll out (spec.replicas is 0); config {obs.digest}", g)
-        elif failed:
-            progressing = _cond("Progressing", False, "RolloutComplete",
-                                f"no rollout under way: every replica runs config {obs.digest}; {len(failed)} of them "
-                                "do not serve (see Degraded)", g)
-        else:
-            progressing = _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {obs.digest}", g)
-        if obs.api_error is not None:
-            degraded = _cond("Degraded", True, obs.api_error.reason, obs.api_error.message[:2000], g)
-        elif stopped:
-            degraded = _cond("Degraded", True, stopped.reason, stopped.message[:2000], g)
-        elif failed:
-            f = failed[0]
-            degraded = _cond("Degraded", True, f["reason"], f"{f['pod']}: {f.get('message') or f['reason']}", g)
-        elif refused:
-            degraded = _cond("Degraded", True, refused_reason, refused_message, g)
-        else:
-            degraded = _cond("Degraded", False, "AsExpected", "no replica has failed", g)
-        conds = [ready, progressing, degraded]
+    obs: Observed
+    live: list[Mapping[str, Any]]  # the replicas not being deleted
+    states: list[dict[str, Any]]  # their status.replicaStates, by pod name
+    # At the desired config: created for it, or told to load it in place and done (not still swapping it in).
+    current: list[Mapping[str, Any]]
+    warm: list[Mapping[str, Any]]  # of those, the ones that serve it warm
+    # Serving = in the Service: the pod is Ready (gate and readiness probe), not only warmed.
+    serving: list[Mapping[str, Any]]
+    # Without the gate (warmupGate.enabled: false) the pods' readiness is all there is to go by.
+    ungated: bool
+    failed: list[dict[str, Any]]  # the states of the replicas that failed
+    refused: Mapping[str, Any] | None  # the Deployment's ReplicaFailure condition, while it holds
+
+    @classmethod
+    def of(cls, obs: Observed) -> Seen:
+        live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
+        states = sorted((replica_state(p) for p in live), key=lambda s: s["pod"])
+        current = [p for p in live if (p["metadata"].get("annotations") or {}).get(ANNOTATION_DIGEST) == obs.digest
+                   and ANNOTATION_PREVIOUS not in (p["metadata"].get("annotations") or {})]
+        warm = [p for p in current if warmed(p)]
+        return cls(obs=obs, live=live, states=states, current=current, warm=warm,
+                   serving=[p for p in warm if pod_ready(p)], ungated=bool(current) and not any(gated(p) for p in current),
+                   failed=[s for s in states if s["state"] == "Failed"], refused=replica_failure(obs.deployment))
+
+    @property
+    def n(self) -> int:
+        return self.obs.desired_replicas
+
+    @property
+    def g(self) -> int:
+        return self.obs.generation
+
+    @property
+    def refused_reason(self) -> str:
+        return str((self.refused or {}).get("reason") or "FailedCreate")
+
+    @property
+    def refused_message(self) -> str:
+        return f"the Deployment's ReplicaSet cannot create pods: {(self.refused or {}).get('message', '')}"[:2000]
+
+    @property
+    def rolling(self) -> bool:
+        """A rollout is under way while some replica is not at the desired config, or the Deployment has not yet
+        made what it asks for (a new ReplicaSet's pods, a scale); a replica at the desired config that stopped
+        serving is not one (Degraded says so, Ready counts it out)."""
+        return (len(self.current) < len(self.live) or len(self.live) != self.n
+                or (len(self.serving) < self.n and not any(s["state"] == "Failed" for s in self.states)))
+
+
+#: A policy decides one condition, or passes (None) to the next in its chain; the first that answers wins. In the
+#: shape of cert-manager's readiness policy chains. Each chain ends with one that always answers.
+Policy = Callable[[Seen], dict[str, Any] | None]
+
+
+def _first(chain: Sequence[Policy], seen: Seen) -> dict[str, Any]:
+    for policy in chain:
+        condition = policy(seen)
+        if condition is not None:
+            return condition
+    raise AssertionError(f"no policy of {[p.__name__ for p in chain]} answered")  # each chain's last always does
+
+
+# Every condition: a spec that cannot be deployed says so on each.
+
+def ready_spec_problem(s: Seen) -> dict[str, Any] | None:
+    p = s.obs.problem
+    return _cond("Ready", False, p.reason, p.message, s.g) if p is not None else None
+
+
+def progressing_spec_problem(s: Seen) -> dict[str, Any] | None:
+    p = s.obs.problem
+    return _cond("Progressing", False, p.reason, p.message, s.g) if p is not None else None
+
+
+def degraded_spec_problem(s: Seen) -> dict[str, Any] | None:
+    p = s.obs.problem
+    return _cond("Degraded", True, p.reason, p.message, s.g) if p is not None else None
+
+
+# Ready.
+
+def ready_at_zero(s: Seen) -> dict[str, Any] | None:
+    return zero_replicas(s.obs, s.g) if s.n == 0 else None
+
+
+def ready_all_ready_ungated(s: Seen) -> dict[str, Any] | None:
+    if len(s.serving) < s.n or not s.ungated:
+        return None
+    return _cond("Ready", True, "AllReplicasReady",
+                 f"{len(s.serving)}/{s.n} replicas at the desired config are Ready (warm-up gate disabled)", s.g)
+
+
+def ready_all_warmed(s: Seen) -> dict[str, Any] | None:
+    if len(s.serving) < s.n:
+        return None
+    return _cond("Ready", True, "AllReplicasWarmed", f"{len(s.serving)}/{s.n} replicas serve the desired config, warm", s.g)
+
+
+def not_ready_rollout_stopped(s: Seen) -> dict[str, Any] | None:
+    stopped = s.obs.rollout_problem
+    if not stopped:
+        return None
+    return _cond("Ready", False, stopped.reason, f"{len(s.serving)}/{s.n} replicas serve the desired config; "
+                 f"{stopped.message}"[:2000], s.g)
+
+
+def not_ready_replica_failed(s: Seen) -> dict[str, Any] | None:
+    if not s.failed:
+        return None
+    first = s.failed[0]
+    why = f"{len(s.warm)}/{s.n} replicas warmed; {first['pod']}: {first.get('message', '')}".strip()
+    return _cond("Ready", False, first["reason"], why, s.g)
+
+
+def not_ready_pods_refused(s: Seen) -> dict[str, Any] | None:
+    if not s.refused:
+        return None
+    return _cond("Ready", False, s.refused_reason, f"{len(s.serving)}/{s.n} Ready; {s.refused_message}", s.g)
+
+
+def not_ready_ungated_starting(s: Seen) -> dict[str, Any] | None:
+    if not s.ungated:
+        return None
+    return _cond("Ready", False, "ReplicasStarting",
+                 f"{len(s.serving)}/{s.n} replicas at the desired config Ready (warm-up gate disabled)", s.g)
+
+
+def not_ready_warming(s: Seen) -> dict[str, Any]:
+    reason = "ReplicasJoining" if len(s.warm) >= s.n else "ReplicasWarming"  # warm, waiting for pod Ready
+    return _cond("Ready", False, reason, f"{len(s.warm)}/{s.n} replicas warmed, {len(s.serving)}/{s.n} Ready", s.g)
+
+
+READY: tuple[Policy, ...] = (
+    ready_spec_problem, ready_at_zero, ready_all_ready_ungated, ready_all_warmed, not_ready_rollout_stopped,
+    not_ready_replica_failed, not_ready_pods_refused, not_ready_ungated_starting, not_ready_warming,
+)
+
+
+# Progressing.
+
+def stalled_rollout_stopped(s: Seen) -> dict[str, Any] | None:
+    stopped = s.obs.rollout_problem
+    if not (s.rolling and stopped):
+        return None
+    return _cond("Progressing", False, "RolloutStalled", stopped.message[:2000], s.g)
+
+
+def rolling_out(s: Seen) -> dict[str, Any] | None:
+    if not s.rolling or s.failed or s.refused:
+        return None
+    return _cond("Progressing", True, "RollingOut", f"{len(s.warm)}/{s.n} replicas at config {s.obs.digest} warmed", s.g)
+
+
+def stalled_replica_failed(s: Seen) -> dict[str, Any] | None:
+    if not (s.rolling and s.failed):
+        return None
+    first = s.failed[0]
+    return _cond("Progressing", False, "RolloutStalled", f"replica {first['pod']} failed: {first['reason']}", s.g)
+
+
+def stalled_pods_refused(s: Seen) -> dict[str, Any] | None:
+    # Rolling, and the policies before it did not answer: nothing failed and nothing stopped it, the ReplicaSet's
+    # pods were refused.
+    return _cond("Progressing", False, "RolloutStalled", s.refused_message, s.g) if s.rolling else None
+
+
+def complete_at_zero(s: Seen) -> dict[str, Any] | None:
+    if s.n != 0:
+        return None
+    return _cond("Progressing", False, "RolloutComplete",
+                 f"no replica of its own to roll out (spec.replicas is 0); config {s.obs.digest}", s.g)
+
+
+def complete_with_failures(s: Seen) -> dict[str, Any] | None:
+    if not s.failed:
+        return None
+    return _cond("Progressing", False, "RolloutComplete",
+                 f"no rollout under way: every replica runs config {s.obs.digest}; {len(s.failed)} of them "
+                 "do not serve (see Degraded)", s.g)
+
+
+def complete(s: Seen) -> dict[str, Any]:
+    return _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {s.obs.digest}", s.g)
+
+
+PROGRESSING: tuple[Policy, ...] = (
+    progressing_spec_problem, stalled_rollout_stopped, rolling_out, stalled_replica_failed, stalled_pods_refused,
+    complete_at_zero, complete_with_failures, complete,
+)
+
+
+# Degraded.
+
+def degraded_api_error(s: Seen) -> dict[str, Any] | None:
+    e = s.obs.api_error
+    return _cond("Degraded", True, e.reason, e.message[:2000], s.g) if e is not None else None
+
+
+def degraded_rollout_stopped(s: Seen) -> dict[str, Any] | None:
+    stopped = s.obs.rollout_problem
+    return _cond("Degraded", True, stopped.reason, stopped.message[:2000], s.g) if stopped else None
+
+
+def degraded_replica_failed(s: Seen) -> dict[str, Any] | None:
+    if not s.failed:
+        return None
+    f = s.failed[0]
+    return _cond("Degraded", True, f["reason"], f"{f['pod']}: {f.get('message') or f['reason']}", s.g)
+
+
+def degraded_pods_refused(s: Seen) -> dict[str, Any] | None:
+    return _cond("Degraded", True, s.refused_reason, s.refused_message, s.g) if s.refused else None
+
+
+def as_expected(s: Seen) -> dict[str, Any]:
+    return _cond("Degraded", False, "AsExpected", "no replica has failed", s.g)
+
+
+DEGRADED: tuple[Policy, ...] = (
+    degraded_spec_problem, degraded_api_error, degraded_rollout_stopped, degraded_replica_failed,
+    degraded_pods_refused, as_expected,
+)
+
+
+def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.datetime | None = None) -> TritonModelStatus:
+    """The whole status the operator wants, with lastTransitionTime carried over when unchanged (else `now`).
+    Ready, Progressing and Degraded each come from their chain of policies (READY, PROGRESSING, DEGRADED)."""
+    seen = Seen.of(obs)
+    g = obs.generation
+    conds = [_first(READY, seen), _first(PROGRESSING, seen), _first(DEGRADED, seen)]
     conds += kstatus_conditions(conds[1], conds[2], g)
     if obs.hpa is not None:
         conds.append(scaling_active(obs.hpa, g))
@@ -329,15 +481,16 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
         old = prev_conds.get(c["type"])
         held = old is not None and old.get("status") == c["status"] and old.get("lastTransitionTime")
         c["lastTransitionTime"] = old["lastTransitionTime"] if held and old is not None else stamp
+    dep_status = (obs.deployment or {}).get("status") or {}
     return TritonModelStatus(
         observed_generation=g,
         conditions=[Condition.model_validate(c) for c in conds],
-        replicas=int(dep_status.get("replicas", len(live)) or 0),
+        replicas=int(dep_status.get("replicas", len(seen.live)) or 0),
         # From the pods, as the conditions are: the Deployment's own count lags them by a controller sync.
-        ready_replicas=sum(1 for p in live if pod_ready(p)),
-        warmed_replicas=len(warm),
+        ready_replicas=sum(1 for p in seen.live if pod_ready(p)),
+        warmed_replicas=len(seen.warm),
         selector=obs.selector,
-        replica_states=[ReplicaState.model_validate(s) for s in states],
+        replica_states=[ReplicaState.model_validate(s) for s in seen.states],
         config_digest=obs.digest or None,
         served_by=obs.served_by or None,
     )

@@ -2,7 +2,8 @@
 HorizontalPodAutoscaler, and the Secret of its repository key.
 
 `render_children(model, rendered, uid, namespace, options)` -> plain dicts ready for server-side
-apply. No client, no I/O: the controller applies what this returns. `render_key_secret` is the Secret the
+apply. No client, no I/O: the controller applies what this returns. The repository a replica loads (the model and
+its ensemble steps, `modelconfig.Repository`) is computed once per render and handed to each builder. `render_key_secret` is the Secret the
 controller creates (never applies: see `render.repository_key`).
 
 The warm-up gate's part in the pod (`render_deployment`): the readiness gate (`WARMED_CONDITION`), the annotations
@@ -39,7 +40,7 @@ from ..api.pod import (
 )
 from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
 from .autoscaling import hpa_metric
-from .modelconfig import REPOSITORY_ROOT, RenderedModel, repository_for, step_closure
+from .modelconfig import REPOSITORY_ROOT, RenderedModel, Repository
 from .repository_key import RepositoryKeys, key_env, render_secret, restriction_args, secret_name
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
@@ -169,28 +170,28 @@ def configmap_key(path: str) -> str:
     return f"{flat[-200:]}.{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
-def repository_name(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> str:
+def repository_name(model: TritonModel, repository: Repository) -> str:
     """`<model>-repository-<hash>`: named by its content (and the model's name, so no two models share one).
 
     A pod template names the ConfigMap it was made for, and that ConfigMap never changes (`immutable`): a pod
     re-created for an old ReplicaSet fetches the old files, not whatever the model holds now.
     """
     h = hashlib.sha256(model.name.encode())
-    for path, content in sorted(repository_for(model.name, rendered).items()):
+    for path, content in repository.files.items():
         h.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(content).digest())
     suffix = f"-repository-{h.hexdigest()[:10]}"
     return model.name[: 253 - len(suffix)].rstrip("-.") + suffix
 
 
 def render_configmap(
-    model: TritonModel, rendered: Mapping[str, RenderedModel], uid: str, namespace: str
+    model: TritonModel, repository: Repository, uid: str, namespace: str
 ) -> dict[str, Any]:
     """The model repository (the model plus, for ensembles, its steps) as one immutable ConfigMap named by its
     content (`repository_name`).
 
     Keys are flattened paths; the volume's `items` puts each back at its repository path.
     """
-    files = repository_for(model.name, rendered)
+    files = repository.files
     data: dict[str, str] = {}
     binary: dict[str, str] = {}
     size = 0
@@ -206,7 +207,7 @@ def render_configmap(
     cm: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(model, repository_name(model, rendered), uid, namespace),
+        "metadata": _meta(model, repository_name(model, repository), uid, namespace),
         "immutable": True,
         "data": data,
     }
@@ -252,7 +253,7 @@ def volume_name(prefix: str, name: str) -> str:
     return "-".join(p for p in (prefix, stem, digest) if p)
 
 
-def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tuple[list[str], Objects, Objects, Objects]:
+def _uri_args(repository: Repository) -> tuple[list[str], Objects, Objects, Objects]:
     """fetch arguments, extra volumes, mounts and env for the models in the closure whose source is a uri."""
     args: list[str] = []
     volumes: list[dict[str, Any]] = []
@@ -260,11 +261,11 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
     env: list[dict[str, Any]] = []
     fetched = [
         (m.triton_name if not m.spec.versions else f"{m.triton_name}/{version}", src)  # spec.source: MODEL, into 1/
-        for m in (rendered[name].model for name in step_closure(model.name, rendered))
+        for m in (r.model for r in repository.models)
         for version, src in m.spec.version_sources.items()
     ] + [
         (f"{m.triton_name}/.", m.spec.model_files)  # spec.modelFiles.uri: into the model directory itself
-        for m in (rendered[name].model for name in step_closure(model.name, rendered))
+        for m in (r.model for r in repository.models)
         if m.spec.model_files is not None
     ]
     for key, src in fetched:
@@ -300,8 +301,8 @@ def _uri_args(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> tupl
     return args, volumes, mounts, env
 
 
-def _server_args(model: TritonModel, rendered: Mapping[str, RenderedModel], options: Options) -> list[str]:
-    closure = [rendered[n].model for n in step_closure(model.name, rendered)]
+def _server_args(model: TritonModel, repository: Repository, options: Options) -> list[str]:
+    closure = [r.model for r in repository.models]
     args = [
         f"--model-repository={REPO_DIR}",
         "--model-control-mode=explicit",
@@ -337,11 +338,11 @@ def exit_timeout(args: list[str], default: int) -> int:
     return value
 
 
-def replica_gpus(model: TritonModel, rendered: Mapping[str, RenderedModel]) -> int:
+def replica_gpus(model: TritonModel, repository: Repository) -> int:
     """`nvidia.com/gpu` per replica: `server.gpus`, or the most any model the replica loads needs."""
     if model.spec.server.gpus is not None:
         return model.spec.server.gpus
-    return max(rendered[n].model.spec.gpus_needed for n in step_closure(model.name, rendered))
+    return max(r.model.spec.gpus_needed for r in repository.models)
 
 
 def _shm(server: Server) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -378,29 +379,33 @@ def _pod_settings(model: TritonModel) -> dict[str, Any]:
     return out
 
 
-def render_deployment(
-    model: TritonModel,
-    rendered: Mapping[str, RenderedModel],
-    uid: str,
-    namespace: str,
-    options: Options = Options(),
-) -> dict[str, Any]:
-    spec = model.spec
-    server = spec.server
-    digest = rendered[model.name].digest
-    uri_args, uri_volumes, uri_mounts, uri_env = _uri_args(model, rendered)
-    user_env = _user_env(server)  # tritonserver's and fetch's: ambient credentials reach fetch too
-    shm_volume, shm_mount = _shm(server)
-    gpus = replica_gpus(model, rendered)
-    files = repository_for(model.name, rendered)
-    items = [{"key": configmap_key(p), "path": p} for p in files]
-    # The `fetch` init step assembles the repository when some of it is not in the ConfigMap: a uri source (a
-    # custom batching library in the repository is one too: inline files are text). Otherwise tritonserver reads the
-    # ConfigMap volume itself, with no init container, so the kubelet starts tritonserver in the pod's first sync
-    # instead of after the relist (every 1 s) that notices fetch's exit (issue 17). Triton follows the volume's
-    # symbolic links, and its `..data` entries are no model it is told to load (explicit mode, --load-model).
-    fetch_step = bool(uri_args)
+@dataclass(frozen=True)
+class _Fetch:
+    """What the `fetch` init step brings into a replica: its arguments for the uri sources, and the volumes, mounts
+    and env those need (`_uri_args`). None of it without a uri source: then there is no fetch step."""
 
+    args: list[str]
+    volumes: Objects
+    mounts: Objects
+    env: Objects
+
+    @property
+    def needed(self) -> bool:
+        # The `fetch` init step assembles the repository when some of it is not in the ConfigMap: a uri source (a
+        # custom batching library in the repository is one too: inline files are text). Otherwise tritonserver reads
+        # the ConfigMap volume itself, with no init container, so the kubelet starts tritonserver in the pod's first
+        # sync instead of after the relist (every 1 s) that notices fetch's exit (issue 17). Triton follows the
+        # volume's symbolic links, and its `..data` entries are no model it is told to load (explicit mode,
+        # --load-model).
+        return bool(self.args)
+
+
+def _probe_http(path: str) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}}
+
+
+def _triton_resources(server: Server, gpus: int) -> dict[str, Any]:
+    """The tritonserver container's resources: spec.server.resources, and the replica's GPUs as a limit."""
     resources: dict[str, Any] = {}
     if server.resources is not None:
         if server.resources.requests:
@@ -409,18 +414,19 @@ def render_deployment(
             resources["limits"] = dict(server.resources.limits)
     if gpus > 0:
         resources.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
+    return resources
 
-    def probe_http(path: str) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": "http"}}
-    args = _server_args(model, rendered, options)
-    # A user's own --exit-timeout-secs (in server.args, after ours) is the drain Triton will take: make room for it.
-    grace = (options.pre_stop_sleep_seconds + exit_timeout(args, options.exit_timeout_seconds)
-             + options.termination_margin_seconds)
+
+def _triton_container(model: TritonModel, repository: Repository, key_secret: str, fetch: _Fetch,
+                      options: Options) -> dict[str, Any]:
+    """The `tritonserver` container, with its probes: the gate's (held by the `probe` container), or Triton's own."""
+    server = model.spec.server
+    user_env = _user_env(server)
     triton: dict[str, Any] = {
         "name": "tritonserver",
         "image": server.image,
         "command": ["tritonserver"],
-        "args": args,
+        "args": _server_args(model, repository, options),
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
@@ -428,68 +434,25 @@ def render_deployment(
         ],
         # HOME too: NVIDIA's image has no home for this user, and libraries cache there (torch, numba). The
         # repository key before the user's variables: the args name it, and validation keeps env off its name.
-        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret_name(model, uid, namespace, options)),
-                *user_env.get("env", ())],
+        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *user_env.get("env", ())],
         **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
         "volumeMounts": [
             # The repository: the `fetch` step's copy, or the ConfigMap itself when there is nothing to fetch.
-            {"name": "models" if fetch_step else "repository", "mountPath": REPO_DIR, "readOnly": True},
+            {"name": "models" if fetch.needed else "repository", "mountPath": REPO_DIR, "readOnly": True},
             # The root filesystem is read-only: the Python backend makes /tmp/python_env_* at start.
             {"name": "tmp", "mountPath": TMP_DIR},
-            shm_mount,
+            _shm(server)[1],
         ],
         "securityContext": dict(CONTAINER_SECURITY),
-        "livenessProbe": {**probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {**_probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
         # The kubelet's own sleep: no shell, no binary in the image. On by default since Kubernetes 1.30 (stable in
         # 1.34), hence the chart's kubeVersion >=1.30.
         "lifecycle": {"preStop": {"sleep": {"seconds": options.pre_stop_sleep_seconds}}},
     }
+    resources = _triton_resources(server, replica_gpus(model, repository))
     if resources:
         triton["resources"] = resources
-    fetch: dict[str, Any] = {
-        "name": "fetch",
-        "image": options.operator_image,
-        # The caps fetch enforces itself, within the volume's sizeLimit (validation refuses a larger maxBytes).
-        "args": ["fetch", "--from", CONFIG_DIR, "--to", REPO_DIR, "--max-bytes", str(server.fetch_max_bytes),
-                 "--max-files", str(server.fetch.max_files), "--timeout", str(server.fetch.timeout_seconds), *uri_args],
-        "volumeMounts": [
-            {"name": "repository", "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": "models", "mountPath": REPO_DIR},
-            *uri_mounts,
-        ],
-        "resources": json.loads(json.dumps(FETCH_RESOURCES)),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
-        # Its failure (`error: fetch failed: ...`, also written to the termination message file) reaches the pod's
-        # status, and from there the TritonModel's (Degraded, SourceFetchFailed); a crash's last log lines too.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-    fetch_env = _user_env(server)  # its own copy: the two containers share no object
-    if uri_env or "env" in fetch_env:
-        fetch["env"] = [*uri_env, *fetch_env.get("env", ())]
-    if "envFrom" in fetch_env:
-        fetch["envFrom"] = fetch_env["envFrom"]
-    pod_spec: dict[str, Any] = {
-        **({"initContainers": [fetch]} if fetch_step else {}),
-        "containers": [triton],
-        "volumes": [
-            {"name": "repository", "configMap": {"name": repository_name(model, rendered), "items": items}},
-            *([{"name": "models", "emptyDir": {"sizeLimit": server.repository_size_limit}}] if fetch_step else []),
-            {"name": "tmp", "emptyDir": {"sizeLimit": server.tmp_size_limit}},
-            shm_volume,
-            *uri_volumes,
-        ],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "terminationGracePeriodSeconds": grace,
-        **_pod_settings(model),
-    }
-    if spec.warmup_gate.enabled:
-        pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
+    if model.spec.warmup_gate.enabled:
         # With the gate, the gate admits a replica; the container's own readiness only says that tritonserver is up.
         # It opens its ports only once the models it loads at start are loaded and warm (gRPC first, then HTTP), and
         # the readiness probe keeps a restarted container out until then whatever a stale gate says: after a crash,
@@ -508,68 +471,166 @@ def render_deployment(
             "timeoutSeconds": options.probe_hold_seconds + 2,
             "failureThreshold": 1,
         }
-        # The probe also checks that every model the replica serves can serve (its statistics; with the Python
-        # backend, its stubs, which it sees in the pod's shared process namespace): a break fails the held probe at
-        # once, and the operator heals the replica (issue 33; see triton_operator.triton.probe).
-        closure = [rendered[n].model for n in step_closure(model.name, rendered)]
-        served = [model.triton_name, *(m.triton_name for m in closure if m.name != model.name)]
-        if any(m.spec.backend == "python" for m in closure):
-            pod_spec["shareProcessNamespace"] = True
-        pod_spec["containers"].append({
-            "name": PROBE_CONTAINER,
-            "image": options.operator_image,
-            "args": ["probe", "--listen", f":{PROBE_PORT}", "--target", f"127.0.0.1:{HTTP_PORT}",
-                     "--hold", str(options.probe_hold_seconds), "--gate-settle", f"{options.probe_gate_settle_seconds:g}",
-                     "--head-start", f"{options.probe_head_start_seconds:g}", "--repository", REPO_DIR,
-                     "--fail-threshold", str(spec.warmup_gate.failed_request_threshold),
-                     *(arg for name in served for arg in ("--model", name))],
-            "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
-            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
-            "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        })
         triton["livenessProbe"]["initialDelaySeconds"] = server.startup_timeout_seconds
     else:
         # Without the gate, Triton's own readiness is what admits a replica to the Service, and the startup probe
         # holds liveness off while the model loads.
         triton["startupProbe"] = {
-            **probe_http("/v2/health/live"),
+            **_probe_http("/v2/health/live"),
             "periodSeconds": options.startup_probe_period,
             "failureThreshold": max(1, server.startup_timeout_seconds // options.startup_probe_period),
         }
-        triton["readinessProbe"] = {**probe_http("/v2/health/ready"), "periodSeconds": 1, "failureThreshold": 2}
-    if server.node_selector:
-        pod_spec["nodeSelector"] = dict(server.node_selector)
+        triton["readinessProbe"] = {**_probe_http("/v2/health/ready"), "periodSeconds": 1, "failureThreshold": 2}
+    return triton
+
+
+def _fetch_container(server: Server, fetch: _Fetch, options: Options) -> dict[str, Any]:
+    """The `fetch` init container: it copies the ConfigMap's files and downloads the uri sources into `models`."""
+    container: dict[str, Any] = {
+        "name": "fetch",
+        "image": options.operator_image,
+        # The caps fetch enforces itself, within the volume's sizeLimit (validation refuses a larger maxBytes).
+        "args": ["fetch", "--from", CONFIG_DIR, "--to", REPO_DIR, "--max-bytes", str(server.fetch_max_bytes),
+                 "--max-files", str(server.fetch.max_files), "--timeout", str(server.fetch.timeout_seconds), *fetch.args],
+        "volumeMounts": [
+            {"name": "repository", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "models", "mountPath": REPO_DIR},
+            *fetch.mounts,
+        ],
+        "resources": json.loads(json.dumps(FETCH_RESOURCES)),
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
+        # Its failure (`error: fetch failed: ...`, also written to the termination message file) reaches the pod's
+        # status, and from there the TritonModel's (Degraded, SourceFetchFailed); a crash's last log lines too.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    # tritonserver's server.env and envFrom too (ambient credentials reach fetch), in a copy of its own: the two
+    # containers share no object.
+    user_env = _user_env(server)
+    if fetch.env or "env" in user_env:
+        container["env"] = [*fetch.env, *user_env.get("env", ())]
+    if "envFrom" in user_env:
+        container["envFrom"] = user_env["envFrom"]
+    return container
+
+
+def _probe_container(model: TritonModel, repository: Repository, options: Options) -> dict[str, Any]:
+    """The `probe` container of a gated replica: it holds the kubelet's readiness probe of tritonserver (see the
+    tritonserver container's readinessProbe), and checks that every model the replica serves can serve (its
+    statistics; with the Python backend, its stubs): a break fails the held probe at once, and the operator heals
+    the replica (issue 33; see triton_operator.triton.probe)."""
+    served = [model.triton_name, *(r.model.triton_name for r in repository.steps)]
+    return {
+        "name": PROBE_CONTAINER,
+        "image": options.operator_image,
+        "args": ["probe", "--listen", f":{PROBE_PORT}", "--target", f"127.0.0.1:{HTTP_PORT}",
+                 "--hold", str(options.probe_hold_seconds), "--gate-settle", f"{options.probe_gate_settle_seconds:g}",
+                 "--head-start", f"{options.probe_head_start_seconds:g}", "--repository", REPO_DIR,
+                 "--fail-threshold", str(model.spec.warmup_gate.failed_request_threshold),
+                 *(arg for name in served for arg in ("--model", name))],
+        "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def _tolerations(server: Server, gpus: int) -> Objects:
+    """spec.server.tolerations, and NVIDIA's GPU taint tolerated when the replica asks for GPUs."""
     tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations or ()]
     if gpus > 0 and not any(t.get("key") == "nvidia.com/gpu" for t in tolerations):
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    return tolerations
+
+
+def _pod_spec(model: TritonModel, repository: Repository, triton: dict[str, Any], fetch: _Fetch,
+              options: Options) -> dict[str, Any]:
+    """The replica's pod spec around the tritonserver container: the fetch step, the probe beside it (gated), the
+    volumes, the pod's security context, its grace period and spec.server's placement."""
+    server = model.spec.server
+    # A user's own --exit-timeout-secs (in server.args, after ours) is the drain Triton will take: make room for it.
+    grace = (options.pre_stop_sleep_seconds + exit_timeout(triton["args"], options.exit_timeout_seconds)
+             + options.termination_margin_seconds)
+    items = [{"key": configmap_key(p), "path": p} for p in repository.files]
+    pod_spec: dict[str, Any] = {
+        **({"initContainers": [_fetch_container(server, fetch, options)]} if fetch.needed else {}),
+        "containers": [triton],
+        "volumes": [
+            {"name": "repository", "configMap": {"name": repository_name(model, repository), "items": items}},
+            *([{"name": "models", "emptyDir": {"sizeLimit": server.repository_size_limit}}] if fetch.needed else []),
+            {"name": "tmp", "emptyDir": {"sizeLimit": server.tmp_size_limit}},
+            _shm(server)[0],
+            *fetch.volumes,
+        ],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": grace,
+        **_pod_settings(model),
+    }
+    if model.spec.warmup_gate.enabled:
+        pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
+        # The probe sees the Python backend's stubs in the pod's shared process namespace.
+        if any(r.model.spec.backend == "python" for r in repository.models):
+            pod_spec["shareProcessNamespace"] = True
+        pod_spec["containers"].append(_probe_container(model, repository, options))
+    if server.node_selector:
+        pod_spec["nodeSelector"] = dict(server.node_selector)
+    tolerations = _tolerations(server, replica_gpus(model, repository))
     if tolerations:
         pod_spec["tolerations"] = tolerations
     if server.affinity:
         pod_spec["affinity"] = dict(server.affinity)
-    steps = [rendered[n].model.triton_name for n in step_closure(model.name, rendered) if n != model.name]
+    return pod_spec
+
+
+def _pod_annotations(model: TritonModel, repository: Repository, pod_spec: Mapping[str, Any]) -> dict[str, str]:
+    """The pod template's annotations, but the pod digest: what the gate and the reloads read of a replica."""
+    server = model.spec.server
     annotations = {
         **(server.pod_annotations or {}),  # validation keeps them off the operator's own keys
-        ANNOTATION_DIGEST: digest,
+        ANNOTATION_DIGEST: repository.own.digest,
         ANNOTATION_TRITON_NAME: model.triton_name,
-        ANNOTATION_POLL_MS: str(spec.warmup_gate.poll_interval_milliseconds),
+        ANNOTATION_POLL_MS: str(model.spec.warmup_gate.poll_interval_milliseconds),
     }
+    steps = [r.model.triton_name for r in repository.steps]
     if steps:
         annotations[ANNOTATION_STEPS] = ",".join(steps)
     if len(pod_spec["containers"]) > 1:
         # `kubectl logs` and `kubectl exec` without -c pick tritonserver, not the `probe` beside it.
-        annotations["kubectl.kubernetes.io/default-container"] = triton["name"]
-    versions = versions_annotation([rendered[n].model for n in step_closure(model.name, rendered)])
+        annotations["kubectl.kubernetes.io/default-container"] = pod_spec["containers"][0]["name"]
+    versions = versions_annotation([r.model for r in repository.models])
     if versions:
         annotations[ANNOTATION_VERSIONS] = versions
-    pod_labels = {**(server.pod_labels or {}), **labels(model)}
-    annotations[ANNOTATION_POD_DIGEST] = pod_digest(model, rendered, annotations, pod_spec, pod_labels)
+    return annotations
+
+
+def render_deployment(
+    model: TritonModel,
+    rendered: Mapping[str, RenderedModel],
+    uid: str,
+    namespace: str,
+    options: Options = Options(),
+    repository: Repository | None = None,
+) -> dict[str, Any]:
+    """The model's Deployment. `repository`: the one `rendered` holds for the model, when the caller has it."""
+    if repository is None:
+        repository = Repository.of(model.name, rendered)
+    fetch = _Fetch(*_uri_args(repository))
+    triton = _triton_container(model, repository, key_secret_name(model, uid, namespace, options), fetch, options)
+    pod_spec = _pod_spec(model, repository, triton, fetch, options)
+    annotations = _pod_annotations(model, repository, pod_spec)
+    pod_labels = {**(model.spec.server.pod_labels or {}), **labels(model)}
+    annotations[ANNOTATION_POD_DIGEST] = pod_digest(model, repository, annotations, pod_spec, pod_labels)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(model, model.name, uid, namespace),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": model.spec.replicas,
             "selector": {"matchLabels": selector(model)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod_spec},
@@ -577,7 +638,7 @@ def render_deployment(
     }
 
 
-def pod_digest(model: TritonModel, rendered: Mapping[str, RenderedModel], annotations: Mapping[str, str],
+def pod_digest(model: TritonModel, repository: Repository, annotations: Mapping[str, str],
                pod_spec: Mapping[str, Any], pod_labels: Mapping[str, str]) -> str:
     """A digest of everything a replica is made of except the model's own config: the pod spec, labels and
     annotations without the config digest and the repository ConfigMap's name, and every repository file but the
@@ -592,7 +653,7 @@ def pod_digest(model: TritonModel, rendered: Mapping[str, RenderedModel], annota
     h = hashlib.sha256(json.dumps(
         [spec, {k: v for k, v in annotations.items() if k not in (ANNOTATION_DIGEST, ANNOTATION_POD_DIGEST)},
          dict(pod_labels)], sort_keys=True).encode())
-    for path, content in sorted(repository_for(model.name, rendered).items()):
+    for path, content in repository.files.items():
         if path != own_config:
             h.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(content).digest())
     return h.hexdigest()[:16]
@@ -656,9 +717,10 @@ def render_children(
     options: Options = Options(),
 ) -> list[dict[str, Any]]:
     """Every child, in apply order (the ConfigMap before the Deployment that mounts it)."""
+    repository = Repository.of(model.name, rendered)
     children = [
-        render_configmap(model, rendered, uid, namespace),
-        render_deployment(model, rendered, uid, namespace, options),
+        render_configmap(model, repository, uid, namespace),
+        render_deployment(model, rendered, uid, namespace, options, repository),
         render_service(model, uid, namespace),
     ]
     if model.spec.replicas > 1:

@@ -390,12 +390,33 @@ def step_closure(name: str, rendered: Mapping[str, RenderedModel]) -> list[str]:
     return reached
 
 
+@dataclass(frozen=True)
+class Repository:
+    """The repository one replica of a model loads: the model and every model its ensemble steps reach, and their
+    files. Computed once per render (`of`) and handed to the renderers of the model's children."""
+
+    own: RenderedModel  # the model the replica serves
+    models: tuple[RenderedModel, ...]  # `own` and its steps, recursively, each once, sorted by TritonModel name
+    files: Mapping[str, bytes]  # every file of `models`, by repository path, sorted
+
+    @classmethod
+    def of(cls, name: str, rendered: Mapping[str, RenderedModel]) -> Repository:
+        """The repository that serves the TritonModel `name`, from a render that holds it and its steps."""
+        models = tuple(rendered[n] for n in step_closure(name, rendered))
+        files: dict[str, bytes] = {}
+        for m in models:
+            files.update(m.files)
+        return cls(own=rendered[name], models=models, files=dict(sorted(files.items())))
+
+    @property
+    def steps(self) -> tuple[RenderedModel, ...]:
+        """The models the replica loads for `own`'s ensemble steps (none for a model that is no ensemble)."""
+        return tuple(m for m in self.models if m.model.name != self.own.model.name)
+
+
 def repository_for(name: str, rendered: Mapping[str, RenderedModel]) -> dict[str, bytes]:
     """All files of the repository that serves `name`: the model plus its steps, recursively."""
-    files: dict[str, bytes] = {}
-    for n in step_closure(name, rendered):
-        files.update(rendered[n].files)
-    return dict(sorted(files.items()))
+    return dict(Repository.of(name, rendered).files)
 
 
 def config_json(pbtxt: str) -> str:

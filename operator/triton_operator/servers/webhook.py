@@ -142,19 +142,24 @@ def parse_review(data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(req.get("namespace", ""), str):
         raise BadReview("request.namespace: expected a string")
     for key in ("object", "oldObject"):
-        obj = req.get(key)
-        if obj is None:
-            continue
-        if not isinstance(obj, dict):
-            raise BadReview(f"request.{key}: expected an object or null")
-        meta = obj.get("metadata")
-        if not isinstance(meta, dict):
-            raise BadReview(f"request.{key}.metadata: expected an object")
-        if not isinstance(meta.get("name"), str) or not meta["name"]:
-            raise BadReview(f"request.{key}.metadata.name: expected a non-empty string")
-        if not isinstance(meta.get("uid", ""), str):
-            raise BadReview(f"request.{key}.metadata.uid: expected a string")
+        _check_review_object(req, key)
     return body, req
+
+
+def _check_review_object(req: dict[str, Any], key: str) -> None:
+    """request.object or request.oldObject: null, or an object with a metadata.name (and a string uid, if any)."""
+    obj = req.get(key)
+    if obj is None:
+        return
+    if not isinstance(obj, dict):
+        raise BadReview(f"request.{key}: expected an object or null")
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise BadReview(f"request.{key}.metadata: expected an object")
+    if not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise BadReview(f"request.{key}.metadata.name: expected a non-empty string")
+    if not isinstance(meta.get("uid", ""), str):
+        raise BadReview(f"request.{key}.metadata.uid: expected a string")
 
 
 # -- the server -----------------------------------------------------------------------------------

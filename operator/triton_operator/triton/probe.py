@@ -406,19 +406,10 @@ class Readiness:
                     continue
             self.sleep(wait)
 
-def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
-          stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS,
-          models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL, fail_threshold: int = FAIL_THRESHOLD,
-          hang_seconds: float = HANG_SECONDS, repository: str | None = None) -> int:
-    # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
-    # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
-    # soon as the port listens stays pending instead of killing the process.
-    stop_signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    health = Health(models, fail_threshold=fail_threshold, hang_seconds=hang_seconds) if models else None
-    readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle,
-                          broken=health.why if health is not None else None)
-    stop_health = threading.Event()
+def _handler(readiness: Readiness, health: Health | None, settle: float,
+             idle: float) -> type[http.server.BaseHTTPRequestHandler]:
+    """The probe server's requests: GET /ready (the kubelet's probe), GET STATUS_PATH (the models' health) and
+    POST GATE_PATH (the operator's notice that it has set the gate)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -459,6 +450,11 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
         def log_message(self, format: str, *args: object) -> None:
             pass  # one probe a second: no access log
 
+    return Handler
+
+
+def _server(max_connections: int) -> type[http.server.ThreadingHTTPServer]:
+    """A threading HTTP server that takes at most `max_connections` at once and closes the others at once."""
     slots = threading.BoundedSemaphore(max_connections)
 
     class Server(http.server.ThreadingHTTPServer):
@@ -488,7 +484,23 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
             if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
                 super().handle_error(request, client_address)
 
-    server = Server(listen, Handler)
+    return Server
+
+
+def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
+          stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS,
+          models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL, fail_threshold: int = FAIL_THRESHOLD,
+          hang_seconds: float = HANG_SECONDS, repository: str | None = None) -> int:
+    # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
+    # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
+    # soon as the port listens stays pending instead of killing the process.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    health = Health(models, fail_threshold=fail_threshold, hang_seconds=hang_seconds) if models else None
+    readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle,
+                          broken=health.why if health is not None else None)
+    stop_health = threading.Event()
+    server = _server(max_connections)(listen, _handler(readiness, health, settle, idle))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
     if health is not None:

@@ -25,11 +25,13 @@ from ..api.v1alpha1 import (
     OPERATOR_ENV,
     OPERATOR_LABELS,
     REPOSITORY_KEY_ENV,
+    EnsembleStep,
     QueuePolicy,
     Server,
     Tensor,
     TritonModel,
     TritonModelSpec,
+    WarmupInput,
     quantity_bytes,
     quantity_value,
 )
@@ -572,6 +574,72 @@ def _bytes_elements(data: bytes) -> int | None:
     return n
 
 
+def _check_warmup_file(p: str, wi: WarmupInput, files: Mapping[str, str], where: str, err: _Collector) -> None:
+    """A warm-up input's inputDataFile: among the warm-up files, valid base64, and holding the input's elements."""
+    assert wi.input_data_file is not None
+    data_b64 = files.get(wi.input_data_file)
+    if data_b64 is None:
+        err(
+            "warmup-file",
+            f"{p}.inputDataFile",
+            f"{wi.input_data_file!r} is not in spec.source.warmupFiles{where}",
+        )
+        return
+    try:
+        data = base64.b64decode(data_b64, validate=True)
+    except (binascii.Error, ValueError):
+        err("warmup-file", f"spec.source.warmupFiles[{wi.input_data_file}]", "is not valid base64")
+        return
+    count = math.prod(wi.dims)
+    if wi.data_type == "BYTES":
+        have = _bytes_elements(data)
+        if have != count:
+            err(
+                "warmup-file",
+                f"{p}.inputDataFile",
+                f"needs {count} BYTES elements (each a 4-byte little-endian length, then the bytes), "
+                f"{wi.input_data_file!r} holds {'an incomplete element' if have is None else have}",
+            )
+    else:
+        need = count * _FIXED_SIZE[wi.data_type]
+        if len(data) < need:
+            err(
+                "warmup-file",
+                f"{p}.inputDataFile",
+                f"needs {need} bytes for {count} {wi.data_type} elements, {wi.input_data_file!r} holds {len(data)}",
+            )
+
+
+def _check_warmup_input(p: str, name: str, wi: WarmupInput, inputs: Mapping[str, Tensor], files: Mapping[str, str],
+                        where: str, err: _Collector) -> None:
+    """One input of a warm-up sample: one kind of data, a model input, its type and concrete dims, its file."""
+    chosen = [wi.zero_data is True, wi.random_data is True, wi.input_data_file is not None]
+    if sum(chosen) != 1:
+        err("warmup-data", p, "set exactly one of zeroData: true, randomData: true or inputDataFile")
+    t = inputs.get(name)
+    if t is None:
+        err(
+            "warmup-inputs",
+            p,
+            f"{name!r} is not a model input (Triton would silently treat it as a control input); "
+            f"inputs are {sorted(inputs)}",
+        )
+        return
+    for j, d in enumerate(wi.dims):
+        if d < 1:
+            err(
+                "warmup-inputs",
+                f"{p}.dims[{j}]",
+                f"warm-up shapes must be concrete (every dim >= 1), got {d}; Triton fails the load at warm-up",
+            )
+    if wi.data_type != t.data_type:
+        err("warmup-inputs", f"{p}.dataType", f"is {wi.data_type} but input {name!r} is {t.data_type}")
+    if len(wi.dims) != len(t.dims) or any(m != -1 and m != d for m, d in zip(t.dims, wi.dims, strict=False)):
+        err("warmup-inputs", f"{p}.dims", f"{wi.dims} does not fit input {name!r} with dims {t.dims}")
+    if wi.input_data_file is not None:
+        _check_warmup_file(p, wi, files, where, err)
+
+
 def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
     inputs = {t.name: t for t in spec.inputs or ()}
     files: dict[str, str] = {}  # every version's warm-up files land in the model's one warmup/ directory
@@ -591,62 +659,7 @@ def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
         elif mbs > 0 and w.batch_size > mbs:
             err("warmup-batch-size", f"{base}.batchSize", f"batchSize {w.batch_size} exceeds maxBatchSize {mbs}")
         for name, wi in w.inputs.items():
-            p = f"{base}.inputs[{name}]"
-            chosen = [wi.zero_data is True, wi.random_data is True, wi.input_data_file is not None]
-            if sum(chosen) != 1:
-                err("warmup-data", p, "set exactly one of zeroData: true, randomData: true or inputDataFile")
-            t = inputs.get(name)
-            if t is None:
-                err(
-                    "warmup-inputs",
-                    p,
-                    f"{name!r} is not a model input (Triton would silently treat it as a control input); "
-                    f"inputs are {sorted(inputs)}",
-                )
-                continue
-            for j, d in enumerate(wi.dims):
-                if d < 1:
-                    err(
-                        "warmup-inputs",
-                        f"{p}.dims[{j}]",
-                        f"warm-up shapes must be concrete (every dim >= 1), got {d}; Triton fails the load at warm-up",
-                    )
-            if wi.data_type != t.data_type:
-                err("warmup-inputs", f"{p}.dataType", f"is {wi.data_type} but input {name!r} is {t.data_type}")
-            if len(wi.dims) != len(t.dims) or any(m != -1 and m != d for m, d in zip(t.dims, wi.dims, strict=False)):
-                err("warmup-inputs", f"{p}.dims", f"{wi.dims} does not fit input {name!r} with dims {t.dims}")
-            if wi.input_data_file is not None:
-                data_b64 = files.get(wi.input_data_file)
-                if data_b64 is None:
-                    err(
-                        "warmup-file",
-                        f"{p}.inputDataFile",
-                        f"{wi.input_data_file!r} is not in spec.source.warmupFiles{where}",
-                    )
-                    continue
-                try:
-                    data = base64.b64decode(data_b64, validate=True)
-                except (binascii.Error, ValueError):
-                    err("warmup-file", f"spec.source.warmupFiles[{wi.input_data_file}]", "is not valid base64")
-                    continue
-                count = math.prod(wi.dims)
-                if wi.data_type == "BYTES":
-                    have = _bytes_elements(data)
-                    if have != count:
-                        err(
-                            "warmup-file",
-                            f"{p}.inputDataFile",
-                            f"needs {count} BYTES elements (each a 4-byte little-endian length, then the bytes), "
-                            f"{wi.input_data_file!r} holds {'an incomplete element' if have is None else have}",
-                        )
-                else:
-                    need = count * _FIXED_SIZE[wi.data_type]
-                    if len(data) < need:
-                        err(
-                            "warmup-file",
-                            f"{p}.inputDataFile",
-                            f"needs {need} bytes for {count} {wi.data_type} elements, {wi.input_data_file!r} holds {len(data)}",
-                        )
+            _check_warmup_input(f"{base}.inputs[{name}]", name, wi, inputs, files, where, err)
         if mbs > 0 and not w.inputs:
             err(
                 "warmup-empty",
@@ -935,92 +948,98 @@ def _check_step_version(name: str, version: int, target: TritonModelSpec, path: 
             f"(the latest served) or one of {', '.join(map(str, served))}, or change its versionPolicy")
 
 
-def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
-    err = _Collector(ident)
-    spec = model.spec
-    if not spec.is_ensemble or spec.ensemble is None:
-        return err.errors
-    ens_inputs = {t.name: t for t in spec.inputs or ()}
-    ens_outputs = {t.name: t for t in spec.outputs or ()}
-    mbs = spec.effective_max_batch_size
-    # tensor -> (producer description, Tensor, max batch)
-    produced: dict[str, tuple[str, Tensor, int]] = {n: ("ensemble input", t, mbs) for n, t in ens_inputs.items()}
-    consumed: set[str] = set()
-    for i, step in enumerate(spec.ensemble.steps):
-        base = f"spec.ensemble.steps[{i}]"
-        if not step.input_map:
-            err("ensemble-step", f"{base}.inputMap", "must map at least one input")
-        if not step.output_map:
-            err("ensemble-step", f"{base}.outputMap", "must map at least one output")
-        target = models.get(step.model)
-        if target is None:
-            err("ensemble-step-model", f"{base}.model", f"TritonModel {step.model!r} is not defined")
+#: An ensemble tensor -> who writes it (a description), its Tensor and that writer's max batch size.
+_Produced = dict[str, tuple[str, Tensor, int]]
+
+
+def _check_step_wiring(model: TritonModel, models: Mapping[str, TritonModel], i: int, step: EnsembleStep,
+                       produced: _Produced, err: _Collector) -> None:
+    """One step, as written: maps an input and an output, names a defined model that serves the version (and is not
+    the ensemble), whose batch size and tensors fit; the tensors it writes are recorded in `produced`."""
+    mbs = model.spec.effective_max_batch_size
+    base = f"spec.ensemble.steps[{i}]"
+    if not step.input_map:
+        err("ensemble-step", f"{base}.inputMap", "must map at least one input")
+    if not step.output_map:
+        err("ensemble-step", f"{base}.outputMap", "must map at least one output")
+    target = models.get(step.model)
+    if target is None:
+        err("ensemble-step-model", f"{base}.model", f"TritonModel {step.model!r} is not defined")
+        return
+    _check_step_version(step.model, step.model_version, target.spec, f"{base}.modelVersion", err)
+    if target.spec.is_ensemble and step.model == model.name:
+        err("ensemble-cycle", f"{base}.model", "an ensemble cannot contain itself")
+        return
+    t_inputs = {t.name: t for t in target.spec.inputs or ()}
+    t_outputs = {t.name: t for t in target.spec.outputs or ()}
+    t_mbs = target.spec.effective_max_batch_size
+    if mbs > 0 and t_mbs > 0 and mbs > t_mbs:
+        err(
+            "ensemble-batch-size",
+            "spec.maxBatchSize",
+            f"ensemble maxBatchSize {mbs} exceeds step model {step.model!r}'s maxBatchSize {t_mbs}",
+        )
+    for k in step.input_map:
+        if k not in t_inputs:
+            err("ensemble-step-tensors", f"{base}.inputMap[{k}]", f"{step.model!r} has no input {k!r}; it has {sorted(t_inputs)}")
+    for k, t in sorted(t_inputs.items()):
+        if not t.optional and k not in step.input_map:
+            err("ensemble-step-tensors", f"{base}.inputMap", f"required input {k!r} of {step.model!r} is not mapped")
+    for k, v in step.output_map.items():
+        if k not in t_outputs:
+            err("ensemble-step-tensors", f"{base}.outputMap[{k}]", f"{step.model!r} has no output {k!r}; it has {sorted(t_outputs)}")
             continue
-        _check_step_version(step.model, step.model_version, target.spec, f"{base}.modelVersion", err)
-        if target.spec.is_ensemble and step.model == model.name:
-            err("ensemble-cycle", f"{base}.model", "an ensemble cannot contain itself")
-            continue
-        t_inputs = {t.name: t for t in target.spec.inputs or ()}
-        t_outputs = {t.name: t for t in target.spec.outputs or ()}
-        t_mbs = target.spec.effective_max_batch_size
-        if mbs > 0 and t_mbs > 0 and mbs > t_mbs:
+        if v in produced:
             err(
-                "ensemble-batch-size",
-                "spec.maxBatchSize",
-                f"ensemble maxBatchSize {mbs} exceeds step model {step.model!r}'s maxBatchSize {t_mbs}",
+                "ensemble-tensor-written-once",
+                f"{base}.outputMap[{k}]",
+                f"ensemble tensor {v!r} is already written by the {produced[v][0]}",
             )
-        for k in step.input_map:
-            if k not in t_inputs:
-                err("ensemble-step-tensors", f"{base}.inputMap[{k}]", f"{step.model!r} has no input {k!r}; it has {sorted(t_inputs)}")
-        for k, t in sorted(t_inputs.items()):
-            if not t.optional and k not in step.input_map:
-                err("ensemble-step-tensors", f"{base}.inputMap", f"required input {k!r} of {step.model!r} is not mapped")
-        for k, v in step.output_map.items():
-            if k not in t_outputs:
-                err("ensemble-step-tensors", f"{base}.outputMap[{k}]", f"{step.model!r} has no output {k!r}; it has {sorted(t_outputs)}")
-                continue
-            if v in produced:
-                err(
-                    "ensemble-tensor-written-once",
-                    f"{base}.outputMap[{k}]",
-                    f"ensemble tensor {v!r} is already written by the {produced[v][0]}",
-                )
-                continue
-            produced[v] = (f"output {k!r} of step {i} ({step.model})", t_outputs[k], t_mbs)
-    # second pass: every step input is available, types and shapes agree
-    for i, step in enumerate(spec.ensemble.steps):
-        target = models.get(step.model)
-        if target is None or step.model == model.name:
             continue
-        t_inputs = {t.name: t for t in target.spec.inputs or ()}
-        t_mbs = target.spec.effective_max_batch_size
-        base = f"spec.ensemble.steps[{i}]"
-        for k, v in step.input_map.items():
-            consumed.add(v)
-            src = produced.get(v)
-            if src is None:
-                err(
-                    "ensemble-tensor-available",
-                    f"{base}.inputMap[{k}]",
-                    f"ensemble tensor {v!r} is neither an ensemble input nor written by any step",
-                )
-                continue
-            wanted = t_inputs.get(k)
-            if wanted is None:
-                continue
-            if src[1].data_type != wanted.data_type:
-                err(
-                    "ensemble-types",
-                    f"{base}.inputMap[{k}]",
-                    f"{v!r} is {src[1].data_type} ({src[0]}) but {step.model!r} input {k!r} is {wanted.data_type}",
-                )
-            elif not _shape_compatible(src[1], src[2], wanted, t_mbs, a_reshape=src[0] == "ensemble input"):
-                err(
-                    "ensemble-types",
-                    f"{base}.inputMap[{k}]",
-                    f"{v!r} has shape {src[1].dims} ({src[0]}) but {step.model!r} input {k!r} has dims {wanted.dims}",
-                )
-    for j, (name, t) in enumerate(ens_outputs.items()):
+        produced[v] = (f"output {k!r} of step {i} ({step.model})", t_outputs[k], t_mbs)
+
+
+def _check_step_inputs(model: TritonModel, models: Mapping[str, TritonModel], i: int, step: EnsembleStep,
+                       produced: _Produced, consumed: set[str], err: _Collector) -> None:
+    """One step's inputs, once every step's outputs are known: each is available, of the type and shape the step
+    model takes; the tensors it reads are recorded in `consumed`."""
+    target = models.get(step.model)
+    if target is None or step.model == model.name:
+        return
+    t_inputs = {t.name: t for t in target.spec.inputs or ()}
+    t_mbs = target.spec.effective_max_batch_size
+    base = f"spec.ensemble.steps[{i}]"
+    for k, v in step.input_map.items():
+        consumed.add(v)
+        src = produced.get(v)
+        if src is None:
+            err(
+                "ensemble-tensor-available",
+                f"{base}.inputMap[{k}]",
+                f"ensemble tensor {v!r} is neither an ensemble input nor written by any step",
+            )
+            continue
+        wanted = t_inputs.get(k)
+        if wanted is None:
+            continue
+        if src[1].data_type != wanted.data_type:
+            err(
+                "ensemble-types",
+                f"{base}.inputMap[{k}]",
+                f"{v!r} is {src[1].data_type} ({src[0]}) but {step.model!r} input {k!r} is {wanted.data_type}",
+            )
+        elif not _shape_compatible(src[1], src[2], wanted, t_mbs, a_reshape=src[0] == "ensemble input"):
+            err(
+                "ensemble-types",
+                f"{base}.inputMap[{k}]",
+                f"{v!r} has shape {src[1].dims} ({src[0]}) but {step.model!r} input {k!r} has dims {wanted.dims}",
+            )
+
+
+def _check_ensemble_outputs(spec: TritonModelSpec, produced: _Produced, err: _Collector) -> None:
+    """Every ensemble output is written by a step, of the type and shape the ensemble declares."""
+    mbs = spec.effective_max_batch_size
+    for j, (name, t) in enumerate({t.name: t for t in spec.outputs or ()}.items()):
         src = produced.get(name)
         if src is None or src[0] == "ensemble input":
             err("ensemble-outputs-written", f"spec.outputs[{j}]", f"ensemble output {name!r} is not written by any step")
@@ -1029,9 +1048,13 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
             err("ensemble-types", f"spec.outputs[{j}].dataType", f"is {t.data_type} but {src[0]} is {src[1].data_type}")
         elif not _shape_compatible(t, mbs, src[1], src[2], a_reshape=True):
             err("ensemble-types", f"spec.outputs[{j}].dims", f"{t.dims} does not match {src[0]} with dims {src[1].dims}")
-    _check_decoupled_streams(model, models, err)
-    n = spec.server.gpus
-    for i, step in enumerate(spec.ensemble.steps):
+
+
+def _check_ensemble_gpus(model: TritonModel, models: Mapping[str, TritonModel], err: _Collector) -> None:
+    """spec.server.gpus, when set, is enough for every step: one replica loads them all into one tritonserver."""
+    n = model.spec.server.gpus
+    assert model.spec.ensemble is not None
+    for i, step in enumerate(model.spec.ensemble.steps):
         target = models.get(step.model)
         if n is None or target is None or step.model == model.name:
             continue
@@ -1045,6 +1068,24 @@ def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident
                 f"{need} GPU(s) for {whose} instance groups (KIND_GPU), which Triton refuses to load with fewer; "
                 f"server.gpus is {n}: raise it to {need} or leave it unset",
             )
+
+
+def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
+    err = _Collector(ident)
+    spec = model.spec
+    if not spec.is_ensemble or spec.ensemble is None:
+        return err.errors
+    ens_outputs = {t.name for t in spec.outputs or ()}
+    produced: _Produced = {t.name: ("ensemble input", t, spec.effective_max_batch_size) for t in spec.inputs or ()}
+    consumed: set[str] = set()
+    for i, step in enumerate(spec.ensemble.steps):
+        _check_step_wiring(model, models, i, step, produced, err)
+    # second pass: every step input is available, types and shapes agree
+    for i, step in enumerate(spec.ensemble.steps):
+        _check_step_inputs(model, models, i, step, produced, consumed, err)
+    _check_ensemble_outputs(spec, produced, err)
+    _check_decoupled_streams(model, models, err)
+    _check_ensemble_gpus(model, models, err)
     for name, (desc, _t, _m) in produced.items():
         if name not in consumed and name not in ens_outputs:
             path = "spec.inputs" if desc == "ensemble input" else "spec.ensemble.steps"
