@@ -78,6 +78,11 @@ def versions_annotation(models: list[TritonModel]) -> str:
     return ";".join(f"{name}={','.join(map(str, v))}" for name, v in sorted(served.items()) if v and v != [1])
 
 
+def steps_of(annotations: Mapping[str, str] | None) -> tuple[str, ...]:
+    """The Triton names of a replica's ensemble steps (ANNOTATION_STEPS), in the order the gate checks them."""
+    return tuple(s for s in ((annotations or {}).get(ANNOTATION_STEPS) or "").split(",") if s)
+
+
 def parse_versions_annotation(text: str | None) -> dict[str, tuple[int, ...]]:
     """The inverse of `versions_annotation`; malformed entries are skipped (the gate then checks the latest)."""
     out: dict[str, tuple[int, ...]] = {}

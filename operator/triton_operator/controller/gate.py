@@ -48,7 +48,6 @@ from ..api.pod import (
     ANNOTATION_POLL_MS,
     ANNOTATION_PREVIOUS,
     ANNOTATION_RELOAD,
-    ANNOTATION_STEPS,
     ANNOTATION_TRITON_NAME,
     ANNOTATION_VERSIONS,
     HTTP_PORT,
@@ -57,6 +56,7 @@ from ..api.pod import (
     TRITON_CONTAINER,
     WARMED_CONDITION,
     parse_versions_annotation,
+    steps_of,
 )
 from ..api.timestamps import rfc3339, utc_now
 from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
@@ -434,7 +434,7 @@ class WarmupGate:
         if not ip or not running:
             why = "the tritonserver container is not running" if ip else "the pod has no IP yet"
             return ReplicaVerdict(False, "TritonNotRunning", why)
-        steps = tuple(s for s in (ann.get(ANNOTATION_STEPS) or "").split(",") if s)
+        steps = steps_of(ann)
         versions = parse_versions_annotation(ann.get(ANNOTATION_VERSIONS))
         async with self.sem:
             verdict = await check_replica(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL
-from ..api.pod import ANNOTATION_DIGEST, ANNOTATION_RELOAD_FROM, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME
+from ..api.pod import ANNOTATION_DIGEST, ANNOTATION_RELOAD_FROM, ANNOTATION_TRITON_NAME, steps_of
 from ..platform.kube import Kube
 from ..render.kubernetes import configmap_key
 from ..render.modelconfig import config_json
@@ -53,7 +53,7 @@ def to_reload(pod: Mapping[str, Any], broken: Mapping[str, str]) -> tuple[str, .
     """The models to unload and load again, in the gate's order: the broken steps, else the model itself."""
     ann = pod["metadata"].get("annotations") or {}
     model = ann.get(ANNOTATION_TRITON_NAME, "")
-    steps = [s for s in (ann.get(ANNOTATION_STEPS) or "").split(",") if s]
+    steps = steps_of(ann)
     broken_steps = tuple(s for s in steps if s in broken)
     if broken_steps:
         return broken_steps

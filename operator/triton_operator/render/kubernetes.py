@@ -29,11 +29,14 @@ from ..api.pod import (
     ANNOTATION_STEPS,
     ANNOTATION_TRITON_NAME,
     ANNOTATION_VERSIONS,
+    FETCH_CONTAINER,
     GRPC_PORT,
     HTTP_PORT,
     METRICS_PORT,
     PROBE_CONTAINER,
     PROBE_PORT,
+    REPOSITORY_VOLUME,
+    TRITON_CONTAINER,
     WARMED_CONDITION,
     repository_of,
     versions_annotation,
@@ -423,7 +426,7 @@ def _triton_container(model: TritonModel, repository: Repository, key_secret: st
     server = model.spec.server
     user_env = _user_env(server)
     triton: dict[str, Any] = {
-        "name": "tritonserver",
+        "name": TRITON_CONTAINER,
         "image": server.image,
         "command": ["tritonserver"],
         "args": _server_args(model, repository, options),
@@ -438,7 +441,7 @@ def _triton_container(model: TritonModel, repository: Repository, key_secret: st
         **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
         "volumeMounts": [
             # The repository: the `fetch` step's copy, or the ConfigMap itself when there is nothing to fetch.
-            {"name": "models" if fetch.needed else "repository", "mountPath": REPO_DIR, "readOnly": True},
+            {"name": "models" if fetch.needed else REPOSITORY_VOLUME, "mountPath": REPO_DIR, "readOnly": True},
             # The root filesystem is read-only: the Python backend makes /tmp/python_env_* at start.
             {"name": "tmp", "mountPath": TMP_DIR},
             _shm(server)[1],
@@ -487,13 +490,13 @@ def _triton_container(model: TritonModel, repository: Repository, key_secret: st
 def _fetch_container(server: Server, fetch: _Fetch, options: Options) -> dict[str, Any]:
     """The `fetch` init container: it copies the ConfigMap's files and downloads the uri sources into `models`."""
     container: dict[str, Any] = {
-        "name": "fetch",
+        "name": FETCH_CONTAINER,
         "image": options.operator_image,
         # The caps fetch enforces itself, within the volume's sizeLimit (validation refuses a larger maxBytes).
         "args": ["fetch", "--from", CONFIG_DIR, "--to", REPO_DIR, "--max-bytes", str(server.fetch_max_bytes),
                  "--max-files", str(server.fetch.max_files), "--timeout", str(server.fetch.timeout_seconds), *fetch.args],
         "volumeMounts": [
-            {"name": "repository", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": REPOSITORY_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "models", "mountPath": REPO_DIR},
             *fetch.mounts,
         ],
@@ -555,7 +558,7 @@ def _pod_spec(model: TritonModel, repository: Repository, triton: dict[str, Any]
         **({"initContainers": [_fetch_container(server, fetch, options)]} if fetch.needed else {}),
         "containers": [triton],
         "volumes": [
-            {"name": "repository", "configMap": {"name": repository_name(model, repository), "items": items}},
+            {"name": REPOSITORY_VOLUME, "configMap": {"name": repository_name(model, repository), "items": items}},
             *([{"name": "models", "emptyDir": {"sizeLimit": server.repository_size_limit}}] if fetch.needed else []),
             {"name": "tmp", "emptyDir": {"sizeLimit": server.tmp_size_limit}},
             _shm(server)[0],
@@ -648,7 +651,7 @@ def pod_digest(model: TritonModel, repository: Repository, annotations: Mapping[
     own_config = f"{model.triton_name}/config.pbtxt"
     spec = json.loads(json.dumps(pod_spec))
     for v in spec.get("volumes") or ():
-        if v.get("name") == "repository":
+        if v.get("name") == REPOSITORY_VOLUME:
             v["configMap"]["name"] = ""
     h = hashlib.sha256(json.dumps(
         [spec, {k: v for k, v in annotations.items() if k not in (ANNOTATION_DIGEST, ANNOTATION_POD_DIGEST)},
