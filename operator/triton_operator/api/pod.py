@@ -94,6 +94,13 @@ def parse_versions_annotation(text: str | None) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def config_digest(config: Any) -> str | None:
+    """The rendered repository's digest a model config carries (DIGEST_PARAMETER), or None: `config` is a
+    ModelConfig message, as Triton returns it or as parsed from a rendered config.pbtxt."""
+    param = config.parameters.get(DIGEST_PARAMETER)
+    return param.string_value if param is not None and param.string_value else None
+
+
 def repository_of(template: Mapping[str, Any]) -> str | None:
     """The repository ConfigMap a pod template mounts."""
     for v in (template.get("spec") or {}).get("volumes") or ():

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.kinds import LABEL_MODEL
-from ..api.pod import ANNOTATION_DIGEST, ANNOTATION_RELOAD_FROM, ANNOTATION_TRITON_NAME, steps_of
+from ..api.pod import ANNOTATION_DIGEST, ANNOTATION_RELOAD_FROM, ANNOTATION_TRITON_NAME, repository_of, steps_of
 from ..platform.kube import Kube
 from ..render.kubernetes import configmap_key
-from ..render.modelconfig import config_json
+from ..render.modelconfig import config_json, pbtxt_digest
 from ..triton import reload as triton
 
 log = logging.getLogger("triton_operator.heal")
@@ -60,10 +60,6 @@ def to_reload(pod: Mapping[str, Any], broken: Mapping[str, str]) -> tuple[str, .
     return (model,) if model in broken else ()
 
 
-def _carries(text: str | None, digest: str) -> bool:
-    return bool(text) and f'string_value: "{digest}"' in (text or "")
-
-
 async def desired_configs(kube: Kube, pod: Mapping[str, Any], names: Sequence[str]) -> dict[str, str] | None:
     """The config (JSON, as a load takes it) of each of `names` for the pod's desired digest, or None when no
     repository ConfigMap of the model carries that digest."""
@@ -72,21 +68,20 @@ async def desired_configs(kube: Kube, pod: Mapping[str, Any], names: Sequence[st
     namespace, digest, model = meta["namespace"], ann.get(ANNOTATION_DIGEST, ""), ann.get(ANNOTATION_TRITON_NAME, "")
     if not digest or not model:
         return None
-    own = next((v["configMap"]["name"] for v in (pod.get("spec") or {}).get("volumes") or ()
-                if v.get("name") == "repository" and v.get("configMap")), None)
+    key = configmap_key(f"{model}/config.pbtxt")
     tried: set[str] = set()
-    for name in (own, ann.get(ANNOTATION_RELOAD_FROM)):
+    for name in (repository_of(pod), ann.get(ANNOTATION_RELOAD_FROM)):
         if name and name not in tried:
             tried.add(name)
             cm = await asyncio.to_thread(kube.get, "v1", "ConfigMap", namespace, name)
             data = (cm or {}).get("data") or {}
-            if _carries(data.get(configmap_key(f"{model}/config.pbtxt")), digest):
+            if pbtxt_digest(data.get(key)) == digest:
                 return _configs(data, names)
     label = (meta.get("labels") or {}).get(LABEL_MODEL)
     if label:
         for cm in await asyncio.to_thread(kube.list, "v1", "ConfigMap", namespace, f"{LABEL_MODEL}={label}"):
             data = cm.get("data") or {}
-            if cm["metadata"]["name"] not in tried and _carries(data.get(configmap_key(f"{model}/config.pbtxt")), digest):
+            if cm["metadata"]["name"] not in tried and pbtxt_digest(data.get(key)) == digest:
                 return _configs(data, names)
     return None
 

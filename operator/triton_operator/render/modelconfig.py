@@ -23,7 +23,7 @@ from google.protobuf import json_format, text_format
 
 from ..api import protos
 from ..api import steps as step_graph
-from ..api.pod import DIGEST_PARAMETER
+from ..api.pod import DIGEST_PARAMETER, config_digest
 from ..api.v1alpha1 import BATCH_STRATEGY_PARAMETER, QueuePolicy, TritonModel, TritonModelSpec
 
 if TYPE_CHECKING:
@@ -417,6 +417,17 @@ class Repository:
 def repository_for(name: str, rendered: Mapping[str, RenderedModel]) -> dict[str, bytes]:
     """All files of the repository that serves `name`: the model plus its steps, recursively."""
     return dict(Repository.of(name, rendered).files)
+
+
+def pbtxt_digest(pbtxt: str | None) -> str | None:
+    """The digest a rendered config.pbtxt carries (`config_digest`), or None: no text, or text that is not a model
+    config."""
+    if not pbtxt:
+        return None
+    try:
+        return config_digest(text_format.Parse(pbtxt, pb.ModelConfig()))
+    except text_format.ParseError:
+        return None
 
 
 def config_json(pbtxt: str) -> str:

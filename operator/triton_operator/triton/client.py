@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from ..api.pod import DIGEST_PARAMETER
+from ..api.pod import config_digest
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,7 @@ def connect(url: str, timeout: float = 5.0) -> grpcclient.InferenceServerClient:
 
 def loaded_digest(client: grpcclient.InferenceServerClient, name: str, timeout: float | None = 2.0) -> str | None:
     """The digest parameter of the config Triton actually loaded for `name`."""
-    resp = client.get_model_config(name, client_timeout=timeout)
-    param = resp.config.parameters.get(DIGEST_PARAMETER)
-    return param.string_value if param is not None and param.string_value else None
+    return config_digest(client.get_model_config(name, client_timeout=timeout).config)
 
 
 def repository_states(client: grpcclient.InferenceServerClient, timeout: float | None = 2.0,

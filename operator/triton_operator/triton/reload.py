@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format
 
-from ..api.pod import DIGEST_PARAMETER
+from ..api.pod import config_digest
 from .rest import TritonClient, TritonError
 
 
@@ -42,13 +42,12 @@ async def served(address: str, name: str, timeout: float = 5.0) -> Served | None
         if not await client.is_model_ready(name, timeout=timeout):
             return None
         cfg = await client.model_config(name, timeout=timeout)
-    param = cfg.parameters.get(DIGEST_PARAMETER)
     idle = None
     if cfg.HasField("sequence_batching"):
         # Triton's default idle timeout is 1 s when the config names none
         idle = (cfg.sequence_batching.max_sequence_idle_microseconds or 1_000_000) / 1e6
     text = json_format.MessageToJson(cfg, preserving_proto_field_name=True, indent=None)
-    return Served(text, param.string_value if param is not None and param.string_value else None, idle)
+    return Served(text, config_digest(cfg), idle)
 
 
 async def requests_seen(address: str, name: str, timeout: float = 5.0) -> int:

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..api.pod import DIGEST_PARAMETER
+from ..api.pod import config_digest
 from .rest import TritonClient, TritonError
 
 
@@ -61,8 +61,7 @@ async def check_replica(
         first: str | None = None
         for v in versions.get(model) or (None,):
             cfg = await client.model_config(model, "" if v is None else str(v), timeout=timeout)
-            param = cfg.parameters.get(DIGEST_PARAMETER)
-            loaded = param.string_value if param is not None else ""
+            loaded = config_digest(cfg) or ""
             first = loaded if first is None else first
             if loaded not in accepted:
                 which = "" if v is None else f" for version {v}"
