@@ -65,7 +65,7 @@ from ..platform.kube import Kube
 from ..triton.probe import notify_gate, probe_status
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
-from .heal import TRITONSERVER, reload_models, to_reload
+from .heal import TRITONSERVER, Healed, reload_models, to_reload
 from .reload import reload_replica
 from .tasks import detached
 
@@ -235,9 +235,7 @@ class WarmupGate:
             if verdict.reason not in (MODEL_FAILING, "ModelLoadFailed", "ModelWarming"):
                 return verdict, ""  # tritonserver itself stopped or crashed meanwhile: say that
             # The reload makes the model LOADING ("ModelWarming"): still the cause, until the heal says otherwise.
-            reason, message, names = gate.cause
-            return replace(verdict, reason=reason, message=f"{message}; healing: unloading and loading "
-                           f"{', '.join(names)} again (heal {gate.heals})"), f"heal {gate.heals}"
+            return self._healing(gate, verdict)
         names = to_reload(gate.body, gate.broken)
         if not names:
             return verdict, ""
@@ -246,7 +244,6 @@ class WarmupGate:
         now = time.monotonic()
         if gate.healed_at is not None and now - gate.healed_at >= HEAL_RESET_SECONDS:
             gate.heals = 0
-        what = f"unloading and loading {', '.join(names)} again"
         if gate.deleting:
             return replace(verdict, message=f"{verdict.message}; replacing the pod"), "delete"
         # Again: it served after the heal and broke within the window (not: still broken, the probe catching up).
@@ -273,8 +270,15 @@ class WarmupGate:
         gate.served_since_heal = False
         gate.cause = (verdict.reason, verdict.message, names)
         self._start_heal(gate, names, "; ".join(f"{m}: {why}" for m, why in gate.broken.items()))
-        return replace(verdict, message=f"{verdict.message}; healing: {what} (heal {gate.heals})"), \
-            f"heal {gate.heals}"
+        return self._healing(gate, verdict)
+
+    @staticmethod
+    def _healing(gate: _PodGate, verdict: ReplicaVerdict) -> tuple[ReplicaVerdict, str]:
+        """The verdict while a heal runs: the cause it started for (reason and message), and what it does."""
+        assert gate.cause is not None
+        reason, message, names = gate.cause
+        return replace(verdict, reason=reason, message=f"{message}; healing: unloading and loading "
+                       f"{', '.join(names)} again (heal {gate.heals})"), f"heal {gate.heals}"
 
     def _delete_wait(self, gate: _PodGate) -> float:
         """Seconds until this pod may be deleted: 0 when the model's budget and back-off allow it now."""
@@ -297,7 +301,6 @@ class WarmupGate:
         model = (gate.body["metadata"].get("labels") or {}).get(LABEL_MODEL, "")
         gate.deleting = True
         self.deletions.setdefault((gate.namespace, model), []).append(time.monotonic())
-        involved = {**gate.body, "apiVersion": "v1", "kind": "Pod"}
         log.warning("Deleting replica pod=%s/%s why=%r", gate.namespace, gate.name, why)
 
         async def run() -> None:
@@ -310,11 +313,7 @@ class WarmupGate:
                 return
             metrics.HEALS.labels(action="delete", result="ok").inc()
             log.info("Deleted replica pod=%s/%s why=%r", gate.namespace, gate.name, why)
-            try:
-                await asyncio.to_thread(self.kube.event, involved, "HealDeleted", f"{why}: deleted the pod; its "
-                                        "ReplicaSet replaces it", "Warning")
-            except Exception as exc:  # noqa: BLE001 - an Event is news, not state
-                log.warning("Could not record the deletion's Event pod=%s/%s error=%r", gate.namespace, gate.name, exc)
+            await self._event(gate, "HealDeleted", f"{why}: deleted the pod; its ReplicaSet replaces it", "Warning")
 
         # Not the pod's own task: the deletion's watch event makes the gate forget the pod and cancel its tasks,
         # which would drop the Event (seen: the pod deleted, no HealDeleted).
@@ -324,7 +323,6 @@ class WarmupGate:
 
     def _start_heal(self, gate: _PodGate, names: tuple[str, ...], why: str) -> None:
         address, key, pod = gate.address, self._key(gate), gate.body
-        involved = {**pod, "apiVersion": "v1", "kind": "Pod"}
         log.info("Healing replica pod=%s/%s models=%s heal=%d why=%r", gate.namespace, gate.name, ",".join(names),
                  gate.heals, why)
 
@@ -334,7 +332,6 @@ class WarmupGate:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Triton unreachable, the API server: the next heal retries
-                from .heal import Healed
                 healed = Healed(False, names, f"{type(exc).__name__}: {exc}", 0.0)
             gate.healed_at = time.monotonic()
             gate.heal_ok = healed.ok
@@ -350,15 +347,20 @@ class WarmupGate:
                 log.warning("Failed to heal replica pod=%s/%s models=%s error=%s", gate.namespace, gate.name,
                             ",".join(names), healed.message)
                 message = f"{why}: reloading {', '.join(names)} failed: {healed.message}"
-            try:
-                await asyncio.to_thread(self.kube.event, involved, "Healed" if healed.ok else "HealFailed", message,
-                                        "Normal" if healed.ok else "Warning")
-            except Exception as exc:  # noqa: BLE001 - an Event is news, not state
-                log.debug("Could not record the heal's Event pod=%s/%s error=%r", gate.namespace, gate.name, exc)
+            await self._event(gate, "Healed" if healed.ok else "HealFailed", message,
+                              "Normal" if healed.ok else "Warning")
             gate.broken = {}
             gate.wake.set()
 
         gate.heal = asyncio.create_task(run(), name=f"heal-{gate.namespace}/{gate.name}")
+
+    async def _event(self, gate: _PodGate, reason: str, message: str, type_: str) -> None:
+        """An Event on the replica's pod: news, not state, so a failure is logged and nothing more."""
+        involved = {**gate.body, "apiVersion": "v1", "kind": "Pod"}
+        try:
+            await asyncio.to_thread(self.kube.event, involved, reason, message, type_)
+        except Exception as exc:  # noqa: BLE001 - the API server unreachable: the heal itself is done
+            log.warning("Failed to record Event reason=%s pod=%s/%s error=%r", reason, gate.namespace, gate.name, exc)
 
     def _start_reload(self, gate: _PodGate) -> None:
         """Starts the reload the pod's annotations ask for, unless one runs or already ran for this pod version."""

@@ -198,16 +198,17 @@ class Health:
     def broken(self) -> dict[str, str]:
         """What cannot serve, and why: model names, or "tritonserver" when it does not answer."""
         with self._lock:
-            if self.hung is not None:
-                return {"tritonserver": self.hung}
-            return {**self.failing, **self.dead_stubs, **self.missing}
+            return self._broken()
+
+    def _broken(self) -> dict[str, str]:  # under the lock
+        if self.hung is not None:
+            return {"tritonserver": self.hung}
+        return {**self.failing, **self.dead_stubs, **self.missing}
 
     def status(self) -> dict[str, Any]:
         """`GET /status`: what is broken, and the counts the verdict rests on."""
         with self._lock:
-            broken = ({"tritonserver": self.hung} if self.hung is not None
-                      else {**self.failing, **self.dead_stubs, **self.missing})
-            return {"models": list(self.models), "broken": broken, "checks": self.checks,
+            return {"models": list(self.models), "broken": self._broken(), "checks": self.checks,
                     "counts": {m: {"success": c[0], "fail": c[1]} for m, c in self.counts.items()},
                     "failsSinceSuccess": dict(self.since_success)}
 
