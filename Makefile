@@ -31,11 +31,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Regenerate the CRD from the pydantic models: crds/tritonmodels.yaml, and the chart's template of it
-## (charts/triton-operator/templates/crds.yaml: a template, so that `helm upgrade` upgrades it).
+## Regenerate the CRDs from the pydantic models: crds/tritonmodels.yaml and crds/tritonpools.yaml, and the chart's
+## templates of them (charts/triton-operator/templates/crds.yaml and crds-tritonpools.yaml: templates, so that
+## `helm upgrade` upgrades them).
 crd: $(STAMP)
 	$(BIN)/triton-operator crd > crds/tritonmodels.yaml
 	$(BIN)/triton-operator crd --chart-template > charts/triton-operator/templates/crds.yaml
+	$(BIN)/triton-operator crd --kind TritonPool > crds/tritonpools.yaml
+	$(BIN)/triton-operator crd --kind TritonPool --chart-template > charts/triton-operator/templates/crds-tritonpools.yaml
 
 ## Regenerate requirements.lock, what the operator image installs (pyproject's dependencies with the s3 and gcs
 ## extras, every file's hash), with uv; UPGRADE=1 moves every pin to the newest version that fits.
@@ -44,7 +47,7 @@ crd: $(STAMP)
 lock: $(STAMP)
 	$(BIN)/python -m e2e.images lock $(if $(UPGRADE),--upgrade)
 
-## Regenerate the TritonModel reference in README.md from the pydantic field descriptions, and the counts of the
+## Regenerate the TritonModel and TritonPool references in README.md from the pydantic field descriptions, and the counts of the
 ## invalid corpus (tests/corpus_counts.py: the schema/CEL-webhook split is a figure measured by e2e/test_admission.py).
 docs: $(STAMP)
 	$(BIN)/triton-operator docs --update README.md

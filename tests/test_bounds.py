@@ -21,8 +21,9 @@ from google.protobuf.descriptor import FieldDescriptor
 from pydantic import BaseModel
 from tritonclient.grpc import model_config_pb2 as pb
 
+from triton_operator.api import pool as pool_api
 from triton_operator.api import v1alpha1 as api
-from triton_operator.api.crd import crd
+from triton_operator.api.crd import crd, pool_crd
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import check_documents, load_documents
 
@@ -83,6 +84,11 @@ NOT_TRITON: dict[tuple[type[BaseModel], str], tuple[str, tuple[int, int]]] = {
     (api.TritonModelStatus, "replicas"): ("the scale subresource's status.replicas", INT32),
     (api.TritonModelStatus, "ready_replicas"): ("a count of pods", INT32),
     (api.TritonModelStatus, "warmed_replicas"): ("a count of pods", INT32),
+    (pool_api.TritonPoolSpec, "replicas"): ("the pool's Deployment spec.replicas", INT32),
+    (pool_api.TritonPoolStatus, "observed_generation"): ("metadata.generation", INT64),
+    (pool_api.TritonPoolStatus, "replicas"): ("the scale subresource's status.replicas", INT32),
+    (pool_api.TritonPoolStatus, "ready_replicas"): ("a count of pods", INT32),
+    (pool_api.TritonPoolStatus, "models"): ("a count of TritonModels", INT32),
 }
 
 
@@ -129,8 +135,8 @@ def _classes(tp: Any) -> Iterator[type[BaseModel]]:
 
 
 def integer_fields() -> list[tuple[type[BaseModel], str, str, int | None, int | None]]:
-    """Every integer field reachable from TritonModel and its status: (class, field, where, ge, le)."""
-    out, seen, todo = [], set(), [api.TritonModel, api.TritonModelStatus]
+    """Every integer field reachable from TritonModel, TritonPool and their statuses: (class, field, where, ge, le)."""
+    out, seen, todo = [], set(), [api.TritonModel, api.TritonModelStatus, pool_api.TritonPool, pool_api.TritonPoolStatus]
     while todo:
         cls = todo.pop()
         if cls in seen:
@@ -194,19 +200,21 @@ def _integer_nodes(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, A
             yield from _integer_nodes(value, f"{path}[{i}]")
 
 
-def test_every_integer_in_the_crd_has_a_minimum_and_a_maximum() -> None:
-    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+@pytest.mark.parametrize("make", [crd, pool_crd], ids=["TritonModel", "TritonPool"])
+def test_every_integer_in_the_crd_has_a_minimum_and_a_maximum(make: Any) -> None:
+    schema = make()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     nodes = list(_integer_nodes(schema))
-    assert len(nodes) >= 35
+    assert len(nodes) >= (35 if make is crd else 8)
     unbounded = [p for p, n in nodes if "minimum" not in n or "maximum" not in n]
     assert not unbounded, f"integers the API server would take at any size: {unbounded}"
 
 
-def test_every_bound_in_the_crd_is_exact_as_the_api_server_holds_it() -> None:
+@pytest.mark.parametrize("make", [crd, pool_crd], ids=["TritonModel", "TritonPool"])
+def test_every_bound_in_the_crd_is_exact_as_the_api_server_holds_it(make: Any) -> None:
     """The API server keeps minimum and maximum as float64 and checks defaults against them as int64: int64's top,
     2**63 - 1, became 2**63 and then int64's minimum, and it refused the CRD ("default: Invalid value: 0: in body
     should be less than or equal to -9223372036854775808"; e2e/test_admission.py installs it)."""
-    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema = make()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     inexact = [f"{p}.{k}={n[k]}" for p, n in _integer_nodes(schema) for k in ("minimum", "maximum")
                if k in n and (abs(n[k]) > 2**53 - 1 or float(n[k]) != n[k])]
     assert not inexact, f"bounds a float64 does not hold exactly: {inexact}"

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from triton_operator import __version__
-from triton_operator.api.crd import chart_template, crd
+from triton_operator.api.crd import chart_template, crd, pool_crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.platform.kube import Kube
 from triton_operator.render.autoscaling import METRICS
@@ -481,6 +481,8 @@ def test_the_charts_crd_is_a_template_generated_from_the_api_types() -> None:
         "twice (from crds/ and from templates/crds.yaml)")
     assert (CHART / "templates" / "crds.yaml").read_text() == chart_template(), (
         "charts/triton-operator/templates/crds.yaml differs from the API types: run `make crd` and commit it")
+    assert (CHART / "templates" / "crds-tritonpools.yaml").read_text() == chart_template(pool_crd()), (
+        "charts/triton-operator/templates/crds-tritonpools.yaml differs from the API types: run `make crd` and commit it")
 
 
 def test_triton_operator_crd_prints_the_chart_template(capsys: pytest.CaptureFixture[str]) -> None:
@@ -490,15 +492,21 @@ def test_triton_operator_crd_prints_the_chart_template(capsys: pytest.CaptureFix
     assert capsys.readouterr().out == chart_template()
 
 
-def test_the_crd_renders_with_the_release_kept_on_uninstall_unless_told(helm: str) -> None:
-    rendered = one(render(helm), "CustomResourceDefinition")
-    generated = crd()
-    assert rendered["metadata"]["name"] == generated["metadata"]["name"]
+def _crd_named(docs: Iterable[dict[str, Any]], name: str) -> dict[str, Any]:
+    (found,) = [d for d in kinds(docs, "CustomResourceDefinition") if d["metadata"]["name"] == name]
+    return found
+
+
+@pytest.mark.parametrize("make", [crd, pool_crd], ids=["TritonModel", "TritonPool"])
+def test_the_crd_renders_with_the_release_kept_on_uninstall_unless_told(helm: str, make: Any) -> None:
+    generated = make()
+    name = generated["metadata"]["name"]
+    rendered = _crd_named(render(helm), name)
     assert rendered["spec"] == generated["spec"], "the rendered CRD is not the one the API types give"
     assert generated["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
     assert rendered["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     assert rendered["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-    assert "annotations" not in one(render(helm, **{"crds.keep": False}), "CustomResourceDefinition")["metadata"]
+    assert "annotations" not in _crd_named(render(helm, **{"crds.keep": False}), name)["metadata"]
     assert not kinds(render(helm, **{"crds.enabled": False}), "CustomResourceDefinition")
 
 
@@ -510,17 +518,20 @@ def test_a_template_escapes_what_helm_would_read_as_an_action(helm: str, tmp_pat
     (chart / "templates" / "crds.yaml").write_text(chart_template(doc))
     proc = _run([helm, "template", RELEASE, str(chart), "--namespace", RELEASE_NS])
     assert proc.returncode == 0, proc.stderr
-    (rendered,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "CustomResourceDefinition"]
+    (rendered,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "CustomResourceDefinition"
+                   and d["metadata"]["name"] == doc["metadata"]["name"]]
     assert rendered["spec"] == doc["spec"]
 
 
 def test_gitops_tools_get_the_crd_once(helm: str) -> None:
-    """Argo CD renders with --include-crds, Flux applies crds/ by its policy: with no crds/, one CRD either way."""
+    """Argo CD renders with --include-crds, Flux applies crds/ by its policy: with no crds/, each CRD once either way."""
     proc = _run([helm, "show", "crds", str(CHART)])
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout[:500]
     proc = _run([helm, "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--include-crds"])
     assert proc.returncode == 0, proc.stderr
-    assert len(kinds([d for d in yaml.safe_load_all(proc.stdout) if d], "CustomResourceDefinition")) == 1
+    names = [d["metadata"]["name"] for d in kinds([d for d in yaml.safe_load_all(proc.stdout) if d],
+                                                   "CustomResourceDefinition")]
+    assert sorted(names) == sorted([crd()["metadata"]["name"], pool_crd()["metadata"]["name"]])
 
 
 def test_readme_documents_the_crd_upgrade_path() -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from triton_operator.api.crd import crd, crd_yaml
+from triton_operator.api.crd import crd, crd_yaml, pool_crd
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,8 +36,21 @@ def test_triton_operator_crd_command_prints_it(capsys) -> None:  # type: ignore[
     assert yaml.safe_load(capsys.readouterr().out) == crd()
 
 
-def test_schema_is_structural() -> None:
-    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+def test_checked_in_pool_crd_is_current() -> None:
+    checked_in = (ROOT / "crds" / "tritonpools.yaml").read_text()
+    assert checked_in == crd_yaml(pool_crd()), "crds/tritonpools.yaml is stale: run `make crd` and commit the result"
+
+
+def test_triton_operator_crd_command_prints_the_pool_crd(capsys) -> None:  # type: ignore[no-untyped-def]
+    from triton_operator.cli.main import main
+
+    assert main(["crd", "--kind", "TritonPool"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == pool_crd()
+
+
+@pytest.mark.parametrize("make", [crd, pool_crd], ids=["TritonModel", "TritonPool"])
+def test_schema_is_structural(make: Any) -> None:
+    schema = make()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     forbidden = {"anyOf", "oneOf", "allOf", "$ref", "$defs", "title", "patternProperties", "propertyNames", "const"}
     for path, node in _walk(schema):
         assert not forbidden & set(node), f"{path or '<root>'} uses {forbidden & set(node)}"
@@ -45,8 +59,9 @@ def test_schema_is_structural() -> None:
             assert "items" in node, f"{path} array without items"
 
 
-def test_every_spec_field_is_described() -> None:
-    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+@pytest.mark.parametrize("make", [crd, pool_crd], ids=["TritonModel", "TritonPool"])
+def test_every_spec_field_is_described(make: Any) -> None:
+    spec = make()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     undocumented = [
         p for p, node in _walk(spec, "spec") if not node.get("description") and not p.endswith(("[]", "{}"))
         and not p.startswith("spec.server.tolerations")
@@ -67,8 +82,9 @@ def test_defaults_enums_and_cel_are_present() -> None:
     assert any("ensemble" in r and "batcher" in r for r in rules)
 
 
-def test_subresources_and_printer_columns() -> None:
-    version = crd()["spec"]["versions"][0]
+@pytest.mark.parametrize("make", [crd, pool_crd], ids=["TritonModel", "TritonPool"])
+def test_subresources_and_printer_columns(make: Any) -> None:
+    version = make()["spec"]["versions"][0]
     assert version["subresources"]["scale"] == {
         "specReplicasPath": ".spec.replicas",
         "statusReplicasPath": ".status.replicas",
@@ -76,7 +92,8 @@ def test_subresources_and_printer_columns() -> None:
     }
     assert "status" in version["subresources"]
     columns = {c["name"] for c in version["additionalPrinterColumns"]}
-    assert {"Ready", "Replicas", "Warmed", "Age"} <= columns
+    assert {"Ready", "Replicas", "Age"} <= columns
+    assert ("Warmed" if make is crd else "Free") in columns
 
 
 def test_readme_reference_is_current() -> None:
@@ -84,6 +101,39 @@ def test_readme_reference_is_current() -> None:
 
     readme = (ROOT / "README.md").read_text()
     assert reference_markdown() in readme, "README.md's TritonModel reference is stale: run `make docs`"
+
+
+def test_readme_pool_reference_is_current() -> None:
+    from triton_operator.api.reference import pool_reference_markdown, update
+
+    readme = (ROOT / "README.md").read_text()
+    assert pool_reference_markdown() in readme, "README.md's TritonPool reference is stale: run `make docs`"
+    assert update(readme) == readme
+
+
+def test_the_pool_crd_refuses_what_a_pool_cannot_be() -> None:
+    """The pool's rules a glance at one object can check: one capacity, and a capacity that matches gpus."""
+    spec = pool_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["capacity"]
+    rules = {v["fieldPath"]: v["rule"] for v in spec["x-kubernetes-validations"]}
+    assert "self.server.gpus >= 1" in rules[".capacity.memoryPerGpu"]
+    capacity = spec["properties"]["capacity"]
+    assert capacity["x-kubernetes-validations"][0]["rule"] == "has(self.memoryPerGpu) != has(self.memoryPerReplica)"
+    assert spec["properties"]["replicas"]["maximum"] == 1000
+
+
+def test_a_pooled_model_sets_no_server_field_of_its_own_in_cel() -> None:
+    """Every server field has a CEL rule naming it for a pooled model: unset, or at its default (the API server fills
+    defaults in before it evaluates the rules, so `has(self.server)` alone would refuse every pooled model)."""
+    from triton_operator.api.v1alpha1 import POOLED_SERVER_DEFAULTS, Server
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    paths = {v.get("fieldPath") for v in spec["x-kubernetes-validations"] if "self.pool" in v["rule"]}
+    server_fields = {f".server.{f.alias}" for f in Server.model_fields.values() if f.alias != "fetch"}
+    assert server_fields - {".server.fetch"} <= paths | {".server.fetch"}
+    assert {".server.fetch.maxBytes", ".server.fetch.maxFiles", ".memory", ".autoscaling"} <= paths
+    assert POOLED_SERVER_DEFAULTS[".server.image"] == Server().image
+    assert POOLED_SERVER_DEFAULTS[".server.resources"] is None
 
 
 def test_bounds_are_openapi_v3s_exclusive_flags_not_json_schema_2020_numbers() -> None:

@@ -1,4 +1,4 @@
-"""Generates the TritonModel CustomResourceDefinition from the pydantic models.
+"""Generates the TritonModel and TritonPool CustomResourceDefinitions from the pydantic models.
 
 Pydantic's JSON Schema is turned into a Kubernetes structural schema: `$ref`s
 are inlined, `Optional` unions collapse to their one type, titles go, and
@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from . import pool as pool_api
 from . import v1alpha1 as api
 
 _DROP = {"title", "propertyNames", "$defs", "discriminator"}
@@ -91,18 +92,11 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
-def openapi_schema() -> dict[str, Any]:
-    spec = schema_of(api.TritonModelSpec)
-    status = schema_of(api.TritonModelStatus)
-    spec["description"] = "Desired state of a Triton model and the replicas that serve it."
-    status["description"] = "Observed state, written by the operator."
+def _object_schema(spec: dict[str, Any], status: dict[str, Any], description: str, name_rule: str) -> dict[str, Any]:
+    """A kind's root schema: its spec and status, and the rule its metadata.name meets."""
     return {
         "type": "object",
-        "description": (
-            "A Triton Inference Server model, declared: how it batches, caches, streams and warms up, and "
-            "the GPU replicas that serve it. Traffic reaches a replica only once it has loaded exactly this "
-            "config and finished warm-up."
-        ),
+        "description": description,
         "required": ["spec"],
         # metadata.name twice: its schema (the one restriction of metadata a CRD may have) names the field and the
         # pattern when it refuses, the rule says why.
@@ -110,7 +104,7 @@ def openapi_schema() -> dict[str, Any]:
             {
                 "rule": f"self.metadata.name.matches('{api.MODEL_NAME_PATTERN}') && "
                 f"size(self.metadata.name) <= {api.MAX_MODEL_NAME}",
-                "message": f"metadata.name {api.MODEL_NAME_RULE}",
+                "message": f"metadata.name {name_rule}",
             }
         ],
         "properties": {
@@ -124,22 +118,46 @@ def openapi_schema() -> dict[str, Any]:
     }
 
 
-def crd() -> dict[str, Any]:
+def openapi_schema() -> dict[str, Any]:
+    spec = schema_of(api.TritonModelSpec)
+    status = schema_of(api.TritonModelStatus)
+    spec["description"] = "Desired state of a Triton model and the replicas that serve it."
+    status["description"] = "Observed state, written by the operator."
+    return _object_schema(spec, status, (
+        "A Triton Inference Server model, declared: how it batches, caches, streams and warms up, and "
+        "the GPU replicas that serve it. Traffic reaches a replica only once it has loaded exactly this "
+        "config and finished warm-up."), api.MODEL_NAME_RULE)
+
+
+def pool_openapi_schema() -> dict[str, Any]:
+    spec = schema_of(pool_api.TritonPoolSpec)
+    status = schema_of(pool_api.TritonPoolStatus)
+    spec["description"] = "Desired state of a pool of tritonservers that pooled TritonModels share."
+    status["description"] = "Observed state, written by the operator."
+    return _object_schema(spec, status, (
+        "A pool of tritonserver replicas that many TritonModels share (spec.pool): each model is loaded into as "
+        "many replicas as it asks, placed against the pool's capacity, and reached through a Service of its own "
+        "that lists a replica only once that model is loaded there at the desired config and warm."),
+        pool_api.POOL_NAME_RULE)
+
+
+def _crd(kind: str, plural: str, singular: str, short_names: list[str], schema: dict[str, Any],
+         columns: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{api.PLURAL}.{api.GROUP}",
+            "name": f"{plural}.{api.GROUP}",
             "labels": {"app.kubernetes.io/name": "triton-operator", "app.kubernetes.io/part-of": "triton-operator"},
         },
         "spec": {
             "group": api.GROUP,
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": list(api.SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": ["triton", "all"],
             },
             "scope": "Namespaced",
@@ -148,7 +166,7 @@ def crd() -> dict[str, Any]:
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "schema": {"openAPIV3Schema": schema},
                     "subresources": {
                         "status": {},
                         "scale": {
@@ -157,28 +175,45 @@ def crd() -> dict[str, Any]:
                             "labelSelectorPath": ".status.selector",
                         },
                     },
-                    "additionalPrinterColumns": [
-                        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-                        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
-                        {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
-                        {"name": "Warmed", "type": "integer", "jsonPath": ".status.warmedReplicas"},
-                        {
-                            "name": "Reason",
-                            "type": "string",
-                            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
-                        },
-                        {"name": "Digest", "type": "string", "jsonPath": ".status.configDigest", "priority": 1},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
+                    "additionalPrinterColumns": columns,
                 }
             ],
         },
     }
 
 
-def crd_yaml() -> str:
-    header = "# Generated by `triton-operator crd` from operator/triton_operator/api; do not edit.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=True, width=120)
+def crd() -> dict[str, Any]:
+    """The TritonModel CRD."""
+    return _crd(api.KIND, api.PLURAL, api.SINGULAR, api.SHORT_NAMES, openapi_schema(), [
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Warmed", "type": "integer", "jsonPath": ".status.warmedReplicas"},
+        {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+        {"name": "Digest", "type": "string", "jsonPath": ".status.configDigest", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ])
+
+
+def pool_crd() -> dict[str, Any]:
+    """The TritonPool CRD."""
+    return _crd(pool_api.POOL_KIND, pool_api.POOL_PLURAL, pool_api.POOL_SINGULAR, pool_api.POOL_SHORT_NAMES,
+                pool_openapi_schema(), [
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Models", "type": "integer", "jsonPath": ".status.models"},
+        {"name": "Free", "type": "string", "jsonPath": ".status.free"},
+        {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ])
+
+
+def crd_yaml(doc: dict[str, Any] | None = None) -> str:
+    """A CRD as crds/ holds it (default: the TritonModel's)."""
+    kind = "" if doc is None else f" --kind {doc['spec']['names']['kind']}"
+    header = f"# Generated by `triton-operator crd{kind}` from operator/triton_operator/api; do not edit.\n"
+    return header + yaml.safe_dump(crd() if doc is None else doc, sort_keys=True, width=120)
 
 
 #: Labels of the CRD that the chart's own labels (`triton-operator.labels` in templates/_helpers.tpl) give it.
@@ -195,11 +230,13 @@ def chart_template(doc: dict[str, Any] | None = None) -> str:
     `doc` is the CRD (default: `crd()`); its spec is written as is, with any `{{` escaped for Helm's templating."""
     doc = crd() if doc is None else doc
     name = doc["metadata"]["name"]
+    kind = doc["spec"]["names"]["kind"]
+    flag = "" if kind == api.KIND else f" --kind {kind}"
     extra = {k: v for k, v in sorted((doc["metadata"].get("labels") or {}).items()) if k not in CHART_LABELS}
     spec = yaml.safe_dump({"spec": doc["spec"]}, sort_keys=True, width=120).replace("{{", '{{ "{{" }}')
     lines = [
-        "{{- /* Generated by `triton-operator crd --chart-template` from operator/triton_operator/api; do not edit.",
-        "The TritonModel CRD as a template, so that a plain `helm upgrade` brings its new schema (Helm never upgrades",
+        f"{{{{- /* Generated by `triton-operator crd{flag} --chart-template` from operator/triton_operator/api; do not edit.",
+        f"The {kind} CRD as a template, so that a plain `helm upgrade` brings its new schema (Helm never upgrades",
         "a chart's crds/). crds.enabled=false leaves it to you; crds.keep leaves it in place when the release goes. */}}",
         "{{- if .Values.crds.enabled }}",
         f"apiVersion: {doc['apiVersion']}",
@@ -211,7 +248,7 @@ def chart_template(doc: dict[str, Any] | None = None) -> str:
         *(f"    {k}: {v}" for k, v in extra.items()),
         "  {{- if .Values.crds.keep }}",
         "  annotations:",
-        "    # Not deleted by `helm uninstall`, nor when crds.enabled turns false: that would delete every TritonModel.",
+        f"    # Not deleted by `helm uninstall`, nor when crds.enabled turns false: that would delete every {kind}.",
         "    helm.sh/resource-policy: keep",
         "  {{- end }}",
     ]

@@ -1,4 +1,4 @@
-"""Markdown reference of the TritonModel spec, generated from the pydantic field descriptions.
+"""Markdown reference of the TritonModel and TritonPool specs, generated from the pydantic field descriptions.
 
 `triton-operator docs` prints it; the README embeds it between markers and a
 test fails when the embedded copy is stale.
@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .crd import openapi_schema
+from .crd import openapi_schema, pool_openapi_schema
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE (triton-operator docs) -->"
 END = "<!-- END GENERATED REFERENCE -->"
+POOL_BEGIN = "<!-- BEGIN GENERATED POOL REFERENCE (triton-operator docs) -->"
+POOL_END = "<!-- END GENERATED POOL REFERENCE -->"
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -45,14 +47,33 @@ def _rows(node: dict[str, Any], path: str) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def reference_markdown() -> str:
-    spec = openapi_schema()["properties"]["spec"]
+def _table(spec: dict[str, Any], begin: str, end: str) -> str:
     lines = [
-        BEGIN,
+        begin,
         "| field | type | default | description |",
         "|---|---|---|---|",
     ]
     for path, typ, default, desc in _rows(spec, "spec"):
         lines.append(f"| `{path}` | {typ} | {f'`{default}`' if default else ''} | {desc} |")
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines) + "\n"
+
+
+def reference_markdown() -> str:
+    """The TritonModel reference, between BEGIN and END."""
+    return _table(openapi_schema()["properties"]["spec"], BEGIN, END)
+
+
+def pool_reference_markdown() -> str:
+    """The TritonPool reference, between POOL_BEGIN and POOL_END."""
+    return _table(pool_openapi_schema()["properties"]["spec"], POOL_BEGIN, POOL_END)
+
+
+def update(text: str) -> str:
+    """`text` with both generated references replaced between their markers (ValueError: a marker is missing)."""
+    for begin, end, ref in ((BEGIN, END, reference_markdown()), (POOL_BEGIN, POOL_END, pool_reference_markdown())):
+        if begin not in text or end not in text:
+            raise ValueError(f"no {begin} ... {end} markers")
+        start, stop = text.index(begin), text.index(end) + len(end) + 1
+        text = text[:start] + ref + text[stop:]
+    return text

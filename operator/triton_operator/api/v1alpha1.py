@@ -9,6 +9,8 @@ same rules (and the ones CEL cannot express) locally with field paths.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Any, Literal
@@ -1208,6 +1210,82 @@ class Autoscaling(_Model):
     )
 
 
+# ---------------------------------------------------------------- a model on a pool
+
+
+def _cel_literal(value: Any) -> str:
+    return json.dumps(value)
+
+
+def _server_defaults(model: type[BaseModel], at: str) -> Iterator[tuple[str, Any]]:
+    """(`.server.<field>` path, its default or None) for every field of a server setting, nested ones walked."""
+    for name, f in model.model_fields.items():
+        path = f"{at}.{f.alias or to_camel(name)}"
+        default = f.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            yield from _server_defaults(type(default), path)
+        else:
+            yield path, default
+
+
+#: The server fields of a TritonModel, at their defaults: a pooled model may set none of them (its pool's replicas
+#: run it), and `validate.rules` names the one that differs. `.server.image` -> its default (None: no default).
+POOLED_SERVER_DEFAULTS: dict[str, Any] = dict(_server_defaults(Server, ".server"))
+#: What a pooled model may not set, as the reference says it.
+POOLED_MODEL_REFUSED = ("server", "autoscaling", "warmupGate.enabled: false", "rollout.strategy: NewPods")
+_POOLED = "!has(self.pool) || "
+
+
+def _pooled_server_rule(path: str, default: Any) -> JsonDict:
+    """The CEL rule that a pooled model leaves one server field (`path`, under `self`) alone: unset, or its default
+    (the API server fills defaults in before it evaluates the rules)."""
+    parents = path.split(".")[1:-1]  # ".server.fetch.maxFiles" -> server, fetch
+    guard = "".join(f"!has(self.{'.'.join(parents[:i + 1])}) || " for i in range(len(parents)))
+    rule = f"{guard}!has(self{path})"
+    if default is not None:
+        rule += f" || self{path} == {_cel_literal(default)}"
+    return {
+        "rule": f"{_POOLED}{rule}",
+        "message": f"a pooled model runs on its pool's tritonservers: set {path[1:]} on the TritonPool "
+                   f"(spec{path}), not on the model" + ("" if default is None else f" (here it must stay {default})"),
+        "fieldPath": path,
+    }
+
+
+POOLED_MODEL_RULES: list[JsonDict] = [
+    {
+        "rule": f"{_POOLED}has(self.memory) || (has(self.platform) && self.platform == 'ensemble')",
+        "message": "memory is required with pool: what one copy of the model takes on a pool replica (the operator "
+                   "places copies against the pool's capacity with it)",
+        "fieldPath": ".memory",
+    },
+    {
+        "rule": "!has(self.memory) || has(self.pool)",
+        "message": "memory goes with pool: it is what a copy takes on a pool replica",
+        "fieldPath": ".memory",
+    },
+    {
+        "rule": f"{_POOLED}!has(self.autoscaling)",
+        "message": "autoscaling of a pooled model's copies is not supported yet: set replicas (its copies), or "
+                   "scale the pool",
+        "fieldPath": ".autoscaling",
+    },
+    {
+        "rule": f"{_POOLED}!has(self.warmupGate) || self.warmupGate.enabled",
+        "message": "a pooled model is always gated: its Service lists a pool replica only once the model is READY "
+                   "there at the desired config, warm (warmupGate.enabled: false has no meaning on a pool)",
+        "fieldPath": ".warmupGate.enabled",
+    },
+    {
+        "rule": f"{_POOLED}!has(self.rollout) || self.rollout.strategy == 'InPlace'",
+        "message": "a pooled model has no pods of its own to replace: its changes are loaded in place "
+                   "(rollout.strategy: InPlace; rollout.mode picks Swap or Drain)",
+        "fieldPath": ".rollout.strategy",
+    },
+    *(_pooled_server_rule(path, default) for path, default in POOLED_SERVER_DEFAULTS.items()),
+]
+
+
 # ---------------------------------------------------------------- the spec
 
 
@@ -1331,6 +1409,7 @@ class TritonModelSpec(_Model):
                     "(Triton takes the batch from the first input)",
                     "fieldPath": ".modelWarmup",
                 },
+                *POOLED_MODEL_RULES,
             ]
         }
     )
@@ -1426,6 +1505,27 @@ class TritonModelSpec(_Model):
             "of its own: the ensembles' replicas load it (and answer for it by name too). Its status then says so: "
             "Ready=True, reason ServedByEnsembles, and status.servedBy names the ensembles; with no ensemble "
             "running it, the reason is ScaledToZero."
+        ),
+    )
+    pool: ModelObjectNameStr | None = Field(
+        default=None,
+        description=(
+            "The TritonPool (in the model's namespace) whose shared tritonservers serve the model, instead of a "
+            "Deployment of its own. replicas is then how many of the pool's replicas load it (each copy on a "
+            "replica of its own, spread across nodes where the pool allows), and memory what one copy takes there. "
+            "The pool's replicas carry the server settings: a pooled model sets no server field of its own "
+            f"({', '.join(POOLED_MODEL_REFUSED)} are refused). Its Service has no selector: the operator lists in "
+            "it only the pool replicas where the model is READY at the desired config and warm. An ensemble on a "
+            "pool is loaded with every step it reaches on the same replicas; its steps name the same pool."
+        ),
+    )
+    memory: QuantityStr | None = Field(
+        default=None,
+        description=(
+            "What one copy of the model takes on a pool replica (required with pool, but for an ensemble, whose "
+            "steps declare theirs): its weights, instances and buffers, in total over the GPUs it uses, in bytes "
+            "(`512Mi`, `2Gi`). The operator places copies against the pool's capacity per replica with it, and "
+            "refuses a model larger than a replica holds. It is a declaration, not a limit: nothing measures it."
         ),
     )
     server: Server = Field(
@@ -1557,6 +1657,14 @@ class TritonModelStatus(_Model):
             "Ensembles (TritonModel names) whose replicas load this model as a step, directly or through a nested "
             "ensemble, and that run replicas (spec.replicas > 0). With spec.replicas 0 the model is served there "
             "alone: Ready=True, reason ServedByEnsembles."
+        ),
+    )
+    placement: list[str] | None = Field(
+        default=None,
+        max_length=1000,
+        description=(
+            "A pooled model: the pool replicas (pod names) its copies are loaded on, first placed first. The "
+            "operator places a copy again only when its replica is gone: a model that is serving never moves."
         ),
     )
 

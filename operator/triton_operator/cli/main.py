@@ -409,9 +409,13 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from ..api.crd import chart_template, crd_yaml
+    from ..api.crd import chart_template, crd_yaml, pool_crd
 
-    sys.stdout.write(chart_template() if args.chart_template else crd_yaml())
+    doc = pool_crd() if args.kind == "TritonPool" else None
+    if args.chart_template:
+        sys.stdout.write(chart_template(doc))
+    else:
+        sys.stdout.write(crd_yaml(doc))
     return 0
 
 
@@ -460,20 +464,19 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
-    from ..api.reference import BEGIN, END, reference_markdown
+    from ..api.reference import pool_reference_markdown, reference_markdown, update
 
-    ref = reference_markdown()
     if not args.update:
-        sys.stdout.write(ref)
+        sys.stdout.write(reference_markdown() + "\n" + pool_reference_markdown())
         return 0
     path = Path(args.update)
-    text = _read_text(path)
-    if BEGIN not in text or END not in text:
-        _err(f"error: {path} has no generated-reference markers")
+    try:
+        text = update(_read_text(path))
+    except ValueError as exc:
+        _err(f"error: {path} has no generated-reference markers ({exc})")
         return 1
-    start, end = text.index(BEGIN), text.index(END) + len(END) + 1
-    _write(path, (text[:start] + ref + text[end:]).encode())
-    _err(f"Updated the TritonModel reference in {path}")
+    _write(path, text.encode())
+    _err(f"Updated the TritonModel and TritonPool references in {path}")
     return 0
 
 
@@ -524,12 +527,15 @@ def _add_validate_import_crd_docs(sub: argparse._SubParsersAction[argparse.Argum
     i.add_argument("-n", "--namespace", help="set metadata.namespace")
     i.set_defaults(func=cmd_import)
 
-    c = sub.add_parser("crd", help="print the TritonModel CustomResourceDefinition")
+    c = sub.add_parser("crd", help="print the TritonModel (or TritonPool) CustomResourceDefinition")
+    c.add_argument("--kind", choices=("TritonModel", "TritonPool"), default="TritonModel",
+                   help="which CRD (default TritonModel)")
     c.add_argument("--chart-template", action="store_true",
-                   help="print it as the Helm chart's template (charts/triton-operator/templates/crds.yaml)")
+                   help="print it as the Helm chart's template (charts/triton-operator/templates/crds.yaml, "
+                   "crds-tritonpools.yaml)")
     c.set_defaults(func=cmd_crd)
 
-    d = sub.add_parser("docs", help="print the TritonModel field reference (Markdown)")
+    d = sub.add_parser("docs", help="print the TritonModel and TritonPool field references (Markdown)")
     d.add_argument("--update", metavar="FILE", help="replace the generated reference between its markers in FILE")
     d.set_defaults(func=cmd_docs)
 

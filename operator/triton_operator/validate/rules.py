@@ -16,6 +16,8 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from ..api import steps as step_graph
 from ..api.v1alpha1 import (
     BATCH_STRATEGY_PARAMETER,
@@ -24,6 +26,7 @@ from ..api.v1alpha1 import (
     OPERATOR_ARGS,
     OPERATOR_ENV,
     OPERATOR_LABELS,
+    POOLED_SERVER_DEFAULTS,
     REPOSITORY_KEY_ENV,
     EnsembleStep,
     QueuePolicy,
@@ -125,6 +128,11 @@ RULES: dict[str, Rule] = {
         Rule("server-args", False, "server.args sets no flag the operator sets to restrict Triton's model repository "
              "API to its own key (--http-restricted-api, --grpc-restricted-protocol, or a prefix Triton would read "
              "as one)"),
+        Rule("pooled-model", False, "a pooled model (spec.pool) declares memory (but an ensemble), sets no server field "
+             "of its own (its pool's replicas run it), no autoscaling, no warmupGate.enabled false, no rollout.strategy "
+             "NewPods; memory goes with pool"),
+        Rule("pool-steps", False, "a pooled ensemble's steps name the same pool (they are loaded on its replicas, "
+             "with their own memory)"),
         Rule("version-policy", True,
              "versionPolicy is one of latest, all or specific; specific names versions the model has (Triton refuses "
              "a policy serving none, and only logs one missing among others)"),
@@ -686,6 +694,42 @@ def _check_autoscaling(spec: TritonModelSpec, err: _Collector) -> None:
             f"inflightRequests or inferencesPerSecond, got {targets or 'none'}")
 
 
+def _check_pooled(spec: TritonModelSpec, err: _Collector) -> None:
+    """The CEL rules of a pooled model (`api.v1alpha1.POOLED_MODEL_RULES`), with field paths."""
+    if spec.pool is None:
+        if spec.memory is not None:
+            err("pooled-model", "spec.memory", "memory goes with pool: it is what a copy takes on a pool replica")
+        return
+    if spec.memory is None and not spec.is_ensemble:
+        err("pooled-model", "spec.memory", "memory is required with pool: what one copy of the model takes on a pool "
+            "replica (the operator places copies against the pool's capacity with it)")
+    if spec.autoscaling is not None:
+        err("pooled-model", "spec.autoscaling", "autoscaling of a pooled model's copies is not supported yet: set "
+            "replicas (its copies), or scale the pool")
+    if not spec.warmup_gate.enabled:
+        err("pooled-model", "spec.warmupGate.enabled", "a pooled model is always gated: its Service lists a pool "
+            "replica only once the model is READY there at the desired config, warm")
+    if spec.rollout.strategy != "InPlace":
+        err("pooled-model", "spec.rollout.strategy", "a pooled model has no pods of its own to replace: its changes "
+            "are loaded in place (rollout.strategy: InPlace; rollout.mode picks Swap or Drain)")
+    given = dict(_server_values(spec.server, ".server"))
+    for path, default in POOLED_SERVER_DEFAULTS.items():
+        if given.get(path) != default:
+            err("pooled-model", f"spec{path}", f"a pooled model runs on its pool's tritonservers: set {path[1:]} on "
+                f"the TritonPool (spec{path}), not on the model")
+
+
+def _server_values(model: BaseModel, at: str) -> Iterator[tuple[str, object]]:
+    """(`.server.<field>` path, value) for every server setting, nested ones walked (as POOLED_SERVER_DEFAULTS)."""
+    for name, f in type(model).model_fields.items():
+        path = f"{at}.{f.alias or name}"
+        value = getattr(model, name)
+        if isinstance(value, BaseModel) and path not in POOLED_SERVER_DEFAULTS:
+            yield from _server_values(value, path)
+        else:
+            yield path, value
+
+
 # ---------------------------------------------------------------- the pod
 
 
@@ -805,6 +849,7 @@ def check_model(model: TritonModel, ident: str) -> list[FieldError]:
     _check_pod_metadata(model.spec.server, err)
     _check_env_names(model.spec.server, err)
     _check_autoscaling(model.spec, err)
+    _check_pooled(model.spec, err)
     _check_structure(model, err)
     _check_tensors(model.spec, err)
     _check_model_level(model.spec, err)
@@ -1147,6 +1192,24 @@ def _check_replica(model: TritonModel, models: Mapping[str, TritonModel], ident:
     return err.errors
 
 
+def _check_pool_steps(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
+    """A pooled ensemble is loaded with every step it reaches on the same pool replicas: each step names that pool,
+    so that its memory is declared and its settings are the pool's."""
+    if model.spec.pool is None or not model.spec.is_ensemble:
+        return []
+    err = _Collector(ident)
+    reached, _ = step_graph.closure(model.name, step_graph.of_models({**models, model.name: model}))
+    for name in reached:
+        step = models.get(name)
+        if name == model.name or step is None or step.spec.pool == model.spec.pool:
+            continue
+        where = f"on pool {step.spec.pool!r}" if step.spec.pool else "not on a pool"
+        err("pool-steps", "spec.pool", f"step model {name!r} is {where}: a pooled ensemble's steps are loaded with it "
+            f"on the replicas of pool {model.spec.pool!r}; set the step's spec.pool to {model.spec.pool!r} (with "
+            "replicas: 0 it runs nowhere else)")
+    return err.errors
+
+
 def fetched_sources(spec: TritonModelSpec) -> list[tuple[str, str, str | None]]:
     """(field path, uri, credentialsSecret) of each of the model's files fetched from a uri at pod start."""
     out = []
@@ -1218,6 +1281,7 @@ def check_models(models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:
         errors.extend(check_model(m, ident))
         errors.extend(_check_ensemble(m, by_name, ident))
         errors.extend(_check_replica(m, by_name, ident))
+        errors.extend(_check_pool_steps(m, by_name, ident))
     for start, path in _cycles(by_name):
         errors.append(
             FieldError(idents[start], "spec.ensemble.steps", f"ensembles form a cycle: {' -> '.join(path)}", "ensemble-cycle")

@@ -1,0 +1,174 @@
+"""The TritonPool API, version v1alpha1: a fleet of shared tritonservers that pooled TritonModels are placed on, and
+the single source of its CRD (`api.crd`). The design, placement and gating included: `plan.placement`.
+
+A pool carries what a TritonModel's `spec.server` carries (the same `Server` model, described for replicas that
+load many models), its replica count and the capacity the operator places models against. Its status says, replica
+by replica, which models are loaded there and how much capacity is used and free.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .v1alpha1 import (
+    INT32_MAX,
+    JSON_INT_MAX,
+    MODEL_NAME_RULE,
+    Condition,
+    ObjectMeta,
+    QuantityStr,
+    Server,
+    _Model,
+    quantity_bytes,
+)
+
+POOL_KIND = "TritonPool"
+POOL_PLURAL = "tritonpools"
+POOL_SINGULAR = "tritonpool"
+POOL_SHORT_NAMES = ["tpool"]
+#: The most replicas a pool has: a pooled model's EndpointSlice lists each replica once, and one slice holds at
+#: most 1000 endpoints (so one slice per model and address family always suffices).
+MAX_POOL_REPLICAS = 1000
+POOL_NAME_RULE = MODEL_NAME_RULE.replace("the model's Service and labels its pods", "the pool's Deployment and "
+                                         "labels its pods")
+
+
+class PoolCapacity(_Model):
+    """What one replica holds, the figure the operator places models against (their spec.memory)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {
+            "rule": "has(self.memoryPerGpu) != has(self.memoryPerReplica)",
+            "message": "set exactly one of memoryPerGpu (a GPU pool) or memoryPerReplica (a CPU pool)",
+        },
+    ]})
+
+    memory_per_gpu: QuantityStr | None = Field(
+        default=None,
+        description=(
+            "A GPU pool: the memory of each GPU that models may take (`80Gi` on an 80 GB GPU, less what CUDA and "
+            "tritonserver keep). A replica holds this times server.gpus (at least 1): a model's memory is its total "
+            "on the replica, over the GPUs it uses."
+        ),
+    )
+    memory_per_replica: QuantityStr | None = Field(
+        default=None,
+        description="A CPU pool (server.gpus unset or 0): the memory each replica's models may take in all.",
+    )
+
+
+class TritonPoolSpec(_Model):
+    """Desired state of a pool of tritonservers that pooled TritonModels share."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {
+            "rule": "!has(self.capacity.memoryPerGpu) || (has(self.server.gpus) && self.server.gpus >= 1)",
+            "message": "capacity.memoryPerGpu needs server.gpus >= 1 (a replica holds memoryPerGpu times gpus)",
+            "fieldPath": ".capacity.memoryPerGpu",
+        },
+        {
+            "rule": "!has(self.capacity.memoryPerReplica) || !has(self.server.gpus) || self.server.gpus == 0",
+            "message": "capacity.memoryPerReplica is for CPU pools: with server.gpus, set capacity.memoryPerGpu",
+            "fieldPath": ".capacity.memoryPerReplica",
+        },
+    ]})
+
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_POOL_REPLICAS,
+        description=(
+            "Number of tritonserver replicas (pods of the pool's Deployment). Each pooled model's copies go on "
+            "distinct replicas, so a model with more copies than the pool has replicas is short of capacity. A "
+            "change that would strand placed models (fewer replicas than a model's copies, or less room in all "
+            "than is placed) is refused."
+        ),
+    )
+    capacity: PoolCapacity = Field(
+        description=(
+            "What one replica holds. Lowering it below what is placed on a replica is refused: the operator never "
+            "moves a model that is serving."
+        ),
+    )
+    server: Server = Field(
+        default_factory=Server,
+        description=(
+            "The tritonserver container of every replica, and the pod around it: what a TritonModel's spec.server "
+            "is for its own replicas. tritonserver runs in explicit model control with no model at start: the "
+            "operator loads each pooled model into the replicas it is placed on. gpus: per replica (unset: 0, a CPU "
+            "pool). cacheSize: the replica's response cache, which every pooled model with responseCache shares."
+        ),
+        json_schema_extra={"default": {}},
+    )
+
+    @property
+    def replica_bytes(self) -> int:
+        """What one replica holds, in bytes: memoryPerReplica, or memoryPerGpu times the GPUs of a replica."""
+        c = self.capacity
+        if c.memory_per_replica is not None:
+            return quantity_bytes(c.memory_per_replica)
+        assert c.memory_per_gpu is not None
+        return quantity_bytes(c.memory_per_gpu) * max(1, self.server.gpus or 0)
+
+    @property
+    def capacity_path(self) -> str:
+        """The field that sets a replica's capacity, as errors name it."""
+        per_gpu = self.capacity.memory_per_gpu is not None
+        return "spec.capacity.memoryPerGpu" if per_gpu else "spec.capacity.memoryPerReplica"
+
+
+class PoolReplicaStatus(_Model):
+    """One replica of a pool: the models placed on it and what they take."""
+
+    pod: str = Field(description="Pod name (the name placements record).")
+    node: str | None = Field(default=None, description="The node it runs on.")
+    models: list[str] | None = Field(
+        default=None, description="TritonModels placed on it (an ensemble's steps included), by name.")
+    used: str | None = Field(default=None, description="Memory its models take, by their spec.memory (bytes).")
+    free: str | None = Field(default=None, description="Capacity left for more models (bytes).")
+
+
+class TritonPoolStatus(_Model):
+    """Observed state, written by the operator."""
+
+    model_config = ConfigDict(frozen=False)
+
+    observed_generation: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
+    conditions: list[Condition] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description=(
+            "Ready (every replica is Ready and every placed model is loaded where it is placed), Progressing "
+            "(replicas or loads under way), Degraded (a replica or a load failed); reason CamelCase."
+        ),
+    )
+    replicas: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Replicas that exist.")
+    ready_replicas: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Replicas that are Ready.")
+    models: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Pooled TritonModels placed on it.")
+    selector: str | None = Field(default=None, description="Pod label selector, for the scale subresource.")
+    capacity_per_replica: str | None = Field(default=None, description="What one replica holds (bytes).")
+    used: str | None = Field(default=None, description="Memory placed models take over all replicas (bytes).")
+    free: str | None = Field(default=None, description="Capacity left over all replicas (bytes).")
+    replica_models: list[PoolReplicaStatus] | None = Field(
+        default=None,
+        max_length=MAX_POOL_REPLICAS,
+        description="Per replica: the models placed on it, and its capacity used and free.",
+    )
+
+
+class TritonPool(BaseModel):
+    """A TritonPool as read from YAML or the API server."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    api_version: Literal["serving.triton-operator.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["TritonPool"]
+    metadata: ObjectMeta
+    spec: TritonPoolSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
