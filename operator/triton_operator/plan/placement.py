@@ -92,3 +92,203 @@ every model), and the Deployment's rollout and the pool's PodDisruptionBudget co
 - Endpoints that are not ready stay listed (as Kubernetes lists pods that are not Ready), so `kubectl get
   endpointslices` shows where a model is placed and why it is held back.
 """
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..api import steps as step_graph
+from ..api.pool import TritonPool
+from ..api.v1alpha1 import TritonModel, quantity_bytes
+
+#: The managed-by label's value on every EndpointSlice the operator writes (`render.pool`).
+ENDPOINTSLICE_MANAGER = "triton-operator.serving.triton-operator.dev"
+#: The condition reason of a pooled model with copies that fit no replica.
+INSUFFICIENT_CAPACITY = "InsufficientPoolCapacity"
+
+_BINARY = (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes as a Kubernetes quantity, in the largest binary unit that holds it whole (`1536Mi`, `2Gi`, `100`)."""
+    for suffix, unit in _BINARY:
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
+@dataclass(frozen=True)
+class PoolReplica:
+    """A replica of the pool as the operator sees it: its pod's name, and the node it runs on (None: not yet
+    scheduled)."""
+
+    name: str
+    node: str | None = None
+
+    @property
+    def domain(self) -> str:
+        """Where the replica counts for node spread: its node, or itself while it has none."""
+        return self.node if self.node is not None else f"\0{self.name}"
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One pooled model to place: how many copies, and what a copy loads on a replica (the model and every step its
+    ensemble reaches, by TritonModel name, each with its declared memory in bytes)."""
+
+    name: str
+    copies: int
+    closure: Mapping[str, int]
+
+    @property
+    def size(self) -> int:
+        return sum(self.closure.values())
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Copies of a model that fit no replica: the figures its `InsufficientPoolCapacity` condition states."""
+
+    model: str
+    wanted: int
+    placed: int
+    needed: int  # bytes one copy loads (its closure), on a replica that has none of it
+    largest_free: int  # the most room on a replica that has no copy of it (0: there is none)
+    replicas: int  # replicas the pool has
+
+    @property
+    def message(self) -> str:
+        head = f"{self.placed} of {self.wanted} copies placed"
+        if self.placed >= self.replicas:  # every replica has a copy
+            return (f"{head}: copies go on distinct replicas, and the pool has {self.replicas}; scale the pool or "
+                    "lower replicas")
+        return (f"{head}: a copy needs {format_bytes(self.needed)}, and the most any replica without one has free is "
+                f"{format_bytes(self.largest_free)} (pool of {self.replicas} replicas); scale the pool, raise its "
+                "capacity, or lower replicas")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each pooled model's copies are (replica names, first placed first), what each replica loads (every
+    copy's closure), what that takes, and the copies that fit nowhere."""
+
+    capacity: int
+    copies: Mapping[str, tuple[str, ...]]
+    loaded: Mapping[str, frozenset[str]]
+    used: Mapping[str, int]
+    shortfalls: Mapping[str, Shortfall] = field(default_factory=dict)
+
+    def free(self, replica: str) -> int:
+        return self.capacity - self.used.get(replica, 0)
+
+
+class _State:
+    """The placement being built: what each replica loads and what that takes."""
+
+    def __init__(self, capacity: int, replicas: Sequence[PoolReplica]) -> None:
+        self.capacity = capacity
+        self.replicas = {r.name: r for r in replicas}
+        self.loaded: dict[str, set[str]] = {r.name: set() for r in replicas}
+        self.used: dict[str, int] = dict.fromkeys(self.replicas, 0)
+        self.copies: dict[str, list[str]] = {}
+
+    def new_bytes(self, replica: str, demand: Demand) -> int:
+        """The bytes a copy of `demand` adds on `replica`: its closure's models not loaded there yet."""
+        have = self.loaded[replica]
+        return sum(size for name, size in demand.closure.items() if name not in have)
+
+    def fits(self, replica: str, demand: Demand) -> bool:
+        return replica not in self.copies.get(demand.name, ()) and \
+            self.used[replica] + self.new_bytes(replica, demand) <= self.capacity
+
+    def put(self, replica: str, demand: Demand) -> None:
+        self.used[replica] += self.new_bytes(replica, demand)
+        self.loaded[replica].update(demand.closure)
+        self.copies.setdefault(demand.name, []).append(replica)
+
+    def best(self, demand: Demand) -> str | None:
+        """The replica the next copy of `demand` goes on, or None where none fits (see the module docstring)."""
+        here = self.copies.get(demand.name, [])
+        per_domain: dict[str, int] = {}
+        for name in here:
+            per_domain[self.replicas[name].domain] = per_domain.get(self.replicas[name].domain, 0) + 1
+        candidates = [name for name in self.replicas if self.fits(name, demand)]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda name: (
+            per_domain.get(self.replicas[name].domain, 0),
+            self.new_bytes(name, demand),
+            self.capacity - self.used[name] - self.new_bytes(name, demand),
+            name,
+        ))
+
+    def shortfall(self, demand: Demand) -> Shortfall:
+        here = set(self.copies.get(demand.name, ()))
+        room = [self.capacity - self.used[name] for name in self.replicas if name not in here]
+        return Shortfall(demand.name, demand.copies, len(here), demand.size, max(room, default=0), len(self.replicas))
+
+
+def place_demands(capacity: int, replicas: Sequence[PoolReplica], demands: Iterable[Demand],
+                  previous: Mapping[str, Sequence[str]]) -> Placement:
+    """The placement of `demands` on `replicas` of `capacity` bytes each, keeping `previous` where it still holds:
+    first every recorded copy whose replica exists and that still fits there (by model name, each model's copies in
+    their recorded order, up to its copies), then the copies still missing, largest closure first, each on the best
+    replica (node spread, fewest new bytes, best fit, name)."""
+    state = _State(capacity, replicas)
+    ordered = sorted(demands, key=lambda d: d.name)
+    for demand in ordered:
+        for name in previous.get(demand.name, ()):
+            if len(state.copies.get(demand.name, ())) >= demand.copies:
+                break
+            if name in state.replicas and state.fits(name, demand):
+                state.put(name, demand)
+    shortfalls: dict[str, Shortfall] = {}
+    for demand in sorted(ordered, key=lambda d: (-d.size, d.name)):
+        while len(state.copies.get(demand.name, ())) < demand.copies:
+            target = state.best(demand)
+            if target is None:
+                shortfalls[demand.name] = state.shortfall(demand)
+                break
+            state.put(target, demand)
+    return Placement(
+        capacity=capacity,
+        copies={d.name: tuple(state.copies.get(d.name, ())) for d in ordered},
+        loaded={name: frozenset(models) for name, models in state.loaded.items()},
+        used=dict(state.used),
+        shortfalls=shortfalls,
+    )
+
+
+def model_bytes(model: TritonModel) -> int:
+    """What one copy of a model takes on a replica by itself: its spec.memory (an ensemble's own: 0 when unset)."""
+    return quantity_bytes(model.spec.memory) if model.spec.memory is not None else 0
+
+
+def demands(pool: str, models: Iterable[TritonModel]) -> list[Demand]:
+    """The demands of the models on `pool` (among `models`, a namespace's): each with its closure, whose steps are
+    found among `models` (a missing step counts nothing: validation refuses it)."""
+    by_name = {m.name: m for m in models}
+    graph = step_graph.of_models(by_name)
+    out = []
+    for m in by_name.values():
+        if m.spec.pool != pool:
+            continue
+        reached, _ = step_graph.closure(m.name, graph)
+        out.append(Demand(m.name, m.spec.replicas, {n: model_bytes(by_name[n]) for n in reached}))
+    return sorted(out, key=lambda d: d.name)
+
+
+def place(pool: TritonPool, replicas: Sequence[PoolReplica], models: Iterable[TritonModel],
+          previous: Mapping[str, Sequence[str]]) -> Placement:
+    """Where the models on `pool` go (`models`: the pool's namespace's, others are steps or ignored) on its
+    `replicas`, keeping `previous` (each model's status.placement) where it still holds."""
+    return place_demands(pool.spec.replica_bytes, replicas, demands(pool.name, models), previous)
+
+
+def replica_status(placement: Placement, replicas: Sequence[PoolReplica]) -> list[dict[str, object]]:
+    """The pool's status.replicaModels: per replica, the models it loads and its capacity used and free."""
+    return [{"pod": r.name, **({"node": r.node} if r.node else {}),
+             "models": sorted(placement.loaded.get(r.name, ())),
+             "used": format_bytes(placement.used.get(r.name, 0)), "free": format_bytes(placement.free(r.name))}
+            for r in replicas]
