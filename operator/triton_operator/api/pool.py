@@ -8,10 +8,12 @@ by replica, which models are loaded there and how much capacity is used and free
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import steps as step_graph
 from .v1alpha1 import (
     INT32_MAX,
     JSON_INT_MAX,
@@ -20,6 +22,7 @@ from .v1alpha1 import (
     ObjectMeta,
     QuantityStr,
     Server,
+    TritonModel,
     _Model,
     quantity_bytes,
 )
@@ -172,3 +175,27 @@ class TritonPool(BaseModel):
     def name(self) -> str:
         return self.metadata.name
 
+
+
+def model_bytes(model: TritonModel) -> int:
+    """What one copy of a pooled model takes on a replica by itself: its spec.memory (an ensemble's own: 0 unset)."""
+    return quantity_bytes(model.spec.memory) if model.spec.memory is not None else 0
+
+
+def closure_bytes(model: TritonModel, models: Mapping[str, TritonModel]) -> dict[str, int]:
+    """What a copy of `model` loads on a pool replica: the model and every step its ensemble reaches (found among
+    `models`, by name; a missing one counts nothing, validation refuses it), each with its memory in bytes."""
+    by_name = {**models, model.name: model}
+    reached, _ = step_graph.closure(model.name, step_graph.of_models(by_name))
+    return {name: model_bytes(by_name[name]) for name in reached}
+
+
+_BINARY = (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes as a Kubernetes quantity, in the largest binary unit that holds it whole (`1536Mi`, `2Gi`, `100`)."""
+    for suffix, unit in _BINARY:
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)

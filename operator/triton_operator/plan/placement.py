@@ -98,25 +98,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..api import steps as step_graph
-from ..api.pool import TritonPool
-from ..api.v1alpha1 import TritonModel, quantity_bytes
+from ..api.pool import TritonPool, closure_bytes, format_bytes
+from ..api.v1alpha1 import TritonModel
 
 #: The managed-by label's value on every EndpointSlice the operator writes (`render.pool`).
 ENDPOINTSLICE_MANAGER = "triton-operator.serving.triton-operator.dev"
 #: The condition reason of a pooled model with copies that fit no replica.
 INSUFFICIENT_CAPACITY = "InsufficientPoolCapacity"
-
-_BINARY = (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
-
-
-def format_bytes(n: int) -> str:
-    """`n` bytes as a Kubernetes quantity, in the largest binary unit that holds it whole (`1536Mi`, `2Gi`, `100`)."""
-    for suffix, unit in _BINARY:
-        if n >= unit and n % unit == 0:
-            return f"{n // unit}{suffix}"
-    return str(n)
-
 
 @dataclass(frozen=True)
 class PoolReplica:
@@ -260,23 +248,12 @@ def place_demands(capacity: int, replicas: Sequence[PoolReplica], demands: Itera
     )
 
 
-def model_bytes(model: TritonModel) -> int:
-    """What one copy of a model takes on a replica by itself: its spec.memory (an ensemble's own: 0 when unset)."""
-    return quantity_bytes(model.spec.memory) if model.spec.memory is not None else 0
-
-
 def demands(pool: str, models: Iterable[TritonModel]) -> list[Demand]:
     """The demands of the models on `pool` (among `models`, a namespace's): each with its closure, whose steps are
-    found among `models` (a missing step counts nothing: validation refuses it)."""
+    found among `models` (`api.pool.closure_bytes`)."""
     by_name = {m.name: m for m in models}
-    graph = step_graph.of_models(by_name)
-    out = []
-    for m in by_name.values():
-        if m.spec.pool != pool:
-            continue
-        reached, _ = step_graph.closure(m.name, graph)
-        out.append(Demand(m.name, m.spec.replicas, {n: model_bytes(by_name[n]) for n in reached}))
-    return sorted(out, key=lambda d: d.name)
+    return [Demand(m.name, m.spec.replicas, closure_bytes(m, by_name))
+            for m in sorted(by_name.values(), key=lambda m: m.name) if m.spec.pool == pool]
 
 
 def place(pool: TritonPool, replicas: Sequence[PoolReplica], models: Iterable[TritonModel],

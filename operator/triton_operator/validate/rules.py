@@ -133,6 +133,10 @@ RULES: dict[str, Rule] = {
              "NewPods; memory goes with pool"),
         Rule("pool-steps", False, "a pooled ensemble's steps name the same pool (they are loaded on its replicas, "
              "with their own memory)"),
+        Rule("pool-spec", False, "a TritonPool sets exactly one of capacity.memoryPerGpu (with server.gpus >= 1) or "
+             "capacity.memoryPerReplica (without gpus)"),
+        Rule("pool-capacity", False, "a pooled model, with every step its ensemble reaches, fits one replica of its "
+             "pool (memory against the pool's capacity per replica)"),
         Rule("version-policy", True,
              "versionPolicy is one of latest, all or specific; specific names versions the model has (Triton refuses "
              "a policy serving none, and only logs one missing among others)"),
@@ -140,7 +144,9 @@ RULES: dict[str, Rule] = {
 }
 
 
-class _Collector:
+class Collector:
+    """Gathers one object's FieldErrors, each under a rule of RULES."""
+
     def __init__(self, model: str) -> None:
         self.model = model
         self.errors: list[FieldError] = []
@@ -195,7 +201,7 @@ def _reshape_error(dims: Sequence[int], reshape: Sequence[int], max_batch: int) 
     return None
 
 
-def _check_tensors(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_tensors(spec: TritonModelSpec, err: Collector) -> None:
     for kind, tensors in (("inputs", spec.inputs), ("outputs", spec.outputs)):
         seen: set[str] = set()
         for i, t in enumerate(tensors or ()):
@@ -217,7 +223,7 @@ def _check_tensors(spec: TritonModelSpec, err: _Collector) -> None:
                     err("reshape", f"{base}.reshape", problem)
 
 
-def _check_model_level(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_model_level(spec: TritonModelSpec, err: Collector) -> None:
     """Input formats, output label files and the model directory's own files (spec.modelFiles)."""
     for i, t in enumerate(spec.inputs or ()):
         base = f"spec.inputs[{i}]"
@@ -249,7 +255,7 @@ def _check_model_level(spec: TritonModelSpec, err: _Collector) -> None:
     _check_pins(mf.uri, mf.sha256, mf.object_version, err, "spec.modelFiles")
 
 
-def _check_policy_delay(policy: QueuePolicy | None, path: str, err: _Collector) -> None:
+def _check_policy_delay(policy: QueuePolicy | None, path: str, err: Collector) -> None:
     if policy is not None and policy.timeout_action == "DELAY" and policy.default_timeout_microseconds != 0:
         err(
             "preserve-ordering",
@@ -259,7 +265,7 @@ def _check_policy_delay(policy: QueuePolicy | None, path: str, err: _Collector) 
         )
 
 
-def _check_preferred(sizes: Sequence[int] | None, max_batch: int, path: str, err: _Collector) -> None:
+def _check_preferred(sizes: Sequence[int] | None, max_batch: int, path: str, err: Collector) -> None:
     for i, s in enumerate(sizes or ()):
         if s <= 0:
             err("preferred-batch-size", f"{path}[{i}]", f"preferred batch size must be > 0, got {s}")
@@ -268,7 +274,7 @@ def _check_preferred(sizes: Sequence[int] | None, max_batch: int, path: str, err
             err("preferred-batch-size", f"{path}[{i}]", f"preferred batch size {s} exceeds maxBatchSize: {why}")
 
 
-def _check_batcher(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_batcher(spec: TritonModelSpec, err: Collector) -> None:
     b = spec.batcher
     if b is None:
         return
@@ -301,7 +307,7 @@ def _check_batcher(spec: TritonModelSpec, err: _Collector) -> None:
 _ELF_MAGIC = "\x7fELF"
 
 
-def _check_strategy_library(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_strategy_library(spec: TritonModelSpec, err: Collector) -> None:
     """spec.batcher.strategyLibrary: a batching model, and a file of an inline source that is there (and binary)."""
     lib = spec.batcher.strategy_library if spec.batcher is not None else None
     if lib is None:
@@ -349,7 +355,7 @@ _CORRID_TYPES = {"UINT64", "INT64", "UINT32", "INT32", "BYTES"}
 _CONTROL_TYPES = {"INT32", "FP32", "BOOL"}
 
 
-def _check_sequence(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_sequence(spec: TritonModelSpec, err: Collector) -> None:
     s = spec.sequence_batcher
     if s is None:
         return
@@ -402,7 +408,7 @@ def _check_sequence(spec: TritonModelSpec, err: _Collector) -> None:
         )
 
 
-def _check_structure(model: TritonModel, err: _Collector) -> None:
+def _check_structure(model: TritonModel, err: Collector) -> None:
     spec = model.spec
     if (spec.backend is None) == (spec.platform is None):
         err("backend-or-platform", "spec.backend", "set exactly one of backend (e.g. python) or platform (e.g. ensemble)")
@@ -475,7 +481,7 @@ def _check_structure(model: TritonModel, err: _Collector) -> None:
         )
 
 
-def _check_gpus(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_gpus(spec: TritonModelSpec, err: Collector) -> None:
     """A replica sees `server.gpus` GPUs, numbered from 0: the instance groups must fit (None: derived, fits)."""
     n = spec.server.gpus
     if n is None:
@@ -502,7 +508,7 @@ def _check_gpus(spec: TritonModelSpec, err: _Collector) -> None:
             )
 
 
-def _check_versions(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_versions(spec: TritonModelSpec, err: Collector) -> None:
     """spec.versions (each number once, inline files, warm-up files that agree) and spec.versionPolicy."""
     if spec.source is not None and spec.versions:
         err("model-versions", "spec.versions", "set source (served as version 1) or versions, not both")
@@ -538,7 +544,7 @@ def _check_versions(spec: TritonModelSpec, err: _Collector) -> None:
 
 
 def _check_pins(
-    uri: str | None, sha256: str | None, version: str | None, err: _Collector, base: str = "spec.source"
+    uri: str | None, sha256: str | None, version: str | None, err: Collector, base: str = "spec.source"
 ) -> None:
     if uri is not None and has_userinfo(uri):
         err("source-uri", f"{base}.uri", f"{shown(uri)} carries credentials (user:password@), which would be printed "
@@ -582,7 +588,7 @@ def _bytes_elements(data: bytes) -> int | None:
     return n
 
 
-def _check_warmup_file(p: str, wi: WarmupInput, files: Mapping[str, str], where: str, err: _Collector) -> None:
+def _check_warmup_file(p: str, wi: WarmupInput, files: Mapping[str, str], where: str, err: Collector) -> None:
     """A warm-up input's inputDataFile: among the warm-up files, valid base64, and holding the input's elements."""
     assert wi.input_data_file is not None
     data_b64 = files.get(wi.input_data_file)
@@ -619,7 +625,7 @@ def _check_warmup_file(p: str, wi: WarmupInput, files: Mapping[str, str], where:
 
 
 def _check_warmup_input(p: str, name: str, wi: WarmupInput, inputs: Mapping[str, Tensor], files: Mapping[str, str],
-                        where: str, err: _Collector) -> None:
+                        where: str, err: Collector) -> None:
     """One input of a warm-up sample: one kind of data, a model input, its type and concrete dims, its file."""
     chosen = [wi.zero_data is True, wi.random_data is True, wi.input_data_file is not None]
     if sum(chosen) != 1:
@@ -648,7 +654,7 @@ def _check_warmup_input(p: str, name: str, wi: WarmupInput, inputs: Mapping[str,
         _check_warmup_file(p, wi, files, where, err)
 
 
-def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_warmup(spec: TritonModelSpec, err: Collector) -> None:
     inputs = {t.name: t for t in spec.inputs or ()}
     files: dict[str, str] = {}  # every version's warm-up files land in the model's one warmup/ directory
     for src in spec.version_sources.values():
@@ -681,7 +687,7 @@ def _check_warmup(spec: TritonModelSpec, err: _Collector) -> None:
             err("warmup-inputs", f"{base}.inputs", f"missing data for required inputs {missing}")
 
 
-def _check_autoscaling(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_autoscaling(spec: TritonModelSpec, err: Collector) -> None:
     a = spec.autoscaling
     if a is None:
         return
@@ -694,7 +700,7 @@ def _check_autoscaling(spec: TritonModelSpec, err: _Collector) -> None:
             f"inflightRequests or inferencesPerSecond, got {targets or 'none'}")
 
 
-def _check_pooled(spec: TritonModelSpec, err: _Collector) -> None:
+def _check_pooled(spec: TritonModelSpec, err: Collector) -> None:
     """The CEL rules of a pooled model (`api.v1alpha1.POOLED_MODEL_RULES`), with field paths."""
     if spec.pool is None:
         if spec.memory is not None:
@@ -759,7 +765,7 @@ def python_shm_settings(args: Sequence[str]) -> list[tuple[int, str, str]]:
     return out
 
 
-def _check_shm_size(server: Server, err: _Collector) -> None:
+def _check_shm_size(server: Server, err: Collector) -> None:
     if server.shm_size is None:
         return
     size = quantity_value(server.shm_size)
@@ -782,7 +788,7 @@ def _key_problem(key: str) -> str | None:
     return None
 
 
-def _check_pod_metadata(server: Server, err: _Collector) -> None:
+def _check_pod_metadata(server: Server, err: Collector) -> None:
     for field, given, own, what in (("podLabels", server.pod_labels, OPERATOR_LABELS, "labels"),
                                     ("podAnnotations", server.pod_annotations, OPERATOR_ANNOTATIONS, "annotations")):
         for key in sorted(given or ()):
@@ -800,7 +806,7 @@ def _check_pod_metadata(server: Server, err: _Collector) -> None:
             "(a pod's annotations may hold 256 KiB)")
 
 
-def _check_env_names(server: Server, err: _Collector) -> None:
+def _check_env_names(server: Server, err: Collector) -> None:
     seen: dict[str, int] = {}
     for i, var in enumerate(server.env or ()):
         if var.name == REPOSITORY_KEY_ENV:
@@ -818,7 +824,7 @@ def _check_env_names(server: Server, err: _Collector) -> None:
 REPOSITORY_SIZE_MIN = 1 << 20
 
 
-def _check_fetch_limits(server: Server, err: _Collector) -> None:
+def _check_fetch_limits(server: Server, err: Collector) -> None:
     size = quantity_value(server.repository_size_limit)
     if size < REPOSITORY_SIZE_MIN:
         err("fetch-limits", "spec.server.repositorySizeLimit",
@@ -830,7 +836,7 @@ def _check_fetch_limits(server: Server, err: _Collector) -> None:
             "with a clear message; lower maxBytes or raise repositorySizeLimit")
 
 
-def _check_server_args(server: Server, err: _Collector) -> None:
+def _check_server_args(server: Server, err: Collector) -> None:
     for i, arg in enumerate(server.args or ()):
         flag = next((full for prefix, full in OPERATOR_ARGS.items() if arg.startswith(prefix)), None)
         if flag is not None:
@@ -841,13 +847,20 @@ def _check_server_args(server: Server, err: _Collector) -> None:
                 "can unload it or load code into it")
 
 
+def check_server(server: Server, ident: str) -> list[FieldError]:
+    """The rules of a spec.server alone (a TritonModel's, or a TritonPool's)."""
+    err = Collector(ident)
+    _check_server_args(server, err)
+    _check_shm_size(server, err)
+    _check_fetch_limits(server, err)
+    _check_pod_metadata(server, err)
+    _check_env_names(server, err)
+    return err.errors
+
+
 def check_model(model: TritonModel, ident: str) -> list[FieldError]:
-    err = _Collector(ident)
-    _check_server_args(model.spec.server, err)
-    _check_shm_size(model.spec.server, err)
-    _check_fetch_limits(model.spec.server, err)
-    _check_pod_metadata(model.spec.server, err)
-    _check_env_names(model.spec.server, err)
+    err = Collector(ident)
+    err.errors.extend(check_server(model.spec.server, ident))
     _check_autoscaling(model.spec, err)
     _check_pooled(model.spec, err)
     _check_structure(model, err)
@@ -912,7 +925,7 @@ def _decoupled(model: TritonModel, models: Mapping[str, TritonModel]) -> bool:
     return any(graph[n].spec.decoupled for n in reached if not graph[n].spec.is_ensemble or graph[n].spec.ensemble is None)
 
 
-def _check_decoupled_streams(model: TritonModel, models: Mapping[str, TritonModel], err: _Collector) -> None:
+def _check_decoupled_streams(model: TritonModel, models: Mapping[str, TritonModel], err: Collector) -> None:
     """Triton's rule for decoupled steps, which may answer one request with any number of responses.
 
     Each tensor belongs to a stream: the ensemble's inputs are one, every decoupled step starts a new one
@@ -976,7 +989,7 @@ def _versions_text(versions: Sequence[int]) -> str:
     return f"version {versions[0]}" if len(versions) == 1 else f"versions {', '.join(map(str, versions))}"
 
 
-def _check_step_version(name: str, version: int, target: TritonModelSpec, path: str, err: _Collector) -> None:
+def _check_step_version(name: str, version: int, target: TritonModelSpec, path: str, err: Collector) -> None:
     """A step's modelVersion: -1, or a version the step model has and its policy serves (else Triton refuses)."""
     if version == -1:
         return
@@ -998,7 +1011,7 @@ _Produced = dict[str, tuple[str, Tensor, int]]
 
 
 def _check_step_wiring(model: TritonModel, models: Mapping[str, TritonModel], i: int, step: EnsembleStep,
-                       produced: _Produced, err: _Collector) -> None:
+                       produced: _Produced, err: Collector) -> None:
     """One step, as written: maps an input and an output, names a defined model that serves the version (and is not
     the ensemble), whose batch size and tensors fit; the tensors it writes are recorded in `produced`."""
     mbs = model.spec.effective_max_batch_size
@@ -1045,7 +1058,7 @@ def _check_step_wiring(model: TritonModel, models: Mapping[str, TritonModel], i:
 
 
 def _check_step_inputs(model: TritonModel, models: Mapping[str, TritonModel], i: int, step: EnsembleStep,
-                       produced: _Produced, consumed: set[str], err: _Collector) -> None:
+                       produced: _Produced, consumed: set[str], err: Collector) -> None:
     """One step's inputs, once every step's outputs are known: each is available, of the type and shape the step
     model takes; the tensors it reads are recorded in `consumed`."""
     target = models.get(step.model)
@@ -1081,7 +1094,7 @@ def _check_step_inputs(model: TritonModel, models: Mapping[str, TritonModel], i:
             )
 
 
-def _check_ensemble_outputs(spec: TritonModelSpec, produced: _Produced, err: _Collector) -> None:
+def _check_ensemble_outputs(spec: TritonModelSpec, produced: _Produced, err: Collector) -> None:
     """Every ensemble output is written by a step, of the type and shape the ensemble declares."""
     mbs = spec.effective_max_batch_size
     for j, (name, t) in enumerate({t.name: t for t in spec.outputs or ()}.items()):
@@ -1095,7 +1108,7 @@ def _check_ensemble_outputs(spec: TritonModelSpec, produced: _Produced, err: _Co
             err("ensemble-types", f"spec.outputs[{j}].dims", f"{t.dims} does not match {src[0]} with dims {src[1].dims}")
 
 
-def _check_ensemble_gpus(model: TritonModel, models: Mapping[str, TritonModel], err: _Collector) -> None:
+def _check_ensemble_gpus(model: TritonModel, models: Mapping[str, TritonModel], err: Collector) -> None:
     """spec.server.gpus, when set, is enough for every step: one replica loads them all into one tritonserver."""
     n = model.spec.server.gpus
     assert model.spec.ensemble is not None
@@ -1116,7 +1129,7 @@ def _check_ensemble_gpus(model: TritonModel, models: Mapping[str, TritonModel], 
 
 
 def _check_ensemble(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
-    err = _Collector(ident)
+    err = Collector(ident)
     spec = model.spec
     if not spec.is_ensemble or spec.ensemble is None:
         return err.errors
@@ -1148,7 +1161,7 @@ CREDENTIAL_ENV = {
 def _check_replica(model: TritonModel, models: Mapping[str, TritonModel], ident: str) -> list[FieldError]:
     """What one replica runs (the model and every step its ensemble reaches, in one tritonserver, shaped by the
     model's server) against that server's settings: the Python backend's shm settings, the fetch step's env."""
-    err = _Collector(ident)
+    err = Collector(ident)
     server = model.spec.server
     reached, _ = step_graph.closure(model.name, step_graph.of_models({**models, model.name: model}))
     closure = [models.get(n, model) if n != model.name else model for n in reached]
@@ -1197,7 +1210,7 @@ def _check_pool_steps(model: TritonModel, models: Mapping[str, TritonModel], ide
     so that its memory is declared and its settings are the pool's."""
     if model.spec.pool is None or not model.spec.is_ensemble:
         return []
-    err = _Collector(ident)
+    err = Collector(ident)
     reached, _ = step_graph.closure(model.name, step_graph.of_models({**models, model.name: model}))
     for name in reached:
         step = models.get(name)
@@ -1221,7 +1234,7 @@ def fetched_sources(spec: TritonModelSpec) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def _check_credentials(model: TritonModel, closure: Sequence[TritonModel], err: _Collector) -> None:
+def _check_credentials(model: TritonModel, closure: Sequence[TritonModel], err: Collector) -> None:
     """One replica's fetch step fetches every uri source of its closure with one environment: a credentialsSecret
     of an s3:// source sets AWS_* there (a source without one would use them too, boto3 prefers them to ambient
     credentials), one of a gs:// source mounts key.json at one path and names it in GOOGLE_APPLICATION_CREDENTIALS.

@@ -1,0 +1,121 @@
+"""Validation of TritonPools and of the models placed on them (issue 29), pure: (pool, models) -> [FieldError].
+
+- `check_pool`: a pool alone: its capacity (one of memoryPerGpu with gpus, or memoryPerReplica without), and the
+  rules of its spec.server that a TritonModel's server meets (`validate.rules.check_server`);
+- `check_pool_fit`: a pooled model, with every step its ensemble reaches, larger than one replica of its pool is
+  refused, naming spec.memory (an ensemble: spec.pool) and the figures;
+- `pool_change_problems`: a pool change that would strand placed models (a replica would hold less than is placed
+  on one, fewer replicas than a model has copies, less room in all than is placed) is refused, naming the field.
+  The placements are what the models' statuses record (`status.placement`); the operator never moves a model that is
+  serving, so it cannot make room by itself.
+
+`validate.check_documents` runs the first two on the documents given to `triton-operator render` and `validate`.
+The webhook (next step of issue 29) runs them against the pools and models of the namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..api.pool import TritonPool, closure_bytes, format_bytes
+from ..api.v1alpha1 import TritonModel
+from .errors import FieldError
+from .rules import Collector, check_server
+
+#: How a TritonPool is named in field errors.
+POOL_IDENT = "TritonPool/{}"
+#: The rule id of `pool_change_problems`' errors (a change between two objects: no corpus spec shows one alone).
+POOL_CHANGE = "pool-change"
+
+
+def capacity_problem(pool: TritonPool) -> tuple[str, str] | None:
+    """(field path, message) when the pool's capacity is not one of its two forms, matching its gpus."""
+    c, gpus = pool.spec.capacity, pool.spec.server.gpus or 0
+    if (c.memory_per_gpu is None) == (c.memory_per_replica is None):
+        return "spec.capacity", "set exactly one of memoryPerGpu (a GPU pool) or memoryPerReplica (a CPU pool)"
+    if c.memory_per_gpu is not None and gpus < 1:
+        return ("spec.capacity.memoryPerGpu",
+                "capacity.memoryPerGpu needs server.gpus >= 1 (a replica holds memoryPerGpu times gpus)")
+    if c.memory_per_replica is not None and gpus > 0:
+        return ("spec.capacity.memoryPerReplica",
+                "capacity.memoryPerReplica is for CPU pools: with server.gpus, set capacity.memoryPerGpu")
+    return None
+
+
+def check_pool(pool: TritonPool, ident: str) -> list[FieldError]:
+    err = Collector(ident)
+    problem = capacity_problem(pool)
+    if problem is not None:
+        err("pool-spec", *problem)
+    err.errors.extend(check_server(pool.spec.server, ident))
+    return err.errors
+
+
+def check_pool_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:
+    """Each model on `pool` (among `models`, with the steps they reach) that no replica of it could hold."""
+    if capacity_problem(pool) is not None:
+        return []  # check_pool says what is wrong with it
+    capacity = pool.spec.replica_bytes
+    by_name = {m.name: m for _, m in models}
+    errors: list[FieldError] = []
+    for ident, model in models:
+        if model.spec.pool != pool.name:
+            continue
+        closure = closure_bytes(model, by_name)
+        need = sum(closure.values())
+        if need <= capacity:
+            continue
+        err = Collector(ident)
+        steps = {n: b for n, b in closure.items() if n != model.name}
+        with_steps = f" with its steps ({', '.join(f'{n} {format_bytes(b)}' for n, b in sorted(steps.items()))})" if steps else ""
+        err("pool-capacity", "spec.pool" if model.spec.is_ensemble else "spec.memory",
+            f"a copy takes {format_bytes(need)}{with_steps}, more than a replica of pool {pool.name!r} holds "
+            f"({pool.spec.capacity_path} gives {format_bytes(capacity)}): it could be placed nowhere")
+        errors.extend(err.errors)
+    return errors
+
+
+def _replica_use(models: Mapping[str, TritonModel], placements: Mapping[str, Sequence[str]]) -> dict[str, dict[str, int]]:
+    """Per replica, the models its placed copies load (closures) and their bytes."""
+    use: dict[str, dict[str, int]] = {}
+    for name, replicas in placements.items():
+        model = models.get(name)
+        if model is None:
+            continue
+        closure = closure_bytes(model, models)
+        for replica in replicas:
+            use.setdefault(replica, {}).update(closure)
+    return use
+
+
+def pool_change_problems(pool: TritonPool, models: Sequence[TritonModel],
+                         placements: Mapping[str, Sequence[str]]) -> list[FieldError]:
+    """What the pool as changed (`pool`) would strand of the models placed on it: `models` are the namespace's (the
+    pool's and their steps), `placements` each pooled model's status.placement (replica pod names)."""
+    ident = POOL_IDENT.format(pool.name)
+    problem = capacity_problem(pool)
+    if problem is not None:
+        return [FieldError(ident, problem[0], problem[1], "pool-spec")]
+    by_name = {m.name: m for m in models}
+    on_pool = {n: r for n, r in placements.items() if n in by_name and by_name[n].spec.pool == pool.name and r}
+    capacity, where = pool.spec.replica_bytes, pool.spec.capacity_path
+    errors = []
+    use = _replica_use(by_name, on_pool)
+    for replica, loaded in sorted(use.items()):
+        held = sum(loaded.values())
+        if held > capacity:
+            errors.append(FieldError(ident, where, (
+                f"would strand placed models: replica {replica} holds {format_bytes(held)} of them ({', '.join(sorted(loaded))}), "
+                f"more than the {format_bytes(capacity)} a replica would hold; the operator never moves a serving model: "
+                "lower those models' replicas or delete them first"), POOL_CHANGE))
+    for name, replicas in sorted(on_pool.items()):
+        if len(replicas) > pool.spec.replicas:
+            errors.append(FieldError(ident, "spec.replicas", (
+                f"would strand placed models: {name} has {len(replicas)} copies on distinct replicas, more than "
+                f"{pool.spec.replicas} replicas; lower its replicas first"), POOL_CHANGE))
+    total = sum(sum(loaded.values()) for loaded in use.values())
+    if total > pool.spec.replicas * capacity:
+        errors.append(FieldError(ident, "spec.replicas", (
+            f"would strand placed models: they take {format_bytes(total)} in all, more than {pool.spec.replicas} replicas of "
+            f"{format_bytes(capacity)} hold"), POOL_CHANGE))
+    return errors
