@@ -23,9 +23,10 @@ KEYS = RepositoryKeys(b"golden-master-key-of-32-bytes-ok")
 
 
 def _examples() -> list[TritonModel]:
+    """Every example model with a Deployment of its own (pooled ones: tests/test_render_pool.py)."""
     loaded = check_documents(load_paths([ROOT / "examples"]))
     assert not loaded.errors, [str(e) for e in loaded.errors]
-    return [m for _, m in loaded.models]
+    return [m for _, m in loaded.models if m.spec.pool is None]
 
 
 def _gate_flipped(model: TritonModel) -> TritonModel:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import steps as step_graph
 from .v1alpha1 import (
+    GROUP,
     INT32_MAX,
     JSON_INT_MAX,
     MODEL_NAME_RULE,
@@ -34,6 +35,11 @@ POOL_SHORT_NAMES = ["tpool"]
 #: The most replicas a pool has: a pooled model's EndpointSlice lists each replica once, and one slice holds at
 #: most 1000 endpoints (so one slice per model and address family always suffices).
 MAX_POOL_REPLICAS = 1000
+#: The `endpointslice.kubernetes.io/managed-by` value of every EndpointSlice the operator writes for a pooled model
+#: (values ending in `k8s.io` are Kubernetes' own controllers', KEP-4770).
+ENDPOINTSLICE_MANAGER = f"triton-operator.{GROUP}"
+#: The label every pool replica and every pooled model's Service carries: the pool's name.
+LABEL_POOL = f"{GROUP}/pool"
 POOL_NAME_RULE = MODEL_NAME_RULE.replace("the model's Service and labels its pods", "the pool's Deployment and "
                                          "labels its pods")
 

@@ -94,15 +94,24 @@ def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None) 
 
     from ..render.kubernetes import Options, RepositoryTooLarge, render_children
     from ..render.modelconfig import render_repository
+    from ..render.pool import render_model_service, render_pool_deployment
 
     models = [m for _, m in loaded.models]
     rendered = render_repository(models)  # as the operator renders: no --cpu, replicas' /models
     options = Options(operator_image=operator_image) if operator_image else Options()
     docs = []
+    for _, pool in loaded.pools:
+        uid = str(pool.metadata.model_extra.get("uid") or "") if pool.metadata.model_extra else ""
+        docs.append(render_pool_deployment(pool, uid, namespace or pool.metadata.namespace or "default", options))
+        if not uid:
+            del docs[-1]["metadata"]["ownerReferences"]
     for m in models:
         uid = str(m.metadata.model_extra.get("uid") or "") if m.metadata.model_extra else ""
+        ns = namespace or m.metadata.namespace or "default"
         try:
-            children = render_children(m, rendered, uid, namespace or m.metadata.namespace or "default", options)
+            # A pooled model runs on its pool's replicas: its own objects are its selectorless Service (the operator
+            # writes its EndpointSlices as it loads it).
+            children = [render_model_service(m, uid, ns)] if m.spec.pool else render_children(m, rendered, uid, ns, options)
         except RepositoryTooLarge as exc:
             raise CliError(f"TritonModel/{m.name}: {exc}") from exc
         for child in children:

@@ -73,7 +73,7 @@ every model), and the Deployment's rollout and the pool's PodDisruptionBudget co
   Source: the EndpointSlice API KEP, "Additional EndpointSlice Controllers" (kubernetes/enhancements,
   keps/sig-network/0752-endpointslices, first 20190603-EndpointSlice-API.md): the label was added so that other
   controllers can manage slices without the built-in one deleting or changing them. KEP-4770 reserves values ending
-  in `k8s.io` for Kubernetes' own controllers, so ours is `ENDPOINTSLICE_MANAGER`, under our API group.
+  in `k8s.io` for Kubernetes' own controllers, so ours is `api.pool.ENDPOINTSLICE_MANAGER`, under our API group.
 - The EndpointSliceMirroring controller mirrors an Endpoints object of a selectorless Service into slices of its own
   (managed-by `endpointslicemirroring-controller.k8s.io`, `kubernetes.io/service-name` set, owned by the Endpoints;
   the same KEP's "EndpointSliceMirroring Controller" and kubernetes/pkg/controller/endpointslicemirroring). It acts
@@ -101,8 +101,6 @@ from dataclasses import dataclass, field
 from ..api.pool import TritonPool, closure_bytes, format_bytes
 from ..api.v1alpha1 import TritonModel
 
-#: The managed-by label's value on every EndpointSlice the operator writes (`render.pool`).
-ENDPOINTSLICE_MANAGER = "triton-operator.serving.triton-operator.dev"
 #: The condition reason of a pooled model with copies that fit no replica.
 INSUFFICIENT_CAPACITY = "InsufficientPoolCapacity"
 

@@ -366,7 +366,12 @@ def _user_env(server: Server) -> dict[str, Any]:
 
 def _pod_settings(model: TritonModel) -> dict[str, Any]:
     """The pod spec's fields that spec.server sets as they are: identity, pull secrets, priority, spreading."""
-    server = model.spec.server
+    return pod_settings(model.spec.server, selector(model))
+
+
+def pod_settings(server: Server, own: Mapping[str, str]) -> dict[str, Any]:
+    """The pod spec's fields that a server sets as they are; a spread constraint without labelSelector counts the
+    pods `own` selects (a model's replicas, a pool's)."""
     out: dict[str, Any] = {"automountServiceAccountToken": server.automount_service_account_token}
     if server.service_account_name:
         out["serviceAccountName"] = server.service_account_name
@@ -377,7 +382,7 @@ def _pod_settings(model: TritonModel) -> dict[str, Any]:
     if server.topology_spread_constraints:
         out["topologySpreadConstraints"] = [
             {**c.model_dump(by_alias=True, exclude_none=True),
-             "labelSelector": c.label_selector if c.label_selector is not None else {"matchLabels": selector(model)}}
+             "labelSelector": c.label_selector if c.label_selector is not None else {"matchLabels": dict(own)}}
             for c in server.topology_spread_constraints]
     return out
 
@@ -522,13 +527,18 @@ def _probe_container(model: TritonModel, repository: Repository, options: Option
     statistics; with the Python backend, its stubs): a break fails the held probe at once, and the operator heals
     the replica (issue 33; see triton_operator.triton.probe)."""
     served = [model.triton_name, *(r.model.triton_name for r in repository.steps)]
+    return probe_container(served, model.spec.warmup_gate.failed_request_threshold, options)
+
+
+def probe_container(served: Iterable[str], fail_threshold: int, options: Options) -> dict[str, Any]:
+    """The `probe` container watching the Triton models `served` (none: tritonserver alone)."""
     return {
         "name": PROBE_CONTAINER,
         "image": options.operator_image,
         "args": ["probe", "--listen", f":{PROBE_PORT}", "--target", f"127.0.0.1:{HTTP_PORT}",
                  "--hold", str(options.probe_hold_seconds), "--gate-settle", f"{options.probe_gate_settle_seconds:g}",
                  "--head-start", f"{options.probe_head_start_seconds:g}", "--repository", REPO_DIR,
-                 "--fail-threshold", str(model.spec.warmup_gate.failed_request_threshold),
+                 "--fail-threshold", str(fail_threshold),
                  *(arg for name in served for arg in ("--model", name))],
         "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},

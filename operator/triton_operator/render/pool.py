@@ -1,0 +1,255 @@
+"""Pure rendering of a TritonPool's children and of its pooled models' traffic objects (issue 29; the design is
+`plan.placement`'s docstring):
+
+- `render_pool_deployment`: the pool's replicas, tritonserver in explicit model control with no model at start
+  (no `--load-model`), its repository API restricted to the pool's key as a model's own replicas' is
+  (`render.repository_key`), and the `probe` sidecar holding the kubelet's readiness probe until tritonserver
+  answers. No readiness gate: a pool pod's readiness says its tritonserver is up, nothing per model.
+- `render_model_service`: a pooled model's Service, with no selector, so that only the operator's EndpointSlices
+  route to it.
+- `render_endpoint_slices`: a pooled model's EndpointSlices, from its placement, each replica's pod (IP, Ready,
+  terminating) and the replicas where the model is READY at the desired digest and warm (the gate's verdict).
+
+No client, no I/O: the controller applies what these return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..api.kinds import LABEL_MODEL, OWNED
+from ..api.pod import GRPC_PORT, HTTP_PORT, METRICS_PORT, PROBE_PORT, TRITON_CONTAINER
+from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, TritonPool
+from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
+from .kubernetes import (
+    CONTAINER_SECURITY,
+    REPO_DIR,
+    RUN_AS,
+    TMP_DIR,
+    Options,
+    _shm,
+    _tolerations,
+    _triton_resources,
+    _user_env,
+    exit_timeout,
+    pod_settings,
+    probe_container,
+)
+from .repository_key import key_env, restriction_args, secret_name
+
+#: The label Kubernetes' proxies and DNS select a Service's EndpointSlices by.
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+#: The label that says which controller manages an EndpointSlice (the built-in ones leave others' alone).
+LABEL_SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+#: The ports a pooled model's Service and slices carry: Triton's HTTP and gRPC (metrics are per server, not per model).
+MODEL_PORTS = (("http", HTTP_PORT), ("grpc", GRPC_PORT))
+
+
+def pool_labels(pool: TritonPool) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "triton", "app.kubernetes.io/instance": pool.name, **OWNED, LABEL_POOL: pool.name}
+
+
+def pool_selector(pool: TritonPool) -> dict[str, str]:
+    return {LABEL_POOL: pool.name}
+
+
+def pool_owner_reference(pool: TritonPool, uid: str) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": POOL_KIND, "name": pool.name, "uid": uid, "controller": True,
+            "blockOwnerDeletion": True}
+
+
+def pool_key_secret_name(pool: TritonPool, key: str | None) -> str:
+    """The Secret holding the pool's repository key: named apart from a model's of the same name."""
+    return secret_name(f"{pool.name}-pool", key)
+
+
+def _pool_server_args(server: Server, options: Options) -> list[str]:
+    return [
+        f"--model-repository={REPO_DIR}",
+        "--model-control-mode=explicit",  # and no --load-model: the operator loads each placed model
+        # Triton's server readiness is 400 while any model is LOADING: one model's load would take every other model
+        # on the replica out. Readiness is per model here, in each model's EndpointSlice.
+        "--strict-readiness=false",
+        "--exit-on-error=false",
+        f"--exit-timeout-secs={options.exit_timeout_seconds}",
+        f"--http-port={HTTP_PORT}",
+        f"--grpc-port={GRPC_PORT}",
+        f"--metrics-port={METRICS_PORT}",
+        *restriction_args(),
+        # One cache for every pooled model with responseCache (Triton's is per server).
+        f"--cache-config=local,size={quantity_bytes(server.cache_size)}",
+        *(server.args or ()),
+    ]
+
+
+def _pool_triton_container(pool: TritonPool, key_secret: str, options: Options) -> dict[str, Any]:
+    server = pool.spec.server
+    user_env = _user_env(server)
+    triton: dict[str, Any] = {
+        "name": TRITON_CONTAINER,
+        "image": server.image,
+        "command": ["tritonserver"],
+        "args": _pool_server_args(server, options),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *user_env.get("env", ())],
+        **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
+        "volumeMounts": [
+            # What the `fetch` sidecar writes on request (uri models); inline models come in the load request.
+            {"name": "models", "mountPath": REPO_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": TMP_DIR},
+            _shm(server)[1],
+        ],
+        "securityContext": dict(CONTAINER_SECURITY),
+        # The probe sidecar holds the readiness probe until tritonserver answers (it opens its ports at once: no
+        # model at start), and fails it at once when it stops answering.
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": PROBE_PORT}, "periodSeconds": 1,
+                           "timeoutSeconds": options.probe_hold_seconds + 2, "failureThreshold": 1},
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
+                          "failureThreshold": 3},
+        "lifecycle": {"preStop": {"sleep": {"seconds": options.pre_stop_sleep_seconds}}},
+    }
+    resources = _triton_resources(server, server.gpus or 0)
+    if resources:
+        triton["resources"] = resources
+    return triton
+
+
+def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], options: Options) -> dict[str, Any]:
+    server = pool.spec.server
+    grace = (options.pre_stop_sleep_seconds + exit_timeout(triton["args"], options.exit_timeout_seconds)
+             + options.termination_margin_seconds)
+    spec: dict[str, Any] = {
+        # The probe watches tritonserver alone: which models a replica serves changes without a restart.
+        "containers": [triton, probe_container((), 0, options)],
+        # The probe sees the Python backend's stubs in the pod's shared process namespace.
+        "shareProcessNamespace": True,
+        "volumes": [
+            {"name": "models", "emptyDir": {"sizeLimit": server.repository_size_limit}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": server.tmp_size_limit}},
+            _shm(server)[0],
+        ],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": grace,
+        **pod_settings(server, pool_selector(pool)),
+    }
+    if server.node_selector:
+        spec["nodeSelector"] = dict(server.node_selector)
+    tolerations = _tolerations(server, server.gpus or 0)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if server.affinity:
+        spec["affinity"] = dict(server.affinity)
+    return spec
+
+
+def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: Options | None = None) -> dict[str, Any]:
+    """The pool's Deployment: `spec.replicas` tritonservers with no model, waiting for the operator's loads."""
+    options = options if options is not None else Options()
+    keys = options.repository_keys
+    key = keys.key(namespace, f"{pool.name}-pool", uid) if keys is not None else None
+    triton = _pool_triton_container(pool, pool_key_secret_name(pool, key), options)
+    labels = {**(pool.spec.server.pod_labels or {}), **pool_labels(pool)}
+    annotations = {**(pool.spec.server.pod_annotations or {}),
+                   "kubectl.kubernetes.io/default-container": TRITON_CONTAINER}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": pool.name, "namespace": namespace, "labels": pool_labels(pool),
+                     "ownerReferences": [pool_owner_reference(pool, uid)]},
+        "spec": {
+            "replicas": pool.spec.replicas,
+            "selector": {"matchLabels": pool_selector(pool)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": labels, "annotations": annotations},
+                         "spec": _pool_pod_spec(pool, triton, options)},
+        },
+    }
+
+
+def _model_meta(model: TritonModel, name: str, uid: str, namespace: str) -> dict[str, Any]:
+    assert model.spec.pool is not None
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/name": "triton", "app.kubernetes.io/instance": model.name, **OWNED,
+                   LABEL_MODEL: model.name, LABEL_POOL: model.spec.pool},
+        "ownerReferences": [{"apiVersion": API_VERSION, "kind": KIND, "name": model.name, "uid": uid,
+                             "controller": True, "blockOwnerDeletion": True}],
+    }
+
+
+def render_model_service(model: TritonModel, uid: str, namespace: str) -> dict[str, Any]:
+    """A pooled model's Service: no selector, so Kubernetes' EndpointSlice controller leaves it to the operator's
+    slices. Clients call `<model>.<namespace>.svc:8000` as they would a model's own Service."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _model_meta(model, model.name, uid, namespace),
+        "spec": {"ports": [{"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
+                           for name, port in MODEL_PORTS]},
+    }
+
+
+@dataclass(frozen=True)
+class ReplicaPod:
+    """What a pooled model's slice needs of a pool replica's pod."""
+
+    name: str
+    uid: str
+    ip: str | None  # status.podIP: none yet, no endpoint
+    node: str | None
+    ready: bool  # the pod's Ready condition
+    terminating: bool  # metadata.deletionTimestamp is set
+
+
+def _endpoint(pod: ReplicaPod, namespace: str, serves: bool) -> dict[str, Any]:
+    endpoint: dict[str, Any] = {
+        "addresses": [pod.ip],
+        "conditions": {
+            # As Kubernetes' own controller sets them for a pod, with the model's verdict beside the pod's Ready.
+            "ready": pod.ready and serves and not pod.terminating,
+            "serving": pod.ready and serves,
+            "terminating": pod.terminating,
+        },
+        "targetRef": {"kind": "Pod", "namespace": namespace, "name": pod.name, "uid": pod.uid},
+    }
+    if pod.node:
+        endpoint["nodeName"] = pod.node
+    return endpoint
+
+
+def render_endpoint_slices(model: TritonModel, uid: str, namespace: str, placement: Sequence[str],
+                           pods: Mapping[str, ReplicaPod], serving: Collection[str]) -> list[dict[str, Any]]:
+    """A pooled model's EndpointSlices: one endpoint per replica of its `placement` (pod names) that has an IP, in
+    placement order, ready only where its pod is Ready and not terminating and the replica is in `serving` (the
+    model, and every step it loads, READY there at the desired digest, warm-up done). One slice per address family
+    (`<model>-ipv4`, `<model>-ipv6`); the IPv4 one is there even empty."""
+    by_family: dict[str, list[dict[str, Any]]] = {"IPv4": []}
+    seen: set[str] = set()
+    for name in placement:
+        pod = pods.get(name)
+        if pod is None or pod.ip is None or name in seen:
+            continue
+        seen.add(name)
+        by_family.setdefault("IPv6" if ":" in pod.ip else "IPv4", []).append(
+            _endpoint(pod, namespace, name in serving))
+    slices = []
+    for family, endpoints in by_family.items():
+        meta = _model_meta(model, f"{model.name}-{family.lower()}", uid, namespace)
+        meta["labels"] |= {LABEL_SERVICE_NAME: model.name, LABEL_SLICE_MANAGED_BY: ENDPOINTSLICE_MANAGER}
+        slices.append({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": meta,
+            "addressType": family,
+            "ports": [{"name": name, "port": port, "protocol": "TCP"} for name, port in MODEL_PORTS],
+            "endpoints": endpoints,
+        })
+    return slices

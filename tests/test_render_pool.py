@@ -1,0 +1,135 @@
+"""A pool's objects (`render.pool`, issue 29), byte for byte and by what they must say: the pool's Deployment of
+examples/pool.yaml (as written, and with a repository master key), each pooled model's selectorless Service, and
+their EndpointSlices for one placement of the example on three replicas, some not Ready, one terminating, some not
+serving a model yet, equal to tests/golden/pool.json. A change that means to alter them regenerates the file
+(`.venv/bin/python -m tests.test_render_pool`) and the diff shows what changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from triton_operator.api.pool import ENDPOINTSLICE_MANAGER, TritonPool
+from triton_operator.api.v1alpha1 import TritonModel
+from triton_operator.files import load_paths
+from triton_operator.plan.placement import PoolReplica, place
+from triton_operator.render.kubernetes import Options
+from triton_operator.render.pool import ReplicaPod, render_endpoint_slices, render_model_service, render_pool_deployment
+from triton_operator.render.repository_key import RepositoryKeys
+from triton_operator.validate import check_documents
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden" / "pool.json"
+UID = "00000000-0000-0000-0000-0000000000c2"
+KEYS = RepositoryKeys(b"golden-master-key-of-32-bytes-ok")
+REPLICAS = [PoolReplica("shared-a", "node-0"), PoolReplica("shared-b", "node-0"), PoolReplica("shared-c", "node-1")]
+PODS = {
+    "shared-a": ReplicaPod("shared-a", "uid-a", "198.18.200.10", "node-0", ready=True, terminating=False),
+    "shared-b": ReplicaPod("shared-b", "uid-b", "198.18.200.11", "node-0", ready=False, terminating=False),
+    "shared-c": ReplicaPod("shared-c", "uid-c", "198.18.201.10", "node-1", ready=True, terminating=True),
+}
+
+
+def _example() -> tuple[TritonPool, list[TritonModel]]:
+    loaded = check_documents(load_paths([ROOT / "examples" / "pool.yaml"]))
+    assert not loaded.errors, [str(e) for e in loaded.errors]
+    ((_, pool),) = loaded.pools
+    return pool, [m for _, m in loaded.models]
+
+
+def rendered() -> dict[str, Any]:
+    pool, models = _example()
+    placement = place(pool, REPLICAS, models, {})
+    out: dict[str, Any] = {
+        "deployment": render_pool_deployment(pool, UID, "golden"),
+        "deployment-keys": render_pool_deployment(pool, UID, "golden", Options(repository_keys=KEYS)),
+        "placement": {name: list(where) for name, where in placement.copies.items()},
+    }
+    for m in sorted(models, key=lambda m: m.name):
+        where = placement.copies[m.name]
+        serving = where[:1]  # the first copy serves, the others are still loading
+        out[f"service/{m.name}"] = render_model_service(m, UID, "golden")
+        out[f"slices/{m.name}"] = render_endpoint_slices(m, UID, "golden", where, PODS, serving)
+    return out
+
+
+def _text(objects: dict[str, Any]) -> str:
+    return json.dumps(objects, indent=1) + "\n"
+
+
+def test_the_pool_example_renders_as_before() -> None:
+    objects = rendered()
+    golden = json.loads(GOLDEN.read_text())
+    assert sorted(objects) == sorted(golden), "the same objects as the golden file"
+    for key, value in objects.items():
+        assert value == golden[key], f"{key}: differs from tests/golden/pool.json"
+    assert _text(objects) == GOLDEN.read_text(), "byte for byte, key order included"
+
+
+def test_a_pool_replica_starts_tritonserver_with_no_model_in_explicit_mode() -> None:
+    pool, _ = _example()
+    deployment = render_pool_deployment(pool, UID, "ns")
+    spec = deployment["spec"]["template"]["spec"]
+    triton, probe = spec["containers"]
+    args = triton["args"]
+    assert "--model-control-mode=explicit" in args and not any(a.startswith("--load-model") for a in args)
+    assert "--strict-readiness=false" in args, "one model loading must not make the replica unready for the others"
+    assert any(a.startswith("--http-restricted-api=model-repository:") for a in args), "the repository API is keyed"
+    assert "readinessGates" not in spec, "readiness is per model, in the slices"
+    assert probe["name"] == "probe" and "--model" not in probe["args"]
+    assert deployment["spec"]["replicas"] == 3 and deployment["spec"]["selector"]["matchLabels"] == {
+        "serving.triton-operator.dev/pool": "shared"}
+    assert triton["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}
+
+
+def test_a_pooled_models_service_has_no_selector() -> None:
+    _, models = _example()
+    service = render_model_service(models[0], UID, "ns")
+    assert "selector" not in service["spec"]
+    assert [p["port"] for p in service["spec"]["ports"]] == [8000, 8001]
+
+
+def _model(name: str = "pool-scale") -> TritonModel:
+    _, models = _example()
+    (m,) = [m for m in models if m.name == name]
+    return m
+
+
+def _conditions(slices: list[dict[str, Any]]) -> dict[str, dict[str, bool]]:
+    return {e["targetRef"]["name"]: e["conditions"] for s in slices for e in s["endpoints"]}
+
+
+def test_an_endpoint_is_ready_only_where_the_pod_is_ready_and_the_model_serves() -> None:
+    where = ["shared-a", "shared-b", "shared-c"]
+    slices = render_endpoint_slices(_model(), UID, "ns", where, PODS, serving={"shared-a", "shared-b", "shared-c"})
+    assert _conditions(slices) == {
+        "shared-a": {"ready": True, "serving": True, "terminating": False},
+        "shared-b": {"ready": False, "serving": False, "terminating": False},  # pod not Ready
+        "shared-c": {"ready": False, "serving": True, "terminating": True},  # being deleted
+    }
+    slices = render_endpoint_slices(_model(), UID, "ns", where, PODS, serving=set())
+    assert not any(c["ready"] or c["serving"] for c in _conditions(slices).values()), "not READY at the digest yet"
+
+
+def test_slices_are_the_operators_and_name_their_service() -> None:
+    (only,) = render_endpoint_slices(_model(), UID, "ns", [], PODS, serving=())
+    labels = only["metadata"]["labels"]
+    assert labels["kubernetes.io/service-name"] == "pool-scale"
+    assert labels["endpointslice.kubernetes.io/managed-by"] == ENDPOINTSLICE_MANAGER
+    assert not ENDPOINTSLICE_MANAGER.endswith("k8s.io"), "Kubernetes' own controllers' values end in k8s.io"
+    assert only["metadata"]["name"] == "pool-scale-ipv4" and only["endpoints"] == [], "an empty slice, not none"
+    assert only["metadata"]["ownerReferences"][0]["kind"] == "TritonModel"
+
+
+def test_a_replica_without_an_address_is_left_out_and_ipv6_gets_its_own_slice() -> None:
+    pods = {**PODS, "v6": ReplicaPod("v6", "uid-6", "fd00::6", "node-1", ready=True, terminating=False),
+            "new": ReplicaPod("new", "uid-n", None, None, ready=False, terminating=False)}
+    slices = render_endpoint_slices(_model(), UID, "ns", ["shared-a", "v6", "new", "gone"], pods, serving={"v6"})
+    assert [(s["addressType"], [e["addresses"] for e in s["endpoints"]]) for s in slices] == [
+        ("IPv4", [["198.18.200.10"]]), ("IPv6", [["fd00::6"]])]
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(_text(rendered()))
+    print(f"wrote {GOLDEN}")
