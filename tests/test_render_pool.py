@@ -15,7 +15,13 @@ from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths
 from triton_operator.plan.placement import PoolReplica, place
 from triton_operator.render.kubernetes import Options
-from triton_operator.render.pool import ReplicaPod, render_endpoint_slices, render_model_service, render_pool_deployment
+from triton_operator.render.pool import (
+    ReplicaPod,
+    render_endpoint_slices,
+    render_model_service,
+    render_pool_children,
+    render_pool_deployment,
+)
 from triton_operator.render.repository_key import RepositoryKeys
 from triton_operator.validate import check_documents
 
@@ -42,7 +48,7 @@ def rendered() -> dict[str, Any]:
     pool, models = _example()
     placement = place(pool, REPLICAS, models, {})
     out: dict[str, Any] = {
-        "deployment": render_pool_deployment(pool, UID, "golden"),
+        "children": render_pool_children(pool, UID, "golden"),
         "deployment-keys": render_pool_deployment(pool, UID, "golden", Options(repository_keys=KEYS)),
         "placement": {name: list(where) for name, where in placement.copies.items()},
     }
@@ -78,6 +84,7 @@ def test_a_pool_replica_starts_tritonserver_with_no_model_in_explicit_mode() -> 
     assert any(a.startswith("--http-restricted-api=model-repository:") for a in args), "the repository API is keyed"
     assert "readinessGates" not in spec, "readiness is per model, in the slices"
     assert probe["name"] == "probe" and "--model" not in probe["args"]
+    assert deployment["metadata"]["name"] == "shared-pool", "apart from a TritonModel's Deployment named shared"
     assert deployment["spec"]["replicas"] == 3 and deployment["spec"]["selector"]["matchLabels"] == {
         "serving.triton-operator.dev/pool": "shared"}
     assert triton["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}
@@ -128,6 +135,21 @@ def test_a_replica_without_an_address_is_left_out_and_ipv6_gets_its_own_slice() 
     slices = render_endpoint_slices(_model(), UID, "ns", ["shared-a", "v6", "new", "gone"], pods, serving={"v6"})
     assert [(s["addressType"], [e["addresses"] for e in s["endpoints"]]) for s in slices] == [
         ("IPv4", [["198.18.200.10"]]), ("IPv6", [["fd00::6"]])]
+
+
+def test_a_replica_pod_is_read_from_the_pod_object() -> None:
+    pod = {"metadata": {"name": "shared-a", "uid": "u", "deletionTimestamp": "2026-11-26T14:00:00Z"},
+           "spec": {"nodeName": "node-0"},
+           "status": {"podIP": "198.18.200.10", "conditions": [{"type": "Ready", "status": "True"}]}}
+    assert ReplicaPod.of(pod) == ReplicaPod("shared-a", "u", "198.18.200.10", "node-0", ready=True, terminating=True)
+    assert ReplicaPod.of({"metadata": {"name": "p"}}) == ReplicaPod("p", "", None, None, ready=False, terminating=False)
+
+
+def test_a_pool_of_several_replicas_has_a_disruption_budget_of_one() -> None:
+    pool, _ = _example()
+    deployment, pdb = render_pool_children(pool, UID, "ns")
+    assert pdb["kind"] == "PodDisruptionBudget" and pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None) 
 
     from ..render.kubernetes import Options, RepositoryTooLarge, render_children
     from ..render.modelconfig import render_repository
-    from ..render.pool import render_model_service, render_pool_deployment
+    from ..render.pool import render_model_service, render_pool_children
 
     models = [m for _, m in loaded.models]
     rendered = render_repository(models)  # as the operator renders: no --cpu, replicas' /models
@@ -102,9 +102,10 @@ def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None) 
     docs = []
     for _, pool in loaded.pools:
         uid = str(pool.metadata.model_extra.get("uid") or "") if pool.metadata.model_extra else ""
-        docs.append(render_pool_deployment(pool, uid, namespace or pool.metadata.namespace or "default", options))
-        if not uid:
-            del docs[-1]["metadata"]["ownerReferences"]
+        for child in render_pool_children(pool, uid, namespace or pool.metadata.namespace or "default", options):
+            if not uid:
+                del child["metadata"]["ownerReferences"]
+            docs.append(child)
     for m in models:
         uid = str(m.metadata.model_extra.get("uid") or "") if m.metadata.model_extra else ""
         ns = namespace or m.metadata.namespace or "default"

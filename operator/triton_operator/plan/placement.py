@@ -11,8 +11,12 @@ is READY there at the desired config digest and warm.
 
 # How a pool replica runs
 
-- One Deployment per pool (`render.pool.render_pool_deployment`). Its pods are the pool's replicas; a replica is
-  named by its pod, the name placements record. tritonserver runs `--model-control-mode=explicit` with no
+- One Deployment per pool, `<pool>-pool` (`render.pool.render_pool_deployment`; the suffix keeps it apart from a
+  TritonModel's own Deployment of the same name), and a PodDisruptionBudget of one with more than one replica: each
+  replica carries copies of many models. Its pods are the pool's replicas; a replica is named by its pod, the name
+  placements record. A pod that goes (node lost, scale-down, a new pod template) takes its copies with it, and they
+  are placed again on the replicas left. Which pod a scale-down removes is the ReplicaSet's choice; the operator
+  can steer it to the emptiest replica with `controller.kubernetes.io/pod-deletion-cost` (next session). tritonserver runs `--model-control-mode=explicit` with no
   `--load-model`: it starts with no model and opens its ports at once. Models come and go through the repository
   API (load, unload), so adding, updating or removing one model never restarts a replica or touches the others.
 - `--exit-on-error=false` (a model that fails to load does not take the server with it) and

@@ -60,6 +60,11 @@ def pool_owner_reference(pool: TritonPool, uid: str) -> dict[str, Any]:
             "blockOwnerDeletion": True}
 
 
+def pool_deployment_name(pool: TritonPool) -> str:
+    """The pool's Deployment: `<pool>-pool`, apart from a TritonModel's own Deployment of the pool's name."""
+    return f"{pool.name}-pool"
+
+
 def pool_key_secret_name(pool: TritonPool, key: str | None) -> str:
     """The Secret holding the pool's repository key: named apart from a model's of the same name."""
     return secret_name(f"{pool.name}-pool", key)
@@ -149,6 +154,30 @@ def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], options: Options) -
     return spec
 
 
+def _pool_meta(pool: TritonPool, uid: str, namespace: str) -> dict[str, Any]:
+    return {"name": pool_deployment_name(pool), "namespace": namespace, "labels": pool_labels(pool),
+            "ownerReferences": [pool_owner_reference(pool, uid)]}
+
+
+def render_pool_pdb(pool: TritonPool, uid: str, namespace: str) -> dict[str, Any]:
+    """At most one replica of the pool down at a time to voluntary disruptions (a node drain): each carries copies
+    of many models."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _pool_meta(pool, uid, namespace),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pool_selector(pool)}},
+    }
+
+
+def render_pool_children(pool: TritonPool, uid: str, namespace: str, options: Options | None = None) -> list[dict[str, Any]]:
+    """The pool's children, in apply order: its Deployment, and its PodDisruptionBudget with more than one replica."""
+    children = [render_pool_deployment(pool, uid, namespace, options)]
+    if pool.spec.replicas > 1:
+        children.append(render_pool_pdb(pool, uid, namespace))
+    return children
+
+
 def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: Options | None = None) -> dict[str, Any]:
     """The pool's Deployment: `spec.replicas` tritonservers with no model, waiting for the operator's loads."""
     options = options if options is not None else Options()
@@ -161,8 +190,7 @@ def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: 
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": pool.name, "namespace": namespace, "labels": pool_labels(pool),
-                     "ownerReferences": [pool_owner_reference(pool, uid)]},
+        "metadata": _pool_meta(pool, uid, namespace),
         "spec": {
             "replicas": pool.spec.replicas,
             "selector": {"matchLabels": pool_selector(pool)},
@@ -207,6 +235,14 @@ class ReplicaPod:
     node: str | None
     ready: bool  # the pod's Ready condition
     terminating: bool  # metadata.deletionTimestamp is set
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> ReplicaPod:
+        """From a Pod object as the API server returns it."""
+        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+        return cls(str(meta.get("name")), str(meta.get("uid") or ""), status.get("podIP") or None,
+                   spec.get("nodeName") or None, ready, bool(meta.get("deletionTimestamp")))
 
 
 def _endpoint(pod: ReplicaPod, namespace: str, serves: bool) -> dict[str, Any]:
