@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from triton_operator.api.pool import ENDPOINTSLICE_MANAGER, TritonPool
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths
@@ -150,6 +153,32 @@ def test_a_pool_of_several_replicas_has_a_disruption_budget_of_one() -> None:
     deployment, pdb = render_pool_children(pool, UID, "ns")
     assert pdb["kind"] == "PodDisruptionBudget" and pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+@st.composite
+def _pods(draw: st.DrawFn) -> dict[str, ReplicaPod]:
+    names = draw(st.lists(st.sampled_from([f"p{i}" for i in range(6)]), unique=True))
+    return {n: ReplicaPod(n, f"uid-{n}", draw(st.sampled_from([None, f"198.18.200.{i}", f"fd00::{i}"])),
+                          draw(st.sampled_from([None, "node-0", "node-1"])), draw(st.booleans()), draw(st.booleans()))
+            for i, n in enumerate(names)}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(pods=_pods(), placement=st.lists(st.sampled_from([f"p{i}" for i in range(8)])),
+       serving=st.sets(st.sampled_from([f"p{i}" for i in range(8)])))
+def test_no_endpoint_is_ready_unless_its_pod_is_ready_and_the_model_serves_there(
+        pods: dict[str, ReplicaPod], placement: list[str], serving: set[str]) -> None:
+    """The gate audit, on the renderer: whatever the pods and verdicts, a ready endpoint is a placed replica whose pod
+    is Ready, not terminating, and where the model serves; every placed replica with an address is listed once."""
+    slices = render_endpoint_slices(_model(), UID, "ns", placement, pods, serving)
+    listed = [e["targetRef"]["name"] for s in slices for e in s["endpoints"]]
+    assert sorted(listed) == sorted({n for n in placement if n in pods and pods[n].ip})
+    for s in slices:
+        for e in s["endpoints"]:
+            pod = pods[e["targetRef"]["name"]]
+            assert e["addresses"] == [pod.ip] and (":" in pod.ip) == (s["addressType"] == "IPv6")
+            if e["conditions"]["ready"]:
+                assert pod.ready and not pod.terminating and pod.name in serving, e
 
 
 if __name__ == "__main__":
