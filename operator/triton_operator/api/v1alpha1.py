@@ -1504,7 +1504,8 @@ class TritonModelSpec(_Model):
             "again changes only this number. A step model clients reach only through ensembles needs no replicas "
             "of its own: the ensembles' replicas load it (and answer for it by name too). Its status then says so: "
             "Ready=True, reason ServedByEnsembles, and status.servedBy names the ensembles; with no ensemble "
-            "running it, the reason is ScaledToZero."
+            "running it, the reason is ScaledToZero. With pool: how many of the pool's replicas load the model "
+            "(its copies, each on a replica of its own)."
         ),
     )
     pool: ModelObjectNameStr | None = Field(
