@@ -9,6 +9,9 @@
   route to it.
 - `render_endpoint_slices`: a pooled model's EndpointSlices, from its placement, each replica's pod (IP, Ready,
   terminating) and the replicas where the model is READY at the desired digest and warm (the gate's verdict).
+- `load_request`: what loads an inline model into a pool replica with nothing of it on disk: its config as JSON and
+  its files as Triton's `file:<path>` load parameters (TRITON_NOTES.md, verified on 2.51; `tests/test_pool_load.py`
+  loads examples/pool.yaml so into a real tritonserver).
 
 No client, no I/O: the controller applies what these return.
 """
@@ -18,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from google.protobuf import json_format
 
 from ..api.kinds import LABEL_MODEL, OWNED
 from ..api.pod import GRPC_PORT, HTTP_PORT, METRICS_PORT, PROBE_PORT, TRITON_CONTAINER
@@ -37,6 +42,7 @@ from .kubernetes import (
     pod_settings,
     probe_container,
 )
+from .modelconfig import RenderedModel
 from .repository_key import key_env, restriction_args, secret_name
 
 #: The label Kubernetes' proxies and DNS select a Service's EndpointSlices by.
@@ -289,3 +295,29 @@ def render_endpoint_slices(model: TritonModel, uid: str, namespace: str, placeme
             "endpoints": endpoints,
         })
     return slices
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """One model's load into a pool replica through Triton's repository API, with nothing of it on the replica's disk:
+    Triton writes `files` into a directory of its own and loads `config` over them."""
+
+    name: str  # the Triton model name
+    config: str  # the model config as the JSON a load takes (the rendered config, digest parameter included)
+    files: Mapping[str, bytes]  # `file:<path under the model directory>` -> content
+
+
+def load_request(rendered: RenderedModel) -> LoadRequest:
+    """The load of a rendered model whose files are all inline (a uri source's files are fetched into the replica's
+    repository by its sidecar instead: ValueError). An ensemble's only file is the placeholder that makes its version
+    directory exist."""
+    model = rendered.model
+    fetched = [v for v, src in model.spec.version_sources.items() if src.uri is not None]
+    if fetched or (model.spec.model_files is not None and model.spec.model_files.uri is not None):
+        raise ValueError(f"TritonModel {model.name} has files at a uri: a pool replica's sidecar fetches them, they "
+                         "cannot go in the load request")
+    prefix, own_config = f"{rendered.name}/", f"{rendered.name}/config.pbtxt"
+    files = {f"file:{path.removeprefix(prefix)}": content for path, content in sorted(rendered.files.items())
+             if path.startswith(prefix) and path != own_config}
+    config = json_format.MessageToJson(rendered.config, preserving_proto_field_name=True, indent=None, sort_keys=True)
+    return LoadRequest(rendered.name, config, files)

@@ -1,0 +1,132 @@
+"""Loading pooled models into a pool replica (`render.pool.load_request`, issue 29), against a REAL tritonserver (2.51
+from the nvidia-pytriton wheel) started as a pool replica is: explicit model control, an empty repository, the
+repository API restricted to a key. An inline model loads from its config and `file:` parameters alone, and serves,
+with nothing written to the replica's disk; an ensemble's load over steps loaded so answers an error although the
+ensemble serves (Triton 2.51, pinned here), and answers none once its steps are in the replica's repository on
+disk; without the key, a load is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.triton_helpers import Served, load_models, serve, tensor
+from triton_operator.files import write_repository
+from triton_operator.render.modelconfig import RenderedModel, render_repository
+from triton_operator.render.pool import LoadRequest, load_request
+
+pytestmark = pytest.mark.triton
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "pool-test-key"
+
+
+def _models() -> tuple[dict[str, RenderedModel], dict[str, LoadRequest]]:
+    rendered = render_repository(load_models(ROOT / "examples" / "pool.yaml"))
+    return rendered, {name: load_request(r) for name, r in rendered.items()}
+
+
+def _load(replica: Served, req: LoadRequest, files: bool = True) -> None:
+    replica.client.load_model(req.name, config=req.config, files=dict(req.files) if files else None,
+                              headers=replica.headers)
+
+
+def test_an_inline_model_loads_from_its_request_alone(tmp_path: Path) -> None:
+    rendered, requests = _models()
+    assert set(requests["pool-scale"].files) == {"file:1/model.py"}
+    repo = tmp_path / "models"
+    repo.mkdir()  # the replica's `models` emptyDir: there, and empty
+    with serve([], repo, load=[], key=KEY) as replica:
+        replica.wait_for("tritonserver ready", replica.client.is_server_ready)
+        for name in ("pool-add-sub", "pool-scale"):
+            _load(replica, requests[name])
+            assert replica.client.is_model_ready(name), replica.why(f"{name} is not READY after its load")
+            loaded = replica.client.get_model_config(name).config
+            assert loaded.parameters["triton-operator.config-digest"].string_value == rendered[name].digest
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        answer = replica.client.infer("pool-scale", [tensor("INPUT", x)],
+                                      outputs=[grpcclient.InferRequestedOutput("OUTPUT")])
+        assert answer.as_numpy("OUTPUT").tolist() == (x * 2).tolist()
+        assert list(repo.iterdir()) == [], "nothing of the models on the replica's disk"
+
+
+def _pipeline_answers(replica: Served) -> None:
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    answer = replica.client.infer("pool-pipeline", [tensor("IN", x)],
+                                  outputs=[grpcclient.InferRequestedOutput("OUT")])
+    assert answer.as_numpy("OUT").tolist() == (x * 2 + 1).tolist()
+
+
+def test_an_ensemble_over_steps_loaded_from_requests_loads_but_its_load_says_it_failed(tmp_path: Path) -> None:
+    """Measured on 2.51, pinned: an ensemble's load looks its steps up in the model repository on disk, where steps
+    loaded from requests are not ("failed to poll model 'pool-double': model not found in any model repository").
+    The load call then fails, INTERNAL "failed to poll from model repository", and yet the ensemble is loaded, READY
+    at the desired config, and serves. So a load's answer alone says nothing: the operator checks READY and the
+    config digest, as the gate does. Models loaded from requests are not in the repository index either (it lists the
+    repository on disk), so the gate cannot read their state or reason there."""
+    rendered, requests = _models()
+    assert requests["pool-pipeline"].files == {"file:1/.keep": b""}, "an ensemble: its version directory alone"
+    repo = tmp_path / "models"
+    repo.mkdir()
+    with serve([], repo, load=[], key=KEY) as replica:
+        replica.wait_for("tritonserver ready", replica.client.is_server_ready)
+        for step in ("pool-double", "pool-offset"):
+            _load(replica, requests[step])
+            assert replica.client.is_model_ready(step), replica.why(f"{step} is not READY after its load")
+        with pytest.raises(InferenceServerException, match="failed to poll from model repository"):
+            _load(replica, requests["pool-pipeline"])
+        assert replica.client.is_model_ready("pool-pipeline"), replica.why("the ensemble is not READY")
+        loaded = replica.client.get_model_config("pool-pipeline").config
+        assert loaded.parameters["triton-operator.config-digest"].string_value == rendered["pool-pipeline"].digest
+        _pipeline_answers(replica)
+        assert list(replica.client.get_model_repository_index(headers=replica.headers).models) == []
+
+
+def test_an_ensemble_over_steps_in_the_repository_loads_from_its_request(tmp_path: Path) -> None:
+    """With its steps' files in the replica's repository (as the pool replica's sidecar would write them), loaded by
+    name, an ensemble loads from its request with no error, and serves."""
+    rendered, requests = _models()
+    repo = tmp_path / "models"
+    repo.mkdir()
+    with serve([], repo, load=[], key=KEY) as replica:
+        replica.wait_for("tritonserver ready", replica.client.is_server_ready)
+        write_repository({n: rendered[n] for n in ("pool-double", "pool-offset")}, repo)
+        for step in ("pool-double", "pool-offset"):
+            _load(replica, requests[step], files=False)
+        _load(replica, requests["pool-pipeline"])
+        assert replica.client.is_model_ready("pool-pipeline"), replica.why("the ensemble is not READY")
+        _pipeline_answers(replica)
+
+
+def test_without_the_key_a_load_with_files_is_refused(tmp_path: Path) -> None:
+    _, requests = _models()
+    req = requests["pool-scale"]
+    (tmp_path / "models").mkdir()
+    with serve([], tmp_path / "models", load=[], key=KEY) as replica:
+        replica.wait_for("tritonserver ready", replica.client.is_server_ready)
+        with pytest.raises(Exception, match=r"(?i)restricted|permission|unavailable|expecting header"):
+            replica.client.load_model(req.name, config=req.config, files=dict(req.files))
+        assert not replica.client.is_model_ready(req.name)
+
+
+def test_a_uri_model_is_not_loaded_from_a_request() -> None:
+    from tests.triton_helpers import models_from_yaml
+
+    (model,) = models_from_yaml("""
+apiVersion: serving.triton-operator.dev/v1alpha1
+kind: TritonModel
+metadata: {name: fetched}
+spec:
+  pool: shared
+  memory: 1Gi
+  backend: python
+  inputs: [{name: INPUT, dataType: FP32, dims: [4]}]
+  outputs: [{name: OUTPUT, dataType: FP32, dims: [4]}]
+  source: {uri: "https://example.invalid/model.tar.gz", sha256: "%s"}
+""" % ("0" * 64))
+    with pytest.raises(ValueError, match="sidecar fetches them"):
+        load_request(render_repository([model])["fetched"])
