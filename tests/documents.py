@@ -1,6 +1,7 @@
 """TritonModel and pod documents unit tests build: a Python model with a given `spec.server` (`body`) and what the
 validator says of some (`validation_errors`), models and ensembles over `source.uri` (`_uri_model`, `_uri_ensemble`),
-and TritonModels whose status is what the operator writes, with their pods (`_model`, `_pod`)."""
+and TritonModels whose status is what the operator writes, with their pods (`_model`, `_pod`); a Python model with
+any spec (`python_model`) and a TritonPool (`pool_document`), for the pool's tests."""
 
 from __future__ import annotations
 
@@ -22,6 +23,24 @@ def body(name: str = "m", source: dict[str, Any] | None = None, **server: Any) -
                  "instanceGroups": [{"kind": "CPU", "count": 2}],
                  "source": source or {"inline": {"model.py": "pass\n"}}, "server": server},
     }
+
+
+def python_model(name: str = "m", **spec: Any) -> dict[str, Any]:
+    """A valid Python model (one CPU instance) with `spec` added to its spec (`pool`, `memory`, ...)."""
+    return {
+        "apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "metadata": {"name": name},
+        "spec": {"backend": "python", "maxBatchSize": 4,
+                 "inputs": [{"name": "INPUT", "dataType": "FP32", "dims": [4]}],
+                 "outputs": [{"name": "OUTPUT", "dataType": "FP32", "dims": [4]}],
+                 "instanceGroups": [{"kind": "CPU", "count": 1}],
+                 "source": {"inline": {"model.py": "# m"}}, **spec},
+    }
+
+
+def pool_document(name: str = "p", **spec: Any) -> dict[str, Any]:
+    """A TritonPool of 2 CPU replicas holding 4Gi each, with `spec` over that."""
+    return {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonPool", "metadata": {"name": name},
+            "spec": {"replicas": 2, "capacity": {"memoryPerReplica": "4Gi"}, **spec}}
 
 
 def validation_errors(*bodies: dict[str, Any]) -> list[FieldError]:

@@ -9,25 +9,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from tests.documents import pool_document as pool
+from tests.documents import python_model as model
 from triton_operator.api.pool import TritonPool
 from triton_operator.api.v1alpha1 import API_VERSION
 from triton_operator.validate import check_documents, load_documents
-
-
-def model(name: str = "m", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION, "kind": "TritonModel", "metadata": {"name": name},
-        "spec": {"backend": "python", "maxBatchSize": 4,
-                 "inputs": [{"name": "INPUT", "dataType": "FP32", "dims": [4]}],
-                 "outputs": [{"name": "OUTPUT", "dataType": "FP32", "dims": [4]}],
-                 "instanceGroups": [{"kind": "CPU", "count": 1}],
-                 "source": {"inline": {"model.py": "# m"}}, **spec},
-    }
-
-
-def pool(name: str = "p", **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": "TritonPool", "metadata": {"name": name},
-            "spec": {"replicas": 2, "capacity": {"memoryPerReplica": "4Gi"}, **spec}}
 
 
 def errors(*docs: dict[str, Any]) -> list[tuple[str, str]]:

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from tests.test_pool_api import model, pool
+from tests.documents import pool_document as pool
+from tests.documents import python_model as model
 from triton_operator.api.pool import TritonPool
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.cli.main import main
