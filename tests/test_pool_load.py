@@ -7,6 +7,7 @@ disk; without the key, a load is refused."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.triton_helpers import Served, load_models, serve, tensor
+from tests.triton_helpers import Served, load_models, models_from_yaml, serve, tensor
+from triton_operator.api.pool import TritonPool
+from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
 from triton_operator.files import write_repository
 from triton_operator.render.modelconfig import RenderedModel, render_repository
-from triton_operator.render.pool import LoadRequest, load_request
+from triton_operator.render.pool import LoadRequest, load_request, render_pool_deployment
+from triton_operator.triton.local import LocalTritonServer
 
 pytestmark = pytest.mark.triton
 
@@ -114,8 +118,6 @@ def test_without_the_key_a_load_with_files_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_uri_model_is_not_loaded_from_a_request() -> None:
-    from tests.triton_helpers import models_from_yaml
-
     (model,) = models_from_yaml("""
 apiVersion: serving.triton-operator.dev/v1alpha1
 kind: TritonModel
@@ -130,3 +132,74 @@ spec:
 """ % ("0" * 64))
     with pytest.raises(ValueError, match="sidecar fetches them"):
         load_request(render_repository([model])["fetched"])
+
+
+SLOW_MODEL = """
+apiVersion: serving.triton-operator.dev/v1alpha1
+kind: TritonModel
+metadata: {name: slow}
+spec:
+  pool: shared
+  memory: 64Mi
+  backend: python
+  inputs: [{name: INPUT, dataType: FP32, dims: [4]}]
+  outputs: [{name: OUTPUT, dataType: FP32, dims: [4]}]
+  instanceGroups: [{kind: CPU, count: 1}]
+  source:
+    inline:
+      model.py: |
+        import time
+
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                time.sleep(4)
+
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())]) for r in requests]
+"""
+
+
+def _pool_args() -> list[str]:
+    """The pool replica's own tritonserver args (`render_pool_deployment`), but what the local server sets itself
+    (repository, ports), with the key the kubelet would put in."""
+    from tests.documents import pool_document
+
+    pool = TritonPool.model_validate(pool_document())
+    (triton, _) = render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"]
+    own = ("--model-repository=", "--http-port=", "--grpc-port=", "--metrics-port=")
+    return [a.replace(f"$({REPOSITORY_KEY_ENV})", KEY) for a in triton["args"] if not a.startswith(own)]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["pool-args", "strict-readiness"])
+def test_with_the_pools_args_a_model_loading_leaves_the_server_ready(tmp_path: Path, strict: bool) -> None:
+    """tritonserver takes the pool's rendered args, and with them (--strict-readiness=false) its /v2/health/ready
+    stays 200 while a model is LOADING: one model's load does not mark the replica unready for the others. With
+    Triton's default strict readiness (the other case) the server is not ready meanwhile, which is why the pool
+    turns it off."""
+    (model,) = models_from_yaml(SLOW_MODEL)
+    rendered = render_repository([model])
+    repo = tmp_path / "models"
+    write_repository(rendered, repo)  # on disk, so that the index shows the load's state
+    args = _pool_args() + (["--strict-readiness=true"] if strict else [])
+    server = LocalTritonServer(model_repository=repo, extra_args=args, log_path=tmp_path / "triton.log")
+    server.start()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        replica = Served(server=server, client=client, rendered=rendered, key=KEY)
+        replica.wait_for("tritonserver ready", client.is_server_ready)
+        loading = threading.Thread(target=lambda: client.load_model("slow", headers=replica.headers))
+        loading.start()
+        replica.wait_for("slow LOADING", lambda: any(
+            m.name == "slow" and m.state == "LOADING"
+            for m in client.get_model_repository_index(headers=replica.headers).models))
+        ready_while_loading = client.is_server_ready()
+        loading.join(timeout=60)
+        assert client.is_model_ready("slow"), replica.why("slow did not load")
+        assert ready_while_loading is (not strict), replica.why(f"server ready while a model loads: {ready_while_loading}")
+    finally:
+        client.close()
+        server.stop()
