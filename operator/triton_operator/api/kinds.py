@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from .pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, POOL_PLURAL
 from .v1alpha1 import GROUP, PLURAL, VERSION
 
 #: The label every child and every replica carries: which TritonModel it belongs to.
@@ -56,12 +57,18 @@ EVENT = Kind("Event", "", "v1", "events")  # written only
 SECRET = Kind("Secret", "", "v1", "secrets")
 LEASE = Kind("Lease", "coordination.k8s.io", "v1", "leases")  # leader election, in the operator's own namespace
 
+TRITON_POOL = Kind(POOL_KIND, GROUP, VERSION, POOL_PLURAL)
+#: A pool's replicas, labelled with their pool (not with a model): watched for the pool's reconcile, listed live by it.
+POOL_POD = Kind("Pod", "", "v1", "pods", LABEL_POOL)
+#: A pooled model's EndpointSlices, written by the operator (`render.pool.render_endpoint_slices`).
+ENDPOINT_SLICE = Kind("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices",
+                      f"endpointslice.kubernetes.io/managed-by={ENDPOINTSLICE_MANAGER}")
 #: The children a reconcile applies, owner-referenced to their TritonModel and labelled `OWNED`.
 CHILDREN: tuple[Kind, ...] = (CONFIG_MAP, DEPLOYMENT, SERVICE, PDB, HPA)
 #: What the operator watches (and the drift round re-lists): the models, their children and their replicas.
 WATCHED: tuple[Kind, ...] = (TRITON_MODEL, *CHILDREN, POD)
 #: Every kind the operator's client addresses.
-ALL: tuple[Kind, ...] = (*WATCHED, REPLICA_SET, EVENT, LEASE, SECRET)
+ALL: tuple[Kind, ...] = (*WATCHED, REPLICA_SET, EVENT, LEASE, SECRET, TRITON_POOL, ENDPOINT_SLICE)
 
 _BY_API_VERSION = {(k.api_version, k.kind): k for k in ALL}
 
