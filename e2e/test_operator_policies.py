@@ -221,7 +221,7 @@ def test_tritonmodels_may_not_tolerate_the_control_plane_nor_use_an_image_from_e
 
         stderr = wait_for("the narrowed policy to refuse an image from elsewhere", refusal, 30, 0.5)
         assert MODEL_POLICY in stderr and "spec.server.image: registry.example/triton/tritonserver:24.10-py3 is " \
-            "not from a registry this cluster allows for TritonModels (nvcr.io/nvidia" in stderr, stderr
+            "not from a registry this cluster allows for TritonModels and TritonPools (nvcr.io/nvidia" in stderr, stderr
         assert apply_model(kubeconfig, namespace, model("nvidia")).returncode == 0, "the default image is NVIDIA's"
     finally:
         helm(kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",

@@ -23,6 +23,7 @@ import yaml
 
 from triton_operator import __version__
 from triton_operator.api.crd import chart_template, crd, pool_crd
+from triton_operator.api.pool import POOL_PLURAL
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.platform.kube import Kube
 from triton_operator.render.autoscaling import METRICS
@@ -42,6 +43,9 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     (GROUP, PLURAL): {"get", "list", "watch"},  # event handlers only: kopf writes no finalizer; LIST: the webhook
     (GROUP, f"{PLURAL}/status"): {"patch"},
+    (GROUP, POOL_PLURAL): {"get", "list", "watch"},  # the pool controller; the webhook's GET of a model's pool
+    (GROUP, f"{POOL_PLURAL}/status"): {"get", "patch", "update"},
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: unused repositories
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
@@ -771,9 +775,10 @@ def test_the_operators_writes_are_held_to_its_own_objects_by_an_admission_policy
     (condition,) = policy["spec"]["matchConditions"]
     assert condition["expression"] == f"request.userInfo.username == \"system:serviceaccount:{RELEASE_NS}:{SA}\""
     assert "matchResources" not in binding["spec"], "every namespace"
-    # Every kind the operator may write (its RBAC), but Events, its Lease and its TritonModels' status, is matched.
+    # Every kind the operator may write (its RBAC), but Events, its Lease and its TritonModels' and TritonPools'
+    # status, is matched.
     written = {k for k, verbs in EXPECTED_RULES.items() if verbs & WRITE_VERBS} - {
-        ("", "events"), (GROUP, f"{PLURAL}/status")}
+        ("", "events"), (GROUP, f"{PLURAL}/status"), (GROUP, f"{POOL_PLURAL}/status")}
     matched = _matched(policy)
     assert written <= set(matched), written - set(matched)
     assert all(ops == {"CREATE", "UPDATE", "DELETE"} for ops in matched.values())
@@ -783,11 +788,28 @@ def test_the_operators_writes_are_held_to_its_own_objects_by_an_admission_policy
                                                                        "kube-node-lease"], "the release's namespace too"
     assert "app.kubernetes.io/managed-by' in variables.newLabels" in text
     assert "serving.triton-operator.dev/warmed" in text and "object.spec == oldObject.spec" in text
+    assert ("discovery.k8s.io", "endpointslices") in matched
+
+
+def test_the_operator_may_write_only_its_pooled_models_endpointslices(helm: str) -> None:
+    """Issue 29: a slice routes a Service's traffic. The policy holds the operator to slices it manages, for the
+    Service of the TritonModel that owns the slice, before and after the write (what `render_endpoint_slices` makes:
+    e2e/test_operator_policies.py writes one through the real API server)."""
+    policy, _ = _policy(render(helm), "operator-writes")
+    ours = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "ourSlice")
+    for side, labels in (("object", "newLabels"), ("oldObject", "oldLabels")):
+        assert f"({side} == null || (" in ours and f"variables.{labels}['endpointslice.kubernetes.io/managed-by'] " \
+            f"== 'triton-operator.{GROUP}'" in ours, ours
+        assert f"variables.{labels}['kubernetes.io/service-name'] == variables.{labels}['{GROUP}/model']" in ours
+        assert f"{side}.metadata.ownerReferences.exists(r," in ours
+    rule = next(v for v in policy["spec"]["validations"] if "variables.ourSlice" in v["expression"])
+    assert rule["expression"].strip() == "request.resource.resource != 'endpointslices' || variables.ourSlice"
 
 
 def test_the_tritonmodel_policy_refuses_control_plane_tolerations_and_allows_any_registry_by_default(helm: str) -> None:
     policy, binding = _policy(render(helm), "tritonmodels")
-    assert _matched(policy) == {(GROUP, PLURAL): {"CREATE", "UPDATE"}}
+    # TritonPools too (issue 29): a pool's spec.server runs its replicas, as a model's runs its own.
+    assert _matched(policy) == {(GROUP, PLURAL): {"CREATE", "UPDATE"}, (GROUP, POOL_PLURAL): {"CREATE", "UPDATE"}}
     text = json.dumps(policy["spec"]["validations"])
     assert "node-role.kubernetes.io/control-plane" in text and "spec.server.tolerations" in text
     assert "spec.server.image" not in text, "no allow-list: any registry"

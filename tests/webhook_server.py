@@ -1,6 +1,7 @@
 """The operator's TLS server (`AdmissionWebhook`, with its self-issued certificate) running in a thread of its own on
 127.0.0.1, for tests that talk to it as clients do; and `FakeModelsApi`, the stand-in for the API server it reads
-TritonModels from (what `Kube` is asked: list, get, list+watch, the configuration's apply).
+TritonModels (and the TritonPool a pooled model names) from (what `Kube` is asked: list, get, list+watch, the
+configuration's apply).
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ class _Held:
 class FakeModelsApi:
     """The TritonModels of each namespace, as `Kube` returns them; every call recorded in `calls`."""
 
-    def __init__(self, models: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, models: list[dict[str, Any]] | None = None, pools: list[dict[str, Any]] | None = None) -> None:
         self.models: dict[tuple[str, str], dict[str, Any]] = {}
         for m in models or ():
             self.models[(m["metadata"]["namespace"], m["metadata"]["name"])] = m
+        self.pools: dict[tuple[str, str], dict[str, Any]] = {}
+        for p in pools or ():
+            self.pools[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
         self.calls: list[str] = []
         self.configuration: dict[str, Any] | None = None
         self.watches: list[_Held] = []
@@ -49,8 +53,9 @@ class FakeModelsApi:
         with self.lock:
             return sum(1 for c in self.calls if c.startswith(prefix))
 
-    def _check(self, api_version: str, kind: str) -> None:
-        assert (api_version, kind) == (f"{GROUP}/{VERSION}", "TritonModel"), (api_version, kind)
+    def _check(self, api_version: str, kind: str, pools: bool = False) -> None:
+        kinds = ("TritonModel", "TritonPool") if pools else ("TritonModel",)
+        assert api_version == f"{GROUP}/{VERSION}" and kind in kinds, (api_version, kind)
 
     def list(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> list[dict]:
         self._check(api_version, kind)
@@ -58,7 +63,11 @@ class FakeModelsApi:
         return [copy.deepcopy(m) for (ns, _), m in self.models.items() if ns == namespace]
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
-        self._check(api_version, kind)
+        self._check(api_version, kind, pools=True)
+        if kind == "TritonPool":
+            self._record(f"get pool {namespace}/{name}")
+            pool = self.pools.get((namespace, name))
+            return copy.deepcopy(pool) if pool else None
         self._record(f"get {namespace}/{name}")
         found = self.models.get((namespace, name))
         return copy.deepcopy(found) if found else None

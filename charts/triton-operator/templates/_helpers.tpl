@@ -64,6 +64,19 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: ["serving.triton-operator.dev"]
   resources: ["tritonmodels/status"]
   verbs: ["patch"]
+# TritonPools (issue 29): watched and read like TritonModels; the webhook reads the one a pooled model names.
+- apiGroups: ["serving.triton-operator.dev"]
+  resources: ["tritonpools"]
+  verbs: ["get", "list", "watch"]
+# A pool's status: its replicas' models, capacity used and free, conditions.
+- apiGroups: ["serving.triton-operator.dev"]
+  resources: ["tritonpools/status"]
+  verbs: ["get", "patch", "update"]
+# A pooled model's EndpointSlices (its Service has no selector): only the pool replicas where the model is READY at
+# the desired config and warm are ready endpoints. Written, and deleted when the model leaves the pool.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 # Children: watched (kopf), read when not cached yet (GET), written with server-side apply
 # (PATCH; an apply that creates the object is also authorized as `create`).
 - apiGroups: [""]

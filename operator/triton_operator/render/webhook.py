@@ -1,4 +1,4 @@
-"""The ValidatingWebhookConfiguration that sends TritonModel changes to the operator's webhook. Pure.
+"""The ValidatingWebhookConfiguration that sends TritonModel and TritonPool changes to the operator's webhook. Pure.
 
 The chart renders the same object (`charts/triton-operator/templates/webhook.yaml`); the
 operator applies it with the CA bundle of the certificate it issued itself at start.
@@ -10,10 +10,14 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..api.kinds import OWNED
+from ..api.pool import POOL_PLURAL
 from ..api.v1alpha1 import GROUP, PLURAL
 
 WEBHOOK_NAME = f"{PLURAL}.{GROUP}"
-WEBHOOK_PATH = "/validate-tritonmodels"
+WEBHOOK_PATH = "/validate-tritonmodels"  # both kinds: the review says which
+#: What the webhook reviews: creates and updates (never a delete: a pool deleted under its models leaves them
+#: reporting PoolNotFound, docs/pool.md).
+RESOURCES = (PLURAL, POOL_PLURAL)
 FAILURE_POLICIES = ("Fail", "Ignore")
 
 
@@ -59,7 +63,7 @@ def render_webhook_configuration(
         "timeoutSeconds": timeout_seconds,
         "rules": [{
             "apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
-            "resources": [PLURAL], "scope": "Namespaced",
+            "resources": list(RESOURCES), "scope": "Namespaced",
         }],
         "clientConfig": target.client_config(ca_bundle),
     }

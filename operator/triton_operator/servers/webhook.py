@@ -1,6 +1,6 @@
-"""The validating admission webhook for TritonModels, served by the operator over TLS.
+"""The validating admission webhook for TritonModels and TritonPools, served by the operator over TLS.
 
-Every replica serves `POST /validate-tritonmodels`. Which certificate it serves, and who puts the CA
+Every replica serves `POST /validate-tritonmodels` (both kinds: the review's object says which). Which certificate it serves, and who puts the CA
 into the ValidatingWebhookConfiguration, depends on how the operator runs:
 - In the chart (`--webhook-service ns/name --webhook-cert-dir DIR`): every replica serves the one
   certificate of the Secret `<fullname>-webhook-tls`, mounted at DIR (tls.crt, tls.key), and loads
@@ -26,6 +26,13 @@ refusal that other models caused, the models the object names and the ensembles 
 ensemble created a moment ago; the reconcile then reports that ensemble `Degraded`. Until the first list is in
 (at start), a review LISTs the namespace as before. The verdict itself is `validate.admission.review`, pure. A
 namespace this operator does not watch is not its business: allowed.
+
+Pools (issue 29). A pooled model is checked against one replica of the TritonPool it names, read with a GET (no
+cache of pools); a pool not there yet refuses nothing (GitOps applies in any order; the operator reports the model
+PoolNotFound). A TritonPool's create or update is checked on its own, and an update that changes what it holds
+(replicas, capacity, gpus) against the models placed on it: their placements are in their status, which the cache
+does not keep, so such an update LISTs the namespace's TritonModels (rare, unlike model changes). Deleting a pool
+is not reviewed. The verdicts are `validate.admission.review` and `review_pool`.
 
 Who may learn what. The API server presents no client certificate to a webhook unless its admin configures
 one (AdmissionConfiguration's kubeConfigFile), so any client that reaches the port can send a review, naming any
@@ -60,6 +67,7 @@ from typing import Any
 from aiohttp import web
 
 from ..api import steps as step_graph
+from ..api.pool import POOL_KIND
 from ..api.steps import steps_of
 from ..api.v1alpha1 import GROUP, KIND, VERSION
 from ..platform.certificates import CERT_VALIDITY, RENEW_AFTER, Issued, issue_certificate
@@ -72,7 +80,7 @@ from ..render.webhook import (
     WebhookTarget,
     render_webhook_configuration,
 )
-from ..validate.admission import MAX_NEIGHBOURS, AdmissionVerdict, needs_review, redacted, review
+from ..validate.admission import MAX_NEIGHBOURS, AdmissionVerdict, needs_review, redacted, review, review_pool
 from . import metrics, tls_server
 from .custom_metrics import PREFIX as CUSTOM_METRICS_PREFIX
 from .custom_metrics import CustomMetricsApi
@@ -341,10 +349,15 @@ class AdmissionWebhook:
             metrics.ADMISSIONS.labels(verdict="skipped").inc()
             return {}
         assert obj is not None
+        if obj.get("kind") == POOL_KIND:
+            return await self._review_pool(namespace, operation, obj, old)
         name = obj["metadata"].get("name") or ""
         view = await self._view(namespace)
         named = [s for s in dict.fromkeys(steps_of(obj)) if s != name]
         await view.read([s for s in named if s not in view.graph])  # a step created a moment ago
+        # The pool it names, read live (no cache of pools: one GET); none yet is fine, the operator says PoolNotFound.
+        pool_name = (obj.get("spec") or {}).get("pool")
+        view.pool = await self.get_object(POOL_KIND, namespace, pool_name) if isinstance(pool_name, str) else None
         verdict, dependents = view.verdict(obj, old, name)
         alone = {(e.path, e.message) for e in review(obj, None, {}).errors} if not verdict.allowed else set()
         if any(e.model != verdict.subject or (e.path, e.message) not in alone for e in verdict.errors):
@@ -352,6 +365,30 @@ class AdmissionWebhook:
             await view.read([*named, *dependents], why="refusal")
             verdict, _ = view.verdict(obj, old, name)
         shown = verdict if await self._has_read(view, name, obj, old) else redacted(verdict, obj)
+        return self._answer(shown, operation, namespace, name, KIND)
+
+    async def _review_pool(self, namespace: str, operation: str, obj: dict[str, Any],
+                           old: dict[str, Any] | None) -> dict[str, Any]:
+        """A TritonPool: its own rules, and on an update that changes what it holds (replicas, capacity, gpus), what
+        it would strand of the models placed on it. Their placements are in their status, which the watch's cache
+        does not keep: one LIST of the namespace's TritonModels, for such an update only (rare, unlike model
+        changes)."""
+        name = obj["metadata"].get("name") or ""
+        models: list[dict[str, Any]] = []
+        if old is not None and _holds(obj) != _holds(old):
+            models = await asyncio.to_thread(self.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
+        verdict = review_pool(obj, old, models)
+        shown = verdict
+        if not verdict.allowed:
+            uid = ((old or {}).get("metadata") or {}).get("uid")
+            stored = await self.get_object(POOL_KIND, namespace, name) if uid else None
+            if not uid or ((stored or {}).get("metadata") or {}).get("uid") != uid:
+                shown = redacted(verdict, obj)
+        return self._answer(shown, operation, namespace, name, POOL_KIND)
+
+    @staticmethod
+    def _answer(shown: AdmissionVerdict, operation: str, namespace: str, name: str, kind: str) -> dict[str, Any]:
+        """The review's response for the verdict as told (warnings; a denial as the API server's 422 Invalid)."""
         out: dict[str, Any] = {}
         if shown.warnings:
             out["warnings"] = shown.warnings[:10]
@@ -359,14 +396,15 @@ class AdmissionWebhook:
             metrics.ADMISSIONS.labels(verdict="allowed").inc()
             return out
         metrics.ADMISSIONS.labels(verdict="denied").inc()
-        log.info("Denied %s namespace=%s name=%s errors=%d", operation, namespace, name, len(shown.errors))
+        log.info("Denied %s kind=%s namespace=%s name=%s errors=%d", operation, kind, namespace, name,
+                 len(shown.errors))
         # kubectl prints the causes ("* field: message"), else the message.
         causes = [{"field": e.path, "message": e.message, "reason": "FieldValueInvalid"} if e.model == shown.subject
                   else {"message": line, "reason": "FieldValueInvalid"}
                   for e, line in zip(shown.errors, shown.message.splitlines()[1:], strict=True)]
         out.update({"allowed": False, "status": {
             "code": 422, "reason": "Invalid", "message": shown.message,
-            "details": {"group": GROUP, "kind": KIND, "name": name, "causes": causes}}})
+            "details": {"group": GROUP, "kind": kind, "name": name, "causes": causes}}})
         return out
 
     async def _view(self, namespace: str) -> _View:
@@ -393,8 +431,18 @@ class AdmissionWebhook:
         return view.uid(name) == uid
 
     async def get_model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.get_object(KIND, namespace, name)
+
+    async def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A GET of one object of our group (a TritonModel or a TritonPool); None when there is none."""
         async with self._reads:
-            return await asyncio.to_thread(self.kube.get, f"{GROUP}/{VERSION}", KIND, namespace, name)
+            return await asyncio.to_thread(self.kube.get, f"{GROUP}/{VERSION}", kind, namespace, name)
+
+
+def _holds(pool: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a TritonPool's spec decides what it can hold: replicas, capacity, gpus per replica."""
+    spec = pool.get("spec") or {}
+    return spec.get("replicas"), spec.get("capacity"), (spec.get("server") or {}).get("gpus")
 
 
 class _View:
@@ -409,6 +457,7 @@ class _View:
         self.fresh: dict[str, dict[str, Any] | None] = {}
         self.complete = complete  # a LIST of this moment: nothing to read again
         self.reads = 0
+        self.pool: dict[str, Any] | None = None  # the TritonPool the object names, read live
 
     async def read(self, names: list[str], why: str = "missing") -> None:
         """GETs of `names` not read yet in this review, within MAX_READS in all: of those the cache lacks
@@ -445,7 +494,7 @@ class _View:
         reached, _ = step_graph.closure([*steps_of(obj), *dependents], lambda n: list(graph[n]) if n in graph
                                         else None)
         neighbours = {n: b for n in reached[:MAX_NEIGHBOURS] if (b := self.body(n)) is not None}
-        return review(obj, old, neighbours, dependents), dependents
+        return review(obj, old, neighbours, dependents, self.pool), dependents
 
 
 class _WatchedModels:

@@ -7,7 +7,14 @@ other objects is decided here, for the validating webhook (`servers/webhook.py`)
   ensemble steps reach (step references, tensor names, types and shapes, batch sizes,
   cycles);
 - a change to a model used as an ensemble step does not break an ensemble that uses it
-  (an error the ensemble did not have before the change is the change's fault).
+  (an error the ensemble did not have before the change is the change's fault);
+- a pooled model (spec.pool), with every step its ensemble reaches, fits one replica of its pool
+  (`validate.pool.check_pool_fit`), when the pool exists: a model may be applied before its pool (GitOps
+  applies in any order), and the operator then reports it PoolNotFound.
+
+`review_pool` is the verdict on one TritonPool change: the pool alone (`validate.pool.check_pool`), and on an
+update, what it would strand of the models placed on it (`validate.pool.pool_change_problems`, against their
+status.placement). Deleting a pool is never refused: its models report PoolNotFound (docs/pool.md).
 
 Metadata-only updates and objects being deleted are always allowed: garbage collection
 and namespace deletion must never be blocked by a model whose step went missing later.
@@ -22,8 +29,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api import steps as step_graph
+from ..api.pool import TritonPool
 from ..api.v1alpha1 import TritonModel
 from .errors import FieldError, from_pydantic
+from .pool import POOL_CHANGE, POOL_IDENT, check_pool, check_pool_fit, pool_change_problems
 from .rules import RULES, check_models
 
 #: How a TritonModel is named in field errors here (the same as the operator's conditions).
@@ -72,12 +81,14 @@ def review(
     old: Mapping[str, Any] | None,
     neighbours: Mapping[str, Mapping[str, Any]],
     dependents: Sequence[str] = (),
+    pool: Mapping[str, Any] | None = None,
 ) -> AdmissionVerdict:
     """The verdict on `obj` replacing `old` (None on create).
 
     `neighbours`: the current bodies of the other TritonModels of the namespace that matter, by
     name: every model reachable through ensemble steps from `obj` and from each of `dependents`.
     `dependents`: names of ensembles whose steps use `obj`.
+    `pool`: the body of the TritonPool `obj` names in spec.pool, if it exists.
     """
     name = obj["metadata"]["name"]
     subject = IDENT.format(name)
@@ -109,7 +120,67 @@ def review(
     before = {(e.model, e.path, e.message) for e in errors_with(previous) if e.model in wanted}
     broken = [e for e in after if e.model in wanted and (e.model, e.path, e.message) not in before
               and e.rule != "ensemble-cycle"]
-    errors = own + broken
+    errors = own + broken + _pool_fit(new, subject, others, pool)
+    return AdmissionVerdict(not errors, errors, warnings, subject)
+
+
+def _pool_fit(model: TritonModel, subject: str, others: Mapping[str, TritonModel],
+              pool: Mapping[str, Any] | None) -> list[FieldError]:
+    """The model, with the steps it reaches, against one replica of its pool (none to check: no error)."""
+    if model.spec.pool is None or pool is None or (pool.get("metadata") or {}).get("name") != model.spec.pool:
+        return []
+    try:
+        parsed = TritonPool.model_validate(pool)
+    except ValidationError:
+        return []  # a pool the API server stored but this version cannot read: the operator says so on it
+    models = [(subject, model), *((IDENT.format(n), m) for n, m in sorted(others.items()))]
+    return [e for e in check_pool_fit(parsed, models) if e.model == subject]
+
+
+def _placements(models: Sequence[Mapping[str, Any]], pool: str) -> dict[str, list[str]]:
+    """Each model on `pool`, by name: the replicas (pod names) its status.placement records."""
+    out: dict[str, list[str]] = {}
+    for body in models:
+        if (body.get("spec") or {}).get("pool") != pool:
+            continue
+        placement = (body.get("status") or {}).get("placement")
+        if isinstance(placement, list) and placement:
+            out[body["metadata"]["name"]] = [str(p) for p in placement]
+    return out
+
+
+def review_pool(obj: Mapping[str, Any], old: Mapping[str, Any] | None,
+                models: Sequence[Mapping[str, Any]] = ()) -> AdmissionVerdict:
+    """The verdict on TritonPool `obj` replacing `old` (None on create). `models`: the namespace's TritonModels as
+    the API server has them, status included (an update's placed models, and the steps their ensembles reach).
+
+    A change is refused for what it strands that the pool as it was did not (an error on a field the old pool
+    already had, from a placement made against a larger pool by a lagging review, does not block an unrelated
+    change such as a new image)."""
+    name = obj["metadata"]["name"]
+    subject = POOL_IDENT.format(name)
+    try:
+        pool = TritonPool.model_validate(obj)
+    except ValidationError as exc:
+        return AdmissionVerdict(False, from_pydantic(subject, exc), subject=subject)
+    errors = check_pool(pool, subject)
+    warnings: list[str] = []
+    if old is not None and not errors:
+        parsed: list[TritonModel] = []
+        for body in models:
+            model, errs = _parse(body["metadata"]["name"], body)
+            if model is None:
+                warnings.append(f"TritonModel {body['metadata']['name']} is not valid itself and was left out: "
+                                f"{errs[0].path}: {errs[0].message}")
+                continue
+            parsed.append(model)
+        placements = _placements(models, name)
+        after = pool_change_problems(pool, parsed, placements)
+        try:
+            before = {e.path for e in pool_change_problems(TritonPool.model_validate(old), parsed, placements)}
+        except ValidationError:
+            before = set()
+        errors = [e for e in after if e.path not in before]
     return AdmissionVerdict(not errors, errors, warnings, subject)
 
 
@@ -126,6 +197,9 @@ def reachable(models: Mapping[str, Mapping[str, Any]], start: list[str]) -> dict
 
 #: What `redacted` says instead of an error another model caused: the rule, not the model.
 UNTOLD = "does not hold with the TritonModels involved (rule: {rule}); this answer gives no details of other models"
+#: What `redacted` says instead of what a pool change would strand: the field, not the models nor their replicas.
+UNTOLD_STRANDED = ("would strand models placed on this pool (the operator never moves a serving model); this answer "
+                   "gives no details of them")
 #: What `redacted` says instead of an error the change would cause in an ensemble that uses it.
 UNTOLD_DEPENDENT = "would break an ensemble that uses {name} (rule: {rule})"
 
@@ -142,9 +216,14 @@ def redacted(verdict: AdmissionVerdict, obj: Mapping[str, Any]) -> AdmissionVerd
     that is not defined) is kept as it is. Every other one comes from another model's fields: it keeps its path
     in `obj` and says which rule (`UNTOLD`), not what the other model has; one that `obj` would cause in an
     ensemble using it names neither the ensemble nor its fields (`UNTOLD_DEPENDENT`). Warnings, all about other
-    models, are dropped. The verdict itself (allowed or not) stays."""
+    models, are dropped. The verdict itself (allowed or not) stays. A TritonPool's: what a change would strand keeps
+    its field, not the models or replicas (`UNTOLD_STRANDED`); the pool's own errors are kept."""
     if verdict.allowed:
         return AdmissionVerdict(True, subject=verdict.subject)
+    if verdict.subject.startswith(POOL_IDENT.format("")):  # a pool's own errors, or the models it would strand
+        told_pool = [e if e.rule != POOL_CHANGE else FieldError(e.model, e.path, UNTOLD_STRANDED, e.rule)
+                     for e in verdict.errors]
+        return AdmissionVerdict(False, list(dict.fromkeys(told_pool)), subject=verdict.subject)
     alone = {(e.path, e.message) for e in review(obj, None, {}).errors}
     errors: list[FieldError] = []
     for e in verdict.errors:

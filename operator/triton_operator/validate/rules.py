@@ -135,6 +135,8 @@ RULES: dict[str, Rule] = {
              "with their own memory)"),
         Rule("pool-spec", False, "a TritonPool sets exactly one of capacity.memoryPerGpu (with server.gpus >= 1) or "
              "capacity.memoryPerReplica (without gpus)"),
+        Rule("pool-inline-source", False, "a pooled model's files are inline (source.inline, modelFiles.inline): a pool "
+             "loads inline sources only in this version, in the load request"),
         Rule("pool-capacity", False, "a pooled model, with every step its ensemble reaches, fits one replica of its "
              "pool (memory against the pool's capacity per replica)"),
         Rule("version-policy", True,
@@ -718,6 +720,10 @@ def _check_pooled(spec: TritonModelSpec, err: Collector) -> None:
     if spec.rollout.strategy != "InPlace":
         err("pooled-model", "spec.rollout.strategy", "a pooled model has no pods of its own to replace: its changes "
             "are loaded in place (rollout.strategy: InPlace; rollout.mode picks Swap or Drain)")
+    for path, uri, _ in fetched_sources(spec):
+        err("pool-inline-source", f"{path}.uri", f"a pool loads inline sources only in this version (in the load "
+            f"request; fetching {shown(uri)} into a pool replica is not supported yet): give the files inline "
+            "(inline), or run the model on a Deployment of its own (no spec.pool)")
     given = dict(_server_values(spec.server, ".server"))
     for path, default in POOLED_SERVER_DEFAULTS.items():
         if given.get(path) != default:

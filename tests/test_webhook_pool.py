@@ -1,0 +1,237 @@
+"""The webhook and TritonPools (issue 29): a pooled model larger than one replica of its pool is refused naming
+spec.memory (the pool read live, with a GET; a pool not there yet refuses nothing), and a pool change that would
+strand the models placed on it (their status.placement) is refused naming the pool's field. Deleting a pool is not
+reviewed: its models report PoolNotFound (docs/pool.md).
+
+The verdicts are pure (`validate.admission.review`, `review_pool`); the webhook's reads go to `FakeModelsApi`, the
+stand-in for the API server. The same refusals through a real API server: e2e/test_admission.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.documents import pool_document, python_model
+from tests.webhook_server import FakeModelsApi
+from triton_operator.render.webhook import WebhookTarget, render_webhook_configuration
+from triton_operator.servers.webhook import AdmissionWebhook
+from triton_operator.validate.admission import UNTOLD_STRANDED, redacted, review, review_pool
+
+NS = "team-a"
+
+
+def _model(name: str, placement: list[str] | None = None, **spec: Any) -> dict[str, Any]:
+    body = python_model(name, **spec)
+    body["metadata"].update(namespace=NS, uid=f"uid-{name}", resourceVersion="1")
+    if placement is not None:
+        body["status"] = {"placement": placement}
+    return body
+
+
+def _pool(name: str = "p", **spec: Any) -> dict[str, Any]:
+    body = pool_document(name, **spec)
+    body["metadata"].update(namespace=NS, uid=f"uid-pool-{name}", resourceVersion="1")
+    return body
+
+
+def _ensemble(*steps: str) -> dict[str, Any]:
+    chain = [{"model": s, "inputMap": {"INPUT": "IN"}, "outputMap": {"OUTPUT": f"OUT{i}"}} for i, s in enumerate(steps)]
+    return {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel",
+            "metadata": {"name": "ens", "namespace": NS, "uid": "uid-ens"},
+            "spec": {"platform": "ensemble", "pool": "p", "maxBatchSize": 4,
+                     "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
+                     "outputs": [{"name": f"OUT{i}", "dataType": "FP32", "dims": [4]} for i in range(len(steps))],
+                     "ensemble": {"steps": chain}}}
+
+
+def _placed() -> list[dict[str, Any]]:
+    """Pool p (2 replicas of 4Gi): `a` (3Gi) on p-pool-x, `b` (1Gi, 2 copies) on p-pool-x and p-pool-y; p-pool-x is
+    full. `c` is on another pool."""
+    return [_model("a", ["p-pool-x"], pool="p", memory="3Gi"),
+            _model("b", ["p-pool-x", "p-pool-y"], pool="p", memory="1Gi", replicas=2),
+            _model("c", ["q-pool-z"], pool="q", memory="8Gi")]
+
+
+# -- the verdicts, pure ------------------------------------------------------------------------
+
+
+def test_a_pooled_model_larger_than_a_replica_of_its_pool_is_refused_naming_spec_memory() -> None:
+    verdict = review(_model("m", pool="p", memory="5Gi"), None, {}, pool=_pool())
+    assert not verdict.allowed
+    ((error),) = verdict.errors
+    assert (error.path, error.rule) == ("spec.memory", "pool-capacity")
+    assert "a copy takes 5Gi, more than a replica of pool 'p' holds (spec.capacity.memoryPerReplica gives 4Gi)" \
+        in error.message
+    assert review(_model("m", pool="p", memory="4Gi"), None, {}, pool=_pool()).allowed, "4Gi fits 4Gi"
+
+
+def test_a_pooled_model_whose_pool_does_not_exist_yet_is_allowed() -> None:
+    """GitOps applies a pool and its models in any order: the operator reports PoolNotFound meanwhile."""
+    assert review(_model("m", pool="p", memory="500Gi"), None, {}, pool=None).allowed
+    assert review(_model("m", pool="p", memory="500Gi"), None, {}, pool=_pool("other")).allowed, "not its pool"
+
+
+def test_an_ensemble_counts_the_steps_it_reaches_and_is_refused_at_spec_pool() -> None:
+    steps = {"s1": _model("s1", pool="p", memory="3Gi"), "s2": _model("s2", pool="p", memory="2Gi")}
+    verdict = review(_ensemble("s1", "s2"), None, steps, pool=_pool())
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.pool", "pool-capacity")], verdict.errors
+    assert "with its steps (s1 3Gi, s2 2Gi)" in verdict.errors[0].message
+    assert review(_ensemble("s1", "s2"), None, steps, pool=_pool(capacity={"memoryPerReplica": "5Gi"})).allowed
+
+
+def test_a_pooled_model_with_a_uri_source_is_refused_by_name() -> None:
+    body = _model("m", pool="p", memory="1Gi")
+    body["spec"]["source"] = {"uri": "s3://models/m/"}
+    verdict = review(body, None, {}, pool=_pool())
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.source.uri", "pool-inline-source")]
+    assert "a pool loads inline sources only in this version" in verdict.errors[0].message
+
+
+def test_a_pool_is_checked_on_its_own_when_created() -> None:
+    verdict = review_pool(_pool(capacity={"memoryPerReplica": "1Gi", "memoryPerGpu": "1Gi"}), None)
+    assert [(e.model, e.path) for e in verdict.errors] == [("TritonPool/p", "spec.capacity")]
+    assert review_pool(_pool(), None, _placed()).allowed
+
+
+def test_a_pool_change_that_would_strand_placed_models_is_refused_naming_the_field() -> None:
+    old = _pool()
+    smaller = _pool(capacity={"memoryPerReplica": "3Gi"})
+    verdict = review_pool(smaller, old, _placed())
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.capacity.memoryPerReplica", "pool-change")]
+    assert "replica p-pool-x holds 4Gi of them (a, b)" in verdict.errors[0].message
+    fewer = _pool(replicas=1)
+    verdict = review_pool(fewer, old, _placed())
+    assert {e.path for e in verdict.errors} == {"spec.replicas"}
+    assert any("b has 2 copies on distinct replicas, more than 1 replicas" in e.message for e in verdict.errors)
+
+
+def test_a_pool_change_that_strands_nothing_is_allowed() -> None:
+    old = _pool()
+    assert review_pool(_pool(capacity={"memoryPerReplica": "8Gi"}), old, _placed()).allowed
+    assert review_pool(_pool(replicas=3), old, _placed()).allowed
+    # Models of another pool, or not placed yet, hold nothing on this one.
+    unplaced = [_model("a", None, pool="p", memory="3Gi"), _model("c", ["q-pool-z"], pool="q", memory="8Gi")]
+    assert review_pool(_pool(capacity={"memoryPerReplica": "1Gi"}, replicas=1), old, unplaced).allowed
+
+
+def test_a_pool_already_stranding_on_a_field_is_not_blocked_from_other_changes() -> None:
+    """A placement a lagging review let through must not freeze the pool: a change of its image is allowed."""
+    old = _pool(capacity={"memoryPerReplica": "3Gi"})
+    new = _pool(capacity={"memoryPerReplica": "3Gi"}, server={"image": "nvcr.io/nvidia/tritonserver:24.11-py3"})
+    assert review_pool(new, old, _placed()).allowed
+
+
+def test_the_redacted_pool_verdict_names_the_field_not_the_models_or_replicas() -> None:
+    verdict = review_pool(_pool(capacity={"memoryPerReplica": "3Gi"}), _pool(), _placed())
+    told = redacted(verdict, _pool())
+    assert not told.allowed and [(e.path, e.message) for e in told.errors] == [
+        ("spec.capacity.memoryPerReplica", UNTOLD_STRANDED)]
+    assert "p-pool-x" not in told.message and "(a, b)" not in told.message
+
+
+def test_the_webhook_configuration_sends_tritonpools_too() -> None:
+    obj = render_webhook_configuration("c", WebhookTarget(url="https://127.0.0.1:9443"), "")
+    ((rule,),) = [hook["rules"] for hook in obj["webhooks"]]  # type: ignore[attr-defined]
+    assert rule["resources"] == ["tritonmodels", "tritonpools"] and rule["operations"] == ["CREATE", "UPDATE"]
+
+
+# -- through the webhook -----------------------------------------------------------------------
+
+
+class _Reviewer:
+    def __init__(self, api: FakeModelsApi) -> None:
+        self.api = api
+        self.loop = asyncio.new_event_loop()
+        self.hook = AdmissionWebhook(api, WebhookTarget(url="https://127.0.0.1:9443"),  # type: ignore[arg-type]
+                                     configuration="t", failure_policy="Fail", namespaces=[], clusterwide=True,
+                                     address="127.0.0.1", port=0)
+        self.hook.informer.start()
+        assert self.loop.run_until_complete(self.hook.informer.wait_synced(10)), "the informer never listed"
+
+    def review(self, obj: dict, old: dict | None = None, operation: str | None = None) -> dict[str, Any]:
+        req = {"uid": "u", "namespace": NS, "operation": operation or ("UPDATE" if old else "CREATE"), "object": obj,
+               "oldObject": old}
+        return self.loop.run_until_complete(self.hook._review(req))
+
+    def close(self) -> None:
+        self.hook.informer.stop()
+        self.hook._dir.cleanup()
+        self.loop.close()
+
+
+@pytest.fixture
+def reviewer() -> Iterator[Any]:
+    made: list[_Reviewer] = []
+
+    def make(api: FakeModelsApi) -> _Reviewer:
+        made.append(_Reviewer(api))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def test_the_webhook_reads_the_pool_a_model_names_and_refuses_one_too_large(reviewer) -> None:
+    api = FakeModelsApi([], [_pool()])
+    r = reviewer(api)
+    response = r.review(_model("big", pool="p", memory="6Gi"))
+    assert response.get("allowed") is False, response
+    (cause,) = response["status"]["details"]["causes"]
+    assert cause["field"] == "spec.memory" and response["status"]["details"]["kind"] == "TritonModel"
+    assert "get pool team-a/p" in api.calls, api.calls
+    assert r.review(_model("small", pool="p", memory="1Gi")).get("allowed") is not False
+    assert r.review(_model("elsewhere", pool="not-yet", memory="600Gi")).get("allowed") is not False, (
+        "a pool that does not exist yet refuses nothing")
+    calls = len(api.calls)
+    assert r.review(_model("own", replicas=1)).get("allowed") is not False
+    assert len(api.calls) == calls, f"a model on no pool reads no pool: {api.calls[calls:]}"
+
+
+def test_an_update_by_the_api_server_gets_the_figures(reviewer) -> None:
+    """The API server's UPDATE carries the stored uid: the answer is whole, with the pool's capacity."""
+    stored = _model("big", pool="p", memory="1Gi")
+    api = FakeModelsApi([stored], [_pool()])
+    r = reviewer(api)
+    bigger = copy.deepcopy(stored)
+    bigger["spec"]["memory"] = "6Gi"
+    response = r.review(bigger, stored)
+    assert response.get("allowed") is False
+    assert "spec.memory: a copy takes 6Gi, more than a replica of pool 'p' holds" in response["status"]["message"]
+
+
+def test_the_webhook_refuses_a_pool_change_that_would_strand_placed_models(reviewer) -> None:
+    old = _pool()
+    api = FakeModelsApi(_placed(), [old])
+    r = reviewer(api)
+    response = r.review(_pool(capacity={"memoryPerReplica": "3Gi"}), old)
+    assert response.get("allowed") is False, response
+    status = response["status"]
+    assert status["details"]["kind"] == "TritonPool" and status["details"]["name"] == "p"
+    assert [c["field"] for c in status["details"]["causes"]] == ["spec.capacity.memoryPerReplica"]
+    assert "would strand placed models: replica p-pool-x holds 4Gi of them (a, b)" in status["message"], (
+        "the API server's UPDATE carries the stored uid: the whole answer")
+    assert api.count(f"list {NS}") == 1, "placements are in the models' status, which the watch's cache does not keep"
+    # A spec change that does not touch what the pool holds reads no model.
+    image = _pool(server={"image": "nvcr.io/nvidia/tritonserver:24.11-py3"})
+    assert r.review(image, old).get("allowed") is not False
+    assert api.count(f"list {NS}") == 1, api.calls
+    # Deleting a pool is not reviewed (its models report PoolNotFound).
+    assert r.review(old, old, operation="DELETE") == {}
+
+
+def test_a_stranding_change_from_a_caller_without_the_stored_uid_learns_no_model(reviewer) -> None:
+    old = _pool()
+    api = FakeModelsApi(_placed(), [old])
+    r = reviewer(api)
+    forged = copy.deepcopy(old)
+    forged["metadata"]["uid"] = "guessed"
+    response = r.review(_pool(capacity={"memoryPerReplica": "3Gi"}), forged)
+    assert response.get("allowed") is False
+    assert UNTOLD_STRANDED in response["status"]["message"] and "p-pool-x" not in response["status"]["message"]
+    assert "spec.capacity.memoryPerReplica" in response["status"]["message"]
