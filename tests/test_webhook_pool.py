@@ -137,7 +137,8 @@ def test_the_redacted_pool_verdict_names_the_field_not_the_models_or_replicas() 
 def test_the_webhook_configuration_sends_tritonpools_too() -> None:
     obj = render_webhook_configuration("c", WebhookTarget(url="https://127.0.0.1:9443"), "")
     ((rule,),) = [hook["rules"] for hook in obj["webhooks"]]  # type: ignore[attr-defined]
-    assert rule["resources"] == ["tritonmodels", "tritonpools"] and rule["operations"] == ["CREATE", "UPDATE"]
+    assert rule["resources"] == ["tritonmodels", "tritonpools", "tritonpools/scale"]
+    assert rule["operations"] == ["CREATE", "UPDATE"]
 
 
 # -- through the webhook -----------------------------------------------------------------------
@@ -153,9 +154,10 @@ class _Reviewer:
         self.hook.informer.start()
         assert self.loop.run_until_complete(self.hook.informer.wait_synced(10)), "the informer never listed"
 
-    def review(self, obj: dict, old: dict | None = None, operation: str | None = None) -> dict[str, Any]:
+    def review(self, obj: dict, old: dict | None = None, operation: str | None = None,
+               **more: Any) -> dict[str, Any]:
         req = {"uid": "u", "namespace": NS, "operation": operation or ("UPDATE" if old else "CREATE"), "object": obj,
-               "oldObject": old}
+               "oldObject": old, **more}
         return self.loop.run_until_complete(self.hook._review(req))
 
     def close(self) -> None:
@@ -235,3 +237,23 @@ def test_a_stranding_change_from_a_caller_without_the_stored_uid_learns_no_model
     assert response.get("allowed") is False
     assert UNTOLD_STRANDED in response["status"]["message"] and "p-pool-x" not in response["status"]["message"]
     assert "spec.capacity.memoryPerReplica" in response["status"]["message"]
+
+
+def _scale(replicas: int, uid: str = "uid-pool-p") -> dict[str, Any]:
+    """The Scale the API server reviews for `kubectl scale tritonpool p --replicas=N`."""
+    return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {"name": "p", "namespace": NS, "uid": uid}, "spec": {"replicas": replicas}}
+
+
+def test_scaling_a_pool_through_its_scale_subresource_is_reviewed_as_the_same_change(reviewer) -> None:
+    api = FakeModelsApi(_placed(), [_pool()])
+    r = reviewer(api)
+    where = {"resource": {"group": "serving.triton-operator.dev", "version": "v1alpha1", "resource": "tritonpools"},
+             "subResource": "scale"}
+    response = r.review(_scale(1), _scale(2), **where)
+    assert response.get("allowed") is False, response
+    assert response["status"]["details"]["kind"] == "TritonPool"
+    assert "spec.replicas: would strand placed models: b has 2 copies" in response["status"]["message"]
+    assert r.review(_scale(3), _scale(2), **where).get("allowed") is not False
+    forged = r.review(_scale(1, uid="guessed"), _scale(2, uid="guessed"), **where)
+    assert forged.get("allowed") is False and "b has 2 copies" not in forged["status"]["message"]

@@ -1,7 +1,7 @@
 """The validating admission webhook for TritonModels and TritonPools, served by the operator over TLS.
 
-Every replica serves `POST /validate-tritonmodels` (both kinds: the review's object says which). Which certificate it serves, and who puts the CA
-into the ValidatingWebhookConfiguration, depends on how the operator runs:
+Every replica serves `POST /validate-tritonmodels` (both kinds: the review says which). Which certificate it
+serves, and who puts the CA into the ValidatingWebhookConfiguration, depends on how the operator runs:
 - In the chart (`--webhook-service ns/name --webhook-cert-dir DIR`): every replica serves the one
   certificate of the Secret `<fullname>-webhook-tls`, mounted at DIR (tls.crt, tls.key), and loads
   it again when the kubelet updates the files (checked every minute). The chart makes that Secret
@@ -30,9 +30,10 @@ namespace this operator does not watch is not its business: allowed.
 Pools (issue 29). A pooled model is checked against one replica of the TritonPool it names, read with a GET (no
 cache of pools); a pool not there yet refuses nothing (GitOps applies in any order; the operator reports the model
 PoolNotFound). A TritonPool's create or update is checked on its own, and an update that changes what it holds
-(replicas, capacity, gpus) against the models placed on it: their placements are in their status, which the cache
-does not keep, so such an update LISTs the namespace's TritonModels (rare, unlike model changes). Deleting a pool
-is not reviewed. The verdicts are `validate.admission.review` and `review_pool`.
+(replicas, capacity, gpus; through its scale subresource too: `kubectl scale`, an HPA) against the models placed
+on it: their placements are in their status, which the cache does not keep, so such an update LISTs the
+namespace's TritonModels (rare, unlike model changes). Deleting a pool is not reviewed. The verdicts are
+`validate.admission.review` and `review_pool`.
 
 Who may learn what. The API server presents no client certificate to a webhook unless its admin configures
 one (AdmissionConfiguration's kubeConfigFile), so any client that reaches the port can send a review, naming any
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import datetime as dt
 import json
 import logging
@@ -67,7 +69,7 @@ from typing import Any
 from aiohttp import web
 
 from ..api import steps as step_graph
-from ..api.pool import POOL_KIND
+from ..api.pool import POOL_KIND, POOL_PLURAL
 from ..api.steps import steps_of
 from ..api.v1alpha1 import GROUP, KIND, VERSION
 from ..platform.certificates import CERT_VALIDITY, RENEW_AFTER, Issued, issue_certificate
@@ -349,6 +351,8 @@ class AdmissionWebhook:
             metrics.ADMISSIONS.labels(verdict="skipped").inc()
             return {}
         assert obj is not None
+        if req.get("subResource") == "scale" and (req.get("resource") or {}).get("resource") == POOL_PLURAL:
+            return await self._review_pool_scale(namespace, operation, obj, old)
         if obj.get("kind") == POOL_KIND:
             return await self._review_pool(namespace, operation, obj, old)
         name = obj["metadata"].get("name") or ""
@@ -385,6 +389,21 @@ class AdmissionWebhook:
             if not uid or ((stored or {}).get("metadata") or {}).get("uid") != uid:
                 shown = redacted(verdict, obj)
         return self._answer(shown, operation, namespace, name, POOL_KIND)
+
+    async def _review_pool_scale(self, namespace: str, operation: str, obj: dict[str, Any],
+                                 old: dict[str, Any] | None) -> dict[str, Any]:
+        """`kubectl scale`, or an HPA, through the pool's scale subresource: the stored pool with the Scale's replicas,
+        reviewed as that update (the uid that proves a read is the Scale's, not the stored pool's)."""
+        name = obj["metadata"].get("name") or ""
+        stored = await self.get_object(POOL_KIND, namespace, name)
+        replicas = (obj.get("spec") or {}).get("replicas")
+        if stored is None or not isinstance(replicas, int):
+            return {}  # gone meanwhile, or no replicas to check: the API server decides
+        changed = copy.deepcopy(stored)
+        changed.setdefault("spec", {})["replicas"] = replicas
+        before = copy.deepcopy(stored)
+        before["metadata"]["uid"] = ((old or {}).get("metadata") or {}).get("uid")
+        return await self._review_pool(namespace, operation, changed, before)
 
     @staticmethod
     def _answer(shown: AdmissionVerdict, operation: str, namespace: str, name: str, kind: str) -> dict[str, Any]:
