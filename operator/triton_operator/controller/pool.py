@@ -313,6 +313,7 @@ class PoolReconciler:
                        seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]]) -> bool:
         """Writes each model's Service, slices and status and the pool's status; whether every copy serves."""
         serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
+        current = pool_plan.current(rnd.members, serving, seen)
         now = utc_now()
         behind, failed = 0, 0
         for name, m in rnd.members.items():
@@ -322,10 +323,10 @@ class PoolReconciler:
                 continue
             failures = self._failures(rnd, name)
             failed += bool(failures)
-            behind += len(rnd.placement.copies.get(name, ())) - len(serving[name])
+            behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
             await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
-                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now))
+                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name]))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
         await self._write_pool_status(rnd, status)
