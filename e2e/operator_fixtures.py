@@ -40,6 +40,9 @@ from triton_operator.api.v1alpha1 import GROUP, VERSION
 
 ANNOTATION_DIGEST = f"{GROUP}/config-digest"
 CRD = REPO_ROOT / "crds" / "tritonmodels.yaml"
+#: The TritonPool CRD (issue 29): installed wherever the TritonModel CRD is, as the chart does (crds.enabled).
+POOL_CRD = REPO_ROOT / "crds" / "tritonpools.yaml"
+CRDS = (CRD, POOL_CRD)
 EXAMPLES = REPO_ROOT / "examples"
 KUBECTL = REPO_ROOT / ".venv" / "bin" / "kubectl"
 OPERATOR = REPO_ROOT / ".venv" / "bin" / "triton-operator"
@@ -223,21 +226,39 @@ def _liveness_ok(url: str) -> bool:
         return False
 
 
-def _crd_established(kube: Kube) -> bool:
-    crd = kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/tritonmodels.{GROUP}")
+def _crd_established(kube: Kube, plural: str = "tritonmodels") -> bool:
+    try:
+        crd = kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{GROUP}")
+    except ApiError:
+        return False
     c = condition(crd, "Established")
     return bool(c and c["status"] == "True")
 
 
+def crds_established(kube: Kube) -> bool:
+    """Both CRDs (TritonModel, TritonPool) Established."""
+    return all(_crd_established(kube, plural) for plural in ("tritonmodels", "tritonpools"))
+
+
+def apply_crds(kubeconfig: Path, kube: Kube) -> None:
+    """Both CRDs, applied server-side from crds/, Established and their OpenAPI v3 published (kubectl validates on
+    the server, fieldValidation=Strict, only once it is)."""
+    for path in CRDS:
+        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
+    wait_for("CRDs tritonmodels and tritonpools Established", lambda: crds_established(kube), 30)
+    wait_for("the CRDs' OpenAPI v3 schema", lambda: kube.request("GET", f"/openapi/v3/apis/{GROUP}/{VERSION}"), 60)
+
+
 def ensure_crd(kubeconfig: Path, kube: Kube) -> None:
-    """The TritonModel CRD, served: as it is when the cluster has it (the session's release owns it), else applied
-    from crds/ server-side. For a second chart release in a cluster, which leaves the CRD to the first
-    (`crds.enabled=false`, chart README)."""
-    try:
-        kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/tritonmodels.{GROUP}")
-    except ApiError:
-        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
+    """The TritonModel and TritonPool CRDs, served: as they are when the cluster has them (the session's release owns
+    them), else applied from crds/ server-side. For a second chart release in a cluster, which leaves the CRDs to the
+    first (`crds.enabled=false`, chart README)."""
+    for path, plural in ((CRD, "tritonmodels"), (POOL_CRD, "tritonpools")):
+        try:
+            kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{GROUP}")
+        except ApiError:
+            kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
+    wait_for("CRDs tritonmodels and tritonpools Established", lambda: crds_established(kube), 30)
 
 
 def repository_key_file(logs: Path) -> Path:
@@ -253,14 +274,12 @@ def repository_key_file(logs: Path) -> Path:
 
 def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f"{OPERATOR_NAMESPACE_PREFIX}*",
                    log_name: str = "operator-pytest.log", webhook: bool = True) -> OperatorHandle:
-    """The CRD, applied server-side, and a running `triton-operator run` watching `pattern` namespaces.
+    """The CRDs (TritonModel, TritonPool), applied server-side, and a running `triton-operator run` watching
+    `pattern` namespaces.
 
     Logs to `<logs>/<log_name>` (emptied first); metrics, liveness and the webhook on free loopback ports.
     """
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
-    # kubectl validates on the server (fieldValidation=Strict) only once the CRD's OpenAPI v3 is published.
-    wait_for("the CRD's OpenAPI v3 schema", lambda: kube.request("GET", f"/openapi/v3/apis/{GROUP}/{VERSION}"), 60)
+    apply_crds(kubeconfig, kube)
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / log_name
     metrics_port, liveness_port, webhook_port = free_port(), free_port(), free_port()
@@ -317,9 +336,10 @@ class ChartOperator(OperatorHandle):
         return f"{self.fullname}-webhook"
 
     def install(self) -> None:
-        """The release that owns the CRD in the session's cluster (crds.enabled, the chart's default). It takes the
-        CRD over if it exists without it (`--take-ownership`): applied by a test with kubectl, or kept by a release
-        uninstalled earlier; other releases in the same cluster set crds.enabled=false (`ensure_crd`)."""
+        """The release that owns the CRDs in the session's cluster (crds.enabled, the chart's default: TritonModel and
+        TritonPool). It takes a CRD over if it exists without it (`--take-ownership`): applied by a test with
+        kubectl, or kept by a release uninstalled earlier; other releases in the same cluster set crds.enabled=false
+        (`ensure_crd`)."""
         helm(self.kubeconfig, "upgrade", "--install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
              "--create-namespace", "--take-ownership", *self.values)
         self.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.kube import ApiError, Kube
+from e2e.kube import ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import (
     SESSION_LABEL,
     OperatorHandle,
@@ -24,6 +24,7 @@ from e2e.operator_fixtures import (
     kubectl,
     load_examples,
     record,
+    wait_model,
 )
 from tests.corpus_counts import ADMISSION_SPLIT
 from triton_operator.api.kinds import OWNED_SELECTOR
@@ -181,12 +182,14 @@ def test_cross_object_rules_through_the_webhook(kube: Kube, kubeconfig: Path, na
 
 
 def test_webhook_configuration_and_failure_policy(kube: Kube, operator: OperatorHandle) -> None:
-    """What the operator registered: its own CA, TritonModel CREATE/UPDATE only, failurePolicy Fail."""
+    """What the operator registered: its own CA, TritonModel and TritonPool CREATE/UPDATE only (a pool's delete is
+    never refused: its models report PoolNotFound), failurePolicy Fail."""
     vwc = kube.request("GET", f"{VWC}/{operator.webhook_configuration}")
     [hook] = vwc["webhooks"]
     assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
     assert hook["rules"] == [{"apiGroups": ["serving.triton-operator.dev"], "apiVersions": ["*"],
-                              "operations": ["CREATE", "UPDATE"], "resources": ["tritonmodels"], "scope": "Namespaced"}]
+                              "operations": ["CREATE", "UPDATE"],
+                              "resources": ["tritonmodels", "tritonpools", "tritonpools/scale"], "scope": "Namespaced"}]
     # The chart's Service in front of the operator pod, and the CA the operator issued and published.
     assert hook["clientConfig"]["service"]["name"].endswith("-webhook") and hook["clientConfig"]["caBundle"]
 
@@ -211,3 +214,102 @@ def test_while_the_operator_is_down_changes_are_refused_and_deletes_are_not(
     operator.start()
     apply(kubeconfig, namespace, docs["classifier"])
     assert kube.get("TritonModel", "classifier", namespace)
+
+
+# -- pools (issue 29) ---------------------------------------------------------------------------
+
+
+def _pool_docs() -> tuple[dict, dict]:
+    """examples/pool.yaml's pool (small requests, so that its replicas fit the test nodes) and pool-add-sub (256Mi, 2
+    copies)."""
+    docs = load_examples("pool")
+    pool = next(d for d in docs if d["kind"] == "TritonPool")
+    pool["spec"]["server"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    model = next(d for d in docs if d["metadata"]["name"] == "pool-add-sub")
+    return pool, model
+
+
+def test_a_pooled_model_larger_than_a_replica_of_its_pool_is_refused_and_one_before_its_pool_is_not(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    pool, model = _pool_docs()
+    pool["spec"]["replicas"] = 0  # what it holds is the point, not its pods
+    pool["spec"]["capacity"] = {"memoryPerReplica": "1Gi"}
+    apply(kubeconfig, namespace, pool)
+    big = copy.deepcopy(model)
+    big["metadata"]["name"], big["spec"]["memory"], big["spec"]["replicas"] = "big", "2Gi", 0
+    denied = denials(operator)
+    stderr = apply(kubeconfig, namespace, big, check=False)
+    assert denials(operator) > denied, f"not refused by the webhook: {stderr}"
+    # A create carries no proof that its sender may read the pool: the field and the rule, not the pool's figures.
+    assert re.search(r"spec\.memory: .*fits one replica of its pool", stderr), stderr
+    assert kube.get_or_none("TritonModel", "big", namespace) is None
+    # Applied again as the API server sends an update (the stored object's uid): the figures.
+    small = copy.deepcopy(big)
+    small["spec"]["memory"] = "512Mi"
+    apply(kubeconfig, namespace, small)
+    stderr = apply(kubeconfig, namespace, big, check=False)
+    assert "spec.memory: a copy takes 2Gi, more than a replica of pool 'shared' holds " \
+           "(spec.capacity.memoryPerReplica gives 1Gi)" in stderr, stderr
+    assert kube.get("TritonModel", "big", namespace)["spec"]["memory"] == "512Mi"
+    # A pool that is not there yet refuses nothing (GitOps applies in any order); the operator says PoolNotFound.
+    early = copy.deepcopy(big)
+    early["metadata"]["name"], early["spec"]["pool"], early["spec"]["memory"] = "early", "later", "600Gi"
+    apply(kubeconfig, namespace, early)
+    # A uri source on a pool: refused by name.
+    fetched = copy.deepcopy(small)
+    fetched["metadata"]["name"] = "fetched"
+    fetched["spec"]["source"] = {"uri": "s3://models/pool-add-sub/"}
+    stderr = apply(kubeconfig, namespace, fetched, check=False)
+    assert "spec.source.uri: a pool loads inline sources only in this version" in stderr, stderr
+
+
+def test_a_pool_change_that_would_strand_placed_models_is_refused_naming_the_field(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    """The placement is the operator's own (status.placement, recorded by the pool reconcile on real pool replicas);
+    the webhook reads it from the API server."""
+    pool, model = _pool_docs()
+    pool["spec"]["replicas"] = 2
+    apply(kubeconfig, namespace, pool, model)
+    try:
+        tm = wait_model(kube, namespace, "pool-add-sub", lambda t: len((t.get("status") or {}).get("placement") or ()) == 2,
+                        "placed on both replicas", 300)
+    except TimeoutError:
+        print(operator.log_tail(namespace, 120))
+        raise
+    placed = tm["status"]["placement"]
+    # Its children and the model's slice, written by the operator under the chart's operator-writes policy.
+    wait_for("the operator's EndpointSlice of pool-add-sub",
+             lambda: kube.get_or_none("EndpointSlice", "pool-add-sub-ipv4", namespace), 120)
+    assert kube.get_or_none("Deployment", "shared-pool", namespace) is not None
+    assert kube.get_or_none("PodDisruptionBudget", "shared-pool", namespace) is not None
+    assert not [ln for ln in operator.log_since().splitlines() if "ValidatingAdmissionPolicy" in ln], (
+        "the policy refused one of the operator's own writes")
+    stored = kube.get("TritonPool", "shared", namespace)
+    for change, field, says in (
+            ({"capacity": {"memoryPerReplica": "128Mi"}}, "spec.capacity.memoryPerReplica",
+             f"would strand placed models: replica {sorted(placed)[0]} holds 256Mi of them (pool-add-sub)"),
+            ({"replicas": 1}, "spec.replicas",
+             "would strand placed models: pool-add-sub has 2 copies on distinct replicas, more than 1 replicas")):
+        changed = copy.deepcopy(pool)
+        changed["spec"].update(change)
+        denied = denials(operator)
+        stderr = apply(kubeconfig, namespace, changed, check=False)
+        assert denials(operator) > denied, f"{field}: not refused by the webhook: {stderr}"
+        assert f"{field}: {says}" in stderr, stderr
+        now = kube.get("TritonPool", "shared", namespace)
+        assert now["metadata"]["generation"] == stored["metadata"]["generation"], f"{field}: the change was stored"
+    # The same through the scale subresource (`kubectl scale`, as an HPA would).
+    proc = kubectl(kubeconfig, "scale", "-n", namespace, "tritonpool/shared", "--replicas=1", check=False)
+    assert proc.returncode != 0 and "spec.replicas: would strand placed models: pool-add-sub has 2 copies" \
+        in proc.stderr, (proc.stdout, proc.stderr)
+    assert kube.get("TritonPool", "shared", namespace)["spec"]["replicas"] == 2
+    # More room strands nothing.
+    roomier = copy.deepcopy(pool)
+    roomier["spec"]["capacity"] = {"memoryPerReplica": "2Gi"}
+    apply(kubeconfig, namespace, roomier)
+    # Deleting the pool is not refused: its models report PoolNotFound.
+    kubectl(kubeconfig, "delete", "-n", namespace, "tritonpool/shared", "--wait=true")
+    wait_model(kube, namespace, "pool-add-sub",
+               lambda t: ((condition(t, "Ready") or {}).get("reason")) == "PoolNotFound", "PoolNotFound", 120)
+    record("admission: pool changes", f"a capacity and a replicas change stranding pool-add-sub on {placed} refused "
+           "naming the field; more room allowed; the pool's delete allowed, its model PoolNotFound")

@@ -34,15 +34,18 @@ import yaml
 from e2e.cluster import REPO_ROOT, LocalCluster, session_root
 from e2e.kube import ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import CHART, helm, helm_binary
-from triton_operator.api.crd import chart_template, crd
+from triton_operator.api.crd import chart_template, crd, pool_crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 
 pytestmark = pytest.mark.cluster
 
 ROOT = session_root() / ".cluster" / "crd-upgrade"
 CRD_NAME = f"{PLURAL}.{GROUP}"
+POOL_CRD_NAME = f"tritonpools.{GROUP}"
 RELEASE, RELEASE_NS, TEAM = "tro", "triton-system", "team-a"
-#: The field the previous chart's CRD lacks: one no CEL rule names, so that CRD is valid without it.
+#: The field the previous chart's CRD lacks: one no CEL rule of spec.server names, so that CRD is valid without it. The
+#: pooled-model rules on spec that name it (issue 29: a pooled model sets no server field) are left out of the previous
+#: CRD with it: that release came before pools.
 FIELD = ("server", "nodeSelector")
 SELECTOR = {"e2e.triton-operator.io/pool": "inference"}
 MODEL = "kept"
@@ -55,6 +58,10 @@ def _previous_crd() -> dict[str, Any]:
     assert FIELD[1] in parent["properties"], f"spec.{'.'.join(FIELD)} is gone from the CRD: pick another field"
     assert FIELD[1] not in json.dumps([r["rule"] for r in _rules(parent)]), "a CEL rule names the field"
     del parent["properties"][FIELD[1]]
+    spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    named = f".{FIELD[0]}.{FIELD[1]}"
+    spec["x-kubernetes-validations"] = [r for r in spec.get("x-kubernetes-validations", [])
+                                        if named not in r.get("fieldPath", "") and FIELD[1] not in r["rule"]]
     parent["required"] = [r for r in parent.get("required", []) if r != FIELD[1]]
     if not parent["required"]:
         del parent["required"]
@@ -80,6 +87,7 @@ def _previous_chart(tmp_path: Path, layout: str) -> Path:
         (old / "templates" / "crds.yaml").write_text(chart_template(_previous_crd()))
     else:
         (old / "templates" / "crds.yaml").unlink()
+        (old / "templates" / "crds-tritonpools.yaml").unlink()  # that chart came before TritonPools (issue 29)
         (old / "crds").mkdir()
         (old / "crds" / "tritonmodels.yaml").write_text(yaml.safe_dump(_previous_crd(), sort_keys=True))
     return old
@@ -216,6 +224,12 @@ def test_a_release_of_the_chart_with_crds_in_crds_dir_upgrades_once_with_take_ow
     owned = _crd(kube)
     assert _has_field(owned) and owned["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
     assert _set_field(kube) == SELECTOR
+    # The TritonPool CRD, new with this chart, is created by the same upgrade, the release's and kept.
+    pools = kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{POOL_CRD_NAME}")
+    assert pools["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    assert pools["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    differ = _differences(pools["spec"]["versions"][0]["schema"], pool_crd()["spec"]["versions"][0]["schema"])
+    assert not differ, f"not the current TritonPool CRD: {differ[:5]}"
     _unset_field(kube)
     # From now on the release owns it: the next plain upgrade goes through.
     helm(kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--set", "replicaCount=0")

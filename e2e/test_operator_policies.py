@@ -20,6 +20,7 @@ import base64
 import copy
 import json
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from triton_operator.api.pod import WARMED_CONDITION
+from triton_operator.api.v1alpha1 import GROUP
 
 pytestmark = pytest.mark.cluster
 
@@ -246,3 +248,91 @@ def test_the_network_policies_are_what_the_api_server_takes_though_this_cluster_
     stored = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/triton-models")
     assert stored["spec"]["ingress"] == [
         {**r, "ports": [{"protocol": "TCP", **p} for p in r["ports"]]} for r in example["spec"]["ingress"]]
+
+
+def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpointslices_and_no_other_slice(
+        kube: Kube, kubeconfig: Path, operator: OperatorHandle, tmp_path: Path) -> None:
+    """Issue 29: what the pool's reconcile writes, as it renders it, written with the operator's own token: a
+    TritonPool's Deployment, PodDisruptionBudget and key Secret, a pooled model's EndpointSlice (created, updated,
+    deleted). A slice routes a Service's traffic, so the policy refuses one another controller manages (adopting it),
+    one of ours naming another Service, and deleting the API server's own. In a namespace the session operator does
+    not serve, so that its pool reconcile writes nothing there meanwhile."""
+    from triton_operator.api.pool import TritonPool
+    from triton_operator.api.v1alpha1 import TritonModel
+    from triton_operator.render.kubernetes import Options
+    from triton_operator.render.pool import render_endpoint_slices, render_pool_children, render_pool_key_secret
+    from triton_operator.render.repository_key import RepositoryKeys
+
+    ns = f"policy-pool-{uuid.uuid4().hex[:5]}"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": {"e2e.triton-operator.io/test": "true"}}})
+    try:
+        pool_doc = next(d for d in load_examples("pool") if d["kind"] == "TritonPool")
+        model_doc = next(d for d in load_examples("pool") if d["kind"] == "TritonModel"
+                         and d["spec"].get("memory"))
+        model_doc["spec"]["replicas"] = 0
+        pool_body = kube.create(pool_doc, ns)
+        model_body = kube.create(model_doc, ns)
+        pool, model = TritonPool.model_validate(pool_body), TritonModel.model_validate(model_body)
+        for verb, resource, sub in (("create", "endpointslices", ""), ("delete", "endpointslices", ""),
+                                    ("patch", "tritonpools", "status"), ("create", "deployments", "")):
+            assert can_i(kubeconfig, verb, resource, ns, sub), f"RBAC does not allow {verb} {resource} {sub}"
+        op = Kube(operator_token_kubeconfig(kubeconfig, kube, tmp_path / "operator.kubeconfig"))
+        options = Options(repository_keys=RepositoryKeys(b"k" * 32))
+
+        # Allowed: what the reconcile renders.
+        written = []
+        assert pool.spec.replicas > 1, "a PodDisruptionBudget is rendered for more than one replica"
+        for child in [*render_pool_children(pool, pool_body["metadata"]["uid"], ns, options),
+                      render_pool_key_secret(pool, pool_body["metadata"]["uid"], ns, options)]:
+            assert child is not None
+            if child["kind"] == "Deployment":
+                child["spec"]["replicas"] = 0  # no pod: the writes are the point
+            op.create(child, ns)
+            written.append(f"{child['kind']} {child['metadata']['name']}")
+        (ipv4,) = render_endpoint_slices(model, model_body["metadata"]["uid"], ns, [], {}, set())
+        op.create(ipv4, ns)
+        name = ipv4["metadata"]["name"]
+        op.patch("EndpointSlice", name, {"metadata": {"annotations": {f"{GROUP}/checked": "yes"}}}, ns, type="merge")
+        op.delete("EndpointSlice", name, ns)
+        written.append(f"EndpointSlice {name} (created, updated, deleted)")
+        assert sorted(written) == sorted([
+            f"Deployment {pool.name}-pool", f"PodDisruptionBudget {pool.name}-pool",
+            f"Secret {render_pool_key_secret(pool, pool_body['metadata']['uid'], ns, options)['metadata']['name']}",  # type: ignore[index]
+            f"EndpointSlice {name} (created, updated, deleted)"]), written
+
+        # Refused: a slice it does not manage (another controller's, labelled and owned as ours otherwise), one of
+        # ours for another Service, and the API server's own.
+        theirs = copy.deepcopy(ipv4)
+        theirs["metadata"]["name"] = "theirs"
+        theirs["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
+        kube.create(theirs, ns)
+        elsewhere = copy.deepcopy(ipv4)
+        elsewhere["metadata"]["name"] = "elsewhere"
+        elsewhere["metadata"]["labels"]["kubernetes.io/service-name"] = "someone-elses"
+        base = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
+        answers = {
+            "adopt a slice another controller manages": refused(
+                op, "PATCH", f"{base}/theirs", {"metadata": {"labels": {
+                    "endpointslice.kubernetes.io/managed-by": "triton-operator.serving.triton-operator.dev"}}},
+                "application/merge-patch+json"),
+            "change the endpoints of a slice another controller manages": refused(
+                op, "PATCH", f"{base}/theirs", {"endpoints": []}, "application/merge-patch+json"),
+            "write a slice for another Service": refused(op, "POST", base, elsewhere, "application/json"),
+            # A dry run: admission decides all the same, and nothing would be deleted were the policy wrong.
+            "delete the API server's own slice": refused(
+                op, "DELETE", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes?dryRun=All",
+                None, "application/json"),
+        }
+        for what, answer in answers.items():
+            assert answer.startswith("403 ") and POLICY in answer, f"{what}: {answer}"
+        assert "may write only EndpointSlices of its pooled models" in answers["write a slice for another Service"]
+        assert kube.get("EndpointSlice", "theirs", ns)["metadata"]["labels"][
+            "endpointslice.kubernetes.io/managed-by"] == "endpointslice-controller.k8s.io"
+        assert kube.get_or_none("EndpointSlice", "elsewhere", ns) is None
+        assert kube.get_or_none("EndpointSlice", "kubernetes", "default") is not None
+        record("operator token and pools under the admission policy",
+               f"{len(written)} writes of a pool's children and a pooled model's slice allowed; {len(answers)} slice "
+               "writes refused (403)")
+    finally:
+        kube.delete("Namespace", ns)
