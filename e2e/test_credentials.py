@@ -30,7 +30,7 @@ from cryptography import x509
 
 from e2e.cluster import REPO_ROOT, LocalCluster, session_root
 from e2e.kube import Kube, wait_for
-from e2e.operator_fixtures import CRD, OPERATOR, _crd_established, kubectl
+from e2e.operator_fixtures import OPERATOR, apply_crds, kubectl
 from e2e.proxy import ConnectProxy
 
 pytestmark = pytest.mark.cluster
@@ -74,12 +74,9 @@ def _model(name: str) -> dict:
 
 
 def _prepared(control_plane: LocalCluster) -> Kube:
-    """The CRD (established, its schema published) and the namespace the operator watches."""
+    """The CRDs (established, their schema published) and the namespace the operator watches."""
     kube = Kube(control_plane.kubeconfig)
-    kubectl(control_plane.kubeconfig, "apply", "--server-side", "-f", str(CRD))
-    wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
-    wait_for("the CRD's OpenAPI schema", lambda: kube.request(
-        "GET", "/openapi/v3/apis/serving.triton-operator.dev/v1alpha1"), 60)
+    apply_crds(control_plane.kubeconfig, kube)
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TEAM}})
     return kube
 

@@ -275,6 +275,10 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
                            ("create", "deployments.apps"), ("patch", "deployments.apps"),
                            ("delete", "poddisruptionbudgets.policy"), ("patch", "pods/status"),
                            ("create", "events"),
+                           # Issue 29: TritonPools, their status, and pooled models' EndpointSlices.
+                           ("watch", "tritonpools.serving.triton-operator.dev"),
+                           ("patch", "tritonpools.serving.triton-operator.dev/status"),
+                           ("create", "endpointslices.discovery.k8s.io"), ("delete", "endpointslices.discovery.k8s.io"),
                            # Issue 33: it replaces a replica that stopped serving and that a reload did not heal (its
                            # ReplicaSet makes the new pod); the admission policy limits this to the pods it renders.
                            ("delete", "pods")):
@@ -305,6 +309,10 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
         ("list", "tritonmodels.serving.triton-operator.dev", own),
         ("list", "tritonmodels.serving.triton-operator.dev", "default"),
         ("list", "tritonmodels.serving.triton-operator.dev", None),
+        ("update", "tritonpools.serving.triton-operator.dev", watched),
+        ("delete", "tritonpools.serving.triton-operator.dev", watched),
+        ("list", "tritonpools.serving.triton-operator.dev", "default"),
+        ("create", "endpointslices.discovery.k8s.io", "default"), ("delete", "endpointslices.discovery.k8s.io", own),
         ("patch", "configmaps", "default"), ("list", "configmaps", own), ("patch", "deployments.apps", "default"),
         ("list", "deployments.apps", None), ("list", "namespaces", None),
         ("list", "customresourcedefinitions.apiextensions.k8s.io", None),

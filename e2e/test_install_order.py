@@ -19,7 +19,7 @@ import pytest
 
 from e2e.cluster import REPO_ROOT, LocalCluster, free_port, session_root
 from e2e.kube import ApiError, Kube, wait_for
-from e2e.operator_fixtures import CHART, CRD, OPERATOR, helm, kubectl
+from e2e.operator_fixtures import CHART, CRDS, OPERATOR, helm, kubectl
 
 pytestmark = pytest.mark.cluster
 
@@ -62,7 +62,8 @@ def test_operator_started_before_its_crd_serves_tritonmodels_once_the_crd_exists
             assert resp.status == 200  # alive while it waits: the kubelet's liveness probe does not restart it
         time.sleep(10)  # the scenario itself: the CRD arrives 10 s after the operator started
         assert proc.poll() is None, log_path.read_text()
-        kubectl(admin, "apply", "--server-side", "-f", str(CRD))
+        for crd in CRDS:  # the TritonModel CRD, and the TritonPool CRD with it as the chart has them
+            kubectl(admin, "apply", "--server-side", "-f", str(crd))
         wait_for("the operator finding its CRD", lambda: "Found the TritonModel CRD" in log_path.read_text(), 60)
         wait_for("the CRD's OpenAPI schema", lambda: kube.request(
             "GET", "/openapi/v3/apis/serving.triton-operator.dev/v1alpha1"), 60)

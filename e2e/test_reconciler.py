@@ -18,7 +18,7 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.kube import Kube, wait_for
-from e2e.operator_fixtures import CRD, _crd_established, kubectl
+from e2e.operator_fixtures import apply_crds
 from triton_operator.api.kinds import CHILDREN, LABEL_MODEL, POD
 from triton_operator.controller.cache import Cache
 from triton_operator.controller.reconcile import Reconciler
@@ -46,9 +46,7 @@ def apiserver() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="trop-envtest-") as root:
         cluster = LocalCluster(Path(root), nodes=(), kube_proxy=False)
         with cluster.running_fresh() as kubeconfig:
-            kube = Kube(kubeconfig)
-            kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRD))
-            wait_for("CRD tritonmodels Established", lambda: _crd_established(kube), 30)
+            apply_crds(kubeconfig, Kube(kubeconfig))
             yield kubeconfig
 
 
