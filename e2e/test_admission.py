@@ -2,8 +2,9 @@
 operator's validating webhook (TLS, its own CA, failurePolicy Fail) refuses the rest.
 
 `kubectl apply` of every spec in tests/corpus/invalid is refused with the field path and leaves
-nothing behind. A corpus file's first document is the change under test; the others are what the
-namespace already holds (applied first, at `replicas: 0`: they are context, not workload).
+nothing behind. A corpus file's first document is the change under test (a TritonModel, or a TritonPool); the
+others are what the namespace already holds (applied first, at `replicas: 0`: they are context, not workload; a
+pooled model's pool among them).
 """
 
 from __future__ import annotations
@@ -111,16 +112,16 @@ def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_noth
             # The webhook names the exact field; a CEL rule can name a list but not an index in it.
             field = expect if layer == "webhook" else expect.split("[", 1)[0]
             assert re.search(re.escape(field) + r'[:\["]', stderr), f"{stem}: refused without naming {field}: {stderr}"
-            # Nothing created: no such TritonModel (or the earlier one untouched), no child of that name.
-            now = kube.get_or_none("TritonModel", name, ns)
+            # Nothing created: no such TritonModel (or TritonPool; or the earlier one untouched), no child of that name.
+            now = kube.get_or_none(subject["kind"], name, ns)
             if before is None:
-                assert now is None, f"{stem}: a TritonModel {name} exists after the refusal"
+                assert now is None, f"{stem}: a {subject['kind']} {name} exists after the refusal"
                 for kind in ("ConfigMap", "Deployment", "Service"):
                     assert kube.get_or_none(kind, name, ns) is None, f"{stem}: a {kind} {name} exists"
             else:
                 assert now is not None and now["metadata"]["generation"] == before["metadata"]["generation"]
                 assert now["spec"] == before["spec"], f"{stem}: the refused change was stored"
-        assert not kube.items("TritonModel", namespace)
+        assert not kube.items("TritonModel", namespace) and not kube.items("TritonPool", namespace)
         assert not kube.items("ConfigMap", namespace, label_selector=OWNED_SELECTOR)
     finally:
         for ns in extra:

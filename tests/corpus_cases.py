@@ -1,11 +1,8 @@
 """The invalid corpus (tests/corpus/invalid/), read once: one `Case` per file, from the comment lines it starts with
 (`# rule:`, `# expect:`, and for Triton-enforced rules `# triton-error:` and `# triton-append:`; tests/test_corpus.py
-says what each means). `CASES` are all of them, `TRITON_CASES` those Triton itself refuses.
-
-`POOL_CASES` (tests/corpus/pool/) are the pooled models' and pools' invalid specs (issue 29), in the same form. They
-stay apart from `CASES` until the webhook reviews pooled models against their pools: e2e/test_admission.py applies
-every spec of `CASES` to a real API server, and the README's admission split (`tests.corpus_counts`) is measured
-there. When the webhook knows pools, they move into invalid/ and the split is measured again."""
+says what each means). `CASES` are all of them, `TRITON_CASES` those Triton itself refuses. The pooled models' and
+pools' invalid specs (issue 29) are among them: a file's first document may be a TritonPool, and its other documents
+(what the namespace holds) may include the pool a model names."""
 
 from __future__ import annotations
 
@@ -14,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CORPUS = Path(__file__).parent / "corpus" / "invalid"
-POOL_CORPUS = Path(__file__).parent / "corpus" / "pool"
 
 
 @dataclass(frozen=True)
@@ -48,4 +44,3 @@ def _cases(corpus: Path = CORPUS) -> list[Case]:
 
 CASES = _cases()
 TRITON_CASES = [c for c in CASES if c.triton_error]
-POOL_CASES = _cases(POOL_CORPUS)

@@ -15,7 +15,16 @@ import yaml
 
 from tests.corpus_cases import _cases
 from triton_operator.api.steps import steps_of
-from triton_operator.validate.admission import UNTOLD, UNTOLD_DEPENDENT, needs_review, redacted, review, rule_summary
+from triton_operator.validate.admission import (
+    UNTOLD,
+    UNTOLD_DEPENDENT,
+    AdmissionVerdict,
+    needs_review,
+    redacted,
+    review,
+    review_pool,
+    rule_summary,
+)
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -30,9 +39,9 @@ _JSON_TYPE = {str: "string", bool: "boolean", int: "integer", float: "number", l
 def _schema_type_refuses(subject: dict, path: str) -> bool:
     """Whether the CRD's schema types the field at `path` (`spec.instanceGroups[0].count`) otherwise than the value
     `subject` gives it: the API server then refuses the object before any webhook sees it."""
-    from triton_operator.api.crd import crd
+    from triton_operator.api.crd import crd, pool_crd
 
-    node = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    node = (pool_crd() if subject["kind"] == "TritonPool" else crd())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     value: object = subject
     try:
         for part in re.findall(r"[^.\[\]]+", path):
@@ -45,18 +54,27 @@ def _schema_type_refuses(subject: dict, path: str) -> bool:
     return _JSON_TYPE[type(value)] != node.get("type")
 
 
+def _verdict(subject: dict, context: list[dict]) -> tuple[AdmissionVerdict, dict[str, dict]]:
+    """The webhook's verdict on creating `subject` in a namespace holding `context` (TritonModels, and the TritonPool
+    a pooled model names), and the models around it."""
+    if subject["kind"] == "TritonPool":
+        return review_pool(subject, None), {}
+    name = subject["metadata"]["name"]
+    neighbours = {d["metadata"]["name"]: d for d in context if d["kind"] == "TritonModel"}
+    pools = {d["metadata"]["name"]: d for d in context if d["kind"] == "TritonPool"}
+    dependents = [n for n, d in neighbours.items() if name in steps_of(d)]
+    return review(subject, None, neighbours, dependents, pools.get(subject["spec"].get("pool", ""))), neighbours
+
+
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
 def test_every_corpus_spec_is_refused_naming_its_field(case) -> None:  # type: ignore[no-untyped-def]
     """The first document is the change; the others are what the namespace already holds. The webhook reads
     objects as the API server stores them: a value of the wrong JSON type (a string for a number) never reaches it,
     since the CRD's schema refuses it, and the CLI's strict reading refuses it (tests/test_corpus.py)."""
     subject, *context = _docs(case.path)
-    name = subject["metadata"]["name"]
-    neighbours = {d["metadata"]["name"]: d for d in context}
-    dependents = [n for n, d in neighbours.items() if name in steps_of(d)]
     if _schema_type_refuses(subject, case.expect):
         return
-    verdict = review(subject, None, neighbours, dependents)
+    verdict, _ = _verdict(subject, context)
     assert not verdict.allowed, f"{case.id}: allowed"
     paths = [e.path for e in verdict.errors]
     assert case.expect in paths, f"{case.id}: refused without naming {case.expect}: {verdict.message}"
@@ -163,9 +181,7 @@ def test_the_redacted_verdict_says_only_what_the_object_shows_on_its_own(case) -
     field paths; each message one the object alone gives (no other model around), or the rule's summary."""
     subject, *context = _docs(case.path)
     name = subject["metadata"]["name"]
-    neighbours = {d["metadata"]["name"]: d for d in context}
-    dependents = [n for n, d in neighbours.items() if name in steps_of(d)]
-    verdict = review(subject, None, neighbours, dependents)
+    verdict, neighbours = _verdict(subject, context)
     told = redacted(verdict, subject)
     assert told.allowed == verdict.allowed and not told.warnings
     assert {e.path for e in told.errors} == {e.path for e in verdict.errors if e.model == verdict.subject} | (

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from tests.corpus_cases import CASES, CORPUS, POOL_CASES, TRITON_CASES, Case
+from tests.corpus_cases import CASES, CORPUS, TRITON_CASES, Case
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths, write_repository
 from triton_operator.render.modelconfig import render_repository
@@ -34,12 +34,12 @@ def test_corpus_is_large_enough() -> None:
 
 
 def test_every_rule_has_a_corpus_case() -> None:
-    covered = {c.rule for c in [*CASES, *POOL_CASES]}
+    covered = {c.rule for c in CASES}
     missing = sorted(set(RULES) - covered)
     assert not missing, f"rules without an invalid spec in the corpus: {missing}"
 
 
-@pytest.mark.parametrize("case", [*CASES, *POOL_CASES], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_refused_with_field_path(case: Case) -> None:
     loaded = check_documents(load_paths([case.path]))
     listing = "\n".join(f"  [{e.rule}] {e}" for e in loaded.errors)
