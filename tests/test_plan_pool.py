@@ -116,7 +116,7 @@ def test_a_held_load_waits_for_its_back_off() -> None:
 
 
 def test_statuses_say_loading_then_warmed_then_short_of_capacity() -> None:
-    members, pool, live, placement = _world()
+    members, _, _, placement = _world()
     a = members["a"]
     loading = pp.model_status(a, "p", True, placement, {"r1"}, {}, NOW)
     ready = {c.type: c for c in loading.conditions or ()}["Ready"]
