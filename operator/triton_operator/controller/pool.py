@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.kinds import TRITON_MODEL, TRITON_POOL
+from ..api.kinds import LABEL_MODEL, TRITON_MODEL, TRITON_POOL
 from ..api.pod import HTTP_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
@@ -247,6 +247,19 @@ class PoolReconciler:
             self._applied[key] = lean(body)
         return (meta.get("labels") or {}).get(LABEL_POOL)
 
+    async def unpooled(self, namespace: str, model: str) -> None:
+        """A model on no pool (any longer): the EndpointSlices the pool wrote for it go, or kube-proxy would add their
+        endpoints to those of its own Service's."""
+        for key in [k for k in self._applied if k[0] == "EndpointSlice" and k[1] == namespace
+                    and k[2].rsplit("-", 1)[0] == model]:
+            labels = self._applied[key].get("metadata", {}).get("labels") or {}
+            if labels.get(LABEL_MODEL) != model:
+                continue
+            await asyncio.to_thread(self.kube.delete, "discovery.k8s.io/v1", "EndpointSlice", namespace, key[2])
+            self._applied.pop(key, None)
+            log.info("Deleted EndpointSlice namespace=%s name=%s owner=TritonModel/%s reason=%r", namespace, key[2],
+                     model, "the model is on no pool")
+
     async def _apply(self, obj: dict[str, Any]) -> None:
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         if not differs(self._applied.get(key), obj):
@@ -420,8 +433,15 @@ class PoolReconciler:
         patch = {k: None for k in stored if k not in status} | status
         updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_POOL.group, TRITON_POOL.version,
                                           TRITON_POOL.plural, rnd.namespace, rnd.pool.name, patch)
-        if updated is not None and key in self.pools:
+        if updated is None:
+            return
+        if key in self.pools:
             self.pools[key] = lean(updated)
+        for c in transitions(stored, status):
+            log.info("Changed TritonPool condition namespace=%s name=%s type=%s status=%s reason=%s",
+                     rnd.namespace, rnd.pool.name, c["type"], c["status"], c.get("reason"))
+            await asyncio.to_thread(self.kube.event, rnd.body, c.get("reason") or "", c.get("message") or "",
+                                    "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
 
 
 def pool_of(body: Mapping[str, Any] | None) -> str | None:
