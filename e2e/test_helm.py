@@ -279,6 +279,8 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
                            ("watch", "tritonpools.serving.triton-operator.dev"),
                            ("patch", "tritonpools.serving.triton-operator.dev/status"),
                            ("create", "endpointslices.discovery.k8s.io"), ("delete", "endpointslices.discovery.k8s.io"),
+                           # ... and a model moved onto a pool loses its own Deployment.
+                           ("delete", "deployments.apps"),
                            # Issue 33: it replaces a replica that stopped serving and that a reload did not heal (its
                            # ReplicaSet makes the new pod); the admission policy limits this to the pods it renders.
                            ("delete", "pods")):
@@ -301,7 +303,7 @@ def _assert_least_privilege_namespaced(kubeconfig: Path, release: Release, watch
         ("create", "pods/exec", watched),
         ("update", "tritonmodels.serving.triton-operator.dev", watched),
         ("delete", "tritonmodels.serving.triton-operator.dev", watched),
-        ("delete", "deployments.apps", watched), ("create", "rolebindings.rbac.authorization.k8s.io", watched),
+        ("delete", "deployments.apps", "default"), ("create", "rolebindings.rbac.authorization.k8s.io", watched),
         ("create", "serviceaccounts/token", watched),
         ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None),
         ("create", "validatingwebhookconfigurations.admissionregistration.k8s.io", None),

@@ -48,7 +48,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: unused repositories
     ("", "services"): {"get", "list", "watch", "create", "patch"},
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: a model moved onto a pool
     ("apps", "replicasets"): {"list"},  # which repository ConfigMaps their pod templates still use
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("autoscaling", "horizontalpodautoscalers"): {"get", "list", "watch", "create", "patch", "delete"},

@@ -86,9 +86,10 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Deleted only when a TritonModel moves onto a TritonPool (issue 29): its own replicas go, the pool's serve it.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The Deployments' ReplicaSets: listed (their pod templates) to find the repository ConfigMaps still in use.
 - apiGroups: ["apps"]
   resources: ["replicasets"]
