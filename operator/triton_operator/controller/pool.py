@@ -46,6 +46,7 @@ from ..render.pool import (
 )
 from ..triton import pool as triton_pool
 from ..triton.reload import requests_seen
+from . import metrics
 from .cache import Cache, lean
 from .errors import retry_after
 from .tasks import detached
@@ -139,15 +140,19 @@ class PoolReconciler:
             failures = 0
             while ev.is_set():
                 ev.clear()
+                started = time.monotonic()
                 try:
                     again = await self.reconcile(*key)
                     failures = 0
+                    metrics.POOL_ROUNDS.labels(result="ok").inc()
                 except Exception as exc:  # noqa: BLE001 - the API server or a replica may be away: retried
+                    metrics.POOL_ROUNDS.labels(result="error").inc()
                     failures += 1
                     retry = retry_after(exc, failures)
                     log.warning("Failed to reconcile TritonPool namespace=%s name=%s error=%r retry=%.0fs",
                                 *key, exc, retry.delay)
                     again = retry.delay
+                metrics.POOL_ROUND_SECONDS.observe(time.monotonic() - started)
                 if again is not None and not ev.is_set():
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(ev.wait(), again)
@@ -325,6 +330,7 @@ class PoolReconciler:
         address = rnd.address(w.replica)
         for name in w.unload:
             why = await triton_pool.unload(address, name, rnd.key)
+            metrics.POOL_LOADS.labels(verb="unload", result="error" if why else "ok").inc()
             log.info("Unloaded model from pool replica namespace=%s pool=%s pod=%s model=%s%s", rnd.namespace,
                      rnd.pool.name, w.replica, name, f" error={why!r}" if why else "")
             records.get(w.replica, {}).pop(name, None)
@@ -337,7 +343,10 @@ class PoolReconciler:
             why = await triton_pool.load(address, m.request.name, m.request.config, m.request.files, rnd.key)
             after = await triton_pool.served(address, m.triton_name, m.digest, None, rnd.key)
             held_key = (rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest)
-            if after.ready and after.digest == m.digest:
+            metrics.POOL_LOAD_SECONDS.observe(time.monotonic() - started)
+            ok = after.ready and after.digest == m.digest
+            metrics.POOL_LOADS.labels(verb="load", result="ok" if ok else "error").inc()
+            if ok:
                 self._held.pop(held_key, None)
                 log.info("Loaded model into pool replica namespace=%s pool=%s pod=%s model=%s digest=%s "
                          "seconds=%.2f", rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest,
