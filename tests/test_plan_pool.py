@@ -151,3 +151,12 @@ def test_the_pool_status_lists_each_replica_with_what_it_loaded() -> None:
     assert "loaded" not in rows["r2"]
     assert status["used"] == "2Gi" and status["free"] == "6Gi"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+
+
+def test_a_question_that_got_no_answer_loads_nothing() -> None:
+    """A replica that did not answer (a timeout under load) may well serve the model: a load would be a second one
+    (seen after an operator restart, e2e/test_pool.py)."""
+    members, _, _, placement = _world()
+    seen = {(r, "a"): pp.Seen(False, None, "Triton did not answer: timeout", answered=False) for r in ("r1", "r2")}
+    todo = pp.work(placement, members, ["r1", "r2"], {}, seen, {})
+    assert all(not w.load for w in todo.values())

@@ -302,7 +302,7 @@ class PoolReconciler:
             m = rnd.members[n]
             s = await triton_pool.served(rnd.address(r), m.triton_name, m.digest or "",
                                          records.get(r, {}).get(m.triton_name), rnd.key)
-            return pool_plan.Seen(s.ready, s.digest, s.message)
+            return pool_plan.Seen(s.ready, s.digest, s.message, answered=not s.unanswered)
 
         answers = await asyncio.gather(*(ask(r, n) for r, n in asks))
         return dict(zip(asks, answers, strict=True))

@@ -145,6 +145,7 @@ class Seen:
     ready: bool
     digest: str | None
     message: str = ""
+    answered: bool = True  # False: the question went unanswered (a timeout, a refused connection): nothing known
 
 
 def order(names: Sequence[str], members: Mapping[str, Member]) -> list[str]:
@@ -177,6 +178,8 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
         for n in order(sorted(placed), members):
             m, s = members[n], seen.get((r, n))
             if m.request is None or (s is not None and s.ready and s.digest == m.digest) or held.get((r, n)):
+                continue
+            if s is not None and not s.answered:  # unknown, not absent: a load now could be a second one
                 continue
             if serves(m, s, records.get(r, {})):  # serving its previous config: an update, in the budget
                 if budget.get(n, 0) <= 0:
