@@ -93,6 +93,7 @@ class _Round:
     live: list[Any]
     placement: Placement
     key: str | None
+    coming: int  # replicas the pool may still get soon (`plan.pool.coming`)
 
     def address(self, replica: str) -> str:
         return f"{self.pods[replica].ip}:{HTTP_PORT}"
@@ -198,7 +199,7 @@ class PoolReconciler:
         live, views = pool_plan.replicas(pods)
         placement = pool_plan.placement_of(pool, live, members)
         rnd = _Round(namespace, pool, body, members, views, live, placement,
-                     pool_key(pool, uid, namespace, self.options))
+                     pool_key(pool, uid, namespace, self.options), pool_plan.coming(pods, pool.spec.replicas))
         live_state = _Live(rnd, pool_plan.recorded(body), {}, frozenset())
         self._live[(namespace, name)] = live_state
         try:
@@ -408,8 +409,7 @@ class PoolReconciler:
             behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
             await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
-                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name],
-                rnd.pool.spec.replicas))
+                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name], rnd.coming))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
         await self._write_pool_status(rnd, status)
