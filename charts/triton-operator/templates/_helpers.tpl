@@ -102,6 +102,17 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# TritonPools (issue 29): watched, read, and their status written as a model's is. A pooled model's EndpointSlices
+# (managed-by the operator, its Service having no selector): watched and written with server-side apply.
+- apiGroups: ["serving.triton-operator.dev"]
+  resources: ["tritonpools"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["serving.triton-operator.dev"]
+  resources: ["tritonpools/status"]
+  verbs: ["patch"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Each model's repository key Secret: created once (immutable, named by a digest of its content), never read,
 # listed, watched, updated or deleted. The operator derives the key from its master key instead of reading it back.
 - apiGroups: [""]
