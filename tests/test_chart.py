@@ -25,10 +25,10 @@ from triton_operator import __version__
 from triton_operator.api.crd import chart_template, crd, pool_crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.platform.kube import Kube
-from triton_operator.servers.custom_metrics import SERVED
 from triton_operator.render.kubernetes import Options, render_children, render_key_secret
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.render.repository_key import RepositoryKeys
+from triton_operator.servers.custom_metrics import SERVED
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "triton-operator"
