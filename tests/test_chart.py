@@ -774,9 +774,10 @@ def test_the_operators_writes_are_held_to_its_own_objects_by_an_admission_policy
     (condition,) = policy["spec"]["matchConditions"]
     assert condition["expression"] == f"request.userInfo.username == \"system:serviceaccount:{RELEASE_NS}:{SA}\""
     assert "matchResources" not in binding["spec"], "every namespace"
-    # Every kind the operator may write (its RBAC), but Events, its Lease and its TritonModels' status, is matched.
+    # Every kind the operator may write (its RBAC), but Events, its Lease and its TritonModels' and TritonPools'
+    # status, is matched.
     written = {k for k, verbs in EXPECTED_RULES.items() if verbs & WRITE_VERBS} - {
-        ("", "events"), (GROUP, f"{PLURAL}/status")}
+        ("", "events"), (GROUP, f"{PLURAL}/status"), (GROUP, "tritonpools/status")}
     matched = _matched(policy)
     assert written <= set(matched), written - set(matched)
     assert all(ops == {"CREATE", "UPDATE", "DELETE"} for ops in matched.values())
