@@ -7,11 +7,13 @@ again after them.
 - A pooled model (examples/autoscaling.yaml's model, 20 ms per request on one instance, on a pool of 2 replicas)
   under a load step through its Service: the HPA asks for a second copy, the operator places and loads it on the
   other replica, and the model's slice lists that replica ready; the added copy answers part of the step. Its
-  metric is read from the pool replicas where a copy serves (no pod of its own). With `autoscaling` removed, the
+  metric is read from the pool replicas where a copy serves (no pod of its own). After the step, under a trickle,
+  the HPA takes the copy away again: out of the slice, unloaded, no request failed. With `autoscaling` removed, the
   HPA is deleted.
 - A pool of 1 replica holding 512Mi, kept a quarter free: a second model of 300Mi fits nowhere
   (InsufficientPoolCapacity), the pool's demand (600Mi, 384Mi a replica) asks for 2 replicas, and the model is
-  placed, loaded and served on the new one. With `autoscaling` removed, the pool's HPA is deleted.
+  placed, loaded and served on the new one. That model deleted, the pool goes back to 1 replica, the first model
+  serving on it. With `autoscaling` removed, the pool's HPA is deleted.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.testing import ready_addresses
-from e2e.traffic import infer_add_sub
+from e2e.traffic import infer_add_sub, loaded_digest
 from triton_operator.api.pool import LABEL_POOL
 from triton_operator.api.v1alpha1 import API_VERSION, GROUP
 
@@ -128,6 +130,18 @@ def _answered(ip: str, model: str) -> int:
         client.close()
 
 
+def _infer(address: str, model: str) -> list[list[float]] | None:
+    """add-sub's sum at `address`, or None while nothing answers there (connection refused)."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        return infer_add_sub(address, model).tolist()  # type: ignore[no-any-return]
+    except InferenceServerException as e:
+        if "UNAVAILABLE" not in str(e):
+            raise
+        return None
+
+
 def _metric(kubeconfig: Path, namespace: str, resource: str, name: str, metric: str) -> dict[str, Any] | None:
     out = kubectl(kubeconfig, "get", "--raw", f"{METRICS_API}/namespaces/{namespace}/{resource}/{name}/{metric}",
                   check=False).stdout
@@ -173,15 +187,36 @@ def test_a_pooled_model_scales_its_copies_on_its_queue_time_and_the_new_copy_joi
                  lambda: ready_addresses(kube, namespace, model) == {pods[first]["status"]["podIP"], other_ip}, 60)
         ready = time.monotonic() - t0
         answered = wait_for("the added copy answering part of the step (its Triton's own count)",
-                            lambda: _answered(other_ip, model), 60)
+                            lambda: (n := _answered(other_ip, model)) >= 50 and n, 60)
         during = _hpa_says(kube, namespace, model)
     finally:
         up = heavy.stop()
-    record("pooled model autoscaling on queue time (1 -> 2 copies, 20 ms target)",
-           f"HPA asked for a second copy after {asked:.1f}s, its endpoint ready after {ready:.1f}s, the added copy "
-           f"answered {answered}; step: {up.summary()}; HPA at the peak: {during}")
     assert up.failed == 0, f"{up.summary()} {heavy.samples}"
     assert up.sent > 100, up.summary()
+
+    # The step ends; a trickle (one client, 5 a second: no queue) runs on while the HPA takes a copy away again.
+    light = ServiceLoad(kubeconfig, namespace, model, model=model, threads=1, rate=5).start()
+    try:
+        t1 = time.monotonic()
+        tm = wait_model(kube, namespace, model, lambda t: t["spec"]["replicas"] == 1 and _warmed(1)(t),
+                        f"scaled back to 1 copy ({_hpa_says(kube, namespace, model)})", 300)
+        (kept,) = tm["status"]["placement"]
+        (dropped,) = {first, other} - {kept}
+        dropped_ip = pods[dropped]["status"]["podIP"]
+        wait_for("the slice listing the one copy left", lambda: ready_addresses(kube, namespace, model)
+                 == {pods[kept]["status"]["podIP"]}, 60)
+        wait_for(f"the copy no longer placed unloaded from {dropped}", lambda: loaded_digest(dropped_ip, model) is None,
+                 60)
+        down_took = time.monotonic() - t1
+        sent = light.tally().sent
+        wait_for("the trickle answered by the copy left", lambda: light.tally().sent > sent + 20, 30)
+    finally:
+        down = light.stop()
+    record("pooled model autoscaling on queue time (1 -> 2 copies, 20 ms target)",
+           f"HPA asked for a second copy after {asked:.1f}s, its endpoint ready after {ready:.1f}s, the added copy "
+           f"answered {answered}; step: {up.summary()}; HPA at the peak: {during}; back to 1 copy (unloaded, out "
+           f"of the slice) {down_took:.1f}s after the step; after: {down.summary()}")
+    assert down.failed == 0, f"{down.summary()} {light.samples}"
 
     # autoscaling removed: its HPA goes, the copies stay where the HPA left them.
     kube.patch("TritonModel", model, {"spec": {"autoscaling": None}}, namespace, type="merge")
@@ -193,7 +228,8 @@ def test_a_pool_whose_models_fill_it_scales_up_its_replicas_and_places_what_did_
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any) -> None:
     pool, hpa_name = "filling", "filling-pool"
     apply(kubeconfig, namespace, _pool("filling", None, "512Mi", {
-        "minReplicas": 1, "maxReplicas": 3, "targetFreeFraction": 0.25}), _pooled("fill-a", pool, "300Mi"))
+        "minReplicas": 1, "maxReplicas": 3, "targetFreeFraction": 0.25,
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 10}}}), _pooled("fill-a", pool, "300Mi"))
     wait_model(kube, namespace, "fill-a", _warmed(1), "Ready with 1 copy warmed", 300)
     hpa = wait_for("the pool's HPA", lambda: kube.get_or_none("HorizontalPodAutoscaler", hpa_name, namespace), 60)
     ref = {"apiVersion": API_VERSION, "kind": "TritonPool", "name": pool}
@@ -225,17 +261,24 @@ def test_a_pool_whose_models_fill_it_scales_up_its_replicas_and_places_what_did_
     (ip,) = ready_addresses(kube, namespace, "fill-b")
     assert ip == _pool_pods(kube, namespace, pool)[tm["status"]["placement"][0]]["status"]["podIP"]
     svc = kube.get("Service", "fill-b", namespace)
-    assert infer_add_sub(svc["spec"]["clusterIP"], "fill-b").tolist() == [[11, 22, 33, 44]]
+    # Through its ClusterIP, once kube-proxy has the slice's new endpoint (it refuses connections until then).
+    out = wait_for("fill-b answering through its ClusterIP", lambda: _infer(svc["spec"]["clusterIP"], "fill-b"), 30)
+    assert out == [[11, 22, 33, 44]]
     settled = _hpa_says(kube, namespace, hpa_name)
     record("pool autoscaling on demand (512Mi replicas kept a quarter free, 1 -> 2)",
            f"demand {demand['items'][0]['value']}; the HPA set 2 replicas {asked:.1f}s after the second model's apply, "
            f"the model warmed on the new replica {served:.1f}s after it; HPA then: {settled}")
-    wait_for(f"the HPA staying at 2 ({_hpa_says(kube, namespace, hpa_name)})",
-             lambda: "desiredReplicas" in json.dumps(kube.get("HorizontalPodAutoscaler", hpa_name, namespace)["status"])
-             and kube.get("HorizontalPodAutoscaler", hpa_name, namespace)["status"]["desiredReplicas"] == 2, 60)
+
+    # fill-b deleted: 300Mi demanded, one replica is enough again; fill-a serves on the one left.
+    kube.delete("TritonModel", "fill-b", namespace)
+    wait_for(f"the pool's HPA scaling back to 1 ({_hpa_says(kube, namespace, hpa_name)})",
+             lambda: kube.get("TritonPool", pool, namespace)["spec"]["replicas"] == 1
+             and len(_pool_pods(kube, namespace, pool)) == 1, 180, interval=1)
+    a = wait_model(kube, namespace, "fill-a", _warmed(1), "Ready on the replica left", 180)
+    assert a["status"]["placement"] == list(_pool_pods(kube, namespace, pool)), a["status"]
 
     # autoscaling removed: the pool's HPA goes, the replicas stay where it left them.
     kube.patch("TritonPool", pool, {"spec": {"autoscaling": None}}, namespace, type="merge")
     wait_for("the pool's HPA deleted",
              lambda: kube.get_or_none("HorizontalPodAutoscaler", hpa_name, namespace) is None, 60)
-    assert kube.get("TritonPool", pool, namespace)["spec"]["replicas"] == 2
+    assert kube.get("TritonPool", pool, namespace)["spec"]["replicas"] == 1
