@@ -8,6 +8,8 @@ The chart-installed operator's pool tests (the issue's whole list) are e2e/test_
 from __future__ import annotations
 
 import copy
+import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -53,7 +55,7 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
                         webhook=False)
     try:
         wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
-        docs = load_examples("pool.yaml")
+        docs = load_examples("pool")
         for d in docs:
             if d["kind"] == "TritonPool":
                 d["spec"]["server"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
@@ -76,6 +78,17 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
         digest = addsub["status"]["configDigest"]
         for ip in ips:
             assert loaded_digest(ip, "pool-add-sub") == digest
+
+        # A copy's tritonserver killed: that replica leaves the slice at once, and comes back once it has reloaded.
+        victim = pods[placed[0]]
+        victim_ip = victim["status"]["podIP"]
+        os.kill(nodes.container_pid(victim, "tritonserver"), signal.SIGKILL)
+        wait_for("the killed replica out of pool-add-sub's slice",
+                 lambda: victim_ip not in _ready_ips(kube, namespace, "pool-add-sub"), 30)
+        wait_for("the killed replica back in pool-add-sub's slice, reloaded",
+                 lambda: _ready_ips(kube, namespace, "pool-add-sub") == ips, 180)
+        assert loaded_digest(victim_ip, "pool-add-sub") == digest
+        assert kube.get("TritonModel", "pool-add-sub", namespace)["status"]["placement"] == placed
 
         # An update: reloaded in place on both copies, placement unchanged.
         updated = copy.deepcopy(next(d for d in docs if d["metadata"]["name"] == "pool-add-sub"))

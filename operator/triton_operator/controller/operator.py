@@ -188,6 +188,7 @@ def _add_pool_handlers(registry: kopf.OperatorRegistry) -> None:
                    registry=registry)
     async def _pool_pod_event(event: kopf.RawEvent, **_: Any) -> None:
         meta = event["object"]["metadata"]
+        STATE.pools.pod_changed(event["object"], deleted=event["type"] == "DELETED")
         STATE.pools.request(meta["namespace"], (meta.get("labels") or {})[LABEL_POOL])
 
 
