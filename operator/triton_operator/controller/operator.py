@@ -397,6 +397,7 @@ async def run_operator(
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
     STATE.pools = PoolReconciler(STATE.kube, STATE.cache, options)
     STATE.reconciler.on_pooled = STATE.pools.request
+    STATE.reconciler.on_unpooled = STATE.pools.unpooled
     STATE.webhook = _admission_webhook(webhook, namespaces, clusterwide)
     elector = None if election is None else LeaderElection(STATE.kube, election)
     lost = asyncio.Event()

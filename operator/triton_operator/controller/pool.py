@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.kinds import HPA, TRITON_MODEL, TRITON_POOL, Kind
+from ..api.kinds import HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
 from ..api.pod import HTTP_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
@@ -174,6 +174,10 @@ class PoolReconciler:
         """One round; returns in how many seconds to come back (None: when something changes)."""
         members = pool_plan.members(name, self._bodies(namespace))
         body = self.pools.get((namespace, name))
+        if body is None and members:  # the pool's watch may not have delivered it yet (the operator starting)
+            body = await asyncio.to_thread(self.kube.get, TRITON_POOL.api_version, TRITON_POOL.kind, namespace, name)
+            if body is not None:
+                self.put_pool(body)
         if body is None:
             await self._orphans(namespace, name, members)
             return None
@@ -249,6 +253,19 @@ class PoolReconciler:
         else:
             self._applied[key] = lean(body)
         return (meta.get("labels") or {}).get(LABEL_POOL)
+
+    async def unpooled(self, namespace: str, model: str) -> None:
+        """A model on no pool (any longer): the EndpointSlices the pool wrote for it go, or kube-proxy would add their
+        endpoints to those of its own Service's."""
+        for key in [k for k in self._applied if k[0] == "EndpointSlice" and k[1] == namespace
+                    and k[2].rsplit("-", 1)[0] == model]:
+            labels = self._applied[key].get("metadata", {}).get("labels") or {}
+            if labels.get(LABEL_MODEL) != model:
+                continue
+            await asyncio.to_thread(self.kube.delete, "discovery.k8s.io/v1", "EndpointSlice", namespace, key[2])
+            self._applied.pop(key, None)
+            log.info("Deleted EndpointSlice namespace=%s name=%s owner=TritonModel/%s reason=%r", namespace, key[2],
+                     model, "the model is on no pool")
 
     async def _apply(self, obj: dict[str, Any]) -> None:
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
@@ -386,7 +403,8 @@ class PoolReconciler:
             behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
             await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
-                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name]))
+                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name],
+                rnd.pool.spec.replicas))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
         await self._write_pool_status(rnd, status)
@@ -440,8 +458,15 @@ class PoolReconciler:
         patch = {k: None for k in stored if k not in status} | status
         updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_POOL.group, TRITON_POOL.version,
                                           TRITON_POOL.plural, rnd.namespace, rnd.pool.name, patch)
-        if updated is not None and key in self.pools:
+        if updated is None:
+            return
+        if key in self.pools:
             self.pools[key] = lean(updated)
+        for c in transitions(stored, status):
+            log.info("Changed TritonPool condition namespace=%s name=%s type=%s status=%s reason=%s",
+                     rnd.namespace, rnd.pool.name, c["type"], c["status"], c.get("reason"))
+            await asyncio.to_thread(self.kube.event, rnd.body, c.get("reason") or "", c.get("message") or "",
+                                    "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
 
 
 def pool_of(body: Mapping[str, Any] | None) -> str | None:
