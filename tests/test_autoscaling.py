@@ -23,7 +23,7 @@ from triton_operator.api.crd import crd
 from triton_operator.api.v1alpha1 import API_VERSION, TritonModel
 from triton_operator.plan.autoscaling import Counters, Sample, delta, model_metrics, replica_metrics, trim
 from triton_operator.plan.planner import World, plan
-from triton_operator.render.autoscaling import INFLIGHT, QUEUE_TIME, RATE, quantity
+from triton_operator.render.autoscaling import COPIES_INFLIGHT, COPIES_QUEUE_TIME, INFLIGHT, QUEUE_TIME, RATE, quantity
 from triton_operator.render.kubernetes import Options, render_children
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.servers.custom_metrics import FrontProxy
@@ -127,7 +127,9 @@ def test_the_model_metrics_combine_every_replicas_window() -> None:
     assert replica_metrics(da) == pytest.approx({QUEUE_TIME: 30.0, INFLIGHT: 0.5, RATE: 10.0})
     assert replica_metrics(db) == pytest.approx({QUEUE_TIME: 10.0, INFLIGHT: 0.6, RATE: 30.0})
     # Queue time: per request over both (6000 ms / 400); in flight: the mean per replica; rate: the total.
-    assert model_metrics([da, db]) == pytest.approx({QUEUE_TIME: 15.0, INFLIGHT: 0.55, RATE: 40.0})
+    # And for a pooled model's HPA, the first two times the replicas measured (the queue time) or summed (in flight).
+    assert model_metrics([da, db]) == pytest.approx({QUEUE_TIME: 15.0, INFLIGHT: 0.55, RATE: 40.0,
+                                                     COPIES_QUEUE_TIME: 30.0, COPIES_INFLIGHT: 1.1})
     assert model_metrics([]) is None
 
 

@@ -26,10 +26,10 @@ from triton_operator.api.crd import chart_template, crd, pool_crd
 from triton_operator.api.pool import POOL_PLURAL
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, TritonModel
 from triton_operator.platform.kube import Kube
-from triton_operator.render.autoscaling import METRICS
 from triton_operator.render.kubernetes import Options, render_children, render_key_secret
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.render.repository_key import RepositoryKeys
+from triton_operator.servers.custom_metrics import SERVED
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "triton-operator"
@@ -56,6 +56,9 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
     ("", "secrets"): {"create"},  # each model's repository key: created, never read (render/repository_key.py)
+    (GROUP, "tritonpools"): {"get", "list", "watch"},
+    (GROUP, "tritonpools/status"): {"patch"},
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "patch"},  # pooled models' slices
 }
 
 
@@ -663,8 +666,8 @@ def test_the_custom_metrics_rbac_delegates_authentication_and_lets_the_hpa_read_
     assert reader["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                  "name": "extension-apiserver-authentication-reader"}
     role = by_name[("ClusterRole", "-custom-metrics-reader")]
-    assert grants(role["rules"]) == {("custom.metrics.k8s.io", f"{what}/{m}"): {"get"}
-                                     for m in METRICS for what in (f"{PLURAL}.{GROUP}", "pods")}
+    assert grants(role["rules"]) == {("custom.metrics.k8s.io", f"{what}/{m}"): {"get"} for what, metrics
+                                     in SERVED.items() for m in metrics}
     hpa = by_name[("ClusterRoleBinding", "-custom-metrics-reader")]
     assert hpa["subjects"] == [{"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler",
                                 "namespace": "kube-system"}]

@@ -34,11 +34,19 @@ def test_a_pooled_model_with_its_memory_is_valid() -> None:
     ({"pool": "p", "memory": "1Gi", "server": {"fetch": {"maxFiles": 5}}}, "spec.server.fetch.maxFiles"),
     ({"pool": "p", "memory": "1Gi", "warmupGate": {"enabled": False}}, "spec.warmupGate.enabled"),
     ({"pool": "p", "memory": "1Gi", "rollout": {"strategy": "NewPods"}}, "spec.rollout.strategy"),
-    ({"pool": "p", "memory": "1Gi", "autoscaling": {"maxReplicas": 3, "target": {"inflightRequests": 4}}},
-     "spec.autoscaling"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_what_a_pooled_model_may_not_set_is_refused_naming_the_field(spec: dict[str, Any], path: str) -> None:
     assert errors(model(**spec)) == [(path, "pooled-model")]
+
+
+def test_a_pooled_model_may_autoscale_its_copies_and_a_pool_its_replicas() -> None:
+    assert errors(model(pool="p", memory="1Gi", autoscaling={"maxReplicas": 3, "target": {"inflightRequests": 4}})) == []
+    scaled = TritonPool.model_validate(pool(autoscaling={"minReplicas": 2, "maxReplicas": 6,
+                                                         "targetFreeFraction": 0.25}))
+    assert scaled.spec.autoscaling is not None
+    assert scaled.spec.autoscaling.target_bytes(scaled.spec.replica_bytes) == 3 << 30  # 4Gi less a quarter
+    with pytest.raises(ValidationError, match="targetFreeFraction"):
+        TritonPool.model_validate(pool(autoscaling={"maxReplicas": 6, "targetFreeFraction": 1}))
 
 
 def test_a_server_field_at_its_default_is_no_setting() -> None:

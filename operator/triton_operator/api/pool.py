@@ -9,7 +9,7 @@ by replica, which models are loaded there and how much capacity is used and free
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,6 +68,43 @@ class PoolCapacity(_Model):
     )
 
 
+class PoolAutoscaling(_Model):
+    """A HorizontalPodAutoscaler of the pool's replicas on the capacity its models leave free."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas",
+         "fieldPath": ".minReplicas"},
+    ]})
+
+    min_replicas: int = Field(default=1, ge=1, le=MAX_POOL_REPLICAS, description="The fewest replicas the HPA scales "
+                              "to. Keep it at least the most copies one of its models has.")
+    max_replicas: int = Field(ge=1, le=MAX_POOL_REPLICAS, description="The most replicas the HPA scales to.")
+    target_free_fraction: float = Field(
+        default=0.2,
+        ge=0,
+        le=0.9,
+        description=(
+            "The share of the pool's capacity to keep free for models to come: the HPA keeps the memory its models "
+            "demand (placed, and copies that fit no replica yet) at capacityPerReplica x (1 - this) per replica "
+            "(metric triton_pool_demand_bytes of the TritonPool). A pool with a model of more copies than replicas "
+            "demands a replica per copy."
+        ),
+    )
+    behavior: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "The HPA's behavior (autoscaling/v2 HorizontalPodAutoscalerBehavior), passed to it as is. Unset: "
+            "Kubernetes' defaults (scale down after a 300 s stabilisation window). A replica scaled away takes its "
+            "models' copies with it: they are placed again on the replicas left."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+    def target_bytes(self, replica_bytes: int) -> int:
+        """The demand the HPA keeps per replica, in whole bytes: a replica's capacity less the free share."""
+        return int(replica_bytes * (1 - self.target_free_fraction))
+
+
 class TritonPoolSpec(_Model):
     """Desired state of a pool of tritonservers that pooled TritonModels share."""
 
@@ -99,6 +136,15 @@ class TritonPoolSpec(_Model):
         description=(
             "What one replica holds. Lowering it below what is placed on a replica is refused: the operator never "
             "moves a model that is serving."
+        ),
+    )
+    autoscaling: PoolAutoscaling | None = Field(
+        default=None,
+        description=(
+            "Scale the replicas on the capacity the pool's models leave: the operator renders a "
+            "HorizontalPodAutoscaler (<pool>-pool, owned by the pool) that sets spec.replicas through the scale "
+            "subresource, on a metric the operator serves through the custom metrics API (the chart's "
+            "customMetrics.enabled). Leave spec.replicas out of manifests that set this: the HPA owns it."
         ),
     )
     server: Server = Field(
@@ -167,6 +213,10 @@ class TritonPoolStatus(_Model):
     capacity_per_replica: str | None = Field(default=None, description="What one replica holds (bytes).")
     used: str | None = Field(default=None, description="Memory placed models take over all replicas (bytes).")
     free: str | None = Field(default=None, description="Capacity left over all replicas (bytes).")
+    unplaced: str | None = Field(default=None, description="Memory of the copies that fit no replica (bytes).")
+    most_copies: int | None = Field(default=None, ge=0, le=INT32_MAX, description=(
+        "The most copies one of its models wants: the fewest replicas that can hold them (copies go on distinct "
+        "replicas)."))
     replica_models: list[PoolReplicaStatus] | None = Field(
         default=None,
         max_length=MAX_POOL_REPLICAS,

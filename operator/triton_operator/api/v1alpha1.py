@@ -1232,7 +1232,7 @@ def _server_defaults(model: type[BaseModel], at: str) -> Iterator[tuple[str, Any
 #: run it), and `validate.rules` names the one that differs. `.server.image` -> its default (None: no default).
 POOLED_SERVER_DEFAULTS: dict[str, Any] = dict(_server_defaults(Server, ".server"))
 #: What a pooled model may not set, as the reference says it.
-POOLED_MODEL_REFUSED = ("server", "autoscaling", "warmupGate.enabled: false", "rollout.strategy: NewPods")
+POOLED_MODEL_REFUSED = ("server", "warmupGate.enabled: false", "rollout.strategy: NewPods")
 _POOLED = "!has(self.pool) || "
 
 
@@ -1263,12 +1263,6 @@ POOLED_MODEL_RULES: list[JsonDict] = [
         "rule": "!has(self.memory) || has(self.pool)",
         "message": "memory goes with pool: it is what a copy takes on a pool replica",
         "fieldPath": ".memory",
-    },
-    {
-        "rule": f"{_POOLED}!has(self.autoscaling)",
-        "message": "autoscaling of a pooled model's copies is not supported yet: set replicas (its copies), or "
-                   "scale the pool",
-        "fieldPath": ".autoscaling",
     },
     {
         "rule": f"{_POOLED}!has(self.warmupGate) || self.warmupGate.enabled",
@@ -1558,7 +1552,10 @@ class TritonModelSpec(_Model):
             "replicas count. Without a server for the metric the HPA does not scale, and says why in its ScalingActive "
             "condition, which the model's status restates. "
             "Leave spec.replicas out of manifests that set this: the HPA owns it. Unset: no "
-            "HPA is rendered (one of your own still works through the scale subresource)."
+            "HPA is rendered (one of your own still works through the scale subresource). With pool, it scales the "
+            "model's copies on the pool: its metric is read from the pool replicas where a copy serves (the "
+            "model's EndpointSlices' ready endpoints), each a copy in the figures, and the HPA compares the "
+            "model's total to the target times its copies (an AverageValue, the pool's replicas being shared)."
         ),
     )
 

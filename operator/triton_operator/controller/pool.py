@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.kinds import LABEL_MODEL, TRITON_MODEL, TRITON_POOL
+from ..api.kinds import HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
 from ..api.pod import HTTP_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
@@ -37,11 +37,14 @@ from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from ..render.pool import (
     ReplicaPod,
+    pool_deployment_name,
     pool_key,
     pool_selector,
     render_endpoint_slices,
+    render_model_hpa,
     render_model_service,
     render_pool_children,
+    render_pool_hpa,
     render_pool_key_secret,
 )
 from ..triton import pool as triton_pool
@@ -284,6 +287,15 @@ class PoolReconciler:
         self._applied[key] = lean(await asyncio.to_thread(self.kube.apply, obj))
         log.info("Applied %s namespace=%s name=%s", *key)
 
+    async def _delete(self, kind: Kind, namespace: str, name: str) -> None:
+        """Deletes an object of ours the rounds applied or the watch reported (an HPA whose autoscaling is unset)."""
+        key = (kind.kind, namespace, name)
+        if key not in self._applied:
+            return
+        await asyncio.to_thread(self.kube.delete, kind.api_version, kind.kind, namespace, name)
+        self._applied.pop(key, None)
+        log.info("Deleted %s namespace=%s name=%s", *key)
+
     async def _apply_children(self, namespace: str, pool: TritonPool, uid: str) -> None:
         secret = render_pool_key_secret(pool, uid, namespace, self.options)
         if secret is not None and ("Secret", namespace, secret["metadata"]["name"]) not in self._applied:
@@ -294,6 +306,10 @@ class PoolReconciler:
                          secret["metadata"]["name"], pool.name)
         for child in render_pool_children(pool, uid, namespace, self.options):
             await self._apply(child)
+        if pool.spec.autoscaling is not None:
+            await self._apply(render_pool_hpa(pool, uid, namespace))
+        else:
+            await self._delete(HPA, namespace, pool_deployment_name(pool))
 
     def _held_now(self, rnd: _Round) -> dict[tuple[str, str], bool]:
         now = time.monotonic()
@@ -422,6 +438,10 @@ class PoolReconciler:
         await self._apply(render_model_service(m.model, uid, namespace))
         for s in render_endpoint_slices(m.model, uid, namespace, placement, pods, serving):
             await self._apply(s)
+        if m.model.spec.autoscaling is not None:
+            await self._apply(render_model_hpa(m.model, uid, namespace))
+        else:
+            await self._delete(HPA, namespace, m.model.name)
 
     async def _orphans(self, namespace: str, pool: str, members: Mapping[str, pool_plan.Member]) -> None:
         """The models of a pool that does not exist: PoolNotFound, and no endpoint."""

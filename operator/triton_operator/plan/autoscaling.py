@@ -7,17 +7,24 @@ sample and the oldest one inside the window. The model's value combines every wa
 - `triton_queue_time_ms`: mean queue time per request, milliseconds (all requests of all replicas);
 - `triton_inflight_requests`: requests in flight or pending per replica, on average over the window:
   the time requests spent in Triton per second of window (Little's law), averaged over the replicas;
-- `triton_inferences_per_second`: requests completed per second, the model's total.
+- `triton_inferences_per_second`: requests completed per second, the model's total;
+- `triton_copies_queue_time_ms`, `triton_copies_inflight_requests`: the first two times the replicas measured (a
+  pooled model's HPA divides them by its copies: `render.autoscaling.pooled_hpa_metric`).
+
+A pooled model's replicas are the pool replicas where a copy of it serves; a pool's own metric is the memory its
+models demand (`pool_demand`), from its status.
 
 A replica restarted (or its model reloaded) starts its counters again: only its samples since then count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..render.autoscaling import INFLIGHT, QUEUE_TIME, RATE
+from ..api.v1alpha1 import quantity_bytes
+from ..render.autoscaling import COPIES_INFLIGHT, COPIES_QUEUE_TIME, INFLIGHT, QUEUE_TIME, RATE
 
 #: The window the model's metrics are computed over (seconds), as the HPA reads them.
 WINDOW_SECONDS = 30.0
@@ -94,14 +101,29 @@ def replica_metrics(d: Delta) -> dict[str, float]:
 
 
 def model_metrics(deltas: Iterable[Delta]) -> dict[str, float] | None:
-    """The model's three metrics over its warmed replicas' deltas; None without any."""
+    """The model's metrics over its warmed replicas' deltas; None without any."""
     ds = list(deltas)
     if not ds:
         return None
     total = sum((d.counters for d in ds), Counters())
     per = [replica_metrics(d) for d in ds]
+    queue_time = total.queue_ns / total.queued / 1e6 if total.queued else 0.0
+    inflight = sum(p[INFLIGHT] for p in per)
     return {
-        QUEUE_TIME: total.queue_ns / total.queued / 1e6 if total.queued else 0.0,
-        INFLIGHT: sum(p[INFLIGHT] for p in per) / len(per),
+        QUEUE_TIME: queue_time,
+        INFLIGHT: inflight / len(per),
         RATE: sum(p[RATE] for p in per),
+        COPIES_QUEUE_TIME: queue_time * len(per),
+        COPIES_INFLIGHT: inflight,
     }
+
+
+def pool_demand(status: Mapping[str, Any], target_bytes: int) -> int | None:
+    """The memory a pool's models demand (bytes), from its status: what is placed (`used`) and the copies that fit
+    no replica (`unplaced`), and at least `target_bytes` (what the pool's HPA keeps per replica) for each copy of
+    its model with the most (`mostCopies`: copies go on distinct replicas, so a model of 3 copies needs 3 replicas
+    however small). None before the operator wrote the figures."""
+    if status.get("used") is None:
+        return None
+    placed = quantity_bytes(str(status["used"])) + quantity_bytes(str(status.get("unplaced") or "0"))
+    return max(placed, int(status.get("mostCopies") or 0) * target_bytes)

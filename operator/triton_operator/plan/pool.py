@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api import steps as step_graph
+from ..api.kinds import LABEL_MODEL
 from ..api.pool import TritonPool, format_bytes
 from ..api.timestamps import rfc3339
 from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
@@ -301,6 +302,9 @@ def model_status(m: Member, pool: str, found: bool, placement: Placement | None,
         warmed_replicas=len(current),
         config_digest=m.digest,
         placement=copies or None,
+        # The scale subresource's selector, which an HPA requires: the model's label, on no pool replica (a pool's
+        # replicas are its own HPA's), so that the HPAs of a pool and of its models never select the same pods.
+        selector=f"{LABEL_MODEL}={m.name}",
     )
 
 
@@ -342,5 +346,9 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
         "selector": selector,
         "capacityPerReplica": format_bytes(placement.capacity),
         "used": format_bytes(used), "free": format_bytes(max(total - used, 0)),
+        # What the pool's autoscaler reads (`plan.autoscaling.pool_demand`).
+        "unplaced": format_bytes(sum((s.wanted - s.placed) * s.needed for s in placement.shortfalls.values())),
+        "mostCopies": max([len(c) for c in placement.copies.values()]
+                          + [s.wanted for s in placement.shortfalls.values()], default=0),
         "replicaModels": rows,
     }

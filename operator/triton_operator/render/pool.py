@@ -9,6 +9,8 @@
   route to it.
 - `render_endpoint_slices`: a pooled model's EndpointSlices, from its placement, each replica's pod (IP, Ready,
   terminating) and the replicas where the model is READY at the desired digest and warm (the gate's verdict).
+- `render_model_hpa`, `render_pool_hpa`: the HPAs of a pooled model's copies and of a pool's replicas
+  (`render.autoscaling` says which metric each reads).
 - `load_request`: what loads an inline model into a pool replica with nothing of it on disk: its config as JSON and
   its files as Triton's `file:<path>` load parameters (TRITON_NOTES.md, verified on 2.51; `tests/test_pool_load.py`
   loads examples/pool.yaml so into a real tritonserver).
@@ -28,6 +30,7 @@ from ..api.kinds import LABEL_MODEL, OWNED
 from ..api.pod import GRPC_PORT, HTTP_PORT, METRICS_PORT, PROBE_PORT, TRITON_CONTAINER
 from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, TritonPool
 from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
+from .autoscaling import HpaMetric, pool_hpa_metric, pooled_hpa_metric
 from .kubernetes import (
     CONTAINER_SECURITY,
     REPO_DIR,
@@ -246,6 +249,41 @@ def render_model_service(model: TritonModel, uid: str, namespace: str) -> dict[s
         "spec": {"ports": [{"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
                            for name, port in MODEL_PORTS]},
     }
+
+
+def _hpa(meta: dict[str, Any], ref: dict[str, str], min_replicas: int, max_replicas: int, metric: HpaMetric,
+         behavior: dict[str, Any] | None) -> dict[str, Any]:
+    """An HPA of `ref`'s scale subresource on an Object metric of `ref` itself (the operator serves it)."""
+    spec: dict[str, Any] = {
+        "scaleTargetRef": ref,
+        "minReplicas": min_replicas,
+        "maxReplicas": max_replicas,
+        "metrics": [{"type": "Object", "object": {"describedObject": ref, "metric": {"name": metric.name},
+                                                  "target": {"type": "AverageValue", "averageValue": metric.value}}}],
+    }
+    if behavior is not None:
+        spec["behavior"] = behavior
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta, "spec": spec}
+
+
+def render_model_hpa(model: TritonModel, uid: str, namespace: str) -> dict[str, Any]:
+    """A pooled model's HPA (spec.autoscaling): it sets the model's copies (spec.replicas, through the TritonModel's
+    scale subresource) on its metric over the pool replicas where a copy serves (`pooled_hpa_metric`)."""
+    a = model.spec.autoscaling
+    assert a is not None
+    ref = {"apiVersion": API_VERSION, "kind": KIND, "name": model.name}
+    return _hpa(_model_meta(model, model.name, uid, namespace), ref, a.min_replicas, a.max_replicas,
+                pooled_hpa_metric(a.target), a.behavior)
+
+
+def render_pool_hpa(pool: TritonPool, uid: str, namespace: str) -> dict[str, Any]:
+    """The pool's HPA (spec.autoscaling), `<pool>-pool` like its Deployment: it sets the pool's replicas (through the
+    TritonPool's scale subresource) so that its models' demand is targetFreeFraction short of its capacity."""
+    a = pool.spec.autoscaling
+    assert a is not None
+    ref = {"apiVersion": API_VERSION, "kind": POOL_KIND, "name": pool.name}
+    return _hpa(_pool_meta(pool, uid, namespace), ref, a.min_replicas, a.max_replicas,
+                pool_hpa_metric(a.target_bytes(pool.spec.replica_bytes)), a.behavior)
 
 
 @dataclass(frozen=True)

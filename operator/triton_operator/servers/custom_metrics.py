@@ -7,7 +7,13 @@ as the ConfigMap kube-system/extension-apiserver-authentication describes. What 
 
 - `GET .../namespaces/NS/tritonmodels.<group>/NAME/METRIC`: the model's metric (`plan.autoscaling`), over
   its warmed replicas (`*` for every TritonModel of the namespace with a warmed replica);
-- `GET .../namespaces/NS/pods/NAME/METRIC` (or `*` and `?labelSelector=`): each warmed replica's own.
+- `GET .../namespaces/NS/pods/NAME/METRIC` (or `*` and `?labelSelector=`): each warmed replica's own;
+- `GET .../namespaces/NS/tritonpools.<group>/NAME/triton_pool_demand_bytes`: the memory a pool's models demand,
+  from its status (`plan.autoscaling.pool_demand`).
+
+A pooled model (spec.pool) has no pods of its own: its replicas are the pool replicas of its status.placement where
+its EndpointSlices list the copy ready (the operator's verdict that it serves there at the desired config, warm, as
+a replica's gate is for a model's own), and only its own statistics are read there (Triton's are per model).
 
 Authentication, as Kubernetes' delegated authentication does it: a client certificate signed by the
 front-proxy CA, with a name the API server allows, vouches for the headers; otherwise a bearer token is
@@ -50,14 +56,15 @@ from urllib.parse import unquote
 from aiohttp import web
 from multidict import MultiMapping
 
-from ..api.kinds import LABEL_MODEL, POD
+from ..api.kinds import ENDPOINT_SLICE, LABEL_MODEL, POD, TRITON_POOL
 from ..api.pod import ANNOTATION_TRITON_NAME, HTTP_PORT
+from ..api.pool import POOL_KIND, POOL_PLURAL, PoolAutoscaling, TritonPool
 from ..api.v1alpha1 import API_VERSION as MODEL_API_VERSION
 from ..api.v1alpha1 import GROUP, KIND, PLURAL
-from ..plan.autoscaling import WINDOW_SECONDS, Sample, delta, model_metrics, replica_metrics, trim
+from ..plan.autoscaling import WINDOW_SECONDS, Sample, delta, model_metrics, pool_demand, replica_metrics, trim
 from ..plan.status import warmed
 from ..platform.kube import Kube
-from ..render.autoscaling import METRICS, quantity
+from ..render.autoscaling import METRICS, MODEL_METRICS, POOL_METRICS, quantity
 from ..triton.stats import model_counters
 
 log = logging.getLogger("triton_operator.custom_metrics")
@@ -66,6 +73,9 @@ API_GROUP = "custom.metrics.k8s.io"
 API_VERSION = "v1beta2"
 PREFIX = f"/apis/{API_GROUP}/{API_VERSION}"
 MODEL_RESOURCE = f"{PLURAL}.{GROUP}"
+POOL_RESOURCE = f"{POOL_PLURAL}.{GROUP}"
+#: What each resource serves.
+SERVED = {MODEL_RESOURCE: MODEL_METRICS, "pods": METRICS, POOL_RESOURCE: POOL_METRICS}
 AUTH_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
 SAMPLE_SECONDS = 2.0
 IDLE_SECONDS = 600.0
@@ -229,12 +239,46 @@ class KubeModels:
 # -- the samples ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Replica:
+    """A replica a model's statistics are read from: a pod of its own, or a pool replica with a copy of it."""
+
+    name: str  # pod name
+    uid: str
+    ip: str | None
+    triton_name: str  # the model's name in that Triton
+    warmed: bool  # it serves the desired config, warm: counted
+
+    @classmethod
+    def of_pod(cls, pod: Mapping[str, Any], model: str) -> _Replica:
+        meta = pod["metadata"]
+        return cls(meta["name"], meta["uid"], (pod.get("status") or {}).get("podIP"),
+                   (meta.get("annotations") or {}).get(ANNOTATION_TRITON_NAME) or model, warmed(pod))
+
+
+def pooled_copies(model: Mapping[str, Any], slices: list[dict[str, Any]]) -> list[_Replica]:
+    """A pooled model's copies that serve: the pool replicas of its status.placement that its EndpointSlices list
+    ready (pure: the model and its slices as the API server returns them)."""
+    placed = set((model.get("status") or {}).get("placement") or ())
+    triton_name = (model.get("spec") or {}).get("modelName") or model["metadata"]["name"]
+    copies: dict[str, _Replica] = {}
+    for s in slices:
+        for e in s.get("endpoints") or ():
+            ref = e.get("targetRef") or {}
+            name, addresses = str(ref.get("name") or ""), e.get("addresses") or ()
+            if ref.get("kind") != "Pod" or name not in placed or not addresses or name in copies:
+                continue
+            ready = bool((e.get("conditions") or {}).get("ready"))
+            copies[name] = _Replica(name, str(ref.get("uid") or name), addresses[0], triton_name, ready)
+    return sorted(copies.values(), key=lambda r: r.name)
+
+
 @dataclass
 class _Model:
     namespace: str
     name: str
     asked: float = field(default_factory=time.monotonic)
-    pods: list[dict[str, Any]] = field(default_factory=list)  # as last listed
+    pods: list[_Replica] = field(default_factory=list)  # as last listed
     samples: dict[str, list[Sample]] = field(default_factory=dict)  # by pod uid
     rounds: int = 0
     sampled: asyncio.Event = field(default_factory=asyncio.Event)  # set after each round
@@ -285,12 +329,12 @@ class Collector:
         now = time.monotonic()
         deltas, replicas = [], {}
         for pod in m.pods:
-            if not warmed(pod):
+            if not pod.warmed:
                 continue
-            d = delta(m.samples.get(pod["metadata"]["uid"], []), now, self.window)
+            d = delta(m.samples.get(pod.uid, []), now, self.window)
             if d is not None:
                 deltas.append(d)
-                replicas[pod["metadata"]["name"]] = replica_metrics(d)
+                replicas[pod.name] = replica_metrics(d)
         return Reading(model_metrics(deltas), replicas)
 
     async def _run(self, m: _Model) -> None:
@@ -305,30 +349,38 @@ class Collector:
         log.info("Stopped sampling (nobody asked for %.0fs) namespace=%s model=%s", IDLE_SECONDS, m.namespace, m.name)
         self.models.pop((m.namespace, m.name), None)
 
-    async def _round(self, m: _Model) -> None:
+    async def _replicas(self, m: _Model) -> list[_Replica]:
+        """The model's own pods; with none, the pool replicas its copies serve on, if it is a pooled model."""
         pods = await asyncio.to_thread(self.kube.list, POD.api_version, POD.kind, m.namespace,
                                        f"{LABEL_MODEL}={m.name}")
-        m.pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        live = {p["metadata"]["uid"] for p in m.pods}
+        if pods:
+            return [_Replica.of_pod(p, m.name) for p in pods if not p["metadata"].get("deletionTimestamp")]
+        body = await asyncio.to_thread(self.kube.get, MODEL_API_VERSION, KIND, m.namespace, m.name)
+        if body is None or not (body.get("spec") or {}).get("pool"):
+            return []
+        slices = await asyncio.to_thread(self.kube.list, ENDPOINT_SLICE.api_version, ENDPOINT_SLICE.kind,
+                                         m.namespace, f"{ENDPOINT_SLICE.selector},kubernetes.io/service-name={m.name}")
+        return pooled_copies(body, slices)
+
+    async def _round(self, m: _Model) -> None:
+        m.pods = await self._replicas(m)
+        live = {p.uid for p in m.pods}
         for uid in [u for u in m.samples if u not in live]:
             del m.samples[uid]
 
-        async def sample(pod: dict[str, Any]) -> None:
-            ip = (pod.get("status") or {}).get("podIP")
-            triton_name = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_TRITON_NAME) or m.name
-            if not ip:
+        async def sample(pod: _Replica) -> None:
+            if not pod.ip:
                 return
             async with self.sem:
                 try:
-                    counters = await model_counters(f"{ip}:{HTTP_PORT}", triton_name)
+                    counters = await model_counters(f"{pod.ip}:{HTTP_PORT}", pod.triton_name)
                 except Exception as exc:  # noqa: BLE001 - one replica not answering: its samples wait
-                    log.debug("No statistics from pod=%s error=%r", pod["metadata"]["name"], exc)
+                    log.debug("No statistics from pod=%s error=%r", pod.name, exc)
                     return
             at = time.monotonic()
-            uid = pod["metadata"]["uid"]
-            m.samples[uid] = [*trim(m.samples.get(uid, []), at, self.window), Sample(at, counters)]
+            m.samples[pod.uid] = [*trim(m.samples.get(pod.uid, []), at, self.window), Sample(at, counters)]
 
-        await asyncio.gather(*(sample(p) for p in m.pods if warmed(p)))
+        await asyncio.gather(*(sample(p) for p in m.pods if p.warmed))
 
 
 # -- the API ------------------------------------------------------------------------------------------
@@ -467,7 +519,7 @@ class CustomMetricsApi:
         if refused is not None:
             return refused
         resources = [{"name": f"{what}/{metric}", "singularName": "", "namespaced": True, "kind": "MetricValueList",
-                      "verbs": ["get"]} for what in (MODEL_RESOURCE, "pods") for metric in METRICS]
+                      "verbs": ["get"]} for what, metrics in SERVED.items() for metric in metrics]
         return web.json_response({"kind": "APIResourceList", "apiVersion": "v1",
                                   "groupVersion": f"{API_GROUP}/{API_VERSION}", "resources": resources})
 
@@ -485,24 +537,34 @@ class CustomMetricsApi:
                                               "name": "" if name == "*" else name})
         if refused is not None:
             return refused
-        if metric not in METRICS:
-            return _status(404, "NotFound", f"no metric {metric!r}: this server serves {', '.join(METRICS)}")
-        if resource not in (MODEL_RESOURCE, "pods"):
-            return _status(404, "NotFound", f"no metrics for {resource}: only {MODEL_RESOURCE} and pods")
+        if resource not in SERVED:
+            return _status(404, "NotFound", f"no metrics for {resource}: only {', '.join(SERVED)}")
+        if metric not in SERVED[resource]:
+            return _status(404, "NotFound", f"no metric {metric!r} of {resource}: this server serves "
+                           f"{', '.join(SERVED[resource])}")
         if not self.watched(ns):
             return _status(404, "NotFound", f"namespace {ns!r} is not watched by this triton-operator")
         try:
-            items = await (self._models(ns, name, metric) if resource == MODEL_RESOURCE
-                           else self._pods(ns, name, metric, request.query.get("labelSelector")))
+            if resource == MODEL_RESOURCE:
+                items = await self._models(ns, name, metric)
+            elif resource == POOL_RESOURCE:
+                items = await self._pools(ns, name, metric)
+            else:
+                items = await self._pods(ns, name, metric, request.query.get("labelSelector"))
         except Exception as exc:  # noqa: BLE001
             log.warning("Reading metric=%s namespace=%s name=%s failed error=%r", metric, ns, name, exc)
             return _status(500, "InternalError", f"could not read {metric}: {exc}")
         if name != "*" and not items:
-            what = f"TritonModel {ns}/{name}" if resource == MODEL_RESOURCE else f"pod {ns}/{name}"
-            return _status(404, "NotFound", f"{metric} of {what}: no warmed replica with statistics over the last "
-                           f"{self.collector.window:.0f}s (not a TritonModel replica, not warmed, or just started)")
+            return _status(404, "NotFound", self._missing(resource, ns, name, metric))
         return web.json_response({"kind": "MetricValueList", "apiVersion": f"{API_GROUP}/{API_VERSION}",
                                   "metadata": {}, "items": items})
+
+    def _missing(self, resource: str, ns: str, name: str, metric: str) -> str:
+        if resource == POOL_RESOURCE:
+            return f"{metric} of TritonPool {ns}/{name}: no such pool, or the operator has not written its status yet"
+        what = f"TritonModel {ns}/{name}" if resource == MODEL_RESOURCE else f"pod {ns}/{name}"
+        return (f"{metric} of {what}: no warmed replica with statistics over the last {self.collector.window:.0f}s "
+                "(not a TritonModel replica, not warmed, or just started)")
 
     def _item(self, kind: str, api_version: str, ns: str, name: str, metric: str, value: float) -> dict[str, Any]:
         return {"describedObject": {"kind": kind, "namespace": ns, "name": name, "apiVersion": api_version},
@@ -519,6 +581,25 @@ class CustomMetricsApi:
         readings = await asyncio.gather(*(self.collector.read(ns, n) for n in names))
         return [self._item(KIND, MODEL_API_VERSION, ns, n, metric, r.model[metric])
                 for n, r in zip(names, readings, strict=True) if r.model is not None]
+
+    async def _pools(self, ns: str, name: str, metric: str) -> list[dict[str, Any]]:
+        """The pools' demand, read from their status (each GET or LIST is the API server's freshest)."""
+        if name == "*":
+            bodies = await asyncio.to_thread(self.kube.list, TRITON_POOL.api_version, POOL_KIND, ns)
+        else:
+            body = await asyncio.to_thread(self.kube.get, TRITON_POOL.api_version, POOL_KIND, ns, name)
+            bodies = [body] if body is not None else []
+        items = []
+        for body in bodies:
+            try:
+                pool = TritonPool.model_validate(body)
+            except ValueError:
+                continue
+            a = pool.spec.autoscaling or PoolAutoscaling(max_replicas=1, target_free_fraction=0)
+            demand = pool_demand(body.get("status") or {}, a.target_bytes(pool.spec.replica_bytes))
+            if demand is not None:
+                items.append(self._item(POOL_KIND, MODEL_API_VERSION, ns, pool.name, metric, demand))
+        return items
 
     async def _pods(self, ns: str, name: str, metric: str, selector: str | None) -> list[dict[str, Any]]:
         pods = await asyncio.to_thread(self.kube.list, POD.api_version, POD.kind, ns, selector)

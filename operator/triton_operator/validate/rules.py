@@ -129,8 +129,8 @@ RULES: dict[str, Rule] = {
              "API to its own key (--http-restricted-api, --grpc-restricted-protocol, or a prefix Triton would read "
              "as one)"),
         Rule("pooled-model", False, "a pooled model (spec.pool) declares memory (but an ensemble), sets no server field "
-             "of its own (its pool's replicas run it), no autoscaling, no warmupGate.enabled false, no rollout.strategy "
-             "NewPods; memory goes with pool"),
+             "of its own (its pool's replicas run it), no warmupGate.enabled false, no rollout.strategy NewPods; "
+             "memory goes with pool"),
         Rule("pool-steps", False, "a pooled ensemble's steps name the same pool (they are loaded on its replicas, "
              "with their own memory)"),
         Rule("pool-spec", False, "a TritonPool sets exactly one of capacity.memoryPerGpu (with server.gpus >= 1) or "
@@ -711,9 +711,6 @@ def _check_pooled(spec: TritonModelSpec, err: Collector) -> None:
     if spec.memory is None and not spec.is_ensemble:
         err("pooled-model", "spec.memory", "memory is required with pool: what one copy of the model takes on a pool "
             "replica (the operator places copies against the pool's capacity with it)")
-    if spec.autoscaling is not None:
-        err("pooled-model", "spec.autoscaling", "autoscaling of a pooled model's copies is not supported yet: set "
-            "replicas (its copies), or scale the pool")
     if not spec.warmup_gate.enabled:
         err("pooled-model", "spec.warmupGate.enabled", "a pooled model is always gated: its Service lists a pool "
             "replica only once the model is READY there at the desired config, warm")
