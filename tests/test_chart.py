@@ -44,8 +44,9 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     (GROUP, PLURAL): {"get", "list", "watch"},  # event handlers only: kopf writes no finalizer; LIST: the webhook
     (GROUP, f"{PLURAL}/status"): {"patch"},
     (GROUP, POOL_PLURAL): {"get", "list", "watch"},  # the pool controller; the webhook's GET of a model's pool
-    (GROUP, f"{POOL_PLURAL}/status"): {"get", "patch", "update"},
-    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+    (GROUP, f"{POOL_PLURAL}/status"): {"patch"},
+    # pooled models' slices: applied (patch), deleted when a model leaves its pool
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: unused repositories
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: a model moved onto a pool
@@ -56,9 +57,6 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
     ("", "secrets"): {"create"},  # each model's repository key: created, never read (render/repository_key.py)
-    (GROUP, "tritonpools"): {"get", "list", "watch"},
-    (GROUP, "tritonpools/status"): {"patch"},
-    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "patch"},  # pooled models' slices
 }
 
 

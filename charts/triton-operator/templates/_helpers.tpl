@@ -71,12 +71,12 @@ or to kopf itself; see the chart README for the reason of each.
 # A pool's status: its replicas' models, capacity used and free, conditions.
 - apiGroups: ["serving.triton-operator.dev"]
   resources: ["tritonpools/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 # A pooled model's EndpointSlices (its Service has no selector): only the pool replicas where the model is READY at
 # the desired config and warm are ready endpoints. Written, and deleted when the model leaves the pool.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Children: watched (kopf), read when not cached yet (GET), written with server-side apply
 # (PATCH; an apply that creates the object is also authorized as `create`).
 - apiGroups: [""]
