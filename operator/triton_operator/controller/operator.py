@@ -141,7 +141,7 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
             owner = (meta.get("labels") or {}).get(LABEL_MODEL)
             if LABEL_POOL in (meta.get("labels") or {}):  # the pool's, or a pooled model's
                 pool = STATE.pools.observe_child(body, deleted=event["type"] == "DELETED")
-                if pool:
+                if pool and not status_only(old, body, event["type"] or ""):  # an HPA's sync: no round
                     STATE.pools.request(meta["namespace"], pool)
                 return
             if owner and not status_only(old, body, event["type"] or ""):
