@@ -14,12 +14,14 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import urllib3
 
 from e2e.inplace import ADD_SUB_PY
 from e2e.kube import ApiError, Kube, wait_for
+from e2e.load import ServiceLoad, Tally
 from e2e.testing import is_ready
 from triton_operator.api.pod import DIGEST_PARAMETER
 from triton_operator.api.pool import LABEL_POOL
@@ -370,3 +372,117 @@ def status_figures(pool: dict) -> dict[str, Any]:
     st = pool.get("status") or {}
     return {r["pod"]: {"models": sorted(r.get("models") or ()), "used": r.get("used"), "free": r.get("free")}
             for r in st.get("replicaModels") or ()}
+
+
+# -- load through every model's Service ---------------------------------------------------------
+
+
+class PoolLoads:
+    """A `ServiceLoad` per pooled model, each through its Service's ClusterIP (kube-proxy picks the replica), started
+    once the model can be reached: its slice lists a ready endpoint and one request through the ClusterIP was answered
+    (until kube-proxy's next rule sync, at most a second or so, the ClusterIP refuses: that is before the model's
+    first endpoint, not a failure). A request of that first probe that reached a replica and was not answered
+    correctly is a failure (`probe_failures`).
+
+    Light on purpose (one thread, `RATE` requests a second per model, the slices re-read every second): twenty of
+    these run beside the pool on two cores."""
+
+    RATE = 4.0
+
+    def __init__(self, kubeconfig: Path, kube: Kube, namespace: str) -> None:
+        self.kubeconfig, self.kube, self.namespace = kubeconfig, kube, namespace
+        self.loads: dict[str, ServiceLoad] = {}
+        self.stopped: dict[str, Tally] = {}
+        self.probe_failures: list[str] = []
+        self.start_errors: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._starters: list[threading.Thread] = []
+
+    def __enter__(self) -> PoolLoads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._halt.set()
+        for load in self.loads.values():
+            load._halt.set()  # a test that failed midway: stop sending
+
+    def start_when_serving(self, names: Iterable[str], timeout: float = 300.0) -> None:
+        for name in names:
+            t = threading.Thread(target=self._start_one, args=(name, timeout), name=f"start-{name}", daemon=True)
+            t.start()
+            self._starters.append(t)
+
+    def wait_started(self, timeout: float) -> None:
+        for t in self._starters:
+            t.join(timeout)
+        assert not self.start_errors, f"loads that could not start: {self.start_errors}"
+        assert not any(t.is_alive() for t in self._starters), "load starters still waiting"
+
+    def _start_one(self, name: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        try:
+            while not any(listed(ep) and (ep.get("conditions") or {}).get("ready", True)
+                          for s in self.kube.items("EndpointSlice", self.namespace,
+                                                   label_selector={LABEL_SERVICE_NAME: name})
+                          for ep in s.get("endpoints") or ()):
+                if self._halt.wait(0.5) or time.monotonic() > deadline:
+                    raise TimeoutError(f"no ready endpoint for {name} in {timeout:.0f}s")
+            ip = self.kube.get("Service", name, self.namespace)["spec"]["clusterIP"]
+            while True:
+                answer = infer_over_http(ip, name)
+                if answer == "":
+                    break
+                if not answer.startswith("refused"):
+                    with self._lock:
+                        self.probe_failures.append(f"{name} via {ip}: {answer}")
+                if self._halt.wait(0.2) or time.monotonic() > deadline:
+                    raise TimeoutError(f"{name}'s ClusterIP {ip} did not answer in {timeout:.0f}s: {answer}")
+            load = ServiceLoad(self.kubeconfig, self.namespace, name, name, threads=1, rate=self.RATE, refresh=1.0)
+            with self._lock:
+                self.loads[name] = load.start()
+        except Exception as e:  # noqa: BLE001 - said by wait_started, in the test's thread
+            self.start_errors[name] = repr(e)
+
+    def stop(self, name: str) -> Tally:
+        tally = self.loads[name].stop()
+        self.stopped[name] = tally
+        return tally
+
+    def stop_all(self) -> dict[str, Tally]:
+        for name in list(self.loads):
+            if name not in self.stopped:
+                self.stop(name)
+        return dict(self.stopped)
+
+    def failures(self) -> dict[str, list[str]]:
+        """model -> samples of its failed requests (with the endpoint history its load saw), for the failed ones."""
+        return {name: [*load.samples, *load.endpoint_history[-6:]] for name, load in self.loads.items()
+                if load.tally().failed}
+
+
+def infer_over_http(ip: str, model: str) -> str:
+    """One add-sub request to `ip`:8000 on a new connection: "" when answered correctly, "refused: ..." when no
+    connection was made (the ClusterIP before kube-proxy's sync), else what went wrong."""
+    a, b = [1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": a},
+                                  {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": b}],
+                       "outputs": [{"name": "OUTPUT0"}]})
+    conn = http.client.HTTPConnection(ip, 8000, timeout=10)
+    try:
+        conn.connect()
+    except OSError as e:
+        conn.close()
+        return f"refused: {e!r}"
+    try:
+        conn.request("POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+    except (OSError, http.client.HTTPException) as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return f"HTTP {resp.status}: {data[:200].decode(errors='replace')}"
+    out = next(o for o in json.loads(data)["outputs"] if o["name"] == "OUTPUT0")["data"]
+    return "" if out == [11.0, 22.0, 33.0, 44.0] else f"wrong answer {out}"
