@@ -137,6 +137,13 @@ class PoolReplicaStatus(_Model):
         default=None, description="TritonModels placed on it (an ensemble's steps included), by name.")
     used: str | None = Field(default=None, description="Memory its models take, by their spec.memory (bytes).")
     free: str | None = Field(default=None, description="Capacity left for more models (bytes).")
+    loaded: dict[str, str] | None = Field(
+        default=None,
+        description=(
+            "What the operator has loaded there and Triton said READY, by Triton model name: the config digest each "
+            "serves. Read back after a restart of the operator: a model it no longer places there is unloaded."
+        ),
+    )
 
 
 class TritonPoolStatus(_Model):

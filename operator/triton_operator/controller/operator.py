@@ -21,7 +21,8 @@ import aiohttp
 import kopf
 from aiohttp import web
 
-from ..api.kinds import CHILDREN, HPA, LABEL_MODEL, OWNED, POD, TRITON_MODEL
+from ..api.kinds import CHILDREN, ENDPOINT_SLICE, HPA, LABEL_MODEL, OWNED, POD, POOL_POD, TRITON_MODEL, TRITON_POOL
+from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL
 from ..api.v1alpha1 import GROUP, VERSION
 from ..platform.kube import Kube
 from ..platform.kubeconfig import Credentials, CredentialSource
@@ -33,6 +34,7 @@ from ..servers.webhook import AdmissionWebhook
 from .cache import Cache
 from .gate import WarmupGate
 from .namespaces import NamespaceSet
+from .pool import PoolReconciler, pool_of
 from .reconcile import Reconciler
 from .tasks import detached
 
@@ -60,6 +62,7 @@ class State:
     kube: Kube
     cache: Cache
     reconciler: Reconciler
+    pools: PoolReconciler
     gate: WarmupGate
     drift: asyncio.Task[None]
     webhook: AdmissionWebhook | None = None
@@ -119,6 +122,8 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
         old = STATE.cache.model(ns, name)
         STATE.cache.put_model(body, deleted=deleted)
         STATE.reconciler.model_changed(ns, old or (body if deleted else None), None if deleted else body)
+        for pool in {pool_of(old), pool_of(body)} - {None}:
+            STATE.pools.request(ns, str(pool))
         if deleted:
             log.info("Observed TritonModel deletion namespace=%s name=%s", ns, name)
             for dep in STATE.reconciler.dependents(ns, name):
@@ -134,11 +139,18 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
             old = STATE.cache.children.get((body["kind"], meta["namespace"], meta["name"]))
             STATE.cache.put_child(body, deleted=event["type"] == "DELETED")
             owner = (meta.get("labels") or {}).get(LABEL_MODEL)
+            if LABEL_POOL in (meta.get("labels") or {}):  # the pool's, or a pooled model's
+                pool = STATE.pools.observe_child(body, deleted=event["type"] == "DELETED")
+                if pool:
+                    STATE.pools.request(meta["namespace"], pool)
+                return
             if owner and not status_only(old, body, event["type"] or ""):
                 STATE.reconciler.request(meta["namespace"], owner)
 
     for child in CHILDREN:
         _child_handler(child.group, child.version, child.plural)
+
+    _add_pool_handlers(registry)
 
     @kopf.on.event(POD.group, POD.version, POD.plural, labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)
     async def _pod_event(event: kopf.RawEvent, **_: Any) -> None:
@@ -150,6 +162,33 @@ def build_registry(drift_interval: float) -> kopf.OperatorRegistry:
             STATE.reconciler.request(body["metadata"]["namespace"], model)
 
     return registry
+
+
+def _add_pool_handlers(registry: kopf.OperatorRegistry) -> None:
+    """TritonPools, their replicas and the EndpointSlices of their models: each event asks for the pool's round."""
+
+    @kopf.on.event(ENDPOINT_SLICE.group, ENDPOINT_SLICE.version, ENDPOINT_SLICE.plural,
+                   labels={"endpointslice.kubernetes.io/managed-by": ENDPOINTSLICE_MANAGER}, registry=registry)
+    async def _slice_event(event: kopf.RawEvent, **_: Any) -> None:
+        body = event["object"]
+        pool = STATE.pools.observe_child(body, deleted=event["type"] == "DELETED")
+        if pool:
+            STATE.pools.request(body["metadata"]["namespace"], pool)
+
+    @kopf.on.event(TRITON_POOL.group, TRITON_POOL.version, TRITON_POOL.plural, registry=registry)
+    async def _pool_event(event: kopf.RawEvent, **_: Any) -> None:
+        body = event["object"]
+        STATE.pools.put_pool(body, deleted=event["type"] == "DELETED")
+        if event["type"] == "DELETED":
+            log.info("Observed TritonPool deletion namespace=%s name=%s", body["metadata"]["namespace"],
+                     body["metadata"]["name"])
+        STATE.pools.request(body["metadata"]["namespace"], body["metadata"]["name"])
+
+    @kopf.on.event(POOL_POD.group, POOL_POD.version, POOL_POD.plural, labels={LABEL_POOL: kopf.PRESENT},
+                   registry=registry)
+    async def _pool_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+        meta = event["object"]["metadata"]
+        STATE.pools.request(meta["namespace"], (meta.get("labels") or {})[LABEL_POOL])
 
 
 def _repository_key(namespace: str, name: str) -> str | None:
@@ -207,6 +246,7 @@ async def _drift_loop(interval: float) -> None:
         for namespace, models in list(STATE.cache.models.items()):
             for name in list(models):
                 STATE.reconciler.request(namespace, name)
+        STATE.pools.request_all()
 
 
 def kopf_session(creds: Credentials) -> kopf.AiohttpSession:
@@ -354,6 +394,8 @@ async def run_operator(
     STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if globs else None
     STATE.cache = Cache()
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
+    STATE.pools = PoolReconciler(STATE.kube, STATE.cache, options)
+    STATE.reconciler.on_pooled = STATE.pools.request
     STATE.webhook = _admission_webhook(webhook, namespaces, clusterwide)
     elector = None if election is None else LeaderElection(STATE.kube, election)
     lost = asyncio.Event()

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +50,8 @@ class Reconciler:
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(max_concurrent)
+        #: Called with (namespace, pool) for a pooled model, which the pool's reconcile serves.
+        self.on_pooled: Callable[[str, str], None] | None = None
 
     # -- scheduling: one worker per object, coalescing bursts of events into one reconcile
 
@@ -157,6 +159,11 @@ class Reconciler:
         body = self.cache.model(namespace, name)
         if body is None:
             return  # deleted: owner references garbage-collect the children
+        pool = ((body.get("spec") or {}).get("pool"))
+        if pool:  # a pooled model: its pool's reconcile places, loads and gates it (`controller.pool`)
+            if self.on_pooled is not None:
+                self.on_pooled(namespace, pool)
+            return
         start = time.monotonic()
         try:
             await self._reconcile(body)

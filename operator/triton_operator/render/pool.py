@@ -43,7 +43,7 @@ from .kubernetes import (
     probe_container,
 )
 from .modelconfig import RenderedModel
-from .repository_key import key_env, restriction_args, secret_name
+from .repository_key import key_env, render_secret, restriction_args, secret_name
 
 #: The label Kubernetes' proxies and DNS select a Service's EndpointSlices by.
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
@@ -74,6 +74,24 @@ def pool_deployment_name(pool: TritonPool) -> str:
 def pool_key_secret_name(pool: TritonPool, key: str | None) -> str:
     """The Secret holding the pool's repository key: named apart from a model's of the same name."""
     return secret_name(f"{pool.name}-pool", key)
+
+
+def pool_key(pool: TritonPool, uid: str, namespace: str, options: Options) -> str | None:
+    """The pool's repository key (one for every model it carries: a pool is a trust boundary), or None without a
+    master key."""
+    keys = options.repository_keys
+    return keys.key(namespace, pool_deployment_name(pool), uid) if keys is not None else None
+
+
+def render_pool_key_secret(pool: TritonPool, uid: str, namespace: str, options: Options) -> dict[str, Any] | None:
+    """The Secret the pool's replicas read their repository key from (created once, never read back by the
+    operator); None without a master key."""
+    key = pool_key(pool, uid, namespace, options)
+    if key is None:
+        return None
+    meta = _pool_meta(pool, uid, namespace)
+    meta["name"] = pool_key_secret_name(pool, key)
+    return render_secret(meta, key)
 
 
 def _pool_server_args(server: Server, options: Options) -> list[str]:
@@ -187,8 +205,7 @@ def render_pool_children(pool: TritonPool, uid: str, namespace: str, options: Op
 def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: Options | None = None) -> dict[str, Any]:
     """The pool's Deployment: `spec.replicas` tritonservers with no model, waiting for the operator's loads."""
     options = options if options is not None else Options()
-    keys = options.repository_keys
-    key = keys.key(namespace, f"{pool.name}-pool", uid) if keys is not None else None
+    key = pool_key(pool, uid, namespace, options)
     triton = _pool_triton_container(pool, pool_key_secret_name(pool, key), options)
     labels = {**(pool.spec.server.pod_labels or {}), **pool_labels(pool)}
     annotations = {**(pool.spec.server.pod_annotations or {}),

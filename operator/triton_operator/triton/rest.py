@@ -16,7 +16,9 @@ replicas require for them; no other call carries it, so a replica's other endpoi
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -114,10 +116,16 @@ class TritonClient:
                                      protos.generated("service_pb2").RepositoryIndexResponse(),
                                      ignore_unknown_fields=True)
 
-    async def load_model(self, name: str, config: str | None = None, timeout: float | None = None) -> None:
-        """Loads `name` (explicit model control); `config` (JSON) overrides the repository's config.pbtxt. Returns
-        once the model is loaded (and warmed up), or raises with Triton's reason."""
-        body = {"parameters": {"config": config}} if config is not None else {}
+    async def load_model(self, name: str, config: str | None = None, timeout: float | None = None,
+                         files: Mapping[str, bytes] | None = None) -> None:
+        """Loads `name` (explicit model control); `config` (JSON) overrides the repository's config.pbtxt, and
+        `files` (`file:<path>` -> content, with `config`) are the model's directory, written by Triton itself (a pool
+        replica, `render.pool.load_request`). Returns once the model is loaded (and warmed up), or raises with
+        Triton's reason."""
+        parameters: dict[str, str] = {} if config is None else {"config": config}
+        for path, content in (files or {}).items():
+            parameters[path] = base64.b64encode(content).decode()  # as Triton's HTTP load takes file contents
+        body = {"parameters": parameters} if parameters else {}
         await self._request("POST", f"/v2/repository/models/{quote(name, safe='')}/load", timeout, body=body)
 
     async def unload_model(self, name: str, timeout: float | None = None) -> None:

@@ -1,0 +1,107 @@
+"""The pool's reconcile against real kubelets and real tritonservers, with the operator as a host process (issue 29):
+examples/pool.yaml is placed, loaded and gated per model; answers come through each model's own Service; an update
+reloads in place; a deleted model is unloaded; a deleted pool leaves its models PoolNotFound.
+
+The chart-installed operator's pool tests (the issue's whole list) are e2e/test_pool.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.kube import Kube
+from e2e.operator_fixtures import apply, kubectl, load_examples, model_condition, start_operator, wait_model
+from e2e.testing import wait_for
+from e2e.traffic import infer_add_sub, loaded_digest
+from triton_operator.api.pool import ENDPOINTSLICE_MANAGER
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+POOL_CRD = ROOT / "crds" / "tritonpools.yaml"
+MODELS = ("pool-add-sub", "pool-scale", "pool-double", "pool-offset", "pool-pipeline")
+
+
+def _slices(kube: Kube, namespace: str, model: str) -> list[dict[str, Any]]:
+    return kube.items("EndpointSlice", namespace, labelSelector=f"kubernetes.io/service-name={model}")
+
+
+def _ready_ips(kube: Kube, namespace: str, model: str) -> set[str]:
+    return {e["addresses"][0] for s in _slices(kube, namespace, model) for e in s.get("endpoints") or ()
+            if (e.get("conditions") or {}).get("ready")}
+
+
+def _ready(tm: dict[str, Any]) -> bool:
+    c = model_condition(tm, "Ready")
+    return c.get("status") == "True" and c.get("reason") == "AllCopiesWarmed"
+
+
+def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, cluster: Any, nodes: Any,
+                                                   tmp_path: Path) -> None:
+    prefix = f"pw{uuid.uuid4().hex[:4]}"
+    namespace = f"{prefix}-models"
+    logs = cluster.logs or tmp_path
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(POOL_CRD))
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": namespace, "labels": {"e2e.triton-operator.io/test": "true"}}})
+    op = start_operator(kubeconfig, kube, logs, pattern=f"{prefix}-*", log_name=f"operator-{prefix}.log",
+                        webhook=False)
+    try:
+        wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
+        docs = load_examples("pool.yaml")
+        for d in docs:
+            if d["kind"] == "TritonPool":
+                d["spec"]["server"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+        apply(kubeconfig, namespace, *docs)
+        for name in MODELS:
+            wait_model(kube, namespace, name, _ready, "Ready AllCopiesWarmed", 300)
+        assert kube.get("Deployment", "shared-pool", namespace)["spec"]["replicas"] == 3
+        addsub = kube.get("TritonModel", "pool-add-sub", namespace)
+        placed = addsub["status"]["placement"]
+        assert len(placed) == 2 and len(set(placed)) == 2, placed
+        pods = {p["metadata"]["name"]: p for p in kube.items("Pod", namespace, labelSelector="serving.triton-operator.dev/pool=shared")}
+        ips = {pods[n]["status"]["podIP"] for n in placed}
+        assert _ready_ips(kube, namespace, "pool-add-sub") == ips
+        for s in _slices(kube, namespace, "pool-add-sub"):
+            assert s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] == ENDPOINTSLICE_MANAGER
+        svc = kube.get("Service", "pool-add-sub", namespace)
+        assert "selector" not in svc["spec"]
+        out = infer_add_sub(svc["spec"]["clusterIP"], "pool-add-sub")
+        assert out.tolist() == [[11, 22, 33, 44]]
+        digest = addsub["status"]["configDigest"]
+        for ip in ips:
+            assert loaded_digest(ip, "pool-add-sub") == digest
+
+        # An update: reloaded in place on both copies, placement unchanged.
+        updated = copy.deepcopy(next(d for d in docs if d["metadata"]["name"] == "pool-add-sub"))
+        updated["spec"]["batcher"] = {"maxQueueDelayMicroseconds": 3000}
+        apply(kubeconfig, namespace, updated)
+        tm = wait_model(kube, namespace, "pool-add-sub",
+                        lambda t: t["status"].get("configDigest") != digest and _ready(t), "updated and Ready", 180)
+        assert tm["status"]["placement"] == placed
+        for ip in ips:
+            assert loaded_digest(ip, "pool-add-sub") == tm["status"]["configDigest"]
+
+        # Deleted: unloaded from its replicas, its capacity freed.
+        kube.delete("TritonModel", "pool-add-sub", namespace)
+        for ip in ips:
+            wait_for(f"pool-add-sub unloaded at {ip}", lambda ip=ip: loaded_digest(ip, "pool-add-sub") is None, 60)
+        wait_for("the pool's record without pool-add-sub", lambda: all(
+            "pool-add-sub" not in (r.get("models") or [])
+            for r in (kube.get("TritonPool", "shared", namespace).get("status") or {}).get("replicaModels") or ()), 60)
+
+        # The pool deleted: its models say PoolNotFound.
+        kube.delete("TritonPool", "shared", namespace)
+        wait_model(kube, namespace, "pool-scale", lambda t: model_condition(t, "Ready").get("reason") == "PoolNotFound",
+                   "PoolNotFound", 60)
+    except BaseException:
+        print(op.log_tail(None, 200))
+        raise
+    finally:
+        op.stop()
+        kube.delete("Namespace", namespace)

@@ -1,0 +1,390 @@
+"""The one level-triggered reconcile of a TritonPool: its replicas, where its models go, their loads, their traffic.
+
+Each round (`PoolReconciler.reconcile`): apply the pool's Deployment, PodDisruptionBudget and key Secret; list its
+pods live; place the models that name it (`plan.pool`, keeping each model's recorded placement); write the
+placement down (the models' and the pool's statuses) before any load, so that a restarted operator finds it; ask
+each Ready replica's Triton what it serves; unload what is no longer placed there and load what is not READY at its
+desired digest (an update replica by replica, drained first in Drain mode); then write each model's EndpointSlices
+(a replica listed ready only where the model serves there), its Service and status, and the pool's status.
+
+Nothing lives only in memory but back-off: the placement is in the models' statuses, what each replica was told to
+load in the pool's status, what each replica serves in its Triton. A pool reconciles again every few seconds while
+it is not settled, and on every event of the pool, its pods or its models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api.kinds import TRITON_MODEL, TRITON_POOL
+from ..api.pod import HTTP_PORT
+from ..api.pool import LABEL_POOL, TritonPool
+from ..api.timestamps import utc_now
+from ..api.v1alpha1 import TritonModel
+from ..plan import pool as pool_plan
+from ..plan.placement import Placement
+from ..plan.planner import differs
+from ..plan.status import as_dict, status_changed, transitions
+from ..platform.kube import Kube
+from ..render.kubernetes import Options
+from ..render.pool import (
+    ReplicaPod,
+    pool_key,
+    pool_selector,
+    render_endpoint_slices,
+    render_model_service,
+    render_pool_children,
+    render_pool_key_secret,
+)
+from ..triton import pool as triton_pool
+from ..triton.reload import requests_seen
+from .cache import Cache, lean
+from .errors import retry_after
+from .tasks import detached
+
+log = logging.getLogger("triton_operator.pool")
+
+#: While a pool is not settled (copies loading, a load backing off), it reconciles again this often; once settled,
+#: every `SETTLED_SECONDS` still: a model that fails inside a replica changes no Kubernetes object.
+REVISIT_SECONDS, SETTLED_SECONDS = 5.0, 15.0
+#: A failed load of a model on a replica is retried after this many seconds, doubling, up to `HELD_MAX_SECONDS`.
+HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
+
+
+@dataclass
+class _Held:
+    failures: int
+    until: float
+    message: str
+
+
+@dataclass(frozen=True)
+class _Round:
+    """What one round knows: the pool, its members, pods, placement and what each replica answered."""
+
+    namespace: str
+    pool: TritonPool
+    body: dict[str, Any]
+    members: dict[str, pool_plan.Member]
+    pods: dict[str, ReplicaPod]
+    live: list[Any]
+    placement: Placement
+    key: str | None
+
+    def address(self, replica: str) -> str:
+        return f"{self.pods[replica].ip}:{HTTP_PORT}"
+
+
+class PoolReconciler:
+    def __init__(self, kube: Kube, cache: Cache, options: Options | None = None) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.options = options or Options()
+        self.pools: dict[tuple[str, str], dict[str, Any]] = {}  # the watch's TritonPools
+        self._applied: dict[tuple[str, str, str], dict[str, Any]] = {}  # our last applies' answers
+        self._held: dict[tuple[str, str, str, str, str], _Held] = {}  # (ns, pool, replica, model, digest)
+        self._dirty: dict[tuple[str, str], asyncio.Event] = {}
+        self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    # -- scheduling: one worker per pool, bursts of events coalesced into one round
+
+    def put_pool(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if deleted:
+            self.pools.pop(key, None)
+        else:
+            self.pools[key] = lean(body)
+
+    def request(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        ev = self._dirty.setdefault(key, asyncio.Event())
+        ev.set()
+        task = self._workers.get(key)
+        if task is None or task.done():
+            self._workers[key] = detached(self._worker(key), name=f"pool-{namespace}/{name}")
+
+    def request_all(self) -> None:
+        """Every pool known, and every pool a model names (a missing one: its models say PoolNotFound)."""
+        wanted = set(self.pools)
+        for namespace, models in list(self.cache.models.items()):
+            for name in list(models):
+                pool = ((models[name].get("spec") or {}).get("pool"))
+                if pool:
+                    wanted.add((namespace, pool))
+        for namespace, name in sorted(wanted):
+            self.request(namespace, name)
+
+    async def _worker(self, key: tuple[str, str]) -> None:
+        try:
+            ev = self._dirty[key]
+            failures = 0
+            while ev.is_set():
+                ev.clear()
+                try:
+                    again = await self.reconcile(*key)
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001 - the API server or a replica may be away: retried
+                    failures += 1
+                    retry = retry_after(exc, failures)
+                    log.warning("Failed to reconcile TritonPool namespace=%s name=%s error=%r retry=%.0fs",
+                                *key, exc, retry.delay)
+                    again = retry.delay
+                if again is not None and not ev.is_set():
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(ev.wait(), again)
+                    ev.set()
+                    if not self._wanted(key):
+                        return
+        finally:
+            self._workers.pop(key, None)
+            self._dirty.pop(key, None)
+
+    def _wanted(self, key: tuple[str, str]) -> bool:
+        return key in self.pools or bool(pool_plan.pooled(key[1], self._bodies(key[0])))
+
+    def _bodies(self, namespace: str) -> dict[str, dict[str, Any]]:
+        models = self.cache.models.get(namespace)
+        return {} if models is None else {name: models[name] for name in list(models)}
+
+    # -- the round
+
+    async def reconcile(self, namespace: str, name: str) -> float | None:
+        """One round; returns in how many seconds to come back (None: when something changes)."""
+        members = pool_plan.members(name, self._bodies(namespace))
+        body = self.pools.get((namespace, name))
+        if body is None:
+            await self._orphans(namespace, name, members)
+            return None
+        try:
+            pool = TritonPool.model_validate(body)
+        except ValidationError as exc:
+            log.warning("Skipped invalid TritonPool namespace=%s name=%s error=%s", namespace, name, exc)
+            return None
+        uid = body["metadata"]["uid"]
+        await self._apply_children(namespace, pool, uid)
+        pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
+        live, views = pool_plan.replicas(pods)
+        placement = pool_plan.placement_of(pool, live, members)
+        rnd = _Round(namespace, pool, body, members, views, live, placement,
+                     pool_key(pool, uid, namespace, self.options))
+        records = pool_plan.recorded(body)
+        ready = [r.name for r in live if views[r.name].ready and views[r.name].ip]
+        seen = await self._observe(rnd, ready, records)
+        todo = pool_plan.work(placement, members, ready, records, seen, self._held_now(rnd))
+        draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
+        # The placement and the slices without what is about to be drained or unloaded, before any load.
+        await self._publish(rnd, records, seen, draining)
+        if draining:
+            await self._drain(rnd, draining)
+        busy = [w for w in todo.values() if w.load or w.unload]
+        await asyncio.gather(*(self._carry_out(rnd, w, records) for w in busy))
+        if busy:
+            seen = await self._observe(rnd, ready, records)
+        records = self._record(rnd, ready, records, seen)
+        settled = await self._publish(rnd, records, seen, frozenset())
+        return SETTLED_SECONDS if settled and not busy else REVISIT_SECONDS
+
+    def observe_child(self, body: Mapping[str, Any], deleted: bool = False) -> str | None:
+        """A watch event of an object the pool's rounds apply: kept to compare the next apply with (an edit by
+        someone else is applied over); returns the pool to reconcile, if any."""
+        meta = body["metadata"]
+        key = (body["kind"], meta["namespace"], meta["name"])
+        if deleted:
+            self._applied.pop(key, None)
+        else:
+            self._applied[key] = lean(body)
+        return (meta.get("labels") or {}).get(LABEL_POOL)
+
+    async def _apply(self, obj: dict[str, Any]) -> None:
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if not differs(self._applied.get(key), obj):
+            return
+        self._applied[key] = lean(await asyncio.to_thread(self.kube.apply, obj))
+        log.info("Applied %s namespace=%s name=%s", *key)
+
+    async def _apply_children(self, namespace: str, pool: TritonPool, uid: str) -> None:
+        secret = render_pool_key_secret(pool, uid, namespace, self.options)
+        if secret is not None and ("Secret", namespace, secret["metadata"]["name"]) not in self._applied:
+            created = await asyncio.to_thread(self.kube.create_if_absent, secret)
+            self._applied[("Secret", namespace, secret["metadata"]["name"])] = {}
+            if created:
+                log.info("Created Secret namespace=%s name=%s owner=TritonPool/%s", namespace,
+                         secret["metadata"]["name"], pool.name)
+        for child in render_pool_children(pool, uid, namespace, self.options):
+            await self._apply(child)
+
+    def _held_now(self, rnd: _Round) -> dict[tuple[str, str], bool]:
+        now = time.monotonic()
+        return {(r, m): h.until > now for (ns, p, r, m, _), h in self._held.items()
+                if ns == rnd.namespace and p == rnd.pool.name}
+
+    async def _observe(self, rnd: _Round, ready: list[str],
+                       records: Mapping[str, Mapping[str, str]]) -> dict[tuple[str, str], pool_plan.Seen]:
+        """What each Ready replica's Triton serves of each model placed there."""
+        asks: list[tuple[str, str]] = [(r, n) for r in ready for n in sorted(rnd.placement.loaded.get(r, ()))
+                                       if n in rnd.members and rnd.members[n].digest]
+
+        async def ask(r: str, n: str) -> pool_plan.Seen:
+            m = rnd.members[n]
+            s = await triton_pool.served(rnd.address(r), m.triton_name, m.digest or "",
+                                         records.get(r, {}).get(m.triton_name), rnd.key)
+            return pool_plan.Seen(s.ready, s.digest, s.message)
+
+        answers = await asyncio.gather(*(ask(r, n) for r, n in asks))
+        return dict(zip(asks, answers, strict=True))
+
+    async def _drain(self, rnd: _Round, draining: frozenset[tuple[str, str]]) -> None:
+        """Waits, up to the models' drainTimeoutSeconds, until no request reaches a drained copy for a second (it
+        left its slices: kube-proxy stops sending it new ones)."""
+        async def quiet(r: str, n: str) -> None:
+            m = rnd.members[n]
+            timeout = m.model.spec.rollout.drain_timeout_seconds if m.model is not None else 30
+            deadline = time.monotonic() + timeout
+            last = -1
+            while time.monotonic() < deadline:
+                with contextlib.suppress(Exception):
+                    count = await requests_seen(rnd.address(r), m.triton_name)
+                    if count == last:
+                        return
+                    last = count
+                await asyncio.sleep(1.0)
+
+        await asyncio.gather(*(quiet(r, n) for r, n in draining))
+
+    async def _carry_out(self, rnd: _Round, w: pool_plan.ReplicaWork, records: dict[str, dict[str, str]]) -> None:
+        """One replica's unloads, then its loads in order (steps first)."""
+        address = rnd.address(w.replica)
+        for name in w.unload:
+            why = await triton_pool.unload(address, name, rnd.key)
+            log.info("Unloaded model from pool replica namespace=%s pool=%s pod=%s model=%s%s", rnd.namespace,
+                     rnd.pool.name, w.replica, name, f" error={why!r}" if why else "")
+            records.get(w.replica, {}).pop(name, None)
+        for ld in w.load:
+            m = rnd.members[ld.member]
+            assert m.request is not None and m.digest is not None
+            if ld.drain:
+                await triton_pool.unload(address, m.triton_name, rnd.key)
+            started = time.monotonic()
+            why = await triton_pool.load(address, m.request.name, m.request.config, m.request.files, rnd.key)
+            after = await triton_pool.served(address, m.triton_name, m.digest, None, rnd.key)
+            held_key = (rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest)
+            if after.ready and after.digest == m.digest:
+                self._held.pop(held_key, None)
+                log.info("Loaded model into pool replica namespace=%s pool=%s pod=%s model=%s digest=%s "
+                         "seconds=%.2f", rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest,
+                         time.monotonic() - started)
+                continue
+            held = self._held.get(held_key) or _Held(0, 0.0, "")
+            held.failures += 1
+            held.until = time.monotonic() + min(HELD_SECONDS * 2 ** (held.failures - 1), HELD_MAX_SECONDS)
+            held.message = (why or after.message)[:500]
+            self._held[held_key] = held
+            log.warning("Failed to load model into pool replica namespace=%s pool=%s pod=%s model=%s digest=%s "
+                        "attempt=%d error=%r", rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest,
+                        held.failures, held.message)
+
+    def _record(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
+                seen: Mapping[tuple[str, str], pool_plan.Seen]) -> dict[str, dict[str, str]]:
+        """The replicas' records after the round: on a Ready replica, what it serves of what is placed there (a
+        replica that is not Ready keeps its record: its models are reloaded once it is back). Replicas gone drop."""
+        out: dict[str, dict[str, str]] = {}
+        for r in rnd.live:
+            if r.name not in ready:
+                out[r.name] = dict(records.get(r.name, {}))
+                continue
+            out[r.name] = {rnd.members[n].triton_name: s.digest for (rr, n), s in seen.items()
+                           if rr == r.name and s.ready and s.digest}
+        return out
+
+    def _failures(self, rnd: _Round, name: str) -> dict[str, str]:
+        m = rnd.members[name]
+        return {r: h.message for (ns, p, r, n, d), h in self._held.items()
+                if ns == rnd.namespace and p == rnd.pool.name and n == name and d == m.digest}
+
+    async def _publish(self, rnd: _Round, records: dict[str, dict[str, str]],
+                       seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]]) -> bool:
+        """Writes each model's Service, slices and status and the pool's status; whether every copy serves."""
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
+        now = utc_now()
+        behind, failed = 0, 0
+        for name, m in rnd.members.items():
+            if m.model is None:
+                await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
+                    m, rnd.pool.name, True, rnd.placement, set(), {}, now))
+                continue
+            failures = self._failures(rnd, name)
+            failed += bool(failures)
+            behind += len(rnd.placement.copies.get(name, ())) - len(serving[name])
+            await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
+            await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
+                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now))
+        status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
+                                       ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
+        await self._write_pool_status(rnd, status)
+        return behind == 0 and failed == 0
+
+    async def _traffic(self, namespace: str, m: pool_plan.Member, placement: list[str],
+                       pods: Mapping[str, ReplicaPod], serving: set[str]) -> None:
+        assert m.model is not None
+        uid = m.body["metadata"]["uid"]
+        await self._apply(render_model_service(m.model, uid, namespace))
+        for s in render_endpoint_slices(m.model, uid, namespace, placement, pods, serving):
+            await self._apply(s)
+
+    async def _orphans(self, namespace: str, pool: str, members: Mapping[str, pool_plan.Member]) -> None:
+        """The models of a pool that does not exist: PoolNotFound, and no endpoint."""
+        now = utc_now()
+        for m in members.values():
+            if m.model is not None:
+                await self._traffic(namespace, m, [], {}, set())
+            await self._write_model_status(namespace, m, pool_plan.model_status(m, pool, False, None, set(), {}, now))
+
+    async def _write_model_status(self, namespace: str, m: pool_plan.Member, status: Any) -> None:
+        stored = m.body.get("status") or {}
+        current = self.cache.model(namespace, m.name)
+        if current is not None:
+            stored = current.get("status") or {}
+        if not status_changed(stored, status):
+            return
+        patch = {k: None for k in stored if k not in as_dict(status)} | as_dict(status)
+        updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_MODEL.group, TRITON_MODEL.version,
+                                          TRITON_MODEL.plural, namespace, m.name, patch)
+        if updated is None:
+            return
+        self.cache.put_model(updated)
+        body = current or dict(m.body)
+        for c in transitions(stored, status):
+            log.info("Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",
+                     namespace, m.name, c["type"], c["status"], c.get("reason"))
+            await asyncio.to_thread(self.kube.event, body, c.get("reason") or "", c.get("message") or "",
+                                    "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
+
+    async def _write_pool_status(self, rnd: _Round, status: dict[str, Any]) -> None:
+        key = (rnd.namespace, rnd.pool.name)
+        stored = (self.pools.get(key, rnd.body).get("status")) or {}
+        if stored == status:
+            return
+        patch = {k: None for k in stored if k not in status} | status
+        updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_POOL.group, TRITON_POOL.version,
+                                          TRITON_POOL.plural, rnd.namespace, rnd.pool.name, patch)
+        if updated is not None and key in self.pools:
+            self.pools[key] = lean(updated)
+
+
+def pool_of(body: Mapping[str, Any] | None) -> str | None:
+    """The pool a TritonModel body names, if any."""
+    return ((body or {}).get("spec") or {}).get("pool") or None
+
+
+def is_pooled(model: TritonModel | Mapping[str, Any]) -> bool:
+    if isinstance(model, TritonModel):
+        return model.spec.pool is not None
+    return pool_of(model) is not None

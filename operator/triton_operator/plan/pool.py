@@ -1,0 +1,301 @@
+"""The pool's reconcile, its pure part: which models a TritonPool carries, where their copies go, what each replica
+must load or unload this round, and the statuses and EndpointSlices that follow from what the replicas answered.
+
+`controller.pool` gathers (the pool, its pods, the namespace's TritonModels), asks each replica's Triton
+(`triton.pool`) and carries out what these functions decide. The design: `plan.placement`'s docstring.
+
+A replica's record (`TritonPool.status.replicaModels[].loaded`) says what the operator loaded there and Triton said
+READY, by Triton model name, with the digest. It is what a restarted operator reads back: request-loaded models are
+not in Triton's repository index, so the record is how it finds a model to unload that is no longer placed there.
+During an in-place update the recorded (previous) digest is still accepted on a replica, as a model's own replica
+accepts its previous config during a Swap, until the new one is READY there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api import steps as step_graph
+from ..api.pool import TritonPool, format_bytes
+from ..api.timestamps import rfc3339
+from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
+from ..render.modelconfig import RenderedModel, render_repository
+from ..render.pool import LoadRequest, ReplicaPod, load_request
+from .placement import INSUFFICIENT_CAPACITY, Placement, PoolReplica, place
+from .status import _cond, kstatus_conditions
+
+POOL_NOT_FOUND = "PoolNotFound"
+ALL_COPIES_WARMED = "AllCopiesWarmed"
+COPIES_LOADING = "CopiesLoading"
+LOAD_FAILED = "ModelLoadFailed"
+
+
+@dataclass(frozen=True)
+class Member:
+    """A TritonModel on the pool: what loads it (None when it cannot be loaded, with the problem)."""
+
+    name: str
+    body: Mapping[str, Any]
+    model: TritonModel | None
+    request: LoadRequest | None
+    digest: str | None
+    problem: tuple[str, str] | None = None  # (reason, message)
+
+    @property
+    def triton_name(self) -> str:
+        return self.model.triton_name if self.model is not None else self.name
+
+    @property
+    def generation(self) -> int:
+        return int(self.body["metadata"].get("generation", 0))
+
+    @property
+    def drains(self) -> bool:
+        """Whether an update of this model drains a replica before reloading it (rollout.mode Drain, a sequence
+        batcher or a decoupled model: as for a model's own replicas, `plan.rollout`)."""
+        if self.model is None:
+            return False
+        spec = self.model.spec
+        return spec.rollout.mode == "Drain" or spec.sequence_batcher is not None or bool(spec.decoupled)
+
+    @property
+    def budget(self) -> int:
+        return self.model.spec.rollout.max_unavailable if self.model is not None else 1
+
+
+def pooled(pool: str, bodies: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The names of the TritonModels (among a namespace's `bodies`) that name `pool`, sorted."""
+    return sorted(name for name, b in bodies.items() if ((b.get("spec") or {}).get("pool")) == pool)
+
+
+def _render(model: TritonModel, models: Mapping[str, TritonModel]) -> RenderedModel:
+    reached, _ = step_graph.closure(model.name, step_graph.of_models({**models, model.name: model}))
+    return render_repository([models[n] if n != model.name else model for n in reached if n in models or
+                              n == model.name])[model.name]
+
+
+def members(pool: str, bodies: Mapping[str, Mapping[str, Any]]) -> dict[str, Member]:
+    """Every model on `pool`, parsed and rendered; one that does not parse, render or load from a request carries its
+    problem instead (its Ready condition says it; the other models are not held back)."""
+    parsed: dict[str, TritonModel] = {}
+    out: dict[str, Member] = {}
+    for name in pooled(pool, bodies):
+        try:
+            parsed[name] = TritonModel.model_validate(bodies[name])
+        except ValidationError as exc:
+            out[name] = Member(name, bodies[name], None, None, None, ("InvalidSpec", str(exc)[:2000]))
+    for name, model in parsed.items():
+        try:
+            rendered = _render(model, parsed)
+            out[name] = Member(name, bodies[name], model, load_request(rendered), rendered.digest)
+        except (ValueError, KeyError) as exc:
+            reason = "UnsupportedSource" if "uri" in str(exc) else "InvalidSpec"
+            out[name] = Member(name, bodies[name], model, None, None, (reason, str(exc)[:2000]))
+    return dict(sorted(out.items()))
+
+
+def replicas(pods: Sequence[Mapping[str, Any]]) -> tuple[list[PoolReplica], dict[str, ReplicaPod]]:
+    """The pool's replicas that take copies (pods not terminating, not finished), and every pod's slice view."""
+    views = {str(p["metadata"]["name"]): ReplicaPod.of(p) for p in pods}
+    live = [PoolReplica(name, views[name].node) for name, p in sorted((str(p["metadata"]["name"]), p) for p in pods)
+            if not views[name].terminating and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")]
+    return live, views
+
+
+def recorded(pool_body: Mapping[str, Any] | None) -> dict[str, dict[str, str]]:
+    """What the pool's status says each replica has loaded: pod -> Triton model name -> digest."""
+    rows = ((pool_body or {}).get("status") or {}).get("replicaModels") or ()
+    return {str(r.get("pod")): dict(r.get("loaded") or {}) for r in rows if r.get("pod")}
+
+
+def placement_of(pool: TritonPool, live: Sequence[PoolReplica], members: Mapping[str, Member]) -> Placement:
+    """Where the loadable members go, keeping each model's recorded `status.placement` where it still holds."""
+    models = [m.model for m in members.values() if m.model is not None and m.problem is None]
+    previous = {m.name: list(((m.body.get("status") or {}).get("placement")) or ()) for m in members.values()}
+    return place(pool, live, models, previous)
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load on a replica: the member, and whether its copy there is drained first (an update, Drain mode)."""
+
+    member: str
+    drain: bool = False
+
+
+@dataclass
+class ReplicaWork:
+    """What one replica does this round: unloads (Triton names) then loads, steps before the ensembles using them."""
+
+    replica: str
+    unload: list[str] = field(default_factory=list)
+    load: list[Load] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a replica's Triton answered for a model this round."""
+
+    ready: bool
+    digest: str | None
+    message: str = ""
+
+
+def order(names: Sequence[str], members: Mapping[str, Member]) -> list[str]:
+    """`names` with each ensemble after the steps it uses."""
+    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    return step_graph.order(sorted(names), graph)
+
+
+def serves(member: Member, seen: Seen | None, record: Mapping[str, str]) -> bool:
+    """Whether a replica serves `member` as the gate wants: READY at the desired digest, or at the one recorded there
+    (the config it served before, while an in-place update has not reached it yet)."""
+    return bool(seen is not None and seen.ready and seen.digest is not None
+                and seen.digest in {member.digest, record.get(member.triton_name)})
+
+
+def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[str],
+         records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
+         held: Mapping[tuple[str, str], bool]) -> dict[str, ReplicaWork]:
+    """Each Ready replica's work: unload what is recorded there and no longer placed; load what is placed there and
+    not READY at its desired digest. An update of a copy that serves (at its recorded digest) waits for the model's
+    budget (rollout.maxUnavailable less its copies not serving), so a model updates replica by replica. `held`:
+    (replica, model) loads that failed lately and wait for their back-off."""
+    out = {r: ReplicaWork(r) for r in ready}
+    names = {m.triton_name: n for n, m in members.items()}
+    budget = {n: m.budget - sum(1 for r in placement.copies.get(n, ()) if r in out and
+                                not serves(m, seen.get((r, n)), records.get(r, {}))) for n, m in members.items()}
+    for r, w in out.items():
+        placed = placement.loaded.get(r, frozenset())
+        w.unload = sorted(t for t in records.get(r, {}) if names.get(t) not in placed)
+        for n in order(sorted(placed), members):
+            m, s = members[n], seen.get((r, n))
+            if m.request is None or (s is not None and s.ready and s.digest == m.digest) or held.get((r, n)):
+                continue
+            if serves(m, s, records.get(r, {})):  # serving its previous config: an update, in the budget
+                if budget.get(n, 0) <= 0:
+                    continue
+                budget[n] -= 1
+                w.load.append(Load(n, drain=m.drains))
+            else:
+                w.load.append(Load(n))
+    return out
+
+
+def serving(placement: Placement, members: Mapping[str, Member], pods: Mapping[str, ReplicaPod],
+            records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
+            draining: frozenset[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
+    """Per model, the replicas of its placement where it serves: the pod Ready, the model and every step it reaches
+    served there (`serves`), and none of them drained this round."""
+    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    out: dict[str, set[str]] = {}
+    for n in members:
+        found, missing = step_graph.closure(n, graph)
+        reached = [*found, *missing] or [n]
+        out[n] = {r for r in placement.copies.get(n, ()) if (pod := pods.get(r)) is not None and pod.ready
+                  and all(k in members and (r, k) not in draining
+                          and serves(members[k], seen.get((r, k)), records.get(r, {})) for k in reached)}
+    return out
+
+
+def _stamp(conds: list[dict[str, Any]], previous: Mapping[str, Any], now: dt.datetime) -> list[Condition]:
+    prev = {c.get("type"): c for c in previous.get("conditions") or ()}
+    for c in conds:
+        old = prev.get(c["type"])
+        held = old is not None and old.get("status") == c["status"] and old.get("lastTransitionTime")
+        c["lastTransitionTime"] = old["lastTransitionTime"] if held and old is not None else rfc3339(now)
+    return [Condition.model_validate(c) for c in conds]
+
+
+def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
+                 failures: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Ready, Progressing and Degraded of a pooled model."""
+    g = m.generation
+    wanted = m.model.spec.replicas if m.model is not None else 0
+    copies = placement.copies.get(m.name, ()) if placement is not None else ()
+    shortfall = placement.shortfalls.get(m.name) if placement is not None else None
+    settled = _cond("Progressing", False, "Settled", "every copy is placed and serves", g)
+    fine = _cond("Degraded", False, "AsExpected", "", g)
+    if not found:
+        msg = f"TritonPool {pool} does not exist in this namespace: create it, or set spec.pool to one that does"
+        return _cond("Ready", False, POOL_NOT_FOUND, msg, g), settled, _cond("Degraded", True, POOL_NOT_FOUND, msg, g)
+    if m.problem is not None:
+        reason, msg = m.problem
+        return _cond("Ready", False, reason, msg, g), settled, _cond("Degraded", True, reason, msg, g)
+    served = f"{len(serving_on)}/{wanted} copies serve the desired config, warm, on pool {pool}"
+    if shortfall is not None:
+        msg = f"{served}; {shortfall.message}"
+        return (_cond("Ready", False, INSUFFICIENT_CAPACITY, msg, g), settled,
+                _cond("Degraded", True, INSUFFICIENT_CAPACITY, msg, g))
+    if failures:
+        msg = f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failures.items()))
+        return (_cond("Ready", len(serving_on) >= wanted, LOAD_FAILED, msg[:2000], g), settled,
+                _cond("Degraded", True, LOAD_FAILED, msg[:2000], g))
+    if len(serving_on) >= wanted and len(copies) >= wanted:
+        return _cond("Ready", True, ALL_COPIES_WARMED, served, g), settled, fine
+    return (_cond("Ready", False, COPIES_LOADING, served, g),
+            _cond("Progressing", True, COPIES_LOADING, served, g), fine)
+
+
+def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
+                 failures: Mapping[str, str], now: dt.datetime) -> TritonModelStatus:
+    """A pooled model's whole status (conditions stamped against the stored ones)."""
+    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures)
+    conds = [ready, progressing, degraded, *kstatus_conditions(progressing, degraded, m.generation)]
+    copies = list(placement.copies.get(m.name, ())) if placement is not None else []
+    return TritonModelStatus(
+        observed_generation=m.generation,
+        conditions=_stamp(conds, m.body.get("status") or {}, now),
+        replicas=len(copies),
+        ready_replicas=len(serving_on),
+        warmed_replicas=len(serving_on),
+        config_digest=m.digest,
+        placement=copies or None,
+    )
+
+
+def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolReplica],
+                pods: Mapping[str, ReplicaPod], placement: Placement, records: Mapping[str, Mapping[str, str]],
+                behind: int, failed: int, selector: str, now: dt.datetime) -> dict[str, Any]:
+    """The pool's status: its replicas, what each carries and has loaded, capacity used and free, and conditions.
+    `behind`: copies placed that do not serve yet; `failed`: models whose loads failed."""
+    g = int(body["metadata"].get("generation", 0))
+    ready = sum(1 for r in live if pods[r.name].ready)
+    rows = []
+    for r in live:
+        row: dict[str, Any] = {"pod": r.name, "models": sorted(placement.loaded.get(r.name, ())),
+                               "used": format_bytes(placement.used.get(r.name, 0)),
+                               "free": format_bytes(placement.free(r.name))}
+        if r.node:
+            row["node"] = r.node
+        if records.get(r.name):
+            row["loaded"] = dict(sorted(records[r.name].items()))
+        rows.append(row)
+    used = sum(placement.used.get(r.name, 0) for r in live)
+    total = placement.capacity * len(live)
+    short = len(placement.shortfalls)
+    fine = ready >= pool.spec.replicas and behind == 0 and failed == 0 and short == 0
+    why = (f"{ready}/{pool.spec.replicas} replicas Ready; {len(set(placement.copies) - set(placement.shortfalls))} "
+           f"models placed, {behind} copies loading, {failed} failing, {short} short of capacity")
+    progressing = _cond("Progressing", not fine and failed == 0 and short == 0,
+                        "Settled" if fine else "Loading", why, g)
+    degraded = _cond("Degraded", failed > 0 or short > 0,
+                     INSUFFICIENT_CAPACITY if short else (LOAD_FAILED if failed else "AsExpected"), why, g)
+    conds = [_cond("Ready", fine, "AllReplicasServing" if fine else "NotAllServing", why, g), progressing, degraded,
+             *kstatus_conditions(progressing, degraded, g)]
+    return {
+        "observedGeneration": g,
+        "conditions": [c.model_dump(by_alias=True, exclude_none=True)
+                       for c in _stamp(conds, body.get("status") or {}, now)],
+        "replicas": len(live), "readyReplicas": ready,
+        "models": len([n for n, c in placement.copies.items() if c]),
+        "selector": selector,
+        "capacityPerReplica": format_bytes(placement.capacity),
+        "used": format_bytes(used), "free": format_bytes(max(total - used, 0)),
+        "replicaModels": rows,
+    }

@@ -1,0 +1,58 @@
+"""A pool replica's Triton, as the pool's reconcile asks it: what a model serves there, load it, unload it.
+
+The questions are the warm-up gate's (`triton.replica.check_replica`: READY, at which config digest); the loads carry
+the model's config and files in the request (`render.pool.load_request`), so nothing of an inline model is on the
+replica's disk. A load's answer is never the verdict alone: an ensemble over steps loaded from requests answers
+INTERNAL and is READY all the same (measured on 2.51, `tests/test_pool_load.py`), so the caller asks again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .replica import ReplicaVerdict, check_replica
+from .rest import TritonClient, TritonError
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a replica serves of one model: READY at `digest` (None: not READY), or why not."""
+
+    ready: bool
+    digest: str | None
+    reason: str
+    message: str
+
+
+def _served(verdict: ReplicaVerdict) -> Served:
+    return Served(verdict.ok, verdict.loaded if verdict.ok else None, verdict.reason, verdict.message)
+
+
+async def served(address: str, name: str, digest: str, also: str | None, key: str | None,
+                 timeout: float = 5.0) -> Served:
+    """Whether the replica at `address` serves `name` READY at `digest` (or at `also`, the digest it served before an
+    in-place Swap), and at which."""
+    return _served(await check_replica(address, name, (), digest, timeout=timeout, also=also, key=key))
+
+
+async def load(address: str, name: str, config: str, files: Mapping[str, bytes], key: str | None,
+               timeout: float = 600.0) -> str | None:
+    """Loads `name` with `config` and `files` into the replica; None when Triton accepted it, else Triton's reason
+    (which may be wrong about an ensemble: ask `served` after either)."""
+    async with TritonClient(address, key) as client:
+        try:
+            await client.load_model(name, config=config, files=files, timeout=timeout)
+            return None
+        except TritonError as exc:
+            return exc.message() or str(exc)
+
+
+async def unload(address: str, name: str, key: str | None, timeout: float = 120.0) -> str | None:
+    """Unloads `name` from the replica (Triton lets requests in flight finish); None, or Triton's reason."""
+    async with TritonClient(address, key) as client:
+        try:
+            await client.unload_model(name, timeout=timeout)
+            return None
+        except TritonError as exc:
+            return exc.message() or str(exc)

@@ -1,0 +1,142 @@
+"""The pool's round, its pure part (plan.pool): members, the replicas' work, which copies serve, the statuses."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from tests.documents import pool_document, python_model
+from triton_operator.api.pool import TritonPool
+from triton_operator.plan import pool as pp
+from triton_operator.plan.placement import PoolReplica
+
+NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
+
+
+def _body(doc: dict[str, Any], placement: list[str] | None = None, generation: int = 1) -> dict[str, Any]:
+    doc = {**doc, "metadata": {**doc["metadata"], "namespace": "ns", "uid": f"uid-{doc['metadata']['name']}",
+                               "generation": generation}}
+    if placement is not None:
+        doc["status"] = {"placement": placement}
+    return doc
+
+
+def _pod(name: str, ready: bool = True, ip: str = "198.18.0.9", node: str = "n1",
+         terminating: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "uid": f"u-{name}"}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-11-26T12:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": node},
+            "status": {"podIP": ip, "phase": "Running",
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def _world(copies: int = 2, placement: list[str] | None = None) -> tuple[Any, ...]:
+    bodies = {"a": _body(python_model("a", pool="p", memory="1Gi", replicas=copies), placement),
+              "other": _body(python_model("other"))}
+    members = pp.members("p", bodies)
+    pool = TritonPool.model_validate(pool_document("p"))
+    live = [PoolReplica("r1", "n1"), PoolReplica("r2", "n2")]
+    return members, pool, live, pp.placement_of(pool, live, members)
+
+
+def test_members_are_the_models_naming_the_pool_rendered_with_their_load_request() -> None:
+    members, *_ = _world()
+    assert list(members) == ["a"]
+    a = members["a"]
+    assert a.problem is None and a.digest and a.request is not None
+    assert a.request.files == {"file:1/model.py": b"# m"}
+
+
+def test_a_uri_model_on_a_pool_is_refused_by_name_and_the_others_load() -> None:
+    uri = python_model("u", pool="p", memory="1Gi")
+    uri["spec"]["source"] = {"uri": "s3://bucket/m", "sha256": "0" * 64}
+    members = pp.members("p", {"u": _body(uri), "a": _body(python_model("a", pool="p", memory="1Gi"))})
+    assert members["u"].problem is not None and members["u"].problem[0] == "UnsupportedSource"
+    assert members["a"].problem is None
+
+
+def test_a_fresh_replica_loads_what_is_placed_there() -> None:
+    members, _, _, placement = _world()
+    todo = pp.work(placement, members, ["r1", "r2"], {}, {}, {})
+    assert [ld.member for ld in todo["r1"].load] == ["a"] and [ld.member for ld in todo["r2"].load] == ["a"]
+    assert todo["r1"].unload == []
+
+
+def test_a_copy_that_serves_the_desired_digest_loads_nothing_and_serves() -> None:
+    members, _, _, placement = _world()
+    d = members["a"].digest
+    seen = {(r, "a"): pp.Seen(True, d) for r in ("r1", "r2")}
+    todo = pp.work(placement, members, ["r1", "r2"], {}, seen, {})
+    assert all(not w.load for w in todo.values())
+    pods = {r: pp.ReplicaPod.of(_pod(r)) for r in ("r1", "r2")}
+    assert pp.serving(placement, members, pods, {}, seen)["a"] == {"r1", "r2"}
+
+
+def test_an_update_goes_replica_by_replica_and_the_old_digest_serves_meanwhile() -> None:
+    members, _, _, placement = _world()
+    records = {"r1": {"a": "old"}, "r2": {"a": "old"}}
+    seen = {(r, "a"): pp.Seen(True, "old") for r in ("r1", "r2")}
+    todo = pp.work(placement, members, ["r1", "r2"], records, seen, {})
+    assert sum(len(w.load) for w in todo.values()) == 1, "maxUnavailable 1: one copy at a time"
+    pods = {r: pp.ReplicaPod.of(_pod(r)) for r in ("r1", "r2")}
+    assert pp.serving(placement, members, pods, records, seen)["a"] == {"r1", "r2"}
+    # A digest neither desired nor recorded does not serve.
+    assert pp.serving(placement, members, pods, {}, seen)["a"] == set()
+
+
+def test_a_copy_not_ready_or_drained_or_on_a_pod_not_ready_is_not_listed_ready() -> None:
+    members, _, _, placement = _world()
+    d = members["a"].digest
+    seen = {("r1", "a"): pp.Seen(True, d), ("r2", "a"): pp.Seen(False, None)}
+    pods = {"r1": pp.ReplicaPod.of(_pod("r1")), "r2": pp.ReplicaPod.of(_pod("r2"))}
+    assert pp.serving(placement, members, pods, {}, seen)["a"] == {"r1"}
+    assert pp.serving(placement, members, pods, {}, seen, frozenset({("r1", "a")}))["a"] == set()
+    pods["r1"] = pp.ReplicaPod.of(_pod("r1", ready=False))
+    assert pp.serving(placement, members, pods, {}, seen)["a"] == set()
+
+
+def test_what_is_recorded_and_no_longer_placed_is_unloaded() -> None:
+    members, _, _, placement = _world()
+    todo = pp.work(placement, members, ["r1"], {"r1": {"gone": "x"}}, {}, {})
+    assert todo["r1"].unload == ["gone"]
+
+
+def test_a_held_load_waits_for_its_back_off() -> None:
+    members, _, _, placement = _world()
+    todo = pp.work(placement, members, ["r1", "r2"], {}, {}, {("r1", "a"): True})
+    assert not todo["r1"].load and todo["r2"].load
+
+
+def test_statuses_say_loading_then_warmed_then_short_of_capacity() -> None:
+    members, pool, live, placement = _world()
+    a = members["a"]
+    loading = pp.model_status(a, "p", True, placement, {"r1"}, {}, NOW)
+    ready = {c.type: c for c in loading.conditions or ()}["Ready"]
+    assert (ready.status, ready.reason) == ("False", pp.COPIES_LOADING)
+    warm = pp.model_status(a, "p", True, placement, {"r1", "r2"}, {}, NOW)
+    assert {c.type: c for c in warm.conditions or ()}["Ready"].reason == pp.ALL_COPIES_WARMED
+    assert warm.placement == list(placement.copies["a"]) and warm.ready_replicas == 2
+    members3, _, _, placement3 = _world(copies=3)
+    short = pp.model_status(members3["a"], "p", True, placement3, {"r1", "r2"}, {}, NOW)
+    ready3 = {c.type: c for c in short.conditions or ()}["Ready"]
+    assert ready3.reason == "InsufficientPoolCapacity" and "2 of 3 copies placed" in (ready3.message or "")
+    gone = pp.model_status(a, "p", False, None, set(), {}, NOW)
+    assert {c.type: c for c in gone.conditions or ()}["Ready"].reason == pp.POOL_NOT_FOUND
+
+
+def test_a_recorded_placement_is_kept() -> None:
+    _, _, _, placement = _world(copies=1, placement=["r2"])
+    assert placement.copies["a"] == ("r2",)
+
+
+def test_the_pool_status_lists_each_replica_with_what_it_loaded() -> None:
+    members, pool, live, placement = _world()
+    pods = {r.name: pp.ReplicaPod.of(_pod(r.name)) for r in live}
+    status = pp.pool_status(pool, _body(pool_document("p")), live, pods, placement,
+                            {"r1": {"a": members["a"].digest or ""}}, 0, 0, "x=y", NOW)
+    rows = {r["pod"]: r for r in status["replicaModels"]}
+    assert rows["r1"]["models"] == ["a"] and rows["r1"]["loaded"] == {"a": members["a"].digest}
+    assert "loaded" not in rows["r2"]
+    assert status["used"] == "2Gi" and status["free"] == "6Gi"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
