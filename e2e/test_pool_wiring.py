@@ -53,7 +53,7 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
                         webhook=False)
     try:
         wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
-        docs = load_examples("pool.yaml")
+        docs = load_examples("pool")
         for d in docs:
             if d["kind"] == "TritonPool":
                 d["spec"]["server"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
