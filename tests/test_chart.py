@@ -42,6 +42,9 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     (GROUP, PLURAL): {"get", "list", "watch"},  # event handlers only: kopf writes no finalizer; LIST: the webhook
     (GROUP, f"{PLURAL}/status"): {"patch"},
+    (GROUP, "tritonpools"): {"get", "list", "watch"},
+    (GROUP, "tritonpools/status"): {"patch"},
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "patch"},  # pooled models' slices
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: unused repositories
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
@@ -773,7 +776,7 @@ def test_the_operators_writes_are_held_to_its_own_objects_by_an_admission_policy
     assert "matchResources" not in binding["spec"], "every namespace"
     # Every kind the operator may write (its RBAC), but Events, its Lease and its TritonModels' status, is matched.
     written = {k for k, verbs in EXPECTED_RULES.items() if verbs & WRITE_VERBS} - {
-        ("", "events"), (GROUP, f"{PLURAL}/status")}
+        ("", "events"), (GROUP, f"{PLURAL}/status"), (GROUP, "tritonpools/status")}
     matched = _matched(policy)
     assert written <= set(matched), written - set(matched)
     assert all(ops == {"CREATE", "UPDATE", "DELETE"} for ops in matched.values())

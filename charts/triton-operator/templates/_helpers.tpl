@@ -64,6 +64,17 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: ["serving.triton-operator.dev"]
   resources: ["tritonmodels/status"]
   verbs: ["patch"]
+# TritonPools (issue 29): watched and read like TritonModels; their status (replicas, what each carries) patched.
+- apiGroups: ["serving.triton-operator.dev"]
+  resources: ["tritonpools"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["serving.triton-operator.dev"]
+  resources: ["tritonpools/status"]
+  verbs: ["patch"]
+# A pooled model's EndpointSlices (its Service has no selector): watched, written with server-side apply.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Children: watched (kopf), read when not cached yet (GET), written with server-side apply
 # (PATCH; an apply that creates the object is also authorized as `create`).
 - apiGroups: [""]
