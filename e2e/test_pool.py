@@ -118,12 +118,14 @@ def check_placed(kube: Kube, namespace: str, models: dict[str, dict], ips: dict[
     pool = pool_of(kube, namespace)
     rows = replica_rows(pool)
     assert sorted(rows) == sorted(pods), f"pool status replicas {sorted(rows)}, pods {sorted(pods)}"
+    capacity = quantity_bytes(pool["spec"]["capacity"]["memoryPerReplica"])
+    assert quantity_bytes(pool["status"]["capacityPerReplica"]) == capacity, pool["status"]
     for replica, row in rows.items():
         on = sorted(n for n in models if replica in where(models, n) and models[n]["spec"].get("pool"))
         loading = sorted(n for n in on if models[n]["spec"].get("memory"))
         assert row["models"] == on, f"{replica}: pool status lists {row['models']}, placements say {on}"
         used = sum(quantity_bytes(models[n]["spec"]["memory"]) for n in loading)
-        assert (quantity_bytes(row["used"]), quantity_bytes(row["free"])) == (used, quantity_bytes(CAPACITY) - used), row
+        assert (quantity_bytes(row["used"]), quantity_bytes(row["free"])) == (used, capacity - used), row
 
 
 def test_twenty_models_placed_updated_and_deleted_under_load_with_every_slice_audited(
