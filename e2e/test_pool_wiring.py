@@ -8,6 +8,8 @@ The chart-installed operator's pool tests (the issue's whole list) are e2e/test_
 from __future__ import annotations
 
 import copy
+import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,10 @@ def _slices(kube: Kube, namespace: str, model: str) -> list[dict[str, Any]]:
 def _ready_ips(kube: Kube, namespace: str, model: str) -> set[str]:
     return {e["addresses"][0] for s in _slices(kube, namespace, model) for e in s.get("endpoints") or ()
             if (e.get("conditions") or {}).get("ready")}
+
+
+def _placed_ips(kube: Kube, namespace: str, placed: list[str]) -> set[str]:
+    return {kube.get("Pod", name, namespace)["status"].get("podIP") for name in placed}
 
 
 def _ready(tm: dict[str, Any]) -> bool:
@@ -76,6 +82,20 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
         digest = addsub["status"]["configDigest"]
         for ip in ips:
             assert loaded_digest(ip, "pool-add-sub") == digest
+
+        # A copy's tritonserver killed: that replica leaves the slice at once, and comes back once it has reloaded.
+        victim = pods[placed[0]]
+        victim_ip = victim["status"]["podIP"]
+        os.kill(nodes.container_pid(victim, "tritonserver"), signal.SIGKILL)
+        wait_for("the killed replica out of pool-add-sub's slice",
+                 lambda: victim_ip not in _ready_ips(kube, namespace, "pool-add-sub"), 30)
+        # (The kubelet may give the replica a new sandbox, and so a new IP: the slice follows the pod.)
+        wait_for("the killed replica back in pool-add-sub's slice, reloaded",
+                 lambda: _ready_ips(kube, namespace, "pool-add-sub") == _placed_ips(kube, namespace, placed), 180)
+        ips = _placed_ips(kube, namespace, placed)
+        for ip in ips:
+            assert loaded_digest(ip, "pool-add-sub") == digest
+        assert kube.get("TritonModel", "pool-add-sub", namespace)["status"]["placement"] == placed
 
         # An update: reloaded in place on both copies, placement unchanged.
         updated = copy.deepcopy(next(d for d in docs if d["metadata"]["name"] == "pool-add-sub"))

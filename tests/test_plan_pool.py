@@ -83,6 +83,13 @@ def test_an_update_goes_replica_by_replica_and_the_old_digest_serves_meanwhile()
     assert pp.serving(placement, members, pods, records, seen)["a"] == {"r1", "r2"}
     # A digest neither desired nor recorded does not serve.
     assert pp.serving(placement, members, pods, {}, seen)["a"] == set()
+    # Meanwhile the model is Ready (the old config serves), updating, and no copy is at the desired config yet.
+    on = pp.serving(placement, members, pods, records, seen)
+    assert pp.current(members, on, seen)["a"] == set()
+    status = pp.model_status(members["a"], "p", True, placement, on["a"], {}, NOW, pp.current(members, on, seen)["a"])
+    conds = {c.type: c for c in status.conditions or ()}
+    assert (conds["Ready"].status, conds["Ready"].reason) == ("True", pp.COPIES_UPDATING)
+    assert conds["Progressing"].status == "True" and status.warmed_replicas == 0 and status.ready_replicas == 2
 
 
 def test_a_copy_not_ready_or_drained_or_on_a_pod_not_ready_is_not_listed_ready() -> None:
@@ -109,7 +116,7 @@ def test_a_held_load_waits_for_its_back_off() -> None:
 
 
 def test_statuses_say_loading_then_warmed_then_short_of_capacity() -> None:
-    members, pool, live, placement = _world()
+    members, _, _, placement = _world()
     a = members["a"]
     loading = pp.model_status(a, "p", True, placement, {"r1"}, {}, NOW)
     ready = {c.type: c for c in loading.conditions or ()}["Ready"]

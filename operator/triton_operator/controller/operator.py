@@ -188,6 +188,7 @@ def _add_pool_handlers(registry: kopf.OperatorRegistry) -> None:
                    registry=registry)
     async def _pool_pod_event(event: kopf.RawEvent, **_: Any) -> None:
         meta = event["object"]["metadata"]
+        STATE.pools.pod_changed(event["object"], deleted=event["type"] == "DELETED")
         STATE.pools.request(meta["namespace"], (meta.get("labels") or {})[LABEL_POOL])
 
 
@@ -396,6 +397,7 @@ async def run_operator(
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
     STATE.pools = PoolReconciler(STATE.kube, STATE.cache, options)
     STATE.reconciler.on_pooled = STATE.pools.request
+    STATE.reconciler.on_unpooled = STATE.pools.unpooled
     STATE.webhook = _admission_webhook(webhook, namespaces, clusterwide)
     elector = None if election is None else LeaderElection(STATE.kube, election)
     lost = asyncio.Event()

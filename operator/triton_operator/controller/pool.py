@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.kinds import TRITON_MODEL, TRITON_POOL
+from ..api.kinds import LABEL_MODEL, TRITON_MODEL, TRITON_POOL
 from ..api.pod import HTTP_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
@@ -66,6 +66,16 @@ class _Held:
     message: str
 
 
+@dataclass
+class _Live:
+    """A round under way: what it knows so far, for the slices a pod event rewrites meanwhile."""
+
+    rnd: _Round
+    records: dict[str, dict[str, str]]
+    seen: dict[tuple[str, str], pool_plan.Seen]
+    draining: frozenset[tuple[str, str]]
+
+
 @dataclass(frozen=True)
 class _Round:
     """What one round knows: the pool, its members, pods, placement and what each replica answered."""
@@ -93,6 +103,7 @@ class PoolReconciler:
         self._held: dict[tuple[str, str, str, str, str], _Held] = {}  # (ns, pool, replica, model, digest)
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._live: dict[tuple[str, str], _Live] = {}  # the rounds under way
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -175,22 +186,55 @@ class PoolReconciler:
         placement = pool_plan.placement_of(pool, live, members)
         rnd = _Round(namespace, pool, body, members, views, live, placement,
                      pool_key(pool, uid, namespace, self.options))
-        records = pool_plan.recorded(body)
-        ready = [r.name for r in live if views[r.name].ready and views[r.name].ip]
-        seen = await self._observe(rnd, ready, records)
-        todo = pool_plan.work(placement, members, ready, records, seen, self._held_now(rnd))
-        draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
+        live_state = _Live(rnd, pool_plan.recorded(body), {}, frozenset())
+        self._live[(namespace, name)] = live_state
+        try:
+            return await self._round(rnd, live_state)
+        finally:
+            self._live.pop((namespace, name), None)
+
+    async def _round(self, rnd: _Round, st: _Live) -> float:
+        ready = [r.name for r in rnd.live if rnd.pods[r.name].ready and rnd.pods[r.name].ip]
+        st.seen = await self._observe(rnd, ready, st.records)
+        todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd))
+        st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
         # The placement and the slices without what is about to be drained or unloaded, before any load.
-        await self._publish(rnd, records, seen, draining)
-        if draining:
-            await self._drain(rnd, draining)
+        await self._publish(rnd, st.records, st.seen, st.draining)
+        if st.draining:
+            await self._drain(rnd, st.draining)
         busy = [w for w in todo.values() if w.load or w.unload]
-        await asyncio.gather(*(self._carry_out(rnd, w, records) for w in busy))
+        await asyncio.gather(*(self._carry_out(rnd, w, st.records) for w in busy))
         if busy:
-            seen = await self._observe(rnd, ready, records)
-        records = self._record(rnd, ready, records, seen)
-        settled = await self._publish(rnd, records, seen, frozenset())
+            st.seen = await self._observe(rnd, ready, st.records)
+        st.records = self._record(rnd, ready, st.records, st.seen)
+        st.draining = frozenset()
+        settled = await self._publish(rnd, st.records, st.seen, frozenset())
         return SETTLED_SECONDS if settled and not busy else REVISIT_SECONDS
+
+    def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        """A pool pod's event. While a round of its pool runs (a load can take minutes), a replica that stops being
+        Ready, or goes, leaves every model's slices at once (`_slices_now`), not when the round ends; the round's
+        own later writes see the pod as it is now."""
+        meta = pod["metadata"]
+        pool = (meta.get("labels") or {}).get(LABEL_POOL)
+        st = self._live.get((meta["namespace"], str(pool)))
+        if st is None or meta["name"] not in st.rnd.pods:
+            return
+        view = ReplicaPod.of(pod)
+        if deleted:
+            view = ReplicaPod(view.name, view.uid, view.ip, view.node, False, True)
+        before = st.rnd.pods[meta["name"]]
+        st.rnd.pods[meta["name"]] = view
+        if (before.ready and not view.ready) or (view.terminating and not before.terminating):
+            detached(self._slices_now(st), name=f"pool-slices-{meta['namespace']}/{pool}")
+
+    async def _slices_now(self, st: _Live) -> None:
+        rnd = st.rnd
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining)
+        for name, m in rnd.members.items():
+            if m.model is not None:
+                await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
+                                    serving[name])
 
     def observe_child(self, body: Mapping[str, Any], deleted: bool = False) -> str | None:
         """A watch event of an object the pool's rounds apply: kept to compare the next apply with (an edit by
@@ -202,6 +246,19 @@ class PoolReconciler:
         else:
             self._applied[key] = lean(body)
         return (meta.get("labels") or {}).get(LABEL_POOL)
+
+    async def unpooled(self, namespace: str, model: str) -> None:
+        """A model on no pool (any longer): the EndpointSlices the pool wrote for it go, or kube-proxy would add their
+        endpoints to those of its own Service's."""
+        for key in [k for k in self._applied if k[0] == "EndpointSlice" and k[1] == namespace
+                    and k[2].rsplit("-", 1)[0] == model]:
+            labels = self._applied[key].get("metadata", {}).get("labels") or {}
+            if labels.get(LABEL_MODEL) != model:
+                continue
+            await asyncio.to_thread(self.kube.delete, "discovery.k8s.io/v1", "EndpointSlice", namespace, key[2])
+            self._applied.pop(key, None)
+            log.info("Deleted EndpointSlice namespace=%s name=%s owner=TritonModel/%s reason=%r", namespace, key[2],
+                     model, "the model is on no pool")
 
     async def _apply(self, obj: dict[str, Any]) -> None:
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
@@ -313,6 +370,7 @@ class PoolReconciler:
                        seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]]) -> bool:
         """Writes each model's Service, slices and status and the pool's status; whether every copy serves."""
         serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
+        current = pool_plan.current(rnd.members, serving, seen)
         now = utc_now()
         behind, failed = 0, 0
         for name, m in rnd.members.items():
@@ -322,10 +380,10 @@ class PoolReconciler:
                 continue
             failures = self._failures(rnd, name)
             failed += bool(failures)
-            behind += len(rnd.placement.copies.get(name, ())) - len(serving[name])
+            behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
             await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
-                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now))
+                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name]))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
         await self._write_pool_status(rnd, status)
@@ -375,8 +433,15 @@ class PoolReconciler:
         patch = {k: None for k in stored if k not in status} | status
         updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_POOL.group, TRITON_POOL.version,
                                           TRITON_POOL.plural, rnd.namespace, rnd.pool.name, patch)
-        if updated is not None and key in self.pools:
+        if updated is None:
+            return
+        if key in self.pools:
             self.pools[key] = lean(updated)
+        for c in transitions(stored, status):
+            log.info("Changed TritonPool condition namespace=%s name=%s type=%s status=%s reason=%s",
+                     rnd.namespace, rnd.pool.name, c["type"], c["status"], c.get("reason"))
+            await asyncio.to_thread(self.kube.event, rnd.body, c.get("reason") or "", c.get("message") or "",
+                                    "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
 
 
 def pool_of(body: Mapping[str, Any] | None) -> str | None:

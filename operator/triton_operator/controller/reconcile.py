@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from ..api import steps as step_graph
-from ..api.kinds import DEPLOYMENT, LABEL_MODEL, REPLICA_SET, TRITON_MODEL, WATCHED
+from ..api.kinds import CONFIG_MAP, DEPLOYMENT, LABEL_MODEL, PDB, REPLICA_SET, TRITON_MODEL, WATCHED
+from ..api.pool import LABEL_POOL
 from ..api.timestamps import utc_now
 from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
 from ..platform.kube import Kube
@@ -52,6 +53,8 @@ class Reconciler:
         self._slots = asyncio.Semaphore(max_concurrent)
         #: Called with (namespace, pool) for a pooled model, which the pool's reconcile serves.
         self.on_pooled: Callable[[str, str], None] | None = None
+        #: Awaited with (namespace, model) for a model on no pool: the pool's objects of a model that left one go.
+        self.on_unpooled: Callable[[str, str], Awaitable[None]] | None = None
 
     # -- scheduling: one worker per object, coalescing bursts of events into one reconcile
 
@@ -161,9 +164,12 @@ class Reconciler:
             return  # deleted: owner references garbage-collect the children
         pool = ((body.get("spec") or {}).get("pool"))
         if pool:  # a pooled model: its pool's reconcile places, loads and gates it (`controller.pool`)
+            await self._drop_own_replicas(namespace, name)
             if self.on_pooled is not None:
                 self.on_pooled(namespace, pool)
             return
+        if self.on_unpooled is not None:
+            await self.on_unpooled(namespace, name)
         start = time.monotonic()
         try:
             await self._reconcile(body)
@@ -173,6 +179,17 @@ class Reconciler:
             raise
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - start)
+
+    async def _drop_own_replicas(self, namespace: str, name: str) -> None:
+        """A model moved onto a pool: the Deployment, repository ConfigMaps and PodDisruptionBudget of its own go (its
+        Service stays, applied again by the pool without a selector; an HPA targets the model either way)."""
+        for (kind, child), obj in self.cache.children.of_model(namespace, name).items():
+            if kind not in (DEPLOYMENT.kind, CONFIG_MAP.kind, PDB.kind) or LABEL_POOL in (obj["metadata"].get("labels") or {}):
+                continue
+            await asyncio.to_thread(self.kube.delete, obj["apiVersion"], kind, namespace, child)
+            self.cache.children.pop((kind, namespace, child), None)
+            log.info("Deleted %s namespace=%s name=%s owner=TritonModel/%s reason=%r", kind, namespace, child, name,
+                     "the model runs on a pool now")
 
     def gather(self, body: dict[str, Any]) -> World:
         """The planner's view of one model, from the cache."""

@@ -16,21 +16,22 @@ is READY there at the desired config digest and warm.
   replica carries copies of many models. Its pods are the pool's replicas; a replica is named by its pod, the name
   placements record. A pod that goes (node lost, scale-down, a new pod template) takes its copies with it, and they
   are placed again on the replicas left. Which pod a scale-down removes is the ReplicaSet's choice; the operator
-  can steer it to the emptiest replica with `controller.kubernetes.io/pod-deletion-cost` (next session).
+  could steer it to the emptiest replica with `controller.kubernetes.io/pod-deletion-cost` (not done yet).
 - tritonserver runs `--model-control-mode=explicit` with no `--load-model`: it starts with no model and opens its
   ports at once. Models come and go through the repository API (load, unload), so adding, updating or removing
   one model never restarts a replica or touches the others.
 - `--exit-on-error=false` (a model that fails to load does not take the server with it) and
   `--strict-readiness=false`: with strict readiness, Triton's `/v2/health/ready` is 400 while any model is LOADING,
   so one model loading would mark the whole replica unready for every other model.
-- Loading (the next session wires it): an inline model's config and files go in the load request itself
+- Loading (`controller.pool`, `triton.pool`): an inline model's config and files go in the load request itself
   (Triton's `config` and `file:<path>` load parameters, `render.pool.load_request`), so nothing of it is on the
-  replica's disk; a `uri` model is fetched into the replica's repository volume by a sidecar on request, with the
-  fetch step's pins and refusals, then loaded by name. Measured on 2.51 (`tests/test_pool_load.py`):
+  replica's disk. A `uri` model is refused on a pool in this version (by name, `validate.rules`); the plan for it
+  is a sidecar that fetches into the replica's repository volume on request, with the fetch step's pins and
+  refusals, then a load by name. Measured on 2.51 (`tests/test_pool_load.py`):
   - an ensemble's load looks its steps up in the repository on disk: over steps loaded from requests, the load
-    answers INTERNAL "failed to poll from model repository" and yet the ensemble is loaded, READY, and serves. So
-    the steps of a pooled ensemble go on disk too (the sidecar writes them), and a load's answer is never trusted
-    alone: READY at the desired config digest is the verdict, as the gate has it;
+    answers INTERNAL "failed to poll from model repository" and yet the ensemble is loaded, READY, and serves. So a
+    load's answer is never trusted alone: after every load the operator asks again, and READY at the desired config
+    digest is the verdict, as the gate has it (the steps could go on disk instead, through that sidecar);
   - models loaded from requests are not in the repository index (it lists the repository on disk): the gate reads
     their state from model readiness and config, not from the index.
 - The repository API is restricted to a key (`render.repository_key`), as for a model's own replicas. A pool has one
@@ -39,7 +40,8 @@ is READY there at the desired config digest and warm.
   pools.
 - The `probe` sidecar holds the kubelet's readiness probe until tritonserver answers, as for a model's own replicas,
   but with no `--model`: which models a replica serves changes without a restart, so the operator (not the pod
-  spec) tells the probe what to watch (next session).
+  spec) watches the models (`controller.pool` asks each replica's Triton every round; the probe only holds the
+  pod's readiness until tritonserver answers).
 
 # What a pool pod's readiness means
 

@@ -32,6 +32,7 @@ from .status import _cond, kstatus_conditions
 POOL_NOT_FOUND = "PoolNotFound"
 ALL_COPIES_WARMED = "AllCopiesWarmed"
 COPIES_LOADING = "CopiesLoading"
+COPIES_UPDATING = "CopiesUpdating"
 LOAD_FAILED = "ModelLoadFailed"
 
 
@@ -203,6 +204,13 @@ def serving(placement: Placement, members: Mapping[str, Member], pods: Mapping[s
     return out
 
 
+def current(members: Mapping[str, Member], serving_on: Mapping[str, set[str]],
+            seen: Mapping[tuple[str, str], Seen]) -> dict[str, set[str]]:
+    """Per model, the replicas among `serving_on` where it is READY at its desired digest (not a previous one)."""
+    return {n: {r for r in rs if (s := seen.get((r, n))) is not None and s.digest == members[n].digest}
+            for n, rs in serving_on.items()}
+
+
 def _stamp(conds: list[dict[str, Any]], previous: Mapping[str, Any], now: dt.datetime) -> list[Condition]:
     prev = {c.get("type"): c for c in previous.get("conditions") or ()}
     for c in conds:
@@ -213,8 +221,9 @@ def _stamp(conds: list[dict[str, Any]], previous: Mapping[str, Any], now: dt.dat
 
 
 def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
-                 failures: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Ready, Progressing and Degraded of a pooled model."""
+                 failures: Mapping[str, str], current: set[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Ready, Progressing and Degraded of a pooled model (`serving_on`: the replicas whose endpoint is ready;
+    `current`: those of them at the desired digest)."""
     g = m.generation
     wanted = m.model.spec.replicas if m.model is not None else 0
     copies = placement.copies.get(m.name, ()) if placement is not None else ()
@@ -227,7 +236,7 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
     if m.problem is not None:
         reason, msg = m.problem
         return _cond("Ready", False, reason, msg, g), settled, _cond("Degraded", True, reason, msg, g)
-    served = f"{len(serving_on)}/{wanted} copies serve the desired config, warm, on pool {pool}"
+    served = f"{len(serving_on)}/{wanted} copies serve, warm, on pool {pool}"
     if shortfall is not None:
         msg = f"{served}; {shortfall.message}"
         return (_cond("Ready", False, INSUFFICIENT_CAPACITY, msg, g), settled,
@@ -236,16 +245,22 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
         msg = f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failures.items()))
         return (_cond("Ready", len(serving_on) >= wanted, LOAD_FAILED, msg[:2000], g), settled,
                 _cond("Degraded", True, LOAD_FAILED, msg[:2000], g))
-    if len(serving_on) >= wanted and len(copies) >= wanted:
+    if len(current) >= wanted and len(copies) >= wanted:
         return _cond("Ready", True, ALL_COPIES_WARMED, served, g), settled, fine
+    if len(serving_on) >= wanted and len(copies) >= wanted:  # an update under way: the previous config serves
+        msg = f"{served}; {len(current)}/{wanted} at the desired config, the others reload in place one by one"
+        return (_cond("Ready", True, COPIES_UPDATING, msg, g), _cond("Progressing", True, COPIES_UPDATING, msg, g),
+                fine)
     return (_cond("Ready", False, COPIES_LOADING, served, g),
             _cond("Progressing", True, COPIES_LOADING, served, g), fine)
 
 
 def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
-                 failures: Mapping[str, str], now: dt.datetime) -> TritonModelStatus:
-    """A pooled model's whole status (conditions stamped against the stored ones)."""
-    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures)
+                 failures: Mapping[str, str], now: dt.datetime, current: set[str] | None = None) -> TritonModelStatus:
+    """A pooled model's whole status (conditions stamped against the stored ones). `current`: the serving replicas
+    at the desired digest (None: all of `serving_on`)."""
+    current = serving_on if current is None else current
+    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current)
     conds = [ready, progressing, degraded, *kstatus_conditions(progressing, degraded, m.generation)]
     copies = list(placement.copies.get(m.name, ())) if placement is not None else []
     return TritonModelStatus(
@@ -253,7 +268,7 @@ def model_status(m: Member, pool: str, found: bool, placement: Placement | None,
         conditions=_stamp(conds, m.body.get("status") or {}, now),
         replicas=len(copies),
         ready_replicas=len(serving_on),
-        warmed_replicas=len(serving_on),
+        warmed_replicas=len(current),
         config_digest=m.digest,
         placement=copies or None,
     )

@@ -30,7 +30,7 @@ def _served(verdict: ReplicaVerdict) -> Served:
 
 
 async def served(address: str, name: str, digest: str, also: str | None, key: str | None,
-                 timeout: float = 5.0) -> Served:
+                 timeout: float = 2.0) -> Served:
     """Whether the replica at `address` serves `name` READY at `digest` (or at `also`, the digest it served before an
     in-place Swap), and at which."""
     return _served(await check_replica(address, name, (), digest, timeout=timeout, also=also, key=key))
