@@ -188,12 +188,16 @@ def ready_on(ip: str, models: Iterable[str]) -> list[str]:
 
 
 def wait_placed_everywhere(kube: Kube, namespace: str, names: Iterable[str], timeout: float) -> dict[str, dict]:
-    """Waits until each model is Ready=True for its generation; returns them."""
+    """Waits until each model is Ready=True for its generation with every copy at the desired digest (reason
+    AllCopiesWarmed, not CopiesUpdating); returns them all."""
+    names = list(names)
+
     def probe() -> dict[str, dict] | None:
         models = pooled_models(kube, namespace)
-        pending = [n for n in names if not model_ready(models.get(n))]
+        pending = [n for n in names if not model_ready(models.get(n)) or next(
+            c for c in models[n]["status"]["conditions"] if c["type"] == "Ready").get("reason") != "AllCopiesWarmed"]
         return None if pending else models
-    return wait_for(f"pooled models {sorted(names)} Ready", probe, timeout, 0.5)
+    return wait_for(f"pooled models {sorted(names)} Ready, every copy at the desired digest", probe, timeout, 0.5)
 
 
 def model_ready(tm: dict | None) -> bool:

@@ -277,6 +277,8 @@ def test_killed_replica_takes_out_its_models_alone_until_it_has_loaded_them_agai
         wait_for(f"{hit} back in their slices on {victim}", lambda: all(
             victim in audit.changes[n][-1][1] for n in hit), 120, 0.5)
         models = wait_placed_everywhere(kube, namespace, names, 60)
+        # the replica may come back in a new sandbox, with a new address
+        ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in replica_pods(kube, namespace, POOL)}
         check_placed(kube, namespace, models, ips)
         audit.stop()
         moved = {n: audit.changes[n][seen[n]:] for n in spared if audit.changes[n][seen[n]:]}

@@ -44,7 +44,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     (GROUP, f"{PLURAL}/status"): {"patch"},
     (GROUP, "tritonpools"): {"get", "list", "watch"},
     (GROUP, "tritonpools/status"): {"patch"},
-    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "patch"},  # pooled models' slices
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "patch", "delete"},  # pooled models
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: unused repositories
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},

@@ -71,10 +71,11 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: ["serving.triton-operator.dev"]
   resources: ["tritonpools/status"]
   verbs: ["patch"]
-# A pooled model's EndpointSlices (its Service has no selector): watched, written with server-side apply.
+# A pooled model's EndpointSlices (its Service has no selector): watched, written with server-side apply; deleted
+# when the model leaves its pool.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Children: watched (kopf), read when not cached yet (GET), written with server-side apply
 # (PATCH; an apply that creates the object is also authorized as `create`).
 - apiGroups: [""]
