@@ -313,7 +313,7 @@ def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a
         killed_at = f"{len(serving)}/{len(names)} models serving"
         # what those replicas' Tritons serve right after the kill, against the digests the statuses name
         at_kill = {n: {r: ask(ips[r], n) for r in was} for n, was in serving.items()}
-        desired = {n: tm["status"].get("configDigest") for n, tm in pooled_models(kube, namespace).items()}
+        desired = {n: (tm.get("status") or {}).get("configDigest") for n, tm in pooled_models(kube, namespace).items()}
         operator.start()  # the kubelet restarts it; the Lease goes to a live replica
         models = wait_placed_everywhere(kube, namespace, names, 240)
         check_placed(kube, namespace, models, ips)
