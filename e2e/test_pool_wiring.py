@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from e2e.kube import Kube
 from e2e.operator_fixtures import apply, kubectl, load_examples, model_condition, start_operator, wait_model
@@ -36,6 +37,15 @@ def _slices(kube: Kube, namespace: str, model: str) -> list[dict[str, Any]]:
 def _ready_ips(kube: Kube, namespace: str, model: str) -> set[str]:
     return {e["addresses"][0] for s in _slices(kube, namespace, model) for e in s.get("endpoints") or ()
             if (e.get("conditions") or {}).get("ready")}
+
+
+def _served_digest(ip: str, model: str) -> str | None:
+    """The digest the replica serves `model` at; None when it has no READY copy (also while it unloads it, when
+    Triton may answer READY and then no longer know the model)."""
+    try:
+        return loaded_digest(ip, model)
+    except InferenceServerException:
+        return None
 
 
 def _placed_ips(kube: Kube, namespace: str, placed: list[str]) -> set[str]:
@@ -110,7 +120,7 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
         # Deleted: unloaded from its replicas, its capacity freed.
         kube.delete("TritonModel", "pool-add-sub", namespace)
         for ip in ips:
-            wait_for(f"pool-add-sub unloaded at {ip}", lambda ip=ip: loaded_digest(ip, "pool-add-sub") is None, 60)
+            wait_for(f"pool-add-sub unloaded at {ip}", lambda ip=ip: _served_digest(ip, "pool-add-sub") is None, 60)
         wait_for("the pool's record without pool-add-sub", lambda: all(
             "pool-add-sub" not in (r.get("models") or [])
             for r in (kube.get("TritonPool", "shared", namespace).get("status") or {}).get("replicaModels") or ()), 60)

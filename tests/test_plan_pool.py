@@ -128,6 +128,10 @@ def test_statuses_say_loading_then_warmed_then_short_of_capacity() -> None:
     short = pp.model_status(members3["a"], "p", True, placement3, {"r1", "r2"}, {}, NOW)
     ready3 = {c.type: c for c in short.conditions or ()}["Ready"]
     assert ready3.reason == "InsufficientPoolCapacity" and "2 of 3 copies placed" in (ready3.message or "")
+    # Short only because the pool's replicas are not all there yet: loading, not degraded.
+    waiting = pp.model_status(members3["a"], "p", True, placement3, {"r1", "r2"}, {}, NOW, pool_replicas=3)
+    conds = {c.type: c for c in waiting.conditions or ()}
+    assert conds["Ready"].reason == pp.COPIES_LOADING and conds["Degraded"].status == "False"
     gone = pp.model_status(a, "p", False, None, set(), {}, NOW)
     assert {c.type: c for c in gone.conditions or ()}["Ready"].reason == pp.POOL_NOT_FOUND
 

@@ -171,6 +171,10 @@ class PoolReconciler:
         """One round; returns in how many seconds to come back (None: when something changes)."""
         members = pool_plan.members(name, self._bodies(namespace))
         body = self.pools.get((namespace, name))
+        if body is None and members:  # the pool's watch may not have delivered it yet (the operator starting)
+            body = await asyncio.to_thread(self.kube.get, TRITON_POOL.api_version, TRITON_POOL.kind, namespace, name)
+            if body is not None:
+                self.put_pool(body)
         if body is None:
             await self._orphans(namespace, name, members)
             return None
@@ -383,7 +387,8 @@ class PoolReconciler:
             behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
             await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
-                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name]))
+                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name],
+                rnd.pool.spec.replicas))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
         await self._write_pool_status(rnd, status)

@@ -221,7 +221,8 @@ def _stamp(conds: list[dict[str, Any]], previous: Mapping[str, Any], now: dt.dat
 
 
 def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
-                 failures: Mapping[str, str], current: set[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+                 failures: Mapping[str, str], current: set[str],
+                 pool_replicas: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Ready, Progressing and Degraded of a pooled model (`serving_on`: the replicas whose endpoint is ready;
     `current`: those of them at the desired digest)."""
     g = m.generation
@@ -237,6 +238,10 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
         reason, msg = m.problem
         return _cond("Ready", False, reason, msg, g), settled, _cond("Degraded", True, reason, msg, g)
     served = f"{len(serving_on)}/{wanted} copies serve, warm, on pool {pool}"
+    if shortfall is not None and shortfall.replicas < pool_replicas:  # the pool is not all there yet
+        msg = f"{served}; waiting for the pool's replicas ({shortfall.replicas} of {pool_replicas} exist)"
+        return (_cond("Ready", False, COPIES_LOADING, msg, g), _cond("Progressing", True, COPIES_LOADING, msg, g),
+                fine)
     if shortfall is not None:
         msg = f"{served}; {shortfall.message}"
         return (_cond("Ready", False, INSUFFICIENT_CAPACITY, msg, g), settled,
@@ -256,11 +261,14 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
 
 
 def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
-                 failures: Mapping[str, str], now: dt.datetime, current: set[str] | None = None) -> TritonModelStatus:
+                 failures: Mapping[str, str], now: dt.datetime, current: set[str] | None = None,
+                 pool_replicas: int = 0) -> TritonModelStatus:
     """A pooled model's whole status (conditions stamped against the stored ones). `current`: the serving replicas
-    at the desired digest (None: all of `serving_on`)."""
+    at the desired digest (None: all of `serving_on`); `pool_replicas`: the pool's spec.replicas (a copy short of
+    room is InsufficientPoolCapacity only once that many replicas exist)."""
     current = serving_on if current is None else current
-    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current)
+    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current,
+                                                pool_replicas)
     conds = [ready, progressing, degraded, *kstatus_conditions(progressing, degraded, m.generation)]
     copies = list(placement.copies.get(m.name, ())) if placement is not None else []
     return TritonModelStatus(
