@@ -135,3 +135,78 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
     finally:
         op.stop()
         kube.delete("Namespace", namespace)
+
+
+def _pool_rows(kube: Kube, namespace: str, pool: str) -> list[dict[str, Any]]:
+    return (kube.get("TritonPool", pool, namespace).get("status") or {}).get("replicaModels") or []
+
+
+def _reason(kube: Kube, namespace: str, model: str) -> str:
+    return str(model_condition(kube.get("TritonModel", model, namespace), "Ready").get("reason"))
+
+
+def test_a_lost_node_moves_its_models_where_room_is_left_and_the_rest_report_insufficient_capacity(
+        kube: Kube, kubeconfig: Path, cluster: Any, nodes: Any, tmp_path: Path) -> None:
+    """A GPU pool of 2 replicas that each ask 3 of a node's 4 GPUs (one replica per node), 1200Mi each; four models
+    of 400Mi: best fit puts three on one replica, one on the other. The node of the full replica is lost (its kubelet
+    killed): its models leave their slices; once its pod is evicted, two of them fit beside the fourth and are
+    loaded there, the third reports InsufficientPoolCapacity (the replacement pod cannot be scheduled: no node has 3
+    free GPUs), and the fourth never leaves its slice. With the node back, the third is placed and served again."""
+    if len(nodes.names) < 2:
+        pytest.skip("needs two nodes")
+    prefix = f"pn{uuid.uuid4().hex[:4]}"
+    namespace = f"{prefix}-models"
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(POOL_CRD))
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": namespace, "labels": {"e2e.triton-operator.io/test": "true"}}})
+    op = start_operator(kubeconfig, kube, cluster.logs or tmp_path, pattern=f"{prefix}-*",
+                        log_name=f"operator-{prefix}.log", webhook=False)
+    lost = None
+    try:
+        wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
+        docs = load_examples("pool")
+        pool = next(d for d in docs if d["kind"] == "TritonPool")
+        pool["metadata"]["name"] = "gpus"
+        pool["spec"] = {"replicas": 2, "capacity": {"memoryPerGpu": "400Mi"},
+                        "server": {"gpus": 3, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}}
+        template = next(d for d in docs if d["metadata"].get("name") == "pool-scale")
+        models = []
+        for name in ("m-a", "m-b", "m-c", "m-d"):
+            m = copy.deepcopy(template)
+            m["metadata"] = {"name": name}
+            m["spec"].update(pool="gpus", memory="400Mi", replicas=1)
+            models.append(m)
+        apply(kubeconfig, namespace, pool, *models)
+        for m in models:
+            wait_model(kube, namespace, m["metadata"]["name"], _ready, "Ready AllCopiesWarmed", 300)
+        rows = {r["pod"]: r for r in _pool_rows(kube, namespace, "gpus")}
+        full = next(r for r in rows.values() if len(r.get("models") or ()) == 3)
+        other = next(r for r in rows.values() if r is not full)
+        assert set(full["models"]) == {"m-a", "m-b", "m-c"} and other["models"] == ["m-d"], rows
+        lost = full["node"]
+        d_ips = _ready_ips(kube, namespace, "m-d")
+        nodes.local.stop_kubelet(lost)
+
+        for name in ("m-a", "m-b", "m-c"):
+            wait_for(f"{name} out of its slice", lambda name=name: not _ready_ips(kube, namespace, name), 120)
+        wait_model(kube, namespace, "m-c", lambda t: _reason(kube, namespace, "m-c") == "InsufficientPoolCapacity",
+                   "m-c InsufficientPoolCapacity", 180)
+        for name in ("m-a", "m-b"):
+            tm = wait_model(kube, namespace, name, _ready, f"{name} Ready on the replica left", 180)
+            assert tm["status"]["placement"] == [other["pod"]]
+        msg = model_condition(kube.get("TritonModel", "m-c", namespace), "Ready")["message"]
+        assert "0 of 1 copies placed" in msg and "400Mi" in msg, msg
+        assert _ready_ips(kube, namespace, "m-d") == d_ips, "m-d never left its slice"
+        assert kube.get("TritonModel", "m-d", namespace)["status"]["placement"] == [other["pod"]]
+
+        nodes.local.start_kubelet(lost)
+        lost = None
+        wait_model(kube, namespace, "m-c", _ready, "m-c served again once the node is back", 300)
+    except BaseException:
+        print(op.log_tail(None, 200))
+        raise
+    finally:
+        if lost is not None:
+            nodes.local.start_kubelet(lost)
+        op.stop()
+        kube.delete("Namespace", namespace)

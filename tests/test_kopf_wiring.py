@@ -14,7 +14,8 @@ def test_every_handler_is_an_event_handler_so_no_diff_base_is_needed() -> None:
     and daemons or timers (spawning, which also put a finalizer on every object) would."""
     registry = build_registry(60.0)
     watching = list(registry._watching.get_all_handlers())
-    assert len(watching) == len(CHILDREN) + 2  # TritonModels, each child kind, pods
+    # TritonModels, each child kind, their pods; TritonPools, their pods, pooled models' EndpointSlices
+    assert len(watching) == len(CHILDREN) + 2 + 3
     assert not list(registry._changing.get_all_handlers())
     assert not list(registry._spawning.get_all_handlers())
 

@@ -129,7 +129,7 @@ def test_statuses_say_loading_then_warmed_then_short_of_capacity() -> None:
     ready3 = {c.type: c for c in short.conditions or ()}["Ready"]
     assert ready3.reason == "InsufficientPoolCapacity" and "2 of 3 copies placed" in (ready3.message or "")
     # Short only because the pool's replicas are not all there yet: loading, not degraded.
-    waiting = pp.model_status(members3["a"], "p", True, placement3, {"r1", "r2"}, {}, NOW, pool_replicas=3)
+    waiting = pp.model_status(members3["a"], "p", True, placement3, {"r1", "r2"}, {}, NOW, coming=1)
     conds = {c.type: c for c in waiting.conditions or ()}
     assert conds["Ready"].reason == pp.COPIES_LOADING and conds["Degraded"].status == "False"
     gone = pp.model_status(a, "p", False, None, set(), {}, NOW)
@@ -151,3 +151,25 @@ def test_the_pool_status_lists_each_replica_with_what_it_loaded() -> None:
     assert "loaded" not in rows["r2"]
     assert status["used"] == "2Gi" and status["free"] == "6Gi"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+
+
+def test_a_question_that_got_no_answer_loads_nothing() -> None:
+    """A replica that did not answer (a timeout under load) may well serve the model: a load would be a second one
+    (seen after an operator restart, e2e/test_pool.py)."""
+    members, _, _, placement = _world()
+    seen = {(r, "a"): pp.Seen(False, None, "Triton did not answer: timeout", answered=False) for r in ("r1", "r2")}
+    todo = pp.work(placement, members, ["r1", "r2"], {}, seen, {})
+    assert all(not w.load for w in todo.values())
+
+
+def test_replicas_are_scheduled_pods_and_the_unschedulable_ones_are_not_coming() -> None:
+    scheduled, pending = _pod("r1"), _pod("r2", ready=False)
+    pending["spec"] = {}
+    pending["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}
+    live, views = pp.replicas([scheduled, pending])
+    assert [r.name for r in live] == ["r1"] and set(views) == {"r1", "r2"}
+    assert pp.coming([scheduled, pending], 2) == 1, "pending, not found unschedulable: on its way"
+    pending["status"]["conditions"][0]["reason"] = "Unschedulable"
+    assert pp.coming([scheduled, pending], 2) == 0, "no node can take it: not coming"
+    assert pp.coming([scheduled], 3) == 2, "the Deployment has yet to create two"
+    assert pp.coming([scheduled, _pod("r3", terminating=True)], 1) == 0

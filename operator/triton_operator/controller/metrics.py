@@ -31,3 +31,15 @@ HEALS = Counter(
     "Replicas healed after they stopped serving: action reload (unload and load the broken models) or delete (the pod)",
     ["action", "result"],
 )
+POOL_ROUNDS = Counter("triton_operator_pool_rounds_total", "TritonPool reconcile rounds", ["result"])
+POOL_ROUND_SECONDS = Histogram(
+    "triton_operator_pool_round_duration_seconds", "Time of one TritonPool round (its loads included)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+POOL_LOADS = Counter(
+    "triton_operator_pool_loads_total", "Loads of a model into a pool replica, and unloads", ["verb", "result"],
+)
+POOL_LOAD_SECONDS = Histogram(
+    "triton_operator_pool_load_duration_seconds", "Time of one load of a model into a pool replica (warm-up included)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)

@@ -100,12 +100,32 @@ def members(pool: str, bodies: Mapping[str, Mapping[str, Any]]) -> dict[str, Mem
     return dict(sorted(out.items()))
 
 
+def _running(pod: Mapping[str, Any], view: ReplicaPod) -> bool:
+    return not view.terminating and (pod.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
+
+
 def replicas(pods: Sequence[Mapping[str, Any]]) -> tuple[list[PoolReplica], dict[str, ReplicaPod]]:
-    """The pool's replicas that take copies (pods not terminating, not finished), and every pod's slice view."""
+    """The pool's replicas that take copies (pods scheduled to a node, not terminating, not finished), and every
+    pod's slice view. A pod not scheduled yet takes none: it may never be (no node with the GPUs it asks)."""
     views = {str(p["metadata"]["name"]): ReplicaPod.of(p) for p in pods}
     live = [PoolReplica(name, views[name].node) for name, p in sorted((str(p["metadata"]["name"]), p) for p in pods)
-            if not views[name].terminating and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")]
+            if views[name].node is not None and _running(p, views[name])]
     return live, views
+
+
+def coming(pods: Sequence[Mapping[str, Any]], wanted: int) -> int:
+    """Replicas the pool may still get soon: pods not scheduled yet that the scheduler has not found unschedulable,
+    and pods the Deployment has yet to create (fewer than `wanted` exist). A copy short of room while replicas are
+    coming is waiting for them; with none coming, the pool is short of capacity."""
+    running = [p for p in pods if _running(p, ReplicaPod.of(p))]
+    pending = 0
+    for p in running:
+        if (p.get("spec") or {}).get("nodeName"):
+            continue
+        conds = (p.get("status") or {}).get("conditions") or ()
+        if not any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds):
+            pending += 1
+    return pending + max(0, wanted - len(running))
 
 
 def recorded(pool_body: Mapping[str, Any] | None) -> dict[str, dict[str, str]]:
@@ -145,6 +165,7 @@ class Seen:
     ready: bool
     digest: str | None
     message: str = ""
+    answered: bool = True  # False: the question went unanswered (a timeout, a refused connection): nothing known
 
 
 def order(names: Sequence[str], members: Mapping[str, Member]) -> list[str]:
@@ -177,6 +198,8 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
         for n in order(sorted(placed), members):
             m, s = members[n], seen.get((r, n))
             if m.request is None or (s is not None and s.ready and s.digest == m.digest) or held.get((r, n)):
+                continue
+            if s is not None and not s.answered:  # unknown, not absent: a load now could be a second one
                 continue
             if serves(m, s, records.get(r, {})):  # serving its previous config: an update, in the budget
                 if budget.get(n, 0) <= 0:
@@ -222,7 +245,7 @@ def _stamp(conds: list[dict[str, Any]], previous: Mapping[str, Any], now: dt.dat
 
 def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
                  failures: Mapping[str, str], current: set[str],
-                 pool_replicas: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+                 coming: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Ready, Progressing and Degraded of a pooled model (`serving_on`: the replicas whose endpoint is ready;
     `current`: those of them at the desired digest)."""
     g = m.generation
@@ -238,8 +261,8 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
         reason, msg = m.problem
         return _cond("Ready", False, reason, msg, g), settled, _cond("Degraded", True, reason, msg, g)
     served = f"{len(serving_on)}/{wanted} copies serve, warm, on pool {pool}"
-    if shortfall is not None and shortfall.replicas < pool_replicas:  # the pool is not all there yet
-        msg = f"{served}; waiting for the pool's replicas ({shortfall.replicas} of {pool_replicas} exist)"
+    if shortfall is not None and coming > 0:  # the pool is not all there yet
+        msg = f"{served}; waiting for the pool's replicas ({shortfall.replicas} run, {coming} on their way)"
         return (_cond("Ready", False, COPIES_LOADING, msg, g), _cond("Progressing", True, COPIES_LOADING, msg, g),
                 fine)
     if shortfall is not None:
@@ -262,13 +285,12 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
 
 def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
                  failures: Mapping[str, str], now: dt.datetime, current: set[str] | None = None,
-                 pool_replicas: int = 0) -> TritonModelStatus:
+                 coming: int = 0) -> TritonModelStatus:
     """A pooled model's whole status (conditions stamped against the stored ones). `current`: the serving replicas
-    at the desired digest (None: all of `serving_on`); `pool_replicas`: the pool's spec.replicas (a copy short of
-    room is InsufficientPoolCapacity only once that many replicas exist)."""
+    at the desired digest (None: all of `serving_on`); `coming`: replicas the pool may still get soon (`coming`: a
+    copy short of room is InsufficientPoolCapacity only when none is)."""
     current = serving_on if current is None else current
-    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current,
-                                                pool_replicas)
+    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current, coming)
     conds = [ready, progressing, degraded, *kstatus_conditions(progressing, degraded, m.generation)]
     copies = list(placement.copies.get(m.name, ())) if placement is not None else []
     return TritonModelStatus(

@@ -24,13 +24,22 @@ class Served:
     reason: str
     message: str
 
+    @property
+    def unanswered(self) -> bool:
+        """The question got no answer (a timeout, a refused connection): the model's state there is unknown."""
+        return self.reason == "TritonUnreachable" and self.message.startswith(NO_ANSWER)
+
+
+#: How `check_replica` begins the message of a question that got no answer.
+NO_ANSWER = "Triton did not answer"
+
 
 def _served(verdict: ReplicaVerdict) -> Served:
     return Served(verdict.ok, verdict.loaded if verdict.ok else None, verdict.reason, verdict.message)
 
 
 async def served(address: str, name: str, digest: str, also: str | None, key: str | None,
-                 timeout: float = 2.0) -> Served:
+                 timeout: float = 5.0) -> Served:
     """Whether the replica at `address` serves `name` READY at `digest` (or at `also`, the digest it served before an
     in-place Swap), and at which."""
     return _served(await check_replica(address, name, (), digest, timeout=timeout, also=also, key=key))
