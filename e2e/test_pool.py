@@ -288,12 +288,6 @@ def test_killed_replica_takes_out_its_models_alone_until_it_has_loaded_them_agai
            f"unanswered connects: {UNANSWERED[:3]} ({len(UNANSWERED)})")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the controller (pool @ 89e3b68): the next leader loads again a model that served at the kill. Seen twice (16:57 "
-    "and 17:11 UTC, 2026-11-26): s01 (2 copies) READY at its desired digest 6ce431647997a8d4 on both placed replicas "
-    "when the leader was SIGKILLed (asked at their pod IPs); the new leader set s01 Ready=False CopiesLoading, then "
-    "'Loaded model into pool replica ... model=s01 digest=6ce431647997a8d4 seconds=5.24' on both replicas, same "
-    "placement, Ready=True again 47 s later"))
 def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a_serving_model(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any) -> None:
     """The leader SIGKILLed while a pool's models are being placed and loaded (each load takes 3 s: its initialize
