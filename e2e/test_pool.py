@@ -9,7 +9,8 @@ Triton, at its pod IP, whether the model (and every step of its ensemble) is REA
 
 Also: a model that fits no replica says `InsufficientPoolCapacity` with the figures; a deleted model is unloaded
 everywhere and frees its capacity; a deleted pool leaves its models `PoolNotFound`; a pool replica's tritonserver
-killed takes its models, and only them, out of their slices until it has loaded them again. Same session operator
+killed takes its models, and only them, out of their slices until it has loaded them again; the operator SIGKILLed
+mid-placement: the next leader moves and reloads no model that served. Same session operator
 and per-test namespaces as `test_operator.py`.
 """
 
