@@ -3,10 +3,11 @@
 Brings up the local cluster (e2e/cluster.py: a control plane, two real GPU nodes - containerd and a
 kubelet each, with our fake-GPU device plugin - and kube-proxy; the images built from our
 Dockerfiles imported into each node), installs the operator with `helm upgrade --install
-charts/triton-operator` (CRD included) and waits until it serves, applies two examples (add-sub
-with warm-up and the sentiment ensemble), prints live progress of the TritonModels and their
-replicas (Loading -> Warming -> Ready, gated in), then sends a sample inference to each through the
-Service's ClusterIP (kube-proxy). The cluster is left running.
+charts/triton-operator` (CRD included) and waits until it serves, applies three examples (add-sub
+with warm-up, the sentiment ensemble, and examples/pool.yaml: a TritonPool of 3 replicas shared by
+several models, one an ensemble), prints live progress of the TritonModels and their replicas
+(Loading -> Warming -> Ready, gated in) and where each pooled model is placed, then sends a sample
+inference to each through its Service's ClusterIP (kube-proxy). The cluster is left running.
 
     python -m e2e.demo [--kubeconfig PATH] [--namespace demo] [--timeout 300]
 """
@@ -29,7 +30,16 @@ from tritonclient.utils import InferenceServerException
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-EXAMPLES = [REPO / "examples" / "add-sub.yaml", REPO / "examples" / "sentiment-ensemble.yaml"]
+EXAMPLES = [REPO / "examples" / "add-sub.yaml", REPO / "examples" / "sentiment-ensemble.yaml",
+            REPO / "examples" / "pool.yaml"]
+#: examples/pool.yaml's models that clients call (the others are the ensemble's steps), with a request and the
+#: answer it must get: (input names, output name, inputs, expected output).
+POOLED = {
+    "pool-add-sub": (("INPUT0", "INPUT1"), "OUTPUT0", ([1, 2, 3, 4], [10, 20, 30, 40]), [11, 22, 33, 44]),
+    "pool-scale": (("INPUT",), "OUTPUT", ([1, 2, 3, 4],), [2, 4, 6, 8]),
+    "pool-pipeline": (("IN",), "OUT", ([1, 2, 3, 4],), [3, 5, 7, 9]),
+}
+POOL = "shared"
 
 
 def say(msg: str) -> None:
@@ -243,6 +253,52 @@ def sample_inference(kubeconfig: Path, namespace: str) -> None:
         say(f"[demo] sentiment via Service sentiment {addr}:8001: {text.decode()!r} -> {label}")
 
 
+def pool_placement(kubeconfig: Path, namespace: str, timeout: float) -> None:
+    """Waits until every model of examples/pool.yaml is Ready, then prints where each is placed (its
+    status.placement: pool replica pods) and what each replica of the pool carries (the pool's status)."""
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(EXAMPLES[2].read_text())
+             if d and d["kind"] == "TritonModel"]
+    deadline = time.monotonic() + timeout
+    while True:
+        items = {i["metadata"]["name"]: i for i in get_json(kubeconfig, "tritonmodels", "-n", namespace)["items"]}
+        ready = {n: next((c for c in ((items.get(n) or {}).get("status") or {}).get("conditions", [])
+                          if c["type"] == "Ready"), {}) for n in names}
+        if all(c.get("status") == "True" for c in ready.values()):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pooled models not Ready within {timeout}s: "
+                               + ", ".join(f"{n}={c.get('reason', '-')}" for n, c in ready.items()))
+        time.sleep(0.5)
+    say(f"[demo] Pooled models placed on the replicas of TritonPool {POOL} (status.placement):")
+    for n in names:
+        st = items[n]["status"]
+        where = ", ".join(st.get("placement") or []) or "(with its ensemble)"
+        say(f"  {n:<14} Ready={ready[n]['status']} reason={ready[n].get('reason', '-'):<16} "
+            f"copies={st.get('warmedReplicas', 0)}/{items[n]['spec'].get('replicas', 1)} on {where}")
+    pool = get_json(kubeconfig, "tritonpool", POOL, "-n", namespace)
+    for r in (pool.get("status") or {}).get("replicaModels") or []:
+        say(f"  replica {r['pod']} on {r.get('node', '?')}: used {r.get('used')} free {r.get('free')}, "
+            f"models {', '.join(r.get('models') or [])}")
+
+
+def pooled_inference(kubeconfig: Path, namespace: str) -> None:
+    """A request to each pooled model through its own Service (no selector: the operator's EndpointSlices list
+    the replicas where that model is READY)."""
+    for name, (inputs, output, values, expected) in POOLED.items():
+        addr = ready_address(kubeconfig, namespace, name)
+        client = grpcclient.InferenceServerClient(f"{addr}:8001")
+        tensors = []
+        for inp, v in zip(inputs, values, strict=True):
+            t = grpcclient.InferInput(inp, [1, 4], "FP32")
+            t.set_data_from_numpy(np.array([v], dtype=np.float32))
+            tensors.append(t)
+        res, took = through_kube_proxy(lambda client=client, name=name, tensors=tensors: client.infer(name, tensors))
+        got = res.as_numpy(output)[0].tolist()
+        if got != [float(x) for x in expected]:
+            raise RuntimeError(f"{name} answered {got}, expected {expected}")
+        say(f"[demo] {name} via Service {name} {addr}:8001: {' , '.join(str(v) for v in values)} -> {got} ({took})")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.demo")
     p.add_argument("--kubeconfig", help="use this cluster (with an operator running) instead of the local one")
@@ -262,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ).returncode == 0
     if not ns_exists:
         kubectl(kubeconfig, "create", "namespace", args.namespace)
-    for f in EXAMPLES:
+    for f in EXAMPLES[:2]:
         kubectl(kubeconfig, "apply", "-n", args.namespace, "-f", str(f))
         say(f"[demo] Applied {f.relative_to(REPO)}")
     refused_at_apply(kubeconfig, args.namespace)
@@ -271,9 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     progress(kubeconfig, args.namespace, ["add-sub", "sentiment"], args.timeout)
     kubectl(kubeconfig, "get", "tritonmodels", "-n", args.namespace, capture=False)
     sample_inference(kubeconfig, args.namespace)
+    # The pool once the others serve: on two cores, its replicas loading beside add-sub's warm-up held that back
+    # past the demo's timeout once (e2e/test_demo.py).
+    kubectl(kubeconfig, "apply", "-n", args.namespace, "-f", str(EXAMPLES[2]))
+    say(f"[demo] Applied {EXAMPLES[2].relative_to(REPO)}: a TritonPool of 3 replicas and the models placed on it")
+    pool_placement(kubeconfig, args.namespace, args.timeout)
+    pooled_inference(kubeconfig, args.namespace)
     say(f"[demo] Done in {time.monotonic() - t0:.0f}s. The cluster keeps running:")
     say(f"  export KUBECONFIG={kubeconfig}")
-    say(f"  .venv/bin/kubectl get tritonmodels,pods,endpointslices -n {args.namespace}")
+    say(f"  .venv/bin/kubectl get tritonmodels,tritonpools,pods,endpointslices -n {args.namespace}")
     say(f"  .venv/bin/kubectl get nodes -o wide; .venv/bin/kubectl logs -n {RELEASE_NAMESPACE} deployment/{RELEASE}")
     say("  make cluster-down     # stop everything")
     return 0

@@ -23,4 +23,8 @@ def test_demo_runs_end_to_end(operator, kubeconfig: Path, namespace: str) -> Non
     assert "AllReplicasWarmed" in out
     assert "= [11.0, 22.0, 33.0, 44.0]" in out, out
     assert "-> positive" in out and "-> negative" in out, out
+    # the pool: each pooled model's placement (pod names of the pool's replicas), then an answer through its Service
+    assert "Pooled models placed on the replicas of TritonPool shared" in out, out
+    assert "pool-add-sub   Ready=True reason=AllCopiesWarmed" in out and "copies=2/2 on shared-pool-" in out, out
+    assert "pool-pipeline via Service pool-pipeline" in out and "-> [3.0, 5.0, 7.0, 9.0]" in out, out
     assert "make cluster-down" in out
