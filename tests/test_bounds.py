@@ -89,6 +89,7 @@ NOT_TRITON: dict[tuple[type[BaseModel], str], tuple[str, tuple[int, int]]] = {
     (pool_api.TritonPoolStatus, "replicas"): ("the scale subresource's status.replicas", INT32),
     (pool_api.TritonPoolStatus, "ready_replicas"): ("a count of pods", INT32),
     (pool_api.TritonPoolStatus, "models"): ("a count of TritonModels", INT32),
+    (pool_api.TritonPoolStatus, "most_copies"): ("a count of copies (the pool HPA's demand)", INT32),
     (pool_api.PoolAutoscaling, "min_replicas"): ("the pool's HorizontalPodAutoscaler spec.minReplicas", INT32),
     (pool_api.PoolAutoscaling, "max_replicas"): ("the pool's HorizontalPodAutoscaler spec.maxReplicas", INT32),
 }
