@@ -1,8 +1,8 @@
 """Benchmark `pool`: a TritonPool against one Deployment per model, in the same run (issue 29).
 
-On our own cluster (control plane, one real node with containerd, a kubelet, the fake-GPU device plugin and
-kube-proxy; the operator as a host process; run it in a network namespace of its own, `e2e/netns-python -m bench.run
-pool`, as the e2e tests run, so kube-proxy's rules stay there):
+On our own cluster (control plane, one real node with containerd, a kubelet and the fake-GPU device plugin; the
+operator as a host process; kube-proxy too when the bench runs in a network namespace of its own, as the e2e tests
+do: `e2e/netns-python -m bench.run pool`, so that its rules stay there):
 
 1. GPUs for GPU_MODELS small Python models with one copy each. A GPU pool (server.gpus 1 per replica,
    capacity.memoryPerGpu) holding them all, until every model is Ready AllCopiesWarmed; then the same models as
@@ -14,7 +14,8 @@ pool`, as the e2e tests run, so kube-proxy's rules stay there):
    seconds=": Triton's load + warm-up as the operator timed it, its load request to Triton's READY answer at the
    digest), and for a new TritonModel with its own Deployment (APPLY_REPEAT times).
 3. BIG_MODELS models created together into one CPU pool: time until every one is Ready AllCopiesWarmed, one
-   inference request to each through its Service (ClusterIP, kube-proxy), the operator's API requests per model (the
+   inference request to each through its Service (its ClusterIP through kube-proxy; without kube-proxy, a
+   ready endpoint of its slices), the operator's API requests per model (the
    audit log) and its peak RSS (VmHWM). If the machine's free memory would not hold that many Python models (each a
    stub process), the count is lowered to what fits, and the result says so.
 4. Throughout, a gate audit: every endpoint the operator lists ready for a pooled model is checked at once against
@@ -54,6 +55,8 @@ APPLY_REPEAT = int(os.environ.get("BENCH_POOL_APPLY_REPEAT", "3"))
 BIG_REPLICAS = int(os.environ.get("BENCH_POOL_REPLICAS", "4"))
 #: Memory the bench leaves to everything else on the machine (other people's clusters run here too).
 HEADROOM_MB = int(os.environ.get("BENCH_POOL_HEADROOM_MB", "6144"))
+#: The result's name (bench/results/<name>.json): another name keeps a comparison run beside the last `pool`.
+RESULT_NAME = os.environ.get("BENCH_POOL_NAME", "pool")
 POOL_CRD = REPO / "crds" / "tritonpools.yaml"
 MODEL_MEMORY = "128Mi"
 LOADED = re.compile(r"Loaded model into pool replica namespace=(\S+) pool=(\S+) pod=(\S+) model=(\S+) digest=(\S+) "
@@ -73,12 +76,21 @@ class TritonPythonModel:
 """
 
 
+def own_netns() -> bool:
+    """This process runs in a network namespace of its own (not the host's, where kube-proxy's chains are shared)."""
+    try:
+        return os.readlink("/proc/self/ns/net") != os.readlink("/proc/1/ns/net")
+    except OSError:
+        return False
+
+
 class PoolCluster(BenchCluster):
-    """The bench cluster with NODE_GPUS fake GPUs and kube-proxy (requests go through each model's ClusterIP)."""
+    """The bench cluster with NODE_GPUS fake GPUs, and kube-proxy when in a network namespace of its own (requests
+    then go through each model's ClusterIP; else to a ready endpoint of its Service's slices)."""
 
     def __init__(self) -> None:
         super().__init__(Path(os.environ.get("BENCH_CLUSTER_ROOT", "/tmp/bench-cluster")))
-        self.gpus, self.kube_proxy = NODE_GPUS, True
+        self.gpus, self.kube_proxy = NODE_GPUS, own_netns()
 
 
 def model(name: str, pool: str | None = None, gpus: int = 0) -> dict[str, Any]:
@@ -367,10 +379,26 @@ def big_phase(kube: Kube, cluster: BenchCluster, op: OperatorProcess, per_model_
     conv = max(done.values()) - t0 if len(done) == n else None
     log(f"Big pool: {len(done)}/{n} Ready AllCopiesWarmed seconds={conv}")
     answered, failed = 0, []
-    services = {s["metadata"]["name"]: s["spec"]["clusterIP"] for s in kube.items("Service", NAMESPACE)}
+    if cluster.kube_proxy:
+        services = {s["metadata"]["name"]: s["spec"]["clusterIP"] for s in kube.items("Service", NAMESPACE)}
+    else:
+        services = {}
+        for eps in kube.items("EndpointSlice", NAMESPACE):
+            for e in eps.get("endpoints") or ():
+                if (e.get("conditions") or {}).get("ready"):
+                    services[(eps["metadata"].get("labels") or {}).get("kubernetes.io/service-name", "")] = \
+                        e["addresses"][0]
+    latencies: list[float] = []
+
+    def one(x: str) -> tuple[str, bool]:
+        t = time.monotonic()
+        ok = infer(services.get(x, ""), x)
+        latencies.append(time.monotonic() - t)
+        return x, ok
+
     t_req = time.monotonic()
     with ThreadPoolExecutor(8) as ex:
-        results = list(ex.map(lambda x: (x, infer(services.get(x, ""), x)), names))
+        results = list(ex.map(one, names))
     for x, ok in results:
         if ok:
             answered += 1
@@ -384,7 +412,8 @@ def big_phase(kube: Kube, cluster: BenchCluster, op: OperatorProcess, per_model_
             "converge_seconds": round(conv, 2) if conv is not None else None,
             "create_seconds": round(t_created - t0, 2),
             "per_model_seconds": summary([done[x] - created[x] for x in done], 3),
-            "answered": answered, "failed": failed, "requests_seconds": round(req_seconds, 2),
+            "answered": answered, "failed": failed, "via": "ClusterIP" if cluster.kube_proxy else "endpoint",
+            "requests_seconds": round(req_seconds, 2), "request_latency_seconds": summary(latencies, 3),
             "triton_load_seconds": summary([s for x in names for s in loads.get(x, ())], 3),
             "failed_loads_logged": sum(FAILED in ln for ln in op.log_path.read_text(errors="replace").splitlines()),
             "replica_rss_mb": pool_rss_mb(cluster, kube, "big"), "window": [t0, t1],
@@ -448,7 +477,7 @@ def _report(data: dict[str, Any], started: float, meter: CpuMeter) -> Path:
     loads = [r["triton_load_s"] for r in pool_rows if r.get("triton_load_s") is not None]
     hwm = data["operator_memory_kb"].get("VmHWM", 0) / 1024
     result = Result(
-        name="pool",
+        name=RESULT_NAME,
         title=f"TritonPool: {g['models']} models on shared GPUs, apply to endpoint, {b['models']} models in one pool",
         method=re.sub(r"\s+", " ", __doc__.split("\n\n", 1)[1]).strip().replace("GPU_MODELS", str(g["models"]))
         .replace("NODE_GPUS", str(data["node_gpus"])).replace("APPLY_REPEAT", str(len(pool_rows)))
