@@ -55,6 +55,9 @@ log = logging.getLogger("triton_operator.pool")
 #: While a pool is not settled (copies loading, a load backing off), it reconciles again this often; once settled,
 #: every `SETTLED_SECONDS` still: a model that fails inside a replica changes no Kubernetes object.
 REVISIT_SECONDS, SETTLED_SECONDS = 5.0, 15.0
+#: A round stops starting loads on a replica after this many seconds (once it has done one), publishes what is served
+#: and comes back at once: a model loaded early in a long queue of loads is listed without waiting for the rest.
+ROUND_LOAD_SECONDS = 5.0
 #: A failed load of a model on a replica is retried after this many seconds, doubling, up to `HELD_MAX_SECONDS`.
 HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
 
@@ -185,11 +188,14 @@ class PoolReconciler:
         if draining:
             await self._drain(rnd, draining)
         busy = [w for w in todo.values() if w.load or w.unload]
-        await asyncio.gather(*(self._carry_out(rnd, w, records) for w in busy))
+        deadline = time.monotonic() + ROUND_LOAD_SECONDS
+        cut = await asyncio.gather(*(self._carry_out(rnd, w, records, deadline) for w in busy))
         if busy:
             seen = await self._observe(rnd, ready, records)
         records = self._record(rnd, ready, records, seen)
         settled = await self._publish(rnd, records, seen, frozenset())
+        if any(cut):
+            return 0.0
         return SETTLED_SECONDS if settled and not busy else REVISIT_SECONDS
 
     def observe_child(self, body: Mapping[str, Any], deleted: bool = False) -> str | None:
@@ -259,15 +265,19 @@ class PoolReconciler:
 
         await asyncio.gather(*(quiet(r, n) for r, n in draining))
 
-    async def _carry_out(self, rnd: _Round, w: pool_plan.ReplicaWork, records: dict[str, dict[str, str]]) -> None:
-        """One replica's unloads, then its loads in order (steps first)."""
+    async def _carry_out(self, rnd: _Round, w: pool_plan.ReplicaWork, records: dict[str, dict[str, str]],
+                         deadline: float) -> bool:
+        """One replica's unloads, then its loads in order (steps first), until `deadline` once one is done; whether
+        some were left for the next round."""
         address = rnd.address(w.replica)
         for name in w.unload:
             why = await triton_pool.unload(address, name, rnd.key)
             log.info("Unloaded model from pool replica namespace=%s pool=%s pod=%s model=%s%s", rnd.namespace,
                      rnd.pool.name, w.replica, name, f" error={why!r}" if why else "")
             records.get(w.replica, {}).pop(name, None)
-        for ld in w.load:
+        for i, ld in enumerate(w.load):
+            if i and time.monotonic() > deadline:
+                return True
             m = rnd.members[ld.member]
             assert m.request is not None and m.digest is not None
             if ld.drain:
@@ -290,6 +300,7 @@ class PoolReconciler:
             log.warning("Failed to load model into pool replica namespace=%s pool=%s pod=%s model=%s digest=%s "
                         "attempt=%d error=%r", rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest,
                         held.failures, held.message)
+        return False
 
     def _record(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
                 seen: Mapping[tuple[str, str], pool_plan.Seen]) -> dict[str, dict[str, str]]:
