@@ -1,6 +1,6 @@
 """`python -m bench.run [NAME ...]` (`make bench [BENCH=NAME]`): run benchmarks, write bench/results/.
 
-NAME is one of batching, scale, gate, first_request, rollout, autoscale, faults (default: all, in that order:
+NAME is one of batching, scale, gate, first_request, rollout, autoscale, faults, pool (default: all, in that order:
 the two that need no node agent first). Each benchmark writes its own JSON as soon as it finishes, so an
 interrupted run keeps what it measured and `make bench BENCH=gate` redoes just one.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from .common import log, other_e2e, write_markdown
 
-BENCHMARKS = ("batching", "scale", "gate", "first_request", "rollout", "autoscale", "faults")
-NEEDS_NODE_AGENT = ("gate", "first_request", "rollout", "autoscale", "faults")
+BENCHMARKS = ("batching", "scale", "gate", "first_request", "rollout", "autoscale", "faults", "pool")
+NEEDS_NODE_AGENT = ("gate", "first_request", "rollout", "autoscale", "faults", "pool")
 #: A benchmark's module under bench/ where it is not its name (`gate.py` would be the third gate.py in the tree).
 MODULES = {"gate": "gate_latency"}
 
