@@ -20,6 +20,8 @@ import pytest
 E2E_LONGEST_FIRST = (
     "e2e/test_pool.py",  # 305 (measured alone, one worker, cluster start excluded; not in a make test run)
     "e2e/test_faults.py",  # 272
+    "e2e/test_pool_wiring.py",  # 160 (measured alone, one worker, cluster start excluded)
+    "e2e/test_pool_autoscaling.py",  # ~150 (measured alone)
     "e2e/test_inplace.py",  # 267
     "e2e/test_operator.py",  # 234
     "e2e/test_autoscaling.py",  # 96
