@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import yaml
 from tritonclient.utils import InferenceServerException
 
 from tests.triton_helpers import Served, load_models, models_from_yaml, serve, tensor
 from triton_operator.api.pool import TritonPool
-from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
+from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV, TritonModel
 from triton_operator.files import write_repository
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.render.pool import LoadRequest, load_request, render_pool_deployment
@@ -118,7 +119,9 @@ def test_without_the_key_a_load_with_files_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_uri_model_is_not_loaded_from_a_request() -> None:
-    (model,) = models_from_yaml("""
+    """Validation refuses a uri source on a pool by name (rule pool-inline-source); should one get past it, the
+    renderer refuses to put it in a load request too."""
+    model = TritonModel.model_validate(yaml.safe_load("""
 apiVersion: serving.triton-operator.dev/v1alpha1
 kind: TritonModel
 metadata: {name: fetched}
@@ -129,7 +132,7 @@ spec:
   inputs: [{name: INPUT, dataType: FP32, dims: [4]}]
   outputs: [{name: OUTPUT, dataType: FP32, dims: [4]}]
   source: {uri: "https://example.invalid/model.tar.gz", sha256: "%s"}
-""" % ("0" * 64))
+""" % ("0" * 64)))
     with pytest.raises(ValueError, match="sidecar fetches them"):
         load_request(render_repository([model])["fetched"])
 
