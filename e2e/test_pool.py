@@ -329,7 +329,7 @@ def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a
         # KNOWN DEFECT (issue 29, open): the next leader sometimes loads again a model that served at the kill
         # (s01, READY at its desired digest on both replicas, asked at their pod IPs: seen in 3 runs here on
         # 2026-11-26, one of them the CI rehearsal at eb13ee2, and not in another; its first round already said it was
-    # not serving).
+        # not serving).
         # No request fails and nothing moves (asserted above), but the issue asks for no duplicate load: recorded
         # here with the evidence until the cause is found, not asserted.
         evidence = (f"the new leader loaded models that were serving at the kill again: {again}; at the kill their "
