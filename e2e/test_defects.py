@@ -322,10 +322,17 @@ def test_a_replica_re_created_during_a_stalled_update_serves_the_old_config(
         pods = live_pods(kube, namespace, "add-sub")
         new = [p for p in pods if digest_of(p) == bad_digest]
         tm = kube.get("TritonModel", "add-sub", namespace)
-        return (len(new) == 1 and not is_ready(new[0]) and gate(new[0]).get("reason") == "ModelLoadFailed"
-                and len([p for p in pods if digest_of(p) == old_digest and is_ready(p)]) == 2
-                and model_condition(tm, "Degraded").get("reason") == "ModelLoadFailed"
-                and len(ready_endpoints(kube, namespace, "add-sub")) == 2)
+        seen = {
+            "new pods": [(p["metadata"]["name"], is_ready(p), gate(p).get("reason"), gate(p).get("message"))
+                         for p in new],
+            "old ready pods": len([p for p in pods if digest_of(p) == old_digest and is_ready(p)]),
+            "Degraded": model_condition(tm, "Degraded").get("reason"),
+            "ready endpoints": len(ready_endpoints(kube, namespace, "add-sub")),
+        }
+        assert (len(new) == 1 and not is_ready(new[0]) and gate(new[0]).get("reason") == "ModelLoadFailed"
+                and seen["old ready pods"] == 2 and seen["Degraded"] == "ModelLoadFailed"
+                and seen["ready endpoints"] == 2), f"the stall stopped holding: {seen}"
+        return True
 
     consistently("the bad update to stay stalled behind two serving old replicas", stalled, 10)
 

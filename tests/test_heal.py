@@ -119,6 +119,11 @@ def test_a_heal_keeps_the_gates_reason_and_says_each_step_once():
         crashed = ReplicaVerdict(False, "TritonNotRunning", "tritonserver exited (code 137)")
         assert g._heal(pg, crashed) == (crashed, ""), "tritonserver crashing meanwhile is said as such"
         pg.heal.cancel()
+        # LOADING was seen while the heal ran, and the heal ended (its load failed) before the verdict was judged:
+        # still the heal's verdict, said as the cause (not ModelWarming, which would flip Degraded for a moment).
+        v, phase = g._heal(pg, loading, True)
+        assert (v.reason, phase, v.message) == seen[0], "a verdict taken during a heal that has just ended"
+        assert started == [("ens",)], "no second heal from a verdict taken during the first"
         # The heal ran and failed: the next round waits for the back-off, under the same reason.
         pg.healed_at, pg.heal_ok, pg.heal_note = gate_module.time.monotonic(), False, "heal 1 failed: boom"
         for _ in range(2):

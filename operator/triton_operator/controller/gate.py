@@ -171,6 +171,7 @@ class WarmupGate:
     async def _run(self, gate: _PodGate) -> None:
         stable_rounds = 0
         while (gate.namespace, gate.name) in self.pods:
+            healing = gate.heal is not None and not gate.heal.done()  # the verdict below is taken during a heal
             verdict = await self._check(gate)
             ann = gate.body["metadata"].get("annotations") or {}
             # A reload starts once Triton is done with what it loads at start: READY (with whichever config), or
@@ -182,7 +183,7 @@ class WarmupGate:
                     f"loading config {ann.get(ANNOTATION_DIGEST)} in place ({ann[ANNOTATION_RELOAD]}): {verdict.message}"))
             phase = ""
             if ANNOTATION_RELOAD not in ann and not verdict.ok:
-                verdict, phase = self._heal(gate, verdict)
+                verdict, phase = self._heal(gate, verdict, healing)
             write = gate_condition(gate.body, verdict.ok, verdict.reason, verdict.message, utc_now(),
                                    changed=phase != gate.phase)
             if write is None:
@@ -224,14 +225,16 @@ class WarmupGate:
         finally:
             self.probing -= 1
 
-    def _heal(self, gate: _PodGate, verdict: ReplicaVerdict) -> tuple[ReplicaVerdict, str]:
+    def _heal(self, gate: _PodGate, verdict: ReplicaVerdict, healing: bool = False) -> tuple[ReplicaVerdict, str]:
         """Starts a heal of a replica whose models the probe (or Triton) found broken, when its backoff allows.
         Returns the verdict to write meanwhile (its reason stays the cause: ModelFailing, ModelLoadFailed; its
         message says what the heal does) and the heal's phase, which changes once per heal step: the gate is
-        written again when it does, not on every round."""
+        written again when it does, not on every round. `healing`: a heal ran when `verdict` was taken; it may
+        have ended since (its load failed right after Triton said LOADING), and the verdict is still the heal's
+        (CI at 1438270: the gate said ModelWarming for a moment, and Degraded went AsExpected)."""
         if (pod_condition(gate.body, WARMED_CONDITION) or {}).get("status") == "True":
             gate.served = True  # also for a pod an earlier operator process let in
-        if gate.heal is not None and not gate.heal.done() and gate.cause is not None:
+        if gate.heal is not None and (healing or not gate.heal.done()) and gate.cause is not None:
             if verdict.reason not in (MODEL_FAILING, "ModelLoadFailed", "ModelWarming"):
                 return verdict, ""  # tritonserver itself stopped or crashed meanwhile: say that
             # The reload makes the model LOADING ("ModelWarming"): still the cause, until the heal says otherwise.
