@@ -155,3 +155,40 @@ def test_a_child_is_kept_as_compact_json_and_read_back_as_a_fresh_copy() -> None
     assert cache.children[key] == body, "a caller's change to what it read must not reach the cache"
     cache.children.update({key: {**body, "metadata": {**body["metadata"], "labels": {}}}})
     assert cache.children.of_model("ns", "m") == {}, "update() goes through item assignment and keeps the index"
+
+
+def test_a_pool_round_first_lists_the_namespaces_models_under_what_the_watch_delivered() -> None:
+    """A pool round decides over all the models of its namespace (what to unload from each replica): at an operator's
+    start the watch's first listing may have delivered only some of them, and the round unloaded the others' serving
+    copies. The first round in a namespace lists them; the watch's newer bodies and deletions win over the LIST."""
+    import asyncio
+    from typing import Any
+
+    from triton_operator.controller.cache import Cache
+    from triton_operator.controller.pool import PoolReconciler
+
+    def model(name: str, uid: str, rv: str) -> dict[str, Any]:
+        return {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel",
+                "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv},
+                "spec": {"pool": "p"}}
+
+    cache = Cache()
+    cache.put_model(model("a", "ua", "7"))  # delivered by the watch so far
+
+    class Kube:
+        lists = 0
+
+        def list(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> list:
+            assert (kind, namespace) == ("TritonModel", "ns")
+            Kube.lists += 1
+            # the watch delivers c's deletion while this LIST is under way
+            cache.put_model(model("c", "uc", "8"), deleted=True)
+            return [model("a", "ua", "6"), model("b", "ub", "6"), model("c", "uc", "6")]
+
+    pools = PoolReconciler(Kube(), cache)  # type: ignore[arg-type]
+    asyncio.run(pools._prime("ns"))
+    assert sorted(cache.models["ns"]) == ["a", "b"], "b, not yet delivered, is known; c, deleted meanwhile, is not"
+    assert cache.models["ns"]["a"]["metadata"]["resourceVersion"] == "7", "the watch's newer body is kept"
+    asyncio.run(pools._prime("ns"))
+    assert Kube.lists == 1, "listed once per namespace"
+    assert not cache.models_listing, "nothing left recording deletions"

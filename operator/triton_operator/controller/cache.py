@@ -135,6 +135,10 @@ class Cache:
     gone: set[str] = field(default_factory=set)
     # uid -> time.monotonic() when the cached body was last observed (a watch event, a write's answer, a LIST)
     seen: dict[str, float] = field(default_factory=dict)
+    # namespaces whose TritonModels were listed once (`prime_models`); while such a LIST is under way, the uids of
+    # the namespace's TritonModels deleted meanwhile (the LIST may still show them)
+    models_primed: set[str] = field(default_factory=set)
+    models_listing: dict[str, set[str]] = field(default_factory=dict)
 
     def _observed(self, body: Mapping[str, Any], deleted: bool) -> None:
         uid = body["metadata"].get("uid")
@@ -156,12 +160,26 @@ class Cache:
         self.ensembles[ns].pop(name, None)
         if deleted:
             self.models[ns].pop(name, None)
+            if ns in self.models_listing:
+                self.models_listing[ns].add(body["metadata"].get("uid") or "")
         else:
             lean_body = lean(body)
             self.models[ns][name] = lean_body
             spec = body.get("spec")
             if isinstance(spec, Mapping) and spec.get("ensemble"):
                 self.ensembles[ns][name] = lean_body
+
+    def prime_models(self, namespace: str, listed: list[dict[str, Any]]) -> None:
+        """Merge a LIST of the namespace's TritonModels under what the watch has delivered (which is as new or newer),
+        leaving out those deleted while it was under way (`models_listing`, set by the caller before the LIST): a
+        decision over all the models of a namespace (a pool's round: what to unload) must not be taken on the part
+        of them the watch's first listing has delivered so far."""
+        deleted = self.models_listing.get(namespace, set())
+        for body in listed:
+            meta = body["metadata"]
+            if meta.get("uid") not in deleted and meta["name"] not in self.models[namespace]:
+                self.put_model(body)
+        self.models_primed.add(namespace)
 
     def put_child(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
