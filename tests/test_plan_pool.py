@@ -173,3 +173,30 @@ def test_replicas_are_scheduled_pods_and_the_unschedulable_ones_are_not_coming()
     assert pp.coming([scheduled, pending], 2) == 0, "no node can take it: not coming"
     assert pp.coming([scheduled], 3) == 2, "the Deployment has yet to create two"
     assert pp.coming([scheduled, _pod("r3", terminating=True)], 1) == 0
+
+
+def test_a_second_model_of_one_triton_name_on_a_pool_is_refused_by_name_and_never_unloads_the_first() -> None:
+    """Two TritonModels that load under one Triton name (spec.modelName) cannot share a tritonserver: the one there
+    first keeps the name and its copy; the newcomer is not placed and says why; the first's record is not unloaded."""
+    first = _body(python_model("a", pool="p", memory="1Gi", replicas=1))
+    first["metadata"]["creationTimestamp"] = "2026-11-26T10:00:00Z"
+    taker = _body(python_model("b", pool="p", memory="1Gi", replicas=1))
+    taker["metadata"]["creationTimestamp"] = "2026-11-26T11:00:00Z"
+    taker["spec"]["modelName"] = "a"
+    members = pp.members("p", {"a": first, "b": taker})
+    assert members["a"].problem is None
+    assert members["b"].problem is not None and members["b"].problem[0] == pp.NAME_TAKEN
+    assert "TritonModel a" in members["b"].problem[1] and "spec.modelName" in members["b"].problem[1]
+    pool = TritonPool.model_validate(pool_document("p"))
+    live = [PoolReplica("r1", "n1"), PoolReplica("r2", "n2")]
+    placement = pp.placement_of(pool, live, members)
+    assert "b" not in placement.copies or not placement.copies["b"]
+    where = placement.copies["a"][0]
+    digest = members["a"].digest
+    assert digest is not None
+    seen = {(where, "a"): pp.Seen(True, digest, "")}
+    work = pp.work(placement, members, ["r1", "r2"], {where: {"a": digest}}, seen, {})
+    assert work[where].unload == [] and work[where].load == [], work[where]
+    status = pp.model_status(members["b"], "p", True, placement, set(), {}, NOW)
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", pp.NAME_TAKEN)

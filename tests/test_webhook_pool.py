@@ -257,3 +257,39 @@ def test_scaling_a_pool_through_its_scale_subresource_is_reviewed_as_the_same_ch
     assert r.review(_scale(3), _scale(2), **where).get("allowed") is not False
     forged = r.review(_scale(1, uid="guessed"), _scale(2, uid="guessed"), **where)
     assert forged.get("allowed") is False and "b has 2 copies" not in forged["status"]["message"]
+
+
+# -- one Triton name per pool (rule pool-triton-name) --------------------------------------------
+
+
+def test_a_model_taking_the_triton_name_of_another_on_its_pool_is_refused_naming_spec_model_name() -> None:
+    taker = _model("b", pool="p", memory="1Gi", modelName="a")
+    verdict = review(taker, None, {}, pool=_pool(), on_pool={"a": "a", "c": "c"})
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.modelName", "pool-triton-name")], verdict.errors
+    assert "Triton name 'a' is taken on pool 'p' by TritonModel a" in verdict.errors[0].message
+    assert review(taker, None, {}, pool=_pool(), on_pool={"c": "c"}).allowed, "no other model loads as a"
+    # A model named like another's spec.modelName: refused at spec.pool (it has no modelName to change).
+    plain = _model("a", pool="p", memory="1Gi")
+    verdict = review(plain, None, {}, pool=_pool(), on_pool={"b": "a"})
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.pool", "pool-triton-name")], verdict.errors
+    # An update of a model that had this name on this pool already is not refused again (the older one keeps it).
+    assert review(taker, copy.deepcopy(taker), {}, pool=_pool(), on_pool={"a": "a"}).allowed
+
+
+def test_the_webhook_refuses_a_second_model_of_one_triton_name_on_a_pool_even_one_created_a_moment_ago(
+        reviewer) -> None:
+    """The informer's models on the pool, and the model whose name the newcomer takes read fresh when the informer
+    lacks it (created a moment ago)."""
+    api = FakeModelsApi([_model("a", pool="p", memory="1Gi")], [_pool()])
+    r = reviewer(api)
+    response = r.review(_model("a2", pool="p", memory="1Gi", modelName="a"))
+    assert response.get("allowed") is False, response
+    (cause,) = response["status"]["details"]["causes"]
+    assert cause["field"] == "spec.modelName", cause
+    assert r.review(_model("c", pool="p", memory="1Gi", modelName="c2")).get("allowed") is not False
+    assert r.review(_model("d", pool="q", memory="1Gi", modelName="a")).get("allowed") is not False, "another pool"
+    # Created after the informer listed (its watch here delivers nothing): read with a GET.
+    api.models[(NS, "late")] = _model("late", pool="p", memory="1Gi")
+    response = r.review(_model("b", pool="p", memory="1Gi", modelName="late"))
+    assert response.get("allowed") is False, response
+    assert f"get {NS}/late" in api.calls, api.calls

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -35,6 +35,7 @@ ALL_COPIES_WARMED = "AllCopiesWarmed"
 COPIES_LOADING = "CopiesLoading"
 COPIES_UPDATING = "CopiesUpdating"
 LOAD_FAILED = "ModelLoadFailed"
+NAME_TAKEN = "TritonNameTaken"
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,28 @@ def members(pool: str, bodies: Mapping[str, Mapping[str, Any]]) -> dict[str, Mem
         except (ValueError, KeyError) as exc:
             reason = "UnsupportedSource" if "uri" in str(exc) else "InvalidSpec"
             out[name] = Member(name, bodies[name], model, None, None, (reason, str(exc)[:2000]))
+    for name, first in _name_taken(parsed, bodies).items():
+        m = out[name]
+        out[name] = replace(m, request=None, problem=(NAME_TAKEN, (
+            f"Triton name {m.triton_name!r} is taken on pool {pool} by TritonModel {first} (there first): two models "
+            "of one name cannot load into one tritonserver; set spec.modelName to another name, or another spec.pool")))
     return dict(sorted(out.items()))
+
+
+def _name_taken(parsed: Mapping[str, TritonModel], bodies: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The models whose Triton name another model of the pool has too, each with the one that keeps it: the oldest
+    (creationTimestamp, then name), so a model serving under that name is never displaced by a newcomer."""
+    def age(name: str) -> tuple[str, str]:
+        return str(bodies[name]["metadata"].get("creationTimestamp") or ""), name
+
+    by_triton: dict[str, list[str]] = {}
+    for name, model in parsed.items():
+        by_triton.setdefault(model.triton_name, []).append(name)
+    out: dict[str, str] = {}
+    for names in by_triton.values():
+        first, *rest = sorted(names, key=age)
+        out.update(dict.fromkeys(rest, first))
+    return out
 
 
 def _running(pod: Mapping[str, Any], view: ReplicaPod) -> bool:
@@ -190,7 +212,9 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
     budget (rollout.maxUnavailable less its copies not serving), so a model updates replica by replica. `held`:
     (replica, model) loads that failed lately and wait for their back-off."""
     out = {r: ReplicaWork(r) for r in ready}
-    names = {m.triton_name: n for n, m in members.items()}
+    names = {m.triton_name: n for n, m in members.items() if m.problem is None}  # a name's owner, not its taker
+    for n, m in members.items():
+        names.setdefault(m.triton_name, n)
     budget = {n: m.budget - sum(1 for r in placement.copies.get(n, ()) if r in out and
                                 not serves(m, seen.get((r, n)), records.get(r, {}))) for n, m in members.items()}
     for r, w in out.items():

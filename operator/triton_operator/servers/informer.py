@@ -49,17 +49,30 @@ class _Namespace:
         self.bodies: dict[str, bytes] = {}
         self.steps: dict[str, tuple[str, ...]] = {}
         self.uids: dict[str, str] = {}
+        self.pooled: dict[str, tuple[str, str]] = {}  # a pooled model's (pool, Triton name)
 
     def put(self, body: Mapping[str, Any]) -> None:
         name = body["metadata"]["name"]
         self.bodies[name] = json.dumps(_kept(body), separators=(",", ":")).encode()
         self.steps[name] = tuple(steps_of(body))
         self.uids[name] = str(body["metadata"].get("uid") or "")
+        self.pooled.pop(name, None)
+        if (found := pool_and_triton_name(body)) is not None:
+            self.pooled[name] = found
 
     def drop(self, name: str) -> None:
         self.bodies.pop(name, None)
         self.steps.pop(name, None)
         self.uids.pop(name, None)
+        self.pooled.pop(name, None)
+
+
+def pool_and_triton_name(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A TritonModel body's pool and the name it loads under in Triton (spec.modelName, else its name); None when it
+    is not pooled."""
+    spec = body.get("spec") or {}
+    pool, triton = spec.get("pool"), spec.get("modelName") or body["metadata"].get("name")
+    return (pool, str(triton)) if isinstance(pool, str) and pool else None
 
 
 class ModelStore:
@@ -99,6 +112,12 @@ class ModelStore:
         with self._lock:
             ns = self._namespaces.get(namespace)
             return dict(ns.steps) if ns else {}
+
+    def on_pool(self, namespace: str, pool: str) -> dict[str, str]:
+        """The kept models of the namespace on `pool`, with the Triton name each loads under."""
+        with self._lock:
+            ns = self._namespaces.get(namespace)
+            return {n: t for n, (p, t) in ns.pooled.items() if p == pool} if ns else {}
 
     def body(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:

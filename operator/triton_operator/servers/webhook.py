@@ -86,7 +86,7 @@ from ..validate.admission import MAX_NEIGHBOURS, AdmissionVerdict, needs_review,
 from . import metrics, tls_server
 from .custom_metrics import PREFIX as CUSTOM_METRICS_PREFIX
 from .custom_metrics import CustomMetricsApi
-from .informer import ModelInformer
+from .informer import ModelInformer, pool_and_triton_name
 from .tls_server import BodyRefused, TlsSite, body_of
 
 log = logging.getLogger("triton_operator.webhook")
@@ -362,6 +362,9 @@ class AdmissionWebhook:
         # The pool it names, read live (no cache of pools: one GET); none yet is fine, the operator says PoolNotFound.
         pool_name = (obj.get("spec") or {}).get("pool")
         view.pool = await self.get_object(POOL_KIND, namespace, pool_name) if isinstance(pool_name, str) else None
+        triton = ((obj.get("spec") or {}).get("modelName"))
+        if isinstance(pool_name, str) and isinstance(triton, str) and triton != name:
+            await view.read([triton])  # the model whose name it takes, likely created a moment ago (rule pool-triton-name)
         verdict, dependents = view.verdict(obj, old, name)
         alone = {(e.path, e.message) for e in review(obj, None, {}).errors} if not verdict.allowed else set()
         if any(e.model != verdict.subject or (e.path, e.message) not in alone for e in verdict.errors):
@@ -431,11 +434,13 @@ class AdmissionWebhook:
         if await self.informer.wait_synced(max(self._sync_deadline - time.monotonic(), 0.0)):
             store = self.informer.store
             return _View(self, namespace, store.graph(namespace), lambda n: store.body(namespace, n),
-                         lambda n: store.uid(namespace, n))
+                         lambda n: store.uid(namespace, n), lambda p: store.on_pool(namespace, p))
         listed = await asyncio.to_thread(self.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
         bodies = {b["metadata"]["name"]: b for b in listed}
+        pooled = {n: found for n, b in bodies.items() if (found := pool_and_triton_name(b)) is not None}
         return _View(self, namespace, {n: tuple(steps_of(b)) for n, b in bodies.items()}, bodies.get,
-                     lambda n: (bodies.get(n) or {}).get("metadata", {}).get("uid"), complete=True)
+                     lambda n: (bodies.get(n) or {}).get("metadata", {}).get("uid"),
+                     lambda p: {n: t for n, (q, t) in pooled.items() if q == p}, complete=True)
 
     async def _has_read(self, view: _View, name: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
         """Whether the review shows its sender has read the object: an UPDATE whose old object carries the stored
@@ -469,10 +474,10 @@ class _View:
 
     def __init__(self, webhook: AdmissionWebhook, namespace: str, graph: dict[str, tuple[str, ...]],
                  body: Callable[[str], dict[str, Any] | None], uid: Callable[[str], str | None],
-                 complete: bool = False) -> None:
+                 on_pool: Callable[[str], dict[str, str]], complete: bool = False) -> None:
         self.webhook, self.namespace = webhook, namespace
         self.graph = graph
-        self._body, self._uid = body, uid
+        self._body, self._uid, self._on_pool = body, uid, on_pool
         self.fresh: dict[str, dict[str, Any] | None] = {}
         self.complete = complete  # a LIST of this moment: nothing to read again
         self.reads = 0
@@ -513,7 +518,21 @@ class _View:
         reached, _ = step_graph.closure([*steps_of(obj), *dependents], lambda n: list(graph[n]) if n in graph
                                         else None)
         neighbours = {n: b for n in reached[:MAX_NEIGHBOURS] if (b := self.body(n)) is not None}
-        return review(obj, old, neighbours, dependents, self.pool), dependents
+        return review(obj, old, neighbours, dependents, self.pool, self.on_pool(obj)), dependents
+
+    def on_pool(self, obj: Mapping[str, Any]) -> dict[str, str]:
+        """The Triton names of the other models on the pool `obj` names (none: not pooled), with the models read
+        fresh in this review in place of the cache's."""
+        mine = pool_and_triton_name(obj)
+        if mine is None:
+            return {}
+        names = self._on_pool(mine[0])
+        for n, body in self.fresh.items():
+            found = pool_and_triton_name(body) if body is not None else None
+            names.pop(n, None)
+            if found is not None and found[0] == mine[0]:
+                names[n] = found[1]
+        return names
 
 
 class _WatchedModels:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ..api.pool import POOL_KIND, TritonPool
 from ..api.v1alpha1 import API_VERSION, KIND, TritonModel
 from .errors import FieldError, from_pydantic
-from .pool import POOL_IDENT, check_pool, check_pool_fit
+from .pool import POOL_IDENT, check_pool, check_pool_fit, triton_name_clashes
 from .rules import RULES, check_models
 from .yaml_input import load_all
 
@@ -100,6 +100,7 @@ def check_documents(docs: Sequence[Document]) -> Loaded:
         elif isinstance(parsed, TritonPool):
             out.pools.append((POOL_IDENT.format(parsed.name), parsed))
     out.errors.extend(check_models(out.models))
+    out.errors.extend(triton_name_clashes(out.models))
     seen: set[str] = set()
     for ident, pool in out.pools:
         if pool.name in seen:

@@ -32,7 +32,7 @@ from ..api import steps as step_graph
 from ..api.pool import TritonPool
 from ..api.v1alpha1 import TritonModel
 from .errors import FieldError, from_pydantic
-from .pool import POOL_CHANGE, POOL_IDENT, check_pool, check_pool_fit, pool_change_problems
+from .pool import POOL_CHANGE, POOL_IDENT, check_pool, check_pool_fit, pool_change_problems, triton_name_taken
 from .rules import RULES, check_models
 
 #: How a TritonModel is named in field errors here (the same as the operator's conditions).
@@ -82,6 +82,7 @@ def review(
     neighbours: Mapping[str, Mapping[str, Any]],
     dependents: Sequence[str] = (),
     pool: Mapping[str, Any] | None = None,
+    on_pool: Mapping[str, str] | None = None,
 ) -> AdmissionVerdict:
     """The verdict on `obj` replacing `old` (None on create).
 
@@ -89,6 +90,8 @@ def review(
     name: every model reachable through ensemble steps from `obj` and from each of `dependents`.
     `dependents`: names of ensembles whose steps use `obj`.
     `pool`: the body of the TritonPool `obj` names in spec.pool, if it exists.
+    `on_pool`: the Triton name of each other TritonModel of the namespace on the pool `obj` names (rule
+    pool-triton-name).
     """
     name = obj["metadata"]["name"]
     subject = IDENT.format(name)
@@ -120,7 +123,8 @@ def review(
     before = {(e.model, e.path, e.message) for e in errors_with(previous) if e.model in wanted}
     broken = [e for e in after if e.model in wanted and (e.model, e.path, e.message) not in before
               and e.rule != "ensemble-cycle"]
-    errors = own + broken + _pool_fit(new, subject, others, pool)
+    errors = own + broken + _pool_fit(new, subject, others, pool) + triton_name_taken(new, subject, on_pool or {},
+                                                                                     previous)
     return AdmissionVerdict(not errors, errors, warnings, subject)
 
 

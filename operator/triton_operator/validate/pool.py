@@ -4,6 +4,8 @@
   rules of its spec.server that a TritonModel's server meets (`validate.rules.check_server`);
 - `check_pool_fit`: a pooled model, with every step its ensemble reaches, larger than one replica of its pool is
   refused, naming spec.memory (an ensemble: spec.pool) and the figures;
+- `triton_name_clashes`, `triton_name_taken`: two models of one pool that load under one Triton name
+  (spec.modelName) are refused, naming spec.modelName (or spec.pool);
 - `pool_change_problems`: a pool change that would strand placed models (a replica would hold less than is placed
   on one, fewer replicas than a model has copies, less room in all than is placed) is refused, naming the field.
   The placements are what the models' statuses record (`status.placement`); the operator never moves a model that is
@@ -73,6 +75,50 @@ def check_pool_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) 
             f"({pool.spec.capacity_path} gives {format_bytes(capacity)}): it could be placed nowhere")
         errors.extend(err.errors)
     return errors
+
+
+def _name_path(model: TritonModel) -> str:
+    """The field that gives a model its Triton name: spec.modelName when set; else the pool it joins with it."""
+    return "spec.modelName" if model.spec.model_name else "spec.pool"
+
+
+def triton_name_clashes(models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:
+    """Among documents (`render`, `validate`): every pooled model whose Triton name another model of its pool has too
+    (documents have no order of arrival, so each of them is named)."""
+    groups: dict[tuple[str, str], list[tuple[str, TritonModel]]] = {}
+    for ident, model in models:
+        if model.spec.pool is not None:
+            groups.setdefault((model.spec.pool, model.triton_name), []).append((ident, model))
+    errors: list[FieldError] = []
+    for (pool, triton), group in sorted(groups.items()):
+        if len(group) < 2:
+            continue
+        for ident, model in group:
+            others = ", ".join(sorted(m.name for _, m in group if m is not model))
+            err = Collector(ident)
+            err("pool-triton-name", _name_path(model), f"Triton name {triton!r} is also TritonModel {others}'s on "
+                f"pool {pool!r}: one tritonserver holds one model of a name; set spec.modelName to another name")
+            errors.extend(err.errors)
+    return errors
+
+
+def triton_name_taken(model: TritonModel, ident: str, on_pool: Mapping[str, str],
+                      previous: TritonModel | None) -> list[FieldError]:
+    """The webhook's check of one model joining its pool: `on_pool` holds the Triton name of each other model of the
+    namespace on that pool. A model that already had this name on this pool is not refused again (the operator's
+    status says which of the two keeps it: the older)."""
+    pool = model.spec.pool
+    if pool is None or (previous is not None and previous.spec.pool == pool
+                        and previous.triton_name == model.triton_name):
+        return []
+    taken = sorted(n for n, t in on_pool.items() if n != model.name and t == model.triton_name)
+    if not taken:
+        return []
+    err = Collector(ident)
+    err("pool-triton-name", _name_path(model), f"Triton name {model.triton_name!r} is taken on pool {pool!r} by "
+        f"TritonModel {', '.join(taken)}: one tritonserver holds one model of a name; set spec.modelName to another "
+        "name")
+    return err.errors
 
 
 def _replica_use(models: Mapping[str, TritonModel], placements: Mapping[str, Sequence[str]]) -> dict[str, dict[str, int]]:

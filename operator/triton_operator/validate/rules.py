@@ -137,6 +137,8 @@ RULES: dict[str, Rule] = {
              "capacity.memoryPerReplica (without gpus)"),
         Rule("pool-inline-source", False, "a pooled model's files are inline (source.inline, modelFiles.inline): a pool "
              "loads inline sources only in this version, in the load request"),
+        Rule("pool-triton-name", False, "the models of one pool load under distinct Triton names (spec.modelName, "
+             "else metadata.name): one tritonserver holds one model of a name"),
         Rule("pool-capacity", False, "a pooled model, with every step its ensemble reaches, fits one replica of its "
              "pool (memory against the pool's capacity per replica)"),
         Rule("version-policy", True,
