@@ -95,8 +95,8 @@ def source_line(names: list[str], results: Results) -> str:
 # -- tables ------------------------------------------------------------------------------------------------
 
 
-def _cell(text: Any) -> str:
-    text = str(text)
+def _cell(value: Any) -> str:
+    text = str(value)
     indent = len(text) - len(text.lstrip(" "))
     return "&emsp;" * (indent // 2) + text.strip().replace("|", "\\|").replace("\n", " ")
 

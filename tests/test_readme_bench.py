@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,13 @@ def test_no_figure_in_the_benchmarks_section_is_written_by_hand() -> None:
                        + "\n".join(lines))
 
 
+def test_a_benchmark_figure_outside_the_section_is_marked_too() -> None:
+    text = README.read_text()
+    rest = text.replace(readme.section(text), "")
+    unmarked = [line for line in rest.splitlines() if "make bench" in line and "<!-- bench:" not in line]
+    assert not unmarked, "a line of README.md cites `make bench` with no generated figure:\n" + "\n".join(unmarked)
+
+
 def test_every_result_has_a_table_and_says_its_commit() -> None:
     results = Results.load()
     summary = readme.table("summary", results)
@@ -51,7 +59,7 @@ def test_every_result_has_a_table_and_says_its_commit() -> None:
     assert "before commits were recorded" not in summary
 
 
-RESULT = {
+RESULT: dict[str, Any] = {
     "name": "demo", "title": "Demo", "method": "m", "notes": [], "data": {"phases": [{"impl": "ours", "n": 3}]},
     "machine": {"nproc": 2, "memory_gib": 1.0, "cpu_model": "x", "date": "2026-01-02T03:04:05Z", "kernel": "k",
                 "python": "3", "tritonserver": "t", "commit": "abc1234", "dirty": False},
@@ -115,7 +123,7 @@ def test_results_md_regenerates_byte_for_byte(tmp_path: Path, monkeypatch: pytes
     for p in common.RESULTS.glob("*.json"):
         shutil.copy(p, tmp_path / p.name)
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    assert common.write_markdown().read_text() == (Path(readme.RESULTS) / "RESULTS.md").read_text(), (
+    assert common.write_markdown().read_text() == (Path(readme.__file__).parent / "results" / "RESULTS.md").read_text(), (
         "bench/results/RESULTS.md differs from what its JSON files make: run `python -m bench.run --markdown-only`")
 
 
