@@ -4,7 +4,9 @@
 Two kinds of marker in README.md:
 - a table, `<!-- BEGIN GENERATED BENCHMARKS KEY (bench/readme.py) -->` … `<!-- END GENERATED BENCHMARKS -->`:
   KEY `summary` is every row with a target, of every result; KEY a result's name (`rollout`) is all of that result's
-  rows. Each table ends with the commit and date of the run its figures come from.
+  rows. Each table ends with the commit and date of the run its figures come from. A row's columns are `ours`,
+  `usual` and any other key it has (a third approach), headed by the result's `columns` object (`{"keda": "KEDA
+  on queue time"}`) where the JSON has one, else by COLUMNS below.
 - a figure in prose or in a table cell, `<!-- bench:EXPR -->value<!-- /bench -->` (the comment renders as nothing).
   EXPR is `NAME::step::step…|filter|filter`: NAME a result (`bench/results/NAME.json`); each step a key of an
   object, an index of a list, `key=value,key=value` (the element of a list with those values), or, in a list of
@@ -143,12 +145,15 @@ def summary_table(results: Results) -> list[str]:
                 rows.append((r, parent))
         for r, parent in rows:
             figure, ours, usual = str(r["figure"]), str(r["ours"]), str(r.get("usual", "-"))
+            others = [(h, str(r[k])) for k, h in value_columns(name, results.doc(name))[2:] if k in r]
             if figure.startswith(" "):  # a part of the row above it: named with it
                 figure = f"{parent}: {figure.strip()}"
             if part(ours, SUMMARY_SIZE) is not None:  # a row per model count: both sides at the same count
                 size = re.search(r"\b(\d+)( models)?\b", str(r["target"]))
                 n = size.group(1) if size and part(ours, size.group(1)) is not None else SUMMARY_SIZE
                 figure, ours, usual = f"{figure}, {n} models", part(ours, n) or "-", part(usual, n) or usual
+                others = [(h, part(v, n) or v) for h, v in others]
+            usual = "; ".join([usual, *(f"{h}: {v}" for h, v in others)])
             out.append(f"| `{name}` | {_cell(figure)} | {_cell(ours)} | {_cell(usual)} | {_cell(r['target'])} "
                        f"| {_met(r)} |")
         if rows:
@@ -156,24 +161,36 @@ def summary_table(results: Results) -> list[str]:
     return [*out, "", source_line(names, results)]
 
 
+def value_columns(name: str, doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """A result's value columns, (row key, heading): `ours`, `usual`, then any other key its rows have (a third
+    approach), headed by the result's own `columns` object where it has one, else by COLUMNS, else by the key."""
+    keys = ["ours", "usual"] + [k for r in doc["rows"] for k in r if k not in ("figure", "ours", "usual", "target", "met")]
+    keys = list(dict.fromkeys(keys))
+    defaults = dict(zip(("ours", "usual"), COLUMNS.get(name, ("triton-operator", "usual approach")), strict=True))
+    own = doc.get("columns") or {}
+    return [(k, str(own.get(k) or defaults.get(k) or k)) for k in keys]
+
+
 def result_table(name: str, results: Results) -> list[str]:
     doc = results.doc(name)
     rows = doc["rows"]
-    ours, usual = COLUMNS.get(name, ("triton-operator", "usual approach"))
+    cols = value_columns(name, doc)
+    heads = " | ".join(h for _, h in cols)
+    rule = "|---" * (len(cols) + 3) + "|"
     sizes = [p.split(": ", 1)[0] for p in split_top(str(rows[0]["ours"]))] if rows else []
     if len(sizes) > 1 and all(re.fullmatch(r"\d+", s) for s in sizes) and all(
-            all(part(str(r[k]), s) is not None for s in sizes) for r in rows for k in ("ours", "usual")):
+            part(str(r.get(k, "-")), s) is not None for s in sizes for r in rows for k, _ in cols):
         # A row per model count (`scale`): a line per figure and count.
-        out = [f"| figure | models | {ours} | {usual} | target | met |", "|---|---|---|---|---|---|"]
+        out = [f"| figure | models | {heads} | target | met |", rule + "---|"]
         for r in rows:
             for s in sizes:
-                out.append(f"| {_cell(r['figure'])} | {s} | {_cell(part(str(r['ours']), s))} "
-                           f"| {_cell(part(str(r['usual']), s))} | {_cell(r['target'])} | {_met(r)} |")
+                values = " | ".join(_cell(part(str(r.get(k, "-")), s)) for k, _ in cols)
+                out.append(f"| {_cell(r['figure'])} | {s} | {values} | {_cell(r.get('target', '-'))} | {_met(r)} |")
     else:
-        out = [f"| figure | {ours} | {usual} | target | met |", "|---|---|---|---|---|"]
+        out = [f"| figure | {heads} | target | met |", rule]
         for r in rows:
-            out.append(f"| {_cell(r['figure'])} | {_cell(r['ours'])} | {_cell(r.get('usual', '-'))} "
-                       f"| {_cell(r.get('target', '-'))} | {_met(r)} |")
+            values = " | ".join(_cell(r.get(k, "-")) for k, _ in cols)
+            out.append(f"| {_cell(r['figure'])} | {values} | {_cell(r.get('target', '-'))} | {_met(r)} |")
     return [*out, "", source_line([name], results)]
 
 

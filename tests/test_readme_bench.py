@@ -131,3 +131,14 @@ def test_a_result_records_its_commit_whether_the_tree_was_dirty_and_the_date() -
     m = common.machine()
     assert m["commit"] and isinstance(m["dirty"], bool) and m["date"].endswith("Z")
     json.dumps(m)
+
+
+def test_a_third_approach_in_the_rows_gets_a_column_of_its_own_and_a_place_in_the_summary() -> None:
+    three = {**RESULT, "columns": {"keda": "KEDA on queue time"},
+             "rows": [{**RESULT["rows"][0], "keda": "p50 8 ms, p95 40 ms"}, RESULT["rows"][2]]}
+    table = readme.table("demo", Results({"demo": three}))
+    assert "| figure | triton-operator | usual approach | KEDA on queue time | target | met |" in table
+    assert "| latency | p50 10 ms, p95 20 ms, max 30 ms (n=5) | p50 5 ms, p95 90 ms | p50 8 ms, p95 40 ms |" in table
+    assert "| apply | 1 s | - | - | - | - |" in table
+    summary = readme.table("summary", Results({"demo": three}))
+    assert "| p50 5 ms, p95 90 ms; KEDA on queue time: p50 8 ms, p95 40 ms |" in summary
