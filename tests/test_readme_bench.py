@@ -49,7 +49,7 @@ def test_a_benchmark_figure_outside_the_section_is_marked_too() -> None:
     assert not unmarked, "a line of README.md cites `make bench` with no generated figure:\n" + "\n".join(unmarked)
 
 
-def test_every_result_has_a_table_and_says_its_commit() -> None:
+def test_the_summary_names_the_commit_of_every_result_it_shows() -> None:
     results = Results.load()
     summary = readme.table("summary", results)
     for name in results.names():
