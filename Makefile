@@ -47,11 +47,13 @@ crd: $(STAMP)
 lock: $(STAMP)
 	$(BIN)/python -m e2e.images lock $(if $(UPGRADE),--upgrade)
 
-## Regenerate the TritonModel and TritonPool references in README.md from the pydantic field descriptions, and the counts of the
-## invalid corpus (tests/corpus_counts.py: the schema/CEL-webhook split is a figure measured by e2e/test_admission.py).
+## Regenerate the TritonModel and TritonPool references in README.md from the pydantic field descriptions, the counts of the
+## invalid corpus (tests/corpus_counts.py: the schema/CEL-webhook split is a figure measured by e2e/test_admission.py)
+## and the benchmark tables and figures from bench/results/*.json (bench/readme.py; tests/test_readme_bench.py).
 docs: $(STAMP)
 	$(BIN)/triton-operator docs --update README.md
 	$(BIN)/python -m tests.corpus_counts --update README.md
+	$(BIN)/python -m bench.readme --update README.md
 
 ## The layers (import-linter), ruff, mypy --strict on operator/ (and, below, helm lint and hadolint).
 lint: $(STAMP)

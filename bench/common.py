@@ -1,8 +1,8 @@
 """What every benchmark shares: machine facts, percentiles, the result files and the Markdown table.
 
-A result is `bench/results/<name>.json`: the machine it ran on, when, how busy the machine was
-meanwhile (other people's work on a 2-core box moves timings), a summary table (`rows`: one figure
-each, ours next to the usual approach and the target) and the raw data. `RESULTS.md` is rebuilt from
+A result is `bench/results/<name>.json`: the machine it ran on, when and at which commit (and whether the tree
+differed from it), how busy the machine was meanwhile (other people's work on a 2-core box moves timings), a summary
+table (`rows`: one figure each, ours next to the usual approach and the target) and the raw data. `RESULTS.md` is rebuilt from
 every JSON present, so one benchmark can be re-run on its own (`make bench BENCH=gate`).
 """
 
@@ -55,6 +55,12 @@ def _git(*args: str) -> str:
     return out.stdout.strip()
 
 
+def uncommitted() -> list[str]:
+    """The paths `git status` lists as changed or new, but for bench/results/."""
+    out = _git("status", "--porcelain", "--", ".", ":(exclude)bench/results")
+    return [line[3:] for line in out.splitlines() if line.strip()]
+
+
 def machine() -> dict[str, Any]:
     from triton_operator.api.timestamps import rfc3339
     from triton_operator.triton.local import TRITON_VERSION
@@ -68,6 +74,10 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "tritonserver": TRITON_VERSION,
         "commit": _git("rev-parse", "--short", "HEAD"),
+        # Whether what ran differs from that commit: tracked files changed or new files, outside bench/results (which
+        # the run itself writes). The README says so beside the commit (bench/readme.py).
+        "dirty": bool(uncommitted()),
+        "uncommitted": uncommitted(),
         # The operator is installed editable: what ran is HEAD plus any uncommitted change under operator/.
         "operator_uncommitted": _git("diff", "--name-only", "HEAD", "--", "operator").split(),
         "operator_diff_sha": hashlib.sha256(_git("diff", "HEAD", "--", "operator").encode()).hexdigest()[:12],
@@ -107,7 +117,7 @@ def other_pytest() -> list[str]:
 
 
 def other_e2e() -> list[str]:
-    """Running `pytest ... e2e` sessions: they run tritonserver pods through a node agent, like gate/first_request."""
+    """Running `pytest ... e2e` sessions: they run tritonserver pods on their nodes, as most benchmarks do."""
     return [ln for ln in other_pytest() if " e2e" in ln]
 
 
@@ -205,6 +215,7 @@ def write_markdown() -> Path:
         out += [f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, kernel {m['kernel']}, "
                 f"Python {m['python']}, tritonserver {m['tritonserver']}, commit {m['commit']}"
                 + (f" + uncommitted operator changes (diff {m['operator_diff_sha']})" if m.get("operator_uncommitted") else "")
+                + (f" + {len(m['uncommitted'])} uncommitted or new files" if m.get("dirty") else "")
                 + f"; run {m['date']}, "
                 f"{d['seconds']:.0f} s; whole-machine CPU busy {c.get('cpu_busy_fraction', float('nan')):.0%} "
                 f"(load avg {c.get('loadavg_start', ['?'])[0]} -> {c.get('loadavg_end', ['?'])[0]})"

@@ -202,7 +202,7 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         name="first_request",
         title="First-request latency right after a replica joins the endpoints",
         method=(
-            f"Our own cluster with node agent and operator. examples/warmup.yaml with a {LAZY_INIT_SECONDS} s lazy "
+            f"Our own cluster (one real node: containerd + kubelet) and operator. examples/warmup.yaml with a {LAZY_INIT_SECONDS} s lazy "
             "initialisation on the first execute(). Ours: the TritonModel with its modelWarmup sample (warm-up gate). "
             "Usual approach (KServe's default TCP check): the same model without modelWarmup as a plain Deployment "
             "with a tcpSocket readiness probe on 8001 (periodSeconds 1) behind its own Service. The bench watches "

@@ -1,6 +1,6 @@
 """Benchmark `gate`: how long after a replica's Triton reports the model READY does the pod turn Ready?
 
-On our own cluster with our node agent and operator: the TritonModel examples/add-sub.yaml (warm-up
+On our own cluster (one real node: containerd + kubelet) with our operator: the TritonModel examples/add-sub.yaml (warm-up
 sample, Python backend) scaled 0 -> WAVE replicas -> 0, WAVES times; alternately, the usual
 approach: the same tritonserver, model and repository as a plain Deployment with the readiness
 probe Triton's Helm charts use (httpGet /v2/health/ready, periodSeconds 10) and no gate. For every
@@ -237,7 +237,7 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         name="gate",
         title="Warm-up gate latency: Triton READY -> pod Ready",
         method=(
-            f"Our own cluster (control plane + node agent running real tritonserver pods + the operator). "
+            f"Our own cluster (control plane + one real node, containerd + kubelet, running real tritonserver pods + the operator). "
             f"examples/add-sub.yaml scaled 0 -> {wave} -> 0, {waves} times, as a TritonModel (warm-up gate) and, "
             "alternating, as a plain Deployment of the same tritonserver and repository with Triton's Helm-chart "
             "readiness probe (httpGet /v2/health/ready, periodSeconds 10) and no gate. The bench polls gRPC "

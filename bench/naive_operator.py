@@ -5,7 +5,8 @@ ship (and STYLE.md's counter-example): `on.create` / `on.update` / `on.resume` h
 `kopf.timer` for drift, each child fetched and then created or merge-patched every time, status
 written by every handler run, and kopf's defaults left on (progress annotations, the finalizer a
 timer needs). It posts no Events (in the audit log kopf posted none for handler successes here),
-which our operator does: three per new model. Nothing here is used by the operator itself.
+which our operator does: one per new model (its first status, Ready: `create events` in scale.json's audit
+counts). Nothing here is used by the operator itself.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What `gate` and `first_request` share: a cluster with our node agent and operator, the plain
+"""What `gate` and `first_request` share: a cluster with one real node (containerd + kubelet) and our operator, the plain
 Deployment that stands for the usual approach, and a timeline of every pod seen on a watch.
 
 The plain Deployment is the operator's own rendering of the same TritonModel (same image, args,
@@ -44,7 +44,7 @@ class Env:
 
 @contextlib.contextmanager
 def pod_cluster(namespace: str) -> Iterator[Env]:
-    """Our own control plane, node agent and operator (never the shared .cluster); all stopped on exit."""
+    """Our own control plane, real node and operator (never the shared .cluster); all stopped on exit."""
     cluster = BenchCluster()
     kubeconfig = cluster.fresh()
     op: OperatorProcess | None = None

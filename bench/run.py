@@ -1,7 +1,7 @@
 """`python -m bench.run [NAME ...]` (`make bench [BENCH=NAME]`): run benchmarks, write bench/results/.
 
 NAME is one of batching, scale, gate, first_request, rollout, autoscale, faults, pool (default: all, in that order:
-the two that need no node agent first). Each benchmark writes its own JSON as soon as it finishes, so an
+the two that run no pods first). Each benchmark writes its own JSON as soon as it finishes, so an
 interrupted run keeps what it measured and `make bench BENCH=gate` redoes just one.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from .common import log, other_e2e, write_markdown
 
 BENCHMARKS = ("batching", "scale", "gate", "first_request", "rollout", "autoscale", "faults", "pool")
-NEEDS_NODE_AGENT = ("gate", "first_request", "rollout", "autoscale", "faults", "pool")
+RUNS_PODS = ("gate", "first_request", "rollout", "autoscale", "faults", "pool")
 #: A benchmark's module under bench/ where it is not its name (`gate.py` would be the third gate.py in the tree).
 MODULES = {"gate": "gate_latency"}
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failed = []
     for name in names:
-        if name in NEEDS_NODE_AGENT and not os.environ.get("BENCH_IGNORE_E2E"):
+        if name in RUNS_PODS and not os.environ.get("BENCH_IGNORE_E2E"):
             # Someone's `pytest e2e` runs tritonserver pods on these two cores too: their load would be in our
             # numbers and ours in their timeouts. Wait for them (up to BENCH_WAIT_E2E seconds), else skip.
             deadline = time.monotonic() + float(os.environ.get("BENCH_WAIT_E2E", "1800"))

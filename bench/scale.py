@@ -1,6 +1,6 @@
-"""Benchmark `scale`: reconciling 100 and 1000 TritonModels that run no pods (`replicas: 0`).
+"""Benchmark `scale`: reconciling 100, 1000 and 3000 TritonModels (BENCH_SCALE_SIZES) that run no pods (`replicas: 0`).
 
-For each size and each operator, on a fresh control plane of our own (no node agent): start the
+For each size and each operator, on a fresh cluster of our own (its one node runs no pod): start the
 operator, create N copies of examples/add-sub.yaml with `replicas: 0` from 8 client threads, and
 watch until every one has its ConfigMap, Deployment and Service and a status for its generation
 (`status.observedGeneration`). Then: API requests per model (the API server's
@@ -276,7 +276,7 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
         title=f"Reconcile scale: {', '.join(str(n) for n in sorted(sizes))} TritonModels",
         method=(
             "For each size and operator, a fresh control plane of our own (etcd, kube-apiserver with an audit "
-            "log, controller-manager, scheduler; no node agent), the operator started, then N copies of "
+            "log, controller-manager, scheduler; one node, on which no pod runs), the operator started, then N copies of "
             "examples/add-sub.yaml with `replicas: 0` created by 8 client threads. 'Converged' = the model has "
             "its ConfigMap, Deployment and Service and `status.observedGeneration` = its generation (seen on "
             "watches), timed from the first create. Requests are the operator's, from the API server's audit "
