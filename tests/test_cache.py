@@ -192,3 +192,36 @@ def test_a_pool_round_first_lists_the_namespaces_models_under_what_the_watch_del
     asyncio.run(pools._prime("ns"))
     assert Kube.lists == 1, "listed once per namespace"
     assert not cache.models_listing, "nothing left recording deletions"
+
+
+def test_a_model_moved_onto_a_pool_loses_the_replicas_of_its_own_and_their_hpa_not_the_pools() -> None:
+    """Its own Deployment, repository ConfigMap, PDB and HPA go; its Service stays (the pool applies it again without a
+    selector), and what the pool applied (labelled with the pool) is never deleted here."""
+    import asyncio
+    from typing import Any
+
+    from triton_operator.api.pool import LABEL_POOL
+    from triton_operator.controller.cache import Cache
+    from triton_operator.controller.reconcile import Reconciler
+
+    def child(api_version: str, kind: str, name: str, pool: bool = False) -> dict[str, Any]:
+        labels = {"serving.triton-operator.dev/model": "m", **({LABEL_POOL: "p"} if pool else {})}
+        return {"apiVersion": api_version, "kind": kind,
+                "metadata": {"name": name, "namespace": "ns", "uid": f"u-{kind}-{name}", "labels": labels}}
+
+    cache = Cache()
+    for body in (child("apps/v1", "Deployment", "m"), child("v1", "ConfigMap", "m-repository-1"),
+                 child("policy/v1", "PodDisruptionBudget", "m"), child("autoscaling/v2", "HorizontalPodAutoscaler", "m"),
+                 child("v1", "Service", "m"), child("autoscaling/v2", "HorizontalPodAutoscaler", "m-pooled", pool=True)):
+        cache.put_child(body)
+
+    deleted: list[tuple[str, str]] = []
+
+    class Kube:
+        def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+            deleted.append((kind, name))
+
+    asyncio.run(Reconciler(Kube(), cache)._drop_own_replicas("ns", "m"))  # type: ignore[arg-type]
+    assert sorted(deleted) == [("ConfigMap", "m-repository-1"), ("Deployment", "m"),
+                                    ("HorizontalPodAutoscaler", "m"), ("PodDisruptionBudget", "m")]
+    assert set(cache.children.of_model("ns", "m")) == {("Service", "m"), ("HorizontalPodAutoscaler", "m-pooled")}

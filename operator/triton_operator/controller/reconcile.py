@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..api import steps as step_graph
-from ..api.kinds import CONFIG_MAP, DEPLOYMENT, LABEL_MODEL, PDB, REPLICA_SET, TRITON_MODEL, WATCHED
+from ..api.kinds import CONFIG_MAP, DEPLOYMENT, HPA, LABEL_MODEL, PDB, REPLICA_SET, TRITON_MODEL, WATCHED
 from ..api.pool import LABEL_POOL
 from ..api.timestamps import utc_now
 from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
@@ -181,10 +181,12 @@ class Reconciler:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - start)
 
     async def _drop_own_replicas(self, namespace: str, name: str) -> None:
-        """A model moved onto a pool: the Deployment, repository ConfigMaps and PodDisruptionBudget of its own go (its
-        Service stays, applied again by the pool without a selector; an HPA targets the model either way)."""
+        """A model moved onto a pool: the Deployment, repository ConfigMaps, PodDisruptionBudget and HPA of its own go
+        (its Service stays, applied again by the pool without a selector; the pool applies the HPA of a pooled
+        model's copies, labelled with the pool: the own one, on the own Deployment's metric, would scale the copies
+        on a metric no pool replica has, and the pool's rounds never see it to delete it)."""
         for (kind, child), obj in self.cache.children.of_model(namespace, name).items():
-            if kind not in (DEPLOYMENT.kind, CONFIG_MAP.kind, PDB.kind) or LABEL_POOL in (obj["metadata"].get("labels") or {}):
+            if kind not in (DEPLOYMENT.kind, CONFIG_MAP.kind, PDB.kind, HPA.kind) or LABEL_POOL in (obj["metadata"].get("labels") or {}):
                 continue
             await asyncio.to_thread(self.kube.delete, obj["apiVersion"], kind, namespace, child)
             self.cache.children.pop((kind, namespace, child), None)
