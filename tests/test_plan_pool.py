@@ -200,3 +200,15 @@ def test_a_second_model_of_one_triton_name_on_a_pool_is_refused_by_name_and_neve
     status = pp.model_status(members["b"], "p", True, placement, set(), {}, NOW)
     ready = next(c for c in status.conditions if c.type == "Ready")
     assert (ready.status, ready.reason) == ("False", pp.NAME_TAKEN)
+
+
+def test_each_replica_costs_what_its_copies_take_so_a_scale_down_removes_the_emptiest() -> None:
+    _, _, _, placement = _world(copies=1)
+    (where,) = placement.copies["a"]
+    other = "r2" if where == "r1" else "r1"
+    pods = [_pod(where), _pod(other)]
+    costs = pp.deletion_costs(placement, pods)
+    assert costs == {where: "1024", other: "0"}, costs
+    pods[0]["metadata"]["annotations"] = {pp.POD_DELETION_COST: "1024"}
+    assert pp.deletion_costs(placement, pods) == {other: "0"}, "written once: only a change is written"
+    assert pp.deletion_costs(placement, [_pod("not-placed-anywhere")]) == {}

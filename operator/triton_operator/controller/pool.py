@@ -216,6 +216,7 @@ class PoolReconciler:
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
         live, views = pool_plan.replicas(pods)
         placement = pool_plan.placement_of(pool, live, members)
+        await self._deletion_costs(namespace, pods, placement)
         rnd = _Round(namespace, pool, body, members, views, live, placement,
                      pool_key(pool, uid, namespace, self.options), pool_plan.coming(pods, pool.spec.replicas))
         live_state = _Live(rnd, pool_plan.recorded(body), {}, frozenset())
@@ -224,6 +225,15 @@ class PoolReconciler:
             return await self._round(rnd, live_state)
         finally:
             self._live.pop((namespace, name), None)
+
+    async def _deletion_costs(self, namespace: str, pods: list[dict[str, Any]], placement: Placement) -> None:
+        """Each replica's pod-deletion-cost: what its placed copies take, so a scale-down removes the emptiest."""
+        for name, cost in pool_plan.deletion_costs(placement, pods).items():
+            try:
+                await asyncio.to_thread(self.kube.patch_pod_annotations, namespace, name,
+                                        {pool_plan.POD_DELETION_COST: cost})
+            except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next round writes it again
+                log.warning("Failed to set pod-deletion-cost pod=%s/%s error=%r", namespace, name, exc)
 
     async def _round(self, rnd: _Round, st: _Live) -> float:
         ready = [r.name for r in rnd.live if rnd.pods[r.name].ready and rnd.pods[r.name].ip]

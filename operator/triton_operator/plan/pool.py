@@ -157,6 +157,24 @@ def recorded(pool_body: Mapping[str, Any] | None) -> dict[str, dict[str, str]]:
     return {str(r.get("pod")): dict(r.get("loaded") or {}) for r in rows if r.get("pod")}
 
 
+#: Read by the ReplicaSet controller on a scale-down: pods of a lower cost are deleted first (Kubernetes >= 1.22).
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def deletion_costs(placement: Placement, pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The pool pods whose pod-deletion-cost should change, with the cost: the MiB their placed copies take, so that
+    scaling the pool down removes the replica that holds least (its copies are placed again elsewhere)."""
+    out: dict[str, str] = {}
+    for pod in pods:
+        name = str(pod["metadata"]["name"])
+        if name not in placement.used:
+            continue
+        cost = str(min(placement.used[name] // 2**20, 2**31 - 1))
+        if ((pod["metadata"].get("annotations") or {}).get(POD_DELETION_COST)) != cost:
+            out[name] = cost
+    return out
+
+
 def placement_of(pool: TritonPool, live: Sequence[PoolReplica], members: Mapping[str, Member]) -> Placement:
     """Where the loadable members go, keeping each model's recorded `status.placement` where it still holds."""
     models = [m.model for m in members.values() if m.model is not None and m.problem is None]
