@@ -22,6 +22,8 @@ from e2e.operator_fixtures import apply, kubectl, load_examples, model_condition
 from e2e.testing import wait_for
 from e2e.traffic import infer_add_sub, loaded_digest
 from triton_operator.api.pool import ENDPOINTSLICE_MANAGER
+from triton_operator.api.v1alpha1 import quantity_bytes
+from triton_operator.plan.pool import POD_DELETION_COST
 
 pytestmark = pytest.mark.cluster
 
@@ -92,6 +94,11 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
         digest = addsub["status"]["configDigest"]
         for ip in ips:
             assert loaded_digest(ip, "pool-add-sub") == digest
+        # Each replica's pod-deletion-cost is the MiB its copies take: a scale-down removes the one holding least.
+        wait_for("each pool pod's deletion cost at what its copies take", lambda: {
+            r["pod"]: str(quantity_bytes(r["used"]) // 2**20) for r in _pool_rows(kube, namespace, "shared")} == {
+            p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(POD_DELETION_COST)
+            for p in kube.items("Pod", namespace, labelSelector="serving.triton-operator.dev/pool=shared")}, 30)
 
         # A copy's tritonserver killed: that replica leaves the slice at once, and comes back once it has reloaded.
         victim = pods[placed[0]]
