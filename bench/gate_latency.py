@@ -288,6 +288,13 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         Row("RSS of the `probe` container per replica (gated only)",
             f"{', '.join(f'{x:.1f}' for x in probe_rss)} MB" if probe_rss else "-", "- (none)"),
     ]
+    negative = {name: [x for x in latencies(tl, "ready_at") if x < 0] for name, tl in timelines.items()}
+    if any(negative.values()):
+        result.notes.append(
+            "Some pods turned Ready before the bench's own poll saw READY (the gate asks Triton itself, so READY "
+            "came first): the poll ran late, as it does when the CPU is busy (see contention). Those figures "
+            "understate the time: " + "; ".join(f"{name} {len(xs)} of {len(latencies(timelines[name], 'ready_at'))}, "
+                                               f"down to {ms(min(xs))}" for name, xs in negative.items() if xs) + ".")
     if op_metric.get("count"):
         result.notes.append(
             f"The operator's own histogram triton_operator_ready_to_gate_seconds (from its first READY answer to "

@@ -25,6 +25,7 @@ from triton_operator.api.pod import WARMED_CONDITION
 from triton_operator.api.timestamps import parse_rfc3339
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.kubernetes import render_children
+from triton_operator.render.repository_key import REPOSITORY_KEY_ENV, restriction_args
 
 from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, ensure_namespace
 from .models import checked
@@ -84,6 +85,9 @@ def plain_children(model: TritonModel, name: str, namespace: str, probes: dict[s
         if v["name"] == "repository":
             v["configMap"]["name"] = f"{name}-repository"
     triton = next(c for c in pod["containers"] if c["name"] == "tritonserver")
+    # Nor the operator's repository key: the charts leave Triton's repository API open (and no Secret holds a key).
+    triton["env"] = [e for e in triton.get("env") or () if e["name"] != REPOSITORY_KEY_ENV]
+    triton["args"] = [a for a in triton["args"] if a not in restriction_args()]
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         triton.pop(kind, None)
         if kind in probes:

@@ -29,6 +29,9 @@ def test_the_plain_deployment_carries_exactly_the_peers_probes(peer: Peer) -> No
     triton = pod["containers"][0]
     got = {k: triton[k] for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in triton}
     assert got == peer.probes
+    # Nor the operator's repository key: its Secret does not exist for a plain Deployment (the pod would never start).
+    assert not any("secretKeyRef" in (e.get("valueFrom") or {}) for e in triton.get("env") or ())
+    assert not any("restricted" in a for a in triton["args"])
     # The charts' probes name the port `http`: tritonserver's HTTP port in the rendered container.
     assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in triton["ports"]
 
