@@ -6,9 +6,10 @@ The usual approach: the same model, warm-up sample kept, as a plain Deployment w
 KServe gives a predictor that sets none (bench/peers.py: tcpSocket on the first container port, which is
 tritonserver's HTTP port, every 10 s), behind its own Service. tritonserver runs the warm-up before it
 opens its ports, so that TCP check already waits for warm-up: this compares the gate with the usual
-probe, not warm-up with none. The bench watches each Service's EndpointSlices and, the moment an address turns ready, has a worker process
-open a gRPC channel to it (connection set-up timed apart), send one request and time it, then 30
-more one after another: the figure is the first request's latency divided by the p50 of those.
+probe, not warm-up with none. The bench watches each Service's EndpointSlices and, the moment an
+address turns ready, has a worker process open a gRPC channel to it (connection set-up timed apart),
+send one request and time it, then 30 more one after another: the figure is the first request's
+latency divided by the p50 of those.
 Then it sends IDLE_REQUESTS more on the same channel, each after IDLE_GAP seconds of quiet: every request
 that finds the replica idle pays the wake-up of its threads and of the Python backend's stub, so the
 first request is also compared with those.
