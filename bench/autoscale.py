@@ -10,8 +10,9 @@ an APIService whose Service's endpoint is the node's address (it reads the kubel
 Two phases, one model each, one after the other (two cores: side by side at once would measure each other):
 1. queue time: `examples/autoscaling.yaml` as is (1 to 3 replicas, a 20 ms queue-time target);
 2. CPU: the same model without spec.autoscaling, `server.resources.requests.cpu` 200m, and an autoscaling/v2 HPA
-   of the TritonModel with a Resource metric: CPU at 50 % of the request (the usual approach: KServe's default
-   HPA class, NVIDIA's chart's), with the same replicas and behavior.
+   of the TritonModel with a Resource metric: CPU at 50 % of the request (a CPU-utilisation HPA; KServe's
+   raw-deployment default HPA uses the same metric at 80 %; NVIDIA's k8s-onprem chart scales on queue time
+   instead), with the same replicas and behavior.
 
 Each phase: one warmed replica; then the step: 6 clients back to back through the Service's ClusterIP (a new HTTP
 connection each request, `e2e.load.ServiceLoad`) for `STEP_SECONDS`. Measured: the time from the step's first
@@ -229,7 +230,8 @@ def _result(queue: dict[str, Any], cpu: dict[str, Any]) -> Result:
             f"{cpu['answers']} / {cpu['failed']}"),
     ]
     result.notes = [
-        "The usual column is a CPU-utilisation HPA on the same model. This model waits rather than computes (as a "
+        "The usual column is a CPU-utilisation HPA on the same model (not NVIDIA's k8s-onprem chart, which scales on "
+        "queue time through Prometheus and prometheus-adapter). This model waits rather than computes (as a "
         "GPU model does from the pod's CPU's point of view), so its CPU barely moves with its queue.",
         f"HPA metrics at the end of the step: queue time {queue['hpa_metrics_at_end']}; CPU {cpu['hpa_metrics_at_end']}.",
     ]

@@ -1,9 +1,9 @@
-"""What `gate` and `first_request` share: a cluster with one real node (containerd + kubelet) and our operator, the plain
+"""What `gate` and `first_request` share: a cluster with our real node and operator, the plain
 Deployment that stands for the usual approach, and a timeline of every pod seen on a watch.
 
 The plain Deployment is the operator's own rendering of the same TritonModel (same image, args,
 fetch init container and repository), with the operator's parts taken out: no readiness gate,
-no startup probe, none of its labels, and the readiness probe the usual approach uses instead.
+none of its probes or labels, and the probes of the peer it stands for (bench/peers.py) instead.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from triton_operator.api.pod import WARMED_CONDITION
 from triton_operator.api.timestamps import parse_rfc3339
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.kubernetes import render_children
+from triton_operator.render.repository_key import REPOSITORY_KEY_ENV, restriction_args
 
 from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, ensure_namespace
 from .models import checked
@@ -44,7 +45,7 @@ class Env:
 
 @contextlib.contextmanager
 def pod_cluster(namespace: str) -> Iterator[Env]:
-    """Our own control plane, real node and operator (never the shared .cluster); all stopped on exit."""
+    """Our own control plane, real node (containerd + kubelet) and operator (never the shared .cluster); all stopped on exit."""
     cluster = BenchCluster()
     kubeconfig = cluster.fresh()
     op: OperatorProcess | None = None
@@ -60,8 +61,9 @@ def pod_cluster(namespace: str) -> Iterator[Env]:
         cluster.down(quiet=True)
 
 
-def plain_children(model: TritonModel, name: str, namespace: str, probe: dict[str, Any]) -> list[dict[str, Any]]:
-    """ConfigMap + Deployment + Service serving `model` the usual way: `probe` as readiness, no gate."""
+def plain_children(model: TritonModel, name: str, namespace: str, probes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """ConfigMap + Deployment + Service serving `model` the usual way: exactly `probes` (readinessProbe,
+    livenessProbe, startupProbe; a kind left out is none), no gate."""
     from triton_operator.render.modelconfig import render_repository
 
     rendered = render_repository([model])
@@ -83,8 +85,13 @@ def plain_children(model: TritonModel, name: str, namespace: str, probe: dict[st
         if v["name"] == "repository":
             v["configMap"]["name"] = f"{name}-repository"
     triton = next(c for c in pod["containers"] if c["name"] == "tritonserver")
-    triton.pop("startupProbe", None)
-    triton["readinessProbe"] = probe
+    # Nor the operator's repository key: the charts leave Triton's repository API open (and no Secret holds a key).
+    triton["env"] = [e for e in triton.get("env") or () if e["name"] != REPOSITORY_KEY_ENV]
+    triton["args"] = [a for a in triton["args"] if a not in restriction_args()]
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        triton.pop(kind, None)
+        if kind in probes:
+            triton[kind] = copy.deepcopy(probes[kind])
     svc = children["Service"]
     svc["spec"]["selector"] = labels
     return [children["ConfigMap"], dep, svc]
