@@ -26,7 +26,7 @@ all: test
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,s3,gcs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,s3,gcs,bench]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)
