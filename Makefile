@@ -127,7 +127,8 @@ clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
 
 ## Benchmarks (not tests: they never fail on a time): `make bench` runs all, `make bench BENCH=gate` one.
-## Writes bench/results/<name>.json and bench/results/RESULTS.md. Uses its own cluster under /tmp, never .cluster.
+## Writes bench/results/<name>.json, its picture <name>.png (bench/plots.py; `python -m bench.run --plots-only` redraws
+## them all) and bench/results/RESULTS.md. Uses its own cluster under /tmp, never .cluster.
 .PHONY: bench
 bench: prereqs-test
 	@$(MAKE) --no-print-directory prebuild
