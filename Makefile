@@ -26,7 +26,7 @@ all: test
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,s3,gcs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,s3,gcs,bench]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)
@@ -129,7 +129,8 @@ clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
 
 ## Benchmarks (not tests: they never fail on a time): `make bench` runs all, `make bench BENCH=gate` one.
-## Writes bench/results/<name>.json and bench/results/RESULTS.md. Uses its own cluster under /tmp, never .cluster.
+## Writes bench/results/<name>.json, its picture <name>.png (bench/plots.py; `python -m bench.run --plots-only` redraws
+## them all) and bench/results/RESULTS.md. Uses its own cluster under /tmp, never .cluster.
 .PHONY: bench
 bench: prereqs-test
 	@$(MAKE) --no-print-directory prebuild

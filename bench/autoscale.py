@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
 from e2e.cluster import LocalCluster, free_port
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad
@@ -109,6 +112,37 @@ def _cpu_model() -> dict[str, Any]:
     return {"model": doc, "hpa": hpa}
 
 
+def _queue_totals(kube: Kube, ns: str) -> dict[str, tuple[int, int]]:
+    """Each live replica's Triton queue statistics for the model, cumulative: (requests queued, nanoseconds)."""
+    out = {}
+    for pod in live_pods(kube, ns, MODEL):
+        if not pod["status"].get("podIP"):
+            continue
+        client = grpcclient.InferenceServerClient(f"{pod['status']['podIP']}:8001")
+        try:
+            stats = client.get_inference_statistics(MODEL, client_timeout=2).model_stats
+            out[pod["metadata"]["name"]] = (sum(s.inference_stats.queue.count for s in stats),
+                                            sum(s.inference_stats.queue.ns for s in stats))
+        except InferenceServerException:
+            pass
+        finally:
+            client.close()
+    return out
+
+
+def _sample(kube: Kube, ns: str, t: float, before: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """One point of the phase's timeline (for its picture): the replicas asked for and warmed, and Triton's queue
+    time per request since the previous point, over the replicas that answered both times (a new one from 0)."""
+    tm = kube.get("TritonModel", MODEL, ns)
+    now = _queue_totals(kube, ns)
+    queued = sum(c - before.get(p, (0, 0))[0] for p, (c, _) in now.items())
+    ns_queued = sum(n - before.get(p, (0, 0))[1] for p, (_, n) in now.items())
+    before.clear()
+    before.update(now)
+    return {"t": round(t, 2), "replicas": tm["spec"].get("replicas"), "warmed": tm["status"].get("warmedReplicas"),
+            "queued": queued, "queue_ms": round(ns_queued / queued / 1e6, 2) if queued > 0 else None}
+
+
 def _phase(kube: Kube, kubeconfig: Path, name: str, model: dict[str, Any], hpa: dict[str, Any] | None
            ) -> dict[str, Any]:
     ns = f"{NAMESPACE}-{name}"
@@ -132,6 +166,8 @@ def _phase(kube: Kube, kubeconfig: Path, name: str, model: dict[str, Any], hpa: 
     time.sleep(20)  # the idle baseline: the CPU HPA's view of start-up CPU, the queue-time window, both settle
     (first,) = (p["metadata"]["name"] for p in live_pods(kube, ns, MODEL))
     log(f"{name}: step of {CLIENTS} clients for {STEP_SECONDS:.0f}s")
+    queue_before = _queue_totals(kube, ns)
+    timeline: list[dict[str, Any]] = []
     load = ServiceLoad(kubeconfig, ns, MODEL, model=MODEL, threads=CLIENTS, rate=1000).start()
     t0 = time.monotonic()
     first_added: float | None = None
@@ -145,6 +181,7 @@ def _phase(kube: Kube, kubeconfig: Path, name: str, model: dict[str, Any], hpa: 
         if first_added is None and added_answers(kube, ns, first, MODEL):
             first_added = time.monotonic() - t0
             log(f"{name}: an added replica answered {first_added:.1f}s into the step")
+        timeline.append(_sample(kube, ns, time.monotonic() - t0, queue_before))
         time.sleep(0.5)
     tally = load.stop()
     latencies = [s for at, s in load.latencies if at >= t0]
@@ -156,6 +193,8 @@ def _phase(kube: Kube, kubeconfig: Path, name: str, model: dict[str, Any], hpa: 
         "answers": len(latencies), "sent": tally.sent, "failed": tally.failed, "failures": load.samples,
         "replicas_max": max(replicas_seen), "replicas_end": replicas_seen[-1],
         "hpa_metrics_at_end": st.get("currentMetrics"),
+        # Over time, for the picture (bench/plots.py): the timeline every poll, the client's answers per second.
+        "timeline": timeline, "load_series": load.series(t0, t0 + STEP_SECONDS),
     }
     log(f"{name}: {out}")
     kube.delete("Namespace", ns)

@@ -190,7 +190,7 @@ def run_phase(env: Env, ew: EndpointWatch, ph: Phase) -> None:
     with ServiceLoad(kube.kubeconfig, ns, MODEL, via="endpoints") as load:
         wait_for("the load to be answered", lambda: load.tally().sent - load.tally().failed > 50, 30)
         before: Tally = load.tally()
-        t0 = time.time()
+        t0, m0 = time.time(), time.monotonic()
         kube.patch("TritonModel", MODEL, {"spec": {"rollout": ph.rollout,
                                                    "batcher": {"maxQueueDelayMicroseconds": ph.delay_us}}},
                    ns, type="merge")
@@ -211,12 +211,14 @@ def run_phase(env: Env, ew: EndpointWatch, ph: Phase) -> None:
         ph.done_seconds = time.time() - t0
         wait_for(f"{ph.title}: every replica among the ready endpoints", _quietly(
             lambda: ew.ready_now() == set(_names(live_pods(kube, ns, MODEL)))), 120, 0.02)
-        t_end = time.time()
+        t_end, m_end = time.time(), time.monotonic()
         ph.endpoints_seconds = t_end - t0
         tally = load.stop() - before
         ph.load = {"sent": tally.sent, "failed": tally.failed, "seconds": round(tally.seconds, 2),
                    "by_address": tally.by_address, "failure_samples": list(load.samples),
-                   "ready_history": load.ready_history, "refresh_errors": load.refresh_errors}
+                   "ready_history": load.ready_history, "refresh_errors": load.refresh_errors,
+                   # per second from the patch, for the picture (bench/plots.py): answered, failed, latency
+                   "series": load.series(m0, m_end)}
     ph.new_pods = _names(live_pods(kube, ns, MODEL))
     if ph.key != "new_pods" and ph.new_pods != ph.old_pods:
         raise RuntimeError(f"{ph.title}: pods were replaced (before {ph.old_pods}, after {ph.new_pods}): "

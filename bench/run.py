@@ -2,7 +2,9 @@
 
 NAME is one of batching, scale, gate, first_request, rollout, autoscale, faults, pool (default: all, in that order:
 the two that run no pods first). Each benchmark writes its own JSON as soon as it finishes, so an
-interrupted run keeps what it measured and `make bench BENCH=gate` redoes just one.
+interrupted run keeps what it measured and `make bench BENCH=gate` redoes just one. Next to each JSON it draws
+`<name>.png` from that JSON (bench/plots.py); `--plots-only` redraws every picture from the JSON files and runs
+nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
     p.add_argument("--markdown-only", action="store_true", help="only rebuild RESULTS.md from the JSON files")
+    p.add_argument("--plots-only", action="store_true", help="only redraw every <name>.png from the JSON files")
     args = p.parse_args(argv)
     names = [n for arg in args.names for n in arg.replace(",", " ").split()] or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
@@ -33,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
     if args.markdown_only:
         print(write_markdown())
+        return 0
+    if args.plots_only:
+        from .plots import write_all
+
+        for png in write_all():
+            print(png)
         return 0
     failed = []
     for name in names:
@@ -60,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             continue
         log(f"Finished benchmark {name} seconds={time.monotonic() - t0:.0f} result={path}")
+        try:
+            from .plots import write_plot
+
+            log(f"Drew benchmark {name} picture={write_plot(Path(path))}")
+        except Exception as exc:  # noqa: BLE001 - the JSON is written; a picture can be redrawn with --plots-only
+            log(f"Picture of benchmark {name} failed: {type(exc).__name__}: {exc}")
+            failed.append(name)
     print(Path(write_markdown()).read_text())
     return 1 if failed else 0
 
