@@ -15,6 +15,7 @@ import yaml
 
 from tests.corpus_cases import _cases
 from triton_operator.api.steps import steps_of
+from triton_operator.servers.informer import pool_and_triton_name
 from triton_operator.validate.admission import (
     UNTOLD,
     UNTOLD_DEPENDENT,
@@ -63,7 +64,10 @@ def _verdict(subject: dict, context: list[dict]) -> tuple[AdmissionVerdict, dict
     neighbours = {d["metadata"]["name"]: d for d in context if d["kind"] == "TritonModel"}
     pools = {d["metadata"]["name"]: d for d in context if d["kind"] == "TritonPool"}
     dependents = [n for n, d in neighbours.items() if name in steps_of(d)]
-    return review(subject, None, neighbours, dependents, pools.get(subject["spec"].get("pool", ""))), neighbours
+    pool = subject["spec"].get("pool", "")
+    on_pool = {n: found[1] for n, d in neighbours.items()
+               if (found := pool_and_triton_name(d)) is not None and found[0] == pool}
+    return review(subject, None, neighbours, dependents, pools.get(pool), on_pool), neighbours
 
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
