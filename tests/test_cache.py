@@ -225,3 +225,28 @@ def test_a_model_moved_onto_a_pool_loses_the_replicas_of_its_own_and_their_hpa_n
     assert sorted(deleted) == [("ConfigMap", "m-repository-1"), ("Deployment", "m"),
                                     ("HorizontalPodAutoscaler", "m"), ("PodDisruptionBudget", "m")]
     assert set(cache.children.of_model("ns", "m")) == {("Service", "m"), ("HorizontalPodAutoscaler", "m-pooled")}
+
+
+def test_a_model_leaving_its_pool_loses_the_slices_the_pool_wrote_for_it_and_no_other() -> None:
+    import asyncio
+    from typing import Any
+
+    from triton_operator.controller.cache import Cache
+    from triton_operator.controller.pool import PoolReconciler
+
+    def piece(name: str, model: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": {"serving.triton-operator.dev/model": model}}}
+
+    deleted: list[str] = []
+
+    class Kube:
+        def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+            deleted.append(f"{kind}/{namespace}/{name}")
+
+    pools = PoolReconciler(Kube(), Cache())  # type: ignore[arg-type]
+    for ns, name, model in (("ns", "m-ipv4", "m"), ("ns", "m-ipv6", "m"), ("ns", "m-a-ipv4", "m-a"),
+                            ("other", "m-ipv4", "m")):
+        pools._applied[("EndpointSlice", ns, name)] = piece(name, model)
+    asyncio.run(pools.unpooled("ns", "m"))
+    assert sorted(deleted) == ["EndpointSlice/ns/m-ipv4", "EndpointSlice/ns/m-ipv6"]
+    assert sorted(pools._applied) == [("EndpointSlice", "ns", "m-a-ipv4"), ("EndpointSlice", "other", "m-ipv4")]

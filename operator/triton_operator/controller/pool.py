@@ -295,8 +295,8 @@ class PoolReconciler:
     async def unpooled(self, namespace: str, model: str) -> None:
         """A model on no pool (any longer): the EndpointSlices the pool wrote for it go, or kube-proxy would add their
         endpoints to those of its own Service's."""
-        for key in [k for k in self._applied if k[0] == "EndpointSlice" and k[1] == namespace
-                    and k[2].rsplit("-", 1)[0] == model]:
+        for key in [k for family in ("ipv4", "ipv6")  # the names render_endpoint_slices gives: two lookups, no scan
+                    if (k := ("EndpointSlice", namespace, f"{model}-{family}")) in self._applied]:
             labels = self._applied[key].get("metadata", {}).get("labels") or {}
             if labels.get(LABEL_MODEL) != model:
                 continue
