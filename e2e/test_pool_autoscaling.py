@@ -169,6 +169,9 @@ def test_a_pooled_model_scales_its_copies_on_its_queue_time_and_the_new_copy_joi
     assert value["items"][0]["value"] == "0", f"idle: nothing queued ({value})"
     wait_for(f"the HPA reading the metric ({_hpa_says(kube, namespace, model)})",
              lambda: "ValidMetricFound" in _hpa_says(kube, namespace, model), 120, interval=1)
+    # ... and the model's status says so, as a model's own HPA does (ScalingActive restated)
+    wait_for("the pooled model's ScalingActive True, ValidMetricFound", lambda: model_condition(
+        kube.get("TritonModel", model, namespace), "ScalingActive").get("reason") == "ValidMetricFound", 60)
 
     pods = _pool_pods(kube, namespace, "scaling")
     (other,) = set(pods) - {first}

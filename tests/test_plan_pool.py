@@ -212,3 +212,15 @@ def test_each_replica_costs_what_its_copies_take_so_a_scale_down_removes_the_emp
     pods[0]["metadata"]["annotations"] = {pp.POD_DELETION_COST: "1024"}
     assert pp.deletion_costs(placement, pods) == {other: "0"}, "written once: only a change is written"
     assert pp.deletion_costs(placement, [_pod("not-placed-anywhere")]) == {}
+
+
+def test_a_pooled_models_status_restates_its_hpas_scaling_active() -> None:
+    members, _, _, placement = _world(copies=1)
+    hpa = {"metadata": {"name": "a"}, "status": {"conditions": [
+        {"type": "ScalingActive", "status": "False", "reason": "FailedGetObjectMetric", "message": "no metrics"}]}}
+    status = pp.model_status(members["a"], "p", True, placement, set(), {}, NOW, hpa=hpa)
+    active = next(c for c in status.conditions if c.type == "ScalingActive")
+    assert (active.status, active.reason) == ("False", "FailedGetObjectMetric")
+    assert "HorizontalPodAutoscaler a: no metrics" in active.message
+    without = pp.model_status(members["a"], "p", True, placement, set(), {}, NOW)
+    assert not any(c.type == "ScalingActive" for c in without.conditions), "no autoscaling, no condition"

@@ -462,8 +462,11 @@ class PoolReconciler:
             failed += bool(failures)
             behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
             await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
+            hpa = (self.cache.children.get((HPA.kind, rnd.namespace, m.model.name))
+                   if m.model.spec.autoscaling is not None else None)
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
-                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name], rnd.coming))
+                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name], rnd.coming,
+                hpa))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
         await self._write_pool_status(rnd, status)

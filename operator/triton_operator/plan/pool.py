@@ -28,7 +28,7 @@ from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
 from ..render.modelconfig import RenderedModel, render_repository
 from ..render.pool import LoadRequest, ReplicaPod, load_request
 from .placement import INSUFFICIENT_CAPACITY, Placement, PoolReplica, place
-from .status import _cond, kstatus_conditions
+from .status import _cond, kstatus_conditions, scaling_active
 
 POOL_NOT_FOUND = "PoolNotFound"
 ALL_COPIES_WARMED = "AllCopiesWarmed"
@@ -328,13 +328,15 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
 
 def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
                  failures: Mapping[str, str], now: dt.datetime, current: set[str] | None = None,
-                 coming: int = 0) -> TritonModelStatus:
+                 coming: int = 0, hpa: Mapping[str, Any] | None = None) -> TritonModelStatus:
     """A pooled model's whole status (conditions stamped against the stored ones). `current`: the serving replicas
     at the desired digest (None: all of `serving_on`); `coming`: replicas the pool may still get soon (`coming`: a
     copy short of room is InsufficientPoolCapacity only when none is)."""
     current = serving_on if current is None else current
     ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current, coming)
     conds = [ready, progressing, degraded, *kstatus_conditions(progressing, degraded, m.generation)]
+    if hpa is not None:  # the HPA of its copies (spec.autoscaling): whether it can read its metric, as for any model
+        conds.append(scaling_active(hpa, m.generation))
     copies = list(placement.copies.get(m.name, ())) if placement is not None else []
     return TritonModelStatus(
         observed_generation=m.generation,
