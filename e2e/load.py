@@ -12,13 +12,15 @@ ensemble's) over HTTP (`/v2/models/<m>/infer`, JSON) continuously, each at most 
 Every request sent is counted, and so is every failure: a refused or reset connection, a
 timeout, a non-200 answer, a wrong result, or no ready endpoint at all (what kube-proxy would
 answer with a reject). Nothing is retried. The first few failures are kept as samples.
-`tally()` is a snapshot of the counters; subtract two to get one phase of a test.
+`tally()` is a snapshot of the counters; subtract two to get one phase of a test. `series()` bins answers,
+failures and latency per second, for the benchmarks' pictures.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import math
 import random
 import socket
 import subprocess
@@ -93,6 +95,8 @@ class ServiceLoad:
         self.endpoint_history: list[str] = []
         #: (monotonic start, seconds) of every correct answer: the benches' latency percentiles
         self.latencies: list[tuple[float, float]] = []
+        #: monotonic start of every failed request
+        self.failed_at: list[float] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -134,6 +138,32 @@ class ServiceLoad:
         """Correct answers from `address` that came between two wall-clock (time.time()) moments."""
         with self._lock:
             return sum(start < t < end for t in self._answered_at.get(address, ()))
+
+    def series(self, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
+        """Per `step` seconds from `start` to `end` (monotonic), by when each request was sent: `t` (seconds after
+        `start`), requests answered and failed, and the answers' p50 and p95 latency in ms (None with no answer)."""
+        n = max(0, math.ceil((end - start) / step))
+        bins: list[list[float]] = [[] for _ in range(n)]
+        failed = [0] * n
+        with self._lock:
+            answered, failures = list(self.latencies), list(self.failed_at)
+        for began, seconds in answered:
+            if start <= began < end:
+                bins[min(int((began - start) / step), n - 1)].append(seconds * 1000)
+        for began in failures:
+            if start <= began < end:
+                failed[min(int((began - start) / step), n - 1)] += 1
+
+        def pct(xs: list[float], q: float) -> float | None:
+            if not xs:
+                return None
+            xs = sorted(xs)
+            k = (len(xs) - 1) * q / 100
+            lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+            return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 2)
+
+        return [{"t": round(i * step, 3), "answered": len(b), "failed": f, "p50_ms": pct(b, 50), "p95_ms": pct(b, 95)}
+                for i, (b, f) in enumerate(zip(bins, failed, strict=True))]
 
     # -- endpoints, as kube-proxy reads them ----------------------------------------------------
 
@@ -197,6 +227,7 @@ class ServiceLoad:
                 self._sent += 1
                 if error:
                     self._failed += 1
+                    self.failed_at.append(began)
                     if len(self.samples) < SAMPLES:
                         where = f"{target[0]}:{target[1]}" if target else "-"
                         self.samples.append(f"+{time.monotonic() - self._started:.2f}s {where}: {error}")
