@@ -27,6 +27,7 @@ import copy
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ import yaml
 
 from e2e.cluster import free_port
 from e2e.kube import ApiError, Kube, wait_for
+from triton_operator.api.kinds import LABEL_MODEL
 
 TOOLCHAIN = Path(__file__).resolve().parent.parent / "e2e" / "toolchain"
 PROMETHEUS_SCRIPT = TOOLCHAIN / "prometheus" / "build.sh"
@@ -49,8 +51,9 @@ EXTERNAL_APISERVICE = "v1beta1.external.metrics.k8s.io"
 SCALED_OBJECT_API = "keda.sh/v1alpha1"
 #: The container port of Triton's metrics in the pods the operator renders (render/kubernetes.py).
 METRICS_PORT_NAME = "metrics"
-#: The label the operator puts on a model's pods (api/kinds.LABEL_MODEL), as Prometheus names it in discovery.
-MODEL_LABEL_META = "__meta_kubernetes_pod_label_serving_triton_operator_dev_model"
+#: The label the operator puts on a model's pods, as Prometheus's pod discovery names it (unsupported characters
+#: become underscores).
+MODEL_LABEL_META = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_MODEL)
 
 
 def build_prometheus() -> Path:
