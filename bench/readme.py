@@ -58,7 +58,7 @@ class Results:
 
     @classmethod
     def load(cls, directory: Path = RESULTS) -> Results:
-        return cls({p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))})
+        return cls({p.stem: pivot_usual(json.loads(p.read_text())) for p in sorted(directory.glob("*.json"))})
 
     def names(self) -> list[str]:
         return [n for n in ORDER if n in self.docs] + sorted(n for n in self.docs if n not in ORDER)
@@ -67,6 +67,31 @@ class Results:
         if name not in self.docs:
             raise ReadmeError(f"no result {name!r} in bench/results (have: {', '.join(self.names())})")
         return self.docs[name]
+
+
+USUAL_SUFFIX = re.compile(r"^(?P<figure>.*) \(usual: (?P<usual>[^)]+)\)$")
+
+
+def pivot_usual(doc: dict[str, Any]) -> dict[str, Any]:
+    """A result that compares ours with several usual approaches writes one row per pair, each figure suffixed
+    `(usual: NAME)` (`autoscale`: Prometheus + KEDA, a CPU HPA): shown as one row per figure, a column per approach
+    (`usual` for the first, then `usual:NAME`), headed by the approach's name. Other results are returned as they are."""
+    rows = doc.get("rows") or []
+    found = [USUAL_SUFFIX.match(str(r.get("figure", ""))) for r in rows]
+    if not rows or not all(found):
+        return doc
+    approaches = list(dict.fromkeys(m.group("usual") for m in found if m))
+    keys = {a: "usual" if i == 0 else f"usual:{a}" for i, a in enumerate(approaches)}
+    merged: dict[str, dict[str, Any]] = {}
+    for r, m in zip(rows, found, strict=True):
+        assert m is not None
+        row = merged.setdefault(m.group("figure"), {"figure": m.group("figure"), "ours": r.get("ours", "-")})
+        row[keys[m.group("usual")]] = r.get("usual", "-")
+        for k in ("target", "met"):
+            if k in r and r[k] not in ("-", "", None):
+                row[k] = r[k]
+    columns = {**{k: a for a, k in keys.items()}, **(doc.get("columns") or {})}
+    return {**doc, "rows": list(merged.values()), "columns": columns}
 
 
 # -- where a result's figures come from ---------------------------------------------------------------

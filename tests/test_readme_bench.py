@@ -142,3 +142,19 @@ def test_a_third_approach_in_the_rows_gets_a_column_of_its_own_and_a_place_in_th
     assert "| apply | 1 s | - | - | - | - |" in table
     summary = readme.table("summary", Results({"demo": three}))
     assert "| p50 5 ms, p95 90 ms; KEDA on queue time: p50 8 ms, p95 40 ms |" in summary
+
+
+def test_rows_pairing_ours_with_several_usual_approaches_are_shown_one_row_per_figure() -> None:
+    from bench.readme import pivot_usual
+
+    doc = {"rows": [{"figure": "asked (usual: KEDA)", "ours": "4 s", "usual": "6 s"},
+                    {"figure": "asked (usual: CPU HPA)", "ours": "4 s", "usual": "never", "target": "-"},
+                    {"figure": "failed (usual: KEDA)", "ours": "0", "usual": "0", "target": "0", "met": True},
+                    {"figure": "failed (usual: CPU HPA)", "ours": "0", "usual": "1"}]}
+    out = pivot_usual(doc)
+    assert out["rows"] == [{"figure": "asked", "ours": "4 s", "usual": "6 s", "usual:CPU HPA": "never"},
+                           {"figure": "failed", "ours": "0", "usual": "0", "target": "0", "met": True,
+                            "usual:CPU HPA": "1"}]
+    assert out["columns"] == {"usual": "KEDA", "usual:CPU HPA": "CPU HPA"}
+    plain = {"rows": [{"figure": "a", "ours": "1", "usual": "2"}]}
+    assert pivot_usual(plain) is plain, "a result with one usual approach is left as it is"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds Prometheus from its Go module (go.mod here) into a cache keyed by the pins; prints the binary's path.
+# Only `make bench BENCH=autoscale` needs it: the peer it compares against scrapes Triton's metrics with Prometheus.
+#
+# Build tags: `remove_all_sd enable_kubernetes_sd` keep the discovery plugins to Kubernetes (and the always-built
+# file and http ones), Prometheus's own switch for trimming its build (plugins.yml); the bench discovers pods with
+# kubernetes_sd. `builtinassets` is left out: the web UI's assets are built with npm and are not in the module, so
+# the UI's pages are absent; the HTTP API (what KEDA queries) is the same.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+pins=$(cat "$here/build.sh" "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)
+cache_root=${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/triton-operator}
+out="$cache_root/bin/prometheus-$pins"
+if [ ! -x "$out/prometheus" ]; then
+  mkdir -p "$out"
+  start=$(date +%s)
+  module=github.com/prometheus/prometheus
+  version=$(cd "$here" && go list -m -f '{{.Version}}' "$module")
+  dir=$(cd "$here" && go mod download -json "$module@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  release=$(cat "$dir/VERSION")  # the module's v0.316.0 is Prometheus 3.16.0
+  printf '[prometheus] building %s (%s) into %s\n' "$release" "$version" "$out" >&2
+  flags="-s -w -X github.com/prometheus/common/version.Version=$release -X github.com/prometheus/common/version.Revision=module-$version"
+  flags+=" -X github.com/prometheus/common/version.Branch=module"
+  (cd "$here" && go build -tags "netgo remove_all_sd enable_kubernetes_sd" -ldflags "$flags" \
+    -o "$out/prometheus.tmp.$$" "$module/cmd/prometheus")
+  mv "$out/prometheus.tmp.$$" "$out/prometheus"
+  printf '[prometheus] built in %ss\n' "$(( $(date +%s) - start ))" >&2
+fi
+echo "$out/prometheus"
