@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict
 from typing import Any
 
@@ -65,3 +66,42 @@ def test_floor_rows_fail_their_targets_and_leave_out_unconverged_runs() -> None:
     assert to_floor(phases[0], None) is None
     ratio, cpu = floor_rows((1000,), phases[:2], 1000)  # no floor in the run: no verdict
     assert ratio.met is None and ratio.ours == "1000: -" and ratio.floor == "1000: -"
+
+
+def test_gate_floor_pod_has_only_the_readiness_gate_and_no_probe() -> None:
+    from bench.gate_floor import CONDITION, floor_pod
+
+    pod = floor_pod("ns", "triton:1", "Never")
+    assert pod["spec"]["readinessGates"] == [{"conditionType": CONDITION}]
+    [c] = pod["spec"]["containers"]
+    assert c["image"] == "triton:1" and c["imagePullPolicy"] == "Never" and c["command"] == ["sleep", "infinity"]
+    assert not {"readinessProbe", "startupProbe", "livenessProbe"} & set(c)
+    assert "imagePullPolicy" not in floor_pod("ns", "triton:1")["spec"]["containers"][0]
+
+
+def test_gate_floor_patch_sets_the_condition_by_type() -> None:
+    from bench.gate_floor import CONDITION, condition_patch
+
+    [cond] = condition_patch(True, 0.0)["status"]["conditions"]
+    assert cond == {"type": CONDITION, "status": "True", "lastTransitionTime": "1970-01-01T00:00:00Z"}
+    assert condition_patch(False, 0.0)["status"]["conditions"][0]["status"] == "False"
+
+
+def test_gate_floor_watch_records_each_change_of_ready_for_its_pod_only() -> None:
+    from bench.gate_floor import ReadyWatch
+
+    watch = ReadyWatch.__new__(ReadyWatch)  # no watch thread (it needs a cluster): only the event handling
+    watch.name, watch.ready, watch.containers_ready, watch.changes = "gate-floor", None, None, []
+    watch.lock = threading.Lock()
+
+    def pod(name: str, ready: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "status": {"conditions": [
+            {"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": ready}]}}
+
+    watch._on_event("MODIFIED", pod("gate-floor", "False"), 1.0)
+    watch._on_event("MODIFIED", pod("gate-floor", "False"), 2.0)
+    watch._on_event("MODIFIED", pod("other", "True"), 2.5)
+    watch._on_event("MODIFIED", pod("gate-floor", "True"), 3.0)
+    assert watch.changes == [(1.0, "False"), (3.0, "True")] and watch.containers_ready == "True"
+    assert watch.ready_since("True", 2.0) == 3.0 and watch.ready_since("True", 3.5) is None
+    assert watch.ready_since("False", 0.5) == 1.0
