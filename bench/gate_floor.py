@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from functools import partial
 from typing import Any
 
 from e2e.kube import Kube, wait_for
@@ -92,12 +93,12 @@ def measure(kube: Kube, namespace: str, image: str, pull_policy: str | None = No
                 time.sleep(rng.uniform(0.0, 1.0))
                 patched = time.time()
                 kube.patch("Pod", NAME, condition_patch(True, patched), namespace, sub="status")
-                ready = wait_for("the floor pod Ready", lambda p=patched: watch.ready_since("True", p), 60, 0.01)
+                ready = wait_for("the floor pod Ready", partial(watch.ready_since, "True", patched), 60, 0.01)
                 out.append({"patched_at": patched, "ready_at": ready})
                 log(f"Gate floor sample {i + 1}/{samples}: condition True -> pod Ready {ms(ready - patched)}")
                 unset = time.time()
                 kube.patch("Pod", NAME, condition_patch(False, unset), namespace, sub="status")
-                wait_for("the floor pod not Ready", lambda u=unset: watch.ready_since("False", u), 60, 0.01)
+                wait_for("the floor pod not Ready", partial(watch.ready_since, "False", unset), 60, 0.01)
         finally:
             kube.delete("Pod", NAME, namespace)
     return out
