@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import Kube
+from e2e.kube import ApiError, Kube, wait_for
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.plan.status import Observed, as_dict, compute_status
 from triton_operator.render.kubernetes import render_children, selector_string
@@ -139,7 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             sender.submit(models[name].requests(obj["metadata"]["uid"]))
 
     kube = FloorKube(args.kubeconfig)
-    rv = kube.list("TritonModel", args.namespace)["metadata"]["resourceVersion"]
+
+    def listed() -> str | None:  # a CRD just Established may still answer 429 "storage is (re)initializing"
+        try:
+            return str(kube.list("TritonModel", args.namespace)["metadata"]["resourceVersion"])
+        except ApiError as exc:
+            if exc.status != 429:
+                raise
+            return None
+
+    rv = wait_for("TritonModels listed", listed, 60, 0.2)
     args.ready_file.write_text(rv)
     watch_forever(kube, "TritonModel", args.namespace, on_model, lambda: False, resource_version=rv)
     return 0
