@@ -7,7 +7,8 @@ watch until every one has its ConfigMap, Deployment and Service and a status for
 `apiserver_request_total` before/after, all clients, and the audit log attributed by user agent),
 writes during 60 s of steady state (which covers one drift pass), and the operator's peak RSS
 (VmHWM). The side-by-side is `bench.naive_operator`: the same renderer behind the control loop
-kopf operators usually have.
+kopf operators usually have; the floor is `bench.floor`: the same writes from a bare client, no
+controller logic.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from triton_operator.api.kinds import CHILDREN, HPA, LABEL_MODEL, PDB
 
 from .clients import by_client
 from .common import CpuMeter, Result, Row, log, summary, write_result
+from .floor import CONCURRENCY as FLOOR_CONCURRENCY
 from .kubeenv import (
     BenchCluster,
     OperatorProcess,
@@ -43,7 +47,7 @@ from .models import checked, example
 # The growth run (issue 17): 100, 1000 and 3000 models; the targets are judged at 1000.
 SIZES = tuple(int(n) for n in os.environ.get("BENCH_SCALE_SIZES", "100,1000,3000").split(","))
 JUDGED = 1000
-IMPLS = ("ours", "usual")
+IMPLS = ("ours", "usual", "floor")
 NAMESPACE = "bench-scale"
 # The children both implementations make for a model (`replicas: 0` renders no PodDisruptionBudget, and
 # add-sub has no spec.autoscaling, so no HorizontalPodAutoscaler).
@@ -120,6 +124,70 @@ def wait_quiet(kube: Kube, quiet: float = 5.0, timeout: float = 120.0) -> float:
     return since
 
 
+@dataclass
+class ScaleRow(Row):
+    """A `scale` row: each implementation's figure at each size, the floor's in a column of its own."""
+
+    floor: str = "-"
+
+
+def per_size(sizes: Sequence[int], phases: Sequence[dict[str, Any]], impl: str,
+             fmt: Callable[[dict[str, Any]], str]) -> str:
+    """`100: <fmt of impl's phase at 100>; 1000: …`, `-` for a size the run lacks."""
+    def get(n: int) -> dict[str, Any] | None:
+        return next((p for p in phases if p["impl"] == impl and p["models"] == n), None)
+
+    return "; ".join(f"{n}: {fmt(p)}" if (p := get(n)) else f"{n}: -" for n in sizes)
+
+
+def to_floor(p: dict[str, Any], floor: dict[str, Any] | None) -> float | None:
+    """An implementation's converge time over the floor's at the same size (None without a floor, or unconverged)."""
+    if floor is None or floor.get("converged") != floor.get("models") or p.get("converged") != p.get("models"):
+        return None
+    return float(p["converge_seconds"]) / max(float(floor["converge_seconds"]), 1e-9)
+
+
+def cpu_ms_per_model(p: dict[str, Any]) -> float | None:
+    """The operator's own CPU until convergence, per model, in ms (the floor's: its client's)."""
+    cpu = (p.get("cpu_seconds_until_converged") or {}).get("operator")
+    return None if cpu is None else float(cpu) * 1000 / int(p["models"])
+
+
+def floor_rows(sizes: Sequence[int], phases: Sequence[dict[str, Any]], big: int) -> list[Row]:
+    """The two rows against the floor: converge time over the floor's, and CPU per model against the usual operator's."""
+    def get(impl: str, n: int) -> dict[str, Any] | None:
+        return next((p for p in phases if p["impl"] == impl and p["models"] == n), None)
+
+    def ratio(impl: str) -> Callable[[dict[str, Any]], str]:
+        def fmt(p: dict[str, Any]) -> str:
+            r = to_floor(p, get("floor", p["models"]))
+            return "-" if r is None else f"{r:.2f}x"
+        return fmt
+
+    def cpu(impl: str) -> Callable[[dict[str, Any]], str]:
+        def fmt(p: dict[str, Any]) -> str:
+            mine, usual = cpu_ms_per_model(p), cpu_ms_per_model(get("usual", p["models"]) or {"models": 1})
+            if mine is None:
+                return "-"
+            if impl == "ours" and usual:
+                return f"{mine:.1f} ms ({mine / usual:.2f}x usual)"
+            return f"{mine:.1f} ms"
+        return fmt
+
+    ours_big, floor_big, usual_big = get("ours", big), get("floor", big), get("usual", big)
+    ratio_big = to_floor(ours_big, floor_big) if ours_big else None
+    cpu_ours, cpu_usual = (cpu_ms_per_model(x) if x else None for x in (ours_big, usual_big))
+    return [
+        ScaleRow("converge time over the floor's (same run, same size)", per_size(sizes, phases, "ours", ratio("ours")),
+                 per_size(sizes, phases, "usual", ratio("usual")), f"<= 1.3x at {big}",
+                 None if ratio_big is None else ratio_big <= 1.3, floor=per_size(sizes, phases, "floor", ratio("floor"))),
+        ScaleRow("operator CPU per model until converged", per_size(sizes, phases, "ours", cpu("ours")),
+                 per_size(sizes, phases, "usual", cpu("usual")), f"<= 1/4 of usual's at {big}",
+                 None if cpu_ours is None or not cpu_usual else cpu_ours <= cpu_usual / 4,
+                 floor=per_size(sizes, phases, "floor", cpu("floor"))),
+    ]
+
+
 def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:
     log(f"Scale phase impl={impl} models={n}: fresh control plane")
     kubeconfig = cluster.fresh()
@@ -132,6 +200,11 @@ def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:
         if profile is not None:  # bench.memprofile: the same operator under tracemalloc
             op.argv = [sys.executable, "-m", "bench.memprofile", *op.argv[1:]]
             op.env["BENCH_TRACEMALLOC_OUT"] = str(profile)
+    elif impl == "floor":  # bench.floor: renders before the clock starts, then only writes
+        ready_file = cluster.logs / f"floor-{n}.ready"
+        ready_file.unlink(missing_ok=True)
+        op = OperatorProcess([sys.executable, "-m", "bench.floor", "--kubeconfig", str(kubeconfig), "--namespace",
+                              NAMESPACE, "--models", str(n), "--ready-file", str(ready_file)], log_path)
     else:
         op = OperatorProcess([sys.executable, "-m", "bench.naive_operator", "--kubeconfig", str(kubeconfig)],
                              log_path, env={"KUBECONFIG": str(kubeconfig)})
@@ -141,6 +214,9 @@ def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:
     op.start()
     try:
         time.sleep(3.0)  # the operator's initial lists and watches are up
+        if impl == "floor":  # and the floor has rendered every model
+            wait_for("the floor's rendering", lambda: op.process is not None and op.process.poll() is None
+                     and ready_file.exists(), max(60.0, n * 0.2), 0.2)
         watchers = [threading.Thread(target=watch_forever, args=(Kube(kubeconfig), "TritonModel", NAMESPACE,
                                                                  conv.on_model, stop.is_set), daemon=True)]
         watchers += [threading.Thread(target=watch_forever, args=(Kube(kubeconfig), k, NAMESPACE, conv.on_child(k),
@@ -179,8 +255,9 @@ def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:
         api1, t1 = apiserver_requests(kube), time.time()
         cpu1 = cpu_snapshot(pids)
         writes1 = op.writes() if impl == "ours" else {}
-        log(f"API quiet {t_quiet - t0:.1f}s after the first create; steady state for {STEADY_SECONDS:.0f}s")
-        time.sleep(STEADY_SECONDS)
+        steady = 0.0 if impl == "floor" else STEADY_SECONDS  # the floor writes nothing after its first pass
+        log(f"API quiet {t_quiet - t0:.1f}s after the first create; steady state for {steady:.0f}s")
+        time.sleep(steady)
         api2, t2 = apiserver_requests(kube), time.time()
         writes2 = op.writes() if impl == "ours" else {}
         memory = op.memory()
@@ -195,11 +272,12 @@ def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:
         op.stop()
     cluster.down(quiet=True)  # flushes the audit log (batch mode)
     audit_reconcile = by_client(audit_requests(cluster.audit_log, t0, t1))
-    audit_steady = by_client(audit_requests(cluster.audit_log, t2 - STEADY_SECONDS, t2))
+    audit_steady = by_client(audit_requests(cluster.audit_log, t1, t2))
     op_reconcile = audit_reconcile.get("operator", {})
     op_steady = audit_steady.get("operator", {})
     all_reconcile = delta(api1, api0)
     all_steady = delta(api2, api1)
+    per_minute = (lambda v: round(v * 60 / (t2 - t1), 2)) if steady else (lambda v: None)
     result = {
         "impl": impl,
         "models": n,
@@ -222,11 +300,11 @@ def phase(cluster: BenchCluster, impl: str, n: int) -> dict[str, Any]:
         "apiserver_requests_by_verb": all_reconcile,
         "audit_reconcile_by_client": audit_reconcile,
         "steady_seconds": round(t2 - t1, 1),
-        "steady_operator_writes_per_minute": round(writes_of(op_steady) * 60 / (t2 - t1), 2),
-        "steady_operator_requests_per_minute": round(sum(op_steady.values()) * 60 / (t2 - t1), 2),
+        "steady_operator_writes_per_minute": per_minute(writes_of(op_steady)),
+        "steady_operator_requests_per_minute": per_minute(sum(op_steady.values())),
         "steady_operator_requests_by_verb": op_steady,
-        "steady_apiserver_writes_per_minute_all_clients": round(
-            writes_of({k: v for k, v in all_steady.items() if "leases" not in k}) * 60 / (t2 - t1), 2),
+        "steady_apiserver_writes_per_minute_all_clients": per_minute(
+            writes_of({k: v for k, v in all_steady.items() if "leases" not in k})),
         "steady_apiserver_requests_by_verb": all_steady,
         "steady_audit_by_client": audit_steady,
         "operator_metric_writes_reconcile": {k: writes1.get(k, 0) - writes0.get(k, 0) for k in writes1},
@@ -269,7 +347,8 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
                       f"p95 {p['per_model_seconds'].get('p95', float('nan')):.2f} s per model)")
     req = lambda p: f"{p['operator_requests_per_model']:.1f} ({p['operator_writes_per_model']:.1f} writes)"  # noqa: E731
     allreq = lambda p: f"{p['apiserver_requests_all_clients_per_model']:.1f}"  # noqa: E731
-    steady = lambda p: f"{p['steady_operator_writes_per_minute']:.0f} ({p['steady_operator_requests_per_minute']:.0f} requests)"  # noqa: E731
+    steady = lambda p: ("- (not measured)" if p["steady_operator_writes_per_minute"] is None else  # noqa: E731
+                        f"{p['steady_operator_writes_per_minute']:.0f} ({p['steady_operator_requests_per_minute']:.0f} requests)")
     rss = lambda p: f"{p['peak_rss_mb']:.0f} MB"  # noqa: E731
     result = Result(
         name="scale",
@@ -287,21 +366,32 @@ def run(sizes: tuple[int, ...] = SIZES, impls: tuple[str, ...] = IMPLS) -> Path:
             "and our creates) is in the JSON by verb/resource. Steady state = the next "
             f"{STEADY_SECONDS:.0f} s (one drift pass). Peak RSS = the operator's VmHWM. 'usual approach' = "
             "bench/naive_operator.py: the same renderer behind kopf on.create/update/resume handlers + a "
-            "kopf.timer, get-then-create-or-patch every child, kopf defaults on."
+            "kopf.timer, get-then-create-or-patch every child, kopf defaults on. 'floor' = bench/floor.py, in the "
+            "same run on a fresh control plane of its own: a bare client that renders every model's ConfigMap, "
+            "Deployment, Service and status with our renderer before the clock starts, then watches TritonModels "
+            "and sends those four writes (3 POSTs, 1 status merge-patch) for each new one from "
+            f"{FLOOR_CONCURRENCY} threads with no rate limit; no steady state is measured for it (it writes "
+            "nothing more). 'converge time over the floor's' divides each converge time by the floor's at the "
+            "same size; CPU per model is the operator process's CPU seconds until converged over N (the floor's: "
+            "its client's)."
         ),
     )
     result.rows = [
-        Row("time until every model converged", across("ours", conv), across("usual", conv),
-            f"{big} models <= 20 s", (ours_big.get("converge_seconds", 1e9) <= 20
-                                      and ours_big.get("converged") == big) if ours_big else None),
-        Row("operator API requests per model", across("ours", req), across("usual", req),
-            f"<= 5 per model at {big}", ours_big.get("operator_requests_per_model", 1e9) <= 5 if ours_big else None),
-        Row("all clients' API requests per model (apiserver_request_total)", across("ours", allreq),
-            across("usual", allreq)),
-        Row("operator writes per minute at steady state", across("ours", steady), across("usual", steady),
-            "0", ours_big.get("steady_operator_writes_per_minute", 1) == 0 if ours_big else None),
-        Row("operator peak RSS", across("ours", rss), across("usual", rss), f"<= 150 MB at {big}",
-            ours_big.get("peak_rss_mb", 1e9) <= 150 if ours_big else None),
+        ScaleRow("time until every model converged", across("ours", conv), across("usual", conv),
+                 f"{big} models <= 20 s", (ours_big.get("converge_seconds", 1e9) <= 20
+                                           and ours_big.get("converged") == big) if ours_big else None,
+                 floor=across("floor", conv)),
+        *(floor_rows(sizes, phases, big) if "floor" in impls else []),
+        ScaleRow("operator API requests per model", across("ours", req), across("usual", req),
+                 f"<= 5 per model at {big}", ours_big.get("operator_requests_per_model", 1e9) <= 5 if ours_big else None,
+                 floor=across("floor", req)),
+        ScaleRow("all clients' API requests per model (apiserver_request_total)", across("ours", allreq),
+                 across("usual", allreq), floor=across("floor", allreq)),
+        ScaleRow("operator writes per minute at steady state", across("ours", steady), across("usual", steady),
+                 "0", ours_big.get("steady_operator_writes_per_minute", 1) == 0 if ours_big else None,
+                 floor=across("floor", steady)),
+        ScaleRow("operator peak RSS", across("ours", rss), across("usual", rss), f"<= 150 MB at {big}",
+                 ours_big.get("peak_rss_mb", 1e9) <= 150 if ours_big else None, floor=across("floor", rss)),
     ]
     ordered = sorted(sizes)
     for impl in impls:
