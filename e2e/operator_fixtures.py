@@ -396,9 +396,17 @@ class ChartOperator(OperatorHandle):
     def samples_of_every_replica(self, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
         total: dict[tuple[tuple[str, str], ...], float] = {}
         for pod in self.pods():
-            with urllib.request.urlopen(self._metrics_url_of(pod), timeout=5) as resp:  # noqa: S310 - a pod of this cluster
-                for labels, value in metric_samples(resp.read().decode(), metric).items():
-                    total[labels] = total.get(labels, 0.0) + value
+            url = self._metrics_url_of(pod)
+
+            def read(url: str = url) -> str:
+                with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - a pod of this cluster
+                    return str(resp.read().decode())
+
+            # A connection reset or refused (the replica restarting after an earlier test's kill: CI at 8e27636) is
+            # asked again, not a failure of the test that counts.
+            text = wait_for(f"the metrics of operator pod {pod['metadata']['name']} ({url})", read, 60, 0.5)
+            for labels, value in metric_samples(text, metric).items():
+                total[labels] = total.get(labels, 0.0) + value
         return total
 
     def alive(self) -> bool:
