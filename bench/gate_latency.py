@@ -34,8 +34,10 @@ from .peers import TRITON_CHART, TRITON_ONPREM_CHART, Peer, describe, describe_a
 from .pods import PodTimeline, PodWatch, plain_children, pod_cluster, replica_rss_mb, scale_to, tritonmodel, wait_no_pods
 
 NAMESPACE = "bench-gate"
-WAVES, WAVE = 4, 5
-APPLIES = 6  # per model, for kubectl apply -> first replica ready in the EndpointSlice
+#: Waves of WAVE replicas per approach; BENCH_GATE_WAVES and BENCH_GATE_APPLIES lower the sample counts (a shorter run,
+#: which the result's method text then states through the counts it names).
+WAVES, WAVE = int(os.environ.get("BENCH_GATE_WAVES", "4")), 5
+APPLIES = int(os.environ.get("BENCH_GATE_APPLIES", "6"))  # per model, for kubectl apply -> first replica ready
 # The baselines, plain Deployments with no gate: add-sub with Triton's charts' probes (`plain`) and with the
 # k8s-onprem chart's (`onprem`); examples/warmup.yaml with Triton's charts' probes (`plainwarm`).
 PLAIN = {"plain": TRITON_CHART, "onprem": TRITON_ONPREM_CHART, "plainwarm": TRITON_CHART}
@@ -300,6 +302,10 @@ def run(waves: int = WAVES, wave: int = WAVE) -> Path:
         Row("RSS of the `probe` container per replica (gated only)",
             f"{', '.join(f'{x:.1f}' for x in probe_rss)} MB" if probe_rss else "-", "- (none)"),
     ]
+    if (waves, APPLIES) != (4, 6):
+        result.notes.append(
+            f"A shorter run than the default: {waves} waves (BENCH_GATE_WAVES; default 4) and {APPLIES} applies per "
+            "model (BENCH_GATE_APPLIES; default 6), so fewer samples per figure than `make bench` takes.")
     negative = {name: [x for x in latencies(tl, "ready_at") if x < 0] for name, tl in timelines.items()}
     if any(negative.values()):
         result.notes.append(
