@@ -533,8 +533,67 @@ def pool(fig: Figure, d: Json) -> list[str]:
     return [] if gpu or apply else ["the GPU count and the applies (data.gpu, data.apply)"]
 
 
+def stale(fig: Figure, d: Json) -> list[str]:
+    """Per approach: answers per second by the config that gave them, from the change, with "completed" marked."""
+    sides = (d.get("data") or {}).get("sides") or {}
+    titles = {"ours": ("ours: TritonModel, in place (Swap)", OURS),
+              "usual": ("baseline: Triton poll mode on a ConfigMap volume", BASELINE)}
+    axes = fig.subplots(1, max(len(sides), 1), sharey=True, squeeze=False)[0]
+    missing: list[str] = []
+    for ax, (key, side) in zip(axes, sides.items(), strict=False):
+        title, color = titles.get(key, (key, BASELINE_ALT))
+        per = side.get("generations") or []
+        if per:
+            t = [float(e["t"]) for e in per]
+            ax.bar(t, [float(e.get("new") or 0) for e in per], width=1.0, align="edge", color=color, alpha=0.5,
+                   label="answered by the new config")
+            ax.bar(t, [float(e.get("old") or 0) for e in per], width=1.0, align="edge", color="red",
+                   bottom=[float(e.get("new") or 0) for e in per], label="answered by the old config")
+        else:
+            missing.append(f"{key}: answers per second (data.sides.{key}.generations)")
+        done = _num(side.get("completed_s"))
+        st = side.get("stale") or {}
+        if done is not None:
+            ax.axvline(done, color="black", linestyle="--", linewidth=1, label="the change counts as completed")
+        old_after, after = st.get("old_after"), st.get("answers_after")
+        ax.set_title(f"{title}\n{old_after} of {after} answers after completed came from the old config"
+                     if old_after is not None else title)
+        ax.set_xlabel("seconds since the change was applied")
+        _legend(ax, loc="lower right", fontsize=8)
+    axes[0].set_ylabel("answers per second")
+    return missing
+
+
+def pool_routing(fig: Figure, d: Json) -> list[str]:
+    """Per phase: requests that reached a pool replica without the model ready, ours against the baseline."""
+    phases = (d.get("data") or {}).get("phases") or []
+    ax = fig.subplots()
+    width = 0.38
+    for i, (side, label, color) in enumerate((("ours", "ours: the model's Service (the operator's EndpointSlices)",
+                                               OURS),
+                                              ("usual", "baseline: a Service selecting the pool's pods by readiness",
+                                               BASELINE))):
+        xs, ys = [], []
+        for j, ph in enumerate(phases):
+            v = _num(((ph.get("failed") or {}).get(side) or {}).get("not loaded"))
+            if v is not None:
+                xs.append(j + (i - 0.5) * width)
+                ys.append(v)
+        ax.bar(xs, ys, width, color=color, label=label)
+        for x, y, ph in zip(xs, ys, phases, strict=False):
+            sent = (ph.get("sent") or {}).get(side)
+            ax.annotate(f"{y:.0f} of {sent}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center",
+                        fontsize=8)
+    ax.set_xticks(range(len(phases)), [textwrap.fill(str(ph.get("title", ph.get("key"))), 30) for ph in phases])
+    ax.set_ylabel("requests answered \"model not ready / unknown\"")
+    ax.set_title("requests that reached a replica without the model ready, per phase (and of all sent in it)")
+    _legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    return [] if phases else ["the phases (data.phases)"]
+
+
 DRAWERS: dict[str, Drawer] = {"gate": gate, "scale": scale, "autoscale": autoscale, "rollout": rollout,
-                              "first_request": first_request, "batching": batching, "faults": faults, "pool": pool}
+                              "first_request": first_request, "batching": batching, "faults": faults, "pool": pool,
+                              "stale": stale, "pool_routing": pool_routing}
 
 
 def drawer_for(name: str) -> Drawer | None:

@@ -43,6 +43,8 @@ COLUMNS = {
     "rollout": ("in place (Swap, the default; Drain)", "new pods"),
     "pool": ("TritonPool", "a Deployment per model"),
     "pool-round-budget": ("TritonPool", "a Deployment per model"),
+    "stale": ("TritonModel in place (Swap), done per its status", "Triton poll mode on a ConfigMap, done per `kubectl rollout status`"),
+    "pool_routing": ("the model's Service (the operator's EndpointSlices)", "a Service selecting the pool's pods by readiness"),
 }
 #: The size a `scale`-like row (`100: …; 1000: …`) shows in the summary when its target names none.
 SUMMARY_SIZE = "1000"
