@@ -77,6 +77,10 @@ def test_the_poll_mode_baseline_reads_its_configmap_in_poll_mode_without_a_gate(
     assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     volume = next(v for v in pod["volumes"] if v["name"] == "repository")
     assert volume["configMap"]["name"] == "plain-repository" == objs["ConfigMap"]["metadata"]["name"]
+    # at the model's directory: the kubelet's ..data entries there are no models to Triton's poll
+    assert sorted(i["path"] for i in volume["configMap"]["items"]) == ["1/model.py", "config.pbtxt"]
+    mount = next(m for m in triton["volumeMounts"] if m["name"] == "repository")
+    assert mount["mountPath"] == "/models/plain" and "--model-repository=/models" in triton["args"]
     assert any("generation" in v and "1" in v for v in objs["ConfigMap"]["data"].values())
 
 
