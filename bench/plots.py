@@ -130,7 +130,11 @@ def _target(d: Json, figure_prefix: str) -> tuple[float, str] | None:
 
 def _gate_role(key: str) -> tuple[str, str]:
     known = {"gated": ("ours, add-sub", OURS), "warm": ("ours, examples/warmup.yaml", OURS_ALT),
-             "plain": ("baseline: a Deployment with a readiness probe, no gate", BASELINE)}
+             "plain": ("baseline: a Deployment with a readiness probe, no gate", BASELINE),
+             "onprem": ("baseline: the k8s-onprem chart's probes (startup probe first), add-sub", BASELINE_ALT),
+             "plainwarm": ("baseline: a readiness probe, examples/warmup.yaml", "tab:brown"),
+             "kubelet_floor": ("floor: a readiness gate's condition patched by the bench (no operator) -> pod Ready",
+                               FLOOR)}
     if key in known:
         return known[key]
     if "floor" in key:
