@@ -258,6 +258,13 @@ def result(phases: list[Phase], totals: dict[str, tuple[int, int]], samples: dic
                             f"{ph.seconds:.1f} s", f"{ph.seconds:.1f} s"))
     res.rows.append(Row("all requests failed / sent", f"{totals['ours'][1]} / {totals['ours'][0]}",
                         f"{totals['usual'][1]} / {totals['usual'][0]}"))
+    gaps = {ph.key: ph.failed["ours"][NO_ENDPOINT] for ph in phases if ph.failed["ours"][NO_ENDPOINT]}
+    if gaps:
+        res.notes.append(
+            "Ours had no ready endpoint for some requests (" + ", ".join(f"{k}: {n}" for k, n in gaps.items())
+            + "): while no replica has the model READY (before its first copy is loaded; in move, while its only "
+            "copy is placed again after its replica's pod was deleted) the model's Service lists none, and "
+            "kube-proxy rejects the request instead of sending it to a replica that answers it has no such model.")
     for side, kinds in samples.items():
         if kinds:
             res.notes.append(f"Failure samples ({side}): {kinds}")

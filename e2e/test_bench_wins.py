@@ -6,8 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.pool_routing import NO_ENDPOINT, NOT_LOADED, OTHER, classify, failures_by_kind, readiness_service
-from bench.stale import generation_model, generation_of, kstatus_done, per_second, poll_mode_children, stale_answers
+from bench.pool_routing import NO_ENDPOINT, NOT_LOADED, OTHER, Phase, classify, failures_by_kind, readiness_service
+from bench.pool_routing import result as routing_result
+from bench.stale import (
+    Side,
+    generation_model,
+    generation_of,
+    kstatus_done,
+    per_second,
+    poll_mode_children,
+    stale_answers,
+)
+from bench.stale import result as stale_result
 from triton_operator.api.pool import LABEL_POOL
 
 
@@ -104,3 +114,29 @@ def test_the_readiness_service_selects_every_pool_pod_on_triton_http() -> None:
     svc = readiness_service("x")
     assert svc["spec"]["selector"] == {LABEL_POOL: "shared"}
     assert svc["spec"]["ports"][0]["port"] == 8000 and svc["spec"]["ports"][0]["name"] == "http"
+
+
+def test_stale_rows_meet_the_target_only_with_no_old_answer_after_completed() -> None:
+    ours, usual = Side("ours", completed_s=3.0), Side("usual", completed_s=1.0)
+    ours.stale = stale_answers([(9.0, "a", 1), (11.0, "a", 2)], 10.0, 1, 2)
+    usual.stale = stale_answers([(11.0, "b", 1), (40.0, "b", 1), (41.0, "b", 2)], 10.0, 1, 2)
+    res = stale_result(ours, usual, ["--model-control-mode=poll"])
+    first = res.rows[0]
+    assert (first.ours, first.usual, first.met) == ("0 of 1", "2 of 3", True)
+    assert res.rows[1].usual == "30.0 s" and res.rows[1].ours == "- (none)"
+    assert "--model-control-mode=poll" in res.method and "model_management.md" in res.method
+    ours.stale = stale_answers([(11.0, "a", 1)], 10.0, 1, 2)
+    assert stale_result(ours, usual, []).rows[0].met is False
+
+
+def test_pool_routing_rows_per_phase_and_a_note_when_ours_had_no_endpoint() -> None:
+    quiet = Phase("unload", "unload", 5.0, {"ours": 10, "usual": 10},
+                  {"ours": {NOT_LOADED: 0, NO_ENDPOINT: 0, OTHER: 0}, "usual": {NOT_LOADED: 6, NO_ENDPOINT: 0, OTHER: 0}})
+    res = routing_result([quiet], {"ours": (10, 0), "usual": (10, 6)}, {"ours": {}, "usual": {}})
+    assert (res.rows[0].ours, res.rows[0].usual, res.rows[0].met) == ("0 of 10", "6 of 10", True)
+    assert not any("no ready endpoint" in n for n in res.notes)
+    gap = Phase("move", "move", 5.0, {"ours": 10, "usual": 10},
+                {"ours": {NOT_LOADED: 1, NO_ENDPOINT: 4, OTHER: 0}, "usual": {NOT_LOADED: 6, NO_ENDPOINT: 0, OTHER: 0}})
+    res = routing_result([gap], {"ours": (10, 5), "usual": (10, 6)}, {"ours": {}, "usual": {}})
+    assert res.rows[0].met is False and res.rows[1].ours == "4 / 0"
+    assert any("no ready endpoint for some requests (move: 4)" in n for n in res.notes)
