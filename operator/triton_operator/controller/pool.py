@@ -113,6 +113,7 @@ class PoolReconciler:
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._live: dict[tuple[str, str], _Live] = {}  # the rounds under way
+        self._memo: dict[tuple[str, str], pool_plan.Memo] = {}  # each pool's members as last parsed and rendered
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -197,7 +198,8 @@ class PoolReconciler:
     async def reconcile(self, namespace: str, name: str) -> float | None:
         """One round; returns in how many seconds to come back (None: when something changes)."""
         await self._prime(namespace)
-        members = pool_plan.members(name, self._bodies(namespace))
+        members = pool_plan.members(name, self._bodies(namespace), self._memo.setdefault((namespace, name),
+                                                                                         pool_plan.Memo()))
         body = self.pools.get((namespace, name))
         if body is None and members:  # the pool's watch may not have delivered it yet (the operator starting)
             body = await asyncio.to_thread(self.kube.get, TRITON_POOL.api_version, TRITON_POOL.kind, namespace, name)
@@ -216,7 +218,9 @@ class PoolReconciler:
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
         live, views = pool_plan.replicas(pods)
         placement = pool_plan.placement_of(pool, live, members)
-        await self._deletion_costs(namespace, pods, placement)
+        # Beside the round, not before it: a new model's placement changes its replica's cost, and that write held
+        # the model's load back.
+        costs = asyncio.ensure_future(self._deletion_costs(namespace, pods, placement))
         rnd = _Round(namespace, pool, body, members, views, live, placement,
                      pool_key(pool, uid, namespace, self.options), pool_plan.coming(pods, pool.spec.replicas))
         live_state = _Live(rnd, pool_plan.recorded(body), {}, frozenset())
@@ -225,6 +229,7 @@ class PoolReconciler:
             return await self._round(rnd, live_state)
         finally:
             self._live.pop((namespace, name), None)
+            await costs
 
     async def _deletion_costs(self, namespace: str, pods: list[dict[str, Any]], placement: Placement) -> None:
         """Each replica's pod-deletion-cost: what its placed copies take, so a scale-down removes the emptiest."""
@@ -344,17 +349,18 @@ class PoolReconciler:
     async def _observe(self, rnd: _Round, ready: list[str],
                        records: Mapping[str, Mapping[str, str]]) -> dict[tuple[str, str], pool_plan.Seen]:
         """What each Ready replica's Triton serves of each model placed there."""
-        asks: list[tuple[str, str]] = [(r, n) for r in ready for n in sorted(rnd.placement.loaded.get(r, ()))
-                                       if n in rnd.members and rnd.members[n].digest]
+        asks = {r: names for r in ready if (names := [n for n in sorted(rnd.placement.loaded.get(r, ()))
+                                                      if n in rnd.members and rnd.members[n].digest])}
 
-        async def ask(r: str, n: str) -> pool_plan.Seen:
-            m = rnd.members[n]
-            s = await triton_pool.served(rnd.address(r), m.triton_name, m.digest or "",
-                                         records.get(r, {}).get(m.triton_name), rnd.key)
-            return pool_plan.Seen(s.ready, s.digest, s.message, answered=not s.unanswered)
+        async def ask(r: str, names: list[str]) -> list[pool_plan.Seen]:  # one client per replica, asked at once
+            answers = await triton_pool.served_all(rnd.address(r), [
+                (m.triton_name, m.digest or "", records.get(r, {}).get(m.triton_name))
+                for m in (rnd.members[n] for n in names)], rnd.key)
+            return [pool_plan.Seen(s.ready, s.digest, s.message, answered=not s.unanswered) for s in answers]
 
-        answers = await asyncio.gather(*(ask(r, n) for r, n in asks))
-        return dict(zip(asks, answers, strict=True))
+        answers = await asyncio.gather(*(ask(r, names) for r, names in asks.items()))
+        return {(r, n): s for (r, names), seen in zip(asks.items(), answers, strict=True)
+                for n, s in zip(names, seen, strict=True)}
 
     async def _drain(self, rnd: _Round, draining: frozenset[tuple[str, str]]) -> None:
         """Waits, up to the models' drainTimeoutSeconds, until no request reaches a drained copy for a second (it
