@@ -246,7 +246,7 @@ class PoolReconciler:
         todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd))
         st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
         # The placement and the slices without what is about to be drained or unloaded, before any load.
-        await self._publish(rnd, st.records, st.seen, st.draining)
+        await self._publish(rnd, st.records, st.seen, st.draining, before_loads=True)
         if st.draining:
             await self._drain(rnd, st.draining)
         busy = [w for w in todo.values() if w.load or w.unload]
@@ -453,8 +453,11 @@ class PoolReconciler:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies[n]), rnd.pods, serving[n])
 
     async def _publish(self, rnd: _Round, records: dict[str, dict[str, str]],
-                       seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]]) -> bool:
-        """Writes each model's Service, slices and status and the pool's status; whether every copy serves."""
+                       seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]],
+                       before_loads: bool = False) -> bool:
+        """Writes each model's Service, slices and status and the pool's status; whether every copy serves.
+        `before_loads`: a model with no slices yet and no copy serving gets its Service and slices with its first
+        ready copy (`_listed`) or at the round's end, not in front of its load (three API writes, bench/NOTES.md)."""
         serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
         current = pool_plan.current(rnd.members, serving, seen)
         now = utc_now()
@@ -467,7 +470,9 @@ class PoolReconciler:
             failures = self._failures(rnd, name)
             failed += bool(failures)
             behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
-            await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
+            if not (before_loads and not serving[name] and not self._sliced(rnd.namespace, m.model.name)):
+                await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
+                                    serving[name])
             hpa = (self.cache.children.get((HPA.kind, rnd.namespace, m.model.name))
                    if m.model.spec.autoscaling is not None else None)
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
@@ -477,6 +482,10 @@ class PoolReconciler:
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
         await self._write_pool_status(rnd, status)
         return behind == 0 and failed == 0
+
+    def _sliced(self, namespace: str, model: str) -> bool:
+        """Whether an EndpointSlice of ours for `model` exists (written by a round or reported by the watch)."""
+        return any(("EndpointSlice", namespace, f"{model}-{family}") in self._applied for family in ("ipv4", "ipv6"))
 
     async def _traffic(self, namespace: str, m: pool_plan.Member, placement: list[str],
                        pods: Mapping[str, ReplicaPod], serving: set[str]) -> None:
@@ -512,11 +521,21 @@ class PoolReconciler:
             return
         self.cache.put_model(updated)
         body = current or dict(m.body)
-        for c in transitions(stored, status):
+        changed = transitions(stored, status)
+        for c in changed:
             log.info("Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",
                      namespace, m.name, c["type"], c["status"], c.get("reason"))
-            await asyncio.to_thread(self.kube.event, body, c.get("reason") or "", c.get("message") or "",
-                                    "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
+        if changed:  # posted beside the round, in order: an Event of a new model's placement held its load back
+            detached(self._events(body, changed), name=f"pool-events-{namespace}/{m.name}")
+
+    async def _events(self, body: Mapping[str, Any], changed: list[dict[str, Any]]) -> None:
+        for c in changed:
+            try:
+                await asyncio.to_thread(self.kube.event, dict(body), c.get("reason") or "", c.get("message") or "",
+                                        "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
+            except Exception as exc:  # noqa: BLE001 - events are best effort (Kube.event logs an API error itself)
+                log.warning("Failed to record Event object=%s/%s error=%r", body["metadata"].get("namespace"),
+                            body["metadata"].get("name"), exc)
 
     async def _write_pool_status(self, rnd: _Round, status: dict[str, Any]) -> None:
         key = (rnd.namespace, rnd.pool.name)
