@@ -456,8 +456,9 @@ class PoolReconciler:
                        seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]],
                        before_loads: bool = False) -> bool:
         """Writes each model's Service, slices and status and the pool's status; whether every copy serves.
-        `before_loads`: a model with no slices yet and no copy serving gets its Service and slices with its first
-        ready copy (`_listed`) or at the round's end, not in front of its load (three API writes, bench/NOTES.md)."""
+        `before_loads`: a model with no slices yet and no copy serving gets only its Service (which clients need by
+        the time a slice lists a copy) in front of its load; its slices come with its first ready copy (`_listed`)
+        or at the round's end."""
         serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
         current = pool_plan.current(rnd.members, serving, seen)
         now = utc_now()
@@ -470,7 +471,9 @@ class PoolReconciler:
             failures = self._failures(rnd, name)
             failed += bool(failures)
             behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
-            if not (before_loads and not serving[name] and not self._sliced(rnd.namespace, m.model.name)):
+            if before_loads and not serving[name] and not self._sliced(rnd.namespace, m.model.name):
+                await self._apply(render_model_service(m.model, m.body["metadata"]["uid"], rnd.namespace))
+            else:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
                                     serving[name])
             hpa = (self.cache.children.get((HPA.kind, rnd.namespace, m.model.name))
