@@ -224,3 +224,35 @@ def test_a_pooled_models_status_restates_its_hpas_scaling_active() -> None:
     assert "HorizontalPodAutoscaler a: no metrics" in active.message
     without = pp.model_status(members["a"], "p", True, placement, set(), {}, NOW)
     assert not any(c.type == "ScalingActive" for c in without.conditions), "no autoscaling, no condition"
+
+
+def test_members_kept_in_a_memo_are_parsed_and_rendered_again_only_when_what_they_read_changes() -> None:
+    ens = {"apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "metadata": {"name": "ens"},
+           "spec": {"platform": "ensemble", "pool": "p", "maxBatchSize": 4,
+                    "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
+                    "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
+                    "ensemble": {"steps": [{"model": "a", "inputMap": {"INPUT": "IN"},
+                                            "outputMap": {"OUTPUT": "OUT"}}]}}}
+    bodies = {"a": _body(python_model("a", pool="p", memory="1Gi")), "ens": _body(ens),
+              "b": _body(python_model("b", pool="p", memory="1Gi"))}
+    memo = pp.Memo()
+    first = pp.members("p", bodies, memo)
+    assert first == pp.members("p", bodies)  # the same answer as without a memo
+    # Our own status write (status, resourceVersion) changes nothing parsed or rendered: the same objects.
+    bodies["a"] = {**bodies["a"], "status": {"placement": ["r1"]},
+                   "metadata": {**bodies["a"]["metadata"], "resourceVersion": "7"}}
+    again = pp.members("p", bodies, memo)
+    assert again["a"].model is first["a"].model and again["a"].request is first["a"].request
+    assert again["a"].body is bodies["a"]  # the body is today's: its status is read (the placement recorded)
+    # A step's spec changes: it and the ensemble over it render again; the model that reaches neither does not.
+    changed = python_model("a", pool="p", memory="1Gi")
+    changed["spec"]["source"] = {"inline": {"model.py": "# changed"}}
+    bodies["a"] = _body(changed, generation=2)
+    third = pp.members("p", bodies, memo)
+    assert third == pp.members("p", bodies)
+    assert third["a"].digest != first["a"].digest and third["ens"].digest != first["ens"].digest
+    assert third["b"].request is first["b"].request
+    # A model that leaves the pool leaves the memo.
+    del bodies["b"]
+    pp.members("p", bodies, memo)
+    assert set(memo.parsed) == set(memo.rendered) == {"a", "ens"}

@@ -113,6 +113,7 @@ class PoolReconciler:
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._live: dict[tuple[str, str], _Live] = {}  # the rounds under way
+        self._memo: dict[tuple[str, str], pool_plan.Memo] = {}  # each pool's members as last parsed and rendered
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -197,7 +198,8 @@ class PoolReconciler:
     async def reconcile(self, namespace: str, name: str) -> float | None:
         """One round; returns in how many seconds to come back (None: when something changes)."""
         await self._prime(namespace)
-        members = pool_plan.members(name, self._bodies(namespace))
+        members = pool_plan.members(name, self._bodies(namespace), self._memo.setdefault((namespace, name),
+                                                                                         pool_plan.Memo()))
         body = self.pools.get((namespace, name))
         if body is None and members:  # the pool's watch may not have delivered it yet (the operator starting)
             body = await asyncio.to_thread(self.kube.get, TRITON_POOL.api_version, TRITON_POOL.kind, namespace, name)
@@ -216,7 +218,9 @@ class PoolReconciler:
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
         live, views = pool_plan.replicas(pods)
         placement = pool_plan.placement_of(pool, live, members)
-        await self._deletion_costs(namespace, pods, placement)
+        # Beside the round, not before it: a new model's placement changes its replica's cost, and that write held
+        # the model's load back.
+        costs = asyncio.ensure_future(self._deletion_costs(namespace, pods, placement))
         rnd = _Round(namespace, pool, body, members, views, live, placement,
                      pool_key(pool, uid, namespace, self.options), pool_plan.coming(pods, pool.spec.replicas))
         live_state = _Live(rnd, pool_plan.recorded(body), {}, frozenset())
@@ -225,6 +229,7 @@ class PoolReconciler:
             return await self._round(rnd, live_state)
         finally:
             self._live.pop((namespace, name), None)
+            await costs
 
     async def _deletion_costs(self, namespace: str, pods: list[dict[str, Any]], placement: Placement) -> None:
         """Each replica's pod-deletion-cost: what its placed copies take, so a scale-down removes the emptiest."""
@@ -241,7 +246,7 @@ class PoolReconciler:
         todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd))
         st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
         # The placement and the slices without what is about to be drained or unloaded, before any load.
-        await self._publish(rnd, st.records, st.seen, st.draining)
+        await self._publish(rnd, st.records, st.seen, st.draining, before_loads=True)
         if st.draining:
             await self._drain(rnd, st.draining)
         busy = [w for w in todo.values() if w.load or w.unload]
@@ -344,17 +349,18 @@ class PoolReconciler:
     async def _observe(self, rnd: _Round, ready: list[str],
                        records: Mapping[str, Mapping[str, str]]) -> dict[tuple[str, str], pool_plan.Seen]:
         """What each Ready replica's Triton serves of each model placed there."""
-        asks: list[tuple[str, str]] = [(r, n) for r in ready for n in sorted(rnd.placement.loaded.get(r, ()))
-                                       if n in rnd.members and rnd.members[n].digest]
+        asks = {r: names for r in ready if (names := [n for n in sorted(rnd.placement.loaded.get(r, ()))
+                                                      if n in rnd.members and rnd.members[n].digest])}
 
-        async def ask(r: str, n: str) -> pool_plan.Seen:
-            m = rnd.members[n]
-            s = await triton_pool.served(rnd.address(r), m.triton_name, m.digest or "",
-                                         records.get(r, {}).get(m.triton_name), rnd.key)
-            return pool_plan.Seen(s.ready, s.digest, s.message, answered=not s.unanswered)
+        async def ask(r: str, names: list[str]) -> list[pool_plan.Seen]:  # one client per replica, asked at once
+            answers = await triton_pool.served_all(rnd.address(r), [
+                (m.triton_name, m.digest or "", records.get(r, {}).get(m.triton_name))
+                for m in (rnd.members[n] for n in names)], rnd.key)
+            return [pool_plan.Seen(s.ready, s.digest, s.message, answered=not s.unanswered) for s in answers]
 
-        answers = await asyncio.gather(*(ask(r, n) for r, n in asks))
-        return dict(zip(asks, answers, strict=True))
+        answers = await asyncio.gather(*(ask(r, names) for r, names in asks.items()))
+        return {(r, n): s for (r, names), seen in zip(asks.items(), answers, strict=True)
+                for n, s in zip(names, seen, strict=True)}
 
     async def _drain(self, rnd: _Round, draining: frozenset[tuple[str, str]]) -> None:
         """Waits, up to the models' drainTimeoutSeconds, until no request reaches a drained copy for a second (it
@@ -447,8 +453,12 @@ class PoolReconciler:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies[n]), rnd.pods, serving[n])
 
     async def _publish(self, rnd: _Round, records: dict[str, dict[str, str]],
-                       seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]]) -> bool:
-        """Writes each model's Service, slices and status and the pool's status; whether every copy serves."""
+                       seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]],
+                       before_loads: bool = False) -> bool:
+        """Writes each model's Service, slices and status and the pool's status; whether every copy serves.
+        `before_loads`: a model with no slices yet and no copy serving gets only its Service (which clients need by
+        the time a slice lists a copy) in front of its load; its slices come with its first ready copy (`_listed`)
+        or at the round's end."""
         serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
         current = pool_plan.current(rnd.members, serving, seen)
         now = utc_now()
@@ -461,7 +471,11 @@ class PoolReconciler:
             failures = self._failures(rnd, name)
             failed += bool(failures)
             behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
-            await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods, serving[name])
+            if before_loads and not serving[name] and not self._sliced(rnd.namespace, m.model.name):
+                await self._apply(render_model_service(m.model, m.body["metadata"]["uid"], rnd.namespace))
+            else:
+                await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
+                                    serving[name])
             hpa = (self.cache.children.get((HPA.kind, rnd.namespace, m.model.name))
                    if m.model.spec.autoscaling is not None else None)
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
@@ -471,6 +485,10 @@ class PoolReconciler:
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
         await self._write_pool_status(rnd, status)
         return behind == 0 and failed == 0
+
+    def _sliced(self, namespace: str, model: str) -> bool:
+        """Whether an EndpointSlice of ours for `model` exists (written by a round or reported by the watch)."""
+        return any(("EndpointSlice", namespace, f"{model}-{family}") in self._applied for family in ("ipv4", "ipv6"))
 
     async def _traffic(self, namespace: str, m: pool_plan.Member, placement: list[str],
                        pods: Mapping[str, ReplicaPod], serving: set[str]) -> None:
@@ -506,11 +524,21 @@ class PoolReconciler:
             return
         self.cache.put_model(updated)
         body = current or dict(m.body)
-        for c in transitions(stored, status):
+        changed = transitions(stored, status)
+        for c in changed:
             log.info("Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",
                      namespace, m.name, c["type"], c["status"], c.get("reason"))
-            await asyncio.to_thread(self.kube.event, body, c.get("reason") or "", c.get("message") or "",
-                                    "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
+        if changed:  # posted beside the round, in order: an Event of a new model's placement held its load back
+            detached(self._events(body, changed), name=f"pool-events-{namespace}/{m.name}")
+
+    async def _events(self, body: Mapping[str, Any], changed: list[dict[str, Any]]) -> None:
+        for c in changed:
+            try:
+                await asyncio.to_thread(self.kube.event, dict(body), c.get("reason") or "", c.get("message") or "",
+                                        "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
+            except Exception as exc:  # noqa: BLE001 - events are best effort (Kube.event logs an API error itself)
+                log.warning("Failed to record Event object=%s/%s error=%r", body["metadata"].get("namespace"),
+                            body["metadata"].get("name"), exc)
 
     async def _write_pool_status(self, rnd: _Round, status: dict[str, Any]) -> None:
         key = (rnd.namespace, rnd.pool.name)

@@ -8,7 +8,8 @@ INTERNAL and is READY all the same (measured on 2.51, `tests/test_pool_load.py`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .replica import ReplicaVerdict, check_replica
@@ -43,6 +44,17 @@ async def served(address: str, name: str, digest: str, also: str | None, key: st
     """Whether the replica at `address` serves `name` READY at `digest` (or at `also`, the digest it served before an
     in-place Swap), and at which."""
     return _served(await check_replica(address, name, (), digest, timeout=timeout, also=also, key=key))
+
+
+async def served_all(address: str, asks: Sequence[tuple[str, str, str | None]], key: str | None,
+                     timeout: float = 5.0) -> list[Served]:
+    """`served` for each (name, digest, also) of `asks` on the replica at `address`, asked at once over one client:
+    its connections are reused, not one opened (and closed) per model (a round asks about every model placed there,
+    40 on the bench's GPU pool, before it loads a new one)."""
+    async with TritonClient(address, key) as client:
+        verdicts = await asyncio.gather(*(check_replica(address, name, (), digest, timeout=timeout, also=also, key=key,
+                                                        client=client) for name, digest, also in asks))
+    return [_served(v) for v in verdicts]
 
 
 async def load(address: str, name: str, config: str, files: Mapping[str, bytes], key: str | None,

@@ -38,6 +38,7 @@ async def check_replica(
     versions: Mapping[str, tuple[int, ...]] | None = None,
     also: str | None = None,
     key: str | None = None,
+    client: TritonClient | None = None,
 ) -> ReplicaVerdict:
     """One round of questions to the Triton at `address` (host:port of its HTTP endpoint).
 
@@ -47,9 +48,10 @@ async def check_replica(
     the port tritonserver opens last (gRPC, then HTTP): a replica that answered READY over gRPC alone could still
     refuse HTTP clients for a moment (tens of milliseconds in the pods here, longer on a loaded machine). `key` is
     the model's repository key: a model that is not READY is looked up in the repository index, which replicas answer
-    only with it."""
+    only with it. `client`: one to ask through (its connections, its key), left open; else one of its own."""
     versions = versions or {}
-    client = TritonClient(address, key)
+    own = client is None
+    client = TritonClient(address, key) if client is None else client
     try:
         for name in (model, *steps):
             for v in versions.get(name) or (None,):
@@ -82,7 +84,8 @@ async def check_replica(
             return ReplicaVerdict(False, "TritonUnreachable", f"Triton answered {exc.status}: {exc.message()}")
         return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc.message()}")
     finally:
-        await client.close()
+        if own:
+            await client.close()
 
 
 async def port_open(address: str, timeout: float = 1.0) -> bool:
