@@ -16,7 +16,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,11 +61,23 @@ def uncommitted() -> list[str]:
     return [line[3:] for line in out.splitlines() if line.strip()]
 
 
-def machine() -> dict[str, Any]:
+def tree() -> dict[str, Any]:
+    """What the checkout holds: its commit, and what differs from it (outside bench/results)."""
+    return {
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "uncommitted": uncommitted(),
+        "operator_diff_sha": hashlib.sha256(_git("diff", "HEAD", "--", "operator").encode()).hexdigest()[:12],
+    }
+
+
+def machine(at_start: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The machine, and the commit that ran: the one checked out when the benchmark started (`at_start`, from its
+    CpuMeter). A checkout that moved or changed during the run is recorded as dirty, with both commits: the operator
+    is installed editable, so what ran may be either."""
     from triton_operator.api.timestamps import rfc3339
     from triton_operator.triton.local import TRITON_VERSION
 
-    return {
+    out: dict[str, Any] = {
         "nproc": os.cpu_count(),
         "memory_gib": _mem_total_gib(),
         "cpu_model": _cpu_model(),
@@ -82,6 +94,9 @@ def machine() -> dict[str, Any]:
         "operator_uncommitted": _git("diff", "--name-only", "HEAD", "--", "operator").split(),
         "operator_diff_sha": hashlib.sha256(_git("diff", "HEAD", "--", "operator").encode()).hexdigest()[:12],
     }
+    if at_start is not None and dict(at_start) != tree():
+        out.update(commit=at_start["commit"], dirty=True, changed_during_run={"start": dict(at_start), "end": tree()})
+    return out
 
 
 class CpuMeter:
@@ -90,6 +105,8 @@ class CpuMeter:
     def __init__(self) -> None:
         self._start = self._read()
         self._load0 = os.getloadavg()
+        #: The checkout when the benchmark started: the result records this commit, not the one at its end.
+        self.tree = tree()
 
     @staticmethod
     def _read() -> tuple[int, int]:
@@ -185,7 +202,7 @@ def write_result(result: Result, started: float, meter: CpuMeter) -> Path:
     doc = {
         "name": result.name,
         "title": result.title,
-        "machine": machine(),
+        "machine": machine(meter.tree),
         "seconds": round(time.monotonic() - started, 1),
         "contention": meter.stop(),
         "method": result.method,

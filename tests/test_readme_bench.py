@@ -158,3 +158,16 @@ def test_rows_pairing_ours_with_several_usual_approaches_are_shown_one_row_per_f
     assert out["columns"] == {"usual": "KEDA", "usual:CPU HPA": "CPU HPA"}
     plain = {"rows": [{"figure": "a", "ours": "1", "usual": "2"}]}
     assert pivot_usual(plain) is plain, "a result with one usual approach is left as it is"
+
+
+def test_a_result_records_the_commit_its_run_started_at_and_says_when_the_checkout_changed_during_it() -> None:
+    from bench import common
+
+    meter = common.CpuMeter()
+    assert common.machine(meter.tree)["commit"] == meter.tree["commit"]
+    assert "changed_during_run" not in common.machine(meter.tree)
+    moved = {**meter.tree, "commit": "0000000"}  # as if HEAD had moved (a checkout, a commit) while it ran
+    m = common.machine(moved)
+    assert m["commit"] == "0000000" and m["dirty"] is True
+    assert m["changed_during_run"]["start"]["commit"] == "0000000"
+    assert m["changed_during_run"]["end"]["commit"] == meter.tree["commit"]
