@@ -118,9 +118,9 @@ def test_without_the_key_a_load_with_files_is_refused(tmp_path: Path) -> None:
         assert not replica.client.is_model_ready(req.name)
 
 
-def test_a_uri_model_is_not_loaded_from_a_request() -> None:
-    """Validation refuses a uri source on a pool by name (rule pool-inline-source); should one get past it, the
-    renderer refuses to put it in a load request too."""
+def test_a_uri_model_is_loaded_from_disk_with_its_config_alone() -> None:
+    """A uri model's load carries no `file:` parameter: its sources, pins and rendered files go to the replica's
+    fetch-server sidecar (tests/test_fetch_server.py), which places them where Triton reads them."""
     model = TritonModel.model_validate(yaml.safe_load("""
 apiVersion: serving.triton-operator.dev/v1alpha1
 kind: TritonModel
@@ -133,8 +133,11 @@ spec:
   outputs: [{name: OUTPUT, dataType: FP32, dims: [4]}]
   source: {uri: "https://example.invalid/model.tar.gz", sha256: "%s"}
 """ % ("0" * 64)))
-    with pytest.raises(ValueError, match="sidecar fetches them"):
-        load_request(render_repository([model])["fetched"])
+    req = load_request(render_repository([model])["fetched"])
+    assert req.files == {}
+    assert req.fetch is not None
+    assert list(req.fetch.sources) == [{"field": "spec.source.uri", "version": "1",
+                                        "uri": "https://example.invalid/model.tar.gz", "sha256": "0" * 64}]
 
 
 SLOW_MODEL = """
@@ -172,7 +175,7 @@ def _pool_args() -> list[str]:
     from tests.documents import pool_document
 
     pool = TritonPool.model_validate(pool_document())
-    (triton, _) = render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"]
+    (triton, _, _) = render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"]
     own = ("--model-repository=", "--http-port=", "--grpc-port=", "--metrics-port=")
     return [a.replace(f"$({REPOSITORY_KEY_ENV})", KEY) for a in triton["args"] if not a.startswith(own)]
 
