@@ -236,7 +236,7 @@ class Store:
 class _Handler(BaseHTTPRequestHandler):
     server: FetchServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # the store logs what it does; a request log would add nothing
 
     def _answer(self, status: int, body: Mapping[str, Any]) -> None:
@@ -278,7 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return body
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if not self._authorized():
             return
         if self.path.split("?", 1)[0].rstrip("/") != "/v1/models":
@@ -286,7 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._answer(200, self.server.store.state())
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         if not self._authorized():
             return
         name, rest = self._name()
@@ -312,7 +312,7 @@ class _Handler(BaseHTTPRequestHandler):
         status = self.server.store.start(name, digest, sources, decoded)
         self._answer(status, {"model": name, "digest": digest})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if not self._authorized():
             return
         name, rest = self._name()
@@ -322,7 +322,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.store.prune(name)
         self._answer(200, {"model": name})
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         if not self._authorized():
             return
         name, rest = self._name()

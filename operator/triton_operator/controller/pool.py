@@ -31,8 +31,8 @@ from ..api.timestamps import utc_now
 from ..api.v1alpha1 import TritonModel
 from ..plan import pool as pool_plan
 from ..plan.placement import Placement
-from ..plan.pool import FETCH_FAILED_PREFIX
 from ..plan.planner import differs
+from ..plan.pool import FETCH_FAILED_PREFIX
 from ..plan.status import as_dict, status_changed, transitions
 from ..platform.kube import Kube
 from ..render.kubernetes import Options

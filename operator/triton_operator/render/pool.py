@@ -39,7 +39,7 @@ from ..api.pod import (
     TRITON_CONTAINER,
 )
 from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, TritonPool
-from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
+from ..api.v1alpha1 import API_VERSION, KIND, ModelFiles, Server, Source, TritonModel, quantity_bytes
 from .autoscaling import HpaMetric, pool_hpa_metric, pooled_hpa_metric
 from .kubernetes import (
     CONTAINER_SECURITY,
@@ -413,9 +413,10 @@ class LoadRequest:
 
 def _fetched(model: TritonModel) -> tuple[Mapping[str, str], ...]:
     spec = model.spec
-    given = ([(f"spec.versions[{i}].source", str(v.version), v.source) for i, v in enumerate(spec.versions)]
-             if spec.versions else [("spec.source", "1", spec.source)])
-    given.append(("spec.modelFiles", ".", spec.model_files))
+    given: list[tuple[str, str, Source | ModelFiles | None]] = [
+        *([(f"spec.versions[{i}].source", str(v.version), v.source) for i, v in enumerate(spec.versions)]
+          if spec.versions else [("spec.source", "1", spec.source)]),
+        ("spec.modelFiles", ".", spec.model_files)]
     out = []
     for path, version, src in given:
         if src is None or src.uri is None:
