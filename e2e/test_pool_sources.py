@@ -59,6 +59,11 @@ def _model(uri: str, sha: str) -> dict[str, Any]:
     return doc
 
 
+def _when(value: Any, ok: Any) -> Any:
+    """`value` when `ok(value)`, else None (a wait_for probe)."""
+    return value if value is not None and ok(value) else None
+
+
 def _sidecar_holds(kube: Kube, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
     """What the replica's fetch-server sidecar says it holds, asked at the pod's IP with the pool's key."""
     [sidecar] = [c for c in pod["spec"]["containers"] if c["name"] == "fetch-server"]
@@ -86,8 +91,8 @@ def test_a_pooled_https_model_is_fetched_swapped_in_place_refused_on_a_wrong_pin
         apply(kubeconfig, namespace, pool)
         with PoolAudit(kube, namespace, min_samples=10) as audit:
             apply(kubeconfig, namespace, _model(https.url("/one.tgz"), hashlib.sha256(one).hexdigest()))
-            tm = wait_for(f"{MODEL} Ready", lambda: (t := kube.get_or_none("TritonModel", MODEL, namespace))
-                          if model_ready(t) else None, 240, 0.5)
+            tm = wait_for(f"{MODEL} Ready", lambda: _when(kube.get_or_none("TritonModel", MODEL, namespace),
+                                                          model_ready), 240, 0.5)
             first = tm["status"]["configDigest"]
             [pod] = replica_pods(kube, namespace, POOL)
             ip = pod["status"]["podIP"]
@@ -99,8 +104,8 @@ def test_a_pooled_https_model_is_fetched_swapped_in_place_refused_on_a_wrong_pin
 
             # a new pin: fetched beside the served copy, then swapped in place
             apply(kubeconfig, namespace, _model(https.url("/two.tgz"), hashlib.sha256(two).hexdigest()))
-            second = wait_for("a new digest", lambda: (d := kube.get("TritonModel", MODEL, namespace)["status"]
-                                                       .get("configDigest")) if d not in (None, first) else None, 60)
+            second = wait_for("a new digest", lambda: _when(kube.get("TritonModel", MODEL, namespace)["status"].get(
+                "configDigest"), lambda d: d not in (None, first)), 60)
             wait_for("the replica READY at the new digest", lambda: served_digest(ip, MODEL) == second, 120, 0.5)
             wait_for(f"{MODEL} Ready at the new digest", lambda: model_ready(
                 kube.get("TritonModel", MODEL, namespace)), 60, 0.5)
@@ -112,8 +117,8 @@ def test_a_pooled_https_model_is_fetched_swapped_in_place_refused_on_a_wrong_pin
             https["/three.tgz"] = _archive("three")
             uri = https.url("/three.tgz") + "?token=e2e0SECRET"
             apply(kubeconfig, namespace, _model(uri, "0" * 64))
-            tm = wait_for("SourceFetchFailed", lambda: (t := kube.get("TritonModel", MODEL, namespace)) if
-                          model_condition(t, "Degraded").get("reason") == "SourceFetchFailed" else None, 120, 0.5)
+            tm = wait_for("SourceFetchFailed", lambda: _when(kube.get("TritonModel", MODEL, namespace), lambda t: (
+                model_condition(t, "Degraded").get("reason") == "SourceFetchFailed")), 120, 0.5)
             degraded = model_condition(tm, "Degraded")
             assert degraded["status"] == "True", degraded
             assert "spec.source.uri: " in degraded["message"], degraded

@@ -118,6 +118,8 @@ class PoolReconciler:
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._live: dict[tuple[str, str], _Live] = {}  # the rounds under way
         self._fetch_failures: dict[tuple[str, str, str, str, str], int] = {}  # held key -> the sidecar's attempt seen
+        # (ns, pool, replica) -> the models its sidecar was last seen holding (absent: not asked yet by this process)
+        self._sidecar_names: dict[tuple[str, str, str], set[str]] = {}
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -396,7 +398,8 @@ class PoolReconciler:
             log.info("Unloaded model from pool replica namespace=%s pool=%s pod=%s model=%s%s", rnd.namespace,
                      rnd.pool.name, w.replica, name, f" error={why!r}" if why else "")
             records.get(w.replica, {}).pop(name, None)
-            if not why:
+            known = self._sidecar_names.get((rnd.namespace, rnd.pool.name, w.replica))
+            if not why and (known is None or name in known):  # an inline model: no files there
                 await self._forget_files(rnd, w.replica, name)
         for i, ld in enumerate(w.load):
             if i and time.monotonic() > deadline:
@@ -450,8 +453,9 @@ class PoolReconciler:
             wanted = [n for n in sorted(placed) if n in rnd.members and (m := rnd.members[n]).request is not None
                       and m.request.fetch is not None and m.digest is not None
                       and not ((s := seen.get((r, n))) is not None and s.ready and s.digest == m.digest)]
-            if not wanted:
-                return set(), False
+            known = self._sidecar_names.get((rnd.namespace, rnd.pool.name, r))
+            if not wanted and known is not None and not known:
+                return set(), False  # nothing to fetch, nothing held there to delete
             ip = rnd.pods[r].ip or ""
             try:
                 held = await triton_fetcher.holdings(ip, rnd.key)
@@ -460,8 +464,12 @@ class PoolReconciler:
                     self._hold(self._held_key(rnd, r, n), str(exc))
                 return {(r, n) for n in wanted}, False
             keep = {rnd.members[n].triton_name for n in placed if n in rnd.members} | set(records.get(r, {}))
+            left = set(held)
             for name in sorted(set(held) - keep):
-                await self._forget_files(rnd, r, name)
+                if await self._forget_files(rnd, r, name):
+                    left.discard(name)
+            self._sidecar_names[(rnd.namespace, rnd.pool.name, r)] = left | {
+                rnd.members[n].triton_name for n in wanted}
             missing: set[tuple[str, str]] = set()
             under_way = False
             for n in wanted:
@@ -501,14 +509,20 @@ class PoolReconciler:
     def _held_key(self, rnd: _Round, replica: str, member: str) -> tuple[str, str, str, str, str]:
         return (rnd.namespace, rnd.pool.name, replica, member, rnd.members[member].digest or "")
 
-    async def _forget_files(self, rnd: _Round, replica: str, name: str) -> None:
-        """Deletes a model's fetched files from the replica's volume (an inline model has none: nothing to do)."""
+    async def _forget_files(self, rnd: _Round, replica: str, name: str) -> bool:
+        """Deletes a model's fetched files from the replica's volume (an inline model has none: nothing to do);
+        whether the sidecar holds nothing of it now."""
+        self._sidecar_names.pop((rnd.namespace, rnd.pool.name, replica), None)  # asked again next round
         try:
-            if await triton_fetcher.delete(rnd.pods[replica].ip or "", rnd.key, name):
-                log.info("Deleted fetched model files namespace=%s pool=%s pod=%s model=%s", rnd.namespace,
-                         rnd.pool.name, replica, name)
+            status = await triton_fetcher.delete(rnd.pods[replica].ip or "", rnd.key, name)
         except triton_fetcher.FetcherError as exc:
-            log.debug("Did not delete fetched model files pod=%s model=%s error=%r", replica, name, exc)
+            log.warning("Failed to delete fetched model files namespace=%s pool=%s pod=%s model=%s error=%r",
+                        rnd.namespace, rnd.pool.name, replica, name, exc)
+            return False
+        if status == 200:
+            log.info("Deleted fetched model files namespace=%s pool=%s pod=%s model=%s", rnd.namespace,
+                     rnd.pool.name, replica, name)
+        return status != 409  # a fetch of it under way: looked for again in a later round
 
     def _record(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
                 seen: Mapping[tuple[str, str], pool_plan.Seen]) -> dict[str, dict[str, str]]:

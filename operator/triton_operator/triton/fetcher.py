@@ -82,9 +82,9 @@ async def prune(ip: str, key: str | None, name: str) -> None:
         raise FetcherError(f"the fetch-server sidecar at {ip} refused to prune {name}: {status} {answer}")
 
 
-async def delete(ip: str, key: str | None, name: str) -> bool:
-    """Removes `name`'s files; False when it held none, or while a fetch of it runs (asked again in a later round)."""
+async def delete(ip: str, key: str | None, name: str) -> int:
+    """Removes `name`'s files: 200 (removed), 404 (it held none) or 409 (a fetch of it runs: ask again later)."""
     status, answer = await _call(ip, "DELETE", f"/v1/models/{quote(name, safe='')}", key)
     if status not in (200, 404, 409):
         raise FetcherError(f"the fetch-server sidecar at {ip} refused to delete {name}: {status} {answer}")
-    return status == 200
+    return status
