@@ -21,7 +21,6 @@ No client, no I/O: the controller applies what these return.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -180,7 +179,8 @@ def _fetch_server_container(pool: TritonPool, key_secret: str, options: Options)
         "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *user_env.get("env", ())],
         **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
         "volumeMounts": [{"name": "models", "mountPath": REPO_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
-        "resources": json.loads(json.dumps(FETCH_RESOURCES)),
+        # Idle but for a fetch: a small request, and the fetch step's limits for the fetch itself.
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": dict(FETCH_RESOURCES["limits"])},
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
