@@ -6,9 +6,10 @@ The HTTPS server runs on a node's address with a certificate signed by the clust
 through its service account's `ca.crt` (the pool sets automountServiceAccountToken and points SSL_CERT_FILE there,
 in its spec.server: credentials and trust for a pool's fetches come from the pool). Throughout, `e2e.pool.PoolAudit`
 checks that the model's slice lists the replica only while Triton has it READY at the desired digest: at the first
-load, across an update of its pin (swapped in place), and while a wrong sha256 is refused (SourceFetchFailed,
-naming the field and the uri, with an Event; the served copy stays). Deleted, the model's files leave the volume:
-the sidecar, asked with the pool's key, holds nothing of it.
+load (beside a model at an s3:// uri pinned to its objectVersion, on a real S3 server, versitygw, with the pool's
+credentials from a Secret through its envFrom), across an update of its pin (swapped in place), and while a wrong
+sha256 is refused (SourceFetchFailed, naming the field and the uri, with an Event; the served copy stays). Deleted,
+the models' files leave the volume: the sidecar, asked with the pool's key, holds nothing of them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 from e2e.cluster import session_root
 from e2e.inplace import ADD_SUB_PY
 from e2e.kube import Kube, wait_for
+from e2e.objectstores import S3Server
 from e2e.operator_fixtures import OperatorHandle, apply, kubectl, model_condition, record
 from e2e.pool import PoolAudit, model_ready, pool_doc, pooled_add_sub, replica_pods, served_digest
 from e2e.traffic import infer_add_sub
@@ -39,6 +41,7 @@ pytestmark = pytest.mark.cluster
 
 POOL = "fetching"
 MODEL = "fetched-add-sub"
+S3_MODEL = "s3-add-sub"
 SA_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 
 
@@ -57,6 +60,11 @@ def _model(uri: str, sha: str) -> dict[str, Any]:
     doc = pooled_add_sub(MODEL, POOL)
     doc["spec"]["source"] = {"uri": uri, "sha256": sha}
     return doc
+
+
+def _ready(kube: Kube, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+    return wait_for(f"{name} Ready", lambda: _when(kube.get_or_none("TritonModel", name, namespace), model_ready),
+                    timeout, 0.5)
 
 
 def _when(value: Any, ok: Any) -> Any:
@@ -82,17 +90,31 @@ def test_a_pooled_https_model_is_fetched_swapped_in_place_refused_on_a_wrong_pin
     (tmp_path / "https").mkdir()
     gen = serve(tmp_path / "https", host=node_ip, ca_files=(pki / "ca.crt", pki / "ca.key"))
     https = next(gen)
+    s3 = S3Server(tmp_path / "s3", host=node_ip)
+    s3.start()
     try:
         one, two = _archive("one"), _archive("two")
         https["/one.tgz"], https["/two.tgz"] = one, two
+        # An s3:// object pinned to its version, read with the pool's credentials (a Secret through envFrom).
+        client = s3.client()
+        client.create_bucket(Bucket="models")
+        client.put_bucket_versioning(Bucket="models", VersioningConfiguration={"Status": "Enabled"})
+        version = client.put_object(Bucket="models", Key="add-sub.tgz", Body=_archive("s3"))["VersionId"]
+        client.put_object(Bucket="models", Key="add-sub.tgz", Body=b"a later object, not the pinned one")
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pool-s3"}, "stringData": s3.env()}
         pool = pool_doc(POOL, 1, "512Mi")
         pool["spec"]["server"] |= {"automountServiceAccountToken": True,
-                                   "env": [{"name": "SSL_CERT_FILE", "value": SA_CA}]}
-        apply(kubeconfig, namespace, pool)
+                                   "env": [{"name": "SSL_CERT_FILE", "value": SA_CA}],
+                                   "envFrom": [{"secretRef": {"name": "pool-s3"}}]}
+        apply(kubeconfig, namespace, secret, pool)
         with PoolAudit(kube, namespace, min_samples=10) as audit:
-            apply(kubeconfig, namespace, _model(https.url("/one.tgz"), hashlib.sha256(one).hexdigest()))
-            tm = wait_for(f"{MODEL} Ready", lambda: _when(kube.get_or_none("TritonModel", MODEL, namespace),
-                                                          model_ready), 240, 0.5)
+            s3_doc = pooled_add_sub(S3_MODEL, POOL)
+            s3_doc["spec"]["source"] = {"uri": "s3://models/add-sub.tgz", "objectVersion": version}
+            apply(kubeconfig, namespace, _model(https.url("/one.tgz"), hashlib.sha256(one).hexdigest()), s3_doc)
+            tm = _ready(kube, namespace, MODEL, 240)
+            _ready(kube, namespace, S3_MODEL, 120)
+            s3_service = kube.get("Service", S3_MODEL, namespace)["spec"]["clusterIP"]
+            np.testing.assert_array_equal(infer_add_sub(s3_service, S3_MODEL), np.array([[11, 22, 33, 44]], np.float32))
             first = tm["status"]["configDigest"]
             [pod] = replica_pods(kube, namespace, POOL)
             ip = pod["status"]["podIP"]
@@ -134,12 +156,14 @@ def test_a_pooled_https_model_is_fetched_swapped_in_place_refused_on_a_wrong_pin
             held = _sidecar_holds(kube, namespace, pod)[MODEL]
             assert held["digest"] == second and held["failed"]["message"].startswith("spec.source.uri: "), held
 
-            # deleted: unloaded, and its files gone from the volume
-            kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel", MODEL, "--wait=true")
-            wait_for("the model unloaded", lambda: served_digest(ip, MODEL) is None, 60, 0.5)
-            wait_for("its files gone from the replica's volume", lambda: MODEL not in _sidecar_holds(
+            # deleted: unloaded, and their files gone from the volume
+            kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel", MODEL, S3_MODEL, "--wait=true")
+            wait_for("the models unloaded", lambda: served_digest(ip, MODEL) is None
+                     and served_digest(ip, S3_MODEL) is None, 60, 0.5)
+            wait_for("their files gone from the replica's volume", lambda: not _sidecar_holds(
                 kube, namespace, pod), 60, 0.5)
         record("pool sources: audit", audit.summary())
         kubectl(kubeconfig, "delete", "-n", namespace, "tritonpool", POOL, "--wait=true")
     finally:
+        s3.stop()
         gen.close()
