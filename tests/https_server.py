@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 
@@ -51,9 +51,17 @@ class HttpsServer:
         self.pages[path] = page if isinstance(page, Page) else Page(page)
 
 
-def _certificates(directory: Path, names: list[x509.GeneralName] | None = None) -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) files, the server's valid for `names` (IP 127.0.0.1)."""
+def _certificates(directory: Path, names: list[x509.GeneralName] | None = None,
+                  ca_files: tuple[Path, Path] | None = None) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate, server key) files, the server's valid for `names` (IP 127.0.0.1), signed
+    by a new CA, or by the CA of `ca_files` (its certificate and key: an e2e cluster's, which every pod trusts through
+    its service account's ca.crt)."""
     now = dt.datetime.now(dt.UTC)
+    if ca_files is not None:
+        ca = x509.load_pem_x509_certificate(ca_files[0].read_bytes())
+        loaded = serialization.load_pem_private_key(ca_files[1].read_bytes(), password=None)
+        assert isinstance(loaded, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey), type(loaded)
+        return _leaf(directory, names, ca, loaded, now)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "triton-operator test CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
@@ -65,6 +73,12 @@ def _certificates(directory: Path, names: list[x509.GeneralName] | None = None) 
                                        encipher_only=False, decipher_only=False), critical=True)
           .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
           .sign(ca_key, hashes.SHA256()))
+    return _leaf(directory, names, ca, ca_key, now)
+
+
+def _leaf(directory: Path, names: list[x509.GeneralName] | None, ca: x509.Certificate,
+          ca_key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey, now: dt.datetime) -> tuple[Path, Path, Path]:
+    ca_name = ca.subject
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])).issuer_name(ca_name)
@@ -83,10 +97,10 @@ def _certificates(directory: Path, names: list[x509.GeneralName] | None = None) 
     return ca_file, cert_file, key_file
 
 
-def serve(directory: Path, host: str = "127.0.0.1") -> Iterator[HttpsServer]:
-    """Runs the server on `host` (an IP address; its certificate names it) until the generator is closed (use as a
-    pytest fixture body)."""
-    ca_file, cert_file, key_file = _certificates(directory, [x509.IPAddress(ipaddress.ip_address(host))])
+def serve(directory: Path, host: str = "127.0.0.1", ca_files: tuple[Path, Path] | None = None) -> Iterator[HttpsServer]:
+    """Runs the server on `host` (an IP address; its certificate names it, signed by a new CA or by `ca_files`'s)
+    until the generator is closed (use as a pytest fixture body)."""
+    ca_file, cert_file, key_file = _certificates(directory, [x509.IPAddress(ipaddress.ip_address(host))], ca_files)
     state = HttpsServer(ca_file, 0, host=host)
 
     class Handler(BaseHTTPRequestHandler):

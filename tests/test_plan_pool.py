@@ -48,12 +48,22 @@ def test_members_are_the_models_naming_the_pool_rendered_with_their_load_request
     assert a.request.files == {"file:1/model.py": b"# m"}
 
 
-def test_a_uri_model_on_a_pool_is_refused_by_name_and_the_others_load() -> None:
+def test_a_uri_model_on_a_pool_is_fetched_by_the_sidecar_and_its_digest_follows_its_pin() -> None:
     uri = python_model("u", pool="p", memory="1Gi")
-    uri["spec"]["source"] = {"uri": "s3://bucket/m", "sha256": "0" * 64}
+    uri["spec"]["source"] = {"uri": "https://example.invalid/m.tgz", "sha256": "0" * 64}
     members = pp.members("p", {"u": _body(uri), "a": _body(python_model("a", pool="p", memory="1Gi"))})
-    assert members["u"].problem is not None and members["u"].problem[0] == "UnsupportedSource"
-    assert members["a"].problem is None
+    u = members["u"]
+    assert u.problem is None and u.request is not None and u.request.fetch is not None and u.request.files == {}
+    assert members["a"].problem is None and members["a"].request is not None and members["a"].request.fetch is None
+    uri["spec"]["source"]["sha256"] = "1" * 64
+    assert pp.members("p", {"u": _body(uri)})["u"].digest != u.digest, "a new pin is a new digest"
+    uri["spec"]["source"]["uri"] = "https://example.invalid/other.tgz"
+    assert pp.members("p", {"u": _body(uri)})["u"].digest != u.digest, "a new uri is a new digest"
+
+
+def test_a_failed_fetch_says_source_fetch_failed() -> None:
+    assert pp._failure_reason({"r1": f"{pp.FETCH_FAILED_PREFIX}spec.source.uri: ..."}) == pp.SOURCE_FETCH_FAILED
+    assert pp._failure_reason({"r1": f"{pp.FETCH_FAILED_PREFIX}x", "r2": "load failed"}) == pp.LOAD_FAILED
 
 
 def test_a_fresh_replica_loads_what_is_placed_there() -> None:

@@ -118,9 +118,9 @@ def test_without_the_key_a_load_with_files_is_refused(tmp_path: Path) -> None:
         assert not replica.client.is_model_ready(req.name)
 
 
-def test_a_uri_model_is_not_loaded_from_a_request() -> None:
-    """Validation refuses a uri source on a pool by name (rule pool-inline-source); should one get past it, the
-    renderer refuses to put it in a load request too."""
+def test_a_uri_model_is_loaded_from_disk_with_its_config_alone() -> None:
+    """A uri model's load carries no `file:` parameter: its sources, pins and rendered files go to the replica's
+    fetch-server sidecar (tests/test_fetch_server.py), which places them where Triton reads them."""
     model = TritonModel.model_validate(yaml.safe_load("""
 apiVersion: serving.triton-operator.dev/v1alpha1
 kind: TritonModel
@@ -133,8 +133,11 @@ spec:
   outputs: [{name: OUTPUT, dataType: FP32, dims: [4]}]
   source: {uri: "https://example.invalid/model.tar.gz", sha256: "%s"}
 """ % ("0" * 64)))
-    with pytest.raises(ValueError, match="sidecar fetches them"):
-        load_request(render_repository([model])["fetched"])
+    req = load_request(render_repository([model])["fetched"])
+    assert req.files == {}
+    assert req.fetch is not None
+    assert list(req.fetch.sources) == [{"field": "spec.source.uri", "version": "1",
+                                        "uri": "https://example.invalid/model.tar.gz", "sha256": "0" * 64}]
 
 
 SLOW_MODEL = """
@@ -172,7 +175,7 @@ def _pool_args() -> list[str]:
     from tests.documents import pool_document
 
     pool = TritonPool.model_validate(pool_document())
-    (triton, _) = render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"]
+    (triton, _, _) = render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"]
     own = ("--model-repository=", "--http-port=", "--grpc-port=", "--metrics-port=")
     return [a.replace(f"$({REPOSITORY_KEY_ENV})", KEY) for a in triton["args"] if not a.startswith(own)]
 
@@ -206,3 +209,101 @@ def test_with_the_pools_args_a_model_loading_leaves_the_server_ready(tmp_path: P
     finally:
         client.close()
         server.stop()
+
+
+def _scale_archive(factor: int) -> bytes:
+    import io
+    import tarfile
+
+    code = (b"import numpy as np\nimport triton_python_backend_utils as pb_utils\n\n\nclass TritonPythonModel:\n"
+            b"    def execute(self, requests):\n        out = []\n        for r in requests:\n"
+            b"            x = pb_utils.get_input_tensor_by_name(r, 'INPUT').as_numpy()\n"
+            b"            out.append(pb_utils.InferenceResponse([pb_utils.Tensor('OUTPUT', (x * %d).astype(np.float32))]))\n"
+            b"        return out\n" % factor)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("model.py")
+        info.size = len(code)
+        tar.addfile(info, io.BytesIO(code))
+    return buf.getvalue()
+
+
+def _fetched_model(uri: str, sha: str) -> RenderedModel:
+    model = TritonModel.model_validate(yaml.safe_load(f"""
+apiVersion: serving.triton-operator.dev/v1alpha1
+kind: TritonModel
+metadata: {{name: fetched}}
+spec:
+  pool: shared
+  memory: 64Mi
+  backend: python
+  maxBatchSize: 4
+  inputs: [{{name: INPUT, dataType: FP32, dims: [4]}}]
+  outputs: [{{name: OUTPUT, dataType: FP32, dims: [4]}}]
+  instanceGroups: [{{kind: CPU, count: 1}}]
+  source: {{uri: "{uri}", sha256: "{sha}"}}
+"""))
+    return render_repository([model])["fetched"]
+
+
+def test_a_uri_model_loads_through_its_linked_directory_and_swaps_in_place(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A uri model on a pool replica: the fetch-server sidecar (real HTTP, fetching from a real HTTPS server) places
+    its digest behind the link `<repo>/fetched`, and the REAL tritonserver loads it from there with the `config`
+    parameter alone. A new pin is fetched beside it and the link swapped: the served copy answers as before until the
+    reload, which then answers with the new files. Unloaded and deleted, nothing of it is left."""
+    import hashlib
+
+    from tests.https_server import serve as https_serve
+    from tests.test_fetch_server import KEY as SIDECAR_KEY
+    from tests.test_fetch_server import _ask, _settled
+    from triton_operator.fetch_server import STORE, Limits
+    from triton_operator.fetch_server import serve as fetch_serve
+
+    (tmp_path / "https").mkdir()
+    gen = https_serve(tmp_path / "https")
+    https = next(gen)
+    monkeypatch.setenv("SSL_CERT_FILE", str(https.ca_file))
+    repo = tmp_path / "models"
+    sidecar = fetch_serve(("127.0.0.1", 0), repo, Limits(1 << 20, 100, 60), SIDECAR_KEY)
+    threading.Thread(target=sidecar.serve_forever, daemon=True).start()
+    try:
+        two, three = _scale_archive(2), _scale_archive(3)
+        https["/two.tgz"], https["/three.tgz"] = two, three
+        first = _fetched_model(https.url("/two.tgz"), hashlib.sha256(two).hexdigest())
+        second = _fetched_model(https.url("/three.tgz"), hashlib.sha256(three).hexdigest())
+        assert first.digest != second.digest, "a new uri and pin: a new digest"
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        with serve([], repo, load=[], key=KEY) as replica:
+            replica.wait_for("tritonserver ready", replica.client.is_server_ready)
+
+            def answer() -> list[list[float]]:
+                out = replica.client.infer("fetched", [tensor("INPUT", x)],
+                                           outputs=[grpcclient.InferRequestedOutput("OUTPUT")])
+                return out.as_numpy("OUTPUT").tolist()  # type: ignore[no-any-return]
+
+            for rendered, factor in ((first, 2), (second, 3)):
+                req = load_request(rendered)
+                assert req.files == {} and req.fetch is not None
+                status, _ = _ask(sidecar, "PUT", "/v1/models/fetched", {
+                    "digest": rendered.digest, "sources": [dict(s) for s in req.fetch.sources], "files": {}},
+                    key=SIDECAR_KEY)
+                assert status == 202
+                assert _settled(sidecar, "fetched")["digest"] == rendered.digest
+                assert (repo / "fetched").is_symlink()
+                if factor == 3:
+                    assert answer() == (x * 2).tolist(), "the served copy is left alone until its reload"
+                replica.client.load_model(req.name, config=req.config, headers=replica.headers)
+                assert replica.client.is_model_ready("fetched"), replica.why("fetched is not READY after its load")
+                loaded = replica.client.get_model_config("fetched").config
+                assert loaded.parameters["triton-operator.config-digest"].string_value == rendered.digest
+                assert answer() == (x * factor).tolist()
+            assert _ask(sidecar, "POST", "/v1/models/fetched/prune", key=SIDECAR_KEY)[0] == 200
+            assert [p.name for p in (repo / STORE / "fetched").iterdir() if p.is_dir()] == [second.digest]
+            replica.client.unload_model("fetched", headers=replica.headers)
+            assert _ask(sidecar, "DELETE", "/v1/models/fetched", key=SIDECAR_KEY)[0] == 200
+            assert sorted(p.name for p in repo.iterdir()) == [STORE] and list((repo / STORE).iterdir()) == []
+    finally:
+        sidecar.shutdown()
+        sidecar.server_close()
+        gen.close()

@@ -80,7 +80,7 @@ def test_a_pool_replica_starts_tritonserver_with_no_model_in_explicit_mode() -> 
     pool, _ = _example()
     deployment = render_pool_deployment(pool, UID, "ns")
     spec = deployment["spec"]["template"]["spec"]
-    triton, probe = spec["containers"]
+    triton, probe, fetcher = spec["containers"]
     args = triton["args"]
     assert "--model-control-mode=explicit" in args and not any(a.startswith("--load-model") for a in args)
     assert "--strict-readiness=false" in args, "one model loading must not make the replica unready for the others"
@@ -91,6 +91,16 @@ def test_a_pool_replica_starts_tritonserver_with_no_model_in_explicit_mode() -> 
     assert deployment["spec"]["replicas"] == 3 and deployment["spec"]["selector"]["matchLabels"] == {
         "serving.triton-operator.dev/pool": "shared"}
     assert triton["resources"] == {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}
+    # The fetch-server sidecar writes the repository volume tritonserver reads, on the operator's keyed request.
+    assert fetcher["name"] == "fetch-server" and fetcher["args"][0] == "fetch-server"
+    mounts = {m["name"]: m for c in (triton, fetcher) for m in c["volumeMounts"] if m["name"] == "models"}
+    assert [m.get("readOnly", False) for c in (triton, fetcher) for m in c["volumeMounts"]
+            if m["name"] == "models"] == [True, False] and mounts
+    assert {m["mountPath"] for c in (triton, fetcher) for m in c["volumeMounts"] if m["name"] == "models"} == {
+        "/models"}, "the same path in both: the links are relative, but the operator's logs name one path"
+    assert any(e["name"] == "TRITON_OPERATOR_REPOSITORY_KEY" for e in fetcher["env"])
+    assert fetcher["securityContext"]["runAsNonRoot"] and fetcher["securityContext"]["readOnlyRootFilesystem"]
+    assert fetcher["resources"]["limits"]["memory"]
 
 
 def test_a_pooled_models_service_has_no_selector() -> None:

@@ -84,12 +84,17 @@ def test_an_ensemble_counts_the_steps_it_reaches_and_is_refused_at_spec_pool() -
     assert review(_ensemble("s1", "s2"), None, steps, pool=_pool(capacity={"memoryPerReplica": "5Gi"})).allowed
 
 
-def test_a_pooled_model_with_a_uri_source_is_refused_by_name() -> None:
+def test_a_pooled_model_with_a_pvc_source_or_its_own_credentials_is_refused_by_name() -> None:
     body = _model("m", pool="p", memory="1Gi")
-    body["spec"]["source"] = {"uri": "s3://models/m/"}
+    body["spec"]["source"] = {"uri": "pvc://models/m/"}
     verdict = review(body, None, {}, pool=_pool())
-    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.source.uri", "pool-inline-source")]
-    assert "a pool loads inline sources only in this version" in verdict.errors[0].message
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.source.uri", "pool-source")]
+    assert "mounts no model's PersistentVolumeClaim" in verdict.errors[0].message
+    body["spec"]["source"] = {"uri": "s3://models/m/", "credentialsSecret": "s3-keys"}
+    verdict = review(body, None, {}, pool=_pool())
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.source.credentialsSecret", "pool-source")]
+    body["spec"]["source"] = {"uri": "s3://models/m/"}
+    assert review(body, None, {}, pool=_pool()).allowed  # the pool's own credentials fetch it
 
 
 def test_a_pool_is_checked_on_its_own_when_created() -> None:

@@ -64,12 +64,16 @@ DIGEST_PARAMETER = "triton-operator.config-digest"
 TRITON_CONTAINER = "tritonserver"
 FETCH_CONTAINER = "fetch"
 PROBE_CONTAINER = "probe"
+#: A pool replica's sidecar that fetches uri models into its repository volume on the operator's request.
+FETCH_SERVER_CONTAINER = "fetch-server"
 #: The pod volume of the repository ConfigMap (the one a pod template mounts: `repository_of`).
 REPOSITORY_VOLUME = "repository"
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 # The `probe` container's readiness endpoint (gated replicas): it long-polls tritonserver's HTTP port for the kubelet.
 PROBE_PORT = 8090
+# A pool replica's `fetch-server` sidecar (`triton_operator.fetch_server`).
+FETCH_SERVER_PORT = 8091
 
 
 def versions_annotation(models: list[TritonModel]) -> str:

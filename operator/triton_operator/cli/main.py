@@ -451,6 +451,29 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_fetch_server(args: argparse.Namespace) -> int:
+    import logging
+
+    from ..api.v1alpha1 import REPOSITORY_KEY_ENV
+    from ..fetch_server import Limits, serve
+    from ..triton.probe import address
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        listen = address(args.listen, "0.0.0.0")  # noqa: S104 (the operator asks at the pod's IP)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    key = os.environ.get(REPOSITORY_KEY_ENV) or None
+    if key is None:
+        _err(f"warning: no {REPOSITORY_KEY_ENV} in the environment: every request is refused")
+    try:
+        server = serve(listen, Path(args.repository), Limits(args.max_bytes, args.max_files, args.timeout), key)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
+    server.serve_forever()
+    return 0
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     from ..triton.probe import address, serve
 
@@ -573,6 +596,18 @@ def _add_fetch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     f.add_argument("--timeout", type=_positive_int, default=DEFAULT_FETCH_TIMEOUT, metavar="SECONDS",
                    help=f"give up when the whole fetch takes longer (default {DEFAULT_FETCH_TIMEOUT})")
     f.set_defaults(func=cmd_fetch)
+
+    fs = sub.add_parser("fetch-server", help="(pool replica container) fetch uri models into the repository volume "
+                        "when the operator asks")
+    fs.add_argument("--listen", default=":8091", metavar="[HOST:]PORT", help="where to answer (default :8091)")
+    fs.add_argument("--repository", required=True, metavar="DIR", help="the repository volume (tritonserver's)")
+    fs.add_argument("--max-bytes", type=_positive_int, default=DEFAULT_FETCH_MAX_BYTES, metavar="N",
+                    help="what one model's fetch may write (as fetch's --max-bytes)")
+    fs.add_argument("--max-files", type=_positive_int, default=DEFAULT_FETCH_MAX_FILES, metavar="N",
+                    help="what one model's fetch may create (as fetch's --max-files)")
+    fs.add_argument("--timeout", type=_positive_int, default=DEFAULT_FETCH_TIMEOUT, metavar="SECONDS",
+                    help="how long one model's fetch may take (as fetch's --timeout)")
+    fs.set_defaults(func=cmd_fetch_server)
 
 
 def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

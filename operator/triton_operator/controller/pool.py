@@ -32,6 +32,7 @@ from ..api.v1alpha1 import TritonModel
 from ..plan import pool as pool_plan
 from ..plan.placement import Placement
 from ..plan.planner import differs
+from ..plan.pool import FETCH_FAILED_PREFIX
 from ..plan.status import as_dict, status_changed, transitions
 from ..platform.kube import Kube
 from ..render.kubernetes import Options
@@ -47,6 +48,7 @@ from ..render.pool import (
     render_pool_hpa,
     render_pool_key_secret,
 )
+from ..triton import fetcher as triton_fetcher
 from ..triton import pool as triton_pool
 from ..triton.reload import requests_seen
 from . import metrics
@@ -65,6 +67,8 @@ REVISIT_SECONDS, SETTLED_SECONDS = 5.0, 15.0
 ROUND_LOAD_SECONDS = 5.0
 #: A failed load of a model on a replica is retried after this many seconds, doubling, up to `HELD_MAX_SECONDS`.
 HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
+#: While a replica's sidecar fetches a uri model, the pool comes back this often to load it once it is on disk.
+FETCHING_SECONDS = 1.0
 
 
 @dataclass
@@ -114,6 +118,9 @@ class PoolReconciler:
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._live: dict[tuple[str, str], _Live] = {}  # the rounds under way
         self._memo: dict[tuple[str, str], pool_plan.Memo] = {}  # each pool's members as last parsed and rendered
+        self._fetch_failures: dict[tuple[str, str, str, str, str], int] = {}  # held key -> the sidecar's attempt seen
+        # (ns, pool, replica) -> the models its sidecar was last seen holding (absent: not asked yet by this process)
+        self._sidecar_names: dict[tuple[str, str, str], set[str]] = {}
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -243,7 +250,11 @@ class PoolReconciler:
     async def _round(self, rnd: _Round, st: _Live) -> float:
         ready = [r.name for r in rnd.live if rnd.pods[r.name].ready and rnd.pods[r.name].ip]
         st.seen = await self._observe(rnd, ready, st.records)
-        todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd))
+        # A uri model's files on the replica's disk first (its sidecar fetches them meanwhile): until they are, its
+        # load there waits, as a held one does, and its served copy is neither drained nor unloaded.
+        unfetched, fetching = await self._fetch_phase(rnd, ready, st.records, st.seen)
+        todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen,
+                              {**self._held_now(rnd), **dict.fromkeys(unfetched, True)})
         st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
         # The placement and the slices without what is about to be drained or unloaded, before any load.
         await self._publish(rnd, st.records, st.seen, st.draining, before_loads=True)
@@ -259,6 +270,8 @@ class PoolReconciler:
         settled = await self._publish(rnd, st.records, st.seen, frozenset())
         if any(cut):
             return 0.0
+        if fetching:
+            return FETCHING_SECONDS
         return SETTLED_SECONDS if settled and not busy else REVISIT_SECONDS
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
@@ -391,6 +404,9 @@ class PoolReconciler:
             log.info("Unloaded model from pool replica namespace=%s pool=%s pod=%s model=%s%s", rnd.namespace,
                      rnd.pool.name, w.replica, name, f" error={why!r}" if why else "")
             records.get(w.replica, {}).pop(name, None)
+            known = self._sidecar_names.get((rnd.namespace, rnd.pool.name, w.replica))
+            if not why and (known is None or name in known):  # an inline model: no files there
+                await self._forget_files(rnd, w.replica, name)
         for i, ld in enumerate(w.load):
             if i and time.monotonic() > deadline:
                 return True
@@ -407,20 +423,112 @@ class PoolReconciler:
             metrics.POOL_LOADS.labels(verb="load", result="ok" if ok else "error").inc()
             if ok:
                 self._held.pop(held_key, None)
+                self._fetch_failures.pop(held_key, None)
+                if m.request.fetch is not None:  # the digests before this one are served no more
+                    with contextlib.suppress(triton_fetcher.FetcherError):
+                        await triton_fetcher.prune(rnd.pods[w.replica].ip or "", rnd.key, m.triton_name)
                 log.info("Loaded model into pool replica namespace=%s pool=%s pod=%s model=%s digest=%s "
                          "seconds=%.2f", rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest,
                          time.monotonic() - started)
                 await self._listed(rnd, st, w.replica, ld.member, m.digest)
                 continue
-            held = self._held.get(held_key) or _Held(0, 0.0, "")
-            held.failures += 1
-            held.until = time.monotonic() + min(HELD_SECONDS * 2 ** (held.failures - 1), HELD_MAX_SECONDS)
-            held.message = (why or after.message)[:500]
-            self._held[held_key] = held
+            held = self._hold(held_key, why or after.message)
             log.warning("Failed to load model into pool replica namespace=%s pool=%s pod=%s model=%s digest=%s "
                         "attempt=%d error=%r", rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest,
                         held.failures, held.message)
         return False
+
+    def _hold(self, held_key: tuple[str, str, str, str, str], message: str) -> _Held:
+        """A failed load (or fetch) of a model's digest on a replica: retried after a back-off that doubles."""
+        held = self._held.get(held_key) or _Held(0, 0.0, "")
+        held.failures += 1
+        held.until = time.monotonic() + min(HELD_SECONDS * 2 ** (held.failures - 1), HELD_MAX_SECONDS)
+        held.message = message[:500]
+        self._held[held_key] = held
+        return held
+
+    async def _fetch_phase(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
+                           seen: Mapping[tuple[str, str], pool_plan.Seen]) -> tuple[set[tuple[str, str]], bool]:
+        """Each Ready replica's uri models that are not READY there at their desired digest: asked of its sidecar
+        (it answers what it holds, so a restarted operator, or a new pod's empty volume, is seen as it is), fetched
+        if not held (the sidecar fetches on its own: the round does not wait), a failure held with its message.
+        Returns the (replica, model) loads whose files are not on disk yet, and whether a fetch is under way. The
+        sidecar's files of models neither placed there nor loaded are deleted."""
+        async def one(r: str) -> tuple[set[tuple[str, str]], bool]:
+            placed = rnd.placement.loaded.get(r, frozenset())
+            wanted = [n for n in sorted(placed) if n in rnd.members and (m := rnd.members[n]).request is not None
+                      and m.request.fetch is not None and m.digest is not None
+                      and not ((s := seen.get((r, n))) is not None and s.ready and s.digest == m.digest)]
+            known = self._sidecar_names.get((rnd.namespace, rnd.pool.name, r))
+            if not wanted and known is not None and not known:
+                return set(), False  # nothing to fetch, nothing held there to delete
+            ip = rnd.pods[r].ip or ""
+            try:
+                held = await triton_fetcher.holdings(ip, rnd.key)
+            except triton_fetcher.FetcherError as exc:
+                for n in wanted:
+                    self._hold(self._held_key(rnd, r, n), str(exc))
+                return {(r, n) for n in wanted}, False
+            keep = {rnd.members[n].triton_name for n in placed if n in rnd.members} | set(records.get(r, {}))
+            left = set(held)
+            for name in sorted(set(held) - keep):
+                if await self._forget_files(rnd, r, name):
+                    left.discard(name)
+            self._sidecar_names[(rnd.namespace, rnd.pool.name, r)] = left | {
+                rnd.members[n].triton_name for n in wanted}
+            missing: set[tuple[str, str]] = set()
+            under_way = False
+            for n in wanted:
+                m = rnd.members[n]
+                assert m.request is not None and m.request.fetch is not None and m.digest is not None
+                h = held.get(m.triton_name)
+                if h is not None and h.digest == m.digest:
+                    continue
+                missing.add((r, n))
+                key = self._held_key(rnd, r, n)
+                if h is not None and h.fetching == m.digest:
+                    under_way = True
+                    continue
+                if h is not None and h.failed_digest == m.digest and self._fetch_failures.get(key) != h.failed_attempt:
+                    self._fetch_failures[key] = h.failed_attempt
+                    held_now = self._hold(key, f"{FETCH_FAILED_PREFIX}{h.failed_message}")
+                    log.warning("Failed to fetch model files into pool replica namespace=%s pool=%s pod=%s model=%s "
+                                "digest=%s attempt=%d error=%r", rnd.namespace, rnd.pool.name, r, n, m.digest,
+                                held_now.failures, h.failed_message)
+                    continue
+                if self._held.get(key) is not None and self._held[key].until > time.monotonic():
+                    continue  # backing off
+                try:
+                    if await triton_fetcher.fetch(ip, rnd.key, m.triton_name, m.digest, m.request.fetch):
+                        missing.discard((r, n))
+                        continue
+                    under_way = True
+                    log.info("Asked pool replica to fetch model files namespace=%s pool=%s pod=%s model=%s digest=%s",
+                             rnd.namespace, rnd.pool.name, r, n, m.digest)
+                except triton_fetcher.FetcherError as exc:
+                    self._hold(key, str(exc))
+            return missing, under_way
+
+        results = await asyncio.gather(*(one(r) for r in ready))
+        return set().union(*(m for m, _ in results)), any(f for _, f in results)
+
+    def _held_key(self, rnd: _Round, replica: str, member: str) -> tuple[str, str, str, str, str]:
+        return (rnd.namespace, rnd.pool.name, replica, member, rnd.members[member].digest or "")
+
+    async def _forget_files(self, rnd: _Round, replica: str, name: str) -> bool:
+        """Deletes a model's fetched files from the replica's volume (an inline model has none: nothing to do);
+        whether the sidecar holds nothing of it now."""
+        self._sidecar_names.pop((rnd.namespace, rnd.pool.name, replica), None)  # asked again next round
+        try:
+            status = await triton_fetcher.delete(rnd.pods[replica].ip or "", rnd.key, name)
+        except triton_fetcher.FetcherError as exc:
+            log.warning("Failed to delete fetched model files namespace=%s pool=%s pod=%s model=%s error=%r",
+                        rnd.namespace, rnd.pool.name, replica, name, exc)
+            return False
+        if status == 200:
+            log.info("Deleted fetched model files namespace=%s pool=%s pod=%s model=%s", rnd.namespace,
+                     rnd.pool.name, replica, name)
+        return status != 409  # a fetch of it under way: looked for again in a later round
 
     def _record(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
                 seen: Mapping[tuple[str, str], pool_plan.Seen]) -> dict[str, dict[str, str]]:

@@ -25,9 +25,10 @@ is READY there at the desired config digest and warm.
   so one model loading would mark the whole replica unready for every other model.
 - Loading (`controller.pool`, `triton.pool`): an inline model's config and files go in the load request itself
   (Triton's `config` and `file:<path>` load parameters, `render.pool.load_request`), so nothing of it is on the
-  replica's disk. A `uri` model is refused on a pool in this version (by name, `validate.rules`); the plan for it
-  is a sidecar that fetches into the replica's repository volume on request, with the fetch step's pins and
-  refusals, then a load by name. Measured on 2.51 (`tests/test_pool_load.py`):
+  replica's disk. A `uri` model is fetched by the replica's `fetch-server` sidecar (`triton_operator.fetch_server`,
+  asked by `triton.fetcher`) into the replica's repository volume, with the fetch step's pins and refusals, each
+  digest behind a link swapped atomically, then loaded with its config alone (no `pvc://`, no model's own
+  credentialsSecret on a pool: rule `pool-source`). Measured on 2.51 (`tests/test_pool_load.py`):
   - an ensemble's load looks its steps up in the repository on disk: over steps loaded from requests, the load
     answers INTERNAL "failed to poll from model repository" and yet the ensemble is loaded, READY, and serves. So a
     load's answer is never trusted alone: after every load the operator asks again, and READY at the desired config

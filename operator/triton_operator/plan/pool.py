@@ -36,6 +36,10 @@ ALL_COPIES_WARMED = "AllCopiesWarmed"
 COPIES_LOADING = "CopiesLoading"
 COPIES_UPDATING = "CopiesUpdating"
 LOAD_FAILED = "ModelLoadFailed"
+#: A uri model's files could not be fetched into a replica (a pin, a 404, a cap): the reason beside ModelLoadFailed,
+#: as a model's own replicas say it. The controller begins such a failure's message with FETCH_FAILED_PREFIX.
+SOURCE_FETCH_FAILED = "SourceFetchFailed"
+FETCH_FAILED_PREFIX = "fetch failed: "
 NAME_TAKEN = "TritonNameTaken"
 
 
@@ -322,6 +326,11 @@ def _stamp(conds: list[dict[str, Any]], previous: Mapping[str, Any], now: dt.dat
     return [Condition.model_validate(c) for c in conds]
 
 
+def _failure_reason(failures: Mapping[str, str]) -> str:
+    """SourceFetchFailed when every failure is a fetch's, else ModelLoadFailed."""
+    return SOURCE_FETCH_FAILED if all(w.startswith(FETCH_FAILED_PREFIX) for w in failures.values()) else LOAD_FAILED
+
+
 def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
                  failures: Mapping[str, str], current: set[str],
                  coming: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -350,8 +359,9 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
                 _cond("Degraded", True, INSUFFICIENT_CAPACITY, msg, g))
     if failures:
         msg = f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failures.items()))
-        return (_cond("Ready", len(serving_on) >= wanted, LOAD_FAILED, msg[:2000], g), settled,
-                _cond("Degraded", True, LOAD_FAILED, msg[:2000], g))
+        reason = _failure_reason(failures)
+        return (_cond("Ready", len(serving_on) >= wanted, reason, msg[:2000], g), settled,
+                _cond("Degraded", True, reason, msg[:2000], g))
     if len(current) >= wanted and len(copies) >= wanted:
         return _cond("Ready", True, ALL_COPIES_WARMED, served, g), settled, fine
     if len(serving_on) >= wanted and len(copies) >= wanted:  # an update under way: the previous config serves

@@ -11,9 +11,10 @@
   terminating) and the replicas where the model is READY at the desired digest and warm (the gate's verdict).
 - `render_model_hpa`, `render_pool_hpa`: the HPAs of a pooled model's copies and of a pool's replicas
   (`render.autoscaling` says which metric each reads).
-- `load_request`: what loads an inline model into a pool replica with nothing of it on disk: its config as JSON and
-  its files as Triton's `file:<path>` load parameters (TRITON_NOTES.md, verified on 2.51; `tests/test_pool_load.py`
-  loads examples/pool.yaml so into a real tritonserver).
+- `load_request`: what loads a model into a pool replica: its config as JSON, and an inline model's files as Triton's
+  `file:<path>` load parameters, with nothing of it on disk (TRITON_NOTES.md, verified on 2.51;
+  `tests/test_pool_load.py` loads examples/pool.yaml so into a real tritonserver); a uri model's sources, pins and
+  rendered files go to the replica's `fetch-server` sidecar instead, and the load carries the config alone.
 
 No client, no I/O: the controller applies what these return.
 """
@@ -27,12 +28,21 @@ from typing import Any
 from google.protobuf import json_format
 
 from ..api.kinds import LABEL_MODEL, OWNED
-from ..api.pod import GRPC_PORT, HTTP_PORT, METRICS_PORT, PROBE_PORT, TRITON_CONTAINER
+from ..api.pod import (
+    FETCH_SERVER_CONTAINER,
+    FETCH_SERVER_PORT,
+    GRPC_PORT,
+    HTTP_PORT,
+    METRICS_PORT,
+    PROBE_PORT,
+    TRITON_CONTAINER,
+)
 from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, TritonPool
-from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
+from ..api.v1alpha1 import API_VERSION, KIND, ModelFiles, Server, Source, TritonModel, quantity_bytes
 from .autoscaling import HpaMetric, pool_hpa_metric, pooled_hpa_metric
 from .kubernetes import (
     CONTAINER_SECURITY,
+    FETCH_RESOURCES,
     REPO_DIR,
     RUN_AS,
     TMP_DIR,
@@ -132,7 +142,8 @@ def _pool_triton_container(pool: TritonPool, key_secret: str, options: Options) 
         "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *user_env.get("env", ())],
         **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
         "volumeMounts": [
-            # What the `fetch` sidecar writes on request (uri models); inline models come in the load request.
+            # What the `fetch-server` sidecar writes on request (uri models; each a link to its digest's files, swapped
+            # atomically: `triton_operator.fetch_server`); inline models come in the load request.
             {"name": "models", "mountPath": REPO_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": TMP_DIR},
             _shm(server)[1],
@@ -152,13 +163,38 @@ def _pool_triton_container(pool: TritonPool, key_secret: str, options: Options) 
     return triton
 
 
-def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], options: Options) -> dict[str, Any]:
+def _fetch_server_container(pool: TritonPool, key_secret: str, options: Options) -> dict[str, Any]:
+    """The `fetch-server` sidecar: it fetches a uri model's files into `models` when the operator asks (with the
+    pool's key), with the fetch step's code, caps (spec.server.fetch, per model) and credentials: the pool's
+    spec.server.env and envFrom, and its ServiceAccount's workload identity."""
+    server = pool.spec.server
+    user_env = _user_env(server)
+    container: dict[str, Any] = {
+        "name": FETCH_SERVER_CONTAINER,
+        "image": options.operator_image,
+        "args": ["fetch-server", "--listen", f":{FETCH_SERVER_PORT}", "--repository", REPO_DIR,
+                 "--max-bytes", str(server.fetch_max_bytes), "--max-files", str(server.fetch.max_files),
+                 "--timeout", str(server.fetch.timeout_seconds)],
+        "ports": [{"name": "fetch", "containerPort": FETCH_SERVER_PORT, "protocol": "TCP"}],
+        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *user_env.get("env", ())],
+        **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
+        "volumeMounts": [{"name": "models", "mountPath": REPO_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
+        # Idle but for a fetch: a small request, and the fetch step's limits for the fetch itself.
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": dict(FETCH_RESOURCES["limits"])},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    return container
+
+
+def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], fetcher: dict[str, Any],
+                   options: Options) -> dict[str, Any]:
     server = pool.spec.server
     grace = (options.pre_stop_sleep_seconds + exit_timeout(triton["args"], options.exit_timeout_seconds)
              + options.termination_margin_seconds)
     spec: dict[str, Any] = {
         # The probe watches tritonserver alone: which models a replica serves changes without a restart.
-        "containers": [triton, probe_container((), 0, options)],
+        "containers": [triton, probe_container((), 0, options), fetcher],
         # The probe sees the Python backend's stubs in the pod's shared process namespace.
         "shareProcessNamespace": True,
         "volumes": [
@@ -210,6 +246,7 @@ def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: 
     options = options if options is not None else Options()
     key = pool_key(pool, uid, namespace, options)
     triton = _pool_triton_container(pool, pool_key_secret_name(pool, key), options)
+    fetcher = _fetch_server_container(pool, pool_key_secret_name(pool, key), options)
     labels = {**(pool.spec.server.pod_labels or {}), **pool_labels(pool)}
     annotations = {**(pool.spec.server.pod_annotations or {}),
                    "kubectl.kubernetes.io/default-container": TRITON_CONTAINER}
@@ -222,7 +259,7 @@ def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: 
             "selector": {"matchLabels": pool_selector(pool)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {"metadata": {"labels": labels, "annotations": annotations},
-                         "spec": _pool_pod_spec(pool, triton, options)},
+                         "spec": _pool_pod_spec(pool, triton, fetcher, options)},
         },
     }
 
@@ -353,26 +390,53 @@ def render_endpoint_slices(model: TritonModel, uid: str, namespace: str, placeme
 
 
 @dataclass(frozen=True)
+class FetchRequest:
+    """What a pool replica's `fetch-server` sidecar places on its disk before a uri model's load: each fetched source
+    (the field it comes from, the version directory it fills, `.` for spec.modelFiles, the uri and its pins) and the
+    rendered files beside them (warm-up data, inline versions), by path under the model's directory."""
+
+    sources: tuple[Mapping[str, str], ...]
+    files: Mapping[str, bytes]
+
+
+@dataclass(frozen=True)
 class LoadRequest:
-    """One model's load into a pool replica through Triton's repository API, with nothing of it on the replica's disk:
-    Triton writes `files` into a directory of its own and loads `config` over them."""
+    """One model's load into a pool replica through Triton's repository API. An inline model has nothing on the
+    replica's disk: Triton writes `files` into a directory of its own and loads `config` over them. A uri model
+    (`fetch` set) is fetched into the replica's repository volume first, and loaded from there with `config` alone."""
 
     name: str  # the Triton model name
     config: str  # the model config as the JSON a load takes (the rendered config, digest parameter included)
     files: Mapping[str, bytes]  # `file:<path under the model directory>` -> content
+    fetch: FetchRequest | None = None
+
+
+def _fetched(model: TritonModel) -> tuple[Mapping[str, str], ...]:
+    spec = model.spec
+    given: list[tuple[str, str, Source | ModelFiles | None]] = [
+        *([(f"spec.versions[{i}].source", str(v.version), v.source) for i, v in enumerate(spec.versions)]
+          if spec.versions else [("spec.source", "1", spec.source)]),
+        ("spec.modelFiles", ".", spec.model_files)]
+    out = []
+    for path, version, src in given:
+        if src is None or src.uri is None:
+            continue
+        out.append({"field": f"{path}.uri", "version": version, "uri": src.uri,
+                    **({"sha256": src.sha256} if src.sha256 else {}),
+                    **({"objectVersion": src.object_version} if src.object_version else {})})
+    return tuple(out)
 
 
 def load_request(rendered: RenderedModel) -> LoadRequest:
-    """The load of a rendered model whose files are all inline (a uri source's files are fetched into the replica's
-    repository by its sidecar instead: ValueError). An ensemble's only file is the placeholder that makes its version
-    directory exist."""
+    """The load of a rendered model: its config as JSON, and its files in the request when all are inline, else
+    (a uri source) in a `FetchRequest` for the replica's sidecar. An ensemble's only file is the placeholder that
+    makes its version directory exist."""
     model = rendered.model
-    fetched = [v for v, src in model.spec.version_sources.items() if src.uri is not None]
-    if fetched or (model.spec.model_files is not None and model.spec.model_files.uri is not None):
-        raise ValueError(f"TritonModel {model.name} has files at a uri: a pool replica's sidecar fetches them, they "
-                         "cannot go in the load request")
     prefix, own_config = f"{rendered.name}/", f"{rendered.name}/config.pbtxt"
-    files = {f"file:{path.removeprefix(prefix)}": content for path, content in sorted(rendered.files.items())
+    files = {path.removeprefix(prefix): content for path, content in sorted(rendered.files.items())
              if path.startswith(prefix) and path != own_config}
     config = json_format.MessageToJson(rendered.config, preserving_proto_field_name=True, indent=None, sort_keys=True)
-    return LoadRequest(rendered.name, config, files)
+    fetched = _fetched(model)
+    if fetched:
+        return LoadRequest(rendered.name, config, {}, FetchRequest(fetched, files))
+    return LoadRequest(rendered.name, config, {f"file:{p}": c for p, c in files.items()})

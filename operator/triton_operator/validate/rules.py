@@ -135,8 +135,10 @@ RULES: dict[str, Rule] = {
              "with their own memory)"),
         Rule("pool-spec", False, "a TritonPool sets exactly one of capacity.memoryPerGpu (with server.gpus >= 1) or "
              "capacity.memoryPerReplica (without gpus)"),
-        Rule("pool-inline-source", False, "a pooled model's files are inline (source.inline, modelFiles.inline): a pool "
-             "loads inline sources only in this version, in the load request"),
+        Rule("pool-source", False, "a pooled model's uri sources are https://, s3:// or gs:// (a pool replica mounts no "
+             "model's claim: no pvc://) and name no credentialsSecret (a pool replica's fetch-server sidecar fetches "
+             "for every model of the pool, with the pool's own credentials: its spec.server.env, envFrom and "
+             "ServiceAccount)"),
         Rule("pool-triton-name", False, "the models of one pool load under distinct Triton names (spec.modelName, "
              "else metadata.name): one tritonserver holds one model of a name"),
         Rule("pool-capacity", False, "a pooled model, with every step its ensemble reaches, fits one replica of its "
@@ -719,10 +721,16 @@ def _check_pooled(spec: TritonModelSpec, err: Collector) -> None:
     if spec.rollout.strategy != "InPlace":
         err("pooled-model", "spec.rollout.strategy", "a pooled model has no pods of its own to replace: its changes "
             "are loaded in place (rollout.strategy: InPlace; rollout.mode picks Swap or Drain)")
-    for path, uri, _ in fetched_sources(spec):
-        err("pool-inline-source", f"{path}.uri", f"a pool loads inline sources only in this version (in the load "
-            f"request; fetching {shown(uri)} into a pool replica is not supported yet): give the files inline "
-            "(inline), or run the model on a Deployment of its own (no spec.pool)")
+    for path, uri, secret in fetched_sources(spec):
+        if uri.startswith("pvc://"):
+            err("pool-source", f"{path}.uri", f"a pool replica mounts no model's PersistentVolumeClaim, so it cannot "
+                f"read {shown(uri)}: serve the files over https://, s3:// or gs://, give them inline, or run the "
+                "model on a Deployment of its own (no spec.pool)")
+        if secret is not None:
+            err("pool-source", f"{path}.credentialsSecret", "a pool replica's fetch-server sidecar fetches for every "
+                "model of the pool, with the pool's credentials only (the TritonPool's spec.server.env and envFrom, "
+                "its ServiceAccount's workload identity): a model's own Secret would reach the other models' "
+                "fetches; give the pool those credentials, or run the model on a Deployment of its own")
     given = dict(_server_values(spec.server, ".server"))
     for path, default in POOLED_SERVER_DEFAULTS.items():
         if given.get(path) != default:

@@ -1,0 +1,347 @@
+"""`triton-operator fetch-server`: a pool replica's fetch sidecar (issue 29), which places a `uri` model's files in
+the replica's repository volume when the operator asks, with the `fetch` step's own code (`fetch.fetch_uri`: the
+sha256 and objectVersion pins, the Budget, the archive defences, credentials from the environment, redacted uris).
+
+The volume (read-write here, read-only in tritonserver, mounted at the same path in both):
+
+    <repo>/<name>                         a symbolic link, `.fetched/<name>/<digest>`: what Triton loads as <name>
+    <repo>/.fetched/<name>/<digest>/      one digest's files (version directories, model files, warm-up files)
+    <repo>/.fetched/<name>/.<digest>.part a fetch under way (renamed to <digest> once complete and checked)
+
+A digest's directory appears whole (a rename) and the model's link is switched by renaming a new link over it, so
+Triton sees either the old digest's files or the new one's, never a mix; a copy Triton serves keeps its files until
+the operator has loaded the new digest and asks to `prune` the others. The link is relative: it resolves the same
+wherever the volume is mounted. Triton reads a model through a linked directory (tests/test_fetch_server.py loads
+one into the real tritonserver).
+
+The API, every request with the pool's repository key in the `triton-operator-key` header (compared in constant
+time; without a key configured every request is refused):
+
+- `GET /v1/models`: `{"models": {name: {"digest", "fetching", "failed": {"digest", "message", "attempt"}}}}`: what
+  the volume holds (read back from the links, so a restarted sidecar, or operator, knows), what is being fetched,
+  and the last failure.
+- `PUT /v1/models/<name>` with `{"digest", "sources": [{"field", "version", "uri", "sha256", "objectVersion"}],
+  "files": {path: base64}}`: 200 when the digest is held already, else 202 and the fetch runs in a thread of its own
+  (the operator never waits on it); 409 while another digest of that model is being fetched.
+- `POST /v1/models/<name>/prune`: removes every digest of the model but the linked one.
+- `DELETE /v1/models/<name>`: removes the link and every digest (the operator has unloaded the model); 404 when it
+  held none, 409 while it is being fetched.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .fetch import MODEL_DIR, Budget, FetchError, _write, fetch_uri
+from .uris import redact, shown
+
+log = logging.getLogger("triton_operator.fetch_server")
+
+#: The header the key travels in (the same as the repository API's: `render.repository_key.KEY_HEADER`).
+KEY_HEADER = "triton-operator-key"
+#: Where a model's digests are kept, inside the repository (hidden: Triton is asked for models by name only).
+STORE = ".fetched"
+#: A Triton model name, a digest: what may be a path component here.
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
+_DIGEST = re.compile(r"^[0-9a-f]{8,128}$")
+#: The largest request body taken (inline files beside uri sources are small: they fit a ConfigMap).
+MAX_BODY = 4 << 20
+
+
+@dataclass
+class _Failure:
+    digest: str
+    message: str
+    attempt: int
+
+
+@dataclass
+class Limits:
+    """What one fetch may write and how long it may take (the pool's spec.server.fetch)."""
+
+    max_bytes: int
+    max_files: int
+    timeout_seconds: float
+
+
+@dataclass
+class Store:
+    """The repository volume's fetched models, and the fetches under way."""
+
+    repo: Path
+    limits: Limits
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    fetching: dict[str, str] = field(default_factory=dict)  # name -> digest
+    failed: dict[str, _Failure] = field(default_factory=dict)
+    attempts: int = 0
+
+    def __post_init__(self) -> None:
+        (self.repo / STORE).mkdir(parents=True, exist_ok=True)
+        for part in (self.repo / STORE).glob("*/.*.part"):  # a fetch cut by a restart: never complete
+            shutil.rmtree(part, ignore_errors=True)
+
+    def _dir(self, name: str) -> Path:
+        return self.repo / STORE / name
+
+    def linked(self, name: str) -> str | None:
+        """The digest `<repo>/<name>` links to, if it is one of ours."""
+        link = self.repo / name
+        if not link.is_symlink():
+            return None
+        target = PurePosixPath(os.readlink(link))
+        if target.parts[:2] != (STORE, name) or len(target.parts) != 3 or not (self._dir(name) / target.name).is_dir():
+            return None
+        return target.name
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            names = {p.name for p in (self.repo / STORE).iterdir() if p.is_dir()} | set(self.fetching) | set(self.failed)
+            out: dict[str, Any] = {}
+            for name in sorted(names):
+                f = self.failed.get(name)
+                out[name] = {"digest": self.linked(name), "fetching": self.fetching.get(name),
+                             "failed": None if f is None else {"digest": f.digest, "message": f.message,
+                                                               "attempt": f.attempt}}
+            return {"models": out}
+
+    def start(self, name: str, digest: str, sources: list[Mapping[str, Any]], files: Mapping[str, bytes]) -> int:
+        """200: held already; 202: fetching (now or already); 409: another digest of it is being fetched."""
+        with self.lock:
+            if self.linked(name) == digest:
+                return 200
+            busy = self.fetching.get(name)
+            if busy is not None:
+                return 202 if busy == digest else 409
+            self.fetching[name] = digest
+            self.failed.pop(name, None)
+            self.attempts += 1
+            attempt = self.attempts
+        threading.Thread(target=self._fetch, args=(name, digest, sources, files, attempt), daemon=True,
+                         name=f"fetch-{name}").start()
+        return 202
+
+    def _fetch(self, name: str, digest: str, sources: list[Mapping[str, Any]], files: Mapping[str, bytes],
+               attempt: int) -> None:
+        base = self._dir(name)
+        part = base / f".{digest}.part"
+        try:
+            base.mkdir(exist_ok=True)
+            shutil.rmtree(part, ignore_errors=True)
+            part.mkdir()
+            # One budget for the whole digest, as the fetch step has for a replica's whole repository.
+            budget = Budget(self.limits.max_bytes, self.limits.max_files, self.limits.timeout_seconds)
+            for src in sources:
+                uri, where = str(src["uri"]), str(src.get("field") or "uri")
+                log.info("Fetching model files model=%s digest=%s field=%s uri=%s", name, digest, where, shown(uri))
+                try:
+                    # Into part/<digest>/<version> (fetch_uri's layout: model, then version), moved up below.
+                    fetch_uri(digest, uri, part, sha256=src.get("sha256"), object_version=src.get("objectVersion"),
+                              version=str(src.get("version") or "1"), budget=budget)
+                except (FetchError, OSError) as exc:
+                    raise FetchError(f"{where}: {exc}") from exc
+            tree = part / digest
+            tree.mkdir(exist_ok=True)
+            budget.source = "the model's inline files"
+            for path, content in sorted(files.items()):
+                rel = PurePosixPath(path)
+                if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+                    raise FetchError(f"inline file {path!r} escapes the model directory")
+                target = tree.joinpath(*rel.parts)
+                if target.exists():
+                    os.unlink(target)  # an inline file replaces a fetched one of its name, as on a model's own replicas
+                view = memoryview(content)
+                offset = [0]
+
+                def read(n: int, view: memoryview = view, offset: list[int] = offset) -> bytes:
+                    chunk = bytes(view[offset[0]:offset[0] + n])
+                    offset[0] += len(chunk)
+                    return chunk
+
+                _write(target, read, budget)
+            final = base / digest
+            shutil.rmtree(final, ignore_errors=True)
+            tree.rename(final)  # the digest's files appear whole
+            with self.lock:
+                self._link(name, digest)
+                self.fetching.pop(name, None)
+                self._drop(name, keep={digest, *([] if (d := self._previous(name, digest)) is None else [d])})
+            log.info("Fetched model files model=%s digest=%s bytes=%d files=%d", name, digest, budget.bytes,
+                     budget.files)
+        except Exception as exc:  # noqa: BLE001 - a fetch's failure is reported to the operator, whatever it is
+            message = redact(str(exc) if isinstance(exc, FetchError) else f"{type(exc).__name__}: {exc}")
+            log.warning("Failed to fetch model files model=%s digest=%s error=%s", name, digest, message)
+            with self.lock:
+                self.fetching.pop(name, None)
+                self.failed[name] = _Failure(digest, message[:1000], attempt)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
+
+    def _previous(self, name: str, digest: str) -> str | None:
+        """The digest linked before `digest` (still served until the operator reloads): recorded beside the link."""
+        mark = self._dir(name) / ".previous"
+        return mark.read_text() if mark.is_file() else None
+
+    def _link(self, name: str, digest: str) -> None:
+        """Points `<repo>/<name>` at `digest` atomically (a new link renamed over the old one)."""
+        before = self.linked(name)
+        if before is not None and before != digest:
+            (self._dir(name) / ".previous").write_text(before)
+        tmp = self.repo / f".{name}.link"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(f"{STORE}/{name}/{digest}")
+        os.replace(tmp, self.repo / name)
+
+    def _drop(self, name: str, keep: set[str]) -> None:
+        base = self._dir(name)
+        for entry in base.iterdir() if base.is_dir() else ():
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in keep:
+                shutil.rmtree(entry, ignore_errors=True)
+        mark = base / ".previous"
+        if mark.is_file() and mark.read_text() not in keep:
+            mark.unlink()
+
+    def prune(self, name: str) -> None:
+        with self.lock:
+            linked = self.linked(name)
+            self._drop(name, keep={linked} if linked else set())
+
+    def delete(self, name: str) -> int:
+        """Removes the model's link and files: 200; 404 when there were none; 409 while it is being fetched (asked
+        again later)."""
+        with self.lock:
+            if name in self.fetching:
+                return 409
+            link, base = self.repo / name, self._dir(name)
+            held = link.is_symlink() or base.exists()
+            if link.is_symlink():
+                link.unlink()
+            shutil.rmtree(base, ignore_errors=True)
+            self.failed.pop(name, None)
+            return 200 if held else 404
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FetchServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the store logs what it does; a request log would add nothing
+
+    def _answer(self, status: int, body: Mapping[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorized(self) -> bool:
+        key = self.server.key
+        given = self.headers.get(KEY_HEADER)
+        if key is None:
+            self._answer(403, {"error": "no repository key is configured: this sidecar answers no request"})
+            return False
+        if given is None or not hmac.compare_digest(given.encode(), key.encode()):
+            self._answer(401, {"error": f"a request needs the pool's key in header {KEY_HEADER}"})
+            return False
+        return True
+
+    def _name(self) -> tuple[str | None, str]:
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if len(parts) < 3 or parts[:2] != ["v1", "models"] or not _NAME.match(parts[2]):
+            return None, ""
+        return parts[2], "/".join(parts[3:])
+
+    def _body(self) -> dict[str, Any] | None:
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > MAX_BODY:
+            self._answer(413, {"error": f"a request body is at most {MAX_BODY} bytes"})
+            return None
+        try:
+            body = json.loads(self.rfile.read(n) or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self._answer(400, {"error": "the body is a JSON object"})
+            return None
+        return body
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            return
+        if self.path.split("?", 1)[0].rstrip("/") != "/v1/models":
+            self._answer(404, {"error": "not found"})
+            return
+        self._answer(200, self.server.store.state())
+
+    def do_PUT(self) -> None:
+        if not self._authorized():
+            return
+        name, rest = self._name()
+        if name is None or rest:
+            self._answer(404, {"error": "not found"})
+            return
+        body = self._body()
+        if body is None:
+            return
+        digest, sources, files = body.get("digest"), body.get("sources"), body.get("files") or {}
+        if (not isinstance(digest, str) or not _DIGEST.match(digest) or not isinstance(sources, list)
+                or not all(isinstance(s, dict) and isinstance(s.get("uri"), str) for s in sources)
+                or not all(str(s.get("version") or "1") == MODEL_DIR or str(s.get("version") or "1").isdigit()
+                           for s in sources)
+                or not isinstance(files, dict)):
+            self._answer(400, {"error": "the body is {digest: hex, sources: [{uri, version, ...}], files: {}}"})
+            return
+        try:
+            decoded = {str(p): base64.b64decode(str(c), validate=True) for p, c in files.items()}
+        except ValueError:
+            self._answer(400, {"error": "files are base64"})
+            return
+        status = self.server.store.start(name, digest, sources, decoded)
+        self._answer(status, {"model": name, "digest": digest})
+
+    def do_POST(self) -> None:
+        if not self._authorized():
+            return
+        name, rest = self._name()
+        if name is None or rest != "prune":
+            self._answer(404, {"error": "not found"})
+            return
+        self.server.store.prune(name)
+        self._answer(200, {"model": name})
+
+    def do_DELETE(self) -> None:
+        if not self._authorized():
+            return
+        name, rest = self._name()
+        if name is None or rest:
+            self._answer(404, {"error": "not found"})
+            return
+        status = self.server.store.delete(name)
+        self._answer(status, {"model": name, **({"error": f"model {name} is being fetched"} if status == 409 else {})})
+
+
+class FetchServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], store: Store, key: str | None) -> None:
+        super().__init__(address, _Handler)
+        self.store = store
+        self.key = key or None
+
+
+def serve(address: tuple[str, int], repo: Path, limits: Limits, key: str | None) -> FetchServer:
+    """A server bound to `address` (not yet serving: call serve_forever)."""
+    return FetchServer(address, Store(repo, limits), key)

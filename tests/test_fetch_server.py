@@ -1,0 +1,173 @@
+"""The pool replica's `fetch-server` sidecar (triton_operator.fetch_server) over real HTTP, fetching from a REAL
+HTTPS server on 127.0.0.1 (tests/https_server.py) into a real directory: the key is required, a digest's files
+appear whole behind the model's link, a new digest swaps the link and leaves the served copy's files until pruned, a
+bad pin or a 404 is reported with the field and a redacted uri and leaves the linked copy alone, and a delete frees
+the model's files."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.https_server import HttpsServer, serve
+from triton_operator.fetch_server import KEY_HEADER, STORE, FetchServer, Limits
+from triton_operator.fetch_server import serve as fetch_serve
+
+KEY = "k" * 43
+
+
+@pytest.fixture
+def https(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[HttpsServer]:
+    gen = serve(tmp_path_factory.mktemp("https"))
+    server = next(gen)
+    monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))
+    yield server
+    gen.close()
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[FetchServer]:
+    server = fetch_serve(("127.0.0.1", 0), tmp_path / "models", Limits(1 << 20, 100, 30), KEY)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+def _ask(server: FetchServer, method: str, path: str, body: Any = None, key: str | None = KEY) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{server.server_address[1]}{path}", data=data, method=method)
+    if key is not None:
+        req.add_header(KEY_HEADER, key)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - a loopback test server
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _settled(server: FetchServer, name: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The model's state once no fetch of it is under way (waited on, up to `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _, state = _ask(server, "GET", "/v1/models")
+        entry = state["models"].get(name)
+        if entry is not None and entry["fetching"] is None:
+            return dict(entry)
+        assert time.monotonic() < deadline, f"the fetch of {name} did not end within {timeout} s: {state}"
+        time.sleep(0.05)
+
+
+def _tgz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _put(server: FetchServer, name: str, digest: str, uri: str, sha: str, **extra: Any) -> int:
+    status, _ = _ask(server, "PUT", f"/v1/models/{name}", {
+        "digest": digest, "sources": [{"field": "spec.source.uri", "version": "1", "uri": uri, "sha256": sha}],
+        **extra})
+    return status
+
+
+def test_every_request_needs_the_key(sidecar: FetchServer, tmp_path: Path) -> None:
+    for key in (None, "wrong", KEY[:-1]):
+        assert _ask(sidecar, "GET", "/v1/models", key=key)[0] == 401
+        assert _ask(sidecar, "PUT", "/v1/models/m", {"digest": "ab" * 8, "sources": []}, key=key)[0] == 401
+        assert _ask(sidecar, "DELETE", "/v1/models/m", key=key)[0] == 401
+    assert _ask(sidecar, "GET", "/v1/models")[0] == 200
+    keyless = fetch_serve(("127.0.0.1", 0), tmp_path / "other", Limits(1 << 20, 100, 30), None)
+    thread = threading.Thread(target=keyless.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert _ask(keyless, "GET", "/v1/models", key="")[0] == 403  # no key configured: nothing is answered
+        assert _ask(keyless, "GET", "/v1/models")[0] == 403
+    finally:
+        keyless.shutdown()
+        keyless.server_close()
+
+
+def test_a_name_or_path_that_is_not_a_model_is_refused(sidecar: FetchServer) -> None:
+    assert _ask(sidecar, "PUT", "/v1/models/..", {"digest": "ab" * 8, "sources": []})[0] == 404
+    assert _ask(sidecar, "PUT", "/v1/models/m", {"digest": "../x", "sources": []})[0] == 400
+    assert _ask(sidecar, "PUT", "/v1/models/m", {"digest": "ab" * 8, "sources": [{"uri": "x", "version": "../1"}]})[0] == 400
+    assert _ask(sidecar, "GET", "/v1/other")[0] == 404
+
+
+def test_a_digest_is_fetched_behind_the_link_swapped_in_place_and_deleted(sidecar: FetchServer, https: HttpsServer,
+                                                                         tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    one, two = _tgz({"model.py": b"# one\n"}), _tgz({"model.py": b"# two\n", "extra.txt": b"x"})
+    https["/one.tgz"], https["/two.tgz"] = one, two
+    d1, d2 = "a1" * 16, "b2" * 16
+    assert _put(sidecar, "m", d1, https.url("/one.tgz?sig=secret"), hashlib.sha256(one).hexdigest(),
+                files={"warmup/in": base64.b64encode(b"\0" * 16).decode()}) == 202
+    assert _settled(sidecar, "m") == {"digest": d1, "fetching": None, "failed": None}
+    assert os.readlink(repo / "m") == f"{STORE}/m/{d1}"
+    assert (repo / "m" / "1" / "model.py").read_bytes() == b"# one\n"
+    assert (repo / "m" / "warmup" / "in").read_bytes() == b"\0" * 16
+    assert _put(sidecar, "m", d1, https.url("/one.tgz"), hashlib.sha256(one).hexdigest()) == 200  # held: no fetch
+    assert https.requests.count("/one.tgz?sig=secret") == 1
+
+    # A new pin: the link swaps to the new digest; the old one's files stay (Triton may serve them) until pruned.
+    assert _put(sidecar, "m", d2, https.url("/two.tgz"), hashlib.sha256(two).hexdigest()) == 202
+    assert _settled(sidecar, "m")["digest"] == d2
+    assert (repo / "m" / "1" / "model.py").read_bytes() == b"# two\n"
+    assert (repo / STORE / "m" / d1 / "1" / "model.py").is_file()
+    assert _ask(sidecar, "POST", "/v1/models/m/prune")[0] == 200
+    assert sorted(p.name for p in (repo / STORE / "m").iterdir() if not p.name.startswith(".")) == [d2]
+
+    # A restarted sidecar reads what it holds back from the volume.
+    again = fetch_serve(("127.0.0.1", 0), repo, Limits(1 << 20, 100, 30), KEY)
+    assert again.store.state()["models"]["m"]["digest"] == d2
+    again.server_close()
+
+    assert _ask(sidecar, "DELETE", "/v1/models/m")[0] == 200
+    assert sorted(p.name for p in repo.iterdir()) == [STORE]
+    assert list((repo / STORE).iterdir()) == []
+
+
+@pytest.mark.parametrize("problem", ["sha256", "404", "over budget"])
+def test_a_failed_fetch_says_which_field_and_uri_and_leaves_the_linked_copy(sidecar: FetchServer, https: HttpsServer,
+                                                                            tmp_path: Path, problem: str) -> None:
+    repo = tmp_path / "models"
+    good = _tgz({"model.py": b"# good\n"})
+    https["/good.tgz"] = good
+    d1, d2 = "c3" * 16, "d4" * 16
+    assert _put(sidecar, "m", d1, https.url("/good.tgz"), hashlib.sha256(good).hexdigest()) == 202
+    assert _settled(sidecar, "m")["digest"] == d1
+    big = os.urandom(2 << 20)
+    https["/big.bin"] = big
+    uri, sha = {"sha256": (https.url("/good.tgz?token=hush"), "0" * 64),
+                "404": (https.url("/missing.tgz?token=hush"), "0" * 64),
+                "over budget": (https.url("/big.bin?token=hush"), hashlib.sha256(big).hexdigest())}[problem]
+    assert _put(sidecar, "m", d2, uri, sha) == 202
+    state = _settled(sidecar, "m")
+    assert state["digest"] == d1, state  # the served copy is left alone
+    failed = state["failed"]
+    assert failed["digest"] == d2
+    assert failed["message"].startswith("spec.source.uri: "), failed
+    assert "hush" not in failed["message"] and "<redacted>" in failed["message"], failed
+    assert {"sha256": "sha256", "404": "404", "over budget": "maxBytes"}[problem] in failed["message"], failed
+    assert (repo / "m" / "1" / "model.py").read_bytes() == b"# good\n"
+    assert sorted(p.name for p in (repo / STORE / "m").iterdir() if p.is_dir()) == [d1]  # nothing half-written
