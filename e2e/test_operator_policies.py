@@ -165,6 +165,11 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
         op, "DELETE", f"/api/v1/namespaces/{namespace}/pods/someone-elses", None, "application/json")
     for what, answer in answers.items():
         assert answer.startswith("403 ") and POLICY in answer, f"{what}: {answer}"
+    # Allowed: a replica's pod-deletion-cost (a pool's rounds set it on each of its replicas: issue 29).
+    op.patch("Pod", name, {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "7"}}},
+             namespace, type="merge")
+    assert (kube.get("Pod", name, namespace)["metadata"].get("annotations") or {}).get(
+        "controller.kubernetes.io/pod-deletion-cost") == "7", "the operator's token set a pod-deletion-cost"
     assert kube.get_or_none("Pod", "someone-elses", namespace) is not None, "the policy refused, the pod is there"
     # And nothing moved: the pod as it was, its gate its own, the model still Ready.
     now = kube.get("Pod", name, namespace)
