@@ -840,3 +840,29 @@ def test_the_tritonmodel_policy_binds_the_namespaces_the_webhook_reviews(helm: s
 def test_admission_policies_can_be_turned_off(helm: str) -> None:
     docs = render(helm, **{"admissionPolicies.operator.enabled": False, "admissionPolicies.tritonModels.enabled": False})
     assert not kinds(docs, "ValidatingAdmissionPolicy") and not kinds(docs, "ValidatingAdmissionPolicyBinding")
+
+
+def test_the_admission_policies_cel_strings_are_closed(helm: str) -> None:
+    """A quote inside a CEL string literal ("a pool replica's ...") ends it, and the API server then refuses the whole
+    policy, and with it the chart's install (seen live). Every single-quoted literal of every expression closes."""
+    docs = kinds(render(helm), "ValidatingAdmissionPolicy")
+    assert docs, "the chart renders its admission policies by default"
+    for doc in docs:
+        spec = doc["spec"]
+        texts = [v.get(k, "") for v in spec.get("validations", []) for k in ("expression", "messageExpression")]
+        texts += [v.get("expression", "") for v in spec.get("variables", []) + spec.get("matchConditions", [])]
+        for text in texts:
+            assert _cel_strings_closed(text), f"{doc['metadata']['name']}: an unclosed CEL string in {text!r}"
+
+
+def _cel_strings_closed(text: str) -> bool:
+    """Whether every '...' and "..." literal of a CEL expression ends before the expression does."""
+    quote, escaped = "", False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif quote and ch == "\\":
+            escaped = True
+        elif ch in "'\"" and (not quote or ch == quote):
+            quote = "" if quote else ch
+    return not quote
