@@ -113,6 +113,8 @@ class PoolReconciler:
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._live: dict[tuple[str, str], _Live] = {}  # the rounds under way
+        # The loads this process has sent, answered or not: a recorded load not among them is a previous operator's.
+        self._sent: set[tuple[str, str, str, str, str]] = set()  # (ns, pool, replica, Triton name, digest)
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -238,10 +240,17 @@ class PoolReconciler:
     async def _round(self, rnd: _Round, st: _Live) -> float:
         ready = [r.name for r in rnd.live if rnd.pods[r.name].ready and rnd.pods[r.name].ip]
         st.seen = await self._observe(rnd, ready, st.records)
-        todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd))
+        in_flight, heard = await self._in_flight(rnd, ready, st.seen)
+        waiting = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
+        todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd), waiting)
         st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
-        # The placement and the slices without what is about to be drained or unloaded, before any load.
-        await self._publish(rnd, st.records, st.seen, st.draining)
+        # The placement and the slices without what is about to be drained or unloaded, and the loads about to be sent
+        # (a restarted operator waits for them), before any load.
+        sending = utc_now()
+        loading = self._loading(rnd, waiting, {(r, ld.member): pool_plan.InFlight(rnd.members[ld.member].digest or "",
+                                                                                  sending)
+                                               for r, w in todo.items() for ld in w.load})
+        await self._publish(rnd, st.records, st.seen, st.draining, loading)
         if st.draining:
             await self._drain(rnd, st.draining)
         busy = [w for w in todo.values() if w.load or w.unload]
@@ -251,10 +260,42 @@ class PoolReconciler:
             st.seen = await self._observe(rnd, ready, st.records)
         st.records = self._record(rnd, ready, st.records, st.seen)
         st.draining = frozenset()
-        settled = await self._publish(rnd, st.records, st.seen, frozenset())
+        # Still in flight: the previous operator's loads not READY yet (this round's own loads have all answered).
+        pending = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
+        settled = await self._publish(rnd, st.records, st.seen, frozenset(), self._loading(rnd, pending, {}))
+        self._sent = {k for k in self._sent if k[:2] != (rnd.namespace, rnd.pool.name)}  # answered, and unrecorded
         if any(cut):
             return 0.0
-        return SETTLED_SECONDS if settled and not busy else REVISIT_SECONDS
+        return SETTLED_SECONDS if settled and not busy and not pending else REVISIT_SECONDS
+
+    async def _in_flight(self, rnd: _Round, ready: list[str], seen: Mapping[tuple[str, str], pool_plan.Seen]
+                         ) -> tuple[dict[str, dict[str, pool_plan.InFlight]], dict[tuple[str, str], bool | None]]:
+        """The loads the pool's status records in flight that this process did not send (a previous operator's), and
+        for each on a Ready replica and not READY there, whether its Triton has received it (`triton.pool.heard_of`)."""
+        recorded = pool_plan.recorded_loading(rnd.body)
+        theirs = {r: {t: ld for t, ld in loads.items()
+                      if (rnd.namespace, rnd.pool.name, r, t, ld.digest) not in self._sent}
+                  for r, loads in recorded.items() if r in ready}
+        names = {m.triton_name: n for n, m in rnd.members.items()}
+        asks = [(r, names[t]) for r, loads in theirs.items() for t in loads if t in names
+                and not ((s := seen.get((r, names[t]))) is not None and s.ready and s.digest == loads[t].digest)]
+        answers = await asyncio.gather(*(triton_pool.heard_of(rnd.address(r), rnd.members[n].triton_name)
+                                         for r, n in asks))
+        heard = dict(zip(asks, answers, strict=True))
+        for (r, n), h in heard.items():
+            ld = theirs[r][rnd.members[n].triton_name]
+            log.info("Found a load in flight from a previous operator namespace=%s pool=%s pod=%s model=%s digest=%s "
+                     "since=%s heard=%s", rnd.namespace, rnd.pool.name, r, n, ld.digest, ld.since.isoformat(), h)
+        return theirs, heard
+
+    @staticmethod
+    def _loading(rnd: _Round, waiting: Mapping[tuple[str, str], pool_plan.InFlight],
+                 sending: Mapping[tuple[str, str], pool_plan.InFlight]) -> dict[str, dict[str, pool_plan.InFlight]]:
+        """The loads in flight to record, by replica and Triton name: those waited for, and those about to be sent."""
+        out: dict[str, dict[str, pool_plan.InFlight]] = {}
+        for (r, n), ld in {**waiting, **sending}.items():
+            out.setdefault(r, {})[rnd.members[n].triton_name] = ld
+        return out
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pool pod's event. While a round of its pool runs (a load can take minutes), a replica that stops being
@@ -393,6 +434,7 @@ class PoolReconciler:
             if ld.drain:
                 await triton_pool.unload(address, m.triton_name, rnd.key)
             started = time.monotonic()
+            self._sent.add((rnd.namespace, rnd.pool.name, w.replica, m.triton_name, m.digest))
             why = await triton_pool.load(address, m.request.name, m.request.config, m.request.files, rnd.key)
             after = await triton_pool.served(address, m.triton_name, m.digest, None, rnd.key)
             held_key = (rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest)
@@ -447,7 +489,8 @@ class PoolReconciler:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies[n]), rnd.pods, serving[n])
 
     async def _publish(self, rnd: _Round, records: dict[str, dict[str, str]],
-                       seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]]) -> bool:
+                       seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]],
+                       loading: Mapping[str, Mapping[str, pool_plan.InFlight]] | None = None) -> bool:
         """Writes each model's Service, slices and status and the pool's status; whether every copy serves."""
         serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
         current = pool_plan.current(rnd.members, serving, seen)
@@ -468,7 +511,8 @@ class PoolReconciler:
                 m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name], rnd.coming,
                 hpa))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
-                                       ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
+                                       ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now,
+                                       loading)
         await self._write_pool_status(rnd, status)
         return behind == 0 and failed == 0
 

@@ -14,7 +14,7 @@ accepts its previous config during a Swap, until the new one is READY there.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from ..api import steps as step_graph
 from ..api.kinds import LABEL_MODEL
 from ..api.pool import TritonPool, format_bytes
-from ..api.timestamps import rfc3339
+from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
 from ..render.modelconfig import RenderedModel, render_repository
 from ..render.pool import LoadRequest, ReplicaPod, load_request
@@ -157,6 +157,57 @@ def recorded(pool_body: Mapping[str, Any] | None) -> dict[str, dict[str, str]]:
     return {str(r.get("pod")): dict(r.get("loaded") or {}) for r in rows if r.get("pod")}
 
 
+#: How long a restarted operator waits for a load a previous one sent (`awaited`) before it sends it again. Loads that
+#: take longer are sent a second time: Triton holds the second behind the first (its load/unload conflict wait) and,
+#: with the same config and files, it loads nothing new (measured, 2.51: no second initialize). A load that failed
+#: is sent again then, too: Triton's answers cannot tell a failed load from one under way (`triton.pool.heard_of`).
+IN_FLIGHT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A load sent to a replica and not answered yet, as the pool's status records it (`replicaModels[].loading`)."""
+
+    digest: str
+    since: dt.datetime
+
+
+def recorded_loading(pool_body: Mapping[str, Any] | None) -> dict[str, dict[str, InFlight]]:
+    """The loads the pool's status says are in flight: pod -> Triton model name -> the load."""
+    out: dict[str, dict[str, InFlight]] = {}
+    for row in ((pool_body or {}).get("status") or {}).get("replicaModels") or ():
+        for name, load in (row.get("loading") or {}).items():
+            try:
+                since = parse_rfc3339(str((load or {}).get("since") or "") or None)
+            except ValueError:
+                continue
+            if row.get("pod") and since is not None and (load or {}).get("digest"):
+                out.setdefault(str(row["pod"]), {})[str(name)] = InFlight(str(load["digest"]), since)
+    return out
+
+
+def awaited(placement: Placement, members: Mapping[str, Member], in_flight: Mapping[str, Mapping[str, InFlight]],
+            seen: Mapping[tuple[str, str], Seen], heard: Mapping[tuple[str, str], bool | None], now: dt.datetime,
+            bound: float = IN_FLIGHT_SECONDS) -> dict[tuple[str, str], InFlight]:
+    """The (replica, model) loads to wait for rather than send: sent by a previous operator (`in_flight`: recorded,
+    and not sent by this one) at the model's desired digest, not READY at it yet, received by Triton (`heard`: False
+    means it never reached it, the operator stopped before sending it), and sent less than `bound` seconds ago."""
+    out: dict[tuple[str, str], InFlight] = {}
+    for n, replicas in placement.copies.items():
+        m = members.get(n)
+        if m is None or m.digest is None:
+            continue
+        for r in replicas:
+            load = in_flight.get(r, {}).get(m.triton_name)
+            s = seen.get((r, n))
+            if load is None or load.digest != m.digest or (s is not None and s.ready and s.digest == m.digest):
+                continue
+            if heard.get((r, n)) is False or (now - load.since).total_seconds() >= bound:
+                continue
+            out[(r, n)] = load
+    return out
+
+
 #: Read by the ReplicaSet controller on a scale-down: pods of a lower cost are deleted first (Kubernetes >= 1.22).
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
@@ -224,11 +275,13 @@ def serves(member: Member, seen: Seen | None, record: Mapping[str, str]) -> bool
 
 def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[str],
          records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
-         held: Mapping[tuple[str, str], bool]) -> dict[str, ReplicaWork]:
+         held: Mapping[tuple[str, str], bool],
+         awaiting: Collection[tuple[str, str]] = frozenset()) -> dict[str, ReplicaWork]:
     """Each Ready replica's work: unload what is recorded there and no longer placed; load what is placed there and
     not READY at its desired digest. An update of a copy that serves (at its recorded digest) waits for the model's
     budget (rollout.maxUnavailable less its copies not serving), so a model updates replica by replica. `held`:
-    (replica, model) loads that failed lately and wait for their back-off."""
+    (replica, model) loads that failed lately and wait for their back-off; `awaiting`: loads a previous operator sent
+    that are still in flight (`awaited`), not sent again."""
     out = {r: ReplicaWork(r) for r in ready}
     names = {m.triton_name: n for n, m in members.items() if m.problem is None}  # a name's owner, not its taker
     for n, m in members.items():
@@ -240,7 +293,8 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
         w.unload = sorted(t for t in records.get(r, {}) if names.get(t) not in placed)
         for n in order(sorted(placed), members):
             m, s = members[n], seen.get((r, n))
-            if m.request is None or (s is not None and s.ready and s.digest == m.digest) or held.get((r, n)):
+            if (m.request is None or (s is not None and s.ready and s.digest == m.digest) or held.get((r, n))
+                    or (r, n) in awaiting):
                 continue
             if s is not None and not s.answered:  # unknown, not absent: a load now could be a second one
                 continue
@@ -354,9 +408,11 @@ def model_status(m: Member, pool: str, found: bool, placement: Placement | None,
 
 def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolReplica],
                 pods: Mapping[str, ReplicaPod], placement: Placement, records: Mapping[str, Mapping[str, str]],
-                behind: int, failed: int, selector: str, now: dt.datetime) -> dict[str, Any]:
+                behind: int, failed: int, selector: str, now: dt.datetime,
+                loading: Mapping[str, Mapping[str, InFlight]] | None = None) -> dict[str, Any]:
     """The pool's status: its replicas, what each carries and has loaded, capacity used and free, and conditions.
-    `behind`: copies placed that do not serve yet; `failed`: models whose loads failed."""
+    `behind`: copies placed that do not serve yet; `failed`: models whose loads failed; `loading`: the loads in flight
+    (`recorded_loading` reads them back)."""
     g = int(body["metadata"].get("generation", 0))
     ready = sum(1 for r in live if pods[r.name].ready)
     rows = []
@@ -368,6 +424,9 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
             row["node"] = r.node
         if records.get(r.name):
             row["loaded"] = dict(sorted(records[r.name].items()))
+        if (loading or {}).get(r.name):
+            row["loading"] = {n: {"digest": ld.digest, "since": rfc3339(ld.since)}
+                              for n, ld in sorted((loading or {})[r.name].items())}
         rows.append(row)
     used = sum(placement.used.get(r.name, 0) for r in live)
     total = placement.capacity * len(live)

@@ -80,9 +80,10 @@ def check_pool_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) 
 
 
 def step_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) -> list[tuple[str, FieldError]]:
-    """(ensemble, error) for each step (fitting a replica alone) of an ensemble on `pool` whose copy, with every step it reaches, does not fit
-    one: the ensemble and its steps are placed together on the same replicas, so a step that grows (spec.memory) can
-    strand the ensemble as surely as the ensemble's own change. Named at the step's spec.memory, with the ensemble."""
+    """(ensemble, error) for each step (fitting a replica alone) of an ensemble on `pool` whose copy, with every step
+    it reaches, does not fit one: the ensemble and its steps are placed together on the same replicas, so a step that
+    grows (spec.memory) can strand the ensemble as surely as the ensemble's own change. Named at the step's
+    spec.memory, with the ensemble."""
     if capacity_problem(pool) is not None:
         return []
     capacity = pool.spec.replica_bytes
