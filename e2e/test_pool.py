@@ -334,5 +334,33 @@ def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a
                     f"{unloaded}; at the kill their replicas' Tritons served {at_kill}, desired "
                     f"{({n: desired[n] for n in serving})}; the new leader's lines about them: {about[:40]}")
         assert not again and not unloaded, evidence
+        # Triton's own count: each replica's tritonserver logs one "loading" per load it received. A load in flight
+        # at the kill, sent again by the next leader, is a second one (the next leader waits for it instead: the
+        # pool's status records each load before it is sent, `replicaModels[].loading`).
+        loads = triton_loads(kubeconfig, kube, namespace, names)
+        duplicates = {k: n for k, n in loads.items() if n != 1}
+        placed = {(r, n) for n in names for r in placement(models[n])}
+        assert set(loads) == placed and not duplicates, (
+            f"loads received by the replicas' Tritons, by (pod, model), other than one per copy placed: {duplicates}; "
+            f"loads {loads}; placed {sorted(placed)}; the new leader's lines on loads in flight: "
+            f"{[line for line in log.splitlines() if 'in flight' in line][:20]}")
+        waited = [line for line in log.splitlines() if "Found a load in flight" in line]
     record("pool: operator SIGKILL mid-placement",
-           f"pid {pid} at {killed_at}; loads again of a model serving at the kill: {len(again)}; {audit.summary()}")
+           f"pid {pid} at {killed_at}; loads again of a model serving at the kill: {len(again)}; loads received by "
+           f"the Tritons: {sum(loads.values())} for {len(placed)} copies; in flight at the restart, waited for: "
+           f"{sorted({line.split('model=')[1].split()[0] for line in waited})}; {audit.summary()}")
+
+
+def triton_loads(kubeconfig: Path, kube: Kube, namespace: str, names: list[str]) -> dict[tuple[str, str], int]:
+    """(pod, model) -> the loads of `model` the pod's tritonserver received (its log's "loading: <model>:1" lines),
+    for each pool replica whose tritonserver never restarted (its log is whole)."""
+    out: dict[tuple[str, str], int] = {}
+    for pod in replica_pods(kube, namespace, POOL):
+        name = pod["metadata"]["name"]
+        assert container_status(pod, "tritonserver").get("restartCount", 0) == 0, f"{name}'s tritonserver restarted"
+        text = kubectl(kubeconfig, "logs", "-n", namespace, name, "-c", "tritonserver").stdout
+        for n in names:
+            count = text.count(f'"loading: {n}:1"')
+            if count:
+                out[(name, n)] = count
+    return out

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api.kinds import HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
-from ..api.pod import HTTP_PORT
+from ..api.pod import HTTP_PORT, PROBE_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import TritonModel
@@ -48,10 +48,12 @@ from ..render.pool import (
     render_pool_key_secret,
 )
 from ..triton import pool as triton_pool
+from ..triton.probe import probe_news
 from ..triton.reload import requests_seen
 from . import metrics
 from .cache import Cache, lean
 from .errors import retry_after
+from .heal import TRITONSERVER
 from .tasks import detached
 
 log = logging.getLogger("triton_operator.pool")
@@ -63,6 +65,8 @@ REVISIT_SECONDS, SETTLED_SECONDS = 5.0, 15.0
 #: and comes back at once: a model loaded early in a long queue of loads is listed without waiting for the rest
 #: (bench/pool: 200 models, 50 per replica, were all listed at the end of the one round that loaded them).
 ROUND_LOAD_SECONDS = 5.0
+#: How long a read of a pool replica's probe (`GET /status?since=N&wait=S`) is held for news.
+HEALTH_WAIT_SECONDS = 3.0
 #: A failed load of a model on a replica is retried after this many seconds, doubling, up to `HELD_MAX_SECONDS`.
 HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
 
@@ -115,6 +119,13 @@ class PoolReconciler:
         self._live: dict[tuple[str, str], _Live] = {}  # the rounds under way
         # The loads this process has sent, answered or not: a recorded load not among them is a previous operator's.
         self._sent: set[tuple[str, str, str, str, str]] = set()  # (ns, pool, replica, Triton name, digest)
+        # Self-healing (issue 33 on a pool): what each replica's probe finds broken (Triton name -> why), read by a
+        # long poll per Ready replica (`_watch_health`); the heals' back-off; each pool's last round, whose state
+        # rewrites the slices at once when a break is reported between rounds.
+        self._broken: dict[tuple[str, str, str], dict[str, str]] = {}  # (ns, pool, pod)
+        self._watchers: dict[tuple[str, str, str], tuple[str, asyncio.Task[None]]] = {}  # (ns, pool, pod) -> (ip, task)
+        self._heals: dict[tuple[str, str, str, str], _Held] = {}  # (ns, pool, pod, model)
+        self._last: dict[tuple[str, str], _Live] = {}
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -227,6 +238,7 @@ class PoolReconciler:
             return await self._round(rnd, live_state)
         finally:
             self._live.pop((namespace, name), None)
+            self._last[(namespace, name)] = live_state
 
     async def _deletion_costs(self, namespace: str, pods: list[dict[str, Any]], placement: Placement) -> None:
         """Each replica's pod-deletion-cost: what its placed copies take, so a scale-down removes the emptiest."""
@@ -239,10 +251,13 @@ class PoolReconciler:
 
     async def _round(self, rnd: _Round, st: _Live) -> float:
         ready = [r.name for r in rnd.live if rnd.pods[r.name].ready and rnd.pods[r.name].ip]
+        self._watch(rnd, ready)
         st.seen = await self._observe(rnd, ready, st.records)
         in_flight, heard = await self._in_flight(rnd, ready, st.seen)
         waiting = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
-        todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd), waiting)
+        healing = pool_plan.to_heal(rnd.placement, rnd.members, self._broken_copies(rnd), self._heals_held(rnd))
+        todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd), waiting,
+                              healing)
         st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
         # The placement and the slices without what is about to be drained or unloaded, and the loads about to be sent
         # (a restarted operator waits for them), before any load.
@@ -316,7 +331,8 @@ class PoolReconciler:
 
     async def _slices_now(self, st: _Live) -> None:
         rnd = st.rnd
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining)
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining,
+                                    self._broken_copies(rnd))
         for name, m in rnd.members.items():
             if m.model is not None:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
@@ -431,7 +447,9 @@ class PoolReconciler:
                 return True
             m = rnd.members[ld.member]
             assert m.request is not None and m.digest is not None
-            if ld.drain:
+            if ld.drain or ld.heal:
+                # A heal: Triton never finishes unloading a Python model whose stub is dead, and the load makes a new
+                # copy beside it (`controller.heal`); nothing waits for the unload.
                 await triton_pool.unload(address, m.triton_name, rnd.key)
             started = time.monotonic()
             self._sent.add((rnd.namespace, rnd.pool.name, w.replica, m.triton_name, m.digest))
@@ -441,6 +459,8 @@ class PoolReconciler:
             metrics.POOL_LOAD_SECONDS.observe(time.monotonic() - started)
             ok = after.ready and after.digest == m.digest
             metrics.POOL_LOADS.labels(verb="load", result="ok" if ok else "error").inc()
+            if ld.heal:
+                await self._healed(rnd, w.replica, ld.member, ok, why or after.message, time.monotonic() - started)
             if ok:
                 self._held.pop(held_key, None)
                 log.info("Loaded model into pool replica namespace=%s pool=%s pod=%s model=%s digest=%s "
@@ -457,6 +477,90 @@ class PoolReconciler:
                         "attempt=%d error=%r", rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest,
                         held.failures, held.message)
         return False
+
+    # -- self-healing: a copy Triton calls READY that fails (a dead Python stub), as the replica's probe reports it
+
+    def _broken_copies(self, rnd: _Round) -> dict[tuple[str, str], str]:
+        """(replica, member) -> why, of what the replicas' probes last reported broken (by Triton name)."""
+        names = {m.triton_name: n for n, m in rnd.members.items() if m.problem is None}
+        out: dict[tuple[str, str], str] = {}
+        for (ns, pool, pod), broken in list(self._broken.items()):
+            if (ns, pool) == (rnd.namespace, rnd.pool.name):
+                out.update({(pod, names[t]): why for t, why in broken.items() if t in names})
+        return out
+
+    def _heals_held(self, rnd: _Round) -> set[tuple[str, str]]:
+        now = time.monotonic()
+        return {(r, n) for (ns, p, r, n), h in self._heals.items()
+                if (ns, p) == (rnd.namespace, rnd.pool.name) and h.until > now}
+
+    async def _healed(self, rnd: _Round, replica: str, name: str, ok: bool, why: str, seconds: float) -> None:
+        """A heal done: its back-off (a copy broken again soon waits longer), a log line and an Event on the model."""
+        key = (rnd.namespace, rnd.pool.name, replica, name)
+        held = self._heals.get(key) or _Held(0, 0.0, "")
+        held.failures += 1
+        held.until = time.monotonic() + min(pool_plan.HEAL_SECONDS * 2 ** (held.failures - 1),
+                                            pool_plan.HEAL_MAX_SECONDS)
+        self._heals[key] = held
+        cause = self._broken_copies(rnd).get((replica, name), "it failed")
+        metrics.HEALS.labels(action="reload", result="ok" if ok else "failed").inc()
+        if ok:
+            log.info("Healed pooled model namespace=%s pool=%s pod=%s model=%s seconds=%.2f heal=%d", rnd.namespace,
+                     rnd.pool.name, replica, name, seconds, held.failures)
+            message = f"{replica}: {cause}: unloaded and loaded {name} again there in {seconds:.1f}s"
+        else:
+            log.warning("Failed to heal pooled model namespace=%s pool=%s pod=%s model=%s error=%r", rnd.namespace,
+                        rnd.pool.name, replica, name, why)
+            message = f"{replica}: {cause}: loading {name} again there failed: {why}"
+        body = self.cache.model(rnd.namespace, name) or dict(rnd.members[name].body)
+        try:
+            await asyncio.to_thread(self.kube.event, body, "Healed" if ok else "HealFailed", message[:1024],
+                                    "Normal" if ok else "Warning")
+        except Exception as exc:  # noqa: BLE001 - news, not state: the heal itself is done
+            log.warning("Failed to record Event reason=Healed model=%s/%s error=%r", rnd.namespace, name, exc)
+
+    def _watch(self, rnd: _Round, ready: list[str]) -> None:
+        """A long poll of each Ready replica's probe (`_watch_health`); those of replicas gone or not Ready stop."""
+        wanted = {(rnd.namespace, rnd.pool.name, r): rnd.pods[r].ip for r in ready if rnd.pods[r].ip}
+        for key, (ip, task) in list(self._watchers.items()):
+            if key[:2] == (rnd.namespace, rnd.pool.name) and wanted.get(key) != ip:
+                task.cancel()
+                del self._watchers[key]
+                self._broken.pop(key, None)
+        for key, address in wanted.items():
+            if key not in self._watchers and address:
+                self._watchers[key] = (address, detached(self._watch_health(key, address),
+                                                         name=f"pool-health-{'/'.join(key)}"))
+
+    async def _watch_health(self, key: tuple[str, str, str], ip: str) -> None:
+        """Reads what the replica's probe finds broken as soon as it changes (`GET /status`, held until news); on a
+        change, the slices of the pool's models are written again at once and a round is asked for (it reloads the
+        broken copies)."""
+        version: int | None = None
+        failures = 0
+        while self._wanted(key[:2]):
+            try:
+                version, broken = await probe_news(ip, PROBE_PORT, since=version, wait=HEALTH_WAIT_SECONDS,
+                                                   timeout=2.0)
+                failures = 0
+            except (OSError, ValueError) as exc:  # TimeoutError, ConnectionError; an old probe answers 404
+                failures += 1
+                log.debug("Could not read the probe pod=%s/%s error=%r", key[0], key[2], exc)
+                await asyncio.sleep(min(0.5 * failures, 5.0))
+                continue
+            broken.pop(TRITONSERVER, None)  # tritonserver itself: its pod's readiness says it, for every model
+            if broken == self._broken.get(key, {}):
+                continue
+            before = self._broken.get(key, {})
+            self._broken[key] = broken
+            log.info("Read pool replica health namespace=%s pool=%s pod=%s broken=%s was=%s", key[0], key[1], key[2],
+                     sorted(broken), sorted(before))
+            st = self._live.get(key[:2]) or self._last.get(key[:2])
+            if st is not None:
+                await self._slices_now(st)
+            self.request(key[0], key[1])
+        self._watchers.pop(key, None)
+        self._broken.pop(key, None)
 
     def _record(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
                 seen: Mapping[tuple[str, str], pool_plan.Seen]) -> dict[str, dict[str, str]]:
@@ -483,7 +587,8 @@ class PoolReconciler:
         st.seen[(replica, name)] = pool_plan.Seen(True, digest)
         st.records.setdefault(replica, {})[rnd.members[name].triton_name] = digest
         st.draining = st.draining - {(replica, name)}
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining)
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining,
+                                    self._broken_copies(rnd))
         for n, m in rnd.members.items():
             if m.model is not None and replica in rnd.placement.copies.get(n, ()):
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies[n]), rnd.pods, serving[n])
@@ -492,7 +597,8 @@ class PoolReconciler:
                        seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]],
                        loading: Mapping[str, Mapping[str, pool_plan.InFlight]] | None = None) -> bool:
         """Writes each model's Service, slices and status and the pool's status; whether every copy serves."""
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
+        broken = self._broken_copies(rnd)
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining, broken)
         current = pool_plan.current(rnd.members, serving, seen)
         now = utc_now()
         behind, failed = 0, 0
@@ -509,7 +615,7 @@ class PoolReconciler:
                    if m.model.spec.autoscaling is not None else None)
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
                 m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name], rnd.coming,
-                hpa))
+                hpa, pool_plan.failing_copies(rnd.placement, rnd.members, name, broken)))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now,
                                        loading)

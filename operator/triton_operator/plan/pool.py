@@ -35,6 +35,11 @@ ALL_COPIES_WARMED = "AllCopiesWarmed"
 COPIES_LOADING = "CopiesLoading"
 COPIES_UPDATING = "CopiesUpdating"
 LOAD_FAILED = "ModelLoadFailed"
+#: A copy Triton calls READY that fails its requests (a dead Python stub, requests failing in a row: the replica's
+#: probe says so), out of its slices and reloaded: the reason the Deployment path's gate gives too.
+MODEL_FAILING = "ModelFailing"
+#: A broken copy is reloaded again, if it stays broken, after this many seconds, doubling, up to `HEAL_MAX_SECONDS`.
+HEAL_SECONDS, HEAL_MAX_SECONDS = 10.0, 300.0
 NAME_TAKEN = "TritonNameTaken"
 
 
@@ -239,6 +244,7 @@ class Load:
 
     member: str
     drain: bool = False
+    heal: bool = False  # a copy the replica's probe found broken: unloaded, then loaded again (`to_heal`)
 
 
 @dataclass
@@ -273,15 +279,44 @@ def serves(member: Member, seen: Seen | None, record: Mapping[str, str]) -> bool
                 and seen.digest in {member.digest, record.get(member.triton_name)})
 
 
+def to_heal(placement: Placement, members: Mapping[str, Member], broken: Mapping[tuple[str, str], str],
+            held: Collection[tuple[str, str]] = frozenset()) -> set[tuple[str, str]]:
+    """The (replica, model) copies to reload: those the replica's probe found broken (`broken`, by member name) and
+    placed there, but not back-off `held` ones. An ensemble whose reached step is broken too is not reloaded: its
+    failures count on it and on the step, and loading the step loads the ensembles using it again (as
+    `controller.heal` does for a model's own replicas); the step is."""
+    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    out: set[tuple[str, str]] = set()
+    for (r, n) in broken:
+        if n not in members or (r not in placement.copies.get(n, ()) and n not in placement.loaded.get(r, ())):
+            continue
+        found, _ = step_graph.closure(n, graph)
+        if any((r, k) in broken for k in found if k != n) or (r, n) in held:
+            continue
+        out.add((r, n))
+    return out
+
+
+def failing_copies(placement: Placement, members: Mapping[str, Member], name: str,
+                   broken: Mapping[tuple[str, str], str]) -> dict[str, str]:
+    """The copies of `name` that do not serve for a broken model they load (it, or a step it reaches): pod -> why."""
+    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    reached = {name, *step_graph.closure(name, graph)[0]}
+    copies = set(placement.copies.get(name, ()))
+    return {r: why for (r, k), why in sorted(broken.items()) if r in copies and k in reached}
+
+
 def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[str],
          records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
          held: Mapping[tuple[str, str], bool],
-         awaiting: Collection[tuple[str, str]] = frozenset()) -> dict[str, ReplicaWork]:
+         awaiting: Collection[tuple[str, str]] = frozenset(),
+         healing: Collection[tuple[str, str]] = frozenset()) -> dict[str, ReplicaWork]:
     """Each Ready replica's work: unload what is recorded there and no longer placed; load what is placed there and
     not READY at its desired digest. An update of a copy that serves (at its recorded digest) waits for the model's
     budget (rollout.maxUnavailable less its copies not serving), so a model updates replica by replica. `held`:
     (replica, model) loads that failed lately and wait for their back-off; `awaiting`: loads a previous operator sent
-    that are still in flight (`awaited`), not sent again."""
+    that are still in flight (`awaited`), not sent again; `healing`: broken copies to reload (`to_heal`), unloaded
+    first (a load of the config Triton holds would change nothing: `controller.heal`)."""
     out = {r: ReplicaWork(r) for r in ready}
     names = {m.triton_name: n for n, m in members.items() if m.problem is None}  # a name's owner, not its taker
     for n, m in members.items():
@@ -293,6 +328,9 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
         w.unload = sorted(t for t in records.get(r, {}) if names.get(t) not in placed)
         for n in order(sorted(placed), members):
             m, s = members[n], seen.get((r, n))
+            if (r, n) in healing and m.request is not None:
+                w.load.append(Load(n, heal=True))
+                continue
             if (m.request is None or (s is not None and s.ready and s.digest == m.digest) or held.get((r, n))
                     or (r, n) in awaiting):
                 continue
@@ -310,16 +348,17 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
 
 def serving(placement: Placement, members: Mapping[str, Member], pods: Mapping[str, ReplicaPod],
             records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
-            draining: frozenset[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
+            draining: frozenset[tuple[str, str]] = frozenset(),
+            broken: Collection[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
     """Per model, the replicas of its placement where it serves: the pod Ready, the model and every step it reaches
-    served there (`serves`), and none of them drained this round."""
+    served there (`serves`), and none of them drained this round nor found broken by the replica's probe."""
     graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
     out: dict[str, set[str]] = {}
     for n in members:
         found, missing = step_graph.closure(n, graph)
         reached = [*found, *missing] or [n]
         out[n] = {r for r in placement.copies.get(n, ()) if (pod := pods.get(r)) is not None and pod.ready
-                  and all(k in members and (r, k) not in draining
+                  and all(k in members and (r, k) not in draining and (r, k) not in broken
                           and serves(members[k], seen.get((r, k)), records.get(r, {})) for k in reached)}
     return out
 
@@ -342,7 +381,8 @@ def _stamp(conds: list[dict[str, Any]], previous: Mapping[str, Any], now: dt.dat
 
 def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
                  failures: Mapping[str, str], current: set[str],
-                 coming: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+                 coming: int, failing: Mapping[str, str] | None = None
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Ready, Progressing and Degraded of a pooled model (`serving_on`: the replicas whose endpoint is ready;
     `current`: those of them at the desired digest)."""
     g = m.generation
@@ -366,6 +406,11 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
         msg = f"{served}; {shortfall.message}"
         return (_cond("Ready", False, INSUFFICIENT_CAPACITY, msg, g), settled,
                 _cond("Degraded", True, INSUFFICIENT_CAPACITY, msg, g))
+    if failing:
+        msg = (f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failing.items()))
+               + "; healing: out of its slices there, unloading and loading it again")[:2000]
+        return (_cond("Ready", len(serving_on) >= wanted, MODEL_FAILING, msg, g),
+                _cond("Progressing", True, "Healing", msg, g), _cond("Degraded", True, MODEL_FAILING, msg, g))
     if failures:
         msg = f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failures.items()))
         return (_cond("Ready", len(serving_on) >= wanted, LOAD_FAILED, msg[:2000], g), settled,
@@ -382,12 +427,14 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
 
 def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
                  failures: Mapping[str, str], now: dt.datetime, current: set[str] | None = None,
-                 coming: int = 0, hpa: Mapping[str, Any] | None = None) -> TritonModelStatus:
+                 coming: int = 0, hpa: Mapping[str, Any] | None = None,
+                 failing: Mapping[str, str] | None = None) -> TritonModelStatus:
     """A pooled model's whole status (conditions stamped against the stored ones). `current`: the serving replicas
     at the desired digest (None: all of `serving_on`); `coming`: replicas the pool may still get soon (`coming`: a
     copy short of room is InsufficientPoolCapacity only when none is)."""
     current = serving_on if current is None else current
-    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current, coming)
+    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current, coming,
+                                                failing)
     conds = [ready, progressing, degraded, *kstatus_conditions(progressing, degraded, m.generation)]
     if hpa is not None:  # the HPA of its copies (spec.autoscaling): whether it can read its metric, as for any model
         conds.append(scaling_active(hpa, m.generation))
