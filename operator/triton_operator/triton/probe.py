@@ -141,6 +141,7 @@ class Health:
     # the operator loads and unloads them), and a stub is known by its instance name (`Stubs.instances`).
     every: bool = False
     version: int = 0  # rises each time what is broken changes (`changed`): what a long-polling reader waits on
+    _stub_model: dict[int, str] = field(default_factory=dict)  # every-model mode: stub pid -> its model, resolved once
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _news: threading.Condition = field(default_factory=threading.Condition)
 
@@ -153,8 +154,8 @@ class Health:
             self._reloaded = set()
             self._observe(counts, refused)
             if self.every:
-                dead = {pid: m for pid, key in (dead or {}).items() if (m := self._model_of(key)) is not None}
-                live = {pid: m for pid, key in (live or {}).items() if (m := self._model_of(key)) is not None}
+                dead, live = self._resolve(dead or {}), self._resolve(live or {})
+                self._stub_model = {pid: m for pid, m in self._stub_model.items() if pid in dead or pid in live}
             dead = {pid: m for pid, m in (dead or {}).items() if m in self.models}
             live = live or {}
             started = {m for pid, m in live.items() if pid not in self.live_stubs} if self.live_stubs is not None else set()
@@ -165,6 +166,17 @@ class Health:
             self.dead_stubs = {m: f"the Python stub of model {m} (pid {pid}) has exited; every request to it fails"
                                for pid, m in sorted(dead.items()) if pid in self.zombies}
             self.zombies = set(dead)
+
+    def _resolve(self, stubs: dict[int, str]) -> dict[int, str]:
+        """pid -> model, of stubs known by instance name: each resolved once, while its model is served (a zombie
+        of an unloaded model must not be taken for another model whose name its own starts with)."""
+        out: dict[int, str] = {}
+        for pid, instance in stubs.items():
+            if pid not in self._stub_model and (m := self._model_of(instance)) is not None:
+                self._stub_model[pid] = m
+            if pid in self._stub_model:
+                out[pid] = self._stub_model[pid]
+        return out
 
     def _model_of(self, instance: str) -> str | None:
         """The model a stub's instance name (`<model>_<group>_<n>`, Triton's default names) belongs to: the longest
