@@ -245,7 +245,10 @@ def _stubs(server: LocalTritonServer, instance: str) -> list[int]:
 def test_a_killed_stub_of_a_request_loaded_model_is_reported_for_that_model_alone_and_readiness_holds(
         replica: tuple[LocalTritonServer, int]) -> None:
     server, port = replica
-    status = _get(port, "/status")[1]
+    deadline = time.monotonic() + 20
+    while not (status := _get(port, "/status")[1]) or not isinstance(status, dict) or not status["checks"]:
+        assert time.monotonic() < deadline, f"the probe never checked: {status}"  # its first check
+        time.sleep(0.05)
     assert isinstance(status, dict) and status["broken"] == {} and sorted(status["models"]) == ["one", "two"], status
     (stub,) = _stubs(server, "one_0_0")
     assert b"/tmp/" in Path(f"/proc/{stub}/cmdline").read_bytes(), "a request-loaded model runs from Triton's own dir"
