@@ -291,17 +291,18 @@ def test_killed_replica_takes_out_its_models_alone_until_it_has_loaded_them_agai
 
 def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a_serving_model(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any) -> None:
-    """The leader SIGKILLed while a pool's models are being placed and loaded (each load takes 3 s: its initialize
-    sleeps): the next leader converges from the placements recorded in the statuses. A model that served at the
-    kill keeps its replicas; every model ends on as many replicas as it has copies, loaded there and nowhere else,
-    and the audit finds no endpoint listed before its model serves. The new leader neither unloads nor loads again a
-    model that served."""
+    """The leader SIGKILLed while a pool's models are being placed and loaded (each load takes 20 s: its initialize
+    sleeps, longer than the next leader takes to start, so loads are still in flight then): the next leader converges
+    from the placements recorded in the statuses, and waits for the loads in flight rather than sending them again.
+    A model that served at the kill keeps its replicas; every model ends on as many replicas as it has copies, loaded
+    there and nowhere else, and the audit finds no endpoint listed before its model serves. The new leader neither
+    unloads nor loads again a model that served, and each replica's Triton receives one load per copy."""
     names = [f"s{i:02d}" for i in range(1, 11)]
     apply(kubeconfig, namespace, pool_doc(POOL, 3, CAPACITY))
     replicas = wait_pool_replicas(kube, namespace, 3)
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in replicas}
     with PoolAudit(kube, namespace, min_samples=10) as audit:
-        apply(kubeconfig, namespace, *[pooled_add_sub(n, POOL, 2 if n == "s01" else 1, init_seconds=3.0)
+        apply(kubeconfig, namespace, *[pooled_add_sub(n, POOL, 2 if n == "s01" else 1, init_seconds=20.0)
                                        for n in names])
 
         def midway() -> dict[str, list[str]] | None:
@@ -310,14 +311,14 @@ def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a
             assert len(ready) < len(names), "every model was serving before the kill could land mid-placement"
             return ready or None
 
-        serving = wait_for("a first model serving, not all", midway, 120, 0.1)
+        serving = wait_for("a first model serving, not all", midway, 180, 0.1)
         pid = operator.kill()
         killed_at = f"{len(serving)}/{len(names)} models serving"
         # what those replicas' Tritons serve right after the kill, against the digests the statuses name
         at_kill = {n: {r: ask(ips[r], n) for r in was} for n, was in serving.items()}
         desired = {n: (tm.get("status") or {}).get("configDigest") for n, tm in pooled_models(kube, namespace).items()}
         operator.start()  # the kubelet restarts it; the Lease goes to a live replica
-        models = wait_placed_everywhere(kube, namespace, names, 240)
+        models = wait_placed_everywhere(kube, namespace, names, 360)
         check_placed(kube, namespace, models, ips)
         moved = {n: (was, placement(models[n])) for n, was in serving.items() if placement(models[n]) != was}
         assert not moved, f"models serving at the kill moved: {moved}"

@@ -258,7 +258,9 @@ class PoolReconciler:
         healing = pool_plan.to_heal(rnd.placement, rnd.members, self._broken_copies(rnd), self._heals_held(rnd))
         todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd), waiting,
                               healing)
-        st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
+        # Out of the slices before their loads: the copies drained, and those healed (unloaded, then loaded again:
+        # the probe stops calling a copy broken once it is unloaded, before it is READY again).
+        st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain or ld.heal)
         # The placement and the slices without what is about to be drained or unloaded, and the loads about to be sent
         # (a restarted operator waits for them), before any load.
         sending = utc_now()
@@ -266,8 +268,9 @@ class PoolReconciler:
                                                                                   sending)
                                                for r, w in todo.items() for ld in w.load})
         await self._publish(rnd, st.records, st.seen, st.draining, loading)
-        if st.draining:
-            await self._drain(rnd, st.draining)
+        drained = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
+        if drained:
+            await self._drain(rnd, drained)  # a broken copy is not drained: its requests fail anyway
         busy = [w for w in todo.values() if w.load or w.unload]
         deadline = time.monotonic() + ROUND_LOAD_SECONDS
         cut = await asyncio.gather(*(self._carry_out(rnd, w, st, deadline) for w in busy))
