@@ -306,12 +306,16 @@ def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a
                                        for n in names])
 
         def midway() -> dict[str, list[str]] | None:
+            """Some models serving, and loads of others recorded as sent (the pool's status writes them just before
+            sending them): the kill lands with loads in flight."""
             models = pooled_models(kube, namespace)
             ready = {n: placement(tm) for n, tm in models.items() if model_ready(tm)}
             assert len(ready) < len(names), "every model was serving before the kill could land mid-placement"
-            return ready or None
+            rows = (pool_of(kube, namespace).get("status") or {}).get("replicaModels") or ()
+            sending = {m for row in rows for m in (row.get("loading") or {}) if m not in ready}
+            return ready if ready and sending else None
 
-        serving = wait_for("a first model serving, not all", midway, 180, 0.1)
+        serving = wait_for("a first model serving, and loads of others in flight", midway, 180, 0.1)
         pid = operator.kill()
         killed_at = f"{len(serving)}/{len(names)} models serving"
         # what those replicas' Tritons serve right after the kill, against the digests the statuses name

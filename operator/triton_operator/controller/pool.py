@@ -125,6 +125,7 @@ class PoolReconciler:
         self._broken: dict[tuple[str, str, str], dict[str, str]] = {}  # (ns, pool, pod)
         self._watchers: dict[tuple[str, str, str], tuple[str, asyncio.Task[None]]] = {}  # (ns, pool, pod) -> (ip, task)
         self._heals: dict[tuple[str, str, str, str], _Held] = {}  # (ns, pool, pod, model)
+        self._heal_causes: dict[tuple[str, str, str, str], str] = {}  # (ns, pool, pod, model) -> why, while it heals
         self._last: dict[tuple[str, str], _Live] = {}
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
@@ -255,7 +256,10 @@ class PoolReconciler:
         st.seen = await self._observe(rnd, ready, st.records)
         in_flight, heard = await self._in_flight(rnd, ready, st.seen)
         waiting = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
-        healing = pool_plan.to_heal(rnd.placement, rnd.members, self._broken_copies(rnd), self._heals_held(rnd))
+        broken = self._broken_copies(rnd)
+        healing = pool_plan.to_heal(rnd.placement, rnd.members, broken, self._heals_held(rnd))
+        for r, n in healing:  # why, for the heal's Event (the probe stops saying so once the copy is unloaded)
+            self._heal_causes[(rnd.namespace, rnd.pool.name, r, n)] = broken[(r, n)]
         todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen, self._held_now(rnd), waiting,
                               healing)
         # Out of the slices before their loads: the copies drained, and those healed (unloaded, then loaded again:
@@ -505,7 +509,7 @@ class PoolReconciler:
         held.until = time.monotonic() + min(pool_plan.HEAL_SECONDS * 2 ** (held.failures - 1),
                                             pool_plan.HEAL_MAX_SECONDS)
         self._heals[key] = held
-        cause = self._broken_copies(rnd).get((replica, name), "it failed")
+        cause = self._heal_causes.pop(key, "it failed")
         metrics.HEALS.labels(action="reload", result="ok" if ok else "failed").inc()
         if ok:
             log.info("Healed pooled model namespace=%s pool=%s pod=%s model=%s seconds=%.2f heal=%d", rnd.namespace,
