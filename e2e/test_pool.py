@@ -349,7 +349,7 @@ def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a
             f"loads received by the replicas' Tritons, by (pod, model), other than one per copy placed: {duplicates}; "
             f"loads {loads}; placed {sorted(placed)}; the new leader's lines on loads in flight: "
             f"{[line for line in log.splitlines() if 'in flight' in line][:20]}")
-        waited = [line for line in log.splitlines() if "Found a load in flight" in line]
+        waited = [line for line in log.splitlines() if "Found a load in flight" in line and "heard=True" in line]
     record("pool: operator SIGKILL mid-placement",
            f"pid {pid} at {killed_at}; loads again of a model serving at the kill: {len(again)}; loads received by "
            f"the Tritons: {sum(loads.values())} for {len(placed)} copies; in flight at the restart, waited for: "
