@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -76,7 +77,9 @@ def sentiment(replicas: int = 2) -> list[dict]:
 
 def stubs_of(nodes: Any, pod: dict, model: str) -> list[int]:
     """The Python stub processes of `model` in the pod's tritonserver container: the processes of that container's
-    cgroup (on the host) whose command runs the stub for `<repository>/<model>/<version>/model.py`."""
+    cgroup (on the host) whose command runs the stub for `<repository>/<model>/<version>/model.py`, or (a model a pool
+    replica loaded from a request, which runs from a directory Triton made) whose instance name, the command's 8th
+    argument, is `<model>_<group>_<n>`."""
     pid = nodes.container_pid(pod, "tritonserver")
     # Any hierarchy the container's cgroup is in (cgroup v2, or a v1 controller on a hybrid host) lists its processes.
     dirs = []
@@ -94,7 +97,10 @@ def stubs_of(nodes: Any, pod: dict, model: str) -> list[int]:
             argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv[0].endswith(STUB) and len(argv) > 1 and Path(argv[1].decode()).parts[-3:-2] == (model,):
+        if not argv[0].endswith(STUB) or len(argv) < 2:
+            continue
+        if Path(argv[1].decode()).parts[-3:-2] == (model,) or (
+                len(argv) > 8 and re.fullmatch(re.escape(model) + r"_\d+_\d+", argv[8].decode())):
             out.append(int(p))
     return out
 

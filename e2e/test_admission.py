@@ -10,6 +10,7 @@ pooled model's pool among them).
 from __future__ import annotations
 
 import copy
+import json
 import re
 import uuid
 from pathlib import Path
@@ -58,13 +59,27 @@ def placeholder(ensemble: dict) -> dict:
                      "source": {"inline": {"model.py": "# placeholder"}}}}
 
 
-def corpus() -> list[tuple[str, str, list[dict]]]:
+def corpus() -> list[tuple[str, str, list[dict], dict | None]]:
+    """Each file's stem, expected field, documents, and `# previous-spec:` (JSON merged over the subject's spec: what
+    the namespace held under the subject's name before the change, for a change that only an update can make)."""
     out = []
     for path in sorted(CORPUS.glob("*.yaml")):
         text = path.read_text()
         expect = re.search(r"^# expect: (\S+)$", text, re.M).group(1)  # type: ignore[union-attr]
-        out.append((path.stem, expect, [d for d in yaml.safe_load_all(text) if d]))
+        previous = re.search(r"^# previous-spec: (.+)$", text, re.M)
+        out.append((path.stem, expect, [d for d in yaml.safe_load_all(text) if d],
+                    json.loads(previous.group(1)) if previous else None))
     return out
+
+
+def previous_of(subject: dict, previous: dict | None) -> dict:
+    """What the namespace held under the subject's name before the change: `previous` merged over its spec, or else
+    a placeholder (an ensemble's name as a plain model)."""
+    if previous is None:
+        return placeholder(subject)
+    doc = copy.deepcopy(subject)
+    doc["spec"].update(previous, replicas=0)
+    return doc
 
 
 def fresh_namespace(kube: Kube, base: str) -> str:
@@ -81,7 +96,7 @@ def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_noth
     by_layer = {"schema/CEL": 0, "webhook": 0}
     extra: list[str] = []
     try:
-        for stem, expect, (subject, *context) in cases:
+        for stem, expect, (subject, *context), previous in cases:
             ns = namespace
             before: dict | None = None
             name = subject["metadata"]["name"]
@@ -94,7 +109,7 @@ def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_noth
                 if any(name in steps_of(d) for d in context):
                     # The context uses the subject (a cycle): it can only have been admitted while the subject's
                     # name was a plain model; the subject's change is what closes the cycle.
-                    apply(kubeconfig, ns, placeholder(subject))
+                    apply(kubeconfig, ns, previous_of(subject, previous))
                     before = kube.get("TritonModel", name, ns)
                 # Dependency order: a context model is applied after the models its steps use.
                 pending = list(context)

@@ -291,33 +291,38 @@ def test_killed_replica_takes_out_its_models_alone_until_it_has_loaded_them_agai
 
 def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a_serving_model(
         kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, nodes: Any) -> None:
-    """The leader SIGKILLed while a pool's models are being placed and loaded (each load takes 3 s: its initialize
-    sleeps): the next leader converges from the placements recorded in the statuses. A model that served at the
-    kill keeps its replicas; every model ends on as many replicas as it has copies, loaded there and nowhere else,
-    and the audit finds no endpoint listed before its model serves. The new leader neither unloads nor loads again a
-    model that served."""
+    """The leader SIGKILLed while a pool's models are being placed and loaded (each load takes 20 s: its initialize
+    sleeps, longer than the next leader takes to start, so loads are still in flight then): the next leader converges
+    from the placements recorded in the statuses, and waits for the loads in flight rather than sending them again.
+    A model that served at the kill keeps its replicas; every model ends on as many replicas as it has copies, loaded
+    there and nowhere else, and the audit finds no endpoint listed before its model serves. The new leader neither
+    unloads nor loads again a model that served, and each replica's Triton receives one load per copy."""
     names = [f"s{i:02d}" for i in range(1, 11)]
     apply(kubeconfig, namespace, pool_doc(POOL, 3, CAPACITY))
     replicas = wait_pool_replicas(kube, namespace, 3)
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in replicas}
     with PoolAudit(kube, namespace, min_samples=10) as audit:
-        apply(kubeconfig, namespace, *[pooled_add_sub(n, POOL, 2 if n == "s01" else 1, init_seconds=3.0)
+        apply(kubeconfig, namespace, *[pooled_add_sub(n, POOL, 2 if n == "s01" else 1, init_seconds=20.0)
                                        for n in names])
 
         def midway() -> dict[str, list[str]] | None:
+            """Some models serving, and loads of others recorded as sent (the pool's status writes them just before
+            sending them): the kill lands with loads in flight."""
             models = pooled_models(kube, namespace)
             ready = {n: placement(tm) for n, tm in models.items() if model_ready(tm)}
             assert len(ready) < len(names), "every model was serving before the kill could land mid-placement"
-            return ready or None
+            rows = (pool_of(kube, namespace).get("status") or {}).get("replicaModels") or ()
+            sending = {m for row in rows for m in (row.get("loading") or {}) if m not in ready}
+            return ready if ready and sending else None
 
-        serving = wait_for("a first model serving, not all", midway, 120, 0.1)
+        serving = wait_for("a first model serving, and loads of others in flight", midway, 180, 0.1)
         pid = operator.kill()
         killed_at = f"{len(serving)}/{len(names)} models serving"
         # what those replicas' Tritons serve right after the kill, against the digests the statuses name
         at_kill = {n: {r: ask(ips[r], n) for r in was} for n, was in serving.items()}
         desired = {n: (tm.get("status") or {}).get("configDigest") for n, tm in pooled_models(kube, namespace).items()}
         operator.start()  # the kubelet restarts it; the Lease goes to a live replica
-        models = wait_placed_everywhere(kube, namespace, names, 240)
+        models = wait_placed_everywhere(kube, namespace, names, 360)
         check_placed(kube, namespace, models, ips)
         moved = {n: (was, placement(models[n])) for n, was in serving.items() if placement(models[n]) != was}
         assert not moved, f"models serving at the kill moved: {moved}"
@@ -334,5 +339,33 @@ def test_operator_killed_mid_placement_converges_with_no_reload_and_no_move_of_a
                     f"{unloaded}; at the kill their replicas' Tritons served {at_kill}, desired "
                     f"{({n: desired[n] for n in serving})}; the new leader's lines about them: {about[:40]}")
         assert not again and not unloaded, evidence
+        # Triton's own count: each replica's tritonserver logs one "loading" per load it received. A load in flight
+        # at the kill, sent again by the next leader, is a second one (the next leader waits for it instead: the
+        # pool's status records each load before it is sent, `replicaModels[].loading`).
+        loads = triton_loads(kubeconfig, kube, namespace, names)
+        duplicates = {k: n for k, n in loads.items() if n != 1}
+        placed = {(r, n) for n in names for r in placement(models[n])}
+        assert set(loads) == placed and not duplicates, (
+            f"loads received by the replicas' Tritons, by (pod, model), other than one per copy placed: {duplicates}; "
+            f"loads {loads}; placed {sorted(placed)}; the new leader's lines on loads in flight: "
+            f"{[line for line in log.splitlines() if 'in flight' in line][:20]}")
+        waited = [line for line in log.splitlines() if "Found a load in flight" in line and "heard=True" in line]
     record("pool: operator SIGKILL mid-placement",
-           f"pid {pid} at {killed_at}; loads again of a model serving at the kill: {len(again)}; {audit.summary()}")
+           f"pid {pid} at {killed_at}; loads again of a model serving at the kill: {len(again)}; loads received by "
+           f"the Tritons: {sum(loads.values())} for {len(placed)} copies; in flight at the restart, waited for: "
+           f"{sorted({line.split('model=')[1].split()[0] for line in waited})}; {audit.summary()}")
+
+
+def triton_loads(kubeconfig: Path, kube: Kube, namespace: str, names: list[str]) -> dict[tuple[str, str], int]:
+    """(pod, model) -> the loads of `model` the pod's tritonserver received (its log's "loading: <model>:1" lines),
+    for each pool replica whose tritonserver never restarted (its log is whole)."""
+    out: dict[tuple[str, str], int] = {}
+    for pod in replica_pods(kube, namespace, POOL):
+        name = pod["metadata"]["name"]
+        assert container_status(pod, "tritonserver").get("restartCount", 0) == 0, f"{name}'s tritonserver restarted"
+        text = kubectl(kubeconfig, "logs", "-n", namespace, name, "-c", "tritonserver").stdout
+        for n in names:
+            count = text.count(f'"loading: {n}:1"')
+            if count:
+                out[(name, n)] = count
+    return out

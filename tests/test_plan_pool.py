@@ -266,3 +266,53 @@ def test_members_kept_in_a_memo_are_parsed_and_rendered_again_only_when_what_the
     del bodies["b"]
     pp.members("p", bodies, memo)
     assert set(memo.parsed) == set(memo.rendered) == {"a", "ens"}
+
+
+# -- a load in flight when the operator stopped (a previous operator's, recorded in the pool's status) -------------
+
+
+def test_a_restarted_operator_waits_for_a_load_in_flight_at_the_desired_digest_instead_of_sending_it_again() -> None:
+    members, _, _, placement = _world(copies=1)
+    (r,) = placement.copies["a"]
+    digest = members["a"].digest
+    sent = pp.InFlight(digest, NOW - dt.timedelta(seconds=10))
+    loading = {"a": pp.Seen(False, None, "not READY")}
+    seen = {(r, "a"): loading["a"]}
+    waiting = pp.awaited(placement, members, {r: {"a": sent}}, seen, {(r, "a"): True}, NOW)
+    assert waiting == {(r, "a"): sent}
+    assert not pp.work(placement, members, [r], {}, seen, {}, waiting)[r].load, "sent again"
+    assert [ld.member for ld in pp.work(placement, members, [r], {}, seen, {})[r].load] == ["a"], \
+        "without the record, the copy not READY is loaded (what a restart did before)"
+    # Once READY at the digest, there is nothing to wait for.
+    assert pp.awaited(placement, members, {r: {"a": sent}}, {(r, "a"): pp.Seen(True, digest)}, {}, NOW) == {}
+
+
+def test_a_recorded_load_is_sent_again_when_triton_never_got_it_or_it_is_at_another_digest_or_too_old() -> None:
+    members, _, _, placement = _world(copies=1)
+    (r,) = placement.copies["a"]
+    digest = members["a"].digest
+    seen = {(r, "a"): pp.Seen(False, None, "not READY")}
+    fresh = pp.InFlight(digest, NOW - dt.timedelta(seconds=10))
+    # never received (the operator stopped between recording it and sending it)
+    assert pp.awaited(placement, members, {r: {"a": fresh}}, seen, {(r, "a"): False}, NOW) == {}
+    # an older config's load: the desired one is sent (Triton runs it after the one in flight)
+    old = pp.InFlight("0" * 12, NOW - dt.timedelta(seconds=10))
+    assert pp.awaited(placement, members, {r: {"a": old}}, seen, {(r, "a"): True}, NOW) == {}
+    # received but unanswered for longer than the bound: failed, or slow (a second load waits behind it)
+    stale = pp.InFlight(digest, NOW - dt.timedelta(seconds=pp.IN_FLIGHT_SECONDS))
+    assert pp.awaited(placement, members, {r: {"a": stale}}, seen, {(r, "a"): True}, NOW) == {}
+    # Triton did not answer the question: not known to be absent, so waited for
+    assert pp.awaited(placement, members, {r: {"a": fresh}}, seen, {(r, "a"): None}, NOW) == {(r, "a"): fresh}
+
+
+def test_the_loads_in_flight_are_recorded_in_the_pool_status_and_read_back() -> None:
+    members, pool, live, placement = _world(copies=1)
+    (r,) = placement.copies["a"]
+    pods = {x.name: pp.ReplicaPod(x.name, "u", "198.18.0.9", x.node, True, False) for x in live}
+    sent = pp.InFlight(members["a"].digest, NOW)
+    status = pp.pool_status(pool, _body(pool_document("p")), live, pods, placement, {}, 1, 0, "s", NOW,
+                            {r: {"a": sent}})
+    row = next(row for row in status["replicaModels"] if row["pod"] == r)
+    assert row["loading"] == {"a": {"digest": members["a"].digest, "since": "2026-11-26T12:00:00Z"}}
+    assert pp.recorded_loading({"status": status}) == {r: {"a": sent}}
+    TritonPool.model_validate({**pool_document("p"), "status": status})  # the CRD's schema holds it

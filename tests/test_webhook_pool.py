@@ -84,6 +84,37 @@ def test_an_ensemble_counts_the_steps_it_reaches_and_is_refused_at_spec_pool() -
     assert review(_ensemble("s1", "s2"), None, steps, pool=_pool(capacity={"memoryPerReplica": "5Gi"})).allowed
 
 
+def test_a_step_that_grows_past_what_its_ensemble_and_steps_fit_is_refused_naming_spec_memory_and_the_ensemble() -> None:
+    """Each step fits a replica (4Gi) alone, but the ensemble is placed with both steps on the same replicas: s1 grown
+    from 1Gi to 3Gi makes 5Gi. The update is refused at the step's spec.memory, naming the ensemble; growing it to
+    2Gi (4Gi in all) is not."""
+    s1, s2 = _model("s1", pool="p", memory="1Gi"), _model("s2", pool="p", memory="2Gi")
+    ens = _ensemble("s1", "s2")
+    assert review(ens, None, {"s1": s1, "s2": s2}, pool=_pool()).allowed, "1Gi + 2Gi fits"
+    grown = copy.deepcopy(s1)
+    grown["spec"]["memory"] = "3Gi"
+    verdict = review(grown, s1, {"ens": ens, "s2": s2}, dependents=["ens"], pool=_pool())
+    assert not verdict.allowed
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.memory", "pool-capacity")], verdict.errors
+    message = verdict.errors[0].message
+    assert "a copy of ensemble 'ens', placed with its steps on the same replicas, takes 5Gi (ens 0, s1 3Gi, s2 2Gi)" \
+        in message and "more than a replica of pool 'p' holds (spec.capacity.memoryPerReplica gives 4Gi)" in message
+    fits = copy.deepcopy(s1)
+    fits["spec"]["memory"] = "2Gi"
+    assert review(fits, s1, {"ens": ens, "s2": s2}, dependents=["ens"], pool=_pool()).allowed, "2Gi + 2Gi fits 4Gi"
+    # Created at 3Gi under an ensemble already there: refused as well.
+    assert not review(grown, None, {"ens": ens, "s2": s2}, dependents=["ens"], pool=_pool()).allowed
+
+
+def test_a_step_change_that_does_not_make_its_ensemble_fit_less_is_not_refused_for_it() -> None:
+    """An ensemble that already did not fit (the pool was read smaller than it was placed on, say) does not block an
+    unrelated change of its step: what is refused is the change that strands it."""
+    s1, s2 = _model("s1", pool="p", memory="3Gi"), _model("s2", pool="p", memory="2Gi")
+    relabelled = copy.deepcopy(s1)
+    relabelled["spec"]["maxBatchSize"] = 8
+    assert review(relabelled, s1, {"ens": _ensemble("s1", "s2"), "s2": s2}, dependents=["ens"], pool=_pool()).allowed
+
+
 def test_a_pooled_model_with_a_pvc_source_or_its_own_credentials_is_refused_by_name() -> None:
     body = _model("m", pool="p", memory="1Gi")
     body["spec"]["source"] = {"uri": "pvc://models/m/"}
@@ -262,6 +293,25 @@ def test_scaling_a_pool_through_its_scale_subresource_is_reviewed_as_the_same_ch
     assert r.review(_scale(3), _scale(2), **where).get("allowed") is not False
     forged = r.review(_scale(1, uid="guessed"), _scale(2, uid="guessed"), **where)
     assert forged.get("allowed") is False and "b has 2 copies" not in forged["status"]["message"]
+
+
+def test_the_webhook_refuses_a_step_update_that_strands_the_ensemble_using_it(reviewer) -> None:
+    """The ensembles using the step come from the informer's step graph (the webhook's dependents), with the other
+    steps they reach: the step's update is refused naming its spec.memory and the ensemble."""
+    stored = _model("s1", pool="p", memory="1Gi")
+    api = FakeModelsApi([stored, _model("s2", pool="p", memory="2Gi"), _ensemble("s1", "s2")], [_pool()])
+    r = reviewer(api)
+    grown = copy.deepcopy(stored)
+    grown["spec"]["memory"] = "3Gi"
+    response = r.review(grown, stored)
+    assert response.get("allowed") is False, response
+    (cause,) = response["status"]["details"]["causes"]
+    assert cause["field"] == "spec.memory", cause
+    assert "a copy of ensemble 'ens', placed with its steps on the same replicas, takes 5Gi" in response["status"][
+        "message"], response["status"]["message"]
+    fits = copy.deepcopy(stored)
+    fits["spec"]["memory"] = "2Gi"
+    assert r.review(fits, stored).get("allowed") is not False
 
 
 # -- one Triton name per pool (rule pool-triton-name) --------------------------------------------

@@ -174,6 +174,13 @@ class TritonPoolSpec(_Model):
         return "spec.capacity.memoryPerGpu" if per_gpu else "spec.capacity.memoryPerReplica"
 
 
+class PoolLoadStatus(_Model):
+    """A load the operator has sent a replica's Triton and not yet seen answered."""
+
+    digest: str = Field(description="The config digest the load carries.")
+    since: str = Field(description="When the operator sent it (RFC 3339).")
+
+
 class PoolReplicaStatus(_Model):
     """One replica of a pool: the models placed on it and what they take."""
 
@@ -188,6 +195,15 @@ class PoolReplicaStatus(_Model):
         description=(
             "What the operator has loaded there and Triton said READY, by Triton model name: the config digest each "
             "serves. Read back after a restart of the operator: a model it no longer places there is unloaded."
+        ),
+    )
+    loading: dict[str, PoolLoadStatus] | None = Field(
+        default=None,
+        description=(
+            "Loads sent there and not answered yet, by Triton model name, written before they are sent. A restarted "
+            "operator waits for such a load at the desired digest (Triton does not list a model loaded from a request "
+            "in its repository index, loading or not) instead of sending it again, and sends it again once Triton "
+            "has not heard of the model or the load has not answered for 120 s."
         ),
     )
 

@@ -491,7 +491,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     try:
         return serve(listen, target, args.hold, args.head_start, args.gate_settle, models=tuple(args.model or ()),
                      check_interval=args.check_interval, fail_threshold=args.fail_threshold,
-                     hang_seconds=args.hang_seconds, repository=args.repository)
+                     hang_seconds=args.hang_seconds, repository=args.repository, every=args.every_model)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
 
@@ -634,6 +634,9 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     help="tritonserver is broken when it has not answered for this long (default 2)")
     pr.add_argument("--repository", metavar="DIR",
                     help="watch only the Python stubs of models under this directory (tritonserver's repository)")
+    pr.add_argument("--every-model", action="store_true",
+                    help="(a pool replica) watch every model tritonserver serves, for GET /status alone: the readiness "
+                    "probe says tritonserver is up, nothing per model")
     pr.set_defaults(func=cmd_probe)
 
 

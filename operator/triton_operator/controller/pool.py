@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api.kinds import HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
-from ..api.pod import HTTP_PORT
+from ..api.pod import HTTP_PORT, PROBE_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import TritonModel
@@ -50,10 +50,12 @@ from ..render.pool import (
 )
 from ..triton import fetcher as triton_fetcher
 from ..triton import pool as triton_pool
+from ..triton.probe import probe_news
 from ..triton.reload import requests_seen
 from . import metrics
 from .cache import Cache, lean
 from .errors import retry_after
+from .heal import TRITONSERVER
 from .tasks import detached
 
 log = logging.getLogger("triton_operator.pool")
@@ -65,6 +67,8 @@ REVISIT_SECONDS, SETTLED_SECONDS = 5.0, 15.0
 #: and comes back at once: a model loaded early in a long queue of loads is listed without waiting for the rest
 #: (bench/pool: 200 models, 50 per replica, were all listed at the end of the one round that loaded them).
 ROUND_LOAD_SECONDS = 5.0
+#: How long a read of a pool replica's probe (`GET /status?since=N&wait=S`) is held for news.
+HEALTH_WAIT_SECONDS = 3.0
 #: A failed load of a model on a replica is retried after this many seconds, doubling, up to `HELD_MAX_SECONDS`.
 HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
 #: While a replica's sidecar fetches a uri model, the pool comes back this often to load it once it is on disk.
@@ -121,6 +125,16 @@ class PoolReconciler:
         self._fetch_failures: dict[tuple[str, str, str, str, str], int] = {}  # held key -> the sidecar's attempt seen
         # (ns, pool, replica) -> the models its sidecar was last seen holding (absent: not asked yet by this process)
         self._sidecar_names: dict[tuple[str, str, str], set[str]] = {}
+        # The loads this process has sent, answered or not: a recorded load not among them is a previous operator's.
+        self._sent: set[tuple[str, str, str, str, str]] = set()  # (ns, pool, replica, Triton name, digest)
+        # Self-healing (issue 33 on a pool): what each replica's probe finds broken (Triton name -> why), read by a
+        # long poll per Ready replica (`_watch_health`); the heals' back-off; each pool's last round, whose state
+        # rewrites the slices at once when a break is reported between rounds.
+        self._broken: dict[tuple[str, str, str], dict[str, str]] = {}  # (ns, pool, pod)
+        self._watchers: dict[tuple[str, str, str], tuple[str, asyncio.Task[None]]] = {}  # (ns, pool, pod) -> (ip, task)
+        self._heals: dict[tuple[str, str, str, str], _Held] = {}  # (ns, pool, pod, model)
+        self._heal_causes: dict[tuple[str, str, str, str], str] = {}  # (ns, pool, pod, model) -> why, while it heals
+        self._last: dict[tuple[str, str], _Live] = {}
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -236,6 +250,7 @@ class PoolReconciler:
             return await self._round(rnd, live_state)
         finally:
             self._live.pop((namespace, name), None)
+            self._last[(namespace, name)] = live_state
             await costs
 
     async def _deletion_costs(self, namespace: str, pods: list[dict[str, Any]], placement: Placement) -> None:
@@ -249,17 +264,32 @@ class PoolReconciler:
 
     async def _round(self, rnd: _Round, st: _Live) -> float:
         ready = [r.name for r in rnd.live if rnd.pods[r.name].ready and rnd.pods[r.name].ip]
+        self._watch(rnd, ready)
         st.seen = await self._observe(rnd, ready, st.records)
+        in_flight, heard = await self._in_flight(rnd, ready, st.seen)
+        waiting = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
+        broken = self._broken_copies(rnd)
+        healing = pool_plan.to_heal(rnd.placement, rnd.members, broken, self._heals_held(rnd))
+        for r, n in healing:  # why, for the heal's Event (the probe stops saying so once the copy is unloaded)
+            self._heal_causes[(rnd.namespace, rnd.pool.name, r, n)] = broken[(r, n)]
         # A uri model's files on the replica's disk first (its sidecar fetches them meanwhile): until they are, its
         # load there waits, as a held one does, and its served copy is neither drained nor unloaded.
         unfetched, fetching = await self._fetch_phase(rnd, ready, st.records, st.seen)
         todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen,
-                              {**self._held_now(rnd), **dict.fromkeys(unfetched, True)})
-        st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
-        # The placement and the slices without what is about to be drained or unloaded, before any load.
-        await self._publish(rnd, st.records, st.seen, st.draining, before_loads=True)
-        if st.draining:
-            await self._drain(rnd, st.draining)
+                              {**self._held_now(rnd), **dict.fromkeys(unfetched, True)}, waiting, healing)
+        # Out of the slices before their loads: the copies drained, and those healed (unloaded, then loaded again:
+        # the probe stops calling a copy broken once it is unloaded, before it is READY again).
+        st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain or ld.heal)
+        # The placement and the slices without what is about to be drained or unloaded, and the loads about to be sent
+        # (a restarted operator waits for them), before any load.
+        sending = utc_now()
+        loading = self._loading(rnd, waiting, {(r, ld.member): pool_plan.InFlight(rnd.members[ld.member].digest or "",
+                                                                                  sending)
+                                               for r, w in todo.items() for ld in w.load})
+        await self._publish(rnd, st.records, st.seen, st.draining, loading, before_loads=True)
+        drained = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
+        if drained:
+            await self._drain(rnd, drained)  # a broken copy is not drained: its requests fail anyway
         busy = [w for w in todo.values() if w.load or w.unload]
         deadline = time.monotonic() + ROUND_LOAD_SECONDS
         cut = await asyncio.gather(*(self._carry_out(rnd, w, st, deadline) for w in busy))
@@ -267,12 +297,44 @@ class PoolReconciler:
             st.seen = await self._observe(rnd, ready, st.records)
         st.records = self._record(rnd, ready, st.records, st.seen)
         st.draining = frozenset()
-        settled = await self._publish(rnd, st.records, st.seen, frozenset())
+        # Still in flight: the previous operator's loads not READY yet (this round's own loads have all answered).
+        pending = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
+        settled = await self._publish(rnd, st.records, st.seen, frozenset(), self._loading(rnd, pending, {}))
+        self._sent = {k for k in self._sent if k[:2] != (rnd.namespace, rnd.pool.name)}  # answered, and unrecorded
         if any(cut):
             return 0.0
         if fetching:
             return FETCHING_SECONDS
-        return SETTLED_SECONDS if settled and not busy else REVISIT_SECONDS
+        return SETTLED_SECONDS if settled and not busy and not pending else REVISIT_SECONDS
+
+    async def _in_flight(self, rnd: _Round, ready: list[str], seen: Mapping[tuple[str, str], pool_plan.Seen]
+                         ) -> tuple[dict[str, dict[str, pool_plan.InFlight]], dict[tuple[str, str], bool | None]]:
+        """The loads the pool's status records in flight that this process did not send (a previous operator's), and
+        for each on a Ready replica and not READY there, whether its Triton has received it (`triton.pool.heard_of`)."""
+        recorded = pool_plan.recorded_loading(rnd.body)
+        theirs = {r: {t: ld for t, ld in loads.items()
+                      if (rnd.namespace, rnd.pool.name, r, t, ld.digest) not in self._sent}
+                  for r, loads in recorded.items() if r in ready}
+        names = {m.triton_name: n for n, m in rnd.members.items()}
+        asks = [(r, names[t]) for r, loads in theirs.items() for t in loads if t in names
+                and not ((s := seen.get((r, names[t]))) is not None and s.ready and s.digest == loads[t].digest)]
+        answers = await asyncio.gather(*(triton_pool.heard_of(rnd.address(r), rnd.members[n].triton_name)
+                                         for r, n in asks))
+        heard = dict(zip(asks, answers, strict=True))
+        for (r, n), h in heard.items():
+            ld = theirs[r][rnd.members[n].triton_name]
+            log.info("Found a load in flight from a previous operator namespace=%s pool=%s pod=%s model=%s digest=%s "
+                     "since=%s heard=%s", rnd.namespace, rnd.pool.name, r, n, ld.digest, ld.since.isoformat(), h)
+        return theirs, heard
+
+    @staticmethod
+    def _loading(rnd: _Round, waiting: Mapping[tuple[str, str], pool_plan.InFlight],
+                 sending: Mapping[tuple[str, str], pool_plan.InFlight]) -> dict[str, dict[str, pool_plan.InFlight]]:
+        """The loads in flight to record, by replica and Triton name: those waited for, and those about to be sent."""
+        out: dict[str, dict[str, pool_plan.InFlight]] = {}
+        for (r, n), ld in {**waiting, **sending}.items():
+            out.setdefault(r, {})[rnd.members[n].triton_name] = ld
+        return out
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pool pod's event. While a round of its pool runs (a load can take minutes), a replica that stops being
@@ -293,7 +355,8 @@ class PoolReconciler:
 
     async def _slices_now(self, st: _Live) -> None:
         rnd = st.rnd
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining)
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining,
+                                    self._broken_copies(rnd))
         for name, m in rnd.members.items():
             if m.model is not None:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
@@ -412,15 +475,20 @@ class PoolReconciler:
                 return True
             m = rnd.members[ld.member]
             assert m.request is not None and m.digest is not None
-            if ld.drain:
+            if ld.drain or ld.heal:
+                # A heal: Triton never finishes unloading a Python model whose stub is dead, and the load makes a new
+                # copy beside it (`controller.heal`); nothing waits for the unload.
                 await triton_pool.unload(address, m.triton_name, rnd.key)
             started = time.monotonic()
+            self._sent.add((rnd.namespace, rnd.pool.name, w.replica, m.triton_name, m.digest))
             why = await triton_pool.load(address, m.request.name, m.request.config, m.request.files, rnd.key)
             after = await triton_pool.served(address, m.triton_name, m.digest, None, rnd.key)
             held_key = (rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest)
             metrics.POOL_LOAD_SECONDS.observe(time.monotonic() - started)
             ok = after.ready and after.digest == m.digest
             metrics.POOL_LOADS.labels(verb="load", result="ok" if ok else "error").inc()
+            if ld.heal:
+                await self._healed(rnd, w.replica, ld.member, ok, why or after.message, time.monotonic() - started)
             if ok:
                 self._held.pop(held_key, None)
                 self._fetch_failures.pop(held_key, None)
@@ -530,6 +598,90 @@ class PoolReconciler:
                      rnd.pool.name, replica, name)
         return status != 409  # a fetch of it under way: looked for again in a later round
 
+    # -- self-healing: a copy Triton calls READY that fails (a dead Python stub), as the replica's probe reports it
+
+    def _broken_copies(self, rnd: _Round) -> dict[tuple[str, str], str]:
+        """(replica, member) -> why, of what the replicas' probes last reported broken (by Triton name)."""
+        names = {m.triton_name: n for n, m in rnd.members.items() if m.problem is None}
+        out: dict[tuple[str, str], str] = {}
+        for (ns, pool, pod), broken in list(self._broken.items()):
+            if (ns, pool) == (rnd.namespace, rnd.pool.name):
+                out.update({(pod, names[t]): why for t, why in broken.items() if t in names})
+        return out
+
+    def _heals_held(self, rnd: _Round) -> set[tuple[str, str]]:
+        now = time.monotonic()
+        return {(r, n) for (ns, p, r, n), h in self._heals.items()
+                if (ns, p) == (rnd.namespace, rnd.pool.name) and h.until > now}
+
+    async def _healed(self, rnd: _Round, replica: str, name: str, ok: bool, why: str, seconds: float) -> None:
+        """A heal done: its back-off (a copy broken again soon waits longer), a log line and an Event on the model."""
+        key = (rnd.namespace, rnd.pool.name, replica, name)
+        held = self._heals.get(key) or _Held(0, 0.0, "")
+        held.failures += 1
+        held.until = time.monotonic() + min(pool_plan.HEAL_SECONDS * 2 ** (held.failures - 1),
+                                            pool_plan.HEAL_MAX_SECONDS)
+        self._heals[key] = held
+        cause = self._heal_causes.pop(key, "it failed")
+        metrics.HEALS.labels(action="reload", result="ok" if ok else "failed").inc()
+        if ok:
+            log.info("Healed pooled model namespace=%s pool=%s pod=%s model=%s seconds=%.2f heal=%d", rnd.namespace,
+                     rnd.pool.name, replica, name, seconds, held.failures)
+            message = f"{replica}: {cause}: unloaded and loaded {name} again there in {seconds:.1f}s"
+        else:
+            log.warning("Failed to heal pooled model namespace=%s pool=%s pod=%s model=%s error=%r", rnd.namespace,
+                        rnd.pool.name, replica, name, why)
+            message = f"{replica}: {cause}: loading {name} again there failed: {why}"
+        body = self.cache.model(rnd.namespace, name) or dict(rnd.members[name].body)
+        try:
+            await asyncio.to_thread(self.kube.event, body, "Healed" if ok else "HealFailed", message[:1024],
+                                    "Normal" if ok else "Warning")
+        except Exception as exc:  # noqa: BLE001 - news, not state: the heal itself is done
+            log.warning("Failed to record Event reason=Healed model=%s/%s error=%r", rnd.namespace, name, exc)
+
+    def _watch(self, rnd: _Round, ready: list[str]) -> None:
+        """A long poll of each Ready replica's probe (`_watch_health`); those of replicas gone or not Ready stop."""
+        wanted = {(rnd.namespace, rnd.pool.name, r): rnd.pods[r].ip for r in ready if rnd.pods[r].ip}
+        for key, (ip, task) in list(self._watchers.items()):
+            if key[:2] == (rnd.namespace, rnd.pool.name) and wanted.get(key) != ip:
+                task.cancel()
+                del self._watchers[key]
+                self._broken.pop(key, None)
+        for key, address in wanted.items():
+            if key not in self._watchers and address:
+                self._watchers[key] = (address, detached(self._watch_health(key, address),
+                                                         name=f"pool-health-{'/'.join(key)}"))
+
+    async def _watch_health(self, key: tuple[str, str, str], ip: str) -> None:
+        """Reads what the replica's probe finds broken as soon as it changes (`GET /status`, held until news); on a
+        change, the slices of the pool's models are written again at once and a round is asked for (it reloads the
+        broken copies)."""
+        version: int | None = None
+        failures = 0
+        while self._wanted(key[:2]):
+            try:
+                version, broken = await probe_news(ip, PROBE_PORT, since=version, wait=HEALTH_WAIT_SECONDS,
+                                                   timeout=2.0)
+                failures = 0
+            except (OSError, ValueError) as exc:  # TimeoutError, ConnectionError; an old probe answers 404
+                failures += 1
+                log.debug("Could not read the probe pod=%s/%s error=%r", key[0], key[2], exc)
+                await asyncio.sleep(min(0.5 * failures, 5.0))
+                continue
+            broken.pop(TRITONSERVER, None)  # tritonserver itself: its pod's readiness says it, for every model
+            if broken == self._broken.get(key, {}):
+                continue
+            before = self._broken.get(key, {})
+            self._broken[key] = broken
+            log.info("Read pool replica health namespace=%s pool=%s pod=%s broken=%s was=%s", key[0], key[1], key[2],
+                     sorted(broken), sorted(before))
+            st = self._live.get(key[:2]) or self._last.get(key[:2])
+            if st is not None:
+                await self._slices_now(st)
+            self.request(key[0], key[1])
+        self._watchers.pop(key, None)
+        self._broken.pop(key, None)
+
     def _record(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
                 seen: Mapping[tuple[str, str], pool_plan.Seen]) -> dict[str, dict[str, str]]:
         """The replicas' records after the round: on a Ready replica, what it serves of what is placed there (a
@@ -555,19 +707,22 @@ class PoolReconciler:
         st.seen[(replica, name)] = pool_plan.Seen(True, digest)
         st.records.setdefault(replica, {})[rnd.members[name].triton_name] = digest
         st.draining = st.draining - {(replica, name)}
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining)
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining,
+                                    self._broken_copies(rnd))
         for n, m in rnd.members.items():
             if m.model is not None and replica in rnd.placement.copies.get(n, ()):
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies[n]), rnd.pods, serving[n])
 
     async def _publish(self, rnd: _Round, records: dict[str, dict[str, str]],
                        seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]],
+                       loading: Mapping[str, Mapping[str, pool_plan.InFlight]] | None = None,
                        before_loads: bool = False) -> bool:
         """Writes each model's Service, slices and status and the pool's status; whether every copy serves.
         `before_loads`: a model with no slices yet and no copy serving gets only its Service (which clients need by
         the time a slice lists a copy) in front of its load; its slices come with its first ready copy (`_listed`)
         or at the round's end."""
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining)
+        broken = self._broken_copies(rnd)
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining, broken)
         current = pool_plan.current(rnd.members, serving, seen)
         now = utc_now()
         behind, failed = 0, 0
@@ -588,9 +743,10 @@ class PoolReconciler:
                    if m.model.spec.autoscaling is not None else None)
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
                 m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name], rnd.coming,
-                hpa))
+                hpa, pool_plan.failing_copies(rnd.placement, rnd.members, name, broken)))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
-                                       ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now)
+                                       ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now,
+                                       loading)
         await self._write_pool_status(rnd, status)
         return behind == 0 and failed == 0
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from ..api import steps as step_graph
 from ..api.kinds import LABEL_MODEL
 from ..api.pool import TritonPool, format_bytes
-from ..api.timestamps import rfc3339
+from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
 from ..render.modelconfig import render_repository
 from ..render.pool import LoadRequest, ReplicaPod, load_request
@@ -40,6 +40,11 @@ LOAD_FAILED = "ModelLoadFailed"
 #: as a model's own replicas say it. The controller begins such a failure's message with FETCH_FAILED_PREFIX.
 SOURCE_FETCH_FAILED = "SourceFetchFailed"
 FETCH_FAILED_PREFIX = "fetch failed: "
+#: A copy Triton calls READY that fails its requests (a dead Python stub, requests failing in a row: the replica's
+#: probe says so), out of its slices and reloaded: the reason the Deployment path's gate gives too.
+MODEL_FAILING = "ModelFailing"
+#: A broken copy is reloaded again, if it stays broken, after this many seconds, doubling, up to `HEAL_MAX_SECONDS`.
+HEAL_SECONDS, HEAL_MAX_SECONDS = 10.0, 300.0
 NAME_TAKEN = "TritonNameTaken"
 
 
@@ -197,6 +202,57 @@ def recorded(pool_body: Mapping[str, Any] | None) -> dict[str, dict[str, str]]:
     return {str(r.get("pod")): dict(r.get("loaded") or {}) for r in rows if r.get("pod")}
 
 
+#: How long a restarted operator waits for a load a previous one sent (`awaited`) before it sends it again. Loads that
+#: take longer are sent a second time: Triton holds the second behind the first (its load/unload conflict wait) and,
+#: with the same config and files, it loads nothing new (measured, 2.51: no second initialize). A load that failed
+#: is sent again then, too: Triton's answers cannot tell a failed load from one under way (`triton.pool.heard_of`).
+IN_FLIGHT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A load sent to a replica and not answered yet, as the pool's status records it (`replicaModels[].loading`)."""
+
+    digest: str
+    since: dt.datetime
+
+
+def recorded_loading(pool_body: Mapping[str, Any] | None) -> dict[str, dict[str, InFlight]]:
+    """The loads the pool's status says are in flight: pod -> Triton model name -> the load."""
+    out: dict[str, dict[str, InFlight]] = {}
+    for row in ((pool_body or {}).get("status") or {}).get("replicaModels") or ():
+        for name, load in (row.get("loading") or {}).items():
+            try:
+                since = parse_rfc3339(str((load or {}).get("since") or "") or None)
+            except ValueError:
+                continue
+            if row.get("pod") and since is not None and (load or {}).get("digest"):
+                out.setdefault(str(row["pod"]), {})[str(name)] = InFlight(str(load["digest"]), since)
+    return out
+
+
+def awaited(placement: Placement, members: Mapping[str, Member], in_flight: Mapping[str, Mapping[str, InFlight]],
+            seen: Mapping[tuple[str, str], Seen], heard: Mapping[tuple[str, str], bool | None], now: dt.datetime,
+            bound: float = IN_FLIGHT_SECONDS) -> dict[tuple[str, str], InFlight]:
+    """The (replica, model) loads to wait for rather than send: sent by a previous operator (`in_flight`: recorded,
+    and not sent by this one) at the model's desired digest, not READY at it yet, received by Triton (`heard`: False
+    means it never reached it, the operator stopped before sending it), and sent less than `bound` seconds ago."""
+    out: dict[tuple[str, str], InFlight] = {}
+    for n, replicas in placement.copies.items():
+        m = members.get(n)
+        if m is None or m.digest is None:
+            continue
+        for r in replicas:
+            load = in_flight.get(r, {}).get(m.triton_name)
+            s = seen.get((r, n))
+            if load is None or load.digest != m.digest or (s is not None and s.ready and s.digest == m.digest):
+                continue
+            if heard.get((r, n)) is False or (now - load.since).total_seconds() >= bound:
+                continue
+            out[(r, n)] = load
+    return out
+
+
 #: Read by the ReplicaSet controller on a scale-down: pods of a lower cost are deleted first (Kubernetes >= 1.22).
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
@@ -228,6 +284,7 @@ class Load:
 
     member: str
     drain: bool = False
+    heal: bool = False  # a copy the replica's probe found broken: unloaded, then loaded again (`to_heal`)
 
 
 @dataclass
@@ -262,13 +319,44 @@ def serves(member: Member, seen: Seen | None, record: Mapping[str, str]) -> bool
                 and seen.digest in {member.digest, record.get(member.triton_name)})
 
 
+def to_heal(placement: Placement, members: Mapping[str, Member], broken: Mapping[tuple[str, str], str],
+            held: Collection[tuple[str, str]] = frozenset()) -> set[tuple[str, str]]:
+    """The (replica, model) copies to reload: those the replica's probe found broken (`broken`, by member name) and
+    placed there, but not back-off `held` ones. An ensemble whose reached step is broken too is not reloaded: its
+    failures count on it and on the step, and loading the step loads the ensembles using it again (as
+    `controller.heal` does for a model's own replicas); the step is."""
+    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    out: set[tuple[str, str]] = set()
+    for (r, n) in broken:
+        if n not in members or (r not in placement.copies.get(n, ()) and n not in placement.loaded.get(r, ())):
+            continue
+        found, _ = step_graph.closure(n, graph)
+        if any((r, k) in broken for k in found if k != n) or (r, n) in held:
+            continue
+        out.add((r, n))
+    return out
+
+
+def failing_copies(placement: Placement, members: Mapping[str, Member], name: str,
+                   broken: Mapping[tuple[str, str], str]) -> dict[str, str]:
+    """The copies of `name` that do not serve for a broken model they load (it, or a step it reaches): pod -> why."""
+    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    reached = {name, *step_graph.closure(name, graph)[0]}
+    copies = set(placement.copies.get(name, ()))
+    return {r: why for (r, k), why in sorted(broken.items()) if r in copies and k in reached}
+
+
 def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[str],
          records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
-         held: Mapping[tuple[str, str], bool]) -> dict[str, ReplicaWork]:
+         held: Mapping[tuple[str, str], bool],
+         awaiting: Collection[tuple[str, str]] = frozenset(),
+         healing: Collection[tuple[str, str]] = frozenset()) -> dict[str, ReplicaWork]:
     """Each Ready replica's work: unload what is recorded there and no longer placed; load what is placed there and
     not READY at its desired digest. An update of a copy that serves (at its recorded digest) waits for the model's
     budget (rollout.maxUnavailable less its copies not serving), so a model updates replica by replica. `held`:
-    (replica, model) loads that failed lately and wait for their back-off."""
+    (replica, model) loads that failed lately and wait for their back-off; `awaiting`: loads a previous operator sent
+    that are still in flight (`awaited`), not sent again; `healing`: broken copies to reload (`to_heal`), unloaded
+    first (a load of the config Triton holds would change nothing: `controller.heal`)."""
     out = {r: ReplicaWork(r) for r in ready}
     names = {m.triton_name: n for n, m in members.items() if m.problem is None}  # a name's owner, not its taker
     for n, m in members.items():
@@ -280,7 +368,11 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
         w.unload = sorted(t for t in records.get(r, {}) if names.get(t) not in placed)
         for n in order(sorted(placed), members):
             m, s = members[n], seen.get((r, n))
-            if m.request is None or (s is not None and s.ready and s.digest == m.digest) or held.get((r, n)):
+            if (r, n) in healing and m.request is not None:
+                w.load.append(Load(n, heal=True))
+                continue
+            if (m.request is None or (s is not None and s.ready and s.digest == m.digest) or held.get((r, n))
+                    or (r, n) in awaiting):
                 continue
             if s is not None and not s.answered:  # unknown, not absent: a load now could be a second one
                 continue
@@ -296,16 +388,17 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
 
 def serving(placement: Placement, members: Mapping[str, Member], pods: Mapping[str, ReplicaPod],
             records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
-            draining: frozenset[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
+            draining: frozenset[tuple[str, str]] = frozenset(),
+            broken: Collection[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
     """Per model, the replicas of its placement where it serves: the pod Ready, the model and every step it reaches
-    served there (`serves`), and none of them drained this round."""
+    served there (`serves`), and none of them drained this round nor found broken by the replica's probe."""
     graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
     out: dict[str, set[str]] = {}
     for n in members:
         found, missing = step_graph.closure(n, graph)
         reached = [*found, *missing] or [n]
         out[n] = {r for r in placement.copies.get(n, ()) if (pod := pods.get(r)) is not None and pod.ready
-                  and all(k in members and (r, k) not in draining
+                  and all(k in members and (r, k) not in draining and (r, k) not in broken
                           and serves(members[k], seen.get((r, k)), records.get(r, {})) for k in reached)}
     return out
 
@@ -333,7 +426,8 @@ def _failure_reason(failures: Mapping[str, str]) -> str:
 
 def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
                  failures: Mapping[str, str], current: set[str],
-                 coming: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+                 coming: int, failing: Mapping[str, str] | None = None
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Ready, Progressing and Degraded of a pooled model (`serving_on`: the replicas whose endpoint is ready;
     `current`: those of them at the desired digest)."""
     g = m.generation
@@ -357,6 +451,11 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
         msg = f"{served}; {shortfall.message}"
         return (_cond("Ready", False, INSUFFICIENT_CAPACITY, msg, g), settled,
                 _cond("Degraded", True, INSUFFICIENT_CAPACITY, msg, g))
+    if failing:
+        msg = (f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failing.items()))
+               + "; healing: out of its slices there, unloading and loading it again")[:2000]
+        return (_cond("Ready", len(serving_on) >= wanted, MODEL_FAILING, msg, g),
+                _cond("Progressing", True, "Healing", msg, g), _cond("Degraded", True, MODEL_FAILING, msg, g))
     if failures:
         msg = f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failures.items()))
         reason = _failure_reason(failures)
@@ -374,12 +473,14 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
 
 def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
                  failures: Mapping[str, str], now: dt.datetime, current: set[str] | None = None,
-                 coming: int = 0, hpa: Mapping[str, Any] | None = None) -> TritonModelStatus:
+                 coming: int = 0, hpa: Mapping[str, Any] | None = None,
+                 failing: Mapping[str, str] | None = None) -> TritonModelStatus:
     """A pooled model's whole status (conditions stamped against the stored ones). `current`: the serving replicas
     at the desired digest (None: all of `serving_on`); `coming`: replicas the pool may still get soon (`coming`: a
     copy short of room is InsufficientPoolCapacity only when none is)."""
     current = serving_on if current is None else current
-    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current, coming)
+    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current, coming,
+                                                failing)
     conds = [ready, progressing, degraded, *kstatus_conditions(progressing, degraded, m.generation)]
     if hpa is not None:  # the HPA of its copies (spec.autoscaling): whether it can read its metric, as for any model
         conds.append(scaling_active(hpa, m.generation))
@@ -400,9 +501,11 @@ def model_status(m: Member, pool: str, found: bool, placement: Placement | None,
 
 def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolReplica],
                 pods: Mapping[str, ReplicaPod], placement: Placement, records: Mapping[str, Mapping[str, str]],
-                behind: int, failed: int, selector: str, now: dt.datetime) -> dict[str, Any]:
+                behind: int, failed: int, selector: str, now: dt.datetime,
+                loading: Mapping[str, Mapping[str, InFlight]] | None = None) -> dict[str, Any]:
     """The pool's status: its replicas, what each carries and has loaded, capacity used and free, and conditions.
-    `behind`: copies placed that do not serve yet; `failed`: models whose loads failed."""
+    `behind`: copies placed that do not serve yet; `failed`: models whose loads failed; `loading`: the loads in flight
+    (`recorded_loading` reads them back)."""
     g = int(body["metadata"].get("generation", 0))
     ready = sum(1 for r in live if pods[r.name].ready)
     rows = []
@@ -414,6 +517,9 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
             row["node"] = r.node
         if records.get(r.name):
             row["loaded"] = dict(sorted(records[r.name].items()))
+        if (loading or {}).get(r.name):
+            row["loading"] = {n: {"digest": ld.digest, "since": rfc3339(ld.since)}
+                              for n, ld in sorted((loading or {})[r.name].items())}
         rows.append(row)
     used = sum(placement.used.get(r.name, 0) for r in live)
     total = placement.capacity * len(live)

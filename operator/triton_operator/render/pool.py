@@ -38,7 +38,7 @@ from ..api.pod import (
     TRITON_CONTAINER,
 )
 from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, TritonPool
-from ..api.v1alpha1 import API_VERSION, KIND, ModelFiles, Server, Source, TritonModel, quantity_bytes
+from ..api.v1alpha1 import API_VERSION, KIND, ModelFiles, Server, Source, TritonModel, WarmupGate, quantity_bytes
 from .autoscaling import HpaMetric, pool_hpa_metric, pooled_hpa_metric
 from .kubernetes import (
     CONTAINER_SECURITY,
@@ -187,6 +187,16 @@ def _fetch_server_container(pool: TritonPool, key_secret: str, options: Options)
     return container
 
 
+def _pool_probe(options: Options) -> dict[str, Any]:
+    """The probe sidecar, watching every model the replica's Triton serves (`--every-model`: failed requests, dead
+    Python stubs) for the operator, which takes a broken copy out of its model's slices and reloads it; the pod's
+    readiness still says only that tritonserver is up."""
+    # One threshold for the replica (the probe counts every model alike): warmupGate.failedRequestThreshold's default.
+    probe = probe_container((), WarmupGate().failed_request_threshold, options)
+    probe["args"] = [*probe["args"], "--every-model"]
+    return probe
+
+
 def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], fetcher: dict[str, Any],
                    options: Options) -> dict[str, Any]:
     server = pool.spec.server
@@ -194,7 +204,7 @@ def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], fetcher: dict[str, 
              + options.termination_margin_seconds)
     spec: dict[str, Any] = {
         # The probe watches tritonserver alone: which models a replica serves changes without a restart.
-        "containers": [triton, probe_container((), 0, options), fetcher],
+        "containers": [triton, _pool_probe(options), fetcher],
         # The probe sees the Python backend's stubs in the pod's shared process namespace.
         "shareProcessNamespace": True,
         "volumes": [

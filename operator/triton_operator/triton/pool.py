@@ -4,6 +4,14 @@ The questions are the warm-up gate's (`triton.replica.check_replica`: READY, at 
 the model's config and files in the request (`render.pool.load_request`), so nothing of an inline model is on the
 replica's disk. A load's answer is never the verdict alone: an ensemble over steps loaded from requests answers
 INTERNAL and is READY all the same (measured on 2.51, `tests/test_pool_load.py`), so the caller asks again.
+
+A load in flight (`heard_of`). Triton 2.51 lists only the models of its repository directories in its repository index
+(`ModelRepositoryManager::RepositoryIndex` walks them), so a model loaded from a request is never there, loading or not
+(measured: `[]` throughout a 6 s load, with `ready: false` too). What tells a load has reached it is the config
+question: a model it has never been asked to load is "not found", one whose load has been received but that has no
+version available (loading, failed, or unloaded) "has no available versions" (404 either way, 2.51:
+`tests/test_pool_inflight.py`). A second load of a model whose load is in flight waits for the first to finish
+(Triton's load/unload conflict wait), then loads again.
 """
 
 from __future__ import annotations
@@ -55,6 +63,26 @@ async def served_all(address: str, asks: Sequence[tuple[str, str, str | None]], 
         verdicts = await asyncio.gather(*(check_replica(address, name, (), digest, timeout=timeout, also=also, key=key,
                                                         client=client) for name, digest, also in asks))
     return [_served(v) for v in verdicts]
+
+
+#: How Triton 2.51 words a config question about a model it has been asked to load and has no version of available
+#: (loading, failed, unloaded), and about a model it has never been asked to load.
+NO_VERSION, NOT_FOUND = "has no available versions", "is not found"
+
+
+async def heard_of(address: str, name: str, timeout: float = 5.0) -> bool | None:
+    """Whether the replica's Triton has received a load of `name` (True: READY, or loading, failed or unloaded since;
+    False: never asked), or None when its answer says neither (no answer, another error)."""
+    async with TritonClient(address) as client:
+        try:
+            await client.model_config(name, timeout=timeout)
+            return True
+        except TritonError as exc:
+            if exc.status == 404 and NO_VERSION in exc.message():
+                return True
+            if exc.status == 404 and NOT_FOUND in exc.message():
+                return False
+            return None
 
 
 async def load(address: str, name: str, config: str, files: Mapping[str, bytes], key: str | None,

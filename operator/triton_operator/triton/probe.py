@@ -88,6 +88,8 @@ IDLE_SECONDS = 5.0
 MAX_CONNECTIONS = 32
 #: Where the operator reads what the probe found broken (JSON).
 STATUS_PATH = "/status"
+#: The longest a `GET /status?since=N&wait=S` is held (under `IDLE_SECONDS`, the socket's own timeout).
+MAX_WAIT = 4.0
 #: The health check's defaults (see the module's docstring).
 CHECK_INTERVAL = 0.1
 FAIL_THRESHOLD = 3
@@ -135,7 +137,13 @@ class Health:
     live_stubs: set[int] | None = None  # stub pids running at the last check (None: no check yet)
     _reloaded: set[str] = field(default_factory=set)  # models whose counters restarted on this check
     checks: int = 0
+    # A pool replica's probe (`--every-model`): every model Triton has statistics for is watched (none is "missing":
+    # the operator loads and unloads them), and a stub is known by its instance name (`Stubs.instances`).
+    every: bool = False
+    version: int = 0  # rises each time what is broken changes (`changed`): what a long-polling reader waits on
+    _stub_model: dict[int, str] = field(default_factory=dict)  # every-model mode: stub pid -> its model, resolved once
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _news: threading.Condition = field(default_factory=threading.Condition)
 
     def observe(self, counts: Counts | None, refused: bool = False, dead: dict[int, str] | None = None,
                 live: dict[int, str] | None = None) -> None:
@@ -145,6 +153,9 @@ class Health:
             self.checks += 1
             self._reloaded = set()
             self._observe(counts, refused)
+            if self.every:
+                dead, live = self._resolve(dead or {}), self._resolve(live or {})
+                self._stub_model = {pid: m for pid, m in self._stub_model.items() if pid in dead or pid in live}
             dead = {pid: m for pid, m in (dead or {}).items() if m in self.models}
             live = live or {}
             started = {m for pid, m in live.items() if pid not in self.live_stubs} if self.live_stubs is not None else set()
@@ -155,6 +166,34 @@ class Health:
             self.dead_stubs = {m: f"the Python stub of model {m} (pid {pid}) has exited; every request to it fails"
                                for pid, m in sorted(dead.items()) if pid in self.zombies}
             self.zombies = set(dead)
+
+    def _resolve(self, stubs: dict[int, str]) -> dict[int, str]:
+        """pid -> model, of stubs known by instance name: each resolved once, while its model is served (a zombie
+        of an unloaded model must not be taken for another model whose name its own starts with)."""
+        out: dict[int, str] = {}
+        for pid, instance in stubs.items():
+            if pid not in self._stub_model and (m := self._model_of(instance)) is not None:
+                self._stub_model[pid] = m
+            if pid in self._stub_model:
+                out[pid] = self._stub_model[pid]
+        return out
+
+    def _model_of(self, instance: str) -> str | None:
+        """The model a stub's instance name (`<model>_<group>_<n>`, Triton's default names) belongs to: the longest
+        model Triton serves that it starts with."""
+        found = [m for m in self.models if instance == m or instance.startswith(f"{m}_")]
+        return max(found, key=len) if found else None
+
+    def changed(self) -> None:
+        """What is broken changed: a long-polling reader (`wait_news`) answers now."""
+        with self._news:
+            self.version += 1
+            self._news.notify_all()
+
+    def wait_news(self, since: int, timeout: float) -> None:
+        """Waits until `version` is not `since`, or `timeout` seconds."""
+        with self._news:
+            self._news.wait_for(lambda: self.version != since, timeout)
 
     def _observe(self, counts: Counts | None, refused: bool) -> None:
         now = self.clock()
@@ -167,6 +206,13 @@ class Health:
                 self.hung = f"tritonserver did not answer for {now - self.last_answer:.1f}s"
             return
         self.last_answer, self.hung = now, None
+        if self.every:
+            gone = set(self.models) - set(counts)
+            self.models = tuple(sorted(counts))
+            for m in gone:  # unloaded: its counts start again with its next load
+                self.counts.pop(m, None)
+                self.since_success.pop(m, None)
+                self.failing.pop(m, None)
         self.missing = {m: f"model {m} is not loaded (Triton has no statistics for it)"
                         for m in self.models if m not in counts}
         self._reloaded |= set(self.missing)
@@ -208,7 +254,7 @@ class Health:
     def status(self) -> dict[str, Any]:
         """`GET /status`: what is broken, and the counts the verdict rests on."""
         with self._lock:
-            return {"models": list(self.models), "broken": self._broken(), "checks": self.checks,
+            return {"models": list(self.models), "broken": self._broken(), "checks": self.checks, "version": self.version,
                     "counts": {m: {"success": c[0], "fail": c[1]} for m, c in self.counts.items()},
                     "failsSinceSuccess": dict(self.since_success)}
 
@@ -252,6 +298,10 @@ class Stubs:
     proc: Path = Path("/proc")
     repository: str | None = None  # only the stubs of models under this directory (None: any)
     models: dict[int, str] = field(default_factory=dict)  # pid -> model, learned while the stub ran
+    # Know a stub by its instance name (its command line's 8th argument, `<model>_<group>_<n>`) instead of its
+    # model directory: a model loaded from a request runs from a directory Triton made (`/tmp/folderXXXXXX/1/model.py`,
+    # measured on 2.51), which does not say the model.
+    instances: bool = False
 
     def scan(self) -> tuple[dict[int, str], dict[int, str]]:
         out: dict[int, str] = {}
@@ -274,6 +324,13 @@ class Stubs:
                         continue
                     path = Path(argv[1].decode(errors="replace"))  # <repository>/<model>/<version>/model.py
                     parts = path.parts
+                    if self.instances:
+                        if len(argv) < 9 or not argv[8]:
+                            continue
+                        self.models[pid] = argv[8].decode(errors="replace")
+                        alive.add(pid)
+                        running[pid] = self.models[pid]
+                        continue
                     if len(parts) < 3 or (self.repository is not None and not path.is_relative_to(self.repository)):
                         continue
                     self.models[pid] = parts[-3]
@@ -292,7 +349,7 @@ def watch_health(health: Health, target: tuple[str, int], interval: float, on_ch
     conn = http.client.HTTPConnection(*target, timeout=timeout)
     last: dict[str, str] = {}
     was_refused = True
-    stubs = Stubs(repository=repository)
+    stubs = Stubs(repository=None if health.every else repository, instances=health.every)
     while not stop.is_set():
         started = time.monotonic()
         refused = False
@@ -312,6 +369,7 @@ def watch_health(health: Health, target: tuple[str, int], interval: float, on_ch
             print(f"probe: health changed; broken={json.dumps(broken)}" if broken else
                   f"probe: health changed; nothing broken (was {', '.join(sorted(last))})", file=sys.stderr, flush=True)
             last = broken
+            health.changed()
             on_change()
         elif refused != was_refused:
             on_change()  # the port closed (or opened): a held probe looks at it now
@@ -418,6 +476,16 @@ def _handler(readiness: Readiness, health: Health | None, settle: float,
 
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] == STATUS_PATH:
+                if health is not None:
+                    # `?since=N&wait=S`: held until what is broken changes from version N, or S seconds (a pool
+                    # replica's operator learns of a break at once, with one request waiting at a time).
+                    query = dict(p.split("=", 1) for p in self.path.partition("?")[2].split("&") if "=" in p)
+                    try:
+                        since, wait = int(query.get("since", "")), min(float(query.get("wait", "0")), MAX_WAIT)
+                    except ValueError:
+                        since, wait = -1, 0.0
+                    if wait > 0:
+                        health.wait_news(since, wait)
                 body = health.status() if health is not None else {"models": [], "broken": {}}
                 self._reply(200, json.dumps(body), "application/json")
                 return
@@ -491,15 +559,18 @@ def _server(max_connections: int) -> type[http.server.ThreadingHTTPServer]:
 def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
           stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS,
           models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL, fail_threshold: int = FAIL_THRESHOLD,
-          hang_seconds: float = HANG_SECONDS, repository: str | None = None) -> int:
+          hang_seconds: float = HANG_SECONDS, repository: str | None = None, every: bool = False) -> int:
     # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
     # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
     # soon as the port listens stays pending instead of killing the process.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    health = Health(models, fail_threshold=fail_threshold, hang_seconds=hang_seconds) if models else None
+    health = (Health(models, fail_threshold=fail_threshold, hang_seconds=hang_seconds, every=every)
+              if models or every else None)
+    # A pool replica's readiness says its tritonserver is up, nothing per model: a broken model is the operator's to
+    # take out of that model's slices (it reads `GET /status`), not a reason to take every model on the replica out.
     readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle,
-                          broken=health.why if health is not None else None)
+                          broken=health.why if health is not None and not every else None)
     stop_health = threading.Event()
     server = _server(max_connections)(listen, _handler(readiness, health, settle, idle))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
@@ -507,7 +578,8 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     if health is not None:
         threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health, repository),
                          daemon=True, name="health").start()
-        print(f"probe: checking every {check_interval:g} s that models {', '.join(models)} serve (broken after "
+        print(f"probe: checking every {check_interval:g} s that models "
+              f"{'(every model Triton serves)' if every else ', '.join(models)} serve (broken after "
               f"{fail_threshold} failed requests with no success, or {hang_seconds:g} s without an answer)",
               file=sys.stderr, flush=True)
     print(f"probe: answering readiness on {listen[0]}:{listen[1]} for tritonserver's HTTP port {target[0]}:{target[1]}"
@@ -547,12 +619,22 @@ async def notify_gate(host: str, port: int, timeout: float = 1.0) -> int:
 
 async def probe_status(host: str, port: int, timeout: float = 1.0) -> dict[str, str]:
     """What a replica's probe server found broken (`GET /status`): model name (or "tritonserver") -> why."""
+    return (await probe_news(host, port, timeout=timeout))[1]
+
+
+async def probe_news(host: str, port: int, since: int | None = None, wait: float = 0.0,
+                     timeout: float = 1.0) -> tuple[int, dict[str, str]]:
+    """`GET /status`, held up to `wait` seconds until what is broken changes from version `since`: (version, model
+    name (or "tritonserver") -> why)."""
     import asyncio
 
-    async def get() -> dict[str, str]:
+    query = f"?since={since}&wait={wait:g}" if since is not None and wait > 0 else ""
+
+    async def get() -> tuple[int, dict[str, str]]:
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            writer.write(f"GET {STATUS_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+            writer.write(f"GET {STATUS_PATH}{query} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+                         .encode())
             await writer.drain()
             data = b""
             while len(data) < 1 << 20:  # to the end: the server closes the connection after its answer
@@ -566,10 +648,11 @@ async def probe_status(host: str, port: int, timeout: float = 1.0) -> dict[str, 
         status = head.split(b"\r\n", 1)[0].split()
         if len(status) < 2 or status[1] != b"200":
             raise ConnectionError(f"the probe answered {b' '.join(status)!r}")
-        broken = json.loads(body).get("broken") or {}
-        return {str(k): str(v) for k, v in broken.items()}
+        answer = json.loads(body)
+        broken = answer.get("broken") or {}
+        return int(answer.get("version") or 0), {str(k): str(v) for k, v in broken.items()}
 
-    return await asyncio.wait_for(get(), timeout)
+    return await asyncio.wait_for(get(), timeout + wait)
 
 
 def address(text: str, default_host: str) -> tuple[str, int]:

@@ -32,7 +32,15 @@ from ..api import steps as step_graph
 from ..api.pool import TritonPool
 from ..api.v1alpha1 import TritonModel
 from .errors import FieldError, from_pydantic
-from .pool import POOL_CHANGE, POOL_IDENT, check_pool, check_pool_fit, pool_change_problems, triton_name_taken
+from .pool import (
+    POOL_CHANGE,
+    POOL_IDENT,
+    check_pool,
+    check_pool_fit,
+    pool_change_problems,
+    step_fit,
+    triton_name_taken,
+)
 from .rules import RULES, check_models
 
 #: How a TritonModel is named in field errors here (the same as the operator's conditions).
@@ -123,22 +131,34 @@ def review(
     before = {(e.model, e.path, e.message) for e in errors_with(previous) if e.model in wanted}
     broken = [e for e in after if e.model in wanted and (e.model, e.path, e.message) not in before
               and e.rule != "ensemble-cycle"]
-    errors = own + broken + _pool_fit(new, subject, others, pool) + triton_name_taken(new, subject, on_pool or {},
-                                                                                     previous)
+    errors = own + broken + _pool_fit(new, subject, others, pool, previous) + triton_name_taken(
+        new, subject, on_pool or {}, previous)
     return AdmissionVerdict(not errors, errors, warnings, subject)
 
 
 def _pool_fit(model: TritonModel, subject: str, others: Mapping[str, TritonModel],
-              pool: Mapping[str, Any] | None) -> list[FieldError]:
-    """The model, with the steps it reaches, against one replica of its pool (none to check: no error)."""
+              pool: Mapping[str, Any] | None, previous: TritonModel | None = None) -> list[FieldError]:
+    """The model, with the steps it reaches, against one replica of its pool (none to check: no error); and, for a
+    step, each ensemble using it (among `others`: the webhook passes the ensembles that use the model, and what
+    they reach) with its steps. A step's error that its previous spec had too (the same ensemble already did not fit)
+    is not the change's doing, and does not refuse it."""
     if model.spec.pool is None or pool is None or (pool.get("metadata") or {}).get("name") != model.spec.pool:
         return []
     try:
         parsed = TritonPool.model_validate(pool)
     except ValidationError:
         return []  # a pool the API server stored but this version cannot read: the operator says so on it
-    models = [(subject, model), *((IDENT.format(n), m) for n, m in sorted(others.items()))]
-    return [e for e in check_pool_fit(parsed, models) if e.model == subject]
+
+    def fit(m: TritonModel) -> tuple[list[FieldError], dict[FieldError, str]]:
+        models = [(subject, m), *((IDENT.format(n), o) for n, o in sorted(others.items()))]
+        steps = {e: ens for ens, e in step_fit(parsed, models) if e.model == subject}
+        return [e for e in check_pool_fit(parsed, models) if e.model == subject], steps
+
+    errors, steps = fit(model)
+    if not steps or previous is None or previous.spec.pool != model.spec.pool:
+        return errors
+    before = set(fit(previous)[1].values())
+    return [e for e in errors if steps.get(e) not in before]
 
 
 def _placements(models: Sequence[Mapping[str, Any]], pool: str) -> dict[str, list[str]]:

@@ -3,7 +3,9 @@
 - `check_pool`: a pool alone: its capacity (one of memoryPerGpu with gpus, or memoryPerReplica without), and the
   rules of its spec.server that a TritonModel's server meets (`validate.rules.check_server`);
 - `check_pool_fit`: a pooled model, with every step its ensemble reaches, larger than one replica of its pool is
-  refused, naming spec.memory (an ensemble: spec.pool) and the figures;
+  refused, naming spec.memory (an ensemble: spec.pool) and the figures; so is a step whose memory makes an ensemble
+  that uses it (placed with its steps on the same replicas) larger than a replica, naming the step's spec.memory and
+  the ensemble;
 - `triton_name_clashes`, `triton_name_taken`: two models of one pool that load under one Triton name
   (spec.modelName) are refused, naming spec.modelName (or spec.pool);
 - `pool_change_problems`: a pool change that would strand placed models (a replica would hold less than is placed
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..api.pool import TritonPool, closure_bytes, format_bytes
+from ..api.pool import TritonPool, closure_bytes, format_bytes, model_bytes
 from ..api.v1alpha1 import TritonModel
 from .errors import FieldError
 from .rules import Collector, check_server
@@ -74,6 +76,37 @@ def check_pool_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) 
             f"a copy takes {format_bytes(need)}{with_steps}, more than a replica of pool {pool.name!r} holds "
             f"({pool.spec.capacity_path} gives {format_bytes(capacity)}): it could be placed nowhere")
         errors.extend(err.errors)
+    return errors + [e for _, e in step_fit(pool, models)]
+
+
+def step_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) -> list[tuple[str, FieldError]]:
+    """(ensemble, error) for each step (fitting a replica alone) of an ensemble on `pool` whose copy, with every step
+    it reaches, does not fit one: the ensemble and its steps are placed together on the same replicas, so a step that
+    grows (spec.memory) can strand the ensemble as surely as the ensemble's own change. Named at the step's
+    spec.memory, with the ensemble."""
+    if capacity_problem(pool) is not None:
+        return []
+    capacity = pool.spec.replica_bytes
+    by_name = {m.name: m for _, m in models}
+    errors: list[tuple[str, FieldError]] = []
+    for ident, step in models:
+        if step.spec.pool != pool.name or step.spec.is_ensemble or model_bytes(step) > capacity:
+            continue  # not on the pool, an ensemble (its own check names it), or refused alone already
+        for ensemble in sorted(by_name.values(), key=lambda m: m.name):
+            if not ensemble.spec.is_ensemble or ensemble.spec.pool != pool.name:
+                continue
+            closure = closure_bytes(ensemble, by_name)
+            need = sum(closure.values())
+            if step.name not in closure or need <= capacity:
+                continue
+            err = Collector(ident)
+            parts = ", ".join(f"{n} {format_bytes(b)}" for n, b in sorted(closure.items()))
+            err("pool-capacity", "spec.memory",
+                f"with {format_bytes(model_bytes(step))} here, a copy of ensemble {ensemble.name!r}, placed with its "
+                f"steps on the same replicas, takes {format_bytes(need)} ({parts}), more than a replica of pool "
+                f"{pool.name!r} holds ({pool.spec.capacity_path} gives {format_bytes(capacity)}): it could be placed "
+                "nowhere; lower spec.memory, or give the pool larger replicas first")
+            errors.extend((ensemble.name, e) for e in err.errors)
     return errors
 
 
