@@ -1065,7 +1065,8 @@ class WarmupGate(_Model):
             "or when this many requests to one model fail in a row with none served between them (Triton's "
             "statistics). 0 turns the last rule off: set it when clients' own requests can make the model's code "
             "raise (Triton counts those as failed requests), so that a client sending them cannot take replicas "
-            "out of the Service."
+            "out of the Service. On a pool (spec.pool) it is the pool's probe's, 3, for every model, and cannot be "
+            "set."
         ),
     )
 
@@ -1234,6 +1235,8 @@ POOLED_SERVER_DEFAULTS: dict[str, Any] = dict(_server_defaults(Server, ".server"
 #: What a pooled model may not set, as the reference says it.
 POOLED_MODEL_REFUSED = ("server", "warmupGate.enabled: false", "rollout.strategy: NewPods")
 _POOLED = "!has(self.pool) || "
+#: The failed-request threshold of every model on a pool replica: its probe watches them all with one (`--every-model`).
+POOL_FAILED_REQUEST_THRESHOLD = 3
 
 
 def _pooled_server_rule(path: str, default: Any) -> JsonDict:
@@ -1269,6 +1272,15 @@ POOLED_MODEL_RULES: list[JsonDict] = [
         "message": "a pooled model is always gated: its Service lists a pool replica only once the model is READY "
                    "there at the desired config, warm (warmupGate.enabled: false has no meaning on a pool)",
         "fieldPath": ".warmupGate.enabled",
+    },
+    {
+        "rule": f"{_POOLED}!has(self.warmupGate) || !has(self.warmupGate.failedRequestThreshold) "
+                f"|| self.warmupGate.failedRequestThreshold == {POOL_FAILED_REQUEST_THRESHOLD}",
+        "message": f"a pool replica's probe counts every model's failed requests alike "
+                   f"({POOL_FAILED_REQUEST_THRESHOLD} in a row, none served, and the copy is reloaded there): "
+                   "warmupGate.failedRequestThreshold cannot be set per model on a pool; run the model on a "
+                   "Deployment of its own (no spec.pool) to set it",
+        "fieldPath": ".warmupGate.failedRequestThreshold",
     },
     {
         "rule": f"{_POOLED}!has(self.rollout) || self.rollout.strategy == 'InPlace'",

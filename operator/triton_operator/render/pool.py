@@ -38,7 +38,16 @@ from ..api.pod import (
     TRITON_CONTAINER,
 )
 from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, TritonPool
-from ..api.v1alpha1 import API_VERSION, KIND, ModelFiles, Server, Source, TritonModel, WarmupGate, quantity_bytes
+from ..api.v1alpha1 import (
+    API_VERSION,
+    KIND,
+    POOL_FAILED_REQUEST_THRESHOLD,
+    ModelFiles,
+    Server,
+    Source,
+    TritonModel,
+    quantity_bytes,
+)
 from .autoscaling import HpaMetric, pool_hpa_metric, pooled_hpa_metric
 from .kubernetes import (
     CONTAINER_SECURITY,
@@ -191,8 +200,8 @@ def _pool_probe(options: Options) -> dict[str, Any]:
     """The probe sidecar, watching every model the replica's Triton serves (`--every-model`: failed requests, dead
     Python stubs) for the operator, which takes a broken copy out of its model's slices and reloads it; the pod's
     readiness still says only that tritonserver is up."""
-    # One threshold for the replica (the probe counts every model alike): warmupGate.failedRequestThreshold's default.
-    probe = probe_container((), WarmupGate().failed_request_threshold, options)
+    # One threshold for the replica (the probe counts every model alike); a pooled model may not set its own (CEL).
+    probe = probe_container((), POOL_FAILED_REQUEST_THRESHOLD, options)
     probe["args"] = [*probe["args"], "--every-model"]
     return probe
 
