@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.documents import pool_document
+from triton_operator.api.pod import TRITON_CONTAINER
 from triton_operator.api.pool import TritonPool
 from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
 from triton_operator.plan import pool as pp
@@ -78,7 +79,8 @@ def _body(name: str, fails: bool = False) -> dict[str, Any]:
 def _pool_args() -> list[str]:
     """The pool replica's own tritonserver args, but what the local server sets itself, with the key filled in."""
     pool = TritonPool.model_validate(pool_document())
-    (triton, _) = render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"]
+    triton = next(c for c in render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"]
+                  if c["name"] == TRITON_CONTAINER)
     own = ("--model-repository=", "--http-port=", "--grpc-port=", "--metrics-port=")
     return [a.replace(f"$({REPOSITORY_KEY_ENV})", KEY) for a in triton["args"] if not a.startswith(own)]
 
