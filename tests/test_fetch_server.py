@@ -9,24 +9,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 import os
 import tarfile
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fetch_server_client import KEY
+from tests.fetch_server_client import ask as _ask
+from tests.fetch_server_client import settled as _settled
 from tests.https_server import HttpsServer, serve
-from triton_operator.fetch_server import KEY_HEADER, STORE, FetchServer, Limits
+from triton_operator.fetch_server import STORE, FetchServer, Limits
 from triton_operator.fetch_server import serve as fetch_serve
-
-KEY = "k" * 43
 
 
 @pytest.fixture
@@ -47,30 +44,6 @@ def sidecar(tmp_path: Path) -> Iterator[FetchServer]:
     server.shutdown()
     server.server_close()
     thread.join(10)
-
-
-def _ask(server: FetchServer, method: str, path: str, body: Any = None, key: str | None = KEY) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{server.server_address[1]}{path}", data=data, method=method)
-    if key is not None:
-        req.add_header(KEY_HEADER, key)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - a loopback test server
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def _settled(server: FetchServer, name: str, timeout: float = 30.0) -> dict[str, Any]:
-    """The model's state once no fetch of it is under way (waited on, up to `timeout`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        _, state = _ask(server, "GET", "/v1/models")
-        entry = state["models"].get(name)
-        if entry is not None and entry["fetching"] is None:
-            return dict(entry)
-        assert time.monotonic() < deadline, f"the fetch of {name} did not end within {timeout} s: {state}"
-        time.sleep(0.05)
 
 
 def _tgz(files: dict[str, bytes]) -> bytes:

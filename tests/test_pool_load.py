@@ -254,9 +254,10 @@ def test_a_uri_model_loads_through_its_linked_directory_and_swaps_in_place(tmp_p
     reload, which then answers with the new files. Unloaded and deleted, nothing of it is left."""
     import hashlib
 
+    from tests.fetch_server_client import KEY as SIDECAR_KEY
+    from tests.fetch_server_client import ask as _ask
+    from tests.fetch_server_client import settled as _settled
     from tests.https_server import serve as https_serve
-    from tests.test_fetch_server import KEY as SIDECAR_KEY
-    from tests.test_fetch_server import _ask, _settled
     from triton_operator.fetch_server import STORE, Limits
     from triton_operator.fetch_server import serve as fetch_serve
 
