@@ -271,12 +271,18 @@ def test_a_pooled_model_larger_than_a_replica_of_its_pool_is_refused_and_one_bef
     early = copy.deepcopy(big)
     early["metadata"]["name"], early["spec"]["pool"], early["spec"]["memory"] = "early", "later", "600Gi"
     apply(kubeconfig, namespace, early)
-    # A uri source on a pool: refused by name.
+    # What a pool replica cannot fetch, refused by name: a claim (it mounts none of a model's), a model's own Secret
+    # (its sidecar fetches for every model of the pool). An s3:// uri with the pool's credentials is taken.
     fetched = copy.deepcopy(small)
     fetched["metadata"]["name"] = "fetched"
-    fetched["spec"]["source"] = {"uri": "s3://models/pool-add-sub/"}
+    fetched["spec"]["source"] = {"uri": "pvc://models/pool-add-sub/"}
     stderr = apply(kubeconfig, namespace, fetched, check=False)
-    assert "spec.source.uri: a pool loads inline sources only in this version" in stderr, stderr
+    assert "spec.source.uri: a pool replica mounts no model's PersistentVolumeClaim" in stderr, stderr
+    fetched["spec"]["source"] = {"uri": "s3://models/pool-add-sub/", "credentialsSecret": "s3-keys"}
+    stderr = apply(kubeconfig, namespace, fetched, check=False)
+    assert "spec.source.credentialsSecret: a pool replica's fetch-server sidecar fetches for every model" in stderr, \
+        stderr
+    assert kube.get_or_none("TritonModel", "fetched", namespace) is None, "refused: nothing created"
 
 
 def test_a_pool_change_that_would_strand_placed_models_is_refused_naming_the_field(
