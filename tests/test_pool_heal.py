@@ -58,6 +58,21 @@ def test_every_model_mode_watches_what_triton_serves_and_knows_a_stub_by_its_ins
     assert h.broken() == {}
 
 
+def test_every_model_mode_takes_no_old_stub_exiting_after_a_swap_for_a_break_but_still_a_killed_one() -> None:
+    """A Swap (the operator's in-place update) starts the model's new stubs before its old ones exit: seen in CI, the
+    old stub's exit was reported as a dead stub, and the copy was healed (out of its slices) for nothing."""
+    h = Health((), every=True)
+    counts = {"a": (1, 0), "b": (1, 0)}
+    h.observe(counts, dead={}, live={41: "a_0_0", 42: "a_0_1", 50: "b_0_0"})
+    h.observe(counts, dead={}, live={41: "a_0_0", 42: "a_0_1", 50: "b_0_0", 61: "a_0_0", 62: "a_0_1"})  # a's new
+    for _ in range(2):  # a's old stubs exit, on two checks
+        h.observe(counts, dead={41: "a_0_0", 42: "a_0_1"}, live={50: "b_0_0", 61: "a_0_0", 62: "a_0_1"})
+    assert h.broken() == {}, "replaced, not broken"
+    for _ in range(2):  # one of a's stubs killed, with no load since it started
+        h.observe(counts, dead={61: "a_0_0"}, live={50: "b_0_0", 62: "a_0_1"})
+    assert list(h.broken()) == ["a"], "a killed stub is still a break"
+
+
 def test_every_model_mode_breaks_a_model_failing_its_requests_and_says_which() -> None:
     h = Health((), every=True, fail_threshold=3)
     h.observe({"a": (5, 0), "b": (5, 0)})

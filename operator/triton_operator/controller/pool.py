@@ -128,13 +128,11 @@ class PoolReconciler:
         # The loads this process has sent, answered or not: a recorded load not among them is a previous operator's.
         self._sent: set[tuple[str, str, str, str, str]] = set()  # (ns, pool, replica, Triton name, digest)
         # Self-healing (issue 33 on a pool): what each replica's probe finds broken (Triton name -> why), read by a
-        # long poll per Ready replica (`_watch_health`); the heals' back-off; each pool's last round, whose state
-        # rewrites the slices at once when a break is reported between rounds.
+        # long poll per Ready replica (`_watch_health`); the heals' back-off.
         self._broken: dict[tuple[str, str, str], dict[str, str]] = {}  # (ns, pool, pod)
         self._watchers: dict[tuple[str, str, str], tuple[str, asyncio.Task[None]]] = {}  # (ns, pool, pod) -> (ip, task)
         self._heals: dict[tuple[str, str, str, str], _Held] = {}  # (ns, pool, pod, model)
         self._heal_causes: dict[tuple[str, str, str, str], str] = {}  # (ns, pool, pod, model) -> why, while it heals
-        self._last: dict[tuple[str, str], _Live] = {}
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -250,7 +248,6 @@ class PoolReconciler:
             return await self._round(rnd, live_state)
         finally:
             self._live.pop((namespace, name), None)
-            self._last[(namespace, name)] = live_state
             await costs
 
     async def _deletion_costs(self, namespace: str, pods: list[dict[str, Any]], placement: Placement) -> None:
@@ -675,9 +672,8 @@ class PoolReconciler:
             self._broken[key] = broken
             log.info("Read pool replica health namespace=%s pool=%s pod=%s broken=%s was=%s", key[0], key[1], key[2],
                      sorted(broken), sorted(before))
-            st = self._live.get(key[:2]) or self._last.get(key[:2])
-            if st is not None:
-                await self._slices_now(st)
+            # A round takes a broken copy out of its slices before it reloads it (its first write): the slices are
+            # not rewritten here from the last round's state, which may be older than the models' specs.
             self.request(key[0], key[1])
         self._watchers.pop(key, None)
         self._broken.pop(key, None)

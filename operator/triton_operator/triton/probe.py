@@ -142,6 +142,8 @@ class Health:
     every: bool = False
     version: int = 0  # rises each time what is broken changes (`changed`): what a long-polling reader waits on
     _stub_model: dict[int, str] = field(default_factory=dict)  # every-model mode: stub pid -> its model, resolved once
+    _first_seen: dict[int, int] = field(default_factory=dict)  # every-model mode: stub pid -> the check it was first seen
+    _model_started: dict[str, int] = field(default_factory=dict)  # every-model mode: the last check a stub of it started
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _news: threading.Condition = field(default_factory=threading.Condition)
 
@@ -163,9 +165,24 @@ class Health:
             again = started | self._reloaded
             self.forgiven = {pid for pid in self.forgiven | {p for p, m in dead.items() if m in again} if pid in dead}
             dead = {pid: m for pid, m in dead.items() if pid not in self.forgiven}
+            if self.every:
+                dead = self._not_replaced(dead, live)
             self.dead_stubs = {m: f"the Python stub of model {m} (pid {pid}) has exited; every request to it fails"
                                for pid, m in sorted(dead.items()) if pid in self.zombies}
             self.zombies = set(dead)
+
+    def _not_replaced(self, dead: dict[int, str], live: dict[int, str]) -> dict[int, str]:
+        """The dead stubs but those a reload replaced: in-place updates (Swap) start a model's new stubs before its old
+        ones exit, so an old stub exiting after a stub of its model started is not a break (a killed stub, with no
+        load since it started, still is). Every-model mode: the operator reloads models there at any time."""
+        for pid, m in live.items():
+            if pid not in self._first_seen:
+                self._first_seen[pid] = self.checks
+                self._model_started[m] = self.checks
+        replaced = {pid for pid, m in dead.items()
+                    if self._model_started.get(m, 0) > self._first_seen.get(pid, self.checks)}
+        self._first_seen = {pid: n for pid, n in self._first_seen.items() if pid in live or pid in dead}
+        return {pid: m for pid, m in dead.items() if pid not in replaced}
 
     def _resolve(self, stubs: dict[int, str]) -> dict[int, str]:
         """pid -> model, of stubs known by instance name: each resolved once, while its model is served (a zombie
