@@ -6,8 +6,10 @@ at a mounted private CA bundle."""
 from __future__ import annotations
 
 import datetime as dt
+import io
 import ipaddress
 import ssl
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -152,3 +154,14 @@ def serve(directory: Path, host: str = "127.0.0.1", ca_files: tuple[Path, Path] 
         httpd.shutdown()
         httpd.server_close()
         thread.join(10)
+
+
+def tgz(files: dict[str, bytes]) -> bytes:
+    """A .tar.gz holding `files` (name -> bytes), as a model archive a source serves."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

@@ -6,11 +6,9 @@ spec.modelFiles.uri from each of them and from the https server of tests/https_s
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,20 +16,11 @@ from typing import Any
 import pytest
 
 from e2e.objectstores import GCSServer, S3Server, environ
+from tests.https_server import tgz
 from triton_operator.fetch import FetchError, fetch_uri
 
 CLI = Path(sys.executable).parent / "triton-operator"
 MODEL_PY = b"# model v1\n"
-
-
-def _tar(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 #: Every bucket layout the cases below read: a model directory with a sibling whose name starts the same,
@@ -43,11 +32,11 @@ OBJECTS = {
     "models/m/sub/weights.bin": b"\x00\x01",
     "models/m-old/model.py": b"# the sibling: must not be fetched\n",
     "single/model.py": b"# one object\n",
-    "single/m.tar.gz": _tar({"model.py": b"# from the archive\n"}),
+    "single/m.tar.gz": tgz({"model.py": b"# from the archive\n"}),
     "escape/../evil.py": b"# a key with .. in it\n",
     # Over the caps of the test below: 3 MiB in one object, an archive that unpacks to 64 MiB, 12 small objects.
     "big/weights.bin": b"\x01" * (3 << 20),
-    "bomb/m.tar.gz": _tar({"model.py": b"ok\n", "zeros.bin": b"\0" * (64 << 20)}),
+    "bomb/m.tar.gz": tgz({"model.py": b"ok\n", "zeros.bin": b"\0" * (64 << 20)}),
     **{f"many/f{i}.txt": b"x" for i in range(12)},
 }
 
@@ -67,7 +56,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         client.create_bucket(Bucket="versioned")
         client.put_bucket_versioning(Bucket="versioned", VersioningConfiguration={"Status": "Enabled"})
         server.versions = [  # type: ignore[attr-defined]
-            client.put_object(Bucket="versioned", Key="m.tar.gz", Body=_tar({"model.py": body}))["VersionId"]
+            client.put_object(Bucket="versioned", Key="m.tar.gz", Body=tgz({"model.py": body}))["VersionId"]
             for body in (b"# v1\n", b"# v2\n")]
         with environ(server.env()):
             yield server
@@ -238,7 +227,7 @@ def test_model_files_from_each_server_land_beside_the_config(
         server = next(gen)
         request.addfinalizer(gen.close)
         monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))
-        server["/labels.tar.gz"] = _tar({"labels.txt": LABELS})
+        server["/labels.tar.gz"] = tgz({"labels.txt": LABELS})
         uri = server.url("/labels.tar.gz")
     else:
         store = request.getfixturevalue("s3" if scheme == "s3" else "gcs")

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import os
-import tarfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 from tests.fetch_server_client import KEY
 from tests.fetch_server_client import ask as _ask
 from tests.fetch_server_client import settled as _settled
-from tests.https_server import HttpsServer, serve
+from tests.https_server import HttpsServer, serve, tgz
 from triton_operator.fetch_server import STORE, FetchServer, Limits
 from triton_operator.fetch_server import serve as fetch_serve
 
@@ -44,16 +42,6 @@ def sidecar(tmp_path: Path) -> Iterator[FetchServer]:
     server.shutdown()
     server.server_close()
     thread.join(10)
-
-
-def _tgz(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def _put(server: FetchServer, name: str, digest: str, uri: str, sha: str, **extra: Any) -> int:
@@ -90,7 +78,7 @@ def test_a_name_or_path_that_is_not_a_model_is_refused(sidecar: FetchServer) -> 
 def test_a_digest_is_fetched_behind_the_link_swapped_in_place_and_deleted(sidecar: FetchServer, https: HttpsServer,
                                                                          tmp_path: Path) -> None:
     repo = tmp_path / "models"
-    one, two = _tgz({"model.py": b"# one\n"}), _tgz({"model.py": b"# two\n", "extra.txt": b"x"})
+    one, two = tgz({"model.py": b"# one\n"}), tgz({"model.py": b"# two\n", "extra.txt": b"x"})
     https["/one.tgz"], https["/two.tgz"] = one, two
     d1, d2 = "a1" * 16, "b2" * 16
     assert _put(sidecar, "m", d1, https.url("/one.tgz?sig=secret"), hashlib.sha256(one).hexdigest(),
@@ -124,7 +112,7 @@ def test_a_digest_is_fetched_behind_the_link_swapped_in_place_and_deleted(sideca
 def test_a_failed_fetch_says_which_field_and_uri_and_leaves_the_linked_copy(sidecar: FetchServer, https: HttpsServer,
                                                                             tmp_path: Path, problem: str) -> None:
     repo = tmp_path / "models"
-    good = _tgz({"model.py": b"# good\n"})
+    good = tgz({"model.py": b"# good\n"})
     https["/good.tgz"] = good
     d1, d2 = "c3" * 16, "d4" * 16
     assert _put(sidecar, "m", d1, https.url("/good.tgz"), hashlib.sha256(good).hexdigest()) == 202

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.https_server import HttpsServer, serve
+from tests.https_server import HttpsServer, serve, tgz
 from triton_operator.api.pod import ANNOTATION_DIGEST
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.cli.main import main
@@ -128,16 +126,6 @@ def test_a_uri_model_reading_warmup_data_not_in_warmup_files_is_refused_naming_i
 # ---------------------------------------------------------------- fetch enforces the pins
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 @pytest.fixture
 def served(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[HttpsServer]:
     """A real HTTPS server on 127.0.0.1 (tests/https_server.py), its test CA trusted through SSL_CERT_FILE."""
@@ -149,14 +137,14 @@ def served(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
 
 
 def test_fetch_checks_the_sha256_of_an_https_archive(served: HttpsServer, tmp_path: Path) -> None:
-    archive = _tar({"model.py": b"print('v1')\n"})
+    archive = tgz({"model.py": b"print('v1')\n"})
     served["/m.tar.gz"] = archive
     url = served.url("/m.tar.gz")
     good = hashlib.sha256(archive).hexdigest()
     fetch_uri("m", url, tmp_path / "ok", sha256=good)
     assert (tmp_path / "ok" / "m" / "1" / "model.py").read_bytes() == b"print('v1')\n"
 
-    served["/m.tar.gz"] = _tar({"model.py": b"print('v2, replaced behind the same URL')\n"})
+    served["/m.tar.gz"] = tgz({"model.py": b"print('v2, replaced behind the same URL')\n"})
     with pytest.raises(FetchError, match=f"sha256 mismatch.*expected {good}") as exc:
         fetch_uri("m", url, tmp_path / "changed", sha256=good)
     assert url in str(exc.value)
