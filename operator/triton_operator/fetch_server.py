@@ -264,6 +264,17 @@ class _Handler(BaseHTTPRequestHandler):
             return None, ""
         return parts[2], "/".join(parts[3:])
 
+    def _model(self, rest: str) -> str | None:
+        """The model a request names at `/v1/models/<name>[/<rest>]`, once its key is checked; None once answered
+        (401/403 without the key, 404 for another path)."""
+        if not self._authorized():
+            return None
+        name, after = self._name()
+        if name is None or after != rest:
+            self._answer(404, {"error": "not found"})
+            return None
+        return name
+
     def _body(self) -> dict[str, Any] | None:
         n = int(self.headers.get("Content-Length") or 0)
         if n > MAX_BODY:
@@ -287,11 +298,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(200, self.server.store.state())
 
     def do_PUT(self) -> None:
-        if not self._authorized():
-            return
-        name, rest = self._name()
-        if name is None or rest:
-            self._answer(404, {"error": "not found"})
+        name = self._model("")
+        if name is None:
             return
         body = self._body()
         if body is None:
@@ -313,21 +321,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(status, {"model": name, "digest": digest})
 
     def do_POST(self) -> None:
-        if not self._authorized():
-            return
-        name, rest = self._name()
-        if name is None or rest != "prune":
-            self._answer(404, {"error": "not found"})
+        name = self._model("prune")
+        if name is None:
             return
         self.server.store.prune(name)
         self._answer(200, {"model": name})
 
     def do_DELETE(self) -> None:
-        if not self._authorized():
-            return
-        name, rest = self._name()
-        if name is None or rest:
-            self._answer(404, {"error": "not found"})
+        name = self._model("")
+        if name is None:
             return
         status = self.server.store.delete(name)
         self._answer(status, {"model": name, **({"error": f"model {name} is being fetched"} if status == 409 else {})})
