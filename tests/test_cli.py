@@ -279,7 +279,7 @@ def test_validate_invalid_spec_never_starts_a_server(tmp_path: Path) -> None:
 
 
 def test_validate_without_the_server_extras_client_says_so_in_one_line() -> None:
-    """Where tritonclient's gRPC client is missing (the operator image has no grpc), `validate` still checks the
+    """Where tritonclient's gRPC client cannot load (the operator image has no numpy), `validate` still checks the
     specs, then stops with one line naming the extra: no traceback."""
     code = ("import sys; sys.modules['grpc'] = None\n"  # `import grpc` fails, as in the image
             "from triton_operator.cli.main import main\n"

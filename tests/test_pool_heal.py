@@ -202,7 +202,7 @@ def replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
         members = pp.members("p", bodies)
         for m in members.values():
             assert m.request is not None
-            why = asyncio.run(triton_pool.load(server.http_url, m.request.name, m.request.config, m.request.files,
+            why = asyncio.run(triton_pool.load(server.grpc_url, m.request.name, m.request.config, m.request.files,
                                                None))
             assert why is None, why
         port = free_port()

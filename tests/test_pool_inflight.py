@@ -113,7 +113,7 @@ class Replica:
         answer: list[str | None] = []
 
         def load() -> None:
-            answer.append(asyncio.run(triton_pool.load(self.address, member.request.name, member.request.config,
+            answer.append(asyncio.run(triton_pool.load(self.server.grpc_url, member.request.name, member.request.config,
                                                        member.request.files, KEY)))
         thread = threading.Thread(target=load, daemon=True)
         thread.start()

@@ -256,7 +256,7 @@ class Traffic:
 
 def timed_load(server: Served, name: str, pbtxt: str) -> tuple[triton.Loaded, float]:
     start = time.monotonic()
-    loaded = asyncio.run(triton.load(address(server), name, config_json(pbtxt), key=KEY))
+    loaded = asyncio.run(triton.load(address(server), server.server.grpc_url, name, config_json(pbtxt), key=KEY))
     return loaded, time.monotonic() - start
 
 
@@ -319,7 +319,7 @@ def test_unload_takes_the_model_away_until_the_next_load(server: Served) -> None
     old, new = render(UNLOAD), render(UNLOAD, **NEW)
     assert served_digest(server, UNLOAD) == old.digest
     assert infer(server.client, UNLOAD) == 1
-    asyncio.run(triton.unload(address(server), UNLOAD, key=KEY))
+    asyncio.run(triton.unload(server.server.grpc_url, UNLOAD, key=KEY))
     assert not server.client.is_model_ready(UNLOAD), "unload() returned while the model was still READY"
     assert asyncio.run(triton.served(address(server), UNLOAD)) is None
     with pytest.raises(InferenceServerException) as refused:
@@ -486,7 +486,7 @@ def run_replica(server: Served, name: str, mode: str, target: RenderedModel, old
           "data": {configmap_key(f"{name}/config.pbtxt"): target.config_pbtxt}}
     kube, body = RecordingKube({"cm": cm}), pod(name, annotations)
     start = time.monotonic()
-    asyncio.run(reload_replica(kube, lambda: body, address(server), name, KEY))  # type: ignore[arg-type]
+    asyncio.run(reload_replica(kube, lambda: body, address(server), server.server.grpc_url, name, KEY))  # type: ignore[arg-type]
     return kube, annotations, time.monotonic() - start
 
 
@@ -586,7 +586,8 @@ def test_a_drain_reloads_a_decoupled_model_only_once_its_open_stream_is_closed(s
 
     def reload() -> None:
         try:
-            asyncio.run(reload_replica(kube, lambda: body, address(server), STREAM, KEY))  # type: ignore[arg-type]
+            asyncio.run(reload_replica(kube, lambda: body, address(server), server.server.grpc_url, STREAM,
+                                       KEY))  # type: ignore[arg-type]
         finally:
             reload_done.set()
 

@@ -50,6 +50,7 @@ from ..api.pod import (
     ANNOTATION_RELOAD,
     ANNOTATION_TRITON_NAME,
     ANNOTATION_VERSIONS,
+    GRPC_PORT,
     HTTP_PORT,
     PROBE_CONTAINER,
     PROBE_PORT,
@@ -116,6 +117,11 @@ class _PodGate:
     def address(self) -> str:
         """host:port of the pod's Triton HTTP endpoint, which the operator asks (`triton.rest`)."""
         return f"{(self.body.get('status') or {}).get('podIP')}:{HTTP_PORT}"
+
+    @property
+    def grpc_address(self) -> str:
+        """host:port of the pod's Triton gRPC endpoint: its loads and unloads (`triton.repository`)."""
+        return f"{(self.body.get('status') or {}).get('podIP')}:{GRPC_PORT}"
 
 
 #: The repository key of a replica's TritonModel (namespace, name), or None when the operator cannot tell it.
@@ -325,13 +331,13 @@ class WarmupGate:
         task.add_done_callback(self._notices.discard)
 
     def _start_heal(self, gate: _PodGate, names: tuple[str, ...], why: str) -> None:
-        address, key, pod = gate.address, self._key(gate), gate.body
+        address, grpc_address, key, pod = gate.address, gate.grpc_address, self._key(gate), gate.body
         log.info("Healing replica pod=%s/%s models=%s heal=%d why=%r", gate.namespace, gate.name, ",".join(names),
                  gate.heals, why)
 
         async def run() -> None:
             try:
-                healed = await reload_models(self.kube, pod, address, names, key)
+                healed = await reload_models(self.kube, pod, address, grpc_address, names, key)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Triton unreachable, the API server: the next heal retries
@@ -372,12 +378,13 @@ class WarmupGate:
             return
         gate.reload_for = version
         ann = gate.body["metadata"].get("annotations") or {}
-        address = gate.address
+        address, grpc_address = gate.address, gate.grpc_address
         key = self._key(gate)
 
         async def run() -> None:
             try:
-                await reload_replica(self.kube, lambda: gate.body, address, ann.get(ANNOTATION_TRITON_NAME, ""), key)
+                await reload_replica(self.kube, lambda: gate.body, address, grpc_address, ann.get(ANNOTATION_TRITON_NAME, ""),
+                                     key)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the next pod event (or gate round) tries again

@@ -93,9 +93,10 @@ def _configs(data: Mapping[str, str], names: Sequence[str]) -> dict[str, str] | 
     return {n: config_json(t) for n, t in texts.items() if t is not None}
 
 
-async def reload_models(kube: Kube, pod: Mapping[str, Any], address: str, names: Sequence[str],
+async def reload_models(kube: Kube, pod: Mapping[str, Any], address: str, grpc_address: str, names: Sequence[str],
                         key: str | None, timeout: float = 120.0) -> Healed:
-    """Unloads and loads each of `names` in the replica at `address`, with the desired config; stops at the first
+    """Unloads and loads each of `names` in the replica at `address` (HTTP; `grpc_address` for the loads and unloads,
+    `triton.repository`), with the desired config; stops at the first
     load that fails (Triton's reason in the message)."""
     start = time.monotonic()
     meta = pod["metadata"]
@@ -104,8 +105,8 @@ async def reload_models(kube: Kube, pod: Mapping[str, Any], address: str, names:
         return Healed(False, tuple(names), "no repository ConfigMap of the model carries the replica's config digest "
                       f"{(meta.get('annotations') or {}).get(ANNOTATION_DIGEST)}", time.monotonic() - start)
     for name in names:
-        await triton.unload(address, name, timeout=timeout, key=key)
-        loaded = await triton.load(address, name, configs[name], timeout=timeout, key=key)
+        await triton.unload(grpc_address, name, timeout=timeout, key=key)
+        loaded = await triton.load(address, grpc_address, name, configs[name], timeout=timeout, key=key)
         if not loaded.ok:
             return Healed(False, tuple(names), f"loading {name} again failed: {loaded.message}",
                           time.monotonic() - start)

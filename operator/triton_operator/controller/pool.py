@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api.kinds import HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
-from ..api.pod import HTTP_PORT, PROBE_PORT
+from ..api.pod import GRPC_PORT, HTTP_PORT, PROBE_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import TritonModel
@@ -108,6 +108,10 @@ class _Round:
 
     def address(self, replica: str) -> str:
         return f"{self.pods[replica].ip}:{HTTP_PORT}"
+
+    def grpc_address(self, replica: str) -> str:
+        """Where the replica's Triton takes loads and unloads (`triton.repository`)."""
+        return f"{self.pods[replica].ip}:{GRPC_PORT}"
 
 
 class PoolReconciler:
@@ -459,7 +463,7 @@ class PoolReconciler:
         records = st.records
         address = rnd.address(w.replica)
         for name in w.unload:
-            why = await triton_pool.unload(address, name, rnd.key)
+            why = await triton_pool.unload(rnd.grpc_address(w.replica), name, rnd.key)
             metrics.POOL_LOADS.labels(verb="unload", result="error" if why else "ok").inc()
             log.info("Unloaded model from pool replica namespace=%s pool=%s pod=%s model=%s%s", rnd.namespace,
                      rnd.pool.name, w.replica, name, f" error={why!r}" if why else "")
@@ -475,10 +479,11 @@ class PoolReconciler:
             if ld.drain or ld.heal:
                 # A heal: Triton never finishes unloading a Python model whose stub is dead, and the load makes a new
                 # copy beside it (`controller.heal`); nothing waits for the unload.
-                await triton_pool.unload(address, m.triton_name, rnd.key)
+                await triton_pool.unload(rnd.grpc_address(w.replica), m.triton_name, rnd.key)
             started = time.monotonic()
             self._sent.add((rnd.namespace, rnd.pool.name, w.replica, m.triton_name, m.digest))
-            why = await triton_pool.load(address, m.request.name, m.request.config, m.request.files, rnd.key)
+            why = await triton_pool.load(rnd.grpc_address(w.replica), m.request.name, m.request.config, m.request.files,
+                                         rnd.key)
             after = await triton_pool.served(address, m.triton_name, m.digest, None, rnd.key)
             held_key = (rnd.namespace, rnd.pool.name, w.replica, ld.member, m.digest)
             metrics.POOL_LOAD_SECONDS.observe(time.monotonic() - started)

@@ -68,9 +68,10 @@ async def drain(pod: Callable[[], Mapping[str, Any]], address: str, model: str, 
     return False, time.monotonic() - start
 
 
-async def reload_replica(kube: Kube, pod: Callable[[], Mapping[str, Any]], address: str, model: str,
+async def reload_replica(kube: Kube, pod: Callable[[], Mapping[str, Any]], address: str, grpc_address: str, model: str,
                          key: str | None = None) -> None:
-    """One reload of the replica `pod()` (its latest body) whose Triton answers at `address`, for Triton model
+    """One reload of the replica `pod()` (its latest body) whose Triton answers at `address` (HTTP) and
+    `grpc_address` (its loads and unloads, `triton.repository`), for Triton model
     `model`, as its annotations ask; returns once the outcome is written on the pod (or nothing is to be done).
     `key`: the repository key of the replica's TritonModel, which its Triton requires for loads and unloads."""
     body = pod()
@@ -103,11 +104,11 @@ async def reload_replica(kube: Kube, pod: Callable[[], Mapping[str, Any]], addre
             drained, took = await drain(pod, address, model, timeout, quiet)
             log.info("Drained replica pod=%s/%s drained=%s seconds=%.1f", namespace, name, drained, took)
         if before is not None:
-            await triton.unload(address, model, key=key)
+            await triton.unload(grpc_address, model, key=key)
             gone = await triton.unloaded(address, model, max(0.0, start + timeout - time.monotonic()), key=key)
             log.info("Unloaded replica pod=%s/%s complete=%s seconds=%.1f", namespace, name, gone,
                      time.monotonic() - start)
-    loaded = await triton.load(address, model, config_json(text), key=key)
+    loaded = await triton.load(address, grpc_address, model, config_json(text), key=key)
     if loaded.ok:
         metrics.RELOADS.labels(mode=mode, result="ok").inc()
         log.info("Reloaded replica pod=%s/%s digest=%s mode=%s seconds=%.1f", namespace, name, digest, mode,
@@ -117,7 +118,7 @@ async def reload_replica(kube: Kube, pod: Callable[[], Mapping[str, Any]], addre
     metrics.RELOADS.labels(mode=mode, result="failed").inc()
     restored = before.digest if before else None
     if mode == "Drain" and before is not None:  # serve the previous config again
-        back = await triton.load(address, model, before.config, key=key)
+        back = await triton.load(address, grpc_address, model, before.config, key=key)
         if not back.ok:
             log.error("Could not load the previous config again pod=%s/%s error=%s", namespace, name, back.message)
     log.warning("Failed to reload replica pod=%s/%s digest=%s mode=%s serving=%s error=%s", namespace, name, digest,

@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from . import repository
 from .replica import ReplicaVerdict, check_replica
 from .rest import TritonClient, TritonError
 
@@ -85,23 +86,22 @@ async def heard_of(address: str, name: str, timeout: float = 5.0) -> bool | None
             return None
 
 
-async def load(address: str, name: str, config: str, files: Mapping[str, bytes], key: str | None,
+async def load(grpc_address: str, name: str, config: str, files: Mapping[str, bytes], key: str | None,
                timeout: float = 600.0) -> str | None:
-    """Loads `name` with `config` and `files` into the replica; None when Triton accepted it, else Triton's reason
-    (which may be wrong about an ensemble: ask `served` after either)."""
-    async with TritonClient(address, key) as client:
-        try:
-            await client.load_model(name, config=config, files=files, timeout=timeout)
-            return None
-        except TritonError as exc:
-            return exc.message() or str(exc)
+    """Loads `name` with `config` and `files` into the replica, over gRPC (`triton.repository`: over HTTP a load holds
+    one of Triton's HTTP threads, and the requests of every model on it wait); None when Triton accepted it, else
+    Triton's reason (which may be wrong about an ensemble: ask `served` after either)."""
+    try:
+        await repository.load_model(grpc_address, name, config=config, files=files, key=key, timeout=timeout)
+        return None
+    except TritonError as exc:
+        return exc.message() or str(exc)
 
 
-async def unload(address: str, name: str, key: str | None, timeout: float = 120.0) -> str | None:
-    """Unloads `name` from the replica (Triton lets requests in flight finish); None, or Triton's reason."""
-    async with TritonClient(address, key) as client:
-        try:
-            await client.unload_model(name, timeout=timeout)
-            return None
-        except TritonError as exc:
-            return exc.message() or str(exc)
+async def unload(grpc_address: str, name: str, key: str | None, timeout: float = 120.0) -> str | None:
+    """Unloads `name` from the replica, over gRPC (Triton lets requests in flight finish); None, or Triton's reason."""
+    try:
+        await repository.unload_model(grpc_address, name, key=key, timeout=timeout)
+        return None
+    except TritonError as exc:
+        return exc.message() or str(exc)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 
 from ..api.pod import config_digest
+from . import repository
 from .rest import TritonClient, TritonError
 
 
@@ -72,20 +73,22 @@ async def unloaded(address: str, name: str, timeout: float, interval: float = 0.
             await asyncio.sleep(interval)
 
 
-async def unload(address: str, name: str, timeout: float = 120.0, key: str | None = None) -> None:
-    """Unloads `name` (Triton lets requests in flight finish first). `key`: the model's repository key."""
-    async with TritonClient(address, key) as client:
-        await client.unload_model(name, timeout=timeout)
+async def unload(grpc_address: str, name: str, timeout: float = 120.0, key: str | None = None) -> None:
+    """Unloads `name` (Triton lets requests in flight finish first), over gRPC (`triton.repository`: a load or an
+    unload over HTTP holds one of Triton's HTTP threads). `key`: the model's repository key."""
+    await repository.unload_model(grpc_address, name, key=key, timeout=timeout)
 
 
-async def load(address: str, name: str, config: str, timeout: float = 600.0, key: str | None = None) -> Loaded:
-    """Loads `name` with `config` (JSON) over the files the replica's repository holds; returns once Triton has
-    the new copy READY (warm-up included) or has given up on it, with Triton's reason. `key`: the model's
-    repository key (without it a replica refuses the load: 403)."""
+async def load(address: str, grpc_address: str, name: str, config: str, timeout: float = 600.0,
+               key: str | None = None) -> Loaded:
+    """Loads `name` with `config` (JSON) over the files the replica's repository holds, over gRPC at `grpc_address`
+    (`triton.repository`); returns once Triton has the new copy READY (warm-up included, asked over HTTP at
+    `address`) or has given up on it, with Triton's reason. `key`: the model's repository key (without it a replica
+    refuses the load)."""
     json.loads(config)  # a malformed config is our defect, not Triton's answer
-    async with TritonClient(address, key) as client:
+    async with TritonClient(address) as client:
         try:
-            await client.load_model(name, config=config, timeout=timeout)
+            await repository.load_model(grpc_address, name, config=config, key=key, timeout=timeout)
             if not await client.is_model_ready(name, timeout=10.0):
                 return Loaded(False, "the load returned but the model is not READY")
             return Loaded(True, "")

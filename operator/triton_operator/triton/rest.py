@@ -10,15 +10,15 @@ fields as ever. Errors come as `TritonError`: Triton's own message, and the HTTP
 HTTP is also the port tritonserver opens last (gRPC first, then HTTP, then metrics): a replica that answers here
 answers over both.
 
-The repository calls (index, load, unload) carry the model's repository key (`render.repository_key`), which
-replicas require for them; no other call carries it, so a replica's other endpoints never see it.
+The repository index carries the model's repository key (`render.repository_key`), which replicas require for it;
+no other call carries it, so a replica's other endpoints never see it. Loads and unloads go over gRPC
+(`triton.repository`): over HTTP, Triton 2.51 holds one of its HTTP threads for the whole load, and the requests of
+every model whose connections land on that thread wait for it.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -115,21 +115,6 @@ class TritonClient:
         return json_format.ParseDict({"models": json.loads(answer)},
                                      protos.generated("service_pb2").RepositoryIndexResponse(),
                                      ignore_unknown_fields=True)
-
-    async def load_model(self, name: str, config: str | None = None, timeout: float | None = None,
-                         files: Mapping[str, bytes] | None = None) -> None:
-        """Loads `name` (explicit model control); `config` (JSON) overrides the repository's config.pbtxt, and
-        `files` (`file:<path>` -> content, with `config`) are the model's directory, written by Triton itself (a pool
-        replica, `render.pool.load_request`). Returns once the model is loaded (and warmed up), or raises with
-        Triton's reason."""
-        parameters: dict[str, str] = {} if config is None else {"config": config}
-        for path, content in (files or {}).items():
-            parameters[path] = base64.b64encode(content).decode()  # as Triton's HTTP load takes file contents
-        body = {"parameters": parameters} if parameters else {}
-        await self._request("POST", f"/v2/repository/models/{quote(name, safe='')}/load", timeout, body=body)
-
-    async def unload_model(self, name: str, timeout: float | None = None) -> None:
-        await self._request("POST", f"/v2/repository/models/{quote(name, safe='')}/unload", timeout, body={})
 
     async def statistics(self, name: str, version: str = "", timeout: float | None = None) -> Any:
         """The model's cumulative statistics, one entry per version (`.model_stats`)."""
