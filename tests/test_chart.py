@@ -729,9 +729,13 @@ def test_network_policies_can_be_turned_off(helm: str) -> None:
 
 
 def test_the_example_network_policy_for_model_pods_admits_each_port_the_replicas_open(helm: str) -> None:
-    """examples/policies/network-policy.yaml: it selects every replica the operator renders, admits each of their
-    ports (inference for clients, metrics for scrapers, the probe port and HTTP for the operator) and names the
-    operator as the chart labels it."""
+    """examples/policies/network-policy.yaml: it selects every replica the operator renders, a model's own and a
+    pool's, admits each of their ports (inference for clients, metrics for scrapers; HTTP, gRPC (loads), the probe
+    port and a pool's fetch-server for the operator) and names the operator as the chart labels it."""
+    from tests.documents import pool_document
+    from triton_operator.api.pool import TritonPool
+    from triton_operator.render.pool import render_pool_deployment
+
     (policy,) = [d for d in yaml.safe_load_all((ROOT / "examples" / "policies" / "network-policy.yaml").read_text()) if d]
     assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
     body = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TritonModel", "metadata": {"name": "m"},
@@ -740,12 +744,15 @@ def test_the_example_network_policy_for_model_pods_admits_each_port_the_replicas
     pod = next(c for c in render_children(model, render_repository([model]), "uid", "ns")
                if c["kind"] == "Deployment")["spec"]["template"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    pool_pod = render_pool_deployment(TritonPool.model_validate(pool_document()), "uid", "ns")["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pool_pod["metadata"]["labels"].items()
     opened = {p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports") or ()}
+    pool_opened = {p["containerPort"] for c in pool_pod["spec"]["containers"] for p in c.get("ports") or ()}
     admitted = _ingress_by_port(policy)
-    assert opened == set(admitted) == {8000, 8001, 8002, 8090}, (opened, admitted)
+    assert opened | pool_opened == set(admitted) == {8000, 8001, 8002, 8090, 8091}, (opened, pool_opened, admitted)
     operator_pod = one(render(helm), "Deployment")["spec"]["template"]["metadata"]["labels"]
     rules = policy["spec"]["ingress"]
-    operator_rule = next(r for r in rules if {p["port"] for p in r["ports"]} == {8000, 8090})
+    operator_rule = next(r for r in rules if {p["port"] for p in r["ports"]} == {8000, 8001, 8090, 8091})
     (peer,) = operator_rule["from"]
     assert peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
     assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "triton-system"}

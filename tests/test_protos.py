@@ -25,8 +25,9 @@ def _run(code: str) -> dict[str, object]:
 def test_the_operator_process_loads_none_of_the_libraries_it_does_not_use() -> None:
     """What `triton-operator run` imports (its memory, issue 17): not numpy or tritonclient's client (the renderer
     and the gate use only the generated modules), not grpc at start (it asks Triton over HTTP, with the aiohttp kopf
-    loads anyway; grpcio comes with its first load or unload, `triton.repository`), not the kubernetes client (blocked before kopf, which would import it), not cryptography's x509
-    (only a webhook without a mounted certificate issues one). After the block, `import kubernetes` fails."""
+    loads anyway; grpcio comes with its first load or unload, `triton.repository`), not the kubernetes client (blocked
+    before kopf, which would import it), not cryptography's x509 (only a webhook without a mounted certificate issues
+    one). After the block, `import kubernetes` fails."""
     loaded = _run(
         "import json, sys\n"
         "from triton_operator.cli.run import block_unused_clients\n"

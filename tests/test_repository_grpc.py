@@ -133,6 +133,8 @@ def test_over_http_a_load_holds_a_thread_and_another_models_requests_wait_for_it
         client.close()
     assert not busy.errors, busy.errors
     held = [s for s in busy.seconds if s >= SLOW * 0.7]
+    print(f"\nHTTP load: {len(busy.seconds)} requests to another model, {len(held)} waited >= {SLOW * 0.7:.1f}s, "
+          f"longest {max(busy.seconds):.2f}s")  # the measured figures, shown with -s
     assert held, (f"no request to 'busy' waited for the HTTP load of 'slow-http' ({len(busy.seconds)} requests, "
                   f"longest {max(busy.seconds):.2f}s): Triton no longer holds an HTTP thread for a load")
 
@@ -145,6 +147,8 @@ def test_over_grpc_no_request_waits_for_a_load(replica: Served) -> None:
         took = time.monotonic() - start
     assert took >= SLOW, f"the load returned after {took:.2f}s, before the model's {SLOW}s initialize was done"
     assert replica.client.is_model_ready("slow-grpc"), replica.why("slow-grpc is not READY after its load")
+    print(f"\ngRPC load of {took:.2f}s: {len(busy.seconds)} requests to another model, longest "
+          f"{max(busy.seconds):.2f}s")  # the measured figures, shown with -s
     assert not busy.errors, busy.errors
     assert len(busy.seconds) > 10, f"too few requests during the load to tell: {busy.seconds}"
     assert max(busy.seconds) < SLOW * 0.7, (
