@@ -601,7 +601,7 @@ DRAWERS: dict[str, Drawer] = {"gate": gate, "scale": scale, "autoscale": autosca
 
 
 def drawer_for(name: str) -> Drawer | None:
-    """A result's drawer by its name; a variant run kept beside it (`pool-round-budget`) by the part before '-'."""
+    """A result's drawer by its name; a variant run kept beside it (`pool-latency`) by the part before '-'."""
     return DRAWERS.get(name) or DRAWERS.get(name.split("-", 1)[0])
 
 

@@ -42,7 +42,7 @@ COLUMNS = {
     "autoscale": ("HPA on queue time (`spec.autoscaling`)", "HPA on CPU utilisation"),
     "rollout": ("in place (Swap, the default; Drain)", "new pods"),
     "pool": ("TritonPool", "a Deployment per model"),
-    "pool-round-budget": ("TritonPool", "a Deployment per model"),
+    "pool-latency": ("TritonPool", "a Deployment per model"),
     "stale": ("TritonModel in place (Swap), done per its status", "Triton poll mode on a ConfigMap, done per `kubectl rollout status`"),
     "pool_routing": ("the model's Service (the operator's EndpointSlices)", "a Service selecting the pool's pods by readiness"),
 }

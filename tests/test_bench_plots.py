@@ -147,7 +147,7 @@ def test_a_result_with_no_data_still_draws(name: str, tmp_path: Path) -> None:
 
 
 def test_a_variant_run_uses_its_benchmarks_drawer_and_an_unknown_one_none(tmp_path: Path) -> None:
-    assert plots.drawer_for("pool-round-budget") is plots.pool
+    assert plots.drawer_for("pool-latency") is plots.pool
     src = tmp_path / "nothing.json"
     src.write_text(json.dumps({"name": "nothing", "data": {}}))
     assert plots.write_plot(src) is None and not src.with_suffix(".png").exists()
