@@ -35,6 +35,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tests.triton_helpers import RELOADABLE_SPEC as SPEC
 from tests.triton_helpers import Served, models_from_yaml, start_served, tensor
 from triton_operator.api.pod import (
     ANNOTATION_DIGEST,
@@ -56,45 +57,6 @@ from triton_operator.triton import reload as triton
 from triton_operator.triton.local import LocalTritonServer
 
 pytestmark = pytest.mark.triton
-
-SPEC = """
-apiVersion: serving.triton-operator.dev/v1alpha1
-kind: TritonModel
-metadata: {{name: {name}}}
-spec:
-  backend: python
-  maxBatchSize: 8
-  batcher: {{maxQueueDelayMicroseconds: {delay}}}
-  inputs: [{{name: INPUT, dataType: FP32, dims: [4]}}]
-  outputs: [{{name: OUTPUT, dataType: FP32, dims: [4]}}]
-  instanceGroups: [{{kind: CPU, count: 1}}]
-  parameters: {{initSeconds: "{init}", failInitialize: "{fail}", generation: "{generation}"}}
-  source:
-    inline:
-      model.py: |
-        import json
-        import time
-
-        import numpy as np
-        import triton_python_backend_utils as pb_utils
-
-
-        class TritonPythonModel:
-            def initialize(self, args):
-                params = {{k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}}
-                time.sleep(float(params["initSeconds"]))  # stands in for loading weights
-                if params["failInitialize"] == "yes":
-                    raise RuntimeError("failInitialize is yes: this config cannot load")
-                self.generation = np.float32(params["generation"])
-
-            def execute(self, requests):
-                return [
-                    pb_utils.InferenceResponse([pb_utils.Tensor(
-                        "OUTPUT", (pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() + self.generation)
-                        .astype(np.float32))])
-                    for r in requests
-                ]
-"""
 
 #: A decoupled model: one request (COUNT) answered by COUNT responses 0.2 s apart, each 100 x `generation` + i,
 #: then the FINAL flag.

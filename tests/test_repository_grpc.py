@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import tritonclient.http as httpclient
 
-from tests.triton_helpers import Served, models_from_yaml, serve
+from tests.triton_helpers import RELOADABLE_SPEC, Served, models_from_yaml, serve
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.render.pool import LoadRequest, load_request
 from triton_operator.render.repository_key import KEY_HEADER
@@ -32,41 +32,9 @@ KEY = "grpc-test-key"
 #: The loaded model's `initialize` sleeps this long: far longer than any request to another model takes.
 SLOW = 6.0
 
-SPEC = """
-apiVersion: serving.triton-operator.dev/v1alpha1
-kind: TritonModel
-metadata: {{name: {name}}}
-spec:
-  backend: python
-  maxBatchSize: 8
-  inputs: [{{name: INPUT, dataType: FP32, dims: [4]}}]
-  outputs: [{{name: OUTPUT, dataType: FP32, dims: [4]}}]
-  instanceGroups: [{{kind: CPU, count: 1}}]
-  parameters: {{initSeconds: "{init}", failInitialize: "{fail}"}}
-  source:
-    inline:
-      model.py: |
-        import json
-        import time
-
-        import triton_python_backend_utils as pb_utils
-
-
-        class TritonPythonModel:
-            def initialize(self, args):
-                params = {{k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}}
-                time.sleep(float(params["initSeconds"]))
-                if params["failInitialize"] == "yes":
-                    raise RuntimeError("failInitialize is yes")
-
-            def execute(self, requests):
-                return [pb_utils.InferenceResponse([pb_utils.Tensor(
-                    "OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())]) for r in requests]
-"""
-
-
 def request_of(name: str, init: float = 0.0, fail: bool = False) -> LoadRequest:
-    [model] = models_from_yaml(SPEC.format(name=name, init=init, fail="yes" if fail else "no"), name)
+    text = RELOADABLE_SPEC.format(name=name, delay=100, init=init, fail="yes" if fail else "no", generation=0)
+    [model] = models_from_yaml(text, name)
     return load_request(render_repository([model])[name])
 
 

@@ -266,3 +266,47 @@ spec:
                     responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SLEPT", seconds)]))
                 return responses
 """
+
+
+#: A Python model that takes a while to load and can be told to fail: its `initialize` sleeps `initSeconds` and raises
+#: when `failInitialize` is "yes"; it answers INPUT + `generation`, so each answer says which config's copy served it;
+#: `delay` is its batcher's. `{name}`, `{delay}`, `{init}`, `{fail}`, `{generation}` to format (tests/test_reload_live,
+#: tests/test_repository_grpc).
+RELOADABLE_SPEC = """
+apiVersion: serving.triton-operator.dev/v1alpha1
+kind: TritonModel
+metadata: {{name: {name}}}
+spec:
+  backend: python
+  maxBatchSize: 8
+  batcher: {{maxQueueDelayMicroseconds: {delay}}}
+  inputs: [{{name: INPUT, dataType: FP32, dims: [4]}}]
+  outputs: [{{name: OUTPUT, dataType: FP32, dims: [4]}}]
+  instanceGroups: [{{kind: CPU, count: 1}}]
+  parameters: {{initSeconds: "{init}", failInitialize: "{fail}", generation: "{generation}"}}
+  source:
+    inline:
+      model.py: |
+        import json
+        import time
+
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                params = {{k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}}
+                time.sleep(float(params["initSeconds"]))  # stands in for loading weights
+                if params["failInitialize"] == "yes":
+                    raise RuntimeError("failInitialize is yes: this config cannot load")
+                self.generation = np.float32(params["generation"])
+
+            def execute(self, requests):
+                return [
+                    pb_utils.InferenceResponse([pb_utils.Tensor(
+                        "OUTPUT", (pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() + self.generation)
+                        .astype(np.float32))])
+                    for r in requests
+                ]
+"""
