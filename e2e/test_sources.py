@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from e2e.cluster import session_root
-from e2e.kube import Kube, wait_for
+from e2e.kube import ApiError, Kube, wait_for
 from e2e.objectstores import S3Server
 from e2e.operator_fixtures import (
     OperatorHandle,
@@ -184,8 +184,22 @@ def test_a_source_past_the_fetch_cap_is_source_fetch_failed_with_fetchs_line_and
         assert https.requests and https.requests[0].startswith("/add-sub.tar.gz?"), https.requests  # fetched, refused
         assert signature not in json.dumps(tm["status"]), "the signature leaked into the TritonModel's status"
         assert signature not in json.dumps(pod["status"]), "the signature leaked into the pod's status"
-        log = kube.request_text("GET", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/log"
-                                       "?container=fetch")
+        # The refused fetch exits and the kubelet starts it again (an init container of a Deployment's pod), so the
+        # line can be in the instance before the one running now (CI once read an empty log from a fresh restart).
+        logs = f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/log?container=fetch"
+
+        def refused_fetch_log() -> str:
+            found = ""
+            for query in ("", "&previous=true"):
+                try:
+                    text = kube.request_text("GET", logs + query)
+                except ApiError:  # no previous instance yet
+                    continue
+                assert signature not in text, text
+                found = found or (text if "more than 2.0 MiB" in text else "")
+            return found
+
+        log = wait_for("the fetch container's log line of the refused fetch", refused_fetch_log, 60)
         assert "?<redacted>" in log and signature not in log, log
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         assert volumes["models"]["emptyDir"] == {"sizeLimit": "10Gi"} and volumes["tmp"]["emptyDir"] == {"sizeLimit": "4Gi"}

@@ -25,8 +25,18 @@ def test_a_port_taken_by_a_listener_is_skipped(monkeypatch: pytest.MonkeyPatch) 
         taken.bind(("127.0.0.1", 0))  # the wildcard bind of free_port's check conflicts with it
         taken.listen()
         busy = taken.getsockname()[1]
-        picks = iter([busy, busy, busy + 1 if busy < 65535 else busy - 1])
-        monkeypatch.setattr(ports.random, "randint", lambda a, b: next(picks))
+        # the listener's port twice, then random picks as usual: a fixed third port can be taken on a busy machine
+        # (CI once saw busy + 1 taken, and the mock ran out of picks)
+        randint = ports.random.randint
+        picks = iter([busy, busy])
+        calls = []
+
+        def pick(a: int, b: int) -> int:
+            calls.append((a, b))
+            return next(picks, None) or randint(a, b)
+
+        monkeypatch.setattr(ports.random, "randint", pick)
         monkeypatch.setattr(ports, "PORT_RANGE", (1024, 65535))
         monkeypatch.setattr(ports, "_ephemeral_floor", lambda: 65536)
         assert ports.free_port() != busy
+        assert len(calls) >= 3, calls  # the busy port was tried, twice, and skipped
