@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import functools
 import json
 import os
@@ -326,6 +327,9 @@ class ChartOperator(OperatorHandle):
         self.fullname = f"{RELEASE}-triton-operator"
         self.replicas = 2  # the chart's default
         self._killed: tuple[str, int] = ("", 0)  # the pod whose container kill() hit, and its restartCount then
+        # freeze(): the Lease's holder then and each pod's restartCount; thaw(): when (the writers' clock is ours)
+        self._frozen: tuple[str, dict[str, int]] | None = None
+        self._thawed_at: datetime.datetime | None = None
 
     @property
     def webhook_configuration(self) -> str:
@@ -421,7 +425,31 @@ class ChartOperator(OperatorHandle):
 
         why = ["not checked yet"]
 
+        def settled_after_thaw() -> bool:
+            """Frozen replicas race on waking: the leader renews, or a follower that saw no renewal for the lease
+            duration takes the Lease and the old leader's process exits to restart as a follower (CI at 7cb89db: a
+            test started while that restart was under way, and the API server sent its review to the exiting
+            pod). Settled once the Lease was written after the thaw (that write decided the race), and if the holder
+            changed, once the old holder's container has restarted."""
+            if self._frozen is None or self._thawed_at is None:
+                return True
+            holder, restarts = self._frozen
+            lease = self.kube.get_or_none("Lease", self.fullname, RELEASE_NAMESPACE) or {}
+            renewed = (lease.get("spec") or {}).get("renewTime") or ""
+            if not renewed or datetime.datetime.fromisoformat(renewed.replace("Z", "+00:00")) <= self._thawed_at:
+                why[0] = f"the Lease not written since the thaw at {self._thawed_at.isoformat()} (renewTime {renewed!r})"
+                return False
+            old = holder.split("_")[0]
+            if holder and self.holder() != holder:
+                pod = next((p for p in self.pods() if p["metadata"]["name"] == old), None)
+                if pod is not None and self._operator_status(pod).get("restartCount", 0) <= restarts.get(old, 0):
+                    why[0] = f"{old} (the leader when frozen) lost the Lease and has not restarted yet"
+                    return False
+            return True
+
         def up() -> bool:
+            if not settled_after_thaw():
+                return False
             pods = self.pods()
             unready = [p["metadata"]["name"] for p in pods if self._operator_status(p).get("ready") is not True]
             if len(pods) < self.replicas or unready:
@@ -448,6 +476,7 @@ class ChartOperator(OperatorHandle):
         except TimeoutError as e:
             raise TimeoutError(f"{e}: {why[0]}") from None
         self._killed = ("", 0)
+        self._frozen = self._thawed_at = None
 
     def stop(self) -> None:
         """`helm uninstall`: the chart's objects go, and the operator pod stops through its kubelet."""
@@ -467,10 +496,14 @@ class ChartOperator(OperatorHandle):
         """SIGSTOPs every replica: the pods are there, nothing answers (a hung or overloaded operator)."""
         pods = [p for p in self.pods() if "running" in (self._operator_status(p).get("state") or {})]
         assert pods, "the operator is not running"
+        self._frozen = (self.holder(), {p["metadata"]["name"]: self._operator_status(p).get("restartCount", 0)
+                                        for p in pods})
         for p in pods:
             os.kill(self.pid_of(p), signal.SIGSTOP)
 
     def thaw(self) -> None:
+        """SIGCONTs every replica; `start()` then waits until the race on the Lease they wake to is settled."""
+        self._thawed_at = datetime.datetime.now(datetime.UTC)  # before any of them can write again
         for p in self.pods():
             if "running" in (self._operator_status(p).get("state") or {}):
                 with contextlib.suppress(ProcessLookupError):
