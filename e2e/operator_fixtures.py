@@ -425,30 +425,28 @@ class ChartOperator(OperatorHandle):
 
         why = ["not checked yet"]
 
-        def settled_after_thaw() -> bool:
+        def lost_after_thaw() -> list[tuple[str, int, str]] | None:
             """Frozen replicas race on waking: the leader renews, or a follower that saw no renewal for the lease
             duration takes the Lease and the old leader's process exits to restart as a follower (CI at 7cb89db: a
             test started while that restart was under way, and the API server sent its review to the exiting
-            pod). Settled once the Lease was written after the thaw (that write decided the race), and if the holder
-            changed, once the old holder's container has restarted."""
+            pod). None until the Lease was written after the thaw (that write decided the race); then the old
+            holder's pod, to be restarted, if the holder changed."""
             if self._frozen is None or self._thawed_at is None:
-                return True
+                return []
             holder, restarts = self._frozen
-            lease = self.kube.get_or_none("Lease", self.fullname, RELEASE_NAMESPACE) or {}
-            renewed = (lease.get("spec") or {}).get("renewTime") or ""
+            spec = (self.kube.get_or_none("Lease", self.fullname, RELEASE_NAMESPACE) or {}).get("spec") or {}
+            renewed = spec.get("renewTime") or ""
             if not renewed or datetime.datetime.fromisoformat(renewed.replace("Z", "+00:00")) <= self._thawed_at:
                 why[0] = f"the Lease not written since the thaw at {self._thawed_at.isoformat()} (renewTime {renewed!r})"
-                return False
+                return None
+            if not holder or spec.get("holderIdentity") == holder:
+                return []
             old = holder.split("_")[0]
-            if holder and self.holder() != holder:
-                pod = next((p for p in self.pods() if p["metadata"]["name"] == old), None)
-                if pod is not None and self._operator_status(pod).get("restartCount", 0) <= restarts.get(old, 0):
-                    why[0] = f"{old} (the leader when frozen) lost the Lease and has not restarted yet"
-                    return False
-            return True
+            return [(old, restarts.get(old, 0), "the leader when frozen, which lost the Lease")]
 
         def up() -> bool:
-            if not settled_after_thaw():
+            lost = lost_after_thaw()
+            if lost is None:
                 return False
             pods = self.pods()
             unready = [p["metadata"]["name"] for p in pods if self._operator_status(p).get("ready") is not True]
@@ -459,12 +457,14 @@ class ChartOperator(OperatorHandle):
             if missing := [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("podIP") not in serving]:
                 why[0] = f"not yet ready endpoints of {self.webhook_service}: {missing}"
                 return False
-            # The pod kill() hit must have been restarted by its kubelet; one replaced since (a helm upgrade rolled
-            # the Deployment) has nothing left to restart.
-            hit = next((p for p in pods if p["metadata"]["name"] == killed), None)
-            if killed and hit is not None and self._operator_status(hit).get("restartCount", 0) <= before:
-                why[0] = f"{killed} (killed) not restarted yet"
-                return False
+            # A pod whose process died (the one kill() hit, or a frozen leader that lost the Lease) must have been
+            # restarted by its kubelet; one replaced since (a helm upgrade rolled the Deployment) has nothing left to
+            # restart.
+            for name, count, what in [*([(killed, before, "killed")] if killed else []), *lost]:
+                hit = next((p for p in pods if p["metadata"]["name"] == name), None)
+                if hit is not None and self._operator_status(hit).get("restartCount", 0) <= count:
+                    why[0] = f"{name} ({what}) not restarted yet"
+                    return False
             holder = self.holder()
             if not (holder and f"identity={holder}" in self.log_since() and "Became the leader" in self.log_since()):
                 why[0] = f"the Lease's holder {holder!r} is not a live process that says it became the leader"
