@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from e2e.kube import Kube
 from e2e.operator_fixtures import apply, kubectl, load_examples, model_condition, start_operator, wait_model
 from e2e.testing import wait_for
-from e2e.traffic import infer_add_sub, loaded_digest
+from e2e.traffic import admin_not_refused, infer_add_sub, loaded_digest
 from triton_operator.api.pool import ENDPOINTSLICE_MANAGER
 from triton_operator.api.v1alpha1 import quantity_bytes
 from triton_operator.plan.pool import POD_DELETION_COST
@@ -91,6 +91,9 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
         assert "selector" not in svc["spec"]
         out = infer_add_sub(svc["spec"]["clusterIP"], "pool-add-sub")
         assert out.tolist() == [[11, 22, 33, 44]]
+        # Triton's admin APIs (shared memory, logging, trace) answer no client of a pooled model's Service without the
+        # pool's key (issue 39); the operator's own loads, reloads and heals below still work with it.
+        assert not (wrong := admin_not_refused(svc["spec"]["clusterIP"])), f"through pool-add-sub's Service: {wrong}"
         digest = addsub["status"]["configDigest"]
         for ip in ips:
             assert loaded_digest(ip, "pool-add-sub") == digest

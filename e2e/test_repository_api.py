@@ -1,4 +1,5 @@
-"""Triton's repository API on the real nodes (issue 32): only the operator may load, unload or list models.
+"""Triton's repository API on the real nodes (issue 32): only the operator may load, unload or list models; and
+Triton's other admin APIs (shared memory, logging, trace: issue 39) answer only the key too.
 
 Replicas restrict the API to their model's key (`render.repository_key`), read from a Secret the operator created;
 the key is in no pod spec. Through the model's Service (its ClusterIP, through the real kube-proxy) and at each
@@ -41,6 +42,7 @@ from e2e.operator_fixtures import (
     start_operator,
     wait_model,
 )
+from e2e.traffic import ADMIN_HTTP, admin_grpc_calls, http_call
 from triton_operator.api.pod import ANNOTATION_DIGEST
 from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
 from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER
@@ -61,17 +63,6 @@ def apply(kubeconfig: Path, namespace: str, doc: dict[str, Any]) -> None:
     kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream([doc]))
 
 
-def post(address: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """One HTTP call to Triton at `address` (host:port), as any client that reaches it can make."""
-    req = urllib.request.Request(f"http://{address}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - a test address (198.18.0.0/15)
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def intruder(name: str) -> tuple[str, dict[str, bytes]]:
     """A load's `config` and files: a Python model of a client's own, which would run its code in tritonserver."""
     config = json.dumps({"name": name, "backend": "python", "max_batch_size": 0,
@@ -82,9 +73,9 @@ def intruder(name: str) -> tuple[str, dict[str, bytes]]:
     return config, {"file:1/model.py": code.encode()}
 
 
-def http_attempts() -> dict[str, tuple[str, dict[str, Any]]]:
-    out: dict[str, tuple[str, dict[str, Any]]] = {"unload": (f"/v2/repository/models/{MODEL}/unload", {}),
-                                                  "index": ("/v2/repository/index", {})}
+def http_attempts() -> dict[str, tuple[str, dict[str, Any] | None]]:
+    out: dict[str, tuple[str, dict[str, Any] | None]] = {"unload": (f"/v2/repository/models/{MODEL}/unload", {}),
+                                                         "index": ("/v2/repository/index", {}), **ADMIN_HTTP}
     for target in ("intruder", MODEL):
         config, files = intruder(target)
         body = {"parameters": {"config": config, **{k: base64.b64encode(v).decode() for k, v in files.items()}}}
@@ -94,7 +85,7 @@ def http_attempts() -> dict[str, tuple[str, dict[str, Any]]]:
 
 def refused_over_http(address: str) -> dict[str, tuple[int, str]]:
     """Every attempt at `address`, with no key and with a wrong one: what Triton answered, where it did not refuse."""
-    answers = {f"{what} ({'wrong key' if h else 'no key'})": post(address, path, body, h)
+    answers = {f"{what} ({'wrong key' if h else 'no key'})": http_call(address, path, body, h)
                for what, (path, body) in http_attempts().items() for h in (None, {KEY_HEADER: "0" * 64})}
     return {what: a for what, a in answers.items() if not (a[0] == 403 and "This API is restricted" in a[1])}
 
@@ -105,7 +96,7 @@ def refused_over_grpc(address: str) -> dict[str, str]:
     config, files = intruder("intruder")
     calls = {"unload": lambda h: client.unload_model(MODEL, headers=h),
              "load with files": lambda h: client.load_model("intruder", config=config, files=files, headers=h),
-             "index": lambda h: client.get_model_repository_index(headers=h)}
+             "index": lambda h: client.get_model_repository_index(headers=h), **admin_grpc_calls(client)}
     wrong: dict[str, str] = {}
     try:
         for what, call in calls.items():
@@ -189,11 +180,14 @@ def test_through_the_service_no_client_may_unload_the_model_or_load_its_own_code
     assert infer(f"{svc}:8001") == [11.0, 22.0, 33.0, 44.0]
     assert is_model_ready(kube.get("TritonModel", MODEL, namespace))
     # With the model's key (the operator's), the same API answers: the restriction is the key, not a closed door.
-    status, text = post(f"{svc}:8000", "/v2/repository/index", {}, {KEY_HEADER: key})
+    status, text = http_call(f"{svc}:8000", "/v2/repository/index", {}, {KEY_HEADER: key})
     assert status == 200 and {"name": MODEL, "version": "1", "state": "READY"} in json.loads(text), (status, text)
-    record("repository API through the Service without the key",
-           f"refused: {len(http_attempts()) * 2} HTTP calls (403) and 6 gRPC calls (UNAVAILABLE) at the Service and "
-           f"at each of {len(pods)} replicas; the model READY throughout")
+    # The admin APIs answer the key too (the restriction is the key): the log level and the shared-memory status.
+    assert http_call(f"{svc}:8000", "/v2/logging", None, {KEY_HEADER: key})[0] == 200
+    assert http_call(f"{svc}:8000", "/v2/systemsharedmemory/status", None, {KEY_HEADER: key})[0] == 200
+    record("repository and admin APIs through the Service without the key",
+           f"refused: {len(http_attempts()) * 2} HTTP calls (403) and {(3 + len(ADMIN_HTTP)) * 2} gRPC calls "
+           f"(UNAVAILABLE) at the Service and at each of {len(pods)} replicas; the model READY throughout")
 
     reload_in_place(kube, kubeconfig, namespace, 2, "2")  # the operator, with the key, still reloads in place
 

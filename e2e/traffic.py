@@ -1,13 +1,17 @@
 """Single requests to one replica's tritonserver, as tests and benches ask them: an add-sub inference
 (`infer_add_sub`), Triton's own readiness answer over HTTP (`model_ready_over_http`), the config digest a replica
-has loaded (`loaded_digest`), and how many requests the replicas answered by their own statistics
-(`added_answers`). Continuous load through a Service is `e2e.load.ServiceLoad`'s.
+has loaded (`loaded_digest`), how many requests the replicas answered by their own statistics
+(`added_answers`), and Triton's admin calls a client of a Service could try (`ADMIN_HTTP`, `admin_grpc_calls`,
+`admin_not_refused`). Continuous load through a Service is `e2e.load.ServiceLoad`'s.
 """
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -16,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from e2e.kube import Kube
 from e2e.operator_fixtures import live_pods
 from triton_operator.api.pod import DIGEST_PARAMETER
+from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER
 
 
 def infer_add_sub(address: str, model: str = "add-sub") -> np.ndarray:
@@ -82,3 +87,68 @@ def loaded_digest(ip: str, model: str = "add-sub") -> str | None:
         return param.string_value if param is not None else None
     finally:
         client.close()
+
+
+#: Triton's admin APIs besides the repository's (issue 39): what a client could change or read through a Service with
+#: them open. Path and body (None: a GET).
+ADMIN_HTTP: dict[str, tuple[str, dict[str, Any] | None]] = {
+    "set the log level": ("/v2/logging", {"log_verbose_level": 1}),
+    "read the log settings": ("/v2/logging", None),
+    "register a system shared-memory region": ("/v2/systemsharedmemory/region/x/register",
+                                               {"key": "/triton_python_backend_shm_region_1", "offset": 0,
+                                                "byte_size": 8}),
+    "system shared-memory status": ("/v2/systemsharedmemory/status", None),
+    "CUDA shared-memory status": ("/v2/cudasharedmemory/status", None),
+    "set trace settings": ("/v2/trace/setting", {"trace_rate": "1"}),
+    "read trace settings": ("/v2/trace/setting", None),
+}
+
+
+def admin_grpc_calls(client: grpcclient.InferenceServerClient) -> dict[str, Callable[[dict[str, str] | None], Any]]:
+    """The same admin APIs over gRPC, each a call taking the request's metadata."""
+    return {"set the log level": lambda h: client.update_log_settings({"log_verbose_level": 1}, headers=h),
+            "read the log settings": lambda h: client.get_log_settings(headers=h),
+            "register a system shared-memory region": lambda h: client.register_system_shared_memory(
+                "x", "/triton_python_backend_shm_region_1", 8, headers=h),
+            "system shared-memory status": lambda h: client.get_system_shared_memory_status(headers=h),
+            "CUDA shared-memory status": lambda h: client.get_cuda_shared_memory_status(headers=h),
+            "set trace settings": lambda h: client.update_trace_settings(settings={"trace_rate": "1"}, headers=h),
+            "read trace settings": lambda h: client.get_trace_settings(headers=h)}
+
+
+def http_call(address: str, path: str, body: dict[str, Any] | None,
+              headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """One HTTP call to Triton at `address` (host:port), as any client that reaches it can make: a POST of `body`, or
+    a GET when it is None."""
+    req = urllib.request.Request(f"http://{address}{path}", data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})},
+                                 method="GET" if body is None else "POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - a test address (198.18.0.0/15)
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def admin_not_refused(ip: str) -> dict[str, str]:
+    """Each admin call at `ip` (a Service's or a replica's; HTTP 8000, gRPC 8001) with no key and with a wrong one,
+    that Triton did not refuse as restricted: empty when every one was."""
+    wrong: dict[str, str] = {}
+    for what, (path, body) in ADMIN_HTTP.items():
+        for headers in (None, {KEY_HEADER: "0" * 64}):
+            status, text = http_call(f"{ip}:8000", path, body, headers)
+            if not (status == 403 and "This API is restricted" in text):
+                wrong[f"HTTP {what} {headers}"] = f"{status} {text[:120]}"
+    client = grpcclient.InferenceServerClient(f"{ip}:8001")
+    try:
+        for what, call in admin_grpc_calls(client).items():
+            for grpc_headers in (None, {GRPC_KEY_HEADER: "0" * 64}):
+                try:
+                    call(grpc_headers)
+                    wrong[f"gRPC {what} {grpc_headers}"] = "accepted"
+                except InferenceServerException as exc:
+                    if exc.status() != "StatusCode.UNAVAILABLE" or "This protocol is restricted" not in (exc.message() or ""):
+                        wrong[f"gRPC {what} {grpc_headers}"] = f"{exc.status()} {exc.message()}"
+    finally:
+        client.close()
+    return wrong

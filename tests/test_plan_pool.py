@@ -316,3 +316,27 @@ def test_the_loads_in_flight_are_recorded_in_the_pool_status_and_read_back() -> 
     assert row["loading"] == {"a": {"digest": members["a"].digest, "since": "2026-11-26T12:00:00Z"}}
     assert pp.recorded_loading({"status": status}) == {r: {"a": sent}}
     TritonPool.model_validate({**pool_document("p"), "status": status})  # the CRD's schema holds it
+
+
+def test_a_pool_that_opens_an_admin_api_says_so_in_its_status_and_at_admission() -> None:
+    """issue 39 H1: a pool's `spec.server.unrestrictedApis` opens those Triton APIs on every replica, for every model
+    it holds: AdminApisRestricted=False on the pool, and an admission warning; a pool that opens none has no such
+    condition, and its replicas restrict every admin category."""
+    from triton_operator.api.pool import TritonPool
+    from triton_operator.render.pool import render_pool_deployment
+    from triton_operator.validate.admission import review_pool
+
+    _, pool, live, placement = _world()
+    pods = {r.name: pp.ReplicaPod.of(_pod(r.name)) for r in live}
+    body = pool_document("p", server={"unrestrictedApis": ["logging"]})
+    opened = TritonPool.model_validate(body)
+    status = pp.pool_status(opened, _body(body), live, pods, placement, {}, 0, 0, "x=y", NOW)
+    cond = {c["type"]: c for c in status["conditions"]}["AdminApisRestricted"]
+    assert (cond["status"], cond["reason"]) == ("False", "OpenedInSpec") and "logging" in cond["message"], cond
+    closed = pp.pool_status(pool, _body(pool_document("p")), live, pods, placement, {}, 0, 0, "x=y", NOW)
+    assert "AdminApisRestricted" not in {c["type"] for c in closed["conditions"]}
+    assert any("unrestrictedApis" in w for w in review_pool({**body, "metadata": {"name": "p"}}, None).warnings)
+    args = render_pool_deployment(opened, "uid", "ns")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert any(a.startswith("--http-restricted-api=model-repository,shared-memory,trace:") for a in args), args
+    args = render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert any(a.startswith("--grpc-restricted-protocol=model-repository,shared-memory,logging,trace:") for a in args)

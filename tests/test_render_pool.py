@@ -84,7 +84,8 @@ def test_a_pool_replica_starts_tritonserver_with_no_model_in_explicit_mode() -> 
     args = triton["args"]
     assert "--model-control-mode=explicit" in args and not any(a.startswith("--load-model") for a in args)
     assert "--strict-readiness=false" in args, "one model loading must not make the replica unready for the others"
-    assert any(a.startswith("--http-restricted-api=model-repository:") for a in args), "the repository API is keyed"
+    assert any(a.startswith("--http-restricted-api=model-repository,shared-memory,logging,trace:") for a in args), \
+        "the repository and admin APIs are keyed"
     assert "readinessGates" not in spec, "readiness is per model, in the slices"
     assert probe["name"] == "probe" and "--model" not in probe["args"]
     assert deployment["metadata"]["name"] == "shared-pool", "apart from a TritonModel's Deployment named shared"

@@ -57,9 +57,9 @@ def test_tritonserver_restricts_the_repository_api_to_the_key_in_its_env_from_th
     triton = deployment["spec"]["template"]["spec"]["containers"][0]
     key = KEYS.key(NS, "m", UID)
     secret = secret_name("m", key)
-    assert "--http-restricted-api=model-repository:triton-operator-key=$(TRITON_OPERATOR_REPOSITORY_KEY)" in triton["args"]
-    assert "--grpc-restricted-protocol=model-repository:triton-operator-key=$(TRITON_OPERATOR_REPOSITORY_KEY)" in triton[
-        "args"]
+    restricted = "model-repository,shared-memory,logging,trace:triton-operator-key=$(TRITON_OPERATOR_REPOSITORY_KEY)"
+    assert f"--http-restricted-api={restricted}" in triton["args"]
+    assert f"--grpc-restricted-protocol={restricted}" in triton["args"]
     assert {"name": "TRITON_OPERATOR_REPOSITORY_KEY",
             "valueFrom": {"secretKeyRef": {"name": secret, "key": "key"}}} in triton["env"]
     # The key itself is nowhere in the Deployment (pod args, env, annotations): whoever reads pods does not learn it.
@@ -103,9 +103,35 @@ def test_a_new_master_key_renames_the_secret_and_rolls_new_pods() -> None:
 
 
 def _world(**kw: Any) -> World:
-    body = _body()
+    body = kw.pop("body", None) or _body()
     return World(body=body, models={"m": body}, children=kw.pop("children", {}), pods=kw.pop("pods", []), now=T0,
                  options=kw.pop("options", OPTIONS), **kw)
+
+
+def test_unrestricted_apis_opens_the_categories_named_and_says_so_in_status_events_and_admission() -> None:
+    """issue 39 H1: Triton's admin APIs are restricted by default; `spec.server.unrestrictedApis` opens some by name
+    (never the repository API), and the model says so: AdminApisRestricted=False, a Warning Event, an admission
+    warning. A model that opens none carries no such condition."""
+    args = _children(unrestrictedApis=["shared-memory", "trace"])["Deployment"]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    restricted = "model-repository,logging:triton-operator-key=$(TRITON_OPERATOR_REPOSITORY_KEY)"
+    assert f"--http-restricted-api={restricted}" in args and f"--grpc-restricted-protocol={restricted}" in args, args
+
+    opened = plan(_world(body=_body(unrestrictedApis=["shared-memory"])))
+    assert opened.status is not None
+    cond = next(c for c in opened.status.conditions or () if c.type == "AdminApisRestricted")
+    assert (cond.status, cond.reason) == ("False", "OpenedInSpec") and "shared-memory" in cond.message, cond
+    assert any(e.type == "Warning" and e.reason == "OpenedInSpec" for e in opened.events), opened.events
+    closed = plan(_world())
+    assert closed.status is not None and all(c.type != "AdminApisRestricted" for c in closed.status.conditions or ())
+
+    assert review(_body(unrestrictedApis=["logging"]), None, {}).warnings == [
+        "spec.server.unrestrictedApis: Triton's logging API answers every client of the replicas, without the "
+        "operator's key"]
+    assert review(_body(), None, {}).warnings == []
+    refused = review(_body(unrestrictedApis=["model-repository"]), None, {})
+    assert not refused.allowed and any(e.path.startswith("spec.server.unrestrictedApis") for e in refused.errors), \
+        refused.errors
 
 
 def test_the_first_reconcile_creates_the_secret_before_the_deployment_names_it_and_never_applies_it() -> None:

@@ -213,5 +213,6 @@ def test_every_example_replica_restricts_the_repository_api_to_a_key_it_reads_fr
         (triton,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "tritonserver"]
         restricted = [a.split("=", 1)[1] for a in triton["args"]
                       if a.startswith(("--http-restricted-api=", "--grpc-restricted-protocol="))]
-        assert restricted == ["model-repository:triton-operator-key=$(TRITON_OPERATOR_REPOSITORY_KEY)"] * 2, m.name
+        assert restricted == ["model-repository,shared-memory,logging,trace:triton-operator-key="
+                              "$(TRITON_OPERATOR_REPOSITORY_KEY)"] * 2, m.name
         assert keys.key("ns", m.name, "uid") not in str(dep), m.name

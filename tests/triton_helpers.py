@@ -79,10 +79,11 @@ def cache_size_for(models: Iterable[TritonModel]) -> int | None:
 # ---------------------------------------------------------------- a served repository
 
 
-def restricted_args(key: str) -> list[str]:
+def restricted_args(key: str, opened: Iterable[str] = ()) -> list[str]:
     """The flags replicas run with (`render.repository_key.restriction_args`), with the key the kubelet would put in
-    for `$(TRITON_OPERATOR_REPOSITORY_KEY)`: the repository API answers only requests that carry `key`."""
-    return [a.replace(f"$({REPOSITORY_KEY_ENV})", key) for a in restriction_args()]
+    for `$(TRITON_OPERATOR_REPOSITORY_KEY)`: the repository and admin APIs (but those `opened`, as
+    `spec.server.unrestrictedApis` does) answer only requests that carry `key`."""
+    return [a.replace(f"$({REPOSITORY_KEY_ENV})", key) for a in restriction_args(opened)]
 
 
 @dataclass
@@ -147,13 +148,15 @@ def start_served(
     cache_size: int | None = None,
     on_start: Callable[[LocalTritonServer], None] | None = None,
     key: str | None = None,
+    opened: Iterable[str] = (),
 ) -> Served:
     """Render `models` into `repo`, start tritonserver (explicit mode) and load models; the caller stops it.
 
     `load` is the Triton model names to load (default: every model, steps before ensembles).
     `cache_size` defaults to what the models' spec.server.cacheSize asks for (see `cache_size_for`).
     `on_start` gets the server as soon as it runs, so the caller can stop it even if a load fails.
-    `key`: the server restricts its repository API to this key, as replicas do (`restricted_args`).
+    `key`: the server restricts its repository and admin APIs to this key, as replicas do (`restricted_args`), but
+    for the categories `opened`.
     """
     rendered = render_repository(models)
     write_repository(rendered, repo)
@@ -162,7 +165,7 @@ def start_served(
         model_control_mode="explicit",
         cache_size=cache_size if cache_size is not None else cache_size_for(models),
         log_path=repo.parent / f"{repo.name}-tritonserver.log",
-        extra_args=restricted_args(key) if key else (),
+        extra_args=restricted_args(key, opened) if key else (),
     )
     server.start()
     if on_start is not None:

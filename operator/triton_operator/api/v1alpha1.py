@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterator
 from decimal import Decimal
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
@@ -641,6 +641,13 @@ OPERATOR_ENV = ("HOME", REPOSITORY_KEY_ENV)
 #: option, so every argument starting with one of these prefixes is refused: `--http-r` names no other flag, nor
 #: does `--grpc-re` (`--grpc-root-cert` is `--grpc-ro`).
 OPERATOR_ARGS = {"--http-r": "--http-restricted-api", "--grpc-re": "--grpc-restricted-protocol"}
+#: Triton's API categories every replica restricts to the operator's key (`render.repository_key`): the repository API
+#: (load, unload, index) always; the rest unless `spec.server.unrestrictedApis` opens them by name. None is an API
+#: a client needs to infer. `model-config`, `statistics`, `metadata`, `health` and `inference` stay open: clients
+#: (perf_analyzer, tritonclient's helpers) read a model's config and statistics, and neither changes the server.
+ALWAYS_RESTRICTED_API = "model-repository"
+OpenableApi = Literal["shared-memory", "logging", "trace"]
+OPENABLE_APIS: tuple[str, ...] = get_args(OpenableApi)
 #: What a replica's /dev/shm holds at most when spec.server.shmSize is unset (see Server.shm_size).
 SHM_SIZE_DEFAULT = "1Gi"
 #: The sizeLimit of a replica's repository volume (the `fetch` step's emptyDir) and of its /tmp.
@@ -903,6 +910,20 @@ class Server(_Model):
             "shmSize: a default size times the Python model instances the replica loads, or a growth step, larger "
             "than /dev/shm is refused (Triton would fail every load or every growth)."
         ),
+    )
+    unrestricted_apis: list[OpenableApi] | None = Field(
+        default=None,
+        max_length=3,
+        description=(
+            "Triton API categories to leave open to every client of the replicas. By default each replica "
+            "answers Triton's shared-memory (system and CUDA), logging and trace APIs, over HTTP and gRPC, only "
+            "with the operator's key, as it does the model repository API (which cannot be opened): none is needed "
+            "to infer, and the shared-memory API is the entry point of the remote-code-execution chain in Triton "
+            "before 25.07 (CVE-2025-23319, -23320, -23334). Open `shared-memory` only for clients that pass tensors "
+            "through system shared memory from the same pod or node; the model's status then says "
+            "AdminApisRestricted=False and admission warns." + _NEW_PODS
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     startup_timeout_seconds: int = Field(
         default=600, ge=10, le=86400, description="How long load plus warm-up may take before the replica restarts."

@@ -46,7 +46,17 @@ from ..render.repository_key import key_env, secret_missing
 from ..validate.errors import from_pydantic
 from ..validate.rules import check_models
 from .rollout import PodPatch, ReplicaRollout, in_place_deployment, patched, plan_replicas
-from .status import SCALING_ACTIVE, Observed, Problem, as_dict, compute_status, merge_patch, status_changed, transitions
+from .status import (
+    ADMIN_APIS_RESTRICTED,
+    SCALING_ACTIVE,
+    Observed,
+    Problem,
+    as_dict,
+    compute_status,
+    merge_patch,
+    status_changed,
+    transitions,
+)
 
 #: Ready=False reasons that are a model on its way, not in trouble: their Events are Normal, not Warning.
 ON_ITS_WAY = frozenset({"ReplicasWarming", "ReplicasJoining", "ReplicasStarting"})
@@ -371,7 +381,7 @@ def _events(stored: Mapping[str, Any], status: TritonModelStatus) -> tuple[Event
     return tuple(
         Event("Warning" if (c["type"] == "Degraded" and c["status"] == "True")
               or (c["type"] == "Ready" and c["status"] == "False" and c["reason"] not in ON_ITS_WAY)
-              or (c["type"] == SCALING_ACTIVE and c["status"] == "False") else "Normal",
+              or (c["type"] in (SCALING_ACTIVE, ADMIN_APIS_RESTRICTED) and c["status"] == "False") else "Normal",
               c["reason"], f"{c['type']}={c['status']}: {c['message']}", c["type"], c["status"])
         for c in transitions(stored, status))
 
@@ -416,6 +426,7 @@ def plan(world: World) -> Plan:
         ensembles=ensembles_using(name, world.models if world.ensembles is None else world.ensembles),
         hpa=hpa if model is not None and model.spec.autoscaling is not None and hpa is not None
         and _owned_by(hpa, name, uid) else None,
+        opened_apis=tuple(model.spec.server.unrestricted_apis or ()) if model is not None else (),
     )
     status = compute_status(observed, stored, world.now)
     if not status_changed(stored, status):

@@ -29,7 +29,7 @@ from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
 from ..render.modelconfig import render_repository
 from ..render.pool import LoadRequest, ReplicaPod, load_request
 from .placement import INSUFFICIENT_CAPACITY, Placement, PoolReplica, place
-from .status import _cond, kstatus_conditions, scaling_active
+from .status import _cond, admin_apis_open, kstatus_conditions, scaling_active
 
 POOL_NOT_FOUND = "PoolNotFound"
 ALL_COPIES_WARMED = "AllCopiesWarmed"
@@ -533,6 +533,8 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
                      INSUFFICIENT_CAPACITY if short else (LOAD_FAILED if failed else "AsExpected"), why, g)
     conds = [_cond("Ready", fine, "AllReplicasServing" if fine else "NotAllServing", why, g), progressing, degraded,
              *kstatus_conditions(progressing, degraded, g)]
+    if pool.spec.server.unrestricted_apis:
+        conds.append(admin_apis_open(pool.spec.server.unrestricted_apis, g))
     return {
         "observedGeneration": g,
         "conditions": [c.model_dump(by_alias=True, exclude_none=True)

@@ -62,6 +62,8 @@ class Observed:
     ensembles: Mapping[str, int] = field(default_factory=dict)
     # The HorizontalPodAutoscaler of spec.autoscaling (None without the block): its ScalingActive condition is ours.
     hpa: Mapping[str, Any] | None = None
+    # Triton API categories the spec leaves open to every client (spec.server.unrestrictedApis): AdminApisRestricted.
+    opened_apis: Sequence[str] = ()
 
     @property
     def served_by(self) -> list[str]:
@@ -218,6 +220,17 @@ def scaling_active(hpa: Mapping[str, Any], generation: int) -> dict[str, Any]:
     return {"type": SCALING_ACTIVE, "status": c.get("status") or "Unknown", "reason": c.get("reason") or "Unknown",
             "message": f"HorizontalPodAutoscaler {name}: {c.get('message') or ''}"[:2000],
             "observedGeneration": generation}
+
+
+#: Present only when spec.server.unrestrictedApis opens some of Triton's admin APIs: False, saying which.
+ADMIN_APIS_RESTRICTED = "AdminApisRestricted"
+
+
+def admin_apis_open(opened: Sequence[str], generation: int) -> dict[str, Any]:
+    """AdminApisRestricted=False: which of Triton's admin API categories every client of the replicas may call."""
+    return {"type": ADMIN_APIS_RESTRICTED, "status": "False", "reason": "OpenedInSpec",
+            "message": f"spec.server.unrestrictedApis leaves Triton's {', '.join(opened)} API open to every client "
+                       "of the replicas, without the operator's key", "observedGeneration": generation}
 
 
 def zero_replicas(obs: Observed, generation: int) -> dict[str, Any]:
@@ -474,6 +487,8 @@ def compute_status(obs: Observed, previous: Mapping[str, Any] | None, now: dt.da
     conds += kstatus_conditions(conds[1], conds[2], g)
     if obs.hpa is not None:
         conds.append(scaling_active(obs.hpa, g))
+    if obs.opened_apis:
+        conds.append(admin_apis_open(obs.opened_apis, g))
 
     prev_conds = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
     stamp = rfc3339(now)
@@ -520,7 +535,8 @@ def transitions(old: Mapping[str, Any] | None, new: TritonModelStatus | Mapping[
     """Conditions whose status or reason changed: each becomes an Event (Reconciling and Stalled, which restate
     Progressing and Degraded, are left out).
 
-    A model's first status is news only through its Ready condition, and Degraded if it is True: that the new
+    A model's first status is news only through its Ready condition, Degraded if it is True, and AdminApisRestricted
+    (present only when the spec opens an admin API, a warning worth one Event): that the new
     model progresses and is not degraded is what every creation says, and two more Events per model were two of
     the seven API writes a new model cost (issue 17)."""
     new_dict = as_dict(new) if isinstance(new, TritonModelStatus) else new
@@ -529,7 +545,8 @@ def transitions(old: Mapping[str, Any] | None, new: TritonModelStatus | Mapping[
     for c in new_dict.get("conditions") or ():
         if c["type"] in KSTATUS_CONDITIONS:
             continue
-        if not prev and c["type"] != "Ready" and not (c["type"] == "Degraded" and c["status"] == "True"):
+        if not prev and c["type"] not in ("Ready", ADMIN_APIS_RESTRICTED) and not (c["type"] == "Degraded"
+                                                                                   and c["status"] == "True"):
             continue
         p = prev.get(c["type"])
         if p is None or p.get("status") != c["status"] or p.get("reason") != c["reason"]:

@@ -316,8 +316,8 @@ def _server_args(model: TritonModel, repository: Repository, options: Options) -
         f"--http-port={HTTP_PORT}",
         f"--grpc-port={GRPC_PORT}",
         f"--metrics-port={METRICS_PORT}",
-        # The repository API (load, unload, index) answers only the operator (`render.repository_key`).
-        *restriction_args(),
+        # The repository, shared-memory, logging and trace APIs answer only the operator (`render.repository_key`).
+        *restriction_args(model.spec.server.unrestricted_apis),
     ]
     if any(m.spec.response_cache for m in closure):
         size = max(quantity_bytes(m.spec.server.cache_size) for m in closure if m.spec.response_cache)

@@ -128,7 +128,7 @@ def _pool_server_args(server: Server, options: Options) -> list[str]:
         f"--http-port={HTTP_PORT}",
         f"--grpc-port={GRPC_PORT}",
         f"--metrics-port={METRICS_PORT}",
-        *restriction_args(),
+        *restriction_args(server.unrestricted_apis),
         # One cache for every pooled model with responseCache (Triton's is per server).
         f"--cache-config=local,size={quantity_bytes(server.cache_size)}",
         *(server.args or ()),

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..api.v1alpha1 import REPOSITORY_KEY_ENV
+from ..api.v1alpha1 import ALWAYS_RESTRICTED_API, OPENABLE_APIS, REPOSITORY_KEY_ENV
 
 #: The HTTP header that carries the key (the restriction's key name).
 KEY_HEADER = "triton-operator-key"
@@ -51,8 +51,9 @@ GRPC_KEY_HEADER = f"triton-grpc-protocol-{KEY_HEADER}"
 SECRET_KEY = "key"  # noqa: S105 - the name of the data key, not a key
 #: The shortest master key accepted, in bytes.
 MIN_MASTER_BYTES = 32
-#: What the restriction covers: Triton's repository API (load, unload, index), nothing a client needs.
-RESTRICTED = "model-repository"
+#: What the restriction covers unless a spec opens some by name (`spec.server.unrestrictedApis`): Triton's repository API
+#: (load, unload, index), and its shared-memory, logging and trace APIs: nothing a client needs to infer.
+RESTRICTED: tuple[str, ...] = (ALWAYS_RESTRICTED_API, *OPENABLE_APIS)
 
 
 class RepositoryKeys:
@@ -84,11 +85,26 @@ def secret_name(model: str, key: str | None) -> str:
     return model[: 253 - len(suffix)].rstrip("-.") + suffix
 
 
-def restriction_args() -> list[str]:
-    """tritonserver's flags: the repository API, over HTTP and gRPC, only with the key (from the container's env)."""
+def restricted(opened: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The API categories a replica restricts to its key: RESTRICTED but those `opened` (`spec.server.unrestrictedApis`;
+    never the repository API)."""
+    left = set(opened or ()) - {ALWAYS_RESTRICTED_API}
+    return tuple(c for c in RESTRICTED if c not in left)
+
+
+def restriction_args(opened: Iterable[str] | None = None) -> list[str]:
+    """tritonserver's flags: the `restricted(opened)` API categories, over HTTP and gRPC, only with the key (from the
+    container's env). One flag per protocol restricts them all with one key (verified on Triton 2.51: each answers
+    403 over HTTP and UNAVAILABLE "This protocol is restricted" over gRPC without it).
+
+    The key is in tritonserver's command line once the kubelet has expanded it (Triton 2.51 reads the restriction
+    only from its flags: no variable or file), so `/proc/<pid>/cmdline` shows it to the processes of the pod that
+    share its process namespace: the model's own code, which reads the same key in its environment anyway, and the
+    operator's own containers. Nothing outside the pod sees it."""
     value = f"$({REPOSITORY_KEY_ENV})"
-    return [f"--http-restricted-api={RESTRICTED}:{KEY_HEADER}={value}",
-            f"--grpc-restricted-protocol={RESTRICTED}:{KEY_HEADER}={value}"]
+    categories = ",".join(restricted(opened))
+    return [f"--http-restricted-api={categories}:{KEY_HEADER}={value}",
+            f"--grpc-restricted-protocol={categories}:{KEY_HEADER}={value}"]
 
 
 def key_env(secret: str) -> dict[str, Any]:

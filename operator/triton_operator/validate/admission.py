@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from ..api import steps as step_graph
 from ..api.pool import TritonPool
-from ..api.v1alpha1 import TritonModel
+from ..api.v1alpha1 import Server, TritonModel
 from .errors import FieldError, from_pydantic
 from .pool import (
     POOL_CHANGE,
@@ -133,7 +133,15 @@ def review(
               and e.rule != "ensemble-cycle"]
     errors = own + broken + _pool_fit(new, subject, others, pool, previous) + triton_name_taken(
         new, subject, on_pool or {}, previous)
-    return AdmissionVerdict(not errors, errors, warnings, subject)
+    return AdmissionVerdict(not errors, errors, [*server_warnings(new.spec.server), *warnings], subject)
+
+
+def server_warnings(server: Server) -> list[str]:
+    """What admission warns of in a TritonModel's or TritonPool's spec.server (allowed, but worth saying)."""
+    if not server.unrestricted_apis:
+        return []
+    return [f"spec.server.unrestrictedApis: Triton's {', '.join(server.unrestricted_apis)} API answers every client of "
+            "the replicas, without the operator's key"]
 
 
 def _pool_fit(model: TritonModel, subject: str, others: Mapping[str, TritonModel],
@@ -188,7 +196,7 @@ def review_pool(obj: Mapping[str, Any], old: Mapping[str, Any] | None,
     except ValidationError as exc:
         return AdmissionVerdict(False, from_pydantic(subject, exc), subject=subject)
     errors = check_pool(pool, subject)
-    warnings: list[str] = []
+    warnings: list[str] = server_warnings(pool.spec.server)
     if old is not None and not errors:
         parsed: list[TritonModel] = []
         for body in models:
