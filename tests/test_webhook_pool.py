@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -263,16 +264,25 @@ def test_the_webhook_refuses_a_pool_change_that_would_strand_placed_models(revie
     assert r.review(old, old, operation="DELETE") == {}
 
 
-def test_a_stranding_change_from_a_caller_without_the_stored_uid_learns_no_model(reviewer) -> None:
+def test_a_stranding_change_from_a_caller_without_the_stored_uid_learns_no_model_and_costs_no_list(reviewer) -> None:
+    """A review without the stored pool's uid is not the API server's (which always sends it): the webhook does not
+    LIST the namespace's models for it (issue 39: anyone could make every replica parse a whole namespace), and its
+    answer names no model or replica; a refusal on the pool's own rules is still redacted."""
     old = _pool()
     api = FakeModelsApi(_placed(), [old])
     r = reviewer(api)
     forged = copy.deepcopy(old)
     forged["metadata"]["uid"] = "guessed"
     response = r.review(_pool(capacity={"memoryPerReplica": "3Gi"}), forged)
-    assert response.get("allowed") is False
-    assert UNTOLD_STRANDED in response["status"]["message"] and "p-pool-x" not in response["status"]["message"]
-    assert "spec.capacity.memoryPerReplica" in response["status"]["message"]
+    assert api.count(f"list {NS}") == 0, api.calls
+    assert "p-pool-x" not in json.dumps(response) and "(a, b)" not in json.dumps(response), response
+    own = r.review(_pool(capacity={"memoryPerReplica": "1Gi", "memoryPerGpu": "1Gi"}), forged)
+    assert own.get("allowed") is False and "spec.capacity" in own["status"]["message"], own
+    assert api.count(f"list {NS}") == 0, api.calls
+    # The API server's own review of the same change (the stored uid) is LISTed and refused in full.
+    refused = r.review(_pool(capacity={"memoryPerReplica": "3Gi"}), old)
+    assert refused.get("allowed") is False and "p-pool-x" in refused["status"]["message"], refused
+    assert api.count(f"list {NS}") == 1, api.calls
 
 
 def _scale(replicas: int, uid: str = "uid-pool-p") -> dict[str, Any]:
@@ -291,8 +301,9 @@ def test_scaling_a_pool_through_its_scale_subresource_is_reviewed_as_the_same_ch
     assert response["status"]["details"]["kind"] == "TritonPool"
     assert "spec.replicas: would strand placed models: b has 2 copies" in response["status"]["message"]
     assert r.review(_scale(3), _scale(2), **where).get("allowed") is not False
+    lists = api.count(f"list {NS}")
     forged = r.review(_scale(1, uid="guessed"), _scale(2, uid="guessed"), **where)
-    assert forged.get("allowed") is False and "b has 2 copies" not in forged["status"]["message"]
+    assert "b has 2 copies" not in json.dumps(forged) and api.count(f"list {NS}") == lists, (forged, api.calls)
 
 
 def test_the_webhook_refuses_a_step_update_that_strands_the_ensemble_using_it(reviewer) -> None:
@@ -348,3 +359,26 @@ def test_the_webhook_refuses_a_second_model_of_one_triton_name_on_a_pool_even_on
     response = r.review(_model("b", pool="p", memory="1Gi", modelName="late"))
     assert response.get("allowed") is False, response
     assert f"get {NS}/late" in api.calls, api.calls
+
+
+# -- a model named after a pool's own objects (rule pool-object-names) -----------------------------------------
+
+
+def test_a_model_named_after_a_pools_objects_is_refused_and_so_is_the_pool_created_after_it(reviewer) -> None:
+    """A TritonModel `p-pool` beside the TritonPool `p` would take the names of the pool's Deployment, PDB and HPA
+    (issue 39): refused at its creation, naming metadata.name, when the pool exists; and a pool created after such a
+    model is refused too. Another name, or the same name with no such pool, is allowed."""
+    api = FakeModelsApi([], [_pool()])
+    r = reviewer(api)
+    response = r.review(_model("p-pool", replicas=1))
+    assert response.get("allowed") is False, response
+    assert [c["field"] for c in response["status"]["details"]["causes"]] == ["metadata.name"], response
+    assert "Deployment, PodDisruptionBudget and HorizontalPodAutoscaler" in response["status"]["message"]
+    assert r.review(_model("q-pool", replicas=1)).get("allowed") is not False, "no pool q: nothing clashes"
+    assert r.review(_model("p-pools", replicas=1)).get("allowed") is not False
+
+    api = FakeModelsApi([_model("q-pool", replicas=1)], [])
+    r = reviewer(api)
+    response = r.review(_pool("q"))
+    assert response.get("allowed") is False and "q-pool" in response["status"]["message"], response
+    assert r.review(_pool("other")).get("allowed") is not False

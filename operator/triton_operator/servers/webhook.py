@@ -83,6 +83,7 @@ from ..render.webhook import (
     render_webhook_configuration,
 )
 from ..validate.admission import MAX_NEIGHBOURS, AdmissionVerdict, needs_review, redacted, review, review_pool
+from ..validate.pool import POOL_OBJECTS_SUFFIX
 from . import metrics, tls_server
 from .custom_metrics import PREFIX as CUSTOM_METRICS_PREFIX
 from .custom_metrics import CustomMetricsApi
@@ -365,6 +366,10 @@ class AdmissionWebhook:
         triton = ((obj.get("spec") or {}).get("modelName"))
         if isinstance(pool_name, str) and isinstance(triton, str) and triton != name:
             await view.read([triton])  # the model whose name it takes, likely created a moment ago (rule pool-triton-name)
+        # A new model named after a pool's own objects (`<pool>-pool`): one GET, for such names only.
+        if operation == "CREATE" and name.endswith(POOL_OBJECTS_SUFFIX) and await self.get_object(
+                POOL_KIND, namespace, pool_named := name[: -len(POOL_OBJECTS_SUFFIX)]) is not None:
+            view.clashing_pool = pool_named
         verdict, dependents = view.verdict(obj, old, name)
         alone = {(e.path, e.message) for e in review(obj, None, {}).errors} if not verdict.allowed else set()
         if any(e.model != verdict.subject or (e.path, e.message) not in alone for e in verdict.errors):
@@ -379,19 +384,29 @@ class AdmissionWebhook:
         """A TritonPool: its own rules, and on an update that changes what it holds (replicas, capacity, gpus), what
         it would strand of the models placed on it. Their placements are in their status, which the watch's cache
         does not keep: one LIST of the namespace's TritonModels, for such an update only (rare, unlike model
-        changes)."""
+        changes), and only when the review proves itself the API server's: its old object carries the stored
+        pool's uid (one GET first). Anyone who reaches the webhook can send a review, and a forged one must not
+        make it LIST and parse a whole namespace (issue 39): it is answered on the pool's own rules."""
         name = obj["metadata"].get("name") or ""
         models: list[dict[str, Any]] = []
+        uid = ((old or {}).get("metadata") or {}).get("uid")
+        proven: bool | None = None  # None: not asked yet
         if old is not None and _holds(obj) != _holds(old):
-            models = await asyncio.to_thread(self.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
-        verdict = review_pool(obj, old, models)
+            proven = await self._stored_uid_is(namespace, name, uid)
+            if proven:
+                models = await asyncio.to_thread(self.kube.list, f"{GROUP}/{VERSION}", KIND, namespace)
+        # A new pool whose objects a TritonModel is named after already (`<pool>-pool`).
+        clash = operation == "CREATE" and await _WatchedModels(self).exists(namespace, f"{name}{POOL_OBJECTS_SUFFIX}")
+        verdict = review_pool(obj, old, models, clash)
         shown = verdict
-        if not verdict.allowed:
-            uid = ((old or {}).get("metadata") or {}).get("uid")
-            stored = await self.get_object(POOL_KIND, namespace, name) if uid else None
-            if not uid or ((stored or {}).get("metadata") or {}).get("uid") != uid:
-                shown = redacted(verdict, obj)
+        if not verdict.allowed and not (proven if proven is not None else await self._stored_uid_is(namespace, name, uid)):
+            shown = redacted(verdict, obj)
         return self._answer(shown, operation, namespace, name, POOL_KIND)
+
+    async def _stored_uid_is(self, namespace: str, name: str, uid: str | None) -> bool:
+        """Whether the stored TritonPool `namespace/name` has this uid (what only a caller that read it can know)."""
+        stored = await self.get_object(POOL_KIND, namespace, name) if uid else None
+        return bool(uid) and ((stored or {}).get("metadata") or {}).get("uid") == uid
 
     async def _review_pool_scale(self, namespace: str, operation: str, obj: dict[str, Any],
                                  old: dict[str, Any] | None) -> dict[str, Any]:
@@ -482,6 +497,7 @@ class _View:
         self.complete = complete  # a LIST of this moment: nothing to read again
         self.reads = 0
         self.pool: dict[str, Any] | None = None  # the TritonPool the object names, read live
+        self.clashing_pool: str | None = None  # the TritonPool whose objects a new model is named after
 
     async def read(self, names: list[str], why: str = "missing") -> None:
         """GETs of `names` not read yet in this review, within MAX_READS in all: of those the cache lacks
@@ -518,7 +534,7 @@ class _View:
         reached, _ = step_graph.closure([*steps_of(obj), *dependents], lambda n: list(graph[n]) if n in graph
                                         else None)
         neighbours = {n: b for n in reached[:MAX_NEIGHBOURS] if (b := self.body(n)) is not None}
-        return review(obj, old, neighbours, dependents, self.pool, self.on_pool(obj)), dependents
+        return review(obj, old, neighbours, dependents, self.pool, self.on_pool(obj), self.clashing_pool), dependents
 
     def on_pool(self, obj: Mapping[str, Any]) -> dict[str, str]:
         """The Triton names of the other models on the pool `obj` names (none: not pooled), with the models read

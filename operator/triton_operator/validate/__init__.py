@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ..api.pool import POOL_KIND, TritonPool
 from ..api.v1alpha1 import API_VERSION, KIND, TritonModel
 from .errors import FieldError, from_pydantic
-from .pool import POOL_IDENT, check_pool, check_pool_fit, triton_name_clashes
+from .pool import POOL_IDENT, check_pool, check_pool_fit, pool_name_clashes, triton_name_clashes
 from .rules import RULES, check_models
 from .yaml_input import load_all
 
@@ -108,4 +108,5 @@ def check_documents(docs: Sequence[Document]) -> Loaded:
         seen.add(pool.name)
         out.errors.extend(check_pool(pool, ident))
         out.errors.extend(check_pool_fit(pool, out.models))
+    out.errors.extend(pool_name_clashes(out.models, out.pools))
     return out

@@ -35,9 +35,11 @@ from .errors import FieldError, from_pydantic
 from .pool import (
     POOL_CHANGE,
     POOL_IDENT,
+    POOL_OBJECTS_SUFFIX,
     check_pool,
     check_pool_fit,
     pool_change_problems,
+    pool_objects_clash,
     step_fit,
     triton_name_taken,
 )
@@ -91,6 +93,7 @@ def review(
     dependents: Sequence[str] = (),
     pool: Mapping[str, Any] | None = None,
     on_pool: Mapping[str, str] | None = None,
+    clashing_pool: str | None = None,
 ) -> AdmissionVerdict:
     """The verdict on `obj` replacing `old` (None on create).
 
@@ -100,6 +103,8 @@ def review(
     `pool`: the body of the TritonPool `obj` names in spec.pool, if it exists.
     `on_pool`: the Triton name of each other TritonModel of the namespace on the pool `obj` names (rule
     pool-triton-name).
+    `clashing_pool`: the TritonPool of the namespace whose own objects a new `obj` is named after (`<pool>-pool`,
+    rule pool-object-names), if there is one.
     """
     name = obj["metadata"]["name"]
     subject = IDENT.format(name)
@@ -132,7 +137,8 @@ def review(
     broken = [e for e in after if e.model in wanted and (e.model, e.path, e.message) not in before
               and e.rule != "ensemble-cycle"]
     errors = own + broken + _pool_fit(new, subject, others, pool, previous) + triton_name_taken(
-        new, subject, on_pool or {}, previous)
+        new, subject, on_pool or {}, previous) + (pool_objects_clash(name, clashing_pool, subject)
+                                                  if clashing_pool is not None else [])
     return AdmissionVerdict(not errors, errors, [*server_warnings(new.spec.server), *warnings], subject)
 
 
@@ -182,9 +188,10 @@ def _placements(models: Sequence[Mapping[str, Any]], pool: str) -> dict[str, lis
 
 
 def review_pool(obj: Mapping[str, Any], old: Mapping[str, Any] | None,
-                models: Sequence[Mapping[str, Any]] = ()) -> AdmissionVerdict:
+                models: Sequence[Mapping[str, Any]] = (), clashing_model: bool = False) -> AdmissionVerdict:
     """The verdict on TritonPool `obj` replacing `old` (None on create). `models`: the namespace's TritonModels as
     the API server has them, status included (an update's placed models, and the steps their ensembles reach).
+    `clashing_model`: a TritonModel named `<pool>-pool` exists (rule pool-object-names).
 
     A change is refused for what it strands that the pool as it was did not (an error on a field the old pool
     already had, from a placement made against a larger pool by a lagging review, does not block an unrelated
@@ -196,6 +203,8 @@ def review_pool(obj: Mapping[str, Any], old: Mapping[str, Any] | None,
     except ValidationError as exc:
         return AdmissionVerdict(False, from_pydantic(subject, exc), subject=subject)
     errors = check_pool(pool, subject)
+    if clashing_model:
+        errors += pool_objects_clash(f"{name}{POOL_OBJECTS_SUFFIX}", name, subject)
     warnings: list[str] = server_warnings(pool.spec.server)
     if old is not None and not errors:
         parsed: list[TritonModel] = []

@@ -115,6 +115,31 @@ def _name_path(model: TritonModel) -> str:
     return "spec.modelName" if model.spec.model_name else "spec.pool"
 
 
+#: What a TritonPool's own objects (Deployment, PodDisruptionBudget, HorizontalPodAutoscaler) are named after it.
+POOL_OBJECTS_SUFFIX = "-pool"
+
+
+def pool_objects_clash(model: str, pool: str, ident: str, path: str = "metadata.name") -> list[FieldError]:
+    """TritonModel `model` and TritonPool `pool` of one namespace, whose objects would share names (the model named
+    `<pool>-pool`): the error, on `ident`'s `path`."""
+    if model != f"{pool}{POOL_OBJECTS_SUFFIX}":
+        return []
+    err = Collector(ident)
+    err("pool-object-names", path, f"TritonModel {model!r} and TritonPool {pool!r} would share their objects' names: "
+        f"the pool's Deployment, PodDisruptionBudget and HorizontalPodAutoscaler are named {model!r}, as the model's "
+        "are; rename one of them")
+    return err.errors
+
+
+def pool_name_clashes(models: Sequence[tuple[str, TritonModel]],
+                      pools: Sequence[tuple[str, TritonPool]]) -> list[FieldError]:
+    """Among documents (`render`, `validate`): every TritonModel named after a TritonPool's own objects."""
+    names = {p.name for _, p in pools}
+    return [e for ident, m in models if m.name.endswith(POOL_OBJECTS_SUFFIX)
+            and (pool := m.name[: -len(POOL_OBJECTS_SUFFIX)]) in names
+            for e in pool_objects_clash(m.name, pool, ident)]
+
+
 def triton_name_clashes(models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:
     """Among documents (`render`, `validate`): every pooled model whose Triton name another model of its pool has too
     (documents have no order of arrival, so each of them is named)."""

@@ -143,6 +143,9 @@ RULES: dict[str, Rule] = {
              "ServiceAccount)"),
         Rule("pool-triton-name", False, "the models of one pool load under distinct Triton names (spec.modelName, "
              "else metadata.name): one tritonserver holds one model of a name"),
+        Rule("pool-object-names", False, "no TritonModel is named <pool>-pool after a TritonPool of its namespace: the "
+             "pool's Deployment, PodDisruptionBudget and HorizontalPodAutoscaler have that name, and the model's "
+             "children would take theirs"),
         Rule("pool-capacity", False, "a pooled model, with every step its ensemble reaches, fits one replica of its "
              "pool (memory against the pool's capacity per replica)"),
         Rule("version-policy", True,
