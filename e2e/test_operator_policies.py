@@ -146,6 +146,14 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
         privileged=True, allowPrivilegeEscalation=True)
     answers["run a privileged Deployment on the host network"] = refused(
         op, "POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", privileged, "application/json")
+    # Issue 39 (M6): a Deployment as the operator renders it but for its probe's image, which nothing names.
+    foreign = copy.deepcopy(host)
+    foreign["metadata"]["name"] = "foreign-image"
+    foreign["spec"]["template"]["spec"]["volumes"].pop()
+    (probe,) = [c for c in foreign["spec"]["template"]["spec"]["containers"] if c["name"] == "probe"]
+    probe["image"] = "registry.example/evil:1"
+    answers["run a Deployment whose probe container runs an image nothing names"] = refused(
+        op, "POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", foreign, "application/json")
     labels = deployment["metadata"]["labels"]
     answers["open a NodePort"] = refused(
         op, "POST", f"/api/v1/namespaces/{namespace}/services", {
@@ -178,7 +186,8 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
     assert now["status"]["podIP"] == pod["status"]["podIP"]
     assert next(c for c in now["status"]["conditions"] if c["type"] == WARMED_CONDITION)["status"] == "True"
     assert is_model_ready(kube.get("TritonModel", "add-sub", namespace))
-    for kind, gone in (("Deployment", "host-path"), ("Deployment", "privileged"), ("Service", "node-port"),
+    for kind, gone in (("Deployment", "host-path"), ("Deployment", "privileged"), ("Deployment", "foreign-image"),
+                       ("Service", "node-port"),
                        ("Secret", "minted")):
         assert kube.get_or_none(kind, gone, namespace) is None, f"{kind} {gone} exists"
     record("operator token under the admission policy",

@@ -226,3 +226,17 @@ matchResources:
           {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+A CEL expression over a container `c`: whether its image is from a registry (or repository prefix) of
+admissionPolicies.tritonModels.allowedImageRegistries, as spec.server.image must be (true when none is set). An image
+without a registry is docker.io's (docker.io/library/ for a bare name).
+*/}}
+{{- define "triton-operator.allowedTritonImage" -}}
+{{- $allowed := .Values.admissionPolicies.tritonModels.allowedImageRegistries -}}
+{{- if and .Values.admissionPolicies.tritonModels.enabled $allowed -}}
+[(c.image.contains('/') && (c.image.split('/')[0].contains('.') || c.image.split('/')[0].contains(':') || c.image.split('/')[0] == 'localhost')) ? c.image : (c.image.contains('/') ? 'docker.io/' + c.image : 'docker.io/library/' + c.image)].exists(ref, {{ toJson $allowed }}.exists(r, ref.startsWith(r + '/') || ref.startsWith(r + ':') || ref.startsWith(r + '@')))
+{{- else -}}
+true
+{{- end -}}
+{{- end }}
