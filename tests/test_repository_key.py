@@ -125,10 +125,11 @@ def test_unrestricted_apis_opens_the_categories_named_and_says_so_in_status_even
     closed = plan(_world())
     assert closed.status is not None and all(c.type != "AdminApisRestricted" for c in closed.status.conditions or ())
 
-    assert review(_body(unrestrictedApis=["logging"]), None, {}).warnings == [
+    fixed = "nvcr.io/nvidia/tritonserver:25.07-py3"
+    assert review(_body(unrestrictedApis=["logging"], image=fixed), None, {}).warnings == [
         "spec.server.unrestrictedApis: Triton's logging API answers every client of the replicas, without the "
         "operator's key"]
-    assert review(_body(), None, {}).warnings == []
+    assert review(_body(image=fixed), None, {}).warnings == []
     refused = review(_body(unrestrictedApis=["model-repository"]), None, {})
     assert not refused.allowed and any(e.path.startswith("spec.server.unrestrictedApis") for e in refused.errors), \
         refused.errors
@@ -261,3 +262,17 @@ def test_a_missing_or_short_key_file_is_one_line_before_anything_starts(tmp_path
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "--repository-key-file" in lines[0] and str(path) in lines[0] and says in lines[0], (
             proc.stderr)
+
+
+def test_admission_warns_of_a_triton_release_before_the_fixes_of_the_public_critical_advisories() -> None:
+    """issue 39 item 3: an NGC tritonserver before 25.07 (the default, 24.10, which the tests run) is allowed with a
+    warning naming the advisories and the release that fixed them; 25.07 and later, and images not named by an NGC
+    release tag, get none."""
+    for old in ("nvcr.io/nvidia/tritonserver:24.10-py3", "registry.example/mirror/tritonserver:25.06-py3-sdk"):
+        (warning,) = review(_body(image=old), None, {}).warnings
+        assert warning.startswith("spec.server.image: Triton 2") and "predates 25.07" in warning, warning
+        assert "CVE-2025-23310" in warning and "CVE-2025-23319" in warning and "CVE-2026-24207" in warning, warning
+        assert review(_body(image=old), None, {}).allowed
+    for fine in ("nvcr.io/nvidia/tritonserver:25.07-py3", "nvcr.io/nvidia/tritonserver:26.01-py3",
+                 "registry.example/triton:latest"):
+        assert review(_body(image=fine), None, {}).warnings == [], fine

@@ -22,6 +22,7 @@ and namespace deletion must never be blocked by a model whose step went missing 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,12 +143,29 @@ def review(
     return AdmissionVerdict(not errors, errors, [*server_warnings(new.spec.server), *warnings], subject)
 
 
+#: The first Triton release (NGC container YY.MM) with the fixes of NVIDIA's August 2025 bulletin: the unauthenticated
+#: remote-code-execution chain through the Python backend's IPC region and the shared-memory API (CVE-2025-23319,
+#: -23320, -23334) and the stack overflow on chunked HTTP bodies (CVE-2025-23310, -23311).
+TRITON_FIXED_RELEASE = (25, 7)
+_NGC_TAG = re.compile(r"(?:^|/)tritonserver:(?P<yy>\d{2})\.(?P<mm>\d{2})(?:-|$)")
+
+
 def server_warnings(server: Server) -> list[str]:
-    """What admission warns of in a TritonModel's or TritonPool's spec.server (allowed, but worth saying)."""
-    if not server.unrestricted_apis:
-        return []
-    return [f"spec.server.unrestrictedApis: Triton's {', '.join(server.unrestricted_apis)} API answers every client of "
-            "the replicas, without the operator's key"]
+    """What admission warns of in a TritonModel's or TritonPool's spec.server (allowed, but worth saying): admin APIs
+    it opens, and an NGC tritonserver release older than the one that fixed the public critical advisories."""
+    out = []
+    if server.unrestricted_apis:
+        out.append(f"spec.server.unrestrictedApis: Triton's {', '.join(server.unrestricted_apis)} API answers every "
+                   "client of the replicas, without the operator's key")
+    tag = _NGC_TAG.search(server.image)
+    if tag is not None and (int(tag["yy"]), int(tag["mm"])) < TRITON_FIXED_RELEASE:
+        fixed = "{:02d}.{:02d}".format(*TRITON_FIXED_RELEASE)
+        out.append(f"spec.server.image: Triton {tag['yy']}.{tag['mm']} predates {fixed}, which fixed "
+                   "CVE-2025-23310/-23311 (a chunked HTTP body overflows the stack, on every endpoint) and the "
+                   "shared-memory remote-code-execution chain (CVE-2025-23319/-23320/-23334, whose entry point the "
+                   f"operator restricts to its key); use {fixed} or later, at or after the release NVIDIA names for "
+                   "CVE-2026-24207")
+    return out
 
 
 def _pool_fit(model: TritonModel, subject: str, others: Mapping[str, TritonModel],
@@ -256,15 +274,17 @@ def redacted(verdict: AdmissionVerdict, obj: Mapping[str, Any]) -> AdmissionVerd
     An error `obj` shows on its own (the same path and message with no other TritonModel around, such as a step
     that is not defined) is kept as it is. Every other one comes from another model's fields: it keeps its path
     in `obj` and says which rule (`UNTOLD`), not what the other model has; one that `obj` would cause in an
-    ensemble using it names neither the ensemble nor its fields (`UNTOLD_DEPENDENT`). Warnings, all about other
-    models, are dropped. The verdict itself (allowed or not) stays. A TritonPool's: what a change would strand keeps
+    ensemble using it names neither the ensemble nor its fields (`UNTOLD_DEPENDENT`). Warnings about other models
+    are dropped; those about the object's own spec (`server_warnings`, which start with its field path) are kept.
+    The verdict itself (allowed or not) stays. A TritonPool's: what a change would strand keeps
     its field, not the models or replicas (`UNTOLD_STRANDED`); the pool's own errors are kept."""
+    own = [w for w in verdict.warnings if w.startswith("spec.")]
     if verdict.allowed:
-        return AdmissionVerdict(True, subject=verdict.subject)
+        return AdmissionVerdict(True, warnings=own, subject=verdict.subject)
     if verdict.subject.startswith(POOL_IDENT.format("")):  # a pool's own errors, or the models it would strand
         told_pool = [e if e.rule != POOL_CHANGE else FieldError(e.model, e.path, UNTOLD_STRANDED, e.rule)
                      for e in verdict.errors]
-        return AdmissionVerdict(False, list(dict.fromkeys(told_pool)), subject=verdict.subject)
+        return AdmissionVerdict(False, list(dict.fromkeys(told_pool)), own, subject=verdict.subject)
     alone = {(e.path, e.message) for e in review(obj, None, {}).errors}
     errors: list[FieldError] = []
     for e in verdict.errors:
@@ -277,4 +297,4 @@ def redacted(verdict: AdmissionVerdict, obj: Mapping[str, Any]) -> AdmissionVerd
             told = FieldError(e.model, e.path, UNTOLD.format(rule=rule_summary(e.rule)), e.rule)
         if told not in errors:
             errors.append(told)
-    return AdmissionVerdict(False, errors, subject=verdict.subject)
+    return AdmissionVerdict(False, errors, own, subject=verdict.subject)
