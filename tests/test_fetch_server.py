@@ -132,3 +132,54 @@ def test_a_failed_fetch_says_which_field_and_uri_and_leaves_the_linked_copy(side
     assert {"sha256": "sha256", "404": "404", "over budget": "maxBytes"}[problem] in failed["message"], failed
     assert (repo / "m" / "1" / "model.py").read_bytes() == b"# good\n"
     assert sorted(p.name for p in (repo / STORE / "m").iterdir() if p.is_dir()) == [d1]  # nothing half-written
+
+
+def test_a_fetch_blocked_past_its_deadline_is_given_up_in_its_thread(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch runs in a thread of its own, where no SIGALRM reaches: one blocked in a read (here the open of a
+    fifo on a claim, as a stuck file system blocks) is reported failed at its deadline, and the model can be deleted
+    (issue 39: it stayed `fetching` forever, and DELETE answered 409)."""
+    from triton_operator import fetch
+
+    claim = tmp_path / "pvc" / "claim"
+    claim.mkdir(parents=True)
+    os.mkfifo(claim / "model.onnx")
+    monkeypatch.setattr(fetch, "PVC_ROOT", tmp_path / "pvc")
+    server = fetch_serve(("127.0.0.1", 0), tmp_path / "models", Limits(1 << 20, 100, 1), KEY)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        status, _ = _ask(server, "PUT", "/v1/models/m", {"digest": "e5" * 16, "sources": [
+            {"field": "spec.source.uri", "version": "1", "uri": "pvc://claim/model.onnx"}]})
+        assert status == 202
+        state = _settled(server, "m", timeout=30)
+        assert state["failed"] is not None and "timeoutSeconds" in state["failed"]["message"], state
+        assert _ask(server, "DELETE", "/v1/models/m")[0] == 200
+    finally:
+        fd = os.open(claim / "model.onnx", os.O_WRONLY | os.O_NONBLOCK)  # lets the blocked open return (EOF)
+        os.close(fd)
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_a_negative_content_length_is_refused_before_the_body_is_read(sidecar: FetchServer) -> None:
+    """`Content-Length: -1` read the body to its end, past the 4 MiB cap (issue 39); now a 400 before any of it."""
+    import json
+    import socket
+
+    from triton_operator.fetch_server import KEY_HEADER, MAX_BODY
+
+    body = json.dumps({"digest": "f6" * 16, "sources": [], "pad": "x" * (MAX_BODY + 1)}).encode()
+    with socket.create_connection(("127.0.0.1", sidecar.server_address[1]), timeout=20) as sock:
+        sock.sendall(f"PUT /v1/models/m HTTP/1.1\r\nHost: x\r\n{KEY_HEADER}: {KEY}\r\n"
+                     "Content-Length: -1\r\n\r\n".encode())
+        sock.sendall(body[:65536])
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert "m" not in _ask(sidecar, "GET", "/v1/models")[1]["models"]

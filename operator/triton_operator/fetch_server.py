@@ -6,7 +6,7 @@ The volume (read-write here, read-only in tritonserver, mounted at the same path
 
     <repo>/<name>                         a symbolic link, `.fetched/<name>/<digest>`: what Triton loads as <name>
     <repo>/.fetched/<name>/<digest>/      one digest's files (version directories, model files, warm-up files)
-    <repo>/.fetched/<name>/.<digest>.part a fetch under way (renamed to <digest> once complete and checked)
+    <repo>/.fetched/<name>/.<digest>.<attempt>.part a fetch under way (renamed to <digest> once complete and checked)
 
 A digest's directory appears whole (a rename) and the model's link is switched by renaming a new link over it, so
 Triton sees either the old digest's files or the new one's, never a mix; a copy Triton serves keeps its files until
@@ -22,7 +22,8 @@ time; without a key configured every request is refused):
   and the last failure.
 - `PUT /v1/models/<name>` with `{"digest", "sources": [{"field", "version", "uri", "sha256", "objectVersion"}],
   "files": {path: base64}}`: 200 when the digest is held already, else 202 and the fetch runs in a thread of its own
-  (the operator never waits on it); 409 while another digest of that model is being fetched.
+  (the operator never waits on it); 409 while another digest of that model is being fetched. The fetch's deadline
+  (`Limits.timeout_seconds`) holds in that thread too: a watchdog gives up a fetch blocked past it (`Store._expire`).
 - `POST /v1/models/<name>/prune`: removes every digest of the model but the linked one.
 - `DELETE /v1/models/<name>`: removes the link and every digest (the operator has unloaded the model); 404 when it
   held none, 409 while it is being fetched.
@@ -58,6 +59,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
 _DIGEST = re.compile(r"^[0-9a-f]{8,128}$")
 #: The largest request body taken (inline files beside uri sources are small: they fit a ConfigMap).
 MAX_BODY = 4 << 20
+#: How long past a fetch's own deadline its watchdog gives it up: its Budget ends a fetch that is not blocked itself.
+WATCHDOG_GRACE_SECONDS = 1.0
 
 
 @dataclass
@@ -84,6 +87,7 @@ class Store:
     limits: Limits
     lock: threading.Lock = field(default_factory=threading.Lock)
     fetching: dict[str, str] = field(default_factory=dict)  # name -> digest
+    running: dict[str, int] = field(default_factory=dict)  # name -> the attempt that fetches it
     failed: dict[str, _Failure] = field(default_factory=dict)
     attempts: int = 0
 
@@ -128,14 +132,46 @@ class Store:
             self.failed.pop(name, None)
             self.attempts += 1
             attempt = self.attempts
-        threading.Thread(target=self._fetch, args=(name, digest, sources, files, attempt), daemon=True,
+            self.running[name] = attempt
+        watchdog = threading.Timer(self.limits.timeout_seconds + WATCHDOG_GRACE_SECONDS, self._expire,
+                                   (name, digest, attempt))
+        watchdog.daemon = True
+        watchdog.start()
+        threading.Thread(target=self._fetch, args=(name, digest, sources, files, attempt, watchdog), daemon=True,
                          name=f"fetch-{name}").start()
         return 202
 
+    def _current(self, name: str, attempt: int) -> bool:
+        """Whether `attempt` is still the fetch of `name` (not given up by its watchdog); under the lock."""
+        return self.running.get(name) == attempt
+
+    def _end(self, name: str, attempt: int, failure: _Failure | None) -> None:
+        """Attempt `attempt` of `name` is over (with `failure`, or done); under the lock, and only if it is current."""
+        if self._current(name, attempt):
+            self.fetching.pop(name, None)
+            self.running.pop(name, None)
+            if failure is not None:
+                self.failed[name] = failure
+
+    def _expire(self, name: str, digest: str, attempt: int) -> None:
+        """The fetch's deadline, kept from outside its thread: a thread cannot be interrupted (SIGALRM reaches the
+        main thread only), so a fetch blocked in a read (a library that reads a whole chunk before it returns, a
+        stuck file system) is given up here: reported failed, its model free for a new fetch or a delete. Its thread
+        stops at its next chunk (its Budget's deadline has passed) and leaves nothing behind: its files are in a
+        directory of its own attempt, never linked once it is not current."""
+        with self.lock:
+            if not self._current(name, attempt):
+                return
+            message = (f"not done within {self.limits.timeout_seconds:g} s, the deadline of the whole fetch "
+                       "(spec.server.fetch.timeoutSeconds): given up while blocked")
+            self._end(name, attempt, _Failure(digest, message, attempt))
+        log.warning("Gave up a fetch past its deadline model=%s digest=%s timeoutSeconds=%g", name, digest,
+                    self.limits.timeout_seconds)
+
     def _fetch(self, name: str, digest: str, sources: list[Mapping[str, Any]], files: Mapping[str, bytes],
-               attempt: int) -> None:
+               attempt: int, watchdog: threading.Timer) -> None:
         base = self._dir(name)
-        part = base / f".{digest}.part"
+        part = base / f".{digest}.{attempt}.part"
         try:
             base.mkdir(exist_ok=True)
             shutil.rmtree(part, ignore_errors=True)
@@ -171,11 +207,13 @@ class Store:
 
                 _write(target, read, budget)
             final = base / digest
-            shutil.rmtree(final, ignore_errors=True)
-            tree.rename(final)  # the digest's files appear whole
             with self.lock:
+                if not self._current(name, attempt):
+                    return  # given up by its watchdog: a newer fetch, or a delete, owns the model now
+                shutil.rmtree(final, ignore_errors=True)
+                tree.rename(final)  # the digest's files appear whole
                 self._link(name, digest)
-                self.fetching.pop(name, None)
+                self._end(name, attempt, None)
                 self._drop(name, keep={digest, *([] if (d := self._previous(name, digest)) is None else [d])})
             log.info("Fetched model files model=%s digest=%s bytes=%d files=%d", name, digest, budget.bytes,
                      budget.files)
@@ -183,9 +221,9 @@ class Store:
             message = redact(str(exc) if isinstance(exc, FetchError) else f"{type(exc).__name__}: {exc}")
             log.warning("Failed to fetch model files model=%s digest=%s error=%s", name, digest, message)
             with self.lock:
-                self.fetching.pop(name, None)
-                self.failed[name] = _Failure(digest, message[:1000], attempt)
+                self._end(name, attempt, _Failure(digest, message[:1000], attempt))
         finally:
+            watchdog.cancel()
             shutil.rmtree(part, ignore_errors=True)
 
     def _previous(self, name: str, digest: str) -> str | None:
@@ -276,7 +314,12 @@ class _Handler(BaseHTTPRequestHandler):
         return name
 
     def _body(self) -> dict[str, Any] | None:
-        n = int(self.headers.get("Content-Length") or 0)
+        declared = (self.headers.get("Content-Length") or "0").strip()
+        if not declared.isdigit():  # a negative length read the body to its end, past the cap
+            self._answer(400, {"error": "a request body needs a Content-Length of 0 or more bytes"})
+            self.close_connection = True
+            return None
+        n = int(declared)
         if n > MAX_BODY:
             self._answer(413, {"error": f"a request body is at most {MAX_BODY} bytes"})
             return None
