@@ -27,10 +27,14 @@ time; without a key configured every request is refused):
 - `POST /v1/models/<name>/prune`: removes every digest of the model but the linked one.
 - `DELETE /v1/models/<name>`: removes the link and every digest (the operator has unloaded the model); 404 when it
   held none, 409 while it is being fetched.
+
+Every request is bounded before its key is checked (issue 39, M4): aiohttp in one event loop, with the operator's TLS
+port's connection cap and deadlines (`FetchServer`), not a thread per connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
@@ -38,14 +42,17 @@ import logging
 import os
 import re
 import shutil
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from aiohttp import web
+
 from .fetch import MODEL_DIR, Budget, FetchError, _write, fetch_uri
+from .servers import tls_server
 from .uris import redact, shown
 
 log = logging.getLogger("triton_operator.fetch_server")
@@ -59,6 +66,11 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
 _DIGEST = re.compile(r"^[0-9a-f]{8,128}$")
 #: The largest request body taken (inline files beside uri sources are small: they fit a ConfigMap).
 MAX_BODY = 4 << 20
+#: Request bodies being read at once, together: four of the largest (the operator asks a replica a few at a time).
+BODY_BUDGET = 4 * MAX_BODY
+#: Connections open at once: the operator's questions of a round, with room (more are reset at the accept and asked
+#: again next round).
+MAX_CONNECTIONS = 64
 #: How long past a fetch's own deadline its watchdog gives it up: its Budget ends a fetch that is not blocked itself.
 WATCHDOG_GRACE_SECONDS = 1.0
 
@@ -271,120 +283,137 @@ class Store:
             return 200 if held else 404
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: FetchServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # the store logs what it does; a request log would add nothing
-
-    def _answer(self, status: int, body: Mapping[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorized(self) -> bool:
-        key = self.server.key
-        given = self.headers.get(KEY_HEADER)
-        if key is None:
-            self._answer(403, {"error": "no repository key is configured: this sidecar answers no request"})
-            return False
-        if given is None or not hmac.compare_digest(given.encode(), key.encode()):
-            self._answer(401, {"error": f"a request needs the pool's key in header {KEY_HEADER}"})
-            return False
-        return True
-
-    def _name(self) -> tuple[str | None, str]:
-        parts = self.path.split("?", 1)[0].strip("/").split("/")
-        if len(parts) < 3 or parts[:2] != ["v1", "models"] or not _NAME.match(parts[2]):
-            return None, ""
-        return parts[2], "/".join(parts[3:])
-
-    def _model(self, rest: str) -> str | None:
-        """The model a request names at `/v1/models/<name>[/<rest>]`, once its key is checked; None once answered
-        (401/403 without the key, 404 for another path)."""
-        if not self._authorized():
-            return None
-        name, after = self._name()
-        if name is None or after != rest:
-            self._answer(404, {"error": "not found"})
-            return None
-        return name
-
-    def _body(self) -> dict[str, Any] | None:
-        declared = (self.headers.get("Content-Length") or "0").strip()
-        if not declared.isdigit():  # a negative length read the body to its end, past the cap
-            self._answer(400, {"error": "a request body needs a Content-Length of 0 or more bytes"})
-            self.close_connection = True
-            return None
-        n = int(declared)
-        if n > MAX_BODY:
-            self._answer(413, {"error": f"a request body is at most {MAX_BODY} bytes"})
-            return None
-        try:
-            body = json.loads(self.rfile.read(n) or b"{}")
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            self._answer(400, {"error": "the body is a JSON object"})
-            return None
-        return body
-
-    def do_GET(self) -> None:
-        if not self._authorized():
-            return
-        if self.path.split("?", 1)[0].rstrip("/") != "/v1/models":
-            self._answer(404, {"error": "not found"})
-            return
-        self._answer(200, self.server.store.state())
-
-    def do_PUT(self) -> None:
-        name = self._model("")
-        if name is None:
-            return
-        body = self._body()
-        if body is None:
-            return
-        digest, sources, files = body.get("digest"), body.get("sources"), body.get("files") or {}
-        if (not isinstance(digest, str) or not _DIGEST.match(digest) or not isinstance(sources, list)
-                or not all(isinstance(s, dict) and isinstance(s.get("uri"), str) for s in sources)
-                or not all(str(s.get("version") or "1") == MODEL_DIR or str(s.get("version") or "1").isdigit()
-                           for s in sources)
-                or not isinstance(files, dict)):
-            self._answer(400, {"error": "the body is {digest: hex, sources: [{uri, version, ...}], files: {}}"})
-            return
-        try:
-            decoded = {str(p): base64.b64decode(str(c), validate=True) for p, c in files.items()}
-        except ValueError:
-            self._answer(400, {"error": "files are base64"})
-            return
-        status = self.server.store.start(name, digest, sources, decoded)
-        self._answer(status, {"model": name, "digest": digest})
-
-    def do_POST(self) -> None:
-        name = self._model("prune")
-        if name is None:
-            return
-        self.server.store.prune(name)
-        self._answer(200, {"model": name})
-
-    def do_DELETE(self) -> None:
-        name = self._model("")
-        if name is None:
-            return
-        status = self.server.store.delete(name)
-        self._answer(status, {"model": name, **({"error": f"model {name} is being fetched"} if status == 409 else {})})
+def _answer(status: int, body: Mapping[str, Any]) -> web.Response:
+    return web.json_response(body, status=status)
 
 
-class FetchServer(ThreadingHTTPServer):
-    daemon_threads = True
+def _refusal(request: web.Request, key: str | None) -> web.Response | None:
+    """The answer to a request without the key (401), or to any when none is configured (403); None when it has it."""
+    given = request.headers.get(KEY_HEADER)
+    if key is None:
+        return _answer(403, {"error": "no repository key is configured: this sidecar answers no request"})
+    if given is None or not hmac.compare_digest(given.encode(), key.encode()):
+        return _answer(401, {"error": f"a request needs the pool's key in header {KEY_HEADER}"})
+    return None
+
+
+def _named(request: web.Request) -> tuple[str | None, str]:
+    """(model, the path after it) of `/v1/models/<name>[/<rest>]`, from the path as sent; (None, "") for another."""
+    parts = request.raw_path.split("?", 1)[0].strip("/").split("/")
+    if len(parts) < 3 or parts[:2] != ["v1", "models"] or not _NAME.match(parts[2]):
+        return None, ""
+    return parts[2], "/".join(parts[3:])
+
+
+def _put_body(body: Any) -> tuple[str, list[Mapping[str, Any]], dict[str, bytes]] | web.Response:
+    """(digest, sources, decoded files) of a PUT's body, or the 400 that refuses it."""
+    if not isinstance(body, dict):
+        return _answer(400, {"error": "the body is a JSON object"})
+    digest, sources, files = body.get("digest"), body.get("sources"), body.get("files") or {}
+    if (not isinstance(digest, str) or not _DIGEST.match(digest) or not isinstance(sources, list)
+            or not all(isinstance(s, dict) and isinstance(s.get("uri"), str) for s in sources)
+            or not all(str(s.get("version") or "1") == MODEL_DIR or str(s.get("version") or "1").isdigit()
+                       for s in sources)
+            or not isinstance(files, dict)):
+        return _answer(400, {"error": "the body is {digest: hex, sources: [{uri, version, ...}], files: {}}"})
+    try:
+        decoded = {str(p): base64.b64decode(str(c), validate=True) for p, c in files.items()}
+    except ValueError:
+        return _answer(400, {"error": "files are base64"})
+    return digest, sources, decoded
+
+
+class FetchServer:
+    """The sidecar's HTTP server: bound at once (`server_address`), serving in an event loop of its own from
+    `serve_forever` until `shutdown` (from another thread), as a socketserver is driven.
+
+    Bounds (issue 39, M4): requests are read by aiohttp in one event loop on a `servers.tls_server.PlainSite`, as the
+    operator's TLS port: at most `MAX_CONNECTIONS` open (more are reset at the accept), the request line and headers
+    within `tls_server.IDLE_SECONDS`, a body within `tls_server.BODY_SECONDS`, at most `MAX_BODY` bytes (a
+    Content-Length that is not a number of 0 or more is a 400 of aiohttp's parser), and `BODY_BUDGET` bytes of bodies
+    at once. All of it before the key is checked, and no thread per connection: the store's file work runs in worker
+    threads, a fetch in a thread of its own."""
 
     def __init__(self, address: tuple[str, int], store: Store, key: str | None) -> None:
-        super().__init__(address, _Handler)
         self.store = store
         self.key = key or None
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.socket = socket.create_server(address, family=family, backlog=tls_server.BACKLOG)
+        self.server_address = self.socket.getsockname()
+        self.bodies = tls_server.Budget(BODY_BUDGET)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._serving = threading.Event()
+        self._done = threading.Event()
+
+    def serve_forever(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._done.set()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stops `serve_forever` (called from another thread) and waits for it to return."""
+        if not self._serving.wait(timeout) or self._loop is None or self._stop is None:
+            return
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._done.wait(timeout)
+
+    def server_close(self) -> None:
+        self.socket.close()
+
+    async def _serve(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        runner = web.AppRunner(app, **tls_server.runner_options())
+        await runner.setup()
+        host, port = self.server_address[:2]
+        site = tls_server.PlainSite(runner, host, port, max_connections=MAX_CONNECTIONS, sock=self.socket)
+        await site.start()
+        self._serving.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    async def _dispatch(self, request: web.Request) -> web.Response:
+        refused = _refusal(request, self.key)
+        if refused is not None:
+            return refused
+        method = request.method
+        if method == "GET":
+            if request.raw_path.split("?", 1)[0].rstrip("/") != "/v1/models":
+                return _answer(404, {"error": "not found"})
+            return _answer(200, await asyncio.to_thread(self.store.state))
+        name, after = _named(request)
+        if method not in ("PUT", "POST", "DELETE"):
+            return _answer(405, {"error": f"{method} is not served"})
+        if name is None or after != ("prune" if method == "POST" else ""):
+            return _answer(404, {"error": "not found"})
+        if method == "POST":
+            await asyncio.to_thread(self.store.prune, name)
+            return _answer(200, {"model": name})
+        if method == "DELETE":
+            status = await asyncio.to_thread(self.store.delete, name)
+            return _answer(status, {"model": name, **({"error": f"model {name} is being fetched"}
+                                                      if status == 409 else {})})
+        return await self._put(request, name)
+
+    async def _put(self, request: web.Request, name: str) -> web.Response:
+        try:
+            async with tls_server.body_of(request, limit=MAX_BODY, budget=self.bodies) as raw:
+                try:
+                    parsed = _put_body(json.loads(raw or b"{}"))
+                except (ValueError, RecursionError):
+                    parsed = _answer(400, {"error": "the body is a JSON object"})
+        except tls_server.BodyRefused as exc:
+            return _answer(exc.status, {"error": exc.reason})
+        if isinstance(parsed, web.Response):
+            return parsed
+        digest, sources, files = parsed
+        status = await asyncio.to_thread(self.store.start, name, digest, sources, files)
+        return _answer(status, {"model": name, "digest": digest})
 
 
 def serve(address: tuple[str, int], repo: Path, limits: Limits, key: str | None) -> FetchServer:

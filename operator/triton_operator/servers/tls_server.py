@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from typing import Any
@@ -164,9 +165,10 @@ class TlsSite(web.BaseSite):
     def __init__(self, runner: web.BaseRunner, host: str, port: int, ssl_context: ssl.SSLContext | None, *,
                  max_connections: int = MAX_CONNECTIONS, handshake_seconds: float = HANDSHAKE_SECONDS,
                  shutdown_seconds: float = SHUTDOWN_SECONDS, backlog: int = BACKLOG,
-                 refused_metric: Any = metrics.TLS_REFUSED) -> None:
+                 refused_metric: Any = metrics.TLS_REFUSED, sock: socket.socket | None = None) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self.host, self.port = host, port
+        self.sock = sock
         self.context = ssl_context
         self.refused_metric = refused_metric
         self.max_connections = max_connections
@@ -188,8 +190,11 @@ class TlsSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Accept(self), self.host, self.port, backlog=self._backlog,
-                                               reuse_address=True)
+        if self.sock is not None:  # a socket bound beforehand (its port known before the loop runs)
+            self._server = await loop.create_server(lambda: _Accept(self), sock=self.sock, backlog=self._backlog)
+        else:
+            self._server = await loop.create_server(lambda: _Accept(self), self.host, self.port,
+                                                   backlog=self._backlog, reuse_address=True)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
 
@@ -236,12 +241,12 @@ class PlainSite(TlsSite):
     the deadlines of `runner_options` and `body_of`, as on the TLS port."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int = MAX_CONNECTIONS,
-                 backlog: int = BACKLOG, refused_metric: Any = None) -> None:
+                 backlog: int = BACKLOG, refused_metric: Any = None, sock: socket.socket | None = None) -> None:
         super().__init__(runner, host, port, None, max_connections=max_connections, backlog=backlog,
-                         refused_metric=refused_metric)
+                         refused_metric=refused_metric, sock=sock)
 
 
-class _Budget:
+class Budget:
     """Bytes of request bodies being read, together."""
 
     def __init__(self, total: int) -> None:
@@ -257,7 +262,7 @@ class _Budget:
         self.used -= n
 
 
-BODIES = _Budget(BODY_BUDGET)
+BODIES = Budget(BODY_BUDGET)
 
 
 class BodyRefused(Exception):
@@ -270,7 +275,7 @@ class BodyRefused(Exception):
 
 @contextlib.asynccontextmanager
 async def body_of(request: web.Request, *, limit: int = MAX_BODY, seconds: float = BODY_SECONDS,
-                  budget: _Budget | None = None) -> Any:
+                  budget: Budget | None = None) -> Any:
     """The request's whole body, read within `seconds` and at most `limit` bytes; its size counts against the
     bodies' budget until the block ends (the decoded review lives that long). `BodyRefused` otherwise."""
     b = budget or BODIES
