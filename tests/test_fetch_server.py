@@ -285,3 +285,32 @@ def test_connections_over_the_cap_are_reset_and_hold_no_thread(tmp_path: Path, m
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def test_models_whose_files_together_exceed_the_volume_fail_to_fetch_instead_of_filling_it(
+        sidecar: FetchServer, https: HttpsServer, tmp_path: Path) -> None:
+    """Issue 39, M5: each fetch kept under its own cap, but the sum of every model's files could pass the volume's
+    sizeLimit, and the kubelet evicted the pool pod. Now the fetch that would overflow it fails with the figures, the
+    files already there stay, and once room is freed the same fetch succeeds."""
+    repo = tmp_path / "models"
+    blob = os.urandom(600 << 10)
+    https["/w.bin"] = blob
+    sha = hashlib.sha256(blob).hexdigest()
+    volume = 1 << 20  # room for one model of 600 KiB, not for two
+
+    def put(name: str, digest: str) -> int:
+        status, _ = _ask(sidecar, "PUT", f"/v1/models/{name}", {"digest": digest, "volumeBytes": volume, "sources": [
+            {"field": "spec.source.uri", "version": "1", "uri": https.url("/w.bin"), "sha256": sha}]})
+        return status
+
+    assert put("a", "a1" * 16) == 202
+    assert _settled(sidecar, "a")["digest"] == "a1" * 16
+    assert put("b", "b1" * 16) == 202
+    failed = _settled(sidecar, "b")["failed"]
+    assert failed is not None and "InsufficientPoolCapacity" in failed["message"], failed
+    assert "repositorySizeLimit" in failed["message"], failed
+    assert (repo / "a" / "1" / "w.bin").read_bytes() == blob  # the model already there is untouched
+    assert not (repo / STORE / "b").exists() or not any(p.is_dir() for p in (repo / STORE / "b").iterdir())
+    assert _ask(sidecar, "DELETE", "/v1/models/a")[0] == 200
+    assert put("b", "b1" * 16) == 202  # room again
+    assert _settled(sidecar, "b")["digest"] == "b1" * 16

@@ -21,9 +21,10 @@ time; without a key configured every request is refused):
   the volume holds (read back from the links, so a restarted sidecar, or operator, knows), what is being fetched,
   and the last failure.
 - `PUT /v1/models/<name>` with `{"digest", "sources": [{"field", "version", "uri", "sha256", "objectVersion"}],
-  "files": {path: base64}}`: 200 when the digest is held already, else 202 and the fetch runs in a thread of its own
-  (the operator never waits on it); 409 while another digest of that model is being fetched. The fetch's deadline
-  (`Limits.timeout_seconds`) holds in that thread too: a watchdog gives up a fetch blocked past it (`Store._expire`).
+  "files": {path: base64}, "volumeBytes"}` (the volume's sizeLimit, which all fetches share: `_Room`): 200 when
+  the digest is held already, else 202 and the fetch runs in a thread of its own (the operator never waits on it);
+  409 while another digest of that model is being fetched. The fetch's deadline (`Limits.timeout_seconds`) holds in
+  that thread too: a watchdog gives up a fetch blocked past it (`Store._expire`).
 - `POST /v1/models/<name>/prune`: removes every digest of the model but the linked one.
 - `DELETE /v1/models/<name>`: removes the link and every digest (the operator has unloaded the model); 404 when it
   held none, 409 while it is being fetched.
@@ -51,7 +52,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .fetch import MODEL_DIR, Budget, FetchError, _write, fetch_uri
+from .fetch import BLOCK, MODEL_DIR, Budget, FetchError, _size, _write, fetch_uri
 from .servers import tls_server
 from .uris import redact, shown
 
@@ -91,6 +92,68 @@ class Limits:
     timeout_seconds: float
 
 
+def _tree_bytes(path: Path) -> int:
+    """What a tree takes, counted as a fetch's Budget counts: a block per file and directory, and each file's bytes
+    (links not followed, not counted)."""
+    if path.is_symlink() or not path.exists():
+        return 0
+    if not path.is_dir():
+        return BLOCK + path.stat().st_size
+    total = BLOCK
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(root, name))
+            total += BLOCK + (st.st_size if name in files and not os.path.islink(os.path.join(root, name)) else 0)
+    return total
+
+
+class _Room(Budget):
+    """One fetch's Budget that also charges the repository volume all fetches share (`Store.used`) against the
+    `limit` the operator gives with the request (the pool's repositorySizeLimit, the volume's sizeLimit): issue 39,
+    M5. Each model's own cap leaves the sum of all models' files (and of their previous digests, kept until pruned)
+    to the kubelet, which evicts the whole pod once the emptyDir is over its sizeLimit; here the fetch that would
+    overflow it fails instead, with the figures, and the pod and every model it serves stay."""
+
+    def __init__(self, store: Store, limit: int | None, limits: Limits) -> None:
+        super().__init__(limits.max_bytes, limits.max_files, limits.timeout_seconds)
+        self.store, self.limit = store, limit
+
+    def _full(self, n: int) -> FetchError:
+        left = max((self.limit or 0) - self.store.used, 0)
+        return FetchError(f"{self.source}: no room in the pool replica's repository volume for {_size(n)} more "
+                          f"(InsufficientPoolCapacity): {_size(left)} left of its {_size(self.limit or 0)}, "
+                          "spec.server.repositorySizeLimit, which every model placed on the replica shares with the "
+                          "previous copy of each until it is pruned")
+
+    def charge(self, n: int) -> None:
+        with self.store.volume_lock:
+            if self.limit is not None and self.store.used + n > self.limit:
+                raise self._full(n)
+            self.store.used += n
+        try:
+            super().charge(n)
+        except FetchError:
+            with self.store.volume_lock:
+                self.store.used -= n
+            raise
+
+    def expect(self, n: int) -> None:
+        super().expect(n)
+        with self.store.volume_lock:
+            if self.limit is not None and self.store.used + n > self.limit:
+                raise self._full(n)
+
+    def give_back(self, n: int) -> None:
+        super().give_back(n)
+        with self.store.volume_lock:
+            self.store.used -= n
+
+    def release(self) -> None:
+        """The fetch's files are gone (it failed, or was given up): what it charged is free again."""
+        with self.store.volume_lock:
+            self.store.used -= self.bytes
+
+
 @dataclass
 class Store:
     """The repository volume's fetched models, and the fetches under way."""
@@ -102,11 +165,21 @@ class Store:
     running: dict[str, int] = field(default_factory=dict)  # name -> the attempt that fetches it
     failed: dict[str, _Failure] = field(default_factory=dict)
     attempts: int = 0
+    used: int = 0  # what the volume holds (`_tree_bytes`), with what fetches under way have written so far
+    volume_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         (self.repo / STORE).mkdir(parents=True, exist_ok=True)
         for part in (self.repo / STORE).glob("*/.*.part"):  # a fetch cut by a restart: never complete
             shutil.rmtree(part, ignore_errors=True)
+        self.used = sum(_tree_bytes(p) for p in self.repo.iterdir())
+
+    def _remove(self, path: Path) -> None:
+        """Removes a tree of the volume, and its bytes from `used`."""
+        freed = _tree_bytes(path)
+        shutil.rmtree(path, ignore_errors=True)
+        with self.volume_lock:
+            self.used -= freed
 
     def _dir(self, name: str) -> Path:
         return self.repo / STORE / name
@@ -132,7 +205,8 @@ class Store:
                                                                "attempt": f.attempt}}
             return {"models": out}
 
-    def start(self, name: str, digest: str, sources: list[Mapping[str, Any]], files: Mapping[str, bytes]) -> int:
+    def start(self, name: str, digest: str, sources: list[Mapping[str, Any]], files: Mapping[str, bytes],
+              volume: int | None = None) -> int:
         """200: held already; 202: fetching (now or already); 409: another digest of it is being fetched."""
         with self.lock:
             if self.linked(name) == digest:
@@ -149,8 +223,9 @@ class Store:
                                    (name, digest, attempt))
         watchdog.daemon = True
         watchdog.start()
-        threading.Thread(target=self._fetch, args=(name, digest, sources, files, attempt, watchdog), daemon=True,
-                         name=f"fetch-{name}").start()
+        budget = _Room(self, volume, self.limits)
+        threading.Thread(target=self._fetch, args=(name, digest, sources, files, attempt, watchdog, budget),
+                         daemon=True, name=f"fetch-{name}").start()
         return 202
 
     def _current(self, name: str, attempt: int) -> bool:
@@ -181,15 +256,16 @@ class Store:
                     self.limits.timeout_seconds)
 
     def _fetch(self, name: str, digest: str, sources: list[Mapping[str, Any]], files: Mapping[str, bytes],
-               attempt: int, watchdog: threading.Timer) -> None:
+               attempt: int, watchdog: threading.Timer, budget: _Room) -> None:
         base = self._dir(name)
         part = base / f".{digest}.{attempt}.part"
+        kept = False
         try:
             base.mkdir(exist_ok=True)
             shutil.rmtree(part, ignore_errors=True)
             part.mkdir()
-            # One budget for the whole digest, as the fetch step has for a replica's whole repository.
-            budget = Budget(self.limits.max_bytes, self.limits.max_files, self.limits.timeout_seconds)
+            # One budget for the whole digest, as the fetch step has for a replica's whole repository (and the
+            # volume's room, which every fetch shares).
             for src in sources:
                 uri, where = str(src["uri"]), str(src.get("field") or "uri")
                 log.info("Fetching model files model=%s digest=%s field=%s uri=%s", name, digest, where, shown(uri))
@@ -222,8 +298,9 @@ class Store:
             with self.lock:
                 if not self._current(name, attempt):
                     return  # given up by its watchdog: a newer fetch, or a delete, owns the model now
-                shutil.rmtree(final, ignore_errors=True)
+                self._remove(final)
                 tree.rename(final)  # the digest's files appear whole
+                kept = True
                 self._link(name, digest)
                 self._end(name, attempt, None)
                 self._drop(name, keep={digest, *([] if (d := self._previous(name, digest)) is None else [d])})
@@ -237,6 +314,8 @@ class Store:
         finally:
             watchdog.cancel()
             shutil.rmtree(part, ignore_errors=True)
+            if not kept:
+                budget.release()
 
     def _previous(self, name: str, digest: str) -> str | None:
         """The digest linked before `digest` (still served until the operator reloads): recorded beside the link."""
@@ -258,7 +337,7 @@ class Store:
         base = self._dir(name)
         for entry in base.iterdir() if base.is_dir() else ():
             if entry.is_dir() and not entry.name.startswith(".") and entry.name not in keep:
-                shutil.rmtree(entry, ignore_errors=True)
+                self._remove(entry)
         mark = base / ".previous"
         if mark.is_file() and mark.read_text() not in keep:
             mark.unlink()
@@ -278,7 +357,7 @@ class Store:
             held = link.is_symlink() or base.exists()
             if link.is_symlink():
                 link.unlink()
-            shutil.rmtree(base, ignore_errors=True)
+            self._remove(base)
             self.failed.pop(name, None)
             return 200 if held else 404
 
@@ -305,12 +384,14 @@ def _named(request: web.Request) -> tuple[str | None, str]:
     return parts[2], "/".join(parts[3:])
 
 
-def _put_body(body: Any) -> tuple[str, list[Mapping[str, Any]], dict[str, bytes]] | web.Response:
+def _put_body(body: Any) -> tuple[str, list[Mapping[str, Any]], dict[str, bytes], int | None] | web.Response:
     """(digest, sources, decoded files) of a PUT's body, or the 400 that refuses it."""
     if not isinstance(body, dict):
         return _answer(400, {"error": "the body is a JSON object"})
     digest, sources, files = body.get("digest"), body.get("sources"), body.get("files") or {}
-    if (not isinstance(digest, str) or not _DIGEST.match(digest) or not isinstance(sources, list)
+    volume = body.get("volumeBytes")
+    if (volume is not None and (not isinstance(volume, int) or isinstance(volume, bool) or volume < 0)) or (
+            not isinstance(digest, str) or not _DIGEST.match(digest) or not isinstance(sources, list)
             or not all(isinstance(s, dict) and isinstance(s.get("uri"), str) for s in sources)
             or not all(str(s.get("version") or "1") == MODEL_DIR or str(s.get("version") or "1").isdigit()
                        for s in sources)
@@ -320,7 +401,7 @@ def _put_body(body: Any) -> tuple[str, list[Mapping[str, Any]], dict[str, bytes]
         decoded = {str(p): base64.b64decode(str(c), validate=True) for p, c in files.items()}
     except ValueError:
         return _answer(400, {"error": "files are base64"})
-    return digest, sources, decoded
+    return digest, sources, decoded, volume
 
 
 class FetchServer:
@@ -411,8 +492,8 @@ class FetchServer:
             return _answer(exc.status, {"error": exc.reason})
         if isinstance(parsed, web.Response):
             return parsed
-        digest, sources, files = parsed
-        status = await asyncio.to_thread(self.store.start, name, digest, sources, files)
+        digest, sources, files, volume = parsed
+        status = await asyncio.to_thread(self.store.start, name, digest, sources, files, volume)
         return _answer(status, {"model": name, "digest": digest})
 
 

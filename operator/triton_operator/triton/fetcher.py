@@ -81,11 +81,15 @@ async def holdings(ip: str, key: str | None) -> dict[str, Held]:
     return out
 
 
-async def fetch(ip: str, key: str | None, name: str, digest: str, request: FetchRequest) -> bool:
-    """Asks the sidecar to place `name` at `digest`; True when it holds it already (else it fetches meanwhile)."""
+async def fetch(ip: str, key: str | None, name: str, digest: str, request: FetchRequest,
+                volume_bytes: int | None = None) -> bool:
+    """Asks the sidecar to place `name` at `digest`; True when it holds it already (else it fetches meanwhile).
+    `volume_bytes`: the sizeLimit of the replica's repository volume, which the sidecar keeps the sum of every model's
+    files under (a fetch that would overflow it fails, InsufficientPoolCapacity, instead of the pod's eviction)."""
     body: Mapping[str, Any] = {
         "digest": digest, "sources": [dict(s) for s in request.sources],
         "files": {p: base64.b64encode(c).decode() for p, c in request.files.items()},
+        **({"volumeBytes": volume_bytes} if volume_bytes is not None else {}),
     }
     status, answer = await _call(ip, "PUT", f"/v1/models/{quote(name, safe='')}", key, body)
     if status not in (200, 202, 409):
