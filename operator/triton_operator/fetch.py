@@ -19,7 +19,8 @@ unpacked; with an object version, `s3://` and `gs://` fetch exactly that version
 Bounds (issue 32): every download is streamed to disk in chunks, hashed on the way, and kept aside until it is
 complete and checked (a partial or unverified download never lands in the repository). A `Budget` caps what one run
 writes (bytes, counting a block per file and directory, archives unpacked included; files and directories) and
-gives it a deadline, kept per chunk and, in the main thread, by SIGALRM, which interrupts a blocked read.
+gives it a deadline, kept per chunk and, in the main thread, by SIGALRM, which interrupts a blocked read (off the main
+thread, in a pool's fetch-server, a watchdog gives up a fetch blocked past it: `fetch_server.Store._expire`).
 
 Archives: tar and zip members are unpacked by our own code, one at a time: regular files and directories only
 (no links, devices or fifos), no absolute name or `..`, each path resolved inside the directory, each file created
