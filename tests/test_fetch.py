@@ -103,4 +103,3 @@ def test_fetch_pvc_refuses_a_dangling_or_looping_link(tmp_path: Path, monkeypatc
     os.symlink(target, model / link)
     with pytest.raises(FetchError, match=f"symbolic link '{link}' -> '{target}' {says}"):
         fetch_uri("m", "pvc://claim/models/m", tmp_path / "repo")
-
