@@ -9,6 +9,7 @@ import hashlib
 import io
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 
 from tests.https_server import HttpsServer, Page, serve
 from triton_operator.cli.main import main
-from triton_operator.fetch import FetchError, fetch_uri
+from triton_operator.fetch import Budget, FetchError, fetch_uri
 
 
 @pytest.fixture
@@ -382,3 +383,50 @@ def test_a_uri_with_userinfo_is_refused_without_printing_it(https: HttpsServer, 
         "give them through the environment (spec.server.env, credentialsSecret), never in the uri"), err
     assert "SECRET" not in err
     assert not (tmp_path / "repo" / "m").exists()
+
+
+def _zip_of_empty_files(path: Path, count: int) -> None:
+    """A zip64 archive of `count` empty stored files, written header by header (Python's zipfile would hold every
+    entry in this process while writing)."""
+    import struct
+    import zlib
+
+    crc = zlib.crc32(b"")
+    with path.open("wb") as f, (path.parent / "directory").open("w+b") as cd:
+        for i in range(count):
+            name = f"d/{i:07d}".encode()
+            offset = f.tell()
+            f.write(struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, 0, 0, len(name), 0) + name)
+            cd.write(struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, 0, 0, len(name), 0, 0, 0,
+                                 0, 0o100644 << 16, offset) + name)
+        start, size = f.tell(), cd.tell()
+        cd.seek(0)
+        shutil.copyfileobj(cd, f)
+        record = f.tell()
+        f.write(struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, size, start))
+        f.write(struct.pack("<4sLQL", b"PK\x06\x07", 0, record, 1))
+        f.write(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
+
+
+def test_a_zip_with_more_entries_than_max_files_is_refused_before_its_directory_is_read(
+        tmp_path: Path, https: HttpsServer) -> None:
+    """300,000 entries: zipfile's reading of the directory alone took 166 MiB (issue 39, the 256 MiB sidecar was
+    OOM-killed) before maxFiles was checked; the count is now checked first, header by header."""
+    from tests.hostile_servers import peak_growth
+
+    archive = tmp_path / "many.zip"
+    _zip_of_empty_files(archive, 300_000)
+    listed = subprocess.run([sys.executable, "-c", "import sys, zipfile; print(len(zipfile.ZipFile(sys.argv[1]).namelist()))",
+                             str(archive)], capture_output=True, text=True, check=True, timeout=120)
+    assert listed.stdout.strip() == "300000", listed  # a zip zipfile reads (in a process of its own: 166 MiB)
+    https["/many.zip"] = archive.read_bytes()
+    with peak_growth() as grew, pytest.raises(FetchError, match="maxFiles"):
+        fetch_uri("m", https.url("/many.zip"), tmp_path / "repo", budget=Budget(max_files=1000))
+    assert grew[0] < 32 << 20, f"refusing the zip raised the peak RSS by {grew[0] >> 20} MiB"
+
+
+def test_a_zip_within_max_files_still_unpacks(tmp_path: Path, https: HttpsServer) -> None:
+    _zip_of_empty_files(tmp_path / "some.zip", 500)
+    https["/some.zip"] = (tmp_path / "some.zip").read_bytes()
+    fetch_uri("m", https.url("/some.zip"), tmp_path / "repo", budget=Budget(max_files=1000))
+    assert len(list((tmp_path / "repo" / "m" / "1" / "d").iterdir())) == 500

@@ -20,6 +20,7 @@ from tests.fetch_server_client import KEY
 from tests.fetch_server_client import ask as _ask
 from tests.fetch_server_client import settled as _settled
 from tests.https_server import HttpsServer, serve, tgz
+from triton_operator.fetch_server import KEY_HEADER as KEY_HEADER_NAME
 from triton_operator.fetch_server import STORE, FetchServer, Limits
 from triton_operator.fetch_server import serve as fetch_serve
 
@@ -132,3 +133,184 @@ def test_a_failed_fetch_says_which_field_and_uri_and_leaves_the_linked_copy(side
     assert {"sha256": "sha256", "404": "404", "over budget": "maxBytes"}[problem] in failed["message"], failed
     assert (repo / "m" / "1" / "model.py").read_bytes() == b"# good\n"
     assert sorted(p.name for p in (repo / STORE / "m").iterdir() if p.is_dir()) == [d1]  # nothing half-written
+
+
+def test_a_fetch_blocked_past_its_deadline_is_given_up_in_its_thread(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch runs in a thread of its own, where no SIGALRM reaches: one blocked in a read (here the open of a
+    fifo on a claim, as a stuck file system blocks) is reported failed at its deadline, and the model can be deleted
+    (issue 39: it stayed `fetching` forever, and DELETE answered 409)."""
+    from triton_operator import fetch
+
+    claim = tmp_path / "pvc" / "claim"
+    claim.mkdir(parents=True)
+    os.mkfifo(claim / "model.onnx")
+    monkeypatch.setattr(fetch, "PVC_ROOT", tmp_path / "pvc")
+    server = fetch_serve(("127.0.0.1", 0), tmp_path / "models", Limits(1 << 20, 100, 1), KEY)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        status, _ = _ask(server, "PUT", "/v1/models/m", {"digest": "e5" * 16, "sources": [
+            {"field": "spec.source.uri", "version": "1", "uri": "pvc://claim/model.onnx"}]})
+        assert status == 202
+        state = _settled(server, "m", timeout=30)
+        assert state["failed"] is not None and "timeoutSeconds" in state["failed"]["message"], state
+        assert _ask(server, "DELETE", "/v1/models/m")[0] == 200
+    finally:
+        fd = os.open(claim / "model.onnx", os.O_WRONLY | os.O_NONBLOCK)  # lets the blocked open return (EOF)
+        os.close(fd)
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_a_negative_content_length_is_refused_before_the_body_is_read(sidecar: FetchServer) -> None:
+    """`Content-Length: -1` read the body to its end, past the 4 MiB cap (issue 39); now a 400 before any of it."""
+    import json
+    import socket
+
+    from triton_operator.fetch_server import KEY_HEADER, MAX_BODY
+
+    body = json.dumps({"digest": "f6" * 16, "sources": [], "pad": "x" * (MAX_BODY + 1)}).encode()
+    with socket.create_connection(("127.0.0.1", sidecar.server_address[1]), timeout=20) as sock:
+        sock.sendall(f"PUT /v1/models/m HTTP/1.1\r\nHost: x\r\n{KEY_HEADER}: {KEY}\r\n"
+                     "Content-Length: -1\r\n\r\n".encode())
+        sock.sendall(body[:65536])
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert "m" not in _ask(sidecar, "GET", "/v1/models")[1]["models"]
+
+
+def _closed_within(sock: Any, seconds: float) -> float | None:
+    """Seconds until the peer closed `sock` (EOF or a reset), None if it did not within `seconds`."""
+    import time
+
+    start = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return time.monotonic() - start
+    except ConnectionError:
+        return time.monotonic() - start
+    except TimeoutError:
+        return None
+
+
+#: Closed "within seconds": the server's deadline for the stage, and this much more for a busy machine.
+MARGIN = 4.0
+
+
+def test_slow_clients_are_closed_within_seconds_before_the_key_is_checked(sidecar: FetchServer) -> None:
+    """Issue 39, M4: the sidecar started a thread per connection and never timed one out, before it checked the key.
+    Now an idle connection, headers a line at a time and a body a byte at a time are each cut off within seconds."""
+    import select
+    import socket
+
+    from triton_operator.servers import tls_server
+
+    port = sidecar.server_address[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:
+        took = _closed_within(idle, tls_server.IDLE_SECONDS + MARGIN + 10)
+    assert took is not None and took < tls_server.IDLE_SECONDS + MARGIN, took
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+        slow.sendall(b"PUT /v1/models/m HTTP/1.1\r\nHost: x\r\n")
+        closed = None
+        for i in range(60):  # a header line every half second, for up to 30 s
+            try:
+                slow.sendall(f"X-Slow-{i}: y\r\n".encode())
+            except ConnectionError:
+                closed = i * 0.5
+                break
+            if _closed_within(slow, 0.5) is not None:
+                closed = i * 0.5
+                break
+    assert closed is not None and closed < tls_server.IDLE_SECONDS + MARGIN, closed
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as trickle:
+        trickle.sendall(b"PUT /v1/models/m HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+                        + f"{KEY_HEADER_NAME}: {KEY}\r\n\r\n{{".encode())
+        answer = b""
+        for _ in range(60):  # a byte every half second, for up to 30 s
+            try:
+                trickle.sendall(b" ")
+                readable, _, _ = select.select([trickle], [], [], 0.5)
+                chunk = trickle.recv(4096) if readable else None
+            except ConnectionError:
+                break
+            if chunk == b"":
+                break
+            answer += chunk or b""
+            if b"\r\n\r\n" in answer:
+                break
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+def test_connections_over_the_cap_are_reset_and_hold_no_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import time
+
+    from triton_operator import fetch_server
+
+    cap, extra = 8, 8
+    monkeypatch.setattr(fetch_server, "MAX_CONNECTIONS", cap)
+    server = fetch_serve(("127.0.0.1", 0), tmp_path / "models", Limits(1 << 20, 100, 30), KEY)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert _ask(server, "GET", "/v1/models")[0] == 200
+        threads = threading.active_count()
+        port = server.server_address[1]
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(cap)]
+        over = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(extra)]
+        try:
+            closed = [s for s in over if _closed_within(s, 2.0) is not None]
+            assert len(closed) == extra, f"{extra - len(closed)} of {extra} connections over the cap were kept"
+            assert threading.active_count() == threads, "connections started threads"
+        finally:
+            for s in held + over:
+                s.close()
+        deadline = time.monotonic() + 20
+        while True:  # their places are free again once they close
+            try:
+                assert _ask(server, "GET", "/v1/models")[0] == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the sidecar refused requests after the others had gone"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_models_whose_files_together_exceed_the_volume_fail_to_fetch_instead_of_filling_it(
+        sidecar: FetchServer, https: HttpsServer, tmp_path: Path) -> None:
+    """Issue 39, M5: each fetch kept under its own cap, but the sum of every model's files could pass the volume's
+    sizeLimit, and the kubelet evicted the pool pod. Now the fetch that would overflow it fails with the figures, the
+    files already there stay, and once room is freed the same fetch succeeds."""
+    repo = tmp_path / "models"
+    blob = os.urandom(600 << 10)
+    https["/w.bin"] = blob
+    sha = hashlib.sha256(blob).hexdigest()
+    volume = 1 << 20  # room for one model of 600 KiB, not for two
+
+    def put(name: str, digest: str) -> int:
+        status, _ = _ask(sidecar, "PUT", f"/v1/models/{name}", {"digest": digest, "volumeBytes": volume, "sources": [
+            {"field": "spec.source.uri", "version": "1", "uri": https.url("/w.bin"), "sha256": sha}]})
+        return status
+
+    assert put("a", "a1" * 16) == 202
+    assert _settled(sidecar, "a")["digest"] == "a1" * 16
+    assert put("b", "b1" * 16) == 202
+    failed = _settled(sidecar, "b")["failed"]
+    assert failed is not None and "InsufficientPoolCapacity" in failed["message"], failed
+    assert "repositorySizeLimit" in failed["message"], failed
+    assert (repo / "a" / "1" / "w.bin").read_bytes() == blob  # the model already there is untouched
+    assert not (repo / STORE / "b").exists() or not any(p.is_dir() for p in (repo / STORE / "b").iterdir())
+    assert _ask(sidecar, "DELETE", "/v1/models/a")[0] == 200
+    assert put("b", "b1" * 16) == 202  # room again
+    assert _settled(sidecar, "b")["digest"] == "b1" * 16

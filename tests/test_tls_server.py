@@ -207,7 +207,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(server: RunningWebho
 
 def test_bodies_over_the_budget_together_get_503_at_once(server: RunningWebhook, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each body under the limit, but more of them at once than the budget: the next is refused, not read."""
-    budget = tls_server._Budget(1024 * 1024)
+    budget = tls_server.Budget(1024 * 1024)
     monkeypatch.setattr(tls_server, "BODIES", budget)
     head = f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {700 * 1024}\r\n\r\n{{".encode()
     with _tls(server) as first, _tls(server) as second:

@@ -19,12 +19,15 @@ unpacked; with an object version, `s3://` and `gs://` fetch exactly that version
 Bounds (issue 32): every download is streamed to disk in chunks, hashed on the way, and kept aside until it is
 complete and checked (a partial or unverified download never lands in the repository). A `Budget` caps what one run
 writes (bytes, counting a block per file and directory, archives unpacked included; files and directories) and
-gives it a deadline, kept per chunk and, in the main thread, by SIGALRM, which interrupts a blocked read.
+gives it a deadline, kept per chunk and, in the main thread, by SIGALRM, which interrupts a blocked read (off the main
+thread, in a pool's fetch-server, a watchdog gives up a fetch blocked past it: `fetch_server.Store._expire`).
 
 Archives: tar and zip members are unpacked by our own code, one at a time: regular files and directories only
 (no links, devices or fifos), no absolute name or `..`, each path resolved inside the directory, each file created
 anew (never through an existing entry). tarfile's `data` filter is asked besides where the interpreter has it;
 the defence does not rest on it (it arrived in 3.11.4, and on 3.11.7 a CVE-2025-4517 symlink chain got past it).
+A tar is read as a stream, a member at a time; a zip's central directory, which zipfile reads whole, is first checked
+against the files left to the run and `ZIP_ENTRY_BYTES` per entry, from the counts its end record declares.
 
 Credentials in a uri: one with `user:password@` is refused; a query or a fragment (a presigned URL's signature)
 is never printed (`triton_operator.uris`).
@@ -40,6 +43,7 @@ import shutil
 import signal
 import ssl
 import stat
+import struct
 import sys
 import tarfile
 import threading
@@ -291,7 +295,72 @@ def _unpack_tar(archive: Path, dst: Path, budget: Budget) -> None:
         raise FetchError(f"{budget.source}: not a readable tar archive: {exc}") from exc
 
 
+#: What one entry of a zip's central directory may take on average (46 bytes and its name, extra field and comment):
+#: zipfile keeps each entry in memory (about 550 bytes of objects besides these), so with the entries' count, this
+#: bounds what reading the directory costs.
+ZIP_ENTRY_BYTES = 1024
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory: signature, disks, entries here, entries, size, offset
+_EOCD64_LOCATOR = struct.Struct("<4sLQL")  # signature, disk, offset of the zip64 record, disks
+_EOCD64 = struct.Struct("<4sQ2H2L4Q")  # signature, size, versions, disks, entries here, entries, size, offset
+_CENTRAL = struct.Struct("<4s6H3L5H2L")  # one central directory header, before its name, extra field and comment
+
+
+def _zip_directory(f: Any, size: int) -> tuple[int, int] | None:
+    """(offset, bytes) of a zip's central directory, as zipfile finds it: its size from the end record (zip64's, when
+    the classic one says so), and its start that many bytes before that record. None without an end record."""
+    tail_at = max(size - _EOCD.size - 0xFFFF, 0)  # the record, and a comment of at most 64 KiB after it
+    f.seek(tail_at)
+    tail = f.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < _EOCD.size:
+        return None
+    _, _, _, _, entries, directory, offset, _ = _EOCD.unpack_from(tail, at)
+    if entries != 0xFFFF and directory != 0xFFFFFFFF and offset != 0xFFFFFFFF:
+        return tail_at + at - directory, directory
+    locator_at = tail_at + at - _EOCD64_LOCATOR.size
+    if locator_at < _EOCD64.size:
+        return None
+    f.seek(locator_at)
+    sig, _, _, _ = _EOCD64_LOCATOR.unpack(f.read(_EOCD64_LOCATOR.size))
+    f.seek(locator_at - _EOCD64.size)  # zipfile reads the zip64 record right before its locator
+    record = f.read(_EOCD64.size)
+    if sig != b"PK\x06\x07" or record[:4] != b"PK\x06\x06":
+        return None
+    directory = _EOCD64.unpack(record)[8]
+    return locator_at - _EOCD64.size - directory, directory
+
+
+def _check_zip_directory(archive: Path, budget: Budget) -> None:
+    """Counts the entries of a zip's central directory header by header, holding none, and refuses it when they are
+    more than the files and directories left to the run, or take more than `ZIP_ENTRY_BYTES` each on average: before
+    zipfile reads the directory whole (300,000 entries took 166 MiB, issue 39). A directory that is not one is left to
+    zipfile to refuse."""
+    room = budget.max_files - budget.files
+    with archive.open("rb") as f:
+        found = _zip_directory(f, archive.stat().st_size)
+        if found is None or found[0] < 0:
+            return
+        at, directory = found
+        end, entries = at + directory, 0
+        f.seek(at)
+        while at + _CENTRAL.size <= end:
+            header = f.read(_CENTRAL.size)
+            if header[:4] != b"PK\x01\x02":
+                break
+            fields = _CENTRAL.unpack(header)
+            entries += 1
+            if entries > room:
+                raise FetchError(f"{budget.source}: more than {budget.max_files} files and directories (the cap: "
+                                 f"spec.server.fetch.maxFiles): the zip archive lists more than the {room} left")
+            at += _CENTRAL.size + fields[10] + fields[11] + fields[12]  # name, extra field, comment
+            f.seek(at)
+    if directory > max(entries, 1) * ZIP_ENTRY_BYTES:
+        raise FetchError(f"{budget.source}: the zip archive's directory is {_size(directory)} for {entries} entries; "
+                         f"at most {ZIP_ENTRY_BYTES} bytes per entry are read")
+
+
 def _unpack_zip(archive: Path, dst: Path, budget: Budget) -> None:
+    _check_zip_directory(archive, budget)
     try:
         with zipfile.ZipFile(archive) as z:
             for info in z.infolist():

@@ -12,8 +12,12 @@ import uuid
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..controller.operator import WebhookSettings
+    from ..platform.kubeconfig import CredentialSource
     from ..platform.leader import ElectionSettings
+    from ..render.kubernetes import Options
     from ..render.repository_key import RepositoryKeys
 
 
@@ -35,9 +39,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Here, not at the top: every command builds the parser, and `fetch` and `probe` start in every replica.
     import asyncio
 
-    from prometheus_client import start_http_server
-
-    from ..controller.operator import run_operator
     from ..platform.kubeconfig import ConfigError, load
     from ..render.kubernetes import Options
     from .main import CliError
@@ -57,9 +58,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
     if not args.namespace and not args.all_namespaces:
         args.all_namespaces = True
-    if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_address)
-        logging.getLogger("triton_operator").info("Started metrics endpoint port=%d", args.metrics_port)
     options = Options(operator_image=args.operator_image, repository_keys=keys)
     if args.repository_key_file:
         logging.getLogger("triton_operator").info("Loaded repository master key file=%s fingerprint=%s",
@@ -74,20 +72,37 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        return await run_operator(
-            kubeconfig=args.kubeconfig,
-            namespaces=args.namespace or [],
-            clusterwide=args.all_namespaces,
-            liveness=args.liveness,
-            options=options,
-            drift_interval=args.drift_interval,
-            stop_flag=stop,
-            webhook=webhook,
-            election=election,
-            credentials=credentials,
-        )
+        metrics_server = None
+        if args.metrics_port:  # in this loop, bounded (servers.prometheus), not a thread per connection
+            from ..servers.prometheus import serve_metrics
+
+            metrics_server, _ = await serve_metrics(args.metrics_address, args.metrics_port)
+            logging.getLogger("triton_operator").info("Started metrics endpoint port=%d", args.metrics_port)
+        try:
+            return await _operate(args, options, stop, webhook, election, credentials)
+        finally:
+            if metrics_server is not None:
+                await metrics_server.cleanup()
 
     return asyncio.run(main())
+
+
+async def _operate(args: argparse.Namespace, options: Options, stop: asyncio.Event, webhook: WebhookSettings | None,
+                   election: ElectionSettings | None, credentials: CredentialSource) -> int:
+    from ..controller.operator import run_operator
+
+    return await run_operator(
+        kubeconfig=args.kubeconfig,
+        namespaces=args.namespace or [],
+        clusterwide=args.all_namespaces,
+        liveness=args.liveness,
+        options=options,
+        drift_interval=args.drift_interval,
+        stop_flag=stop,
+        webhook=webhook,
+        election=election,
+        credentials=credentials,
+    )
 
 
 def _repository_keys(path: str | None) -> RepositoryKeys:

@@ -28,7 +28,7 @@ from ..api.kinds import HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
 from ..api.pod import GRPC_PORT, HTTP_PORT, PROBE_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
-from ..api.v1alpha1 import TritonModel
+from ..api.v1alpha1 import TritonModel, quantity_bytes
 from ..plan import pool as pool_plan
 from ..plan.placement import Placement
 from ..plan.planner import differs
@@ -569,7 +569,8 @@ class PoolReconciler:
                 if self._held.get(key) is not None and self._held[key].until > time.monotonic():
                     continue  # backing off
                 try:
-                    if await triton_fetcher.fetch(ip, rnd.key, m.triton_name, m.digest, m.request.fetch):
+                    if await triton_fetcher.fetch(ip, rnd.key, m.triton_name, m.digest, m.request.fetch,
+                                                  quantity_bytes(rnd.pool.spec.server.repository_size_limit)):
                         missing.discard((r, n))
                         continue
                     under_way = True

@@ -12,6 +12,10 @@ TLS_REFUSED = Counter(
     "triton_operator_tls_connections_refused_total",
     "Connections to the webhook's TLS port refused at accept because the server had its maximum open",
 )
+METRICS_REFUSED = Counter(
+    "triton_operator_metrics_connections_refused_total",
+    "Connections to the operator's Prometheus port refused at accept because it had its maximum open",
+)
 WEBHOOK_MODELS = Gauge("triton_operator_webhook_models", "TritonModels in the webhook's own list+watch of them")
 ADMISSION_READS = Counter(
     "triton_operator_admission_reads_total",

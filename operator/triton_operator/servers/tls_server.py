@@ -29,6 +29,10 @@ Every stage a client controls has a deadline, and the connections open at once h
 
 What is left is the time our own handlers take (the webhook's reads, a metric's first samples), which no
 client controls.
+
+`PlainSite` is the same site without TLS (issue 39, M4): the operator's Prometheus port and a pool replica's
+fetch-server sidecar get the connection cap and the deadlines of the request line, headers and body, in one event
+loop: no thread per connection, so an idle socket costs a file descriptor and a protocol object, not a thread.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from typing import Any
@@ -138,6 +143,11 @@ class _Accept(asyncio.Protocol):
             site.refused()
             return
         site.open += 1
+        if site.context is None:  # plain HTTP (`PlainSite`): the request handler takes the connection at once
+            plain = _Connection(site)
+            transport.set_protocol(plain)
+            plain.attach(transport)
+            return
         transport.pause_reading()  # the ClientHello waits in the socket for the TLS protocol (start_tls resumes)
         conn = _Connection(site)
         task = asyncio.get_running_loop().create_task(site.upgrade(transport, conn))
@@ -152,12 +162,15 @@ class TlsSite(web.BaseSite):
     """An aiohttp site listening on TCP and serving TLS, with the connection cap and the handshake deadline of
     this module (`web.TCPSite` with `ssl_context` has neither)."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, ssl_context: ssl.SSLContext, *,
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, ssl_context: ssl.SSLContext | None, *,
                  max_connections: int = MAX_CONNECTIONS, handshake_seconds: float = HANDSHAKE_SECONDS,
-                 shutdown_seconds: float = SHUTDOWN_SECONDS, backlog: int = BACKLOG) -> None:
+                 shutdown_seconds: float = SHUTDOWN_SECONDS, backlog: int = BACKLOG,
+                 refused_metric: Any = metrics.TLS_REFUSED, sock: socket.socket | None = None) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self.host, self.port = host, port
+        self.sock = sock
         self.context = ssl_context
+        self.refused_metric = refused_metric
         self.max_connections = max_connections
         self.handshake_seconds, self.shutdown_seconds = handshake_seconds, shutdown_seconds
         self.open = 0
@@ -167,7 +180,7 @@ class TlsSite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return f"https://{self.host}:{self.port}"
+        return f"{'http' if self.context is None else 'https'}://{self.host}:{self.port}"
 
     def handler(self) -> asyncio.Protocol:
         server = self._runner.server
@@ -177,8 +190,11 @@ class TlsSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Accept(self), self.host, self.port, backlog=self._backlog,
-                                               reuse_address=True)
+        if self.sock is not None:  # a socket bound beforehand (its port known before the loop runs)
+            self._server = await loop.create_server(lambda: _Accept(self), sock=self.sock, backlog=self._backlog)
+        else:
+            self._server = await loop.create_server(lambda: _Accept(self), self.host, self.port,
+                                                   backlog=self._backlog, reuse_address=True)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
 
@@ -189,6 +205,7 @@ class TlsSite(web.BaseSite):
 
     async def upgrade(self, transport: asyncio.Transport, conn: _Connection) -> None:
         loop = asyncio.get_running_loop()
+        assert self.context is not None  # (a PlainSite never upgrades)
         try:
             tls = await loop.start_tls(transport, conn, self.context, server_side=True,
                                        ssl_handshake_timeout=self.handshake_seconds,
@@ -209,7 +226,8 @@ class TlsSite(web.BaseSite):
 
     def refused(self) -> None:
         """Counts a connection refused over the cap; logs at most once a minute."""
-        metrics.TLS_REFUSED.inc()
+        if self.refused_metric is not None:
+            self.refused_metric.inc()
         self._refused_since_log += 1
         now = time.monotonic()
         if now - self._refused_logged >= 60:
@@ -218,7 +236,17 @@ class TlsSite(web.BaseSite):
             self._refused_logged, self._refused_since_log = now, 0
 
 
-class _Budget:
+class PlainSite(TlsSite):
+    """An aiohttp site on plain TCP with the connection cap of this module: the request line, headers and body have
+    the deadlines of `runner_options` and `body_of`, as on the TLS port."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int = MAX_CONNECTIONS,
+                 backlog: int = BACKLOG, refused_metric: Any = None, sock: socket.socket | None = None) -> None:
+        super().__init__(runner, host, port, None, max_connections=max_connections, backlog=backlog,
+                         refused_metric=refused_metric, sock=sock)
+
+
+class Budget:
     """Bytes of request bodies being read, together."""
 
     def __init__(self, total: int) -> None:
@@ -234,7 +262,7 @@ class _Budget:
         self.used -= n
 
 
-BODIES = _Budget(BODY_BUDGET)
+BODIES = Budget(BODY_BUDGET)
 
 
 class BodyRefused(Exception):
@@ -247,7 +275,7 @@ class BodyRefused(Exception):
 
 @contextlib.asynccontextmanager
 async def body_of(request: web.Request, *, limit: int = MAX_BODY, seconds: float = BODY_SECONDS,
-                  budget: _Budget | None = None) -> Any:
+                  budget: Budget | None = None) -> Any:
     """The request's whole body, read within `seconds` and at most `limit` bytes; its size counts against the
     bodies' budget until the block ends (the decoded review lives that long). `BodyRefused` otherwise."""
     b = budget or BODIES

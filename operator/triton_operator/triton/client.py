@@ -2,6 +2,10 @@
 
 For the CLI and tests (the operator itself asks replicas with `rpc.TritonClient`): synchronous tritonclient
 calls; callers in asyncio code run them in a thread.
+
+Bounds (issue 39, M1): the channel receives at most `MAX_ANSWER` bytes per message (tritonclient's own default is
+2 GiB), and every call has a deadline (`client_timeout`). An answer over the cap is RESOURCE_EXHAUSTED, an
+`InferenceServerException` as any failed call.
 """
 
 from __future__ import annotations
@@ -38,8 +42,25 @@ class LoadResult:
     warmup_executions: int = 0
 
 
+#: The largest message received: the answers asked for here (a model's config, the repository index, statistics) are
+#: kilobytes; 4 MiB is grpcio's own default.
+MAX_ANSWER = 4 << 20
+#: What a request may carry (tritonclient's default: Triton's own limit, INT32_MAX).
+_MAX_SEND = 2**31 - 1
+
+
 def connect(url: str, timeout: float = 5.0) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(url, verbose=False)
+    """A client of the Triton at `url` (host:port of its gRPC endpoint) whose channel receives at most `MAX_ANSWER`
+    bytes per message, with tritonclient's other channel settings (its keep-alive defaults)."""
+    keepalive = grpcclient.KeepAliveOptions()
+    return grpcclient.InferenceServerClient(url, verbose=False, channel_args=[
+        ("grpc.max_send_message_length", _MAX_SEND),
+        ("grpc.max_receive_message_length", MAX_ANSWER),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+    ])
 
 
 def loaded_digest(client: grpcclient.InferenceServerClient, name: str, timeout: float | None = 2.0) -> str | None:
@@ -59,8 +80,8 @@ def repository_states(client: grpcclient.InferenceServerClient, timeout: float |
     return out
 
 
-def execution_count(client: grpcclient.InferenceServerClient, name: str) -> int:
-    stats = client.get_inference_statistics(name)
+def execution_count(client: grpcclient.InferenceServerClient, name: str, timeout: float | None = 10.0) -> int:
+    stats = client.get_inference_statistics(name, client_timeout=timeout)
     return sum(s.execution_count for s in stats.model_stats)
 
 
@@ -84,7 +105,7 @@ def load_model(client: grpcclient.InferenceServerClient, name: str, timeout: flo
             reason = states[name].reason
         return LoadResult(name, False, time.monotonic() - start, reason)
     seconds = time.monotonic() - start
-    ready = client.is_model_ready(name)
+    ready = client.is_model_ready(name, client_timeout=10.0)
     executions = 0
     if ready:
         try:

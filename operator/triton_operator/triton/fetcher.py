@@ -1,11 +1,18 @@
 """A pool replica's `fetch-server` sidecar (`triton_operator.fetch_server`), as the pool's reconcile asks it: what it
 holds, fetch a uri model at a digest, prune the digests no longer served, delete a model's files. Beside Triton in
 the replica's pod, so here with Triton's clients; every request carries the pool's repository key. The fetch itself
-runs in the sidecar: `fetch` only starts it and returns, and a later round reads how it went from `holdings`."""
+runs in the sidecar: `fetch` only starts it and returns, and a later round reads how it went from `holdings`.
+
+Bounds (issue 39, M1): an answer is read up to `MAX_ANSWER` bytes (`rest.read_capped`) and each call, connect to last
+byte, ends within its timeout; an answer over the cap, or not the JSON object expected, is a `FetcherError`, which the
+pool's round takes for a sidecar that did not answer (it asks again next round). The sidecar runs the operator's own
+code, but in a pod whose other container runs the image the pool's author chose, sharing its network namespace."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +23,11 @@ import aiohttp
 from ..api.pod import FETCH_SERVER_PORT
 from ..render.pool import FetchRequest
 from ..render.repository_key import KEY_HEADER
+from .rest import AnswerTooLarge, read_capped
+
+#: The largest answer read from a sidecar: `holdings` is about 200 bytes per model held, so 4 MiB is some 20,000
+#: models, many more than a replica holds.
+MAX_ANSWER = 4 << 20
 
 
 class FetcherError(Exception):
@@ -43,10 +55,12 @@ async def _call(ip: str, method: str, path: str, key: str | None, body: Any = No
                 timeout: float = 10.0) -> tuple[int, Any]:
     headers = {KEY_HEADER: key} if key else {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
+        async with asyncio.timeout(timeout), \
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), trust_env=False) as session, \
                 session.request(method, _url(ip, path), json=body, headers=headers) as resp:
-            return resp.status, await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            answer = await read_capped(resp, MAX_ANSWER)
+            return resp.status, json.loads(answer) if answer else None
+    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError, AnswerTooLarge) as exc:
         raise FetcherError(f"the fetch-server sidecar at {ip}:{FETCH_SERVER_PORT} did not answer: {exc!r}") from exc
 
 
@@ -56,18 +70,26 @@ async def holdings(ip: str, key: str | None) -> dict[str, Held]:
     if status != 200:
         raise FetcherError(f"the fetch-server sidecar at {ip} answered {status}: {body}")
     out: dict[str, Held] = {}
-    for name, m in ((body or {}).get("models") or {}).items():
-        f = m.get("failed") or {}
-        out[str(name)] = Held(m.get("digest"), m.get("fetching"), f.get("digest"), str(f.get("message") or ""),
-                              int(f.get("attempt") or 0))
+    try:
+        for name, m in ((body or {}).get("models") or {}).items():
+            f = m.get("failed") or {}
+            out[str(name)] = Held(m.get("digest"), m.get("fetching"), f.get("digest"), str(f.get("message") or ""),
+                                  int(f.get("attempt") or 0))
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise FetcherError(f"the fetch-server sidecar at {ip} answered something else than its holdings: "
+                           f"{exc!r}") from exc
     return out
 
 
-async def fetch(ip: str, key: str | None, name: str, digest: str, request: FetchRequest) -> bool:
-    """Asks the sidecar to place `name` at `digest`; True when it holds it already (else it fetches meanwhile)."""
+async def fetch(ip: str, key: str | None, name: str, digest: str, request: FetchRequest,
+                volume_bytes: int | None = None) -> bool:
+    """Asks the sidecar to place `name` at `digest`; True when it holds it already (else it fetches meanwhile).
+    `volume_bytes`: the sizeLimit of the replica's repository volume, which the sidecar keeps the sum of every model's
+    files under (a fetch that would overflow it fails, InsufficientPoolCapacity, instead of the pod's eviction)."""
     body: Mapping[str, Any] = {
         "digest": digest, "sources": [dict(s) for s in request.sources],
         "files": {p: base64.b64encode(c).decode() for p, c in request.files.items()},
+        **({"volumeBytes": volume_bytes} if volume_bytes is not None else {}),
     }
     status, answer = await _call(ip, "PUT", f"/v1/models/{quote(name, safe='')}", key, body)
     if status not in (200, 202, 409):

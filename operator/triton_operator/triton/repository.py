@@ -15,6 +15,12 @@ operator process starts without it (`tests/test_protos.py`). The messages are tr
 
 The key (`render.repository_key`) travels in the header `--grpc-restricted-protocol` names; without it the replica
 refuses the call (UNAVAILABLE, "This protocol is restricted").
+
+Bounds (issue 39, M1): what we send may be large (a pool's model files travel in the load request, up to Triton's own
+INT32_MAX), but what we receive is an empty `RepositoryModelLoadResponse`: the channel receives at most
+`MAX_ANSWER` bytes per message (grpcio's default is 4 MiB; tritonclient raises it to 2 GiB), so a server that answers
+with a huge message gets RESOURCE_EXHAUSTED, a `TritonError` as any failed load. Every call has a deadline (the
+caller's, else `DEFAULT_TIMEOUT`), over the whole call.
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ from .rest import TritonError
 _SERVICE = "/inference.GRPCInferenceService/"
 #: Triton's own limit on what it receives (INT32_MAX); a pool's files come in the load request.
 _MAX_MESSAGE = 2**31 - 1
+#: The largest message received: load and unload answer an empty message (Triton's error text travels in the
+#: trailers, which grpc bounds apart: `grpc.max_metadata_size`, 8 KiB by default).
+MAX_ANSWER = 1 << 20
+#: A call's deadline when its caller names none (a load includes the model's initialize and warm-up).
+DEFAULT_TIMEOUT = 600.0
 
 
 async def _call(address: str, method: str, request: Any, response: Any, key: str | None, timeout: float | None) -> None:
@@ -36,7 +47,8 @@ async def _call(address: str, method: str, request: Any, response: Any, key: str
     import grpc.aio
 
     options = [("grpc.enable_http_proxy", 0), ("grpc.max_send_message_length", _MAX_MESSAGE),
-               ("grpc.max_receive_message_length", _MAX_MESSAGE)]
+               ("grpc.max_receive_message_length", MAX_ANSWER)]
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     metadata = ((GRPC_KEY_HEADER, key),) if key else None
     async with grpc.aio.insecure_channel(address, options=options) as channel:
         rpc = channel.unary_unary(_SERVICE + method, request_serializer=type(request).SerializeToString,

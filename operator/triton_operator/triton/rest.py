@@ -14,13 +14,23 @@ The repository index carries the model's repository key (`render.repository_key`
 no other call carries it, so a replica's other endpoints never see it. Loads and unloads go over gRPC
 (`triton.repository`): over HTTP, Triton 2.51 holds one of its HTTP threads for the whole load, and the requests of
 every model whose connections land on that thread wait for it.
+
+Bounds (issue 39, M1). Whoever may create a TritonModel chooses the image its replicas run, so what answers here may be
+any server: one that streams an endless body, or trickles it a byte at a time. Every answer is read in chunks up to
+`MAX_ANSWER` bytes (a Content-Length over it is refused before its body is read), and the whole call, connect to last
+byte, has a deadline (the caller's `timeout`, else `DEFAULT_TIMEOUT`). An answer over the cap, or one that is not the
+JSON its call expects, is a `TritonError` with no status, as a replica that did not answer: the gate, heals, reloads
+and pool loads already take that for a failed question, and ask again next round. So one replica costs the operator
+at most `MAX_ANSWER` bytes per question in flight, whatever it sends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -28,6 +38,16 @@ from google.protobuf import json_format
 
 from ..api import protos
 from ..render.repository_key import KEY_HEADER
+
+#: The largest answer read from a replica. The largest the operator asks for are a model's config (an ensemble's or a
+#: large model's: tens of KiB) and the statistics of a model with many batch sizes (a few hundred bytes per size): 4 MiB
+#: is a hundred times that, and small beside the operator's memory limit.
+MAX_ANSWER = 4 << 20
+#: A call's deadline when its caller names none: connect, request, and the answer's last byte.
+DEFAULT_TIMEOUT = 30.0
+
+
+_T = TypeVar("_T")
 
 
 class TritonError(Exception):
@@ -55,6 +75,36 @@ def _error_text(body: bytes) -> str:
         return body[:300].decode(errors="replace")
 
 
+class AnswerTooLarge(Exception):
+    """An HTTP answer over its cap (`read_capped`)."""
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int = MAX_ANSWER) -> bytes:
+    """The body of `resp`, read chunk by chunk and never more than `limit` bytes: `AnswerTooLarge` as soon as the
+    Content-Length, or the bytes that came, go over it (the connection is then closed, not drained)."""
+    if resp.content_length is not None and resp.content_length > limit:
+        resp.close()
+        raise AnswerTooLarge(f"an answer of {resp.content_length} bytes; at most {limit} are read")
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await resp.content.read(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            resp.close()
+            raise AnswerTooLarge(f"an answer of more than {limit} bytes; at most {limit} are read")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parsed(parse: Callable[[], _T], what: str, address: str) -> _T:
+    """`parse()`, with a body that is not the JSON expected (malformed, nested past the parser's depth, of another
+    shape) as a `TritonError`."""
+    try:
+        return parse()
+    except (ValueError, TypeError, AttributeError, RecursionError, json_format.Error) as exc:
+        raise TritonError(f"{what} from {address} is not what Triton answers: {str(exc)[:200]}") from None
+
+
 class TritonClient:
     """Calls to the Triton whose HTTP endpoint is `address` (host:port), with `key` on its repository calls (None:
     none; a replica then refuses them with 403). Use as `async with`, or `close()`."""
@@ -78,7 +128,9 @@ class TritonClient:
 
     async def _request(self, method: str, path: str, timeout: float | None, body: Any = None,
                        ok: tuple[int, ...] = (200,)) -> tuple[int, bytes]:
-        """(status, body) of one call; a status outside `ok` raises `TritonError` with Triton's message."""
+        """(status, body) of one call, the body at most `MAX_ANSWER` bytes and the whole call within `timeout` (None:
+        `DEFAULT_TIMEOUT`); a status outside `ok` raises `TritonError` with Triton's message."""
+        timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         if self._session is None:
             self._session = aiohttp.ClientSession(trust_env=False)
         data = None if body is None else json.dumps(body).encode()
@@ -86,10 +138,13 @@ class TritonClient:
         if path.startswith("/v2/repository/"):
             headers.update(self._repository_headers)
         try:
-            async with self._session.request(method, self._base + path, data=data, headers=headers,
-                                             timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                answer = await resp.read()
+            async with asyncio.timeout(timeout), \
+                    self._session.request(method, self._base + path, data=data, headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                answer = await read_capped(resp)
                 status = resp.status
+        except AnswerTooLarge as exc:
+            raise TritonError(f"{method} {path} at {self.address}: {exc}") from None
         except TimeoutError:
             raise TritonError(f"no answer from {self.address} within {timeout}s ({method} {path})") from None
         except (aiohttp.ClientError, OSError) as exc:
@@ -106,18 +161,18 @@ class TritonClient:
     async def model_config(self, name: str, version: str = "", timeout: float | None = None) -> Any:
         """The config Triton has loaded for the model, as a `ModelConfig` message."""
         _, answer = await self._request("GET", _model_path(name, version) + "/config", timeout)
-        return json_format.Parse(answer, protos.generated("model_config_pb2").ModelConfig(),
-                                 ignore_unknown_fields=True)
+        return _parsed(lambda: json_format.Parse(answer, protos.generated("model_config_pb2").ModelConfig(),
+                                                 ignore_unknown_fields=True), "the model config", self.address)
 
     async def repository_index(self, timeout: float | None = None) -> Any:
         """Every model in the repository, one entry per version, with its state and reason (`.models`)."""
         _, answer = await self._request("POST", "/v2/repository/index", timeout, body={})
-        return json_format.ParseDict({"models": json.loads(answer)},
-                                     protos.generated("service_pb2").RepositoryIndexResponse(),
-                                     ignore_unknown_fields=True)
+        return _parsed(lambda: json_format.ParseDict({"models": json.loads(answer)},
+                                                     protos.generated("service_pb2").RepositoryIndexResponse(),
+                                                     ignore_unknown_fields=True), "the repository index", self.address)
 
     async def statistics(self, name: str, version: str = "", timeout: float | None = None) -> Any:
         """The model's cumulative statistics, one entry per version (`.model_stats`)."""
         _, answer = await self._request("GET", _model_path(name, version) + "/stats", timeout)
-        return json_format.Parse(answer, protos.generated("service_pb2").ModelStatisticsResponse(),
-                                 ignore_unknown_fields=True)
+        return _parsed(lambda: json_format.Parse(answer, protos.generated("service_pb2").ModelStatisticsResponse(),
+                                                 ignore_unknown_fields=True), "the statistics", self.address)
