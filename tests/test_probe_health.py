@@ -221,6 +221,30 @@ def test_a_model_threshold_of_its_own_overrides_the_replicas():
     assert list(h.broken()) == ["b"]
 
 
+def test_on_a_pool_replica_each_model_is_judged_by_the_threshold_its_config_carries():
+    """Issue 39: a pool replica's probe (every-model mode) learns a model's threshold from its loaded config with its
+    first confirmation (asked at its first failure), and forgets it when the model is loaded again."""
+    clock = Clock()
+    h = Health((), every=True, fail_threshold=3, confirm_every=1.0, clock=clock)
+    h.observe({"a": (5, 0), "off": (5, 0), "strict": (5, 0)})
+    h.observe({"a": (5, 1), "off": (5, 1), "strict": (5, 1)})
+    jobs = dict(h.due())
+    assert set(jobs) == {"a", "off", "strict"} and h.broken() == {}, "a first failure reads the model's config"
+    h.confirmed("a", jobs["a"], Verdict(FAILED, "boom", config=True))  # none in its config: the default, 3
+    h.confirmed("off", jobs["off"], Verdict(FAILED, "boom", config=True, threshold=0))
+    h.confirmed("strict", jobs["strict"], Verdict(FAILED, "boom", config=True, threshold=1))
+    assert list(h.broken()) == ["strict"] and h.suspects == {}, "1 failure is under a's 3; off never counts"
+    assert h.thresholds == {"a": 3, "off": 0, "strict": 1}
+    h.observe({"a": (5, 3), "off": (5, 500), "strict": (5, 1)})
+    assert list(h.suspects) == ["a"] and list(h.broken()) == ["strict"]
+    clock.now = 1.0
+    [(model, token)] = h.due()
+    h.confirmed(model, token, Verdict(FAILED, "boom", config=True))
+    assert sorted(h.broken()) == ["a", "strict"]
+    h.observe({"a": (0, 0), "off": (0, 0), "strict": (0, 0)})  # loaded again: their configs may say otherwise now
+    assert h.broken() == {} and h.thresholds == {}
+
+
 # -- the probe's own request, built from a model's config (pure) --------------------------------------------------
 
 

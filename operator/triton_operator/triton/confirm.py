@@ -39,7 +39,7 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 from urllib.parse import quote
 
@@ -62,10 +62,24 @@ _SIZES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, 
           "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8, "BYTES": 4}  # BYTES: an empty string, its 4-byte length
 
 
+#: A pooled model's own failed-request threshold in its config's `parameters` (`api.pod.THRESHOLD_PARAMETER`, the same
+#: string: this container imports no pydantic).
+THRESHOLD_PARAMETER = "triton-operator.failed-request-threshold"
+
+
 @dataclass(frozen=True)
 class Verdict:
     kind: Kind
     why: str = ""
+    # Whether the model's config was read, and the threshold it carries (None: it carries none).
+    config: bool = False
+    threshold: int | None = None
+
+
+def threshold_of(config: dict[str, Any]) -> int | None:
+    """The failed-request threshold a model's config carries (THRESHOLD_PARAMETER), or None."""
+    value = ((config.get("parameters") or {}).get(THRESHOLD_PARAMETER) or {}).get("string_value", "")
+    return int(value) if str(value).isdigit() else None
 
 
 def wire_type(config_type: str) -> str:
@@ -145,6 +159,11 @@ def _confirm(target: tuple[str, int], model: str, deadline: float, depth: int) -
         config = json.loads(body)
     except ValueError:
         return Verdict(UNKNOWN, "its config is not JSON")
+    verdict = _sample(target, model, config, deadline, depth)
+    return replace(verdict, config=True, threshold=threshold_of(config))
+
+
+def _sample(target: tuple[str, int], model: str, config: dict[str, Any], deadline: float, depth: int) -> Verdict:
     if config.get("platform") == "ensemble":
         return _ensemble(target, model, config, deadline, depth)
     request = sample_request(config)

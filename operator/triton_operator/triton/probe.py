@@ -254,6 +254,7 @@ class Health:
             for m in gone:  # unloaded: its counts start again with its next load
                 self._clear(m)
                 self.counts.pop(m, None)
+                self.thresholds.pop(m, None)
         self.missing = {m: f"model {m} is not loaded (Triton has no statistics for it)"
                         for m in self.models if m not in counts}
         self._reloaded |= set(self.missing)
@@ -270,16 +271,27 @@ class Health:
                 # first seen, or counters that went back (the model was loaded again), or a success
                 if before is not None and (success < before[0] or fail < before[1]):
                     self._reloaded.add(m)
+                    if self.every:
+                        self.thresholds.pop(m, None)  # its config may say another now
                 self._clear(m)
                 continue
             self.since_success[m] = self.since_success.get(m, 0) + fail - before[1]
-            threshold = self.thresholds.get(m, self.fail_threshold)
+            threshold = self._threshold(m)
+            if threshold is None:
+                threshold = 1  # not known yet: its first failure asks (the confirmation reads its config)
             if threshold and self.since_success[m] >= threshold:
                 why = f"model {m} failed {self.since_success[m]} requests in a row and served none (Triton's statistics)"
                 if not self.confirm_every:
                     self.failing[m] = why
                 elif m not in self.failing:
                     self.suspects[m] = why
+
+    def _threshold(self, m: str) -> int | None:
+        """A model's failed-request threshold: its own, else the replica's; None on a pool replica (every-model mode)
+        that confirms, until the model's config was read (`confirmed`): each pooled model may carry its own there."""
+        if m in self.thresholds:
+            return self.thresholds[m]
+        return None if self.every and self.confirm_every else self.fail_threshold
 
     def _clear(self, m: str) -> None:
         """A model that served (or was loaded again, or went): no failures count against it any more."""
@@ -309,7 +321,14 @@ class Health:
             if self._pending.get(model) != token:
                 return
             del self._pending[model]
+            if self.every and verdict.config:
+                self.thresholds[model] = self.fail_threshold if verdict.threshold is None else verdict.threshold
             why = self.suspects.get(model)
+            threshold = self._threshold(model)
+            under = threshold is not None and (threshold == 0 or self.since_success.get(model, 0) < threshold)
+            if why is not None and under:
+                del self.suspects[model]  # under its own threshold (just read), or that rule off: not a suspect
+                return
             if why is None or verdict.kind == UNKNOWN:
                 return
             del self.suspects[model]
