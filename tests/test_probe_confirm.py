@@ -8,6 +8,7 @@ stub and an unloaded model still fail the probe."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,11 +22,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
+from tests.documents import python_model
 from tests.probing import get
 from tests.triton_helpers import Served, models_from_yaml, serve, tensor
 from triton_operator.render.modelconfig import config_json
-from triton_operator.triton.local import free_port
+from triton_operator.plan import pool as pp
+from triton_operator.triton import pool as triton_pool
+from triton_operator.triton.local import LocalTritonServer, free_port
 
 pytestmark = pytest.mark.triton
 
@@ -265,3 +270,84 @@ def test_under_a_flood_a_killed_stub_and_an_unloaded_model_still_fail_the_probe(
     print(f"unload -> held probe failed in {answered - unloading:.2f}s")
     repository(picky, "load", "picky-ens")
     wait_passing(port)
+
+
+# -- a pool replica: every model, each with its own threshold ---------------------------------------------------
+
+PICKY_PY = MODELS.split("model.py: |\n", 1)[1].split("---", 1)[0]
+PICKY_PY = "\n".join(line[8:] for line in PICKY_PY.splitlines())
+WARMUP = [{"name": "zeros", "batchSize": 1, "inputs": {"INPUT": {"dataType": "FP32", "dims": [4], "zeroData": True}}}]
+
+
+@pytest.fixture
+def pool_replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
+    """A tritonserver as a pool replica is (explicit mode, an empty repository, models loaded from requests) and the
+    pool's probe beside it (`--every-model`, as `render.pool` runs it): `picky` at the default threshold with a warm-up
+    sample, `strict` (threshold 1) and `lenient` (0) with none; all three raise on negative inputs."""
+    (tmp_path / "models").mkdir()
+    server = LocalTritonServer(model_repository=tmp_path / "models", model_control_mode="explicit",
+                               log_path=tmp_path / "triton.log", extra_args=["--strict-readiness=false"])
+    server.start()
+    proc = None
+    try:
+        specs = {"picky": {"modelWarmup": WARMUP}, "strict": {"warmupGate": {"failedRequestThreshold": 1}},
+                 "lenient": {"warmupGate": {"failedRequestThreshold": 0}}}
+        bodies = {}
+        for name, spec in specs.items():
+            doc = python_model(name, pool="p", memory="64Mi", source={"inline": {"model.py": PICKY_PY}}, **spec)
+            bodies[name] = {**doc, "metadata": {**doc["metadata"], "namespace": "ns", "uid": f"uid-{name}",
+                                                "generation": 1}}
+        deadline = time.monotonic() + 60
+        while True:  # gRPC opens first: loads go there
+            why = None
+            try:
+                for m in pp.members("p", bodies).values():
+                    assert m.request is not None
+                    why = asyncio.run(triton_pool.load(server.grpc_url, m.request.name, m.request.config,
+                                                       m.request.files, None))
+                    assert why is None, why
+                break
+            except OSError:
+                assert time.monotonic() < deadline, server.log_tail()
+                time.sleep(0.1)
+        port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
+             "--target", server.http_url, "--hold", "4", "--head-start", "0.1", "--every-model"],
+            stderr=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if len(status(port)["models"]) == 3:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the probe did not start"
+            time.sleep(0.05)
+        yield server, port
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        server.stop()
+
+
+def test_on_a_pool_replica_each_model_is_judged_by_its_own_threshold_and_a_request_of_the_probes_own(pool_replica):
+    server, port = pool_replica
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    served = Served(server=server, client=client, rendered={})
+    try:
+        seen: set[str] = set()
+        with Flood(served, "picky", threads=2), Flood(served, "lenient", threads=2) as flood:
+            assert not infer(served, "strict", -1.0)  # one bad request: its threshold is 1, and it has no sample
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                seen |= set(status(port)["broken"])
+                time.sleep(0.05)
+        print(f"pool replica: {flood.failed} bad requests to lenient in 6 s; broken seen: {sorted(seen)}")
+        assert seen == {"strict"}, f"{sorted(seen)}: picky (confirmed by its sample) and lenient (0) never broke"
+        assert infer(served, "picky", 1.0) and infer(served, "strict", 1.0)
+        served.wait_for("strict served again: no longer broken", lambda: status(port)["broken"] == {})
+    finally:
+        client.close()
