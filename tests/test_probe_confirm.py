@@ -27,8 +27,8 @@ import tritonclient.grpc as grpcclient
 from tests.documents import python_model
 from tests.probing import get
 from tests.triton_helpers import Served, models_from_yaml, serve, tensor
-from triton_operator.render.modelconfig import config_json
 from triton_operator.plan import pool as pp
+from triton_operator.render.modelconfig import config_json
 from triton_operator.triton import pool as triton_pool
 from triton_operator.triton.local import LocalTritonServer, free_port
 
