@@ -18,7 +18,8 @@ binary tensors, outputs as binary so nothing is encoded as JSON):
 - nothing to send (`NO_SAMPLE`): the probe keeps the old rule for that model, its failed requests alone decide. That
   is a model with no warm-up sample, one whose samples read `input_data_file` (the file is in tritonserver's
   repository, which the probe container does not mount, and a pool's request-loaded models have it in a directory
-  Triton made), and a decoupled model (Triton's HTTP endpoint refuses them, 501, and the probe speaks no gRPC).
+  Triton made), a decoupled model (Triton's HTTP endpoint refuses them, 501, and the probe speaks no gRPC), and a
+  model whose config Triton refuses to the probe (401/403: the model-config API restricted to a key it does not send).
 
 An ensemble has no sample of its own (Triton refuses one): it is confirmed through its steps, each with its own
 sample (nested ensembles too). It serves when every step does; it is broken when a step fails its sample; a step
@@ -153,6 +154,8 @@ def confirm(target: tuple[str, int], model: str, timeout: float) -> Verdict:
 
 def _confirm(target: tuple[str, int], model: str, deadline: float, depth: int) -> Verdict:
     status, body = _call(target, "GET", f"/v2/models/{quote(model, safe='')}/config", deadline, MAX_CONFIG_BYTES)
+    if status in (401, 403):  # the model-config API restricted to a key the probe lacks: the old rule, not never
+        return Verdict(NO_SAMPLE, f"its config is refused to the probe: {_error(status, body)}")
     if status != 200:
         return Verdict(UNKNOWN, f"its config: {_error(status, body)}")
     try:
