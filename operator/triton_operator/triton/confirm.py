@@ -54,8 +54,9 @@ NO_SAMPLE: Final = "no-sample"
 #: The largest config read from Triton, and the most of an error answer kept for the verdict's message.
 MAX_CONFIG_BYTES = 4 << 20
 MAX_ERROR_BYTES = 2048
-#: The largest request the probe builds from a sample (a larger one is no sample: the probe's memory is small).
-MAX_REQUEST_BYTES = 16 << 20
+#: The largest request the probe builds from a sample: a larger one is no sample (the old rule), since the probe
+#: container has 64 MiB and two confirmations may run at once, each holding its request about twice.
+MAX_REQUEST_BYTES = 4 << 20
 #: Nested ensembles followed at most this deep.
 MAX_DEPTH = 8
 
