@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -211,3 +212,52 @@ def measure(kube: Kube, namespace: str, model: str, pod: dict, load: ServiceLoad
     events = heal_events(kube, namespace, name, earlier)
     out.action = "; ".join(events) or (f"container restarted ({restarts} restarts)" if restarts else "none recorded")
     return out
+
+
+def picky_model(name: str, replicas: int = 2) -> dict:
+    """add-sub as `name`, whose code raises `ValueError` when INPUT0's first element is negative: the ordinary way a
+    Python model refuses input (issue 39, H2). Its warm-up sample (zeros and random data in INPUT1) passes. No batcher:
+    each execution has one request, so a bad request fails alone (a raise fails every request of its batch; and an
+    error response of one request, `InferenceResponse(error=...)`, is not counted as failed by Triton 2.51, measured)."""
+    doc = python_model(name, replicas)
+    doc["spec"].pop("batcher", None)
+    code = doc["spec"]["source"]["inline"]["model.py"]
+    line = '            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()\n'
+    code = code.replace(line, line + '            if a.size and a.reshape(-1)[0] < 0:\n'
+                        '                raise ValueError("negative input")\n', 1)
+    assert "negative input" in code, "the add-sub example changed: the refusal did not go in"
+    doc["spec"]["source"]["inline"]["model.py"] = code
+    return doc
+
+
+class BadClients:
+    """Threads sending `model` requests whose INPUT0 is negative through the Service's ClusterIP, without a pause,
+    until the context ends: the client of issue 39 that took replicas out."""
+
+    def __init__(self, kube: Kube, namespace: str, model: str, threads: int = 3) -> None:
+        svc = kube.get("Service", model, namespace)["spec"]
+        port = next(p["port"] for p in svc["ports"] if p.get("name") == "http")
+        self.url = f"http://{svc['clusterIP']}:{port}/v2/models/{model}/infer"
+        self.failed = self.answered = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._send, daemon=True) for _ in range(threads)]
+
+    def _send(self) -> None:
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [-1, -1, -1, -1]},
+                           {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]}
+        while not self._stop.is_set():
+            code = post(self.url, body, timeout=10)
+            with self._lock:
+                self.failed += code != 200
+                self.answered += code == 200
+
+    def __enter__(self) -> BadClients:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(15)

@@ -27,7 +27,21 @@ from typing import Any
 
 import pytest
 
-from e2e.healing import HOG_TRIGGER, Outcome, measure, post, python_model, repository_key, sentiment, serving, stubs_of
+from e2e.healing import (
+    HOG_TRIGGER,
+    BadClients,
+    Outcome,
+    event_names,
+    heal_events,
+    measure,
+    picky_model,
+    post,
+    python_model,
+    repository_key,
+    sentiment,
+    serving,
+    stubs_of,
+)
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad
 from e2e.operator_fixtures import (
@@ -40,6 +54,7 @@ from e2e.operator_fixtures import (
     record,
     wait_model,
 )
+from e2e.testing import consistently, ready_addresses
 from triton_operator.render.repository_key import KEY_HEADER
 
 pytestmark = pytest.mark.cluster
@@ -52,6 +67,36 @@ def finish(kube: Kube, namespace: str, model: str, what: str, out: Outcome, load
     wait_model(kube, namespace, model, lambda tm: is_model_ready(tm) and model_condition(tm, "Degraded").get(
         "status") == "False", "Ready and not Degraded", 120)
     assert not any(r.endswith("RolloutStalled") for r in out.progressing), out.progressing
+
+
+# -- not a fault: a client's bad inputs (issue 39, H2) -------------------------------------------------------------
+
+
+def test_clients_sending_inputs_the_model_refuses_take_no_replica_out_and_nothing_is_healed(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    """Measured before the probe confirmed failures with a request of its own: 160 of 174 good requests failed, 4
+    heals, pods replaced. Now: 60 s of three clients sending only negative inputs at full rate beside one sending
+    good ones. Measured on the real node (2026-11-28): 15872 bad requests failed, 1042 good ones sent and none failed,
+    both endpoints ready throughout, 0 heal Events, the same two pods."""
+    apply(kubeconfig, namespace, picky_model("picky"))
+    pods = serving(kube, namespace, "picky", 2)
+    uids = sorted(p["metadata"]["uid"] for p in pods)
+    earlier = event_names(kube, namespace)
+    with ServiceLoad(kubeconfig, namespace, "picky", model="picky", threads=1, rate=20) as load:
+        wait_for("the load answered", lambda: load.tally().sent - load.tally().failed > 20, 60)
+        with BadClients(kube, namespace, "picky") as bad:
+            consistently("both replicas in the Service", lambda: len(ready_addresses(kube, namespace, "picky")) == 2,
+                         60, interval=0.2)
+        tally = load.stop()
+    events = [e for p in pods for e in heal_events(kube, namespace, p["metadata"]["name"], earlier)]
+    record("bad inputs: 60 s, 3 clients", f"{bad.failed} bad requests failed, {bad.answered} answered; good: "
+           f"{tally.summary()}; heal events {len(events)}")
+    print(f"bad requests failed {bad.failed}, answered {bad.answered}; good {tally.summary()}; "
+          f"endpoints {load.endpoint_history[-4:]}; events {events}")
+    assert bad.failed > 100 and bad.answered == 0, "the bad requests failed: Triton counted them"
+    assert tally.failed == 0, f"good requests failed: {load.samples[:5]}"
+    assert events == [], events
+    assert sorted(p["metadata"]["uid"] for p in live_pods(kube, namespace, "picky")) == uids, "a pod was replaced"
 
 
 # -- the faults ---------------------------------------------------------------------------------------------

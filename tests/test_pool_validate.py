@@ -98,3 +98,12 @@ def test_fewer_replicas_than_a_models_copies_or_than_the_placed_memory_needs_is_
     assert [p.path for p in problems] == ["spec.replicas", "spec.replicas"]
     assert "a has 2 copies on distinct replicas, more than 1 replicas" in problems[0].message
     assert "they take 7Gi in all, more than 1 replicas of 4Gi hold" in problems[1].message
+
+
+def test_a_pooled_model_may_set_its_own_failed_request_threshold() -> None:
+    """Issue 39: the pool's probe reads it from the model's config (it was refused while the probe had one for all)."""
+    from tests.documents import python_model, validation_errors
+
+    for threshold in (0, 1, 50):
+        body = python_model("m", pool="p", memory="64Mi", warmupGate={"failedRequestThreshold": threshold})
+        assert validation_errors(body) == [], threshold

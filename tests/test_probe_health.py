@@ -20,6 +20,7 @@ import pytest
 from tests.probing import get
 from tests.triton_helpers import Served, load_models, serve, tensor
 from triton_operator.render.modelconfig import config_json
+from triton_operator.triton.confirm import FAILED, NO_SAMPLE, SERVED, UNKNOWN, Verdict, sample_request
 from triton_operator.triton.local import free_port
 from triton_operator.triton.probe import Health
 
@@ -132,6 +133,164 @@ def test_a_dead_stub_that_is_never_reaped_is_forgiven_once_its_model_is_loaded_a
     assert list(h.broken()) == ["step"]
     h.observe({"step": (0, 0)}, dead={40: "step"}, live={52: "step"})
     assert h.broken() == {}
+
+
+def _suspect(clock: Clock) -> Health:
+    """A model that failed 3 requests in a row with confirmation on: a suspect, not broken."""
+    h = Health(("m",), fail_threshold=3, confirm_every=1.0, clock=clock)
+    h.observe({"m": (5, 0)})
+    h.observe({"m": (5, 3)})
+    return h
+
+
+def test_failures_past_the_threshold_make_a_suspect_and_only_a_failed_request_of_the_probes_own_breaks_it():
+    """Issue 39: a client sending inputs the model's code refuses fails requests exactly as a broken model does."""
+    clock = Clock()
+    h = _suspect(clock)
+    assert h.broken() == {} and h.suspects == {"m": "model m failed 3 requests in a row and served none "
+                                                     "(Triton's statistics)"}
+    [(model, token)] = h.due()
+    assert model == "m" and h.due() == [], "one confirmation in flight per model"
+    h.observe({"m": (5, 9)})
+    assert h.broken() == {}, "more failures while it is confirmed: still the last verdict"
+    h.confirmed("m", token, Verdict(FAILED, "HTTP 500: Stub process 'm_0_0' is not healthy."))
+    assert list(h.broken()) == ["m"] and "own request (its warm-up sample) failed too" in h.broken()["m"]
+    assert "not healthy" in h.broken()["m"] and h.due() == [], "broken is sticky: nothing more to confirm"
+    h.observe({"m": (6, 9)})
+    assert h.broken() == {} and h.suspects == {}, "a success clears it"
+
+
+def test_a_suspect_that_serves_the_probes_request_is_cleared_and_a_flood_gets_one_request_a_second():
+    clock = Clock()
+    h = _suspect(clock)
+    asked = 0
+    fail = 3
+    for tick in range(100):  # 10 s of a client sending bad inputs at full rate, checked every 0.1 s
+        clock.now = tick / 10
+        for model, token in h.due():
+            asked += 1
+            h.confirmed(model, token, Verdict(SERVED))
+        fail += 5
+        h.observe({"m": (5 + asked, fail)})  # the probe's own request counts as a success
+        assert h.broken() == {}, f"the clients' failures broke the model at {clock.now:.1f}s"
+    assert asked == 10, f"{asked} confirmations in 10 s"
+
+
+def test_no_verdict_keeps_the_suspect_and_asks_again_a_second_later():
+    clock = Clock()
+    h = _suspect(clock)
+    [(_, token)] = h.due()
+    h.confirmed("m", token, Verdict(UNKNOWN, "HTTP 503: Exceeds maximum queue size"))
+    assert h.broken() == {} and "m" in h.suspects and h.due() == []
+    clock.now = 1.0
+    [(_, token)] = h.due()
+    h.confirmed("m", token, Verdict(FAILED, "HTTP 500: boom"))
+    assert list(h.broken()) == ["m"]
+
+
+def test_a_model_with_nothing_to_confirm_with_keeps_the_old_rule():
+    """No warm-up sample, an input_data_file sample the probe cannot read, a decoupled model: failures alone decide."""
+    clock = Clock()
+    h = _suspect(clock)
+    [(_, token)] = h.due()
+    h.confirmed("m", token, Verdict(NO_SAMPLE, "no warm-up sample"))
+    assert list(h.broken()) == ["m"] and "no warm-up sample" in h.broken()["m"]
+
+
+def test_a_verdict_about_what_came_before_a_success_or_a_reload_is_dropped():
+    clock = Clock()
+    h = _suspect(clock)
+    [(_, token)] = h.due()
+    h.observe({"m": (6, 3)})  # a client's request served meanwhile
+    h.confirmed("m", token, Verdict(FAILED, "HTTP 500: boom"))
+    assert h.broken() == {}
+    h.observe({"m": (6, 6)})
+    clock.now = 1.0
+    [(_, token)] = h.due()
+    h.observe({"m": (0, 0)})  # loaded again (the operator's heal)
+    h.confirmed("m", token, Verdict(FAILED, "HTTP 500: boom"))
+    assert h.broken() == {} and h.suspects == {}
+
+
+def test_a_model_threshold_of_its_own_overrides_the_replicas():
+    h = Health(("a", "b"), fail_threshold=3, thresholds={"a": 0, "b": 10})
+    h.observe({"a": (1, 0), "b": (1, 0)})
+    h.observe({"a": (1, 50), "b": (1, 9)})
+    assert h.broken() == {}
+    h.observe({"a": (1, 50), "b": (1, 10)})
+    assert list(h.broken()) == ["b"]
+
+
+def test_on_a_pool_replica_each_model_is_judged_by_the_threshold_its_config_carries():
+    """Issue 39: a pool replica's probe (every-model mode) learns a model's threshold from its loaded config with its
+    first confirmation (asked at its first failure), and forgets it when the model is loaded again."""
+    clock = Clock()
+    h = Health((), every=True, fail_threshold=3, confirm_every=1.0, clock=clock)
+    h.observe({"a": (5, 0), "off": (5, 0), "strict": (5, 0)})
+    h.observe({"a": (5, 1), "off": (5, 1), "strict": (5, 1)})
+    jobs = dict(h.due())
+    assert set(jobs) == {"a", "off", "strict"} and h.broken() == {}, "a first failure reads the model's config"
+    h.confirmed("a", jobs["a"], Verdict(FAILED, "boom", config=True))  # none in its config: the default, 3
+    h.confirmed("off", jobs["off"], Verdict(FAILED, "boom", config=True, threshold=0))
+    h.confirmed("strict", jobs["strict"], Verdict(FAILED, "boom", config=True, threshold=1))
+    assert list(h.broken()) == ["strict"] and h.suspects == {}, "1 failure is under a's 3; off never counts"
+    assert h.thresholds == {"a": 3, "off": 0, "strict": 1}
+    h.observe({"a": (5, 3), "off": (5, 500), "strict": (5, 1)})
+    assert list(h.suspects) == ["a"] and list(h.broken()) == ["strict"]
+    clock.now = 1.0
+    [(model, token)] = h.due()
+    h.confirmed(model, token, Verdict(FAILED, "boom", config=True))
+    assert sorted(h.broken()) == ["a", "strict"]
+    h.observe({"a": (0, 0), "off": (0, 0), "strict": (0, 0)})  # loaded again: their configs may say otherwise now
+    assert h.broken() == {} and h.thresholds == {}
+
+
+# -- the probe's own request, built from a model's config (pure) --------------------------------------------------
+
+
+def _config(**fields: object) -> dict:
+    return {"name": "m", "max_batch_size": 8, "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]},
+                                                          {"name": "S", "data_type": "TYPE_STRING", "dims": [2]}],
+            "model_warmup": [{"name": "w", "batch_size": 2, "inputs": {
+                "A": {"data_type": "TYPE_FP32", "dims": [4], "random_data": True},
+                "S": {"data_type": "TYPE_STRING", "dims": [2], "zero_data": True},
+                "CONTROL": {"data_type": "TYPE_INT32", "dims": [1], "zero_data": True}}}], **fields}
+
+
+def test_the_request_is_the_first_warm_up_sample_as_triton_builds_it():
+    request = sample_request(_config())
+    assert not isinstance(request, str), request
+    header, data = request
+    body = json.loads(header)
+    assert body["inputs"] == [
+        {"name": "A", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
+        {"name": "S", "shape": [1, 2], "datatype": "BYTES", "parameters": {"binary_data_size": 8}}], \
+        "batch 1, control inputs left out, strings empty"
+    assert len(data) == 24 and data[16:] == bytes(8)
+    assert body["parameters"] == {"binary_data_output": True}
+    header, _ = sample_request(_config(max_batch_size=0))  # type: ignore[misc]
+    assert json.loads(header)["inputs"][0]["shape"] == [4], "a model without batching: its dims"
+
+
+def test_a_sequence_model_sends_a_sequence_of_one_with_an_id_of_the_type_it_takes():
+    corrid = {"control_input": [{"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID",
+                                                                 "data_type": "TYPE_STRING"}]}]}
+    header, _ = sample_request(_config(sequence_batching=corrid))  # type: ignore[misc]
+    params = json.loads(header)["parameters"]
+    assert params["sequence_start"] is True and params["sequence_end"] is True
+    assert isinstance(params["sequence_id"], str)
+    header, _ = sample_request(_config(sequence_batching={}))  # type: ignore[misc]
+    assert isinstance(json.loads(header)["parameters"]["sequence_id"], int)
+
+
+def test_nothing_to_send_says_why():
+    assert sample_request(_config(model_warmup=[])) == "no warm-up sample"
+    assert "decoupled" in str(sample_request(_config(model_transaction_policy={"decoupled": True})))
+    file_only = [{"name": "w", "batch_size": 1, "inputs": {"A": {"data_type": "TYPE_FP32", "dims": [4],
+                                                                  "input_data_file": "a.bin"}}}]
+    assert "input_data_file" in str(sample_request(_config(model_warmup=file_only)))
+    second = [*file_only, _config()["model_warmup"][0]]
+    assert not isinstance(sample_request(_config(model_warmup=second)), str), "the first usable sample"
 
 
 # -- against a real tritonserver ---------------------------------------------------------------------------

@@ -195,3 +195,27 @@ def test_no_endpoint_is_ready_unless_its_pod_is_ready_and_the_model_serves_there
 if __name__ == "__main__":
     GOLDEN.write_text(_text(rendered()))
     print(f"wrote {GOLDEN}")
+
+
+def test_a_pooled_models_own_failed_request_threshold_is_in_its_config_and_only_when_it_is_not_the_default() -> None:
+    """Issue 39: the pool's probe (one for every model) reads each model's threshold from the config Triton loaded; a
+    model at the default renders as before (its config digest, and every other model's, unchanged)."""
+    from tests.documents import python_model
+    from triton_operator.api.pod import THRESHOLD_PARAMETER
+    from triton_operator.render.modelconfig import render_model
+    from triton_operator.triton import confirm
+
+    assert confirm.THRESHOLD_PARAMETER == THRESHOLD_PARAMETER, "the probe imports no pydantic: the same string twice"
+
+    def params(threshold: int | None, pool: str | None = "p") -> tuple[dict[str, str], str]:
+        gate = {} if threshold is None else {"warmupGate": {"failedRequestThreshold": threshold}}
+        body = python_model("m", **({"pool": pool, "memory": "64Mi"} if pool else {}), **gate)
+        rendered = render_model(TritonModel.model_validate(body))
+        return {k: v.string_value for k, v in rendered.config.parameters.items()}, rendered.digest
+
+    default, digest = params(None)
+    assert THRESHOLD_PARAMETER not in default
+    assert params(3) == (default, digest), "the default, written out: the same config"
+    assert params(0)[0][THRESHOLD_PARAMETER] == "0" and params(10)[0][THRESHOLD_PARAMETER] == "10"
+    assert params(10)[1] != digest, "a new threshold is a new config: loaded in place on the pool's replicas"
+    assert THRESHOLD_PARAMETER not in params(10, pool=None)[0], "a model's own replicas get it as --fail-threshold"

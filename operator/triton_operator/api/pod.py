@@ -60,6 +60,10 @@ ANNOTATION_LOADED = f"{GROUP}/loaded-config-digest"
 WARMED_CONDITION = f"{GROUP}/warmed"
 #: `parameters` key carrying the digest of the rendered model repository.
 DIGEST_PARAMETER = "triton-operator.config-digest"
+#: `parameters` key carrying a pooled model's warmupGate.failedRequestThreshold, rendered only when it is not the pool
+#: probe's default (other models' configs, and so their digests, stay as they were); the pool replica's probe
+#: (`--every-model`) reads it from the config Triton loaded (`triton.confirm.THRESHOLD_PARAMETER`, the same string).
+THRESHOLD_PARAMETER = "triton-operator.failed-request-threshold"
 
 TRITON_CONTAINER = "tritonserver"
 FETCH_CONTAINER = "fetch"

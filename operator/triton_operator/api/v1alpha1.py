@@ -1084,10 +1084,15 @@ class WarmupGate(_Model):
             "Once a replica serves, it counts as broken (out of the Service at once, then healed) when a model it "
             "serves is no longer loaded, when one of its Python stubs has died, when tritonserver stops answering, "
             "or when this many requests to one model fail in a row with none served between them (Triton's "
-            "statistics). 0 turns the last rule off: set it when clients' own requests can make the model's code "
-            "raise (Triton counts those as failed requests), so that a client sending them cannot take replicas "
-            "out of the Service. On a pool (spec.pool) it is the pool's probe's, 3, for every model, and cannot be "
-            "set."
+            "statistics) AND a request of the replica's own probe fails too: the model's first warm-up sample "
+            "(modelWarmup) with zeroData or randomData inputs, sent at most once a second while the failures go "
+            "on. So a client whose requests make the model's code raise (Triton counts those as failed requests) "
+            "cannot take replicas out of the Service: the probe's sample still succeeds. An ensemble is confirmed "
+            "through its steps' samples. A model with no such sample (none, only inputDataFile samples, which the "
+            "probe cannot read, or a decoupled model, which Triton's HTTP endpoint refuses) is broken on its "
+            "failed requests alone: give it a zeroData or randomData sample, or set 0 if its clients can make it "
+            "raise. 0 turns this rule off. On a pool (spec.pool) each model has its own: the pool's probe reads a "
+            "value other than 3 from the model's loaded config."
         ),
     )
 
@@ -1256,7 +1261,8 @@ POOLED_SERVER_DEFAULTS: dict[str, Any] = dict(_server_defaults(Server, ".server"
 #: What a pooled model may not set, as the reference says it.
 POOLED_MODEL_REFUSED = ("server", "warmupGate.enabled: false", "rollout.strategy: NewPods")
 _POOLED = "!has(self.pool) || "
-#: The failed-request threshold of every model on a pool replica: its probe watches them all with one (`--every-model`).
+#: The failed-request threshold of a model on a pool replica that sets none: the pool probe's `--fail-threshold`
+#: (`--every-model`). A pooled model that sets another carries it in its config (`api.pod.THRESHOLD_PARAMETER`).
 POOL_FAILED_REQUEST_THRESHOLD = 3
 
 
@@ -1293,15 +1299,6 @@ POOLED_MODEL_RULES: list[JsonDict] = [
         "message": "a pooled model is always gated: its Service lists a pool replica only once the model is READY "
                    "there at the desired config, warm (warmupGate.enabled: false has no meaning on a pool)",
         "fieldPath": ".warmupGate.enabled",
-    },
-    {
-        "rule": f"{_POOLED}!has(self.warmupGate) || !has(self.warmupGate.failedRequestThreshold) "
-                f"|| self.warmupGate.failedRequestThreshold == {POOL_FAILED_REQUEST_THRESHOLD}",
-        "message": f"a pool replica's probe counts every model's failed requests alike "
-                   f"({POOL_FAILED_REQUEST_THRESHOLD} in a row, none served, and the copy is reloaded there): "
-                   "warmupGate.failedRequestThreshold cannot be set per model on a pool; run the model on a "
-                   "Deployment of its own (no spec.pool) to set it",
-        "fieldPath": ".warmupGate.failedRequestThreshold",
     },
     {
         "rule": f"{_POOLED}!has(self.rollout) || self.rollout.strategy == 'InPlace'",

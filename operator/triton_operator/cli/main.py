@@ -488,10 +488,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise CliError("--gate-settle must be 0 or more, and under --hold")
     if args.check_interval <= 0 or args.fail_threshold < 0 or args.hang_seconds <= 0:
         raise CliError("--check-interval and --hang-seconds must be over 0, and --fail-threshold 0 (off) or more")
+    if args.confirm_every < 0 or args.confirm_timeout <= 0:
+        raise CliError("--confirm-every must be 0 (off) or more, and --confirm-timeout over 0")
     try:
         return serve(listen, target, args.hold, args.head_start, args.gate_settle, models=tuple(args.model or ()),
                      check_interval=args.check_interval, fail_threshold=args.fail_threshold,
-                     hang_seconds=args.hang_seconds, repository=args.repository, every=args.every_model)
+                     hang_seconds=args.hang_seconds, repository=args.repository, every=args.every_model,
+                     confirm_every=args.confirm_every, confirm_timeout=args.confirm_timeout)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
 
@@ -630,6 +633,12 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pr.add_argument("--fail-threshold", type=int, default=3, metavar="N",
                     help="a model is broken after N failed requests with no success between them (default 3; 0: never "
                     "by its failed requests)")
+    pr.add_argument("--confirm-every", type=float, default=1.0, metavar="SECONDS",
+                    help="a model past --fail-threshold is broken only when a request of the probe's own (its warm-up "
+                    "sample) fails too; at most one such request per model this often (default 1; 0: the failures "
+                    "alone decide)")
+    pr.add_argument("--confirm-timeout", type=float, default=5.0, metavar="SECONDS",
+                    help="the probe's own request's deadline: no answer by then is no verdict (default 5)")
     pr.add_argument("--hang-seconds", type=float, default=2.0, metavar="SECONDS",
                     help="tritonserver is broken when it has not answered for this long (default 2)")
     pr.add_argument("--repository", metavar="DIR",

@@ -23,8 +23,14 @@ from google.protobuf import json_format, text_format
 
 from ..api import protos
 from ..api import steps as step_graph
-from ..api.pod import DIGEST_PARAMETER, config_digest
-from ..api.v1alpha1 import BATCH_STRATEGY_PARAMETER, QueuePolicy, TritonModel, TritonModelSpec
+from ..api.pod import DIGEST_PARAMETER, THRESHOLD_PARAMETER, config_digest
+from ..api.v1alpha1 import (
+    BATCH_STRATEGY_PARAMETER,
+    POOL_FAILED_REQUEST_THRESHOLD,
+    QueuePolicy,
+    TritonModel,
+    TritonModelSpec,
+)
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2 as pb
@@ -247,6 +253,9 @@ def render_model_config(
             ig.gpus.extend(g.gpus)
     for k, v in sorted((spec.parameters or {}).items()):
         cfg.parameters[k].string_value = v
+    threshold = spec.warmup_gate.failed_request_threshold
+    if spec.pool is not None and threshold != POOL_FAILED_REQUEST_THRESHOLD:
+        cfg.parameters[THRESHOLD_PARAMETER].string_value = str(threshold)  # the pool's probe reads it from here
     strategy = strategy_library_path(model, repository_root)
     if strategy is not None and cfg.HasField("dynamic_batching"):
         cfg.parameters[BATCH_STRATEGY_PARAMETER].string_value = strategy

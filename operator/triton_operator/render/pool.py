@@ -200,7 +200,8 @@ def _pool_probe(options: Options) -> dict[str, Any]:
     """The probe sidecar, watching every model the replica's Triton serves (`--every-model`: failed requests, dead
     Python stubs) for the operator, which takes a broken copy out of its model's slices and reloads it; the pod's
     readiness still says only that tritonserver is up."""
-    # One threshold for the replica (the probe counts every model alike); a pooled model may not set its own (CEL).
+    # The default threshold; a pooled model that sets another carries it in its config, where the probe reads it
+    # (`api.pod.THRESHOLD_PARAMETER`): the pod template is the same whatever its models set.
     probe = probe_container((), POOL_FAILED_REQUEST_THRESHOLD, options)
     probe["args"] = [*probe["args"], "--every-model"]
     return probe

@@ -30,13 +30,22 @@ the statistics of every model it serves, one request (`GET /v2/models/stats`, on
 answer:
 
 - a model missing from it is not loaded (unloaded, a reload that failed, still loading): broken at once;
-- a model whose failed-request count rose by `--fail-threshold` (3) since its success count last rose is broken: a
-  dead stub fails every request while Triton calls the model READY. Slow is not broken: a slow model's requests
-  succeed late (its success count rises), and only failed executions count (Triton counts neither a request it
-  refused as malformed, nor one a client gave up waiting for). It stays broken until its success count rises again
-  or its counters restart (Triton zeroes them when the model is loaded again: the operator's heal). `--fail-threshold 0`
-  (the TritonModel's `warmupGate.failedRequestThreshold: 0`) turns this rule off, for models whose own code raises on
-  some clients' requests: a client sending only those would otherwise take the replica out;
+- a model whose failed-request count rose by `--fail-threshold` (3) since its success count last rose is a suspect
+  (a dead stub fails every request while Triton calls the model READY), and broken once a request of the probe's own
+  fails too (issue 39): a Python model raises on inputs it refuses, and Triton counts those requests as failed exactly
+  as a dead stub's, so failures alone would let any client sending bad inputs take the replica out. The probe's
+  request is the model's warm-up sample (`triton.confirm`: an ensemble through its steps' samples), sent from a thread
+  of its own (`Confirmer`, a 5 s deadline) so the 0.1 s check and the hang rule keep their pace; at most one per model
+  every `--confirm-every` (1 s), the model keeping its last verdict in between, so a flood of bad requests meets one
+  request of ours a second. Served: the suspicion is dropped (its success shows in the next statistics); failed:
+  broken; no answer in time or a full queue (503): no verdict, asked again a second later (slow is not broken). A
+  model with nothing to send (no warm-up sample, samples that read `input_data_file` from a repository this
+  container does not mount, a decoupled model that Triton's HTTP endpoint refuses) keeps the old rule: its failures
+  alone break it. Slow is not broken: a slow model's requests succeed late (its success count rises), and only failed
+  executions count (Triton counts neither a request it refused as malformed, nor one a client gave up waiting for).
+  It stays broken until its success count rises again or its counters restart (Triton zeroes them when the model is
+  loaded again: the operator's heal). `--fail-threshold 0` (the TritonModel's `warmupGate.failedRequestThreshold: 0`)
+  turns this rule off; `--confirm-every 0` turns confirmation off (failures alone decide);
 - no answer within `--hang-seconds` (2 s; a stopped or deadlocked tritonserver whose port still accepts): broken.
 
 A failed request says so late: the Python backend gives a dead stub a second to answer each request before it fails
@@ -53,8 +62,9 @@ serves again; while all is well, a probe is held (up to `hold`) and answered as 
 kubelet learns within a check interval, not on its next period. `GET /status` says what is broken, as JSON, for the
 operator (which heals it). Decoupled and sequence models are covered by the same counters (a request counts once,
 however many responses it streams); an ensemble's failures count on the ensemble and on the step that failed, which
-is how the operator knows to reload the step. Nothing here needs a sample input, so a model without warm-up data is
-covered as well; a model no client calls cannot fail a request, and is covered by its readiness alone.
+is how the operator knows to reload the step. Only the confirmation needs a sample input, and a model without one
+falls back on its failures alone, so it is covered as well; a model no client calls cannot fail a request, and is
+covered by its readiness alone.
 
 Bounds. Anything that reaches the pod can connect here, so a connection that sends nothing (or stops sending)
 for `IDLE_SECONDS` is closed, and at most `MAX_CONNECTIONS` are served at once, a thread each: one more is
@@ -80,6 +90,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .confirm import FAILED, SERVED, UNKNOWN, Verdict, confirm
+
 #: Where the operator tells the probe server that it has set the gate.
 GATE_PATH = "/gate"
 #: A connection that sends nothing (or reads nothing of the answer) for this long is closed.
@@ -94,6 +106,9 @@ MAX_WAIT = 4.0
 CHECK_INTERVAL = 0.1
 FAIL_THRESHOLD = 3
 HANG_SECONDS = 2.0
+#: At most one confirmation (the probe's own request) per model this often, each within this deadline.
+CONFIRM_EVERY = 1.0
+CONFIRM_TIMEOUT = 5.0
 
 #: (success, fail) request counts of each model Triton has loaded, summed over its versions; None: no answer in time.
 Counts = dict[str, tuple[int, int]]
@@ -144,6 +159,15 @@ class Health:
     _stub_model: dict[int, str] = field(default_factory=dict)  # every-model mode: stub pid -> its model, resolved once
     _first_seen: dict[int, int] = field(default_factory=dict)  # every-model mode: stub pid -> the check it was first seen
     _model_started: dict[str, int] = field(default_factory=dict)  # every-model mode: the last check a stub of it started
+    # Confirmation (issue 39; see the module's docstring): with `confirm_every` over 0, a model past its threshold is a
+    # suspect until the probe's own request (`triton.confirm`) fails (broken) or serves (cleared); at most one request
+    # per model every `confirm_every` seconds. 0: the failures alone break it (the old rule).
+    confirm_every: float = 0.0
+    thresholds: dict[str, int] = field(default_factory=dict)  # model -> its own threshold (else `fail_threshold`)
+    suspects: dict[str, str] = field(default_factory=dict)  # model -> its failures, awaiting the probe's own request
+    _asked: dict[str, float] = field(default_factory=dict)  # model -> when its last confirmation was asked for
+    _pending: dict[str, int] = field(default_factory=dict)  # model -> the token of its confirmation in flight
+    _tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _news: threading.Condition = field(default_factory=threading.Condition)
 
@@ -217,6 +241,7 @@ class Health:
         if refused:  # a tritonserver that exits or restarts: counters start again with the next one
             self.last_answer, self.hung = None, None
             self.counts, self.since_success, self.failing, self.missing = {}, {}, {}, {}
+            self.suspects, self._pending = {}, {}
             return
         if counts is None:
             if self.last_answer is not None and now - self.last_answer >= self.hang_seconds:
@@ -227,36 +252,92 @@ class Health:
             gone = set(self.models) - set(counts)
             self.models = tuple(sorted(counts))
             for m in gone:  # unloaded: its counts start again with its next load
+                self._clear(m)
                 self.counts.pop(m, None)
-                self.since_success.pop(m, None)
-                self.failing.pop(m, None)
+                self.thresholds.pop(m, None)
         self.missing = {m: f"model {m} is not loaded (Triton has no statistics for it)"
                         for m in self.models if m not in counts}
         self._reloaded |= set(self.missing)
         for m in self.models:
             if m not in counts:
+                self._clear(m)
                 self.counts.pop(m, None)
                 self.since_success.pop(m, None)
-                self.failing.pop(m, None)
                 continue
             success, fail = counts[m]
             before = self.counts.get(m)
             self.counts[m] = (success, fail)
-            if before is None or success < before[0] or fail < before[1]:
-                # first seen, or counters that went back: the model was loaded again
-                if before is not None:
+            if before is None or success < before[0] or fail < before[1] or success > before[0]:
+                # first seen, or counters that went back (the model was loaded again), or a success
+                if before is not None and (success < before[0] or fail < before[1]):
                     self._reloaded.add(m)
-                self.since_success[m] = 0
-                self.failing.pop(m, None)
-                continue
-            if success > before[0]:
-                self.since_success[m] = 0
-                self.failing.pop(m, None)
+                    if self.every:
+                        self.thresholds.pop(m, None)  # its config may say another now
+                self._clear(m)
                 continue
             self.since_success[m] = self.since_success.get(m, 0) + fail - before[1]
-            if self.fail_threshold and self.since_success[m] >= self.fail_threshold:
-                self.failing[m] = (f"model {m} failed {self.since_success[m]} requests in a row and served none "
-                                   "(Triton's statistics)")
+            threshold = self._threshold(m)
+            if threshold is None:
+                threshold = 1  # not known yet: its first failure asks (the confirmation reads its config)
+            if threshold and self.since_success[m] >= threshold:
+                why = f"model {m} failed {self.since_success[m]} requests in a row and served none (Triton's statistics)"
+                if not self.confirm_every:
+                    self.failing[m] = why
+                elif m not in self.failing:
+                    self.suspects[m] = why
+
+    def _threshold(self, m: str) -> int | None:
+        """A model's failed-request threshold: its own, else the replica's; None on a pool replica (every-model mode)
+        that confirms, until the model's config was read (`confirmed`): each pooled model may carry its own there."""
+        if m in self.thresholds:
+            return self.thresholds[m]
+        return None if self.every and self.confirm_every else self.fail_threshold
+
+    def _clear(self, m: str) -> None:
+        """A model that served (or was loaded again, or went): no failures count against it any more."""
+        self.since_success[m] = 0
+        self.failing.pop(m, None)
+        self.suspects.pop(m, None)
+        self._pending.pop(m, None)  # a confirmation in flight is about what came before
+
+    def due(self) -> list[tuple[str, int]]:
+        """The suspects to confirm now, each with the token its verdict comes back with (`confirmed`): those with no
+        confirmation in flight and none asked for in the last `confirm_every` seconds."""
+        with self._lock:
+            now, out = self.clock(), []
+            for m in sorted(self.suspects):
+                if m not in self._pending and now - self._asked.get(m, now - self.confirm_every) >= self.confirm_every:
+                    self._tokens += 1
+                    self._asked[m], self._pending[m] = now, self._tokens
+                    out.append((m, self._tokens))
+            self._asked = {m: t for m, t in self._asked.items() if m in self.counts}
+            return out
+
+    def confirmed(self, model: str, token: int, verdict: Verdict) -> None:
+        """The probe's own request to a suspect answered: it serves (cleared), it failed (broken), it has nothing to
+        send (the old rule: broken on its failures), or no verdict (it stays a suspect, asked again later). A verdict
+        about a model that served or was loaded again since it was asked for is dropped."""
+        with self._lock:
+            if self._pending.get(model) != token:
+                return
+            del self._pending[model]
+            if self.every and verdict.config:
+                self.thresholds[model] = self.fail_threshold if verdict.threshold is None else verdict.threshold
+            why = self.suspects.get(model)
+            threshold = self._threshold(model)
+            under = threshold is not None and (threshold == 0 or self.since_success.get(model, 0) < threshold)
+            if why is not None and under:
+                del self.suspects[model]  # under its own threshold (just read), or that rule off: not a suspect
+                return
+            if why is None or verdict.kind == UNKNOWN:
+                return
+            del self.suspects[model]
+            if verdict.kind == SERVED:
+                self.since_success[model] = 0  # its success is in the next statistics too
+            elif verdict.kind == FAILED:
+                self.failing[model] = f"{why}; the probe's own request (its warm-up sample) failed too: {verdict.why}"
+            else:
+                self.failing[model] = f"{why}; nothing to confirm it with ({verdict.why}): failures alone decide"
 
     def broken(self) -> dict[str, str]:
         """What cannot serve, and why: model names, or "tritonserver" when it does not answer."""
@@ -273,7 +354,7 @@ class Health:
         with self._lock:
             return {"models": list(self.models), "broken": self._broken(), "checks": self.checks, "version": self.version,
                     "counts": {m: {"success": c[0], "fail": c[1]} for m, c in self.counts.items()},
-                    "failsSinceSuccess": dict(self.since_success)}
+                    "failsSinceSuccess": dict(self.since_success), "suspects": sorted(self.suspects)}
 
     def why(self) -> str | None:
         broken = self.broken()
@@ -359,12 +440,72 @@ class Stubs:
         return out, running
 
 
+class Confirmer:
+    """Runs the probe's own requests (`triton.confirm`) off the checking thread, on `workers` threads of its own, so a
+    slow model's confirmation never delays the statistics check or the hang rule; each verdict goes to `health`, then
+    `on_verdict` (what is broken may have changed). `Health.due` hands out at most one request per model at a time."""
+
+    def __init__(self, health: Health, target: tuple[str, int], timeout: float, on_verdict: Callable[[], object],
+                 workers: int = 2, send: Callable[[tuple[str, int], str, float], Verdict] = confirm) -> None:
+        self.health, self.target, self.timeout, self.on_verdict, self.send = health, target, timeout, on_verdict, send
+        self._jobs: list[tuple[str, int]] = []
+        self._cond = threading.Condition()
+        for n in range(workers):
+            threading.Thread(target=self._work, daemon=True, name=f"confirm-{n}").start()
+
+    def submit(self, jobs: list[tuple[str, int]]) -> None:
+        if jobs:
+            with self._cond:
+                self._jobs.extend(jobs)
+                self._cond.notify(len(jobs))
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._jobs))
+                model, token = self._jobs.pop(0)
+            try:
+                verdict = self.send(self.target, model, self.timeout)
+            except Exception as exc:  # noqa: BLE001 - a bug here must not kill the worker: no verdict, asked again
+                verdict = Verdict(UNKNOWN, f"{exc.__class__.__name__}: {exc}")
+            print(f"probe: confirmed model {model}: {verdict.kind}{f' ({verdict.why})' if verdict.why else ''}",
+                  file=sys.stderr, flush=True)
+            self.health.confirmed(model, token, verdict)
+            self.on_verdict()
+
+
+class Reporter:
+    """Says when what is broken changed (the log, `Health.changed`, `on_change`): from the checking thread and from
+    the confirmations' threads, one at a time."""
+
+    def __init__(self, health: Health, on_change: Callable[[], None]) -> None:
+        self.health, self.on_change = health, on_change
+        self.last: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        """Whether it changed (and was told)."""
+        with self._lock:
+            broken = self.health.broken()
+            if broken == self.last:
+                return False
+            print(f"probe: health changed; broken={json.dumps(broken)}" if broken else
+                  f"probe: health changed; nothing broken (was {', '.join(sorted(self.last))})", file=sys.stderr,
+                  flush=True)
+            self.last = broken
+            self.health.changed()
+            self.on_change()
+            return True
+
+
 def watch_health(health: Health, target: tuple[str, int], interval: float, on_change: Callable[[], None],
-                 stop: threading.Event, repository: str | None = None) -> None:
-    """The checking thread: `fetch_counts` every `interval` into `health`; `on_change` when what is broken changes."""
+                 stop: threading.Event, repository: str | None = None, confirm_timeout: float = 5.0) -> None:
+    """The checking thread: `fetch_counts` every `interval` into `health`; `on_change` when what is broken changes;
+    the suspects it finds go to a `Confirmer` (with `health.confirm_every` over 0)."""
     timeout = max(interval, min(1.0, health.hang_seconds / 2))
     conn = http.client.HTTPConnection(*target, timeout=timeout)
-    last: dict[str, str] = {}
+    report = Reporter(health, on_change)
+    confirmer = Confirmer(health, target, confirm_timeout, report) if health.confirm_every > 0 else None
     was_refused = True
     stubs = Stubs(repository=None if health.every else repository, instances=health.every)
     while not stop.is_set():
@@ -381,14 +522,9 @@ def watch_health(health: Health, target: tuple[str, int], interval: float, on_ch
             health.observe(None, refused=True)
         except (OSError, ValueError):
             health.observe(None, dead=dead, live=live)
-        broken = health.broken()
-        if broken != last:
-            print(f"probe: health changed; broken={json.dumps(broken)}" if broken else
-                  f"probe: health changed; nothing broken (was {', '.join(sorted(last))})", file=sys.stderr, flush=True)
-            last = broken
-            health.changed()
-            on_change()
-        elif refused != was_refused:
+        if confirmer is not None:
+            confirmer.submit(health.due())
+        if not report() and refused != was_refused:
             on_change()  # the port closed (or opened): a held probe looks at it now
         was_refused = refused
         stop.wait(max(0.0, interval - (time.monotonic() - started)))
@@ -576,14 +712,15 @@ def _server(max_connections: int) -> type[http.server.ThreadingHTTPServer]:
 def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
           stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS,
           models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL, fail_threshold: int = FAIL_THRESHOLD,
-          hang_seconds: float = HANG_SECONDS, repository: str | None = None, every: bool = False) -> int:
+          hang_seconds: float = HANG_SECONDS, repository: str | None = None, every: bool = False,
+          confirm_every: float = CONFIRM_EVERY, confirm_timeout: float = CONFIRM_TIMEOUT) -> int:
     # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
     # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
     # soon as the port listens stays pending instead of killing the process.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    health = (Health(models, fail_threshold=fail_threshold, hang_seconds=hang_seconds, every=every)
-              if models or every else None)
+    health = (Health(models, fail_threshold=fail_threshold, hang_seconds=hang_seconds, every=every,
+                     confirm_every=confirm_every) if models or every else None)
     # A pool replica's readiness says its tritonserver is up, nothing per model: a broken model is the operator's to
     # take out of that model's slices (it reads `GET /status`), not a reason to take every model on the replica out.
     readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle,
@@ -593,11 +730,13 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
     if health is not None:
-        threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health, repository),
-                         daemon=True, name="health").start()
+        threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health, repository,
+                                                    confirm_timeout), daemon=True, name="health").start()
+        confirming = (f" and a failed request of the probe's own, at most one every {confirm_every:g} s"
+                      if confirm_every > 0 else "")
         print(f"probe: checking every {check_interval:g} s that models "
               f"{'(every model Triton serves)' if every else ', '.join(models)} serve (broken after "
-              f"{fail_threshold} failed requests with no success, or {hang_seconds:g} s without an answer)",
+              f"{fail_threshold} failed requests with no success{confirming}, or {hang_seconds:g} s without an answer)",
               file=sys.stderr, flush=True)
     print(f"probe: answering readiness on {listen[0]}:{listen[1]} for tritonserver's HTTP port {target[0]}:{target[1]}"
           f" (hold {hold:g} s; passes {settle:g} s after the operator's POST {GATE_PATH}, else {head_start:g} s after the"

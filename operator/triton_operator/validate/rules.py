@@ -26,7 +26,6 @@ from ..api.v1alpha1 import (
     OPERATOR_ARGS,
     OPERATOR_ENV,
     OPERATOR_LABELS,
-    POOL_FAILED_REQUEST_THRESHOLD,
     POOLED_SERVER_DEFAULTS,
     REPOSITORY_KEY_ENV,
     EnsembleStep,
@@ -130,8 +129,7 @@ RULES: dict[str, Rule] = {
              "API to its own key (--http-restricted-api, --grpc-restricted-protocol, or a prefix Triton would read "
              "as one)"),
         Rule("pooled-model", False, "a pooled model (spec.pool) declares memory (but an ensemble), sets no server field "
-             "of its own (its pool's replicas run it), no warmupGate.enabled false, no failedRequestThreshold of its own "
-             "(the pool's probe counts every model alike), no rollout.strategy NewPods; "
+             "of its own (its pool's replicas run it), no warmupGate.enabled false, no rollout.strategy NewPods; "
              "memory goes with pool"),
         Rule("pool-steps", False, "a pooled ensemble's steps name the same pool (they are loaded on its replicas, "
              "with their own memory)"),
@@ -723,11 +721,6 @@ def _check_pooled(spec: TritonModelSpec, err: Collector) -> None:
     if not spec.warmup_gate.enabled:
         err("pooled-model", "spec.warmupGate.enabled", "a pooled model is always gated: its Service lists a pool "
             "replica only once the model is READY there at the desired config, warm")
-    if spec.warmup_gate.failed_request_threshold != POOL_FAILED_REQUEST_THRESHOLD:
-        err("pooled-model", "spec.warmupGate.failedRequestThreshold", "a pool replica's probe counts every model's "
-            f"failed requests alike ({POOL_FAILED_REQUEST_THRESHOLD} in a row, none served, and the copy is reloaded "
-            "there): warmupGate.failedRequestThreshold cannot be set per model on a pool; run the model on a "
-            "Deployment of its own (no spec.pool) to set it")
     if spec.rollout.strategy != "InPlace":
         err("pooled-model", "spec.rollout.strategy", "a pooled model has no pods of its own to replace: its changes "
             "are loaded in place (rollout.strategy: InPlace; rollout.mode picks Swap or Drain)")
