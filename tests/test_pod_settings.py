@@ -61,14 +61,14 @@ def test_every_pod_setting_reaches_the_replicas_pod() -> None:
     assert meta["annotations"]["serving.triton-operator.dev/triton-model"] == "m", "the operator's stay"
 
 
-def test_env_reaches_tritonserver_and_fetch_but_not_the_probe() -> None:
+def test_env_reaches_tritonserver_and_fetch_but_not_the_probe_which_gets_only_the_key() -> None:
     template = _template(**{k: EVERYTHING[k] for k in ("env", "envFrom")})
     triton, probe = template["spec"]["containers"]
     key = {"name": "TRITON_OPERATOR_REPOSITORY_KEY", "valueFrom": {"secretKeyRef": {"name": "m-repository-key",
                                                                                    "key": "key"}}}
     assert triton["env"] == [{"name": "HOME", "value": "/tmp"}, key, *EVERYTHING["env"]]
     assert triton["envFrom"] == EVERYTHING["envFrom"]
-    assert "env" not in probe and "envFrom" not in probe
+    assert probe["env"] == [key] and "envFrom" not in probe  # its /status and /gate need the key (issue 39)
     model = TritonModel.model_validate(body(source={"uri": "s3://bucket/m"}, env=EVERYTHING["env"],
                                             envFrom=EVERYTHING["envFrom"]))
     pod = render_children(model, render_repository([model]), "uid", "ns")[1]["spec"]["template"]["spec"]

@@ -88,6 +88,10 @@ def test_a_pool_replica_starts_tritonserver_with_no_model_in_explicit_mode() -> 
         "the repository and admin APIs are keyed"
     assert "readinessGates" not in spec, "readiness is per model, in the slices"
     assert probe["name"] == "probe" and "--model" not in probe["args"]
+    # The probe holds the pool's key, from the Secret tritonserver reads it from: its /status answers only the
+    # operator (issue 39).
+    key_env = next(e for e in triton["env"] if e["name"] == "TRITON_OPERATOR_REPOSITORY_KEY")
+    assert probe["env"] == [key_env] and key_env["valueFrom"]["secretKeyRef"]["name"].startswith("shared-pool-")
     assert deployment["metadata"]["name"] == "shared-pool", "apart from a TritonModel's Deployment named shared"
     assert deployment["spec"]["replicas"] == 3 and deployment["spec"]["selector"]["matchLabels"] == {
         "serving.triton-operator.dev/pool": "shared"}

@@ -64,8 +64,11 @@ def test_tritonserver_restricts_the_repository_api_to_the_key_in_its_env_from_th
             "valueFrom": {"secretKeyRef": {"name": secret, "key": "key"}}} in triton["env"]
     # The key itself is nowhere in the Deployment (pod args, env, annotations): whoever reads pods does not learn it.
     assert key not in json.dumps(deployment)
-    for other in deployment["spec"]["template"]["spec"]["containers"][1:]:
-        assert "TRITON_OPERATOR_REPOSITORY_KEY" not in json.dumps(other), f"{other['name']} gets the key"
+    # The probe beside it holds the same key, from the same Secret: its /status and /gate answer only the operator
+    # (issue 39).
+    (probe,) = deployment["spec"]["template"]["spec"]["containers"][1:]
+    assert probe["name"] == "probe" and probe["env"] == [
+        {"name": "TRITON_OPERATOR_REPOSITORY_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "key"}}}]
 
 
 def test_the_secret_is_immutable_named_by_its_content_and_owned_by_the_model() -> None:

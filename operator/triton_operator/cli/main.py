@@ -475,7 +475,7 @@ def cmd_fetch_server(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from ..triton.probe import address, serve
+    from ..triton.probe import KEY_ENV, address, serve
 
     try:
         listen = address(args.listen, "0.0.0.0")  # noqa: S104 (the kubelet probes the pod's IP)
@@ -494,7 +494,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         return serve(listen, target, args.hold, args.head_start, args.gate_settle, models=tuple(args.model or ()),
                      check_interval=args.check_interval, fail_threshold=args.fail_threshold,
                      hang_seconds=args.hang_seconds, repository=args.repository, every=args.every_model,
-                     confirm_every=args.confirm_every, confirm_timeout=args.confirm_timeout)
+                     confirm_every=args.confirm_every, confirm_timeout=args.confirm_timeout,
+                     key=os.environ.get(KEY_ENV) or None)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
 

@@ -414,9 +414,11 @@ class WarmupGate:
         if not ip or not any(c.get("name") == PROBE_CONTAINER for c in containers):
             return
 
+        key = self._key(gate)  # the probe takes the notice only with the replica's key
+
         async def notify() -> None:
             try:
-                code = await notify_gate(ip, PROBE_PORT)
+                code = await notify_gate(ip, PROBE_PORT, key)
             except OSError as exc:  # TimeoutError and ConnectionError included
                 log.debug("Could not tell the probe about the gate pod=%s/%s error=%r", gate.namespace, gate.name, exc)
                 return
@@ -473,7 +475,7 @@ class WarmupGate:
         if not verdict.ok and verdict.reason not in ("ModelLoadFailed", "TritonUnreachable"):
             return verdict
         try:
-            broken = await probe_status(ip, PROBE_PORT)
+            broken = await probe_status(ip, PROBE_PORT, self._key(gate))
         except (OSError, ValueError) as exc:  # TimeoutError and ConnectionError included; an old probe: 404
             log.debug("Could not ask the probe pod=%s/%s error=%r", gate.namespace, gate.name, exc)
             return verdict

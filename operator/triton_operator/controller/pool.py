@@ -652,19 +652,19 @@ class PoolReconciler:
                 self._broken.pop(key, None)
         for key, address in wanted.items():
             if key not in self._watchers and address:
-                self._watchers[key] = (address, detached(self._watch_health(key, address),
+                self._watchers[key] = (address, detached(self._watch_health(key, address, rnd.key),
                                                          name=f"pool-health-{'/'.join(key)}"))
 
-    async def _watch_health(self, key: tuple[str, str, str], ip: str) -> None:
-        """Reads what the replica's probe finds broken as soon as it changes (`GET /status`, held until news); on a
-        change, the slices of the pool's models are written again at once and a round is asked for (it reloads the
-        broken copies)."""
+    async def _watch_health(self, key: tuple[str, str, str], ip: str, replica_key: str | None) -> None:
+        """Reads what the replica's probe finds broken as soon as it changes (`GET /status`, held until news, with
+        the pool's key); on a change, the slices of the pool's models are written again at once and a round is asked
+        for (it reloads the broken copies)."""
         version: int | None = None
         failures = 0
         while self._wanted(key[:2]):
             try:
                 version, broken = await probe_news(ip, PROBE_PORT, since=version, wait=HEALTH_WAIT_SECONDS,
-                                                   timeout=2.0)
+                                                   key=replica_key, timeout=2.0)
                 failures = 0
             except (OSError, ValueError) as exc:  # TimeoutError, ConnectionError; an old probe answers 404
                 failures += 1

@@ -521,17 +521,19 @@ def _fetch_container(server: Server, fetch: _Fetch, options: Options) -> dict[st
     return container
 
 
-def _probe_container(model: TritonModel, repository: Repository, options: Options) -> dict[str, Any]:
+def _probe_container(model: TritonModel, repository: Repository, key_secret: str, options: Options) -> dict[str, Any]:
     """The `probe` container of a gated replica: it holds the kubelet's readiness probe of tritonserver (see the
     tritonserver container's readinessProbe), and checks that every model the replica serves can serve (its
     statistics; with the Python backend, its stubs): a break fails the held probe at once, and the operator heals
     the replica (issue 33; see triton_operator.triton.probe)."""
     served = [model.triton_name, *(r.model.triton_name for r in repository.steps)]
-    return probe_container(served, model.spec.warmup_gate.failed_request_threshold, options)
+    return probe_container(served, model.spec.warmup_gate.failed_request_threshold, key_secret, options)
 
 
-def probe_container(served: Iterable[str], fail_threshold: int, options: Options) -> dict[str, Any]:
-    """The `probe` container watching the Triton models `served` (none: tritonserver alone)."""
+def probe_container(served: Iterable[str], fail_threshold: int, key_secret: str, options: Options) -> dict[str, Any]:
+    """The `probe` container watching the Triton models `served` (none: tritonserver alone). It holds the replica's
+    repository key, from the Secret `key_secret` as tritonserver does: its `GET /status` and `POST /gate` answer only
+    the operator (issue 39)."""
     return {
         "name": PROBE_CONTAINER,
         "image": options.operator_image,
@@ -541,6 +543,7 @@ def probe_container(served: Iterable[str], fail_threshold: int, options: Options
                  "--fail-threshold", str(fail_threshold),
                  *(arg for name in served for arg in ("--model", name))],
         "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
+        "env": [key_env(key_secret)],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -555,7 +558,7 @@ def _tolerations(server: Server, gpus: int) -> Objects:
     return tolerations
 
 
-def _pod_spec(model: TritonModel, repository: Repository, triton: dict[str, Any], fetch: _Fetch,
+def _pod_spec(model: TritonModel, repository: Repository, triton: dict[str, Any], fetch: _Fetch, key_secret: str,
               options: Options) -> dict[str, Any]:
     """The replica's pod spec around the tritonserver container: the fetch step, the probe beside it (gated), the
     volumes, the pod's security context, its grace period and spec.server's placement."""
@@ -589,7 +592,7 @@ def _pod_spec(model: TritonModel, repository: Repository, triton: dict[str, Any]
         # The probe sees the Python backend's stubs in the pod's shared process namespace.
         if any(r.model.spec.backend == "python" for r in repository.models):
             pod_spec["shareProcessNamespace"] = True
-        pod_spec["containers"].append(_probe_container(model, repository, options))
+        pod_spec["containers"].append(_probe_container(model, repository, key_secret, options))
     if server.node_selector:
         pod_spec["nodeSelector"] = dict(server.node_selector)
     tolerations = _tolerations(server, replica_gpus(model, repository))
@@ -633,8 +636,9 @@ def render_deployment(
     if repository is None:
         repository = Repository.of(model.name, rendered)
     fetch = _Fetch(*_uri_args(repository))
-    triton = _triton_container(model, repository, key_secret_name(model, uid, namespace, options), fetch, options)
-    pod_spec = _pod_spec(model, repository, triton, fetch, options)
+    key_secret = key_secret_name(model, uid, namespace, options)
+    triton = _triton_container(model, repository, key_secret, fetch, options)
+    pod_spec = _pod_spec(model, repository, triton, fetch, key_secret, options)
     annotations = _pod_annotations(model, repository, pod_spec)
     pod_labels = {**(model.spec.server.pod_labels or {}), **labels(model)}
     annotations[ANNOTATION_POD_DIGEST] = pod_digest(model, repository, annotations, pod_spec, pod_labels)

@@ -196,25 +196,25 @@ def _fetch_server_container(pool: TritonPool, key_secret: str, options: Options)
     return container
 
 
-def _pool_probe(options: Options) -> dict[str, Any]:
+def _pool_probe(key_secret: str, options: Options) -> dict[str, Any]:
     """The probe sidecar, watching every model the replica's Triton serves (`--every-model`: failed requests, dead
     Python stubs) for the operator, which takes a broken copy out of its model's slices and reloads it; the pod's
     readiness still says only that tritonserver is up."""
     # The default threshold; a pooled model that sets another carries it in its config, where the probe reads it
     # (`api.pod.THRESHOLD_PARAMETER`): the pod template is the same whatever its models set.
-    probe = probe_container((), POOL_FAILED_REQUEST_THRESHOLD, options)
+    probe = probe_container((), POOL_FAILED_REQUEST_THRESHOLD, key_secret, options)
     probe["args"] = [*probe["args"], "--every-model"]
     return probe
 
 
-def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], fetcher: dict[str, Any],
+def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], fetcher: dict[str, Any], key_secret: str,
                    options: Options) -> dict[str, Any]:
     server = pool.spec.server
     grace = (options.pre_stop_sleep_seconds + exit_timeout(triton["args"], options.exit_timeout_seconds)
              + options.termination_margin_seconds)
     spec: dict[str, Any] = {
         # The probe watches tritonserver alone: which models a replica serves changes without a restart.
-        "containers": [triton, _pool_probe(options), fetcher],
+        "containers": [triton, _pool_probe(key_secret, options), fetcher],
         # The probe sees the Python backend's stubs in the pod's shared process namespace.
         "shareProcessNamespace": True,
         "volumes": [
@@ -264,9 +264,9 @@ def render_pool_children(pool: TritonPool, uid: str, namespace: str, options: Op
 def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: Options | None = None) -> dict[str, Any]:
     """The pool's Deployment: `spec.replicas` tritonservers with no model, waiting for the operator's loads."""
     options = options if options is not None else Options()
-    key = pool_key(pool, uid, namespace, options)
-    triton = _pool_triton_container(pool, pool_key_secret_name(pool, key), options)
-    fetcher = _fetch_server_container(pool, pool_key_secret_name(pool, key), options)
+    key_secret = pool_key_secret_name(pool, pool_key(pool, uid, namespace, options))
+    triton = _pool_triton_container(pool, key_secret, options)
+    fetcher = _fetch_server_container(pool, key_secret, options)
     labels = {**(pool.spec.server.pod_labels or {}), **pool_labels(pool)}
     annotations = {**(pool.spec.server.pod_annotations or {}),
                    "kubectl.kubernetes.io/default-container": TRITON_CONTAINER}
@@ -279,7 +279,7 @@ def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: 
             "selector": {"matchLabels": pool_selector(pool)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {"metadata": {"labels": labels, "annotations": annotations},
-                         "spec": _pool_pod_spec(pool, triton, fetcher, options)},
+                         "spec": _pool_pod_spec(pool, triton, fetcher, key_secret, options)},
         },
     }
 

@@ -66,19 +66,23 @@ is how the operator knows to reload the step. Only the confirmation needs a samp
 falls back on its failures alone, so it is covered as well; a model no client calls cannot fail a request, and is
 covered by its readiness alone.
 
-Bounds. Anything that reaches the pod can connect here, so a connection that sends nothing (or stops sending)
-for `IDLE_SECONDS` is closed, and at most `MAX_CONNECTIONS` are served at once, a thread each: one more is
-closed as soon as it is accepted. The kubelet holds one probe at a time and the operator posts one notice, so
-the cap is far above what they use. The idle timeout is on the socket's reads and writes, never on the hold:
-a held probe sent its request already, and waits up to `hold` seconds by design.
+Bounds, and who may ask what (issue 39). Anything that reaches the pod can connect here, and the kubelet cannot send
+a secret. So `triton.probe_server` answers the kubelet whatever other clients do: one thread owns every socket (no
+thread per connection), a request must arrive whole within a couple of seconds of its connect, and a full server
+makes room by closing the connection with least claim rather than refusing the newcomer (its docstring has the
+reasoning). `/ready` is keyless; `GET /status` (what is broken, a map of the replica's faults) and `POST /gate`
+(which moves the probe's verdict) need the replica's key (header KEY_HEADER, from the variable KEY_ENV: the
+repository key tritonserver holds, from the same Secret), so only the operator reads or pokes them. Each probe is
+judged by the state it began in (`Readiness.answer`), so an outsider's probe neither takes the news of a break from
+the kubelet's held one nor holds the kubelet's pass back.
 
 Standard library only: it runs in every replica, and starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
+import hmac
 import http.client
-import http.server
 import json
 import signal
 import socket
@@ -91,16 +95,20 @@ from pathlib import Path
 from typing import Any
 
 from .confirm import FAILED, SERVED, UNKNOWN, Verdict, confirm
+from .probe_server import Answer, ProbeServer, Request, Work
 
-#: Where the operator tells the probe server that it has set the gate.
+#: Where the operator tells the probe server that it has set the gate (with the replica's key).
 GATE_PATH = "/gate"
-#: A connection that sends nothing (or reads nothing of the answer) for this long is closed.
-IDLE_SECONDS = 5.0
-#: Connections served at once (a thread each); more are closed as soon as they are accepted.
-MAX_CONNECTIONS = 32
-#: Where the operator reads what the probe found broken (JSON).
+#: Where the operator reads what the probe found broken (JSON; with the replica's key).
 STATUS_PATH = "/status"
-#: The longest a `GET /status?since=N&wait=S` is held (under `IDLE_SECONDS`, the socket's own timeout).
+#: The header the replica's key travels in: the repository API's (`render.repository_key.KEY_HEADER`; not imported,
+#: so that the probe starts without pydantic).
+KEY_HEADER = "triton-operator-key"
+#: The variable the key is in (`api.v1alpha1.REPOSITORY_KEY_ENV`), read from the replica's key Secret.
+KEY_ENV = "TRITON_OPERATOR_REPOSITORY_KEY"
+#: Clients (addresses) whose last verdict `Readiness` remembers: the kubelet is one.
+TOLD_CLIENTS = 64
+#: The longest a `GET /status?since=N&wait=S` is held.
 MAX_WAIT = 4.0
 #: The health check's defaults (see the module's docstring).
 CHECK_INTERVAL = 0.1
@@ -547,7 +555,8 @@ class Readiness:
     broken: Callable[[], str | None] | None = None
     open_since: float | None = None
     gate_at: float | None = None
-    last_ready: bool = False
+    last_ready: bool = False  # the last verdict given to anyone
+    _told: dict[str, bool] = field(default_factory=dict)  # the last verdict given to each client, oldest first
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def _observe(self) -> bool:
@@ -582,138 +591,126 @@ class Readiness:
         at = self.open_since + self.head_start
         return at if self.gate_at is None else min(at, self.gate_at + self.settle)
 
-    def answer(self) -> tuple[bool, str]:
+    def answer(self, cut: threading.Event | None = None, client: str = "") -> tuple[bool, str]:
         """Wait, within `hold`, until a probe may pass (or, with a health check, until a passing replica breaks);
-        say ready or why not."""
+        say ready or why not. `cut` set: answer now, as at the end of the hold (the server needs the room).
+
+        Each probe is judged by what its `client` (the caller's address) was last told, not by what anyone was:
+        one that follows a pass to that client is held while passing and fails the moment the replica breaks; one
+        that follows a failure passes as soon as it may. So another client's probes (a curious pod, an attacker)
+        neither take the news of a break from the kubelet's held probe nor hold back its pass."""
         deadline = self.clock() + self.hold
+        with self._cond:
+            was_ready = self._told.get(client, False)
         while True:
             is_open = self._observe()
             why = self.broken() if self.broken is not None and is_open else None
             with self._cond:
                 now = self.clock()
-                if not is_open and self.last_ready:
+                expired = now >= deadline or (cut is not None and cut.is_set())
+                if not is_open and was_ready:
                     # It was ready: a closed port is news the kubelet should have now, not after a hold.
-                    self.last_ready = False
-                    return False, "tritonserver's HTTP port refuses connections"
-                if why is not None and self.last_ready:
-                    self.last_ready = False  # a break: news at once, too
-                    return False, why
+                    return self._tell(client, False, "tritonserver's HTTP port refuses connections")
+                if why is not None and was_ready:
+                    return self._tell(client, False, why)  # a break: news at once, too
                 at = self._passes_at() if is_open else None
                 # Passing. With a health check, a probe that follows a pass is held, to fail the moment something
                 # breaks, and passes when the hold is over.
                 passing = at is not None and why is None and now >= at
-                if passing and (self.broken is None or not self.last_ready or now >= deadline):
-                    self.last_ready = True
-                    return True, "tritonserver is up"
-                if now >= deadline:
-                    self.last_ready = False
-                    return False, why or "tritonserver's HTTP port refuses connections"
+                if passing and (self.broken is None or not was_ready or expired):
+                    return self._tell(client, True, "tritonserver is up")
+                if expired:
+                    return self._tell(client, False, why or "tritonserver's HTTP port refuses connections")
                 if why is not None or (at is not None and now >= at):
                     until = deadline  # broken, or passing and held: the health check's poke wakes it
                 else:
                     until = now + self.interval if at is None else at
                 wait = max(0.001, min(until, deadline) - now)
                 if self.sleep is None:
-                    self._cond.wait(wait)  # a gate notice (or a change of health) wakes it early
+                    self._cond.wait(wait)  # a gate notice (or a change of health, or a cut) wakes it early
                     continue
             self.sleep(wait)
 
-def _handler(readiness: Readiness, health: Health | None, settle: float,
-             idle: float) -> type[http.server.BaseHTTPRequestHandler]:
-    """The probe server's requests: GET /ready (the kubelet's probe), GET STATUS_PATH (the models' health) and
-    POST GATE_PATH (the operator's notice that it has set the gate)."""
+    def now(self, client: str = "") -> tuple[bool, str]:
+        """The verdict a probe gets at the end of its hold, at once and from the last check of the port (no new one):
+        what a held probe cut short is told (the server needs its place; `triton.probe_server`)."""
+        with self._cond:
+            is_open = self.open_since is not None
+        why = self.broken() if self.broken is not None and is_open else None
+        with self._cond:
+            at = self._passes_at() if is_open else None
+            if at is not None and why is None and self.clock() >= at:
+                return self._tell(client, True, "tritonserver is up")
+            return self._tell(client, False, why or "tritonserver's HTTP port refuses connections")
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = idle  # each read and write of the socket; BaseHTTPRequestHandler closes on the timeout
-
-        def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] == STATUS_PATH:
-                if health is not None:
-                    # `?since=N&wait=S`: held until what is broken changes from version N, or S seconds (a pool
-                    # replica's operator learns of a break at once, with one request waiting at a time).
-                    query = dict(p.split("=", 1) for p in self.path.partition("?")[2].split("&") if "=" in p)
-                    try:
-                        since, wait = int(query.get("since", "")), min(float(query.get("wait", "0")), MAX_WAIT)
-                    except ValueError:
-                        since, wait = -1, 0.0
-                    if wait > 0:
-                        health.wait_news(since, wait)
-                body = health.status() if health is not None else {"models": [], "broken": {}}
-                self._reply(200, json.dumps(body), "application/json")
-                return
-            if self.path.split("?", 1)[0] not in ("/", "/ready"):
-                self._reply(404, "not found")
-                return
-            ready, why = readiness.answer()
-            self._reply(200 if ready else 503, why)
-
-        def do_POST(self) -> None:
-            if self.path.split("?", 1)[0] != GATE_PATH:
-                self._reply(404, "not found")
-                return
-            if readiness.gate_set():
-                print(f"probe: the operator set the readiness gate; passing in {settle:g} s", file=sys.stderr,
-                      flush=True)
-                self._reply(200, f"passing readiness probes in {settle:g} s")
-            else:
-                self._reply(409, "tritonserver's HTTP port refuses connections")
-
-        def _reply(self, code: int, text: str, content_type: str = "text/plain; charset=utf-8") -> None:
-            body = (text + "\n").encode()
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-            self.close_connection = True
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # one probe a second: no access log
-
-    return Handler
+    def _tell(self, client: str, ready: bool, why: str) -> tuple[bool, str]:
+        """Records the verdict given to `client` (under the lock); the most recent `TOLD_CLIENTS` are kept."""
+        self.last_ready = ready
+        self._told.pop(client, None)
+        self._told[client] = ready
+        while len(self._told) > TOLD_CLIENTS:
+            del self._told[next(iter(self._told))]
+        return ready, why
 
 
-def _server(max_connections: int) -> type[http.server.ThreadingHTTPServer]:
-    """A threading HTTP server that takes at most `max_connections` at once and closes the others at once."""
-    slots = threading.BoundedSemaphore(max_connections)
+def _authorized(request: Request, key: str | None) -> bool:
+    """Whether the request carries the replica's key (constant time; no key configured: nothing is)."""
+    given = request.headers.get(KEY_HEADER)
+    return key is not None and given is not None and hmac.compare_digest(given.encode(), key.encode())
 
-    class Server(http.server.ThreadingHTTPServer):
-        daemon_threads = True
-        block_on_close = False
-        request_queue_size = 64  # the listen backlog: beyond it, connections wait in SYN retries, not refused at once
 
-        def process_request(self, request: Any, client_address: Any) -> None:
-            if not slots.acquire(blocking=False):
-                self.shutdown_request(request)  # over the cap: closed at once, no thread
-                return
-            try:
-                super().process_request(request, client_address)
-            except BaseException:
-                slots.release()
-                raise
+def _route(readiness: Readiness, health: Health | None, settle: float,
+           key: str | None) -> Callable[[Request], Answer | Work]:
+    """The probe server's requests: GET /ready (the kubelet's probe, keyless), and with the replica's key GET
+    STATUS_PATH (the models' health) and POST GATE_PATH (the operator's notice that it has set the gate)."""
 
-        def process_request_thread(self, request: Any, client_address: Any) -> None:
-            try:
-                super().process_request_thread(request, client_address)
-            finally:
-                slots.release()
+    def verdict(is_ready: bool, why: str) -> Answer:
+        return Answer(200 if is_ready else 503, why)
 
-        def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
-            # A kubelet that gave up on a held probe (its timeout, the pod's deletion) has closed the connection; a
-            # client that does not read the answer timed out.
-            if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-                super().handle_error(request, client_address)
+    def gate(_: threading.Event) -> Answer:
+        if not readiness.gate_set():
+            return Answer(409, "tritonserver's HTTP port refuses connections")
+        print(f"probe: the operator set the readiness gate; passing in {settle:g} s", file=sys.stderr, flush=True)
+        return Answer(200, f"passing readiness probes in {settle:g} s")
 
-    return Server
+    def route(request: Request) -> Answer | Work:
+        path, _, query = request.path.partition("?")
+        if path in ("/", "/ready") and request.method == "GET":
+            return Work(lambda cut: verdict(*readiness.answer(cut, request.peer)), held=True, wake=readiness.poke,
+                        now=lambda: verdict(*readiness.now(request.peer)))
+        if (path, request.method) not in ((STATUS_PATH, "GET"), (GATE_PATH, "POST")):
+            return Answer(404, "not found")
+        if not _authorized(request, key):
+            return Answer(401, f"this path needs the replica's key in header {KEY_HEADER}")
+        if path == GATE_PATH:
+            return Work(gate)
+        return Work(lambda _: _status(health, query))
+
+    return route
+
+
+def _status(health: Health | None, query: str) -> Answer:
+    """`GET /status[?since=N&wait=S]`: held until what is broken changes from version N, or S seconds (a pool
+    replica's operator learns of a break at once, with one request waiting at a time)."""
+    if health is not None:
+        params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+        try:
+            since, wait = int(params.get("since", "")), min(float(params.get("wait", "0")), MAX_WAIT)
+        except ValueError:
+            since, wait = -1, 0.0
+        if wait > 0:
+            health.wait_news(since, wait)
+    body = health.status() if health is not None else {"models": [], "broken": {}}
+    return Answer(200, json.dumps(body), "application/json")
 
 
 def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_start: float, settle: float,
-          stop_poll: float = 0.1, idle: float = IDLE_SECONDS, max_connections: int = MAX_CONNECTIONS,
-          models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL, fail_threshold: int = FAIL_THRESHOLD,
-          hang_seconds: float = HANG_SECONDS, repository: str | None = None, every: bool = False,
-          confirm_every: float = CONFIRM_EVERY, confirm_timeout: float = CONFIRM_TIMEOUT) -> int:
+          stop_poll: float = 0.1, models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL,
+          fail_threshold: int = FAIL_THRESHOLD, hang_seconds: float = HANG_SECONDS, repository: str | None = None,
+          every: bool = False, confirm_every: float = CONFIRM_EVERY, confirm_timeout: float = CONFIRM_TIMEOUT,
+          key: str | None = None) -> int:
+    """Answers on `listen` until SIGTERM (then until tritonserver's port at `target` closes). `key`: the replica's,
+    which GET /status and POST /gate need (None: they are refused)."""
     # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
     # sigwait below: no handler runs inside a wait that holds a lock the handler would need, and a signal sent as
     # soon as the port listens stays pending instead of killing the process.
@@ -726,9 +723,11 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle,
                           broken=health.why if health is not None and not every else None)
     stop_health = threading.Event()
-    server = _server(max_connections)(listen, _handler(readiness, health, settle, idle))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    thread.start()
+    server = ProbeServer(listen, _route(readiness, health, settle, key))
+    threading.Thread(target=server.serve_forever, daemon=True, name="probe-server").start()
+    if key is None:
+        print(f"probe: warning: no {KEY_ENV} in the environment: GET {STATUS_PATH} and POST {GATE_PATH} are refused",
+              file=sys.stderr, flush=True)
     if health is not None:
         threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health, repository,
                                                     confirm_timeout), daemon=True, name="health").start()
@@ -752,15 +751,20 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     return 0
 
 
-async def notify_gate(host: str, port: int, timeout: float = 1.0) -> int:
-    """Tells a replica's probe server that the operator has just set its readiness gate True (`POST /gate`); the
-    answer's status code (200: probes pass `settle` from now; 409: tritonserver's port is closed there)."""
+def _key_line(key: str | None) -> str:
+    return f"{KEY_HEADER}: {key}\r\n" if key else ""
+
+
+async def notify_gate(host: str, port: int, key: str | None = None, timeout: float = 1.0) -> int:
+    """Tells a replica's probe server that the operator has just set its readiness gate True (`POST /gate`, with
+    the replica's `key`); the answer's status code (200: probes pass `settle` from now; 409: tritonserver's port is
+    closed there; 401: not the replica's key)."""
     import asyncio  # here: the probe container itself never needs it
 
     async def post() -> int:
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            writer.write(f"POST {GATE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 0\r\n"
+            writer.write(f"POST {GATE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 0\r\n{_key_line(key)}"
                          "Connection: close\r\n\r\n".encode())
             await writer.drain()
             status = (await reader.readline()).split()
@@ -773,15 +777,16 @@ async def notify_gate(host: str, port: int, timeout: float = 1.0) -> int:
     return await asyncio.wait_for(post(), timeout)
 
 
-async def probe_status(host: str, port: int, timeout: float = 1.0) -> dict[str, str]:
-    """What a replica's probe server found broken (`GET /status`): model name (or "tritonserver") -> why."""
-    return (await probe_news(host, port, timeout=timeout))[1]
+async def probe_status(host: str, port: int, key: str | None = None, timeout: float = 1.0) -> dict[str, str]:
+    """What a replica's probe server found broken (`GET /status`, with the replica's `key`): model name (or
+    "tritonserver") -> why."""
+    return (await probe_news(host, port, key=key, timeout=timeout))[1]
 
 
-async def probe_news(host: str, port: int, since: int | None = None, wait: float = 0.0,
+async def probe_news(host: str, port: int, since: int | None = None, wait: float = 0.0, key: str | None = None,
                      timeout: float = 1.0) -> tuple[int, dict[str, str]]:
-    """`GET /status`, held up to `wait` seconds until what is broken changes from version `since`: (version, model
-    name (or "tritonserver") -> why)."""
+    """`GET /status` (with the replica's `key`), held up to `wait` seconds until what is broken changes from version
+    `since`: (version, model name (or "tritonserver") -> why)."""
     import asyncio
 
     query = f"?since={since}&wait={wait:g}" if since is not None and wait > 0 else ""
@@ -789,8 +794,8 @@ async def probe_news(host: str, port: int, since: int | None = None, wait: float
     async def get() -> tuple[int, dict[str, str]]:
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            writer.write(f"GET {STATUS_PATH}{query} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
-                         .encode())
+            writer.write(f"GET {STATUS_PATH}{query} HTTP/1.1\r\nHost: {host}:{port}\r\n{_key_line(key)}"
+                         "Connection: close\r\n\r\n".encode())
             await writer.drain()
             data = b""
             while len(data) < 1 << 20:  # to the end: the server closes the connection after its answer
