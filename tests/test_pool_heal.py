@@ -29,13 +29,14 @@ from typing import Any
 import pytest
 
 from tests.documents import pool_document, python_model
+from tests.probing import KEY
 from triton_operator.api.pool import TritonPool
 from triton_operator.plan import pool as pp
 from triton_operator.plan.placement import PoolReplica
 from triton_operator.render.pool import ReplicaPod
 from triton_operator.triton import pool as triton_pool
 from triton_operator.triton.local import LocalTritonServer, free_port
-from triton_operator.triton.probe import Health
+from triton_operator.triton.probe import KEY_ENV, KEY_HEADER, Health
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 
@@ -175,7 +176,7 @@ class TritonPythonModel:
 def _get(port: int, path: str, timeout: float = 10) -> tuple[int, dict[str, Any] | str]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers={KEY_HEADER: KEY})  # the pool's key, which the probe's /status needs
         resp = conn.getresponse()
         body = resp.read().decode()
         return resp.status, json.loads(body) if body.startswith("{") else body
@@ -206,7 +207,7 @@ def replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
                                                None))
             assert why is None, why
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), KEY_ENV: KEY}
         proc = subprocess.Popen(
             [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
              "--target", server.http_url, "--hold", "4", "--head-start", "0.1", "--every-model"],

@@ -21,7 +21,7 @@ import pytest
 
 from tests.probing import KEY, get
 from triton_operator.triton.local import free_port
-from triton_operator.triton.probe import KEY_ENV, Readiness, address, notify_gate
+from triton_operator.triton.probe import KEY_ENV, Readiness, address, notify_gate, probe_news, probe_status
 from triton_operator.triton.probe_server import MAX_CONNECTIONS, MAX_HELD, REQUEST_SECONDS
 
 HEAD_START = 0.6
@@ -288,8 +288,9 @@ class Crowd:
 
     REQUEST = b"GET /ready HTTP/1.1\r\nHost: probe\r\nUser-Agent: crowd\r\n\r\n"
 
-    def __init__(self, port: int, n: int, every: float | None = None, whole: bool = False) -> None:
-        self.port, self.n, self.every, self.whole = port, n, every, whole
+    def __init__(self, port: int, n: int, every: float | None = None, whole: bool = False,
+                 source: str | None = None) -> None:
+        self.port, self.n, self.every, self.whole, self.source = port, n, every, whole, source
         self.closed = 0  # connections the server closed
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
@@ -311,6 +312,8 @@ class Crowd:
 
     def _connect(self) -> None:
         s = socket.socket()
+        if self.source is not None:  # another client address than the kubelet-like probes' (another pod's)
+            s.bind((self.source, 0))
         s.setblocking(False)
         s.connect_ex(("127.0.0.1", self.port))
         self.sent[s] = 0
@@ -383,6 +386,28 @@ def test_slow_clients_never_keep_the_kubelets_probe_from_its_answer(target, n, e
     assert closed > 0, "the server closed none of the slow connections"
 
 
+def test_a_full_server_evicts_the_crowds_unfinished_connections_never_the_kubelets(target):
+    """Past the cap (64 here), a newcomer evicts an unfinished connection of the address that holds the most: 1000
+    silent connections from another address (another pod) that reconnect at once never cost a probe its answer."""
+    proc, port = _ready_port(target, "--hold", "8", "--head-start", "0.1", "--max-connections", "64")
+    answers: list[object] = []
+    try:
+        with Crowd(port, 1000, source="127.0.0.2") as crowd:
+            until = time.monotonic() + 2 * REQUEST_SECONDS
+            while time.monotonic() < until:
+                try:
+                    answers.append(get(port)[0])
+                except OSError as exc:
+                    answers.append(repr(exc))
+            closed = crowd.closed
+    finally:
+        proc.kill()
+        proc.communicate()
+    print(f"1000 silent clients from another address, cap 64: {len(answers)} probes, {closed} evicted or closed")
+    assert answers and all(a == 200 for a in answers), [a for a in answers if a != 200][:5]
+    assert closed > 1000, "the crowd was not evicted"
+
+
 def test_a_request_sent_slowly_is_closed_at_its_whole_request_deadline(probe):
     """The old server's timeout was per read: a byte every few seconds kept a connection forever."""
     _, port = probe
@@ -444,6 +469,11 @@ def test_status_and_gate_answer_only_the_replicas_key(probe, target):
         assert notify(port, key)[0] == 401, key
     status, body, _ = get(port, "/status", key=KEY)
     assert status == 200 and '"broken": {}' in body, body
+    # The operator's clients (the gate's, the pool's) send it.
+    with pytest.raises(ConnectionError, match="401"):
+        asyncio.run(probe_status("127.0.0.1", port))
+    assert asyncio.run(probe_status("127.0.0.1", port, KEY)) == {}
+    assert asyncio.run(probe_news("127.0.0.1", port, since=0, wait=0.1, key=KEY))[1] == {}
     assert _post(port, "/gate", KEY) == 200
     assert notify(port, KEY)[0] == 200
     # The kubelet's probe needs none.

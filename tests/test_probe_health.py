@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.probing import get
+from tests.probing import KEY, get
 from tests.triton_helpers import Served, load_models, serve, tensor
 from triton_operator.render.modelconfig import config_json
 from triton_operator.triton.confirm import FAILED, NO_SAMPLE, SERVED, UNKNOWN, Verdict, sample_request
 from triton_operator.triton.local import free_port
-from triton_operator.triton.probe import Health
+from triton_operator.triton.probe import KEY_ENV, Health
 
 # -- the state machine ----------------------------------------------------------------------------------
 
@@ -308,7 +308,7 @@ def sentiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @pytest.fixture
 def probe(sentiment: Served) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), KEY_ENV: KEY}
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
          "--target", sentiment.server.http_url, "--hold", str(HOLD), "--head-start", "0.1",
@@ -319,7 +319,7 @@ def probe(sentiment: Served) -> Iterator[tuple[subprocess.Popen[str], int]]:
         deadline = time.monotonic() + 20
         while True:
             try:
-                if get(port, "/status")[0] == 200:
+                if get(port, "/status", key=KEY)[0] == 200:
                     break
             except OSError:
                 pass
@@ -360,7 +360,7 @@ def stubs_of(served: Served, model: str) -> list[int]:
 
 
 def status(port: int) -> dict:
-    return json.loads(get(port, "/status")[1])
+    return json.loads(get(port, "/status", key=KEY)[1])
 
 
 def repository(served: Served, action: str, model: str, body: dict | None = None) -> None:

@@ -486,6 +486,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise CliError("--hold must be over 0 and over --head-start, which must be 0 or more")
     if args.gate_settle < 0 or args.gate_settle >= args.hold:
         raise CliError("--gate-settle must be 0 or more, and under --hold")
+    if args.max_connections < 8:
+        raise CliError("--max-connections must be 8 or more")
     if args.check_interval <= 0 or args.fail_threshold < 0 or args.hang_seconds <= 0:
         raise CliError("--check-interval and --hang-seconds must be over 0, and --fail-threshold 0 (off) or more")
     if args.confirm_every < 0 or args.confirm_timeout <= 0:
@@ -495,7 +497,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                      check_interval=args.check_interval, fail_threshold=args.fail_threshold,
                      hang_seconds=args.hang_seconds, repository=args.repository, every=args.every_model,
                      confirm_every=args.confirm_every, confirm_timeout=args.confirm_timeout,
-                     key=os.environ.get(KEY_ENV) or None)
+                     key=os.environ.get(KEY_ENV) or None, max_connections=args.max_connections)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
 
@@ -644,6 +646,9 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     help="tritonserver is broken when it has not answered for this long (default 2)")
     pr.add_argument("--repository", metavar="DIR",
                     help="watch only the Python stubs of models under this directory (tritonserver's repository)")
+    pr.add_argument("--max-connections", type=int, default=1024, metavar="N",
+                    help="connections held at once; past it, a newcomer evicts the unfinished one with least claim "
+                    "(default 1024)")
     pr.add_argument("--every-model", action="store_true",
                     help="(a pool replica) watch every model tritonserver serves, for GET /status alone: the readiness "
                     "probe says tritonserver is up, nothing per model")

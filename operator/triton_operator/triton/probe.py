@@ -94,8 +94,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+
 from .confirm import FAILED, SERVED, UNKNOWN, Verdict, confirm
-from .probe_server import Answer, ProbeServer, Request, Work
+from .probe_server import MAX_CONNECTIONS, Answer, ProbeServer, Request, Work
 
 #: Where the operator tells the probe server that it has set the gate (with the replica's key).
 GATE_PATH = "/gate"
@@ -708,7 +709,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
           stop_poll: float = 0.1, models: tuple[str, ...] = (), check_interval: float = CHECK_INTERVAL,
           fail_threshold: int = FAIL_THRESHOLD, hang_seconds: float = HANG_SECONDS, repository: str | None = None,
           every: bool = False, confirm_every: float = CONFIRM_EVERY, confirm_timeout: float = CONFIRM_TIMEOUT,
-          key: str | None = None) -> int:
+          key: str | None = None, max_connections: int = MAX_CONNECTIONS) -> int:
     """Answers on `listen` until SIGTERM (then until tritonserver's port at `target` closes). `key`: the replica's,
     which GET /status and POST /gate need (None: they are refused)."""
     # SIGTERM and SIGINT are blocked from here on, in this thread and every thread it starts, and taken with
@@ -723,7 +724,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     readiness = Readiness(check=lambda: port_open(*target), hold=hold, head_start=head_start, settle=settle,
                           broken=health.why if health is not None and not every else None)
     stop_health = threading.Event()
-    server = ProbeServer(listen, _route(readiness, health, settle, key))
+    server = ProbeServer(listen, _route(readiness, health, settle, key), max_connections=max_connections)
     threading.Thread(target=server.serve_forever, daemon=True, name="probe-server").start()
     if key is None:
         print(f"probe: warning: no {KEY_ENV} in the environment: GET {STATUS_PATH} and POST {GATE_PATH} are refused",

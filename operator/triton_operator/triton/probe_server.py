@@ -18,19 +18,23 @@ How. Sockets are non-blocking, in one `selectors` loop: a connection costs a few
   one, empty) must all arrive within `REQUEST_SECONDS` of the connect, however the client paces them; a head over
   `MAX_HEAD` bytes is refused. An answer must be taken within `WRITE_SECONDS` (it is a few hundred bytes: the kernel
   takes it at once).
-- The cap (`MAX_CONNECTIONS`) never refuses a newcomer: when it is reached, the connection that has least claim
-  goes. That is one whose request is not complete, from the source address that holds the most such connections
-  (an attacker in another pod evicts only its own), the oldest of those; and before it goes, what it has sent is
-  read: a request that is complete in the kernel's buffer is served, not evicted. So the kubelet's connection is
-  closed only if more than the cap of connections from its own address arrive between its connect and its
-  request's arrival, a millisecond. When no connection is unfinished, the oldest held `GET /ready` is answered
-  now with its current verdict (below), which frees its place.
+- The cap (`MAX_CONNECTIONS`, 1024) never refuses a newcomer: when it is reached, the connection with least claim
+  goes. That is one whose request is not complete, from the source address that holds the most such connections,
+  the oldest of those; and before it goes, what it has sent is read: a request complete in the kernel's buffer is
+  served, not evicted. So an attacker in another pod evicts only its own connections, however many it opens: the
+  kubelet's (from the node's address) is never the victim while another address holds as many unfinished ones. An
+  attacker on the node's own address (host network: it could do far worse) is told apart only by time: the kubelet's
+  connection goes only if more than the cap of connections arrive between its connect and its request's arrival,
+  and the loop accepts a few thousand a second, so its request has a tenth of a second or more, where it needs a
+  millisecond. A full server with no unfinished connection answers the oldest held `GET /ready` now (below).
+  Sockets stay under twice the cap (answers being written), and the soft limit on open files is raised for them.
 - Held requests. A complete `GET /ready` is held by `Readiness` up to the hold, in a worker thread (one of
   `MAX_HELD`: the kubelet holds one at a time). When a new one comes with every worker busy, the oldest held is
   answered now, with the verdict it would give at the end of its hold: ready if the replica passes, not ready and
-  why if not. That is a correct answer for the kubelet, which then asks again on its next period; only the long
-  poll's speed (a pass or a break seen within milliseconds rather than on the next period) is lost, and only while
-  someone floods the port with complete requests. A flood of those costs its sender as much as it costs us.
+  why if not (`Work.now`: from the last check of tritonserver's port, in the loop, no I/O; the held worker stops
+  and its answer is dropped). That is a correct answer for the kubelet, which then asks again on its next period;
+  only the long poll's speed (a pass or a break seen within milliseconds rather than on the next period) is lost,
+  and only while someone floods the port with complete requests. A flood of those costs its sender as much as it costs us.
 - The operator's requests (`POST /gate`, `GET /status`) need the replica's key (`triton.probe`); they have workers
   of their own (`MAX_OPERATOR`), so the kubelet's held probes and the operator's never wait on each other, and an
   outsider cannot take the operator's.
@@ -39,8 +43,9 @@ Why not a path token for `/ready`. The kubelet sends only what the pod spec says
 pod spec is readable by whoever may read pods: a token there is public to the cluster's readers and secret from
 no attacker who matters. It would not stop the attack either: slots are taken by connections that never send a
 request, token or not. `/ready` changes nothing (the gate notice is `/gate`, keyed), and an outsider's probe cannot
-take the kubelet's news from it (`Readiness.answer` judges each request by the state it began in), so it stays
-keyless; its answer says no more than the pod's Ready condition and its Events do.
+take the kubelet's news from it nor hold its pass back (`Readiness.answer` judges each probe by what its client
+address was last told), so it stays keyless; its answer says no more than the pod's Ready condition and its
+Events do.
 
 Standard library only: the probe runs in every replica, and starts in a fraction of a second.
 """
@@ -60,8 +65,9 @@ from dataclasses import dataclass, field, replace
 REQUEST_SECONDS = 2.0
 #: A client must take its answer within this long.
 WRITE_SECONDS = 2.0
-#: Connections open at once; past it, a newcomer evicts the one with least claim (see the module's docstring).
-MAX_CONNECTIONS = 256
+#: Connections open at once; past it, a newcomer evicts the one with least claim (see the module's docstring). At
+#: most twice as many sockets are open (answers still being written); the file limit is raised for them.
+MAX_CONNECTIONS = 1024
 #: Held `GET /ready` requests (a worker thread each); past it, the oldest is answered now with its verdict.
 MAX_HELD = 8
 #: The operator's requests in progress (a worker thread each); past it, 503.
@@ -149,6 +155,22 @@ def parse(buf: bytes) -> Request | Answer | None:
     return Request(parts[0], parts[1], headers, bytes(body))
 
 
+def fd_budget(connections: int) -> int:
+    """The connections this process can hold (twice as many sockets, and room for the rest), raising its soft limit
+    on open files toward the hard one when it is lower (a container's default may be 1024)."""
+    import resource
+
+    need = 2 * connections + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        except (ValueError, OSError):
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return connections if soft == resource.RLIM_INFINITY else max(8, min(connections, (soft - 64) // 2))
+
+
 @dataclass(eq=False)
 class Conn:
     sock: socket.socket
@@ -170,6 +192,7 @@ class ProbeServer:
                  max_held: int = MAX_HELD, max_operator: int = MAX_OPERATOR, request_seconds: float = REQUEST_SECONDS,
                  write_seconds: float = WRITE_SECONDS) -> None:
         self.route = route
+        max_connections = fd_budget(max_connections)
         self.max_connections, self.max_held, self.max_operator = max_connections, max_held, max_operator
         self.request_seconds, self.write_seconds = request_seconds, write_seconds
         self.listener = socket.create_server(listen, backlog=BACKLOG)
