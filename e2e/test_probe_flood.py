@@ -5,8 +5,7 @@ every 3 s filled it, the kubelet's readiness probe met EOF, and with `failureThr
 Service. Here 32, then 1000, such clients (from the host, the kubelet's own address: the hardest case, since the
 probe server tells other pods' connections apart by address) hold the port for 60 s each while the replica's
 endpoint is sampled every second: it is ready in every sample, the kubelet records no failed probe, and the probe
-container is not restarted. Traffic goes
-only to the pod's own address in 198.18.0.0/15.
+container is not restarted. Traffic goes only to the pod's own address in 198.18.0.0/15.
 """
 
 from __future__ import annotations
