@@ -136,7 +136,9 @@ def cost(tmp: Path) -> dict[str, Any]:
         time.sleep(COST_SECONDS)
         without = (cpu_seconds(pid) or 0.0) - c0
         port = _free_port()
-        env = {**os.environ, "PYTHONPATH": str(root / "operator")}
+        from triton_operator.triton.probe import KEY_ENV
+
+        env = {**os.environ, "PYTHONPATH": str(root / "operator"), KEY_ENV: BENCH_KEY}  # its /status needs a key
         probe = subprocess.Popen(
             [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
              "--target", served.server.http_url, "--repository", str(served.server.model_repository),
@@ -158,6 +160,10 @@ def cost(tmp: Path) -> dict[str, Any]:
             "checks_per_second": rate}
 
 
+#: The replica key the cost run's probe is started with.
+BENCH_KEY = "bench-" + "k" * 58
+
+
 def _free_port() -> int:
     from triton_operator.triton.local import free_port
 
@@ -168,7 +174,10 @@ def _checks(port: int) -> int:
     import json
     import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as resp:
+    from triton_operator.triton.probe import KEY_HEADER
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers={KEY_HEADER: BENCH_KEY})
+    with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310 - http:// to the bench's own probe
         return int(json.loads(resp.read())["checks"])
 
 
