@@ -73,8 +73,8 @@ makes room by closing the connection with least claim rather than refusing the n
 reasoning). `/ready` is keyless; `GET /status` (what is broken, a map of the replica's faults) and `POST /gate`
 (which moves the probe's verdict) need the replica's key (header KEY_HEADER, from the variable KEY_ENV: the
 repository key tritonserver holds, from the same Secret), so only the operator reads or pokes them. Each probe is
-judged by the state it began in (`Readiness.answer`), so an outsider's probe neither takes the news of a break from
-the kubelet's held one nor holds the kubelet's pass back.
+judged by what its client address was last told (`Readiness.answer`), so an outsider's probe neither takes the news
+of a break from the kubelet's held one nor holds the kubelet's pass back.
 
 Standard library only: it runs in every replica, and starts in a fraction of a second.
 """
