@@ -239,6 +239,40 @@ def test_readiness_passes_settle_after_the_gate_notice_when_that_comes_before_th
     assert now[0] == pytest.approx(start + 0.5)
 
 
+def test_another_clients_probes_neither_hold_back_the_kubelets_pass_nor_take_the_news_of_a_break():
+    """Issue 39: the verdict a probe follows is the one its own client was last given. With one shared verdict, an
+    outsider told "ready" first made the kubelet's next probe wait out the hold, and an outsider told of a break
+    first left the kubelet's probe held."""
+    now = [0.0]
+    state: dict[str, object] = {"open": False, "why": None}
+    r = Readiness(check=lambda: bool(state["open"]), hold=5.0, head_start=0.0, interval=0.005,
+                  clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+                  broken=lambda: state["why"])  # type: ignore[arg-type,return-value]
+    assert r.answer(client="node") == (False, "tritonserver's HTTP port refuses connections")
+    state["open"] = True
+    assert r.answer(client="pod") == (True, "tritonserver is up")
+    asked = now[0]
+    assert r.answer(client="node") == (True, "tritonserver is up")
+    assert now[0] == asked, "the kubelet's pass waited for the outsider's hold"
+    state["why"] = "model m is broken"
+    assert r.answer(client="pod") == (False, "model m is broken")
+    asked = now[0]
+    assert r.answer(client="node") == (False, "model m is broken")
+    assert now[0] == asked, "the outsider took the news of the break"
+    # A probe that follows a pass is held while passing; one cut short (the server needs its place) is answered at
+    # once, with the verdict it would get at the end of its hold.
+    state["why"] = None
+    assert r.answer(client="node") == (True, "tritonserver is up")
+    asked = now[0]
+    cut = threading.Event()
+    cut.set()
+    assert r.answer(cut, client="node") == (True, "tritonserver is up") and now[0] == asked
+    assert r.now("node") == (True, "tritonserver is up")
+    state["open"] = False
+    assert r.answer(client="node")[0] is False
+    assert r.now("node") == (False, "tritonserver's HTTP port refuses connections")
+
+
 @pytest.mark.parametrize(("text", "expected"), [(":8090", ("127.0.0.2", 8090)), ("8090", ("127.0.0.2", 8090)),
                                                 ("127.0.0.1:8000", ("127.0.0.1", 8000))])
 def test_address(text, expected):
