@@ -94,7 +94,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from .confirm import FAILED, SERVED, UNKNOWN, Verdict, confirm
 from .probe_server import MAX_CONNECTIONS, Answer, ProbeServer, Request, Work
 
