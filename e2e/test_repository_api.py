@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
 
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.operator_fixtures import (
@@ -42,10 +41,10 @@ from e2e.operator_fixtures import (
     start_operator,
     wait_model,
 )
-from e2e.traffic import ADMIN_HTTP, admin_grpc_calls, http_call
+from e2e.traffic import ADMIN_HTTP, admin_grpc_calls, grpc_not_refused, http_call
 from triton_operator.api.pod import ANNOTATION_DIGEST
 from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
-from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER
+from triton_operator.render.repository_key import KEY_HEADER
 
 pytestmark = pytest.mark.cluster
 
@@ -97,19 +96,10 @@ def refused_over_grpc(address: str) -> dict[str, str]:
     calls = {"unload": lambda h: client.unload_model(MODEL, headers=h),
              "load with files": lambda h: client.load_model("intruder", config=config, files=files, headers=h),
              "index": lambda h: client.get_model_repository_index(headers=h), **admin_grpc_calls(client)}
-    wrong: dict[str, str] = {}
     try:
-        for what, call in calls.items():
-            for headers in (None, {GRPC_KEY_HEADER: "0" * 64}):
-                try:
-                    call(headers)
-                    wrong[f"{what} {headers}"] = "accepted"
-                except InferenceServerException as exc:
-                    if exc.status() != "StatusCode.UNAVAILABLE" or "This protocol is restricted" not in (exc.message() or ""):
-                        wrong[f"{what} {headers}"] = f"{exc.status()} {exc.message()}"
+        return grpc_not_refused(calls)
     finally:
         client.close()
-    return wrong
 
 
 def infer(address: str) -> list[float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -141,14 +141,22 @@ def admin_not_refused(ip: str) -> dict[str, str]:
                 wrong[f"HTTP {what} {headers}"] = f"{status} {text[:120]}"
     client = grpcclient.InferenceServerClient(f"{ip}:8001")
     try:
-        for what, call in admin_grpc_calls(client).items():
-            for grpc_headers in (None, {GRPC_KEY_HEADER: "0" * 64}):
-                try:
-                    call(grpc_headers)
-                    wrong[f"gRPC {what} {grpc_headers}"] = "accepted"
-                except InferenceServerException as exc:
-                    if exc.status() != "StatusCode.UNAVAILABLE" or "This protocol is restricted" not in (exc.message() or ""):
-                        wrong[f"gRPC {what} {grpc_headers}"] = f"{exc.status()} {exc.message()}"
+        wrong.update({f"gRPC {k}": v for k, v in grpc_not_refused(admin_grpc_calls(client)).items()})
     finally:
         client.close()
+    return wrong
+
+
+def grpc_not_refused(calls: Mapping[str, Callable[[dict[str, str] | None], Any]]) -> dict[str, str]:
+    """Each gRPC call, with no key and with a wrong one, that Triton did not refuse as restricted (UNAVAILABLE, "This
+    protocol is restricted"): empty when every one was."""
+    wrong: dict[str, str] = {}
+    for what, call in calls.items():
+        for headers in (None, {GRPC_KEY_HEADER: "0" * 64}):
+            try:
+                call(headers)
+                wrong[f"{what} {headers}"] = "accepted"
+            except InferenceServerException as exc:
+                if exc.status() != "StatusCode.UNAVAILABLE" or "This protocol is restricted" not in (exc.message() or ""):
+                    wrong[f"{what} {headers}"] = f"{exc.status()} {exc.message()}"
     return wrong
