@@ -1,12 +1,15 @@
 """Servers on 127.0.0.1 that answer as a hostile replica would (issue 39, M1): an HTTP server whose answers never end
 (fast, or a byte at a time, or announced as huge), a gRPC server whose every answer is one oversized message; and the
-peak resident memory a block of code adds (`peak_growth`), read from the kernel (VmHWM, reset through clear_refs)."""
+peak resident memory a block of code adds (`peak_growth`), read from the kernel (VmHWM, reset through clear_refs); and
+how soon a server closed a client's socket (`closed_within`), for the tests of its deadlines."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -134,3 +137,17 @@ def oversized_grpc(size: int) -> Iterator[str]:
         yield f"127.0.0.1:{port}"
     finally:
         server.stop(0).wait(10)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the peer closed `sock` (EOF, a reset, or a TLS alert), None if it did not within `seconds`."""
+    start = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return time.monotonic() - start
+    except (ConnectionError, ssl.SSLError):
+        return time.monotonic() - start
+    except TimeoutError:
+        return None

@@ -19,6 +19,7 @@ import pytest
 from tests.fetch_server_client import KEY
 from tests.fetch_server_client import ask as _ask
 from tests.fetch_server_client import settled as _settled
+from tests.hostile_servers import closed_within
 from tests.https_server import HttpsServer, serve, tgz
 from triton_operator.fetch_server import KEY_HEADER as KEY_HEADER_NAME
 from triton_operator.fetch_server import STORE, FetchServer, Limits
@@ -186,20 +187,6 @@ def test_a_negative_content_length_is_refused_before_the_body_is_read(sidecar: F
     assert "m" not in _ask(sidecar, "GET", "/v1/models")[1]["models"]
 
 
-def _closed_within(sock: Any, seconds: float) -> float | None:
-    """Seconds until the peer closed `sock` (EOF or a reset), None if it did not within `seconds`."""
-    import time
-
-    start = time.monotonic()
-    sock.settimeout(seconds)
-    try:
-        while True:
-            if not sock.recv(4096):
-                return time.monotonic() - start
-    except ConnectionError:
-        return time.monotonic() - start
-    except TimeoutError:
-        return None
 
 
 #: Closed "within seconds": the server's deadline for the stage, and this much more for a busy machine.
@@ -216,7 +203,7 @@ def test_slow_clients_are_closed_within_seconds_before_the_key_is_checked(sideca
 
     port = sidecar.server_address[1]
     with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:
-        took = _closed_within(idle, tls_server.IDLE_SECONDS + MARGIN + 10)
+        took = closed_within(idle, tls_server.IDLE_SECONDS + MARGIN + 10)
     assert took is not None and took < tls_server.IDLE_SECONDS + MARGIN, took
     with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
         slow.sendall(b"PUT /v1/models/m HTTP/1.1\r\nHost: x\r\n")
@@ -227,7 +214,7 @@ def test_slow_clients_are_closed_within_seconds_before_the_key_is_checked(sideca
             except ConnectionError:
                 closed = i * 0.5
                 break
-            if _closed_within(slow, 0.5) is not None:
+            if closed_within(slow, 0.5) is not None:
                 closed = i * 0.5
                 break
     assert closed is not None and closed < tls_server.IDLE_SECONDS + MARGIN, closed
@@ -268,7 +255,7 @@ def test_connections_over_the_cap_are_reset_and_hold_no_thread(tmp_path: Path, m
         held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(cap)]
         over = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(extra)]
         try:
-            closed = [s for s in over if _closed_within(s, 2.0) is not None]
+            closed = [s for s in over if closed_within(s, 2.0) is not None]
             assert len(closed) == extra, f"{extra - len(closed)} of {extra} connections over the cap were kept"
             assert threading.active_count() == threads, "connections started threads"
         finally:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.hostile_servers import closed_within
 from triton_operator.servers import prometheus, tls_server
 
 #: Closed "within seconds": the server's deadline for the stage, and this much more for a busy machine.
@@ -61,18 +62,6 @@ def server() -> Iterator[RunningMetrics]:
         yield running
 
 
-def _closed_within(sock: socket.socket, seconds: float) -> float | None:
-    """Seconds until the peer closed `sock` (EOF or a reset), None if it did not within `seconds`."""
-    start = time.monotonic()
-    sock.settimeout(seconds)
-    try:
-        while True:
-            if not sock.recv(4096):
-                return time.monotonic() - start
-    except ConnectionError:
-        return time.monotonic() - start
-    except TimeoutError:
-        return None
 
 
 def test_a_scrape_gets_the_operators_metrics(server: RunningMetrics) -> None:
@@ -83,7 +72,7 @@ def test_a_scrape_gets_the_operators_metrics(server: RunningMetrics) -> None:
 
 def test_an_idle_connection_is_closed_within_seconds(server: RunningMetrics) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        took = _closed_within(sock, tls_server.IDLE_SECONDS + MARGIN + 10)
+        took = closed_within(sock, tls_server.IDLE_SECONDS + MARGIN + 10)
     assert took is not None, "a connection that sent nothing was still open"
     assert took < tls_server.IDLE_SECONDS + MARGIN, f"closed only after {took:.1f}s"
 
@@ -99,7 +88,7 @@ def test_a_request_whose_headers_trickle_is_closed_within_seconds(server: Runnin
             except ConnectionError:
                 closed = time.monotonic() - start
                 break
-            if _closed_within(sock, 0.5) is not None:
+            if closed_within(sock, 0.5) is not None:
                 closed = time.monotonic() - start
                 break
     assert closed is not None, "a client sending a header line every 0.5 s was never closed"
@@ -113,7 +102,7 @@ def test_connections_over_the_cap_are_refused_without_a_thread_each_and_scrapes_
         held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(cap)]
         over = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(extra)]
         try:
-            closed = [s for s in over if _closed_within(s, 2.0) is not None]
+            closed = [s for s in over if closed_within(s, 2.0) is not None]
             assert len(closed) == extra, f"{extra - len(closed)} of {extra} connections over the cap of {cap} were kept"
             assert threading.active_count() == threads, "connections started threads"
         finally:

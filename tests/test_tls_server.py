@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.hostile_servers import closed_within
 from tests.webhook_server import FakeModelsApi, RunningWebhook
 from triton_operator.servers import tls_server
 
@@ -36,18 +37,6 @@ def server() -> Iterator[RunningWebhook]:
         yield running
 
 
-def _closed_within(sock: socket.socket, seconds: float) -> float | None:
-    """Seconds until the peer closed `sock` (EOF or a reset), None if it did not within `seconds`."""
-    start = time.monotonic()
-    sock.settimeout(seconds)
-    try:
-        while True:
-            if not sock.recv(4096):
-                return time.monotonic() - start
-    except (ConnectionError, ssl.SSLError):
-        return time.monotonic() - start
-    except TimeoutError:
-        return None
 
 
 def _tls(server: RunningWebhook) -> ssl.SSLSocket:
@@ -72,7 +61,7 @@ def _review(request: object) -> bytes:
 
 def test_a_connection_that_never_starts_tls_is_closed_within_seconds(server: RunningWebhook) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        took = _closed_within(sock, tls_server.HANDSHAKE_SECONDS + MARGIN + 10)
+        took = closed_within(sock, tls_server.HANDSHAKE_SECONDS + MARGIN + 10)
     assert took is not None, "a connection that never sent a ClientHello was still open (asyncio's default: 60 s)"
     assert took < tls_server.HANDSHAKE_SECONDS + MARGIN, f"closed only after {took:.1f}s"
 
@@ -88,7 +77,7 @@ def test_a_request_whose_headers_trickle_is_closed_within_seconds(server: Runnin
             except (ConnectionError, ssl.SSLError):
                 closed = time.monotonic() - start
                 break
-            if (took := _closed_within(sock, 0.5)) is not None:
+            if (took := closed_within(sock, 0.5)) is not None:
                 closed = time.monotonic() - start
                 break
             del took
@@ -131,7 +120,7 @@ def test_connections_over_the_cap_are_refused_at_once_and_the_server_serves_agai
         over = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(extra)]
         try:
             # The first `cap` are accepted and wait for their handshake; the rest are reset as soon as accepted.
-            closed = [s for s in over if _closed_within(s, 2.0) is not None]
+            closed = [s for s in over if closed_within(s, 2.0) is not None]
             assert len(closed) == extra, f"{extra - len(closed)} of {extra} connections over the cap of {cap} were kept"
             readable, _, _ = select.select(held, [], [], 0)
             assert not readable, f"{len(readable)} of the first {cap} connections were closed at once"
