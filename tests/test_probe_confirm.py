@@ -25,12 +25,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.documents import python_model
-from tests.probing import get
+from tests.probing import KEY, get
 from tests.triton_helpers import Served, models_from_yaml, serve, tensor
 from triton_operator.plan import pool as pp
 from triton_operator.render.modelconfig import config_json
 from triton_operator.triton import pool as triton_pool
 from triton_operator.triton.local import LocalTritonServer, free_port
+from triton_operator.triton.probe import KEY_ENV
 
 pytestmark = pytest.mark.triton
 
@@ -92,7 +93,7 @@ def picky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @pytest.fixture
 def probe(picky: Served) -> Iterator[int]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), KEY_ENV: KEY}
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
          "--target", picky.server.http_url, "--hold", str(HOLD), "--head-start", "0.1",
@@ -102,7 +103,7 @@ def probe(picky: Served) -> Iterator[int]:
         deadline = time.monotonic() + 20
         while True:
             try:
-                if get(port, "/status")[0] == 200 and status(port)["checks"]:
+                if get(port, "/status", key=KEY)[0] == 200 and status(port)["checks"]:
                     break
             except OSError:
                 pass
@@ -115,7 +116,7 @@ def probe(picky: Served) -> Iterator[int]:
 
 
 def status(port: int) -> dict:
-    return json.loads(get(port, "/status")[1])
+    return json.loads(get(port, "/status", key=KEY)[1])
 
 
 def infer(served: Served, model: str, value: float) -> bool:
@@ -311,7 +312,7 @@ def pool_replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
                 assert time.monotonic() < deadline, server.log_tail()
                 time.sleep(0.1)
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), KEY_ENV: KEY}
         proc = subprocess.Popen(
             [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
              "--target", server.http_url, "--hold", "4", "--head-start", "0.1", "--every-model"],
