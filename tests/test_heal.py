@@ -7,6 +7,8 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.pod import ANNOTATION_DIGEST, ANNOTATION_STEPS, ANNOTATION_TRITON_NAME
 from triton_operator.controller.heal import desired_configs, to_reload
@@ -137,3 +139,43 @@ def test_a_heal_keeps_the_gates_reason_and_says_each_step_once():
     assert seen[0][1] == "heal 1" and "healing: unloading and loading ens again (heal 1)" in seen[0][2], seen
     assert seen[1][1] == seen[2][1] == "wait 1" and seen[1][2] == seen[2][2], "one message per step: " + repr(seen)
     assert "heal 1 failed: boom; next heal at " in seen[1][2], seen
+
+
+def test_a_not_loaded_from_the_probe_older_than_tritons_ready_is_not_a_break(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate asks the probe's /status while the container is not ready (after a Drain's unload and load, say).
+    When Triton has just said the model serves the desired config, the probe's "not loaded" is older than that (it
+    checks every 0.1 s): no break, no heal (CI rehearsal at d2326eb: a Drain-reloaded replica was healed for it, then
+    replaced). A dead stub the probe reports beside a READY model is still one; and "not loaded" while Triton says
+    the model is not READY is kept."""
+    from triton_operator.controller import gate as gate_module
+    from triton_operator.triton.probe import NOT_LOADED
+    from triton_operator.triton.replica import ReplicaVerdict
+
+    answers: list[dict[str, str]] = []
+
+    async def fake_status(ip: str, port: int, key: str | None = None, timeout: float = 1.0) -> dict[str, str]:
+        return answers[-1]
+
+    monkeypatch.setattr(gate_module, "probe_status", fake_status)
+    pod = {"metadata": {"name": "p", "namespace": "ns"}, "status": {"podIP": "198.18.0.9"},
+           "spec": {"containers": [{"name": "tritonserver"}, {"name": "probe"}]}}
+
+    class Owner:
+        def _key(self, gate: object) -> str:
+            return "k"
+
+    def ask(verdict: ReplicaVerdict, said: dict[str, str]) -> tuple[ReplicaVerdict, dict[str, str]]:
+        answers.append(said)
+        g = gate_module._PodGate("ns", "p", pod)
+        out = asyncio.run(gate_module.WarmupGate._ask_probe(Owner(), g, verdict, {"ready": False}))  # type: ignore[arg-type]
+        return out, g.broken
+
+    ready = ReplicaVerdict(True, "ModelWarmed", "READY", ready_seen=True)
+    out, broken = ask(ready, {"m": f"model m {NOT_LOADED}"})
+    assert out.ok and broken == {}, (out, broken)
+    dead = "the Python stub of model m (pid 7) has exited; every request to it fails"
+    out, broken = ask(ready, {"m": dead})
+    assert (out.ok, out.reason) == (False, "ModelFailing") and broken == {"m": dead}, (out, broken)
+    unreachable = ReplicaVerdict(False, "TritonUnreachable", "no answer")
+    out, broken = ask(unreachable, {"m": f"model m {NOT_LOADED}"})
+    assert broken == {"m": f"model m {NOT_LOADED}"}, broken

@@ -63,7 +63,7 @@ from ..api.timestamps import rfc3339, utc_now
 from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
 from ..plan.status import pod_condition, pod_ready, triton_container_status
 from ..platform.kube import Kube
-from ..triton.probe import notify_gate, probe_status
+from ..triton.probe import NOT_LOADED, notify_gate, probe_status
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
 from .heal import TRITONSERVER, Healed, reload_models, to_reload
@@ -479,6 +479,10 @@ class WarmupGate:
         except (OSError, ValueError) as exc:  # TimeoutError and ConnectionError included; an old probe: 404
             log.debug("Could not ask the probe pod=%s/%s error=%r", gate.namespace, gate.name, exc)
             return verdict
+        if verdict.ok:
+            # Triton has just said the model serves the desired config: a "not loaded" from the probe is older than
+            # that (it checks every 0.1 s), seen while a reload or a Drain unloaded and loaded it; not a break to heal.
+            broken = {m: why for m, why in broken.items() if not why.endswith(NOT_LOADED)}
         gate.broken.update(broken)
         if TRITONSERVER in broken:  # stopped or deadlocked: nothing to reload; it rejoins once it answers again
             return ReplicaVerdict(False, "TritonNotAnswering", broken[TRITONSERVER], ready_seen=verdict.ready_seen,

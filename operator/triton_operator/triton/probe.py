@@ -110,6 +110,8 @@ KEY_ENV = "TRITON_OPERATOR_REPOSITORY_KEY"
 TOLD_CLIENTS = 64
 #: The longest a `GET /status?since=N&wait=S` is held.
 MAX_WAIT = 4.0
+#: How `GET /status` says a model is missing from Triton's statistics (not loaded, or not yet again after a reload).
+NOT_LOADED = "is not loaded (Triton has no statistics for it)"
 #: The health check's defaults (see the module's docstring).
 CHECK_INTERVAL = 0.1
 FAIL_THRESHOLD = 3
@@ -263,7 +265,7 @@ class Health:
                 self._clear(m)
                 self.counts.pop(m, None)
                 self.thresholds.pop(m, None)
-        self.missing = {m: f"model {m} is not loaded (Triton has no statistics for it)"
+        self.missing = {m: f"model {m} {NOT_LOADED}"
                         for m in self.models if m not in counts}
         self._reloaded |= set(self.missing)
         for m in self.models:
