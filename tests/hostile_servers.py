@@ -1,7 +1,8 @@
 """Servers on 127.0.0.1 that answer as a hostile replica would (issue 39, M1): an HTTP server whose answers never end
 (fast, or a byte at a time, or announced as huge), a gRPC server whose every answer is one oversized message; and the
 peak resident memory a block of code adds (`peak_growth`), read from the kernel (VmHWM, reset through clear_refs); and
-how soon a server closed a client's socket (`closed_within`), for the tests of its deadlines."""
+how soon a server closed a client's socket (`closed_within`) and a server filled to its connection cap
+(`over_the_cap`), for the tests of its deadlines and caps."""
 
 from __future__ import annotations
 
@@ -151,3 +152,18 @@ def closed_within(sock: socket.socket, seconds: float) -> float | None:
         return time.monotonic() - start
     except TimeoutError:
         return None
+
+
+@contextlib.contextmanager
+def over_the_cap(port: int, cap: int, extra: int) -> Iterator[list[socket.socket]]:
+    """`cap` connections to 127.0.0.1:`port` held open, then `extra` more, each of which the server must close at once
+    (within 2 s). Yields the held ones; every socket is closed on exit."""
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(cap)]
+    over = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(extra)]
+    try:
+        closed = [s for s in over if closed_within(s, 2.0) is not None]
+        assert len(closed) == extra, f"{extra - len(closed)} of {extra} connections over the cap of {cap} were kept"
+        yield held
+    finally:
+        for s in held + over:
+            s.close()

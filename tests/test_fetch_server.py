@@ -19,7 +19,7 @@ import pytest
 from tests.fetch_server_client import KEY
 from tests.fetch_server_client import ask as _ask
 from tests.fetch_server_client import settled as _settled
-from tests.hostile_servers import closed_within
+from tests.hostile_servers import closed_within, over_the_cap
 from tests.https_server import HttpsServer, serve, tgz
 from triton_operator.fetch_server import KEY_HEADER as KEY_HEADER_NAME
 from triton_operator.fetch_server import STORE, FetchServer, Limits
@@ -238,7 +238,6 @@ def test_slow_clients_are_closed_within_seconds_before_the_key_is_checked(sideca
 
 
 def test_connections_over_the_cap_are_reset_and_hold_no_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import socket
     import time
 
     from triton_operator import fetch_server
@@ -252,15 +251,8 @@ def test_connections_over_the_cap_are_reset_and_hold_no_thread(tmp_path: Path, m
         assert _ask(server, "GET", "/v1/models")[0] == 200
         threads = threading.active_count()
         port = server.server_address[1]
-        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(cap)]
-        over = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(extra)]
-        try:
-            closed = [s for s in over if closed_within(s, 2.0) is not None]
-            assert len(closed) == extra, f"{extra - len(closed)} of {extra} connections over the cap were kept"
+        with over_the_cap(port, cap, extra):
             assert threading.active_count() == threads, "connections started threads"
-        finally:
-            for s in held + over:
-                s.close()
         deadline = time.monotonic() + 20
         while True:  # their places are free again once they close
             try:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.hostile_servers import closed_within
+from tests.hostile_servers import closed_within, over_the_cap
 from triton_operator.servers import prometheus, tls_server
 
 #: Closed "within seconds": the server's deadline for the stage, and this much more for a busy machine.
@@ -99,15 +99,8 @@ def test_connections_over_the_cap_are_refused_without_a_thread_each_and_scrapes_
     cap, extra = 8, 8
     with RunningMetrics(max_connections=cap) as server:
         threads = threading.active_count()
-        held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(cap)]
-        over = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(extra)]
-        try:
-            closed = [s for s in over if closed_within(s, 2.0) is not None]
-            assert len(closed) == extra, f"{extra - len(closed)} of {extra} connections over the cap of {cap} were kept"
+        with over_the_cap(server.port, cap, extra):
             assert threading.active_count() == threads, "connections started threads"
-        finally:
-            for s in held + over:
-                s.close()
         deadline = time.monotonic() + 20
         while True:  # their places are free again once they close
             try:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.hostile_servers import closed_within
+from tests.hostile_servers import closed_within, over_the_cap
 from tests.webhook_server import FakeModelsApi, RunningWebhook
 from triton_operator.servers import tls_server
 
@@ -116,17 +116,10 @@ def test_connections_over_the_cap_are_refused_at_once_and_the_server_serves_agai
     cap = tls_server.MAX_CONNECTIONS
     extra = 16
     with RunningWebhook(FakeModelsApi()) as server:
-        held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(cap)]
-        over = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(extra)]
-        try:
-            # The first `cap` are accepted and wait for their handshake; the rest are reset as soon as accepted.
-            closed = [s for s in over if closed_within(s, 2.0) is not None]
-            assert len(closed) == extra, f"{extra - len(closed)} of {extra} connections over the cap of {cap} were kept"
+        # The first `cap` are accepted and wait for their handshake; the rest are reset as soon as accepted.
+        with over_the_cap(server.port, cap, extra) as held:
             readable, _, _ = select.select(held, [], [], 0)
             assert not readable, f"{len(readable)} of the first {cap} connections were closed at once"
-        finally:
-            for s in held + over:
-                s.close()
         # Their places are free again once they close.
         deadline = time.monotonic() + 20
         while True:
