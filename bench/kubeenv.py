@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from e2e.cluster import LocalCluster, Ports, free_port, pid_alive
+from e2e.images import TRITON_REF
 from e2e.kube import RESOURCES, Kube, condition, wait_for
 from e2e.testing import metric_samples
 from triton_operator.api import kinds
@@ -219,7 +220,7 @@ class OperatorProcess:
         metrics, live = free_port(), free_port()
         url = f"http://127.0.0.1:{live}/healthz"
         argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--metrics-port", str(metrics),
-                "--metrics-address", "127.0.0.1", "--liveness", url, *extra]
+                "--metrics-address", "127.0.0.1", "--liveness", url, "--default-triton-image", TRITON_REF, *extra]
         return cls(argv, log_path, metrics, url)
 
     def start(self) -> OperatorProcess:

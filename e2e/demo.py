@@ -28,6 +28,8 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from e2e.images import TRITON_REF
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 EXAMPLES = [REPO / "examples" / "add-sub.yaml", REPO / "examples" / "sentiment-ensemble.yaml",
@@ -87,10 +89,12 @@ def install_operator(kubeconfig: Path, timeout: float) -> None:
     # The custom metrics API (for examples/autoscaling.yaml) is off by default, so as not to take the group over
     # from an adapter already in a cluster (chart README, "Autoscaling"); the demo's own cluster has none.
     say("[demo] Installing the operator: helm upgrade --install triton-operator charts/triton-operator "
-        "--set customMetrics.enabled=true")
+        f"--set customMetrics.enabled=true --set tritonImage={TRITON_REF}")
     subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", "--install", RELEASE,
                     str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
                     "--set", "customMetrics.enabled=true",
+                    # The demo's nodes cannot pull NVIDIA's image: models that name none run the local CPU build.
+                    "--set", f"tritonImage={TRITON_REF}",
                     # A cluster an older demo made has the CRD from the chart's former crds/, which Helm did not
                     # record as the release's: the first upgrade takes it over (chart README, "CRDs").
                     "--take-ownership",

@@ -14,9 +14,10 @@ Owns four OCI images, the cache they live in and their import into a node's cont
 Also owns `requirements.lock` itself: `python -m e2e.images lock` (`make lock`) writes it with uv from pyproject's
 dependencies and its s3 and gcs extras, and records a hash of those inputs in it (`lock_digest`), so that a test can
 tell a lock that no longer matches pyproject.toml.
-- **tritonserver** (`localhost/triton-operator/tritonserver:24.10-py3-cpu` plus the CRD's default
-  `nvcr.io/nvidia/tritonserver:24.10-py3`): `e2e/images/tritonserver/Dockerfile`, the tritonserver 2.51 of
-  the nvidia-pytriton wheel laid out at NGC's paths (/opt/tritonserver/...), CPU only.
+- **tritonserver** (`localhost/triton-operator/tritonserver:24.10-py3-cpu`, under that name alone: the test clusters'
+  operator runs with it as its `--default-triton-image`, the chart's `tritonImage`): `e2e/images/tritonserver/Dockerfile`,
+  the tritonserver 2.51 (NGC 24.10) of the nvidia-pytriton wheel laid out at NGC's paths (/opt/tritonserver/...), CPU
+  only.
 - **pause** (`PAUSE_IMAGE`): Kubernetes' `build/pause/linux/pause.c` from the k8s.io/kubernetes module that
   e2e/toolchain/kube pins, compiled with `gcc -Os -static`.
 
@@ -65,8 +66,6 @@ KUBE_MODULE_DIR = REPO_ROOT / "e2e" / "toolchain" / "kube"
 
 PAUSE_IMAGE = "localhost/triton-operator/pause:3.10"
 TRITON_REF = "localhost/triton-operator/tritonserver:24.10-py3-cpu"
-#: The CRD's default spec.server.image: tagged as an alias, the way `kind load` preloads an image offline.
-TRITON_ALIAS = "nvcr.io/nvidia/tritonserver:24.10-py3"
 OPERATOR_ALIAS = "localhost/triton-operator/triton-operator:dev"
 BASE_NAME = "localhost/triton-operator/base"
 
@@ -656,7 +655,7 @@ class _Builder:
                   "wheels": sorted(p.name for p in wheels.glob("*.whl")), "build_args": build_args,
                   "bud": BUD_FLAGS, "ref": TRITON_REF}
         key = _digest_inputs(inputs)
-        image = Image(TRITON_REF, (TRITON_ALIAS,), self.archive("tritonserver", key))
+        image = Image(TRITON_REF, (), self.archive("tritonserver", key))
         if not image.archive.exists():
             t0 = time.monotonic()
             ctx = self.stage(f"tritonserver-{key}", files, [wheels])

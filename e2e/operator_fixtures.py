@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from e2e.cluster import REPO_ROOT, free_port, session_root
+from e2e.images import TRITON_REF
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.testing import metric_samples, ready_addresses, ready_endpoints
 from triton_operator.api import kinds
@@ -288,7 +289,7 @@ def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f
     argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--namespace", pattern,
             "--metrics-port", str(metrics_port),
             "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL),
-            "--repository-key-file", str(repository_key_file(logs))]
+            "--repository-key-file", str(repository_key_file(logs)), "--default-triton-image", TRITON_REF]
     log_path.write_bytes(b"")
     if webhook:
         # The admission webhook, called by the API server on loopback; its configuration is this
@@ -551,7 +552,7 @@ def session_values() -> list[str]:
     """The chart values of the session's operator: serve `op-*` namespaces (cluster-wide RBAC), review only the
     namespaces labelled for the session, a 5 s drift interval for quick tests."""
     key, value = SESSION_LABEL
-    return ["--set", f"watch.namespacePattern={OPERATOR_NAMESPACE_PREFIX}*",
+    return ["--set", f"watch.namespacePattern={OPERATOR_NAMESPACE_PREFIX}*", "--set", f"tritonImage={TRITON_REF}",
             "--set", f"operator.driftInterval={int(DRIFT_INTERVAL)}",
             # A shorter Lease than the chart's 15 s, so that tests which kill the leader wait less for a follower.
             "--set", f"leaderElection.leaseSeconds={LEASE_SECONDS}", "--set", "leaderElection.renewSeconds=4",

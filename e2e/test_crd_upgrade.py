@@ -34,6 +34,7 @@ import yaml
 from e2e.cluster import REPO_ROOT, LocalCluster, session_root
 from e2e.kube import ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import CHART, helm, helm_binary
+from triton_operator import LEGACY_TRITON_IMAGE
 from triton_operator.api.crd import chart_template, crd, pool_crd
 from triton_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 
@@ -65,6 +66,8 @@ def _previous_crd() -> dict[str, Any]:
     parent["required"] = [r for r in parent.get("required", []) if r != FIELD[1]]
     if not parent["required"]:
         del parent["required"]
+    # 0.1.x's CRD defaulted the image (issue 39 moved the default into the operator, a newer Triton).
+    spec["properties"]["server"]["properties"]["image"]["default"] = LEGACY_TRITON_IMAGE
     return doc
 
 
@@ -193,6 +196,23 @@ def test_a_plain_helm_upgrade_brings_the_new_crd_and_crds_enabled_false_leaves_i
     assert upgraded["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert upgraded["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
     assert _set_field(kube) == SELECTOR
+    # The former default image, which the API server stored in the model it defaulted, stays through the upgrade (no
+    # model moves to another Triton by itself); a pooled model that carries it may still be changed (its CEL rule
+    # lets that one value be), while one naming another image may not.
+    assert kube.request("GET", _model_path())["spec"]["server"]["image"] == LEGACY_TRITON_IMAGE
+    pooled = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TritonModel", "metadata": {"name": "pooled"},
+              "spec": {"pool": "shared", "memory": "64Mi", "backend": "python", "maxBatchSize": 8,
+                       "inputs": [{"name": "x", "dataType": "FP32", "dims": [1]}],
+                       "outputs": [{"name": "y", "dataType": "FP32", "dims": [1]}],
+                       "source": {"inline": {"model.py": "class TritonPythonModel:\n    pass\n"}},
+                       "server": {"image": LEGACY_TRITON_IMAGE}}}
+    kube.request("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{TEAM}/{PLURAL}", pooled)
+    kube.request("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{TEAM}/{PLURAL}/pooled", {"spec": {"memory": "96Mi"}},
+                 content_type="application/merge-patch+json")
+    with pytest.raises(ApiError, match=r"spec\.server\.image"):
+        kube.request("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{TEAM}/{PLURAL}/pooled",
+                     {"spec": {"server": {"image": "nvcr.io/nvidia/tritonserver:26.03-py3"}}},
+                     content_type="application/merge-patch+json")
 
     # Uninstall: the CRD and the TritonModel (with the field) stay.
     helm(kubeconfig, "uninstall", RELEASE, "--namespace", RELEASE_NS)

@@ -31,6 +31,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import REPO_ROOT
+from e2e.images import TRITON_REF
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import ensure_crd
 from e2e.testing import ready_addresses, wait_gone
@@ -119,7 +120,8 @@ def installed(kubeconfig: Path, kube: Kube, name: str, namespace: str, *sets: st
     try:
         # The CRD belongs to the session's release where it runs (or is applied here): this one leaves it alone.
         ensure_crd(kubeconfig, kube)
-        helm(kubeconfig, "install", name, str(CHART), "--namespace", namespace, "--set", "crds.enabled=false", *sets)
+        helm(kubeconfig, "install", name, str(CHART), "--namespace", namespace, "--set", "crds.enabled=false",
+             "--set", f"tritonImage={TRITON_REF}", *sets)
         yield Release(name, namespace, f"{name}-triton-operator")
     finally:
         with contextlib.suppress(AssertionError):

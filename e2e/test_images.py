@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from e2e import images
+from e2e.operator_fixtures import session_values
+from triton_operator import DEFAULT_TRITON_IMAGE
 from triton_operator.api.v1alpha1 import Server
 from triton_operator.render.kubernetes import Options
+from triton_operator.triton.local import TRITON_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,8 +25,14 @@ def test_operator_ref_is_what_the_chart_and_the_renderer_use() -> None:
     assert images.chart_operator_ref() == Options().operator_image
 
 
-def test_tritonserver_alias_is_the_crd_default_image() -> None:
-    assert Server().image == images.TRITON_ALIAS
+def test_the_tritonserver_image_is_named_for_what_it_is() -> None:
+    """issue 39 item 3: the tests run the local CPU build of Triton 2.51 (NGC 24.10) under its own name, never as an
+    alias of NVIDIA's image or of the API's default (a later release); the test clusters' operator names it as its
+    default instead (e2e/operator_fixtures.py, the chart's tritonImage)."""
+    assert TRITON_VERSION == "2.51.0" and images.TRITON_REF == "localhost/triton-operator/tritonserver:24.10-py3-cpu"
+    assert Server().image is None and DEFAULT_TRITON_IMAGE != images.TRITON_REF
+    assert not [v for v in vars(images).values() if isinstance(v, str) and v.startswith("nvcr.io/")]
+    assert f"tritonImage={images.TRITON_REF}" in session_values()
 
 
 def test_tritonserver_wheel_is_the_one_pyproject_pins() -> None:

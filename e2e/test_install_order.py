@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import REPO_ROOT, LocalCluster, free_port, session_root
+from e2e.images import TRITON_REF
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.operator_fixtures import CHART, CRDS, OPERATOR, helm, kubectl
 
@@ -53,7 +54,7 @@ def test_operator_started_before_its_crd_serves_tritonmodels_once_the_crd_exists
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(
             [str(OPERATOR), "run", "--kubeconfig", str(as_chart), "--namespace", TEAM, "--metrics-port", "0",
-             "--liveness", liveness, "--drift-interval", "5"],
+             "--liveness", liveness, "--drift-interval", "5", "--default-triton-image", TRITON_REF],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
     try:
         wait_for("the operator waiting for its CRD", lambda: "Waiting for the TritonModel CRD" in log_path.read_text(),

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster import REPO_ROOT
-from e2e.images import PAUSE_IMAGE, chart_operator_ref
+from e2e.images import PAUSE_IMAGE, TRITON_REF, chart_operator_ref
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.operator_fixtures import (
     OperatorHandle,
@@ -236,7 +236,7 @@ def test_installing_the_chart_leaves_an_hpa_on_another_metrics_server_where_it_w
             # would stay unavailable, which the HPA controller passes over (this test could not see a takeover).
             ensure_crd(kubeconfig, kube)
             helm(kubeconfig, "install", release, str(CHART), "--namespace", release_ns, "--set", "crds.enabled=false",
-                 "--wait", "--timeout", "240s")
+                 "--set", f"tritonImage={TRITON_REF}", "--wait", "--timeout", "240s")
             try:
                 # Every replica of the release serves (TLS: the webhook, and the custom metrics API had the chart
                 # registered it): from here an APIService of ours would be available, and the HPA would move to it.

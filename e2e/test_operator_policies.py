@@ -224,9 +224,10 @@ def test_tritonmodels_may_not_tolerate_the_control_plane_nor_use_an_image_from_e
     assert apply_model(kubeconfig, namespace, elsewhere).returncode == 0, "by default, any registry"
     kube.delete("TritonModel", "elsewhere", namespace)
 
-    # The release narrows the registries: an image from elsewhere is refused at apply, NVIDIA's default is not.
+    # The release narrows the registries: an image from elsewhere is refused at apply; a model without one runs the
+    # release's tritonImage (here the local build's, from localhost/triton-operator), which is checked as its image.
     helm(kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
-         "--set-json", 'admissionPolicies.tritonModels.allowedImageRegistries=["nvcr.io/nvidia"]')
+         "--set-json", 'admissionPolicies.tritonModels.allowedImageRegistries=["localhost/triton-operator"]')
     try:
         def refusal() -> str | None:
             proc = apply_model(kubeconfig, namespace, elsewhere)
@@ -237,8 +238,11 @@ def test_tritonmodels_may_not_tolerate_the_control_plane_nor_use_an_image_from_e
 
         stderr = wait_for("the narrowed policy to refuse an image from elsewhere", refusal, 30, 0.5)
         assert MODEL_POLICY in stderr and "spec.server.image: registry.example/triton/tritonserver:24.10-py3 is " \
-            "not from a registry this cluster allows for TritonModels and TritonPools (nvcr.io/nvidia" in stderr, stderr
-        assert apply_model(kubeconfig, namespace, model("nvidia")).returncode == 0, "the default image is NVIDIA's"
+            "not from a registry this cluster allows for TritonModels and TritonPools (localhost/triton-operator" in \
+            stderr, stderr
+        assert apply_model(kubeconfig, namespace, model("default-image")).returncode == 0, "tritonImage is allowed"
+        nvidia = apply_model(kubeconfig, namespace, model("nvidia", image="nvcr.io/nvidia/tritonserver:26.03-py3"))
+        assert nvidia.returncode != 0 and MODEL_POLICY in nvidia.stderr, (nvidia.stdout, nvidia.stderr)
     finally:
         helm(kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
              "--set-json", "admissionPolicies.tritonModels.allowedImageRegistries=[]")

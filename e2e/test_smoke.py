@@ -112,8 +112,7 @@ def test_deployment_serves_inference_through_endpointslice(kube: Kube, namespace
     assert ipaddress.ip_address(status["podIP"]) in POD_RANGE
     cs = container_status(pod, "tritonserver")
     assert cs["ready"] and cs["started"] and "running" in cs["state"]
-    # The kubelet reports the image by the runtime's first name for it; NGC's reference is our local image's alias.
-    assert cs["image"] in (TRITON_IMAGE, "localhost/triton-operator/tritonserver:24.10-py3-cpu"), cs["image"]
+    assert cs["image"] == TRITON_IMAGE, cs["image"]
     assert cs["imageID"].startswith("sha256:") or "@sha256:" in cs["imageID"], cs["imageID"]
 
     eps = wait_for("a ready endpoint for Service triton", lambda: ready_endpoints(kube, namespace, "triton"), 60)

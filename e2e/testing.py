@@ -16,9 +16,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.images import TRITON_REF
 from e2e.kube import ApiError, Kube, condition, wait_for
 
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+#: What the test clusters run as tritonserver: the local CPU build of 2.51 (e2e/images.py), named as what it is.
+TRITON_IMAGE = TRITON_REF
 
 ADD_ONE_CONFIG = textwrap.dedent(
     """\

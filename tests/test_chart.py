@@ -828,10 +828,29 @@ def test_the_tritonmodel_policy_refuses_control_plane_tolerations_and_allows_any
     text = json.dumps(policy["spec"]["validations"])
     assert '[\\"nvcr.io/nvidia\\"].exists(r' in text and "spec.server.image" in text
     assert "spec.server.tolerations" not in text
-    from triton_operator.api.v1alpha1 import Server
+    from triton_operator import DEFAULT_TRITON_IMAGE
 
     image = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "image")
-    assert f'"{Server().image}"' in image, "the chart's default image is the API's"
+    assert f'"{DEFAULT_TRITON_IMAGE}"' in image, "the policy checks the image a model without one runs"
+    mirror = "registry.example/mirror/tritonserver:26.03-py3"
+    policy, _ = _policy(render(helm, tritonImage=mirror, **{
+        "admissionPolicies.tritonModels.allowedImageRegistries": ["registry.example"]}), "tritonmodels")
+    image = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "image")
+    assert f'"{mirror}"' in image, "the policy checks the chart's tritonImage, which the operator runs"
+
+
+def test_the_default_triton_image_is_a_value_the_operator_runs_with(helm) -> None:
+    """issue 39 item 3: `tritonImage` (default: the API's DEFAULT_TRITON_IMAGE, the minimum supported release) reaches
+    the operator as --default-triton-image, so a cluster whose nodes pull from a mirror sets it once."""
+    from triton_operator import DEFAULT_TRITON_IMAGE
+
+    def args(docs: list[dict]) -> list[str]:
+        dep = next(d for d in docs if d["kind"] == "Deployment")
+        return dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert f"--default-triton-image={DEFAULT_TRITON_IMAGE}" in args(render(helm)), args(render(helm))
+    mirror = "registry.example/mirror/tritonserver:26.03-py3"
+    assert f"--default-triton-image={mirror}" in args(render(helm, tritonImage=mirror))
 
 
 def test_the_tritonmodel_policy_binds_the_namespaces_the_webhook_reviews(helm: str) -> None:

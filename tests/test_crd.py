@@ -125,6 +125,7 @@ def test_the_pool_crd_refuses_what_a_pool_cannot_be() -> None:
 def test_a_pooled_model_sets_no_server_field_of_its_own_in_cel() -> None:
     """Every server field has a CEL rule naming it for a pooled model: unset, or at its default (the API server fills
     defaults in before it evaluates the rules, so `has(self.server)` alone would refuse every pooled model)."""
+    from triton_operator import LEGACY_TRITON_IMAGE
     from triton_operator.api.v1alpha1 import POOLED_SERVER_DEFAULTS, Server
 
     spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -133,7 +134,10 @@ def test_a_pooled_model_sets_no_server_field_of_its_own_in_cel() -> None:
     assert server_fields - {".server.fetch"} <= paths | {".server.fetch"}
     assert {".server.fetch.maxBytes", ".server.fetch.maxFiles", ".memory"} <= paths
     assert ".autoscaling" not in paths, "a pooled model autoscales its copies"
-    assert POOLED_SERVER_DEFAULTS[".server.image"] == Server().image
+    assert POOLED_SERVER_DEFAULTS[".server.image"] == Server().image is None
+    image_rule = next(v for v in spec["x-kubernetes-validations"] if v.get("fieldPath") == ".server.image")
+    assert image_rule["rule"].endswith(f'!has(self.server.image) || self.server.image == "{LEGACY_TRITON_IMAGE}"'), (
+        image_rule)
     assert POOLED_SERVER_DEFAULTS[".server.resources"] is None
 
 

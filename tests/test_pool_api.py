@@ -54,6 +54,16 @@ def test_a_server_field_at_its_default_is_no_setting() -> None:
     assert errors(model(pool="p", memory="1Gi", server={"cacheSize": "64Mi", "startupTimeoutSeconds": 600})) == []
 
 
+def test_a_pooled_model_may_carry_the_image_that_0_1_stored_as_its_default() -> None:
+    """0.1.x's CRD defaulted spec.server.image, and the API server stored that default in every model it created: such
+    a pooled model stays valid (its pool's image is what runs), while any other image is refused (above)."""
+    from triton_operator import DEFAULT_TRITON_IMAGE, LEGACY_TRITON_IMAGE
+
+    assert errors(model(pool="p", memory="1Gi", server={"image": LEGACY_TRITON_IMAGE})) == []
+    assert errors(model(pool="p", memory="1Gi", server={"image": DEFAULT_TRITON_IMAGE})) == [
+        ("spec.server.image", "pooled-model")]
+
+
 def _ensemble(**spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION, "kind": "TritonModel", "metadata": {"name": "ens"},

@@ -163,6 +163,25 @@ def test_a_replica_pod_is_read_from_the_pod_object() -> None:
     assert ReplicaPod.of({"metadata": {"name": "p"}}) == ReplicaPod("p", "", None, None, ready=False, terminating=False)
 
 
+def test_a_pool_without_an_image_runs_the_operators_default_triton_image() -> None:
+    """issue 39 item 3: an unset spec.server.image is the operator's --default-triton-image (Options), else the
+    API's DEFAULT_TRITON_IMAGE; a pool's own image wins."""
+    from triton_operator import DEFAULT_TRITON_IMAGE
+    from triton_operator.render.kubernetes import Options
+
+    def image(pool: TritonPool, options: Options | None = None) -> str:
+        deployment = render_pool_children(pool, UID, "ns", options or Options())[0]
+        return next(c["image"] for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "tritonserver")
+
+    pool, _ = _example()
+    assert pool.spec.server.image is None and image(pool) == DEFAULT_TRITON_IMAGE
+    mirror = "registry.example/mirror/tritonserver:26.03-py3"
+    assert image(pool, Options(default_triton_image=mirror)) == mirror
+    own = pool.model_copy(update={"spec": pool.spec.model_copy(update={
+        "server": pool.spec.server.model_copy(update={"image": "registry.example/own:1"})})})
+    assert image(own, Options(default_triton_image=mirror)) == "registry.example/own:1"
+
+
 def test_a_pool_of_several_replicas_has_a_disruption_budget_of_one() -> None:
     pool, _ = _example()
     deployment, pdb = render_pool_children(pool, UID, "ns")

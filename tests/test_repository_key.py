@@ -128,7 +128,7 @@ def test_unrestricted_apis_opens_the_categories_named_and_says_so_in_status_even
     closed = plan(_world())
     assert closed.status is not None and all(c.type != "AdminApisRestricted" for c in closed.status.conditions or ())
 
-    fixed = "nvcr.io/nvidia/tritonserver:25.07-py3"
+    fixed = "nvcr.io/nvidia/tritonserver:26.03-py3"
     assert review(_body(unrestrictedApis=["logging"], image=fixed), None, {}).warnings == [
         "spec.server.unrestrictedApis: Triton's logging API answers every client of the replicas, without the "
         "operator's key"]
@@ -267,15 +267,41 @@ def test_a_missing_or_short_key_file_is_one_line_before_anything_starts(tmp_path
             proc.stderr)
 
 
-def test_admission_warns_of_a_triton_release_before_the_fixes_of_the_public_critical_advisories() -> None:
-    """issue 39 item 3: an NGC tritonserver before 25.07 (the default, 24.10, which the tests run) is allowed with a
-    warning naming the advisories and the release that fixed them; 25.07 and later, and images not named by an NGC
-    release tag, get none."""
-    for old in ("nvcr.io/nvidia/tritonserver:24.10-py3", "registry.example/mirror/tritonserver:25.06-py3-sdk"):
+def test_a_model_without_an_image_runs_the_operators_default_triton_image(tmp_path: Path) -> None:
+    """issue 39 item 3: an unset spec.server.image renders as the operator's --default-triton-image (Options), whose
+    own default is the minimum supported release; `render --objects --default-triton-image` shows the same."""
+    from triton_operator import DEFAULT_TRITON_IMAGE, MINIMUM_TRITON_RELEASE
+
+    def image(children: dict[str, dict[str, Any]]) -> str:
+        containers = children["Deployment"]["spec"]["template"]["spec"]["containers"]
+        return str(next(c["image"] for c in containers if c["name"] == "tritonserver"))
+
+    assert DEFAULT_TRITON_IMAGE.endswith(f":{MINIMUM_TRITON_RELEASE}-py3")
+    assert image(_children()) == DEFAULT_TRITON_IMAGE
+    mirror = "registry.example/mirror/tritonserver:26.03-py3"
+    assert image(_children(Options(default_triton_image=mirror))) == mirror
+    assert image(_children(Options(default_triton_image=mirror), image="registry.example/own:1")) == (
+        "registry.example/own:1")
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(json.dumps(_body()))
+    proc = subprocess.run([sys.executable, "-m", "triton_operator.cli.main", "render", "--objects",
+                           "--default-triton-image", mirror, str(manifest)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"image: {mirror}" in proc.stdout and DEFAULT_TRITON_IMAGE not in proc.stdout, proc.stdout
+
+
+def test_admission_warns_of_a_triton_release_before_the_minimum_supported_one() -> None:
+    """issue 39 item 3: an NGC tritonserver before 26.03 (the minimum supported release, which fixed CVE-2026-24207) is
+    allowed with a warning naming the release and the advisories it lacks (before 25.07, the August 2025 ones too);
+    26.03 and later, no image (the operator's default), and images not named by an NGC release tag get none."""
+    for old, also in (("nvcr.io/nvidia/tritonserver:24.10-py3", True),
+                      ("registry.example/mirror/tritonserver:25.06-py3-sdk", True),
+                      ("nvcr.io/nvidia/tritonserver:25.07-py3", False), ("nvcr.io/nvidia/tritonserver:26.02-py3", False)):
         (warning,) = review(_body(image=old), None, {}).warnings
-        assert warning.startswith("spec.server.image: Triton 2") and "predates 25.07" in warning, warning
-        assert "CVE-2025-23310" in warning and "CVE-2025-23319" in warning and "CVE-2026-24207" in warning, warning
+        assert warning.startswith("spec.server.image: Triton 2") and "predates 26.03" in warning, warning
+        assert "CVE-2026-24207" in warning and ("CVE-2025-23310" in warning and "CVE-2025-23319" in warning) == also, (
+            warning)
         assert review(_body(image=old), None, {}).allowed
-    for fine in ("nvcr.io/nvidia/tritonserver:25.07-py3", "nvcr.io/nvidia/tritonserver:26.01-py3",
-                 "registry.example/triton:latest"):
-        assert review(_body(image=fine), None, {}).warnings == [], fine
+    for fine in ("nvcr.io/nvidia/tritonserver:26.03-py3", "nvcr.io/nvidia/tritonserver:26.10-py3",
+                 "registry.example/triton:latest", None):
+        assert review(_body(image=fine) if fine else _body(), None, {}).warnings == [], fine

@@ -201,10 +201,9 @@ admits every source. A YAML list.
 {{- toYaml $peers }}
 {{- end }}
 
-{{/* spec.server.image's default (operator/triton_operator/api/v1alpha1.py, Server.image): what a TritonModel without
-     one runs. tests/test_chart.py keeps the two equal. */}}
+{{/* What a TritonModel or TritonPool without spec.server.image runs: the operator's --default-triton-image. */}}
 {{- define "triton-operator.defaultTritonImage" -}}
-nvcr.io/nvidia/tritonserver:24.10-py3
+{{ .Values.tritonImage }}
 {{- end }}
 
 {{/* A policy binding's matchResources: the namespaces the release serves, as the webhook's namespaceSelector says

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
+from .. import DEFAULT_TRITON_IMAGE, LEGACY_TRITON_IMAGE, MINIMUM_TRITON_RELEASE
+
 GROUP = "serving.triton-operator.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -816,6 +818,8 @@ class FetchLimits(_Model):
     )
 
 
+
+
 class Server(_Model):
     """The tritonserver container of each replica, and the pod around it."""
 
@@ -864,8 +868,15 @@ class Server(_Model):
         },
     ]})
 
-    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
-        default="nvcr.io/nvidia/tritonserver:24.10-py3", description="tritonserver image."
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
+        default=None,
+        description=(
+            "tritonserver image. Unset: the operator's default, which its admin sets once for the cluster (the "
+            f"chart's `tritonImage`, `run --default-triton-image`; out of the box {DEFAULT_TRITON_IMAGE}). The "
+            f"minimum supported release is NGC {MINIMUM_TRITON_RELEASE}: admission warns of an NGC tritonserver:YY.MM "
+            "image before it. Objects that earlier versions defaulted carry "
+            f"{LEGACY_TRITON_IMAGE} here, and keep it until it is changed."
+        ),
     )
     cache_size: QuantityStr = Field(
         default="64Mi",
@@ -1258,6 +1269,10 @@ def _server_defaults(model: type[BaseModel], at: str) -> Iterator[tuple[str, Any
 #: The server fields of a TritonModel, at their defaults: a pooled model may set none of them (its pool's replicas
 #: run it), and `validate.rules` names the one that differs. `.server.image` -> its default (None: no default).
 POOLED_SERVER_DEFAULTS: dict[str, Any] = dict(_server_defaults(Server, ".server"))
+#: Values a pooled model may carry besides its default, and why: what the API server stored as the default before.
+POOLED_SERVER_ACCEPTED: dict[str, tuple[Any, str]] = {
+    ".server.image": (LEGACY_TRITON_IMAGE, "the default that 0.1.x stored"),
+}
 #: What a pooled model may not set, as the reference says it.
 POOLED_MODEL_REFUSED = ("server", "warmupGate.enabled: false", "rollout.strategy: NewPods")
 _POOLED = "!has(self.pool) || "
@@ -1274,10 +1289,15 @@ def _pooled_server_rule(path: str, default: Any) -> JsonDict:
     rule = f"{guard}!has(self{path})"
     if default is not None:
         rule += f" || self{path} == {_cel_literal(default)}"
+    accepted, why = POOLED_SERVER_ACCEPTED.get(path, (None, ""))
+    if accepted is not None:
+        rule += f" || self{path} == {_cel_literal(accepted)}"
+    here = (f" (here it must stay {default})" if default is not None
+            else f" (here it must stay unset; {accepted}, {why}, is let be)" if accepted is not None else "")
     return {
         "rule": f"{_POOLED}{rule}",
         "message": f"a pooled model runs on its pool's tritonservers: set {path[1:]} on the TritonPool "
-                   f"(spec{path}), not on the model" + ("" if default is None else f" (here it must stay {default})"),
+                   f"(spec{path}), not on the model{here}",
         "fieldPath": path,
     }
 

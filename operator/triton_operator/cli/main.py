@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from .. import DEFAULT_TRITON_IMAGE, __version__
 
 if TYPE_CHECKING:
     from ..api.v1alpha1 import TritonModel
@@ -88,7 +88,7 @@ def _write_repository(rendered: Mapping[str, RenderedModel], out: Path) -> None:
         raise CliError(f"{exc.filename or out}: cannot write: {exc.strerror or exc}") from exc
 
 
-def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None) -> str:
+def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None, triton_image: str | None) -> str:
     """The Kubernetes objects the operator applies for each TritonModel, as a multi-document YAML stream."""
     import yaml
 
@@ -98,7 +98,9 @@ def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None) 
 
     models = [m for _, m in loaded.models]
     rendered = render_repository(models)  # as the operator renders: no --cpu, replicas' /models
-    options = Options(operator_image=operator_image) if operator_image else Options()
+    defaults = Options()
+    options = Options(operator_image=operator_image or defaults.operator_image,
+                      default_triton_image=triton_image or defaults.default_triton_image)
     docs = []
     for _, pool in loaded.pools:
         uid = str(pool.metadata.model_extra.get("uid") or "") if pool.metadata.model_extra else ""
@@ -152,7 +154,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         if args.cpu or args.repository_root:
             raise CliError("--objects prints what the operator applies, which maps no GPU group to CPU and mounts the "
                            "repository at /models: drop --cpu and --repository-root")
-        sys.stdout.write(_objects(loaded, args.namespace, args.operator_image))
+        sys.stdout.write(_objects(loaded, args.namespace, args.operator_image, args.default_triton_image))
         return 0
     for r in rendered.values():
         print(f"# {r.name}/config.pbtxt (TritonModel {r.model.name}, digest {r.digest})")
@@ -548,6 +550,9 @@ def _add_render(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r.add_argument("--operator-image", metavar="IMAGE",
                    help="with --objects: the operator's image, which the fetch and probe containers run "
                    "(default: this version's; the chart sets the one it installs)")
+    r.add_argument("--default-triton-image", metavar="IMAGE",
+                   help="with --objects: the image of a model or pool that sets no spec.server.image, as the "
+                   f"operator's `run --default-triton-image` (default: {DEFAULT_TRITON_IMAGE})")
     r.set_defaults(func=cmd_render)
 
 

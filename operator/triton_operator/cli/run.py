@@ -11,6 +11,8 @@ import sys
 import uuid
 from typing import TYPE_CHECKING
 
+from .. import DEFAULT_TRITON_IMAGE, MINIMUM_TRITON_RELEASE
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -58,7 +60,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
     if not args.namespace and not args.all_namespaces:
         args.all_namespaces = True
-    options = Options(operator_image=args.operator_image, repository_keys=keys)
+    options = Options(operator_image=args.operator_image, default_triton_image=args.default_triton_image,
+                      repository_keys=keys)
+    from ..validate.admission import triton_release_warning
+
+    old_triton = triton_release_warning(args.default_triton_image, "--default-triton-image")
+    if old_triton is not None:
+        logging.getLogger("triton_operator").warning("%s (every model and pool that sets no image runs it)", old_triton)
     if args.repository_key_file:
         logging.getLogger("triton_operator").info("Loaded repository master key file=%s fingerprint=%s",
                                                   args.repository_key_file, keys.fingerprint)
@@ -196,6 +204,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--operator-image",
         default=os.environ.get("TRITON_OPERATOR_IMAGE", "ghcr.io/triton-operator/triton-operator:0.1.0"),
         help="image of the `fetch` init container (this operator's own image)",
+    )
+    r.add_argument(
+        "--default-triton-image", metavar="IMAGE",
+        default=os.environ.get("TRITON_OPERATOR_DEFAULT_TRITON_IMAGE", DEFAULT_TRITON_IMAGE),
+        help="the tritonserver image of every TritonModel and TritonPool that sets no spec.server.image, e.g. a "
+             "mirror's copy of NVIDIA's (the chart's `tritonImage`). Changing it rolls their replicas to new pods. "
+             f"Default: {DEFAULT_TRITON_IMAGE}; a warning at start if it names an NGC release before "
+             f"{MINIMUM_TRITON_RELEASE}",
     )
     r.add_argument("--repository-key-file", metavar="FILE",
                    help="the master key (at least 32 bytes; the chart mounts its Secret here) from which each model's "

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import DEFAULT_TRITON_IMAGE
 from ..api.kinds import LABEL_MODEL, OWNED
 from ..api.pod import (
     ANNOTATION_DIGEST,
@@ -76,6 +77,8 @@ class Options:
     """Operator-wide settings that shape children."""
 
     operator_image: str = "ghcr.io/triton-operator/triton-operator:0.1.0"
+    # What a model or pool that names no spec.server.image runs (`run --default-triton-image`).
+    default_triton_image: str = DEFAULT_TRITON_IMAGE
     # Without the gate, the kubelet's probes decide when a warmed replica turns Ready (tritonserver opens its
     # ports only once the model is loaded and warm): probe at the kubelet's shortest period.
     startup_probe_period: int = 1
@@ -432,7 +435,7 @@ def _triton_container(model: TritonModel, repository: Repository, key_secret: st
     user_env = _user_env(server)
     triton: dict[str, Any] = {
         "name": TRITON_CONTAINER,
-        "image": server.image,
+        "image": server.image or options.default_triton_image,
         "command": ["tritonserver"],
         "args": _server_args(model, repository, options),
         "ports": [

@@ -140,7 +140,7 @@ def _pool_triton_container(pool: TritonPool, key_secret: str, options: Options) 
     user_env = _user_env(server)
     triton: dict[str, Any] = {
         "name": TRITON_CONTAINER,
-        "image": server.image,
+        "image": server.image or options.default_triton_image,
         "command": ["tritonserver"],
         "args": _pool_server_args(server, options),
         "ports": [

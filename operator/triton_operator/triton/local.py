@@ -25,7 +25,6 @@ from pathlib import Path
 
 #: The Triton release the wheel ships (tritonserver 2.51.0 == container 24.10).
 TRITON_VERSION = "2.51.0"
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 
 _log = logging.getLogger("triton_operator.triton")
 

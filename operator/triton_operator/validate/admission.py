@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .. import MINIMUM_TRITON_RELEASE
 from ..api import steps as step_graph
 from ..api.pool import TritonPool
 from ..api.v1alpha1 import Server, TritonModel
@@ -143,28 +144,37 @@ def review(
     return AdmissionVerdict(not errors, errors, [*server_warnings(new.spec.server), *warnings], subject)
 
 
-#: The first Triton release (NGC container YY.MM) with the fixes of NVIDIA's August 2025 bulletin: the unauthenticated
-#: remote-code-execution chain through the Python backend's IPC region and the shared-memory API (CVE-2025-23319,
-#: -23320, -23334) and the stack overflow on chunked HTTP bodies (CVE-2025-23310, -23311).
-TRITON_FIXED_RELEASE = (25, 7)
 _NGC_TAG = re.compile(r"(?:^|/)tritonserver:(?P<yy>\d{2})\.(?P<mm>\d{2})(?:-|$)")
+
+
+def triton_release_warning(image: str, where: str) -> str | None:
+    """A warning if `image` is an NGC tritonserver:YY.MM before the minimum supported release (`api`'s
+    MINIMUM_TRITON_RELEASE, which has the fixes of NVIDIA's August 2025 and May 2026 Triton bulletins); None for a
+    later one or an image whose tag names no NGC release (a mirror's own tag, a custom build: the admin's call)."""
+    tag = _NGC_TAG.search(image)
+    minimum = tuple(int(p) for p in MINIMUM_TRITON_RELEASE.split("."))
+    if tag is None or (int(tag["yy"]), int(tag["mm"])) >= minimum:
+        return None
+    return (f"{where}: Triton {tag['yy']}.{tag['mm']} predates {MINIMUM_TRITON_RELEASE}, the oldest release this "
+            "operator supports: it lacks the fixes of CVE-2026-24207 (an unauthenticated authentication bypass, "
+            "NVIDIA bulletin 5828)" + (", of the shared-memory remote-code-execution chain (CVE-2025-23319/-23320/"
+                                        "-23334, whose entry point the operator restricts to its key) and of "
+                                        "CVE-2025-23310/-23311 (a chunked HTTP body overflows the stack)"
+                                        if (int(tag["yy"]), int(tag["mm"])) < (25, 7) else "")
+            + f"; use {MINIMUM_TRITON_RELEASE} or later")
 
 
 def server_warnings(server: Server) -> list[str]:
     """What admission warns of in a TritonModel's or TritonPool's spec.server (allowed, but worth saying): admin APIs
-    it opens, and an NGC tritonserver release older than the one that fixed the public critical advisories."""
+    it opens, and an NGC tritonserver release older than the minimum supported one. An unset image is the operator's
+    default, which it checks itself when it starts."""
     out = []
     if server.unrestricted_apis:
         out.append(f"spec.server.unrestrictedApis: Triton's {', '.join(server.unrestricted_apis)} API answers every "
                    "client of the replicas, without the operator's key")
-    tag = _NGC_TAG.search(server.image)
-    if tag is not None and (int(tag["yy"]), int(tag["mm"])) < TRITON_FIXED_RELEASE:
-        fixed = "{:02d}.{:02d}".format(*TRITON_FIXED_RELEASE)
-        out.append(f"spec.server.image: Triton {tag['yy']}.{tag['mm']} predates {fixed}, which fixed "
-                   "CVE-2025-23310/-23311 (a chunked HTTP body overflows the stack, on every endpoint) and the "
-                   "shared-memory remote-code-execution chain (CVE-2025-23319/-23320/-23334, whose entry point the "
-                   f"operator restricts to its key); use {fixed} or later, at or after the release NVIDIA names for "
-                   "CVE-2026-24207")
+    old = triton_release_warning(server.image, "spec.server.image") if server.image else None
+    if old is not None:
+        out.append(old)
     return out
 
 
