@@ -21,6 +21,7 @@ The in-process tests of the same bounds: tests/test_bounded_reads.py.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -148,41 +149,89 @@ def _attacked(kube: Kube, nodes, namespace: str, operator_ips: set[str]) -> tupl
     return wait_for("the fake tritonserver's report of bytes streamed to the operator", probe, 180, 1.0)
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` has taken (user and system, all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Memory:
+    """The peaks of each operator pod's working set and VmRSS, sampled by `sample()`, and the CPU each took since."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.before = {name: working_set(pid) for name, pid in pids.items()}
+        self.peak = dict(self.before)
+        self.rss_peak = dict.fromkeys(pids, 0)
+        self.mark()
+
+    def mark(self) -> None:
+        """From now on for `cpu()`."""
+        self.started = time.monotonic()
+        self.cpu_before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def cpu(self) -> str:
+        """Each pod's share of a core since `mark()`."""
+        elapsed = time.monotonic() - self.started
+        return ", ".join(f"{name}: {(cpu_seconds(pid) - self.cpu_before[name]) / elapsed:.0%}"
+                         for name, pid in self.pids.items())
+
+    def sample(self) -> None:
+        for name, pid in self.pids.items():
+            self.peak[name] = max(self.peak[name], working_set(pid))
+            self.rss_peak[name] = max(self.rss_peak[name], vm_rss(pid))
+
+    def growth(self) -> int:
+        return max(self.peak[name] - self.before[name] for name in self.pids)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name}: {self.before[name] / MIB:.0f} -> {self.peak[name] / MIB:.0f} MiB (VmRSS max "
+                         f"{self.rss_peak[name] / MIB:.0f})" for name in self.pids)
+
+
+def _opened(kube: Kube, namespace: str) -> list[str]:
+    """What of the hostile model serves: Ready, a ready endpoint, its replica's gate True (none should)."""
+    tm = kube.get("TritonModel", HOSTILE, namespace)
+    out = []
+    if is_model_ready(tm) or ready_endpoints(kube, namespace, HOSTILE):
+        out.append(f"{model_condition(tm, 'Ready')}, endpoints {ready_endpoints(kube, namespace, HOSTILE)}")
+    pod = _hostile_pod(kube, namespace)
+    if pod is not None and gate(pod).get("status") == "True":
+        out.append(f"its replica's gate {gate(pod)}")
+    return out
+
+
+def _hostile(image: str) -> dict:
+    doc = add_sub(HOSTILE)
+    # As fast as the operator reads: the fake's CPU is what the client takes, and the harder case for its memory.
+    doc["spec"]["server"] = {"image": image, "env": [{"name": "ENDLESS_PAUSE_SECONDS", "value": "0"}]}
+    return doc
+
+
 def test_a_replica_streaming_endless_answers_costs_the_operator_bounded_memory_and_nothing_else(
         operator: ChartOperator, kube: Kube, kubeconfig: Path, namespace: str, nodes, endless_image: str) -> None:  # type: ignore[no-untyped-def]
     operator.start()
     pods = {p["metadata"]["name"]: p for p in operator.pods()}
-    pids = {name: operator.pid_of(p) for name, p in pods.items()}
     restarts = {name: operator._operator_status(p).get("restartCount", 0) for name, p in pods.items()}
     limit = min(operator_limit(p) for p in pods.values())
-    before = {name: working_set(pid) for name, pid in pids.items()}
+    memory = Memory({name: operator.pid_of(p) for name, p in pods.items()})
     operator_ips = {p["status"]["podIP"] for p in pods.values()}
 
-    hostile = add_sub(HOSTILE)
-    # As fast as the operator reads: the fake's CPU is what the client takes, and the harder case for its memory.
-    hostile["spec"]["server"] = {"image": endless_image, "env": [{"name": "ENDLESS_PAUSE_SECONDS", "value": "0"}]}
-    apply(kubeconfig, namespace, hostile)
+    apply(kubeconfig, namespace, _hostile(endless_image))
     pod, sent_before = _attacked(kube, nodes, namespace, operator_ips)
     apply(kubeconfig, namespace, add_sub(NORMAL))
 
     dry_runs = DryRuns(kubeconfig, namespace, operator)
-    peak = dict(before)
-    rss_peak = dict.fromkeys(pids, 0)
-    open_samples: list[str] = []
+    opened: list[str] = []
     normal_ready_at: float | None = None
     halt = threading.Event()
     start = time.monotonic()
+    memory.mark()
     next_dry_run = start
     samples = 0
     while (now := time.monotonic()) < start + WINDOW:  # a sample a second, not a wait for a condition
-        for name, pid in pids.items():
-            peak[name] = max(peak[name], working_set(pid))
-            rss_peak[name] = max(rss_peak[name], vm_rss(pid))
-        tm = kube.get("TritonModel", HOSTILE, namespace)
-        hostile_pod = _hostile_pod(kube, namespace)
-        if (is_model_ready(tm) or ready_endpoints(kube, namespace, HOSTILE)
-                or (hostile_pod is not None and gate(hostile_pod).get("status") == "True")):
-            open_samples.append(f"{now - start:.0f}s: {model_condition(tm, 'Ready')}")
+        memory.sample()
+        opened += [f"{now - start:.0f}s: {o}" for o in _opened(kube, namespace)]
         if normal_ready_at is None and is_model_ready(kube.get("TritonModel", NORMAL, namespace)):
             normal_ready_at = now - start
         if now >= next_dry_run:
@@ -192,43 +241,47 @@ def test_a_replica_streaming_endless_answers_costs_the_operator_bounded_memory_a
         halt.wait(1.0)
     window = time.monotonic() - start
 
-    log = nodes.container_log(kube.get("Pod", pod["metadata"]["name"], namespace), TRITON_CONTAINER)
-    requests, sent = sent_to(log, operator_ips)
-    growth = {name: peak[name] - before[name] for name in pids}
-    summary = ", ".join(f"{name}: {before[name] / MIB:.0f} -> {peak[name] / MIB:.0f} MiB (VmRSS max "
-                        f"{rss_peak[name] / MIB:.0f})" for name in pids)
-    print(f"hostile replica for {window:.0f}s ({samples} samples): operator working sets {summary}, limit "
-          f"{limit / MIB:.0f} MiB; the fake answered {requests} requests and streamed {(sent - sent_before) / MIB:.0f} "
-          f"MiB to the operator's pods in the window; {len(dry_runs.answers)} dry-run pairs")
+    requests, sent = sent_to(nodes.container_log(kube.get("Pod", pod["metadata"]["name"], namespace),
+                                                 TRITON_CONTAINER), operator_ips)
+    streamed = (sent - sent_before) / MIB
+    print(f"hostile replica for {window:.0f}s ({samples} samples): operator working sets {memory}, limit "
+          f"{limit / MIB:.0f} MiB; the fake answered {requests} requests and streamed {streamed:.0f} MiB to the "
+          f"operator's pods in the window, which took {memory.cpu()} of CPU; {len(dry_runs.answers)} dry-run pairs")
     record("hostile replica: operator working set max, VmRSS max / limit (MiB), window",
-           f"{max(peak.values()) / MIB:.0f}, {max(rss_peak.values()) / MIB:.0f} / {limit / MIB:.0f}, {window:.0f}s")
+           f"{max(memory.peak.values()) / MIB:.0f}, {max(memory.rss_peak.values()) / MIB:.0f} / {limit / MIB:.0f}, "
+           f"{window:.0f}s")
+    record("hostile replica: streamed to the operator in the window (MiB); the operator pods' CPU meanwhile",
+           f"{streamed:.0f}; {memory.cpu()}")
     record("hostile replica: dry-run pairs through the webhook, normal model Ready after (s)",
            f"{len(dry_runs.answers)}, {normal_ready_at if normal_ready_at is None else round(normal_ready_at)}")
-    record("hostile replica: streamed to the operator in the window (MiB)", f"{(sent - sent_before) / MIB:.0f}")
 
-    assert max(peak.values()) < limit, f"an operator pod's working set reached its limit: {summary}"
-    assert max(growth.values()) < 160 * MIB, f"the operator's memory grew by more than 160 MiB: {summary}"
+    assert max(memory.peak.values()) < limit, f"an operator pod's working set reached its limit: {memory}"
+    assert memory.growth() < 160 * MIB, f"the operator's memory grew by more than 160 MiB: {memory}"
     for name, p in pods.items():
-        now_pod = kube.get("Pod", name, p["metadata"]["namespace"])
-        status = operator._operator_status(now_pod)
+        status = operator._operator_status(kube.get("Pod", name, p["metadata"]["namespace"]))
         assert status.get("restartCount", 0) == restarts[name], f"operator pod {name} restarted: {status}"
         assert "OOMKilled" not in str(status.get("lastState")), f"operator pod {name} was OOMKilled: {status}"
-    assert (sent - sent_before) > 10 * MAX_ANSWER, (
-        f"the fake streamed only {(sent - sent_before) / MIB:.1f} MiB to the operator in {window:.0f}s: the operator "
-        "hardly asked it, and nothing was tested")
-
+    assert streamed > 10 * MAX_ANSWER / MIB, (
+        f"the fake streamed only {streamed:.1f} MiB to the operator in {window:.0f}s: the operator hardly asked it, "
+        "and nothing was tested")
     assert len(dry_runs.answers) >= MIN_DRY_RUNS, f"only {len(dry_runs.answers)} dry-run pairs were sent"
     assert not dry_runs.failures(), dry_runs.failures()
+    assert not opened, f"a hostile replica was admitted: {opened[:3]}"
+    _says_why(kube, namespace, operator)
 
-    assert not open_samples, f"the hostile model's gate opened: {open_samples[:3]}"
+    if normal_ready_at is None:
+        wait_model(kube, namespace, NORMAL, is_model_ready, "Ready beside the hostile model", 120)
+
+
+def _says_why(kube: Kube, namespace: str, operator: ChartOperator) -> None:
+    """What the operator says of the hostile replica: the gate's condition on the pod (and its log) names the refused
+    answer; the TritonModel calls the replica not warmed yet, Triton unreachable."""
     hostile_pod = _hostile_pod(kube, namespace)
     assert hostile_pod is not None
     shut = gate(hostile_pod)
     tm = kube.get("TritonModel", HOSTILE, namespace)
     ready, states = model_condition(tm, "Ready"), tm["status"].get("replicaStates") or []
     print(f"the hostile replica's gate: {shut}\nthe hostile model's Ready: {ready}; replicas: {states}")
-    # What the operator says: the gate's condition on the pod (and its log) names the refused answer; the
-    # TritonModel calls the replica not warmed yet, Triton unreachable.
     cap = f"an answer of more than {MAX_ANSWER} bytes; at most {MAX_ANSWER} are read"
     assert shut.get("status") == "False" and shut.get("reason") == "TritonUnreachable", shut
     assert cap in shut.get("message", ""), shut
@@ -237,7 +290,3 @@ def test_a_replica_streaming_endless_answers_costs_the_operator_bounded_memory_a
     assert said and cap in said[-1] and "reason=TritonUnreachable" in said[-1], said[-3:]
     assert ready.get("status") == "False" and ready.get("reason") == "ReplicasWarming", ready
     assert [(s.get("state"), s.get("reason")) for s in states] == [("Loading", "TritonUnreachable")], states
-
-    if normal_ready_at is None:
-        wait_model(kube, namespace, NORMAL, is_model_ready, "Ready beside the hostile model", 120)
-    print(f"the normal model was Ready {normal_ready_at or window:.0f}s into the window")
