@@ -142,7 +142,7 @@ lint-chart: $(STAMP)
 	@helm="$$(bash e2e/toolchain/build.sh helm 2>/dev/null)/helm"; \
 	  "$$helm" lint --strict charts/triton-operator && \
 	  "$$helm" lint --strict charts/triton-operator --set 'watch.namespaces={team-a,team-b}'
-	$(BIN)/hadolint Dockerfile e2e/images/tritonserver/Dockerfile
+	$(BIN)/hadolint Dockerfile e2e/images/tritonserver/Dockerfile e2e/images/endless-tritonserver/Dockerfile
 
 ## Container images for the real nodes (base, operator, tritonserver, pause): buildah, no Docker, no registry; cached
 ## by the hash of their inputs under ~/.cache/triton-operator/images (e2e/images.py). Prints REF ARCHIVE per image.

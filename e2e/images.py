@@ -1,6 +1,6 @@
 """Container images for the local nodes, built on this machine without Docker or a registry.
 
-Owns four OCI images, the cache they live in and their import into a node's containerd:
+Owns five OCI images, the cache they live in and their import into a node's containerd:
 
 - **base** (`localhost/triton-operator/base:bookworm-<hash>`): a Debian bookworm root filesystem made by
   `mmdebstrap` from the Debian mirror apt already uses here, with python3 (3.11) and venv; committed with
@@ -20,6 +20,10 @@ tell a lock that no longer matches pyproject.toml.
   only.
 - **pause** (`PAUSE_IMAGE`): Kubernetes' `build/pause/linux/pause.c` from the k8s.io/kubernetes module that
   e2e/toolchain/kube pins, compiled with `gcc -Os -static`.
+- **endless-tritonserver** (`ENDLESS_REF`): `e2e/images/endless-tritonserver/`, a hostile `tritonserver` whose answers
+  never end (issue 39), on the base; built by `build_endless` for the one test that runs it
+  (e2e/test_hostile_replica.py), which imports it into its nodes itself: not one of `build_all`'s images, so neither
+  a cluster's `up` nor `make demo` builds or imports it.
 
 Everything is under `${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/triton-operator}/images`: buildah's
 storage (`--root/--runroot`, vfs driver; its blob-info cache, which containers/image keeps in
@@ -62,11 +66,14 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TRITON_CONTEXT = REPO_ROOT / "e2e" / "images" / "tritonserver"
+ENDLESS_CONTEXT = REPO_ROOT / "e2e" / "images" / "endless-tritonserver"
 KUBE_MODULE_DIR = REPO_ROOT / "e2e" / "toolchain" / "kube"
 
 PAUSE_IMAGE = "localhost/triton-operator/pause:3.10"
 TRITON_REF = "localhost/triton-operator/tritonserver:24.10-py3-cpu"
 OPERATOR_ALIAS = "localhost/triton-operator/triton-operator:dev"
+#: The hostile tritonserver of e2e/test_hostile_replica.py (a test image: no alias, never in `build_all`).
+ENDLESS_REF = "localhost/triton-operator/endless-tritonserver:test"
 BASE_NAME = "localhost/triton-operator/base"
 
 #: mmdebstrap's package selection for the base. libpython3.11: the Python backend stub links it.
@@ -663,6 +670,21 @@ class _Builder:
             self.built("tritonserver", TRITON_REF, t0, image.archive)
         return image
 
+    def endless_tritonserver(self, base: Image) -> Image:
+        """The hostile tritonserver: a script on the base, so a cold build is one COPY (seconds)."""
+        files = {p.name: p for p in sorted(ENDLESS_CONTEXT.iterdir()) if p.is_file()}
+        build_args = {"BASE": base.ref}
+        inputs = {"files": _tree_digest(ENDLESS_CONTEXT, list(files)), "build_args": build_args, "bud": BUD_FLAGS,
+                  "ref": ENDLESS_REF}
+        key = _digest_inputs(inputs)
+        image = Image(ENDLESS_REF, (), self.archive("endless-tritonserver", key))
+        if not image.archive.exists():
+            t0 = time.monotonic()
+            ctx = self.stage(f"endless-tritonserver-{key}", files, [])
+            self.bud("endless-tritonserver", key, ENDLESS_REF, ctx, build_args, image.archive)
+            self.built("endless-tritonserver", ENDLESS_REF, t0, image.archive)
+        return image
+
     def pause(self) -> Image:
         source = pause_source()
         cflags = ["-Os", "-static", "-Wall", "-Werror"]
@@ -738,6 +760,17 @@ def build_all(log: Log = print) -> list[Image]:
             b.gc(images)
     log(f"[images] Images ready count={len(images)} seconds={time.monotonic() - t0:.1f} cache={b.root}")
     return images
+
+
+def build_endless(log: Log = print) -> Image:
+    """The hostile tritonserver image (`ENDLESS_REF`), built if the cache lacks it (and the base with it); a warm
+    call only hashes its inputs. Its archive is used, so `gc` keeps it a day as any other."""
+    with _locked(images_dir() / "lock"):
+        b = _Builder(log)
+        b.clean_partial()
+        image = b.endless_tritonserver(b.base())
+        os.utime(image.archive)
+    return image
 
 
 # -- containerd ---------------------------------------------------------------------------------------

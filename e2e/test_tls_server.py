@@ -28,7 +28,7 @@ import pytest
 
 from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import ChartOperator, as_stream, kubectl, load_examples, record
-from e2e.testing import metric_samples
+from e2e.testing import metric_samples, working_set
 from triton_operator.servers import tls_server
 
 pytestmark = pytest.mark.cluster
@@ -40,18 +40,6 @@ SLOW_HEADERS, SLOW_BODIES = 100, 50
 MARGIN = 5.0
 LIMIT = 512 * 1024 * 1024  # the chart's resources.limits.memory
 MIB = 1024 * 1024
-
-
-def _memory(pid: int) -> int:
-    """The working set of the container's memory cgroup (usage less inactive file pages, as the kubelet counts it)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            usage = int((d / "memory.usage_in_bytes").read_text())
-            stat = dict(ln.split() for ln in (d / "memory.stat").read_text().splitlines())
-            return usage - int(stat.get("total_inactive_file", 0))
-    raise LookupError(f"process {pid} has no memory cgroup")
 
 
 def _samples(ip: str, metric: str) -> float:
@@ -89,7 +77,7 @@ async def _burst(ip: str, pid: int) -> tuple[list[float | None], int]:
     within the deadline and a margin), and the highest working set seen meanwhile."""
     conns = await asyncio.gather(*(asyncio.open_connection(ip, PORT) for _ in range(BURST)), return_exceptions=True)
     opened = time.monotonic()
-    peak = _memory(pid)
+    peak = working_set(pid)
     closed_at: list[float | None] = [None] * len(conns)
 
     async def watch(i: int, conn: object) -> None:
@@ -103,7 +91,7 @@ async def _burst(ip: str, pid: int) -> tuple[list[float | None], int]:
 
     watchers = asyncio.gather(*(watch(i, c) for i, c in enumerate(conns)))
     while not watchers.done():  # a measurement while they are held, not a wait for a condition
-        peak = max(peak, _memory(pid))
+        peak = max(peak, working_set(pid))
         await asyncio.wait([watchers], timeout=0.2)
     await watchers
     return closed_at, peak
@@ -137,7 +125,7 @@ def test_slow_and_numerous_clients_are_closed_within_seconds_memory_stays_bounde
     assert ipaddress.ip_address(ip) in TEST_NET, f"the operator pod's address {ip} is not one of this project's"
     pid = operator.pid_of(pod)
     restarts = operator._operator_status(pod).get("restartCount", 0)
-    before, refused_before = _memory(pid), _refused(ip)
+    before, refused_before = working_set(pid), _refused(ip)
 
     # 1. Half-open connections, far over the cap.
     closed_at, peak = asyncio.run(_burst(ip, pid))

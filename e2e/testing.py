@@ -264,3 +264,25 @@ def endpoint_of(kube: Kube, namespace: str, service: str, ip: str) -> dict | Non
 def endpoint_ready(kube: Kube, namespace: str, service: str, ip: str) -> bool:
     ep = endpoint_of(kube, namespace, service, ip)
     return bool(ep and (ep.get("conditions") or {}).get("ready"))
+
+
+def working_set(pid: int) -> int:
+    """The working set of the memory cgroup (v1) of the container that runs `pid` on this machine's node: usage less
+    inactive file pages, as the kubelet counts it (and evicts by); the OOM killer acts at the container's limit on
+    the same usage."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            usage = int((d / "memory.usage_in_bytes").read_text())
+            stat = dict(ln.split() for ln in (d / "memory.stat").read_text().splitlines())
+            return usage - int(stat.get("total_inactive_file", 0))
+    raise LookupError(f"process {pid} has no memory cgroup")
+
+
+def vm_rss(pid: int) -> int:
+    """The resident memory of process `pid` (VmRSS), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(f"process {pid} has no VmRSS")
