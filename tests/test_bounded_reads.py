@@ -136,3 +136,20 @@ def test_the_cli_clients_channel_refuses_an_oversized_answer() -> None:
         finally:
             client.close()
     assert "RESOURCE_EXHAUSTED" in str(caught.value) or "larger than max" in str(caught.value), caught.value
+
+
+def test_the_probe_reads_an_endless_statistics_answer_no_further_than_its_cap() -> None:
+    """issue 39, found on the real node (e2e/test_hostile_replica): the replica's own `probe` container read
+    tritonserver's statistics whole, and an endless answer OOM-killed it at its 64Mi. It reads MAX_STATS_BYTES and
+    more is an error (the replica is not ready), the connection closed."""
+    import http.client
+
+    from triton_operator.triton.probe import MAX_STATS_BYTES, fetch_counts
+
+    with HostileHttp("endless") as server, peak_growth() as grew:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=SECONDS)
+        with pytest.raises(TimeoutError, match=f"over {MAX_STATS_BYTES} bytes"):
+            fetch_counts(conn)
+        assert conn.sock is None, "the connection with an unread answer was kept"
+    assert grew[0] < BOUND, f"the probe's peak RSS grew by {grew[0] >> 20} MiB"
+    assert server.sent < ENDLESS_BYTES

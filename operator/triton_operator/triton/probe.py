@@ -371,13 +371,23 @@ class Health:
         return "; ".join(broken.values()) if broken else None
 
 
+#: The most of tritonserver's statistics answer the probe reads (issue 39: the image is the spec's author's, and an
+#: endless answer OOM-killed the probe container at its 64Mi). A model's entry is about 1 KiB per version: a pool replica
+#: of hundreds of models stays far under it.
+MAX_STATS_BYTES = 4 << 20
+
+
 def fetch_counts(conn: http.client.HTTPConnection) -> Counts:
     """`GET /v2/models/stats` on `conn` (kept alive across calls): (success, fail) by model name. Raises OSError
-    (TimeoutError when tritonserver does not answer in the connection's timeout; Refused when its port is closed)."""
+    (TimeoutError when tritonserver does not answer in the connection's timeout, or answers more than
+    MAX_STATS_BYTES; Refused when its port is closed)."""
     try:
         conn.request("GET", "/v2/models/stats")
         resp = conn.getresponse()
-        body = resp.read()
+        body = resp.read(MAX_STATS_BYTES + 1)
+        if len(body) > MAX_STATS_BYTES:
+            conn.close()  # the rest is never read: this connection cannot carry another request
+            raise TimeoutError(f"tritonserver's statistics answer is over {MAX_STATS_BYTES} bytes")
     except ConnectionRefusedError as exc:
         conn.close()
         raise Refused() from exc
