@@ -89,6 +89,8 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """At the end too, since `-q` shows no header: this process's factor, then each worker's."""
+    terminalreporter.write_line(timing.measurement().describe())
     for worker, scale in sorted(WORKER_SCALES.items()):
         terminalreporter.write_line(f"{worker}: {scale}")
 
