@@ -66,9 +66,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-timeout's own pytest_configure reads the limit
 def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
     ini = config.getini("timeout")
     if config.getoption("timeout", None) is None and not os.environ.get("PYTEST_TIMEOUT") and ini:
-        config.option.timeout = timing.scaled(float(ini))
+        config.option.timeout = timing.scaled(float(ini))  # each process (xdist worker) by its own factor
 
 
 def pytest_report_header(config: pytest.Config) -> str:
