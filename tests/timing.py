@@ -94,11 +94,6 @@ def measurement() -> Measurement:
     return measure()
 
 
-def measured() -> Measurement | None:
-    """This process's measurement if one was made (for the session's report), without making one."""
-    return measurement() if measurement.cache_info().currsize else None
-
-
 def factor() -> float:
     return measurement().factor
 
