@@ -303,7 +303,7 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0, interva
         except (ApiError, urllib3.exceptions.HTTPError, OSError) as e:
             last = e
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"Timed out after {limit:.0f}s ({timeout:.0f}s scaled by {factor():.2f}) waiting for "
+            raise TimeoutError(f"Timed out after {limit:.0f}s ({timeout:g}s scaled by {factor():.2f}) waiting for "
                                f"{what} (last={last!r})")
         time.sleep(interval)
 
