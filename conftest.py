@@ -7,13 +7,21 @@ ones fill in at the end, which keeps the workers busy until close to the finish.
 length (`--durations=0` of a `make test` run on this machine kind), then the files with tests against a real
 tritonserver, then the rest. A file missing from the list runs after the listed ones; nothing depends on the order
 but the wall time. A run in one process (`pytest`, or TEST_WORKERS=0) keeps pytest's own order.
+
+It also shows the time scale every wait of the session is stretched by (tests/timing.py): in the report's header (the
+controller's), and at the end each worker's (measured in each process, when it starts), and it stretches
+pytest-timeout's per-test limit (`timeout` in pyproject.toml) by the same factor, unless the limit was given on the
+command line or in PYTEST_TIMEOUT.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
+
+from tests import timing
 
 #: e2e files, longest first: seconds per file (setup, call and teardown of its tests) in a warm `make test` with three
 #: workers on this project's 2-core machine, at 1c28909. The whole run was 1807 test-seconds in 622 s of wall time.
@@ -54,3 +62,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # xdist requires identical collections.
     triton_files = {i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("triton")}
     items.sort(key=lambda i: _rank(i, triton_files))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-timeout's own pytest_configure reads the limit
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    ini = config.getini("timeout")
+    if config.getoption("timeout", None) is None and not os.environ.get("PYTEST_TIMEOUT") and ini:
+        config.option.timeout = timing.scaled(float(ini))  # each process (xdist worker) by its own factor
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"{timing.measurement().describe()}; per-test timeout {config.getoption('timeout', None)}s"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its factor goes back to the controller (pytest_testnodedown)
+        workeroutput["time_scale"] = timing.measurement().describe()
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_testnodedown(node: Any, error: object) -> None:
+    scale = getattr(node, "workeroutput", {}).get("time_scale")
+    if scale:
+        WORKER_SCALES[node.gateway.id] = scale
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """At the end too, since `-q` shows no header: this process's factor, then each worker's."""
+    terminalreporter.write_line(timing.measurement().describe())
+    for worker, scale in sorted(WORKER_SCALES.items()):
+        terminalreporter.write_line(f"{worker}: {scale}")
+
+
+#: Each xdist worker's time scale, by worker id, as it reported it when it finished.
+WORKER_SCALES: dict[str, str] = {}

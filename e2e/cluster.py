@@ -34,6 +34,7 @@ from pathlib import Path
 from e2e import node as node_mod
 from e2e.node import Node, NodeNetwork
 from e2e.ports import free_port
+from tests.timing import scaled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "toolchain" / "build.sh"
@@ -819,7 +820,7 @@ def _http_ok(url: str) -> bool:
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     left = [p for p in pids if pid_alive(p)]
     while left and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -19,6 +19,8 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from tests.timing import factor, scaled
+
 PATCH_TYPES = {
     "strategic": "application/strategic-merge-patch+json",
     "merge": "application/merge-patch+json",
@@ -285,10 +287,12 @@ class Kube:
 def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0, interval: float = 0.25) -> Any:
     """Polls `probe` until it returns something truthy; raises TimeoutError naming `what`.
 
-    Transient API errors (connection refused while a component restarts, 404 before an object
+    `timeout` is the wait on a quiet reference machine: it is stretched by the machine's measured time scale
+    (tests/timing.py). Transient API errors (connection refused while a component restarts, 404 before an object
     exists) count as "not yet"; the last one is reported on timeout.
     """
-    deadline = time.monotonic() + timeout
+    limit = scaled(timeout)
+    deadline = time.monotonic() + limit
     last: Any = None
     while True:
         try:
@@ -299,7 +303,8 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0, interva
         except (ApiError, urllib3.exceptions.HTTPError, OSError) as e:
             last = e
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"Timed out after {timeout:.0f}s waiting for {what} (last={last!r})")
+            raise TimeoutError(f"Timed out after {limit:.0f}s ({timeout:g}s scaled by {factor():.2f}) waiting for "
+                               f"{what} (last={last!r})")
         time.sleep(interval)
 
 

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.timing import scaled
+
 #: The reserved benchmarking range (RFC 2544): every address of a local cluster lies inside it.
 TEST_RANGE = "198.18.0.0/15"
 SERVICE_CIDR = "198.19.0.0/16"
@@ -454,7 +456,7 @@ oom_score = 0
                 "--prefix", self.name]
 
     def wait_containerd(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while run(["ctr", "--address", self.containerd_address, "version"], check=False).returncode != 0:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"containerd of {self.name} did not answer on {self.containerd_address}")
@@ -539,7 +541,9 @@ oom_score = 0
             for t in tasks:
                 self.ctr("tasks", "kill", "--signal", "SIGKILL", t, check=False)
             counts["tasks"] = len(tasks)
-        # Whatever is still in the node's cgroups (containers, shims, pause) is SIGKILLed.
+        # Whatever is still in the node's cgroups (containers, shims, pause) is SIGKILLed, and looked for again (up to
+        # 50 times, 0.1 s apart): a killed process leaves the cgroup only once it has exited, and a shim may start
+        # another process (or a parent's orphans appear) between the read and the kill.
         for _ in range(50):
             pids = self._cgroup_pids() | self._shim_pids()
             if not pids:

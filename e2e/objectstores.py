@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from e2e.ports import free_port
+from tests.timing import scaled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,11 +71,11 @@ class _Server:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while not self._answers():
             code = self.process.poll()
             assert code is None, f"{self.name} exited with {code}:\n{self.log()}"
-            assert time.monotonic() < deadline, f"{self.name} did not answer at {self.endpoint} in 60s:\n{self.log()}"
+            assert time.monotonic() < deadline, f"{self.name} did not answer at {self.endpoint} in {scaled(60):.0f}s:\n{self.log()}"
             time.sleep(0.1)
         return self
 

@@ -35,6 +35,7 @@ from e2e.cluster import REPO_ROOT, free_port, session_root
 from e2e.images import TRITON_REF
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.testing import metric_samples, ready_addresses, ready_endpoints
+from tests.timing import scaled
 from triton_operator.api import kinds
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.pod import WARMED_CONDITION as WARMED
@@ -614,8 +615,9 @@ def model_pods(kube: Kube, namespace: str, name: str) -> list[dict]:
 
 
 def wait_writes_settle(op: OperatorHandle, quiet: float, timeout: float = 90.0) -> dict[str, float]:
-    """Waits until the operator has written nothing for `quiet` seconds; returns the counters then."""
-    deadline = time.monotonic() + timeout
+    """Waits until the operator has written nothing for `quiet` seconds; returns the counters then. `timeout` is
+    scaled (tests/timing.py); `quiet`, what "settled" means, is not."""
+    deadline = time.monotonic() + scaled(timeout)
     last = op.writes()
     since = time.monotonic()
     while True:

@@ -23,6 +23,7 @@ from e2e.inplace import ADD_SUB_PY
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.load import ServiceLoad, Tally
 from e2e.testing import is_ready
+from tests.timing import scaled
 from triton_operator.api.pod import DIGEST_PARAMETER
 from triton_operator.api.pool import LABEL_POOL
 from triton_operator.api.v1alpha1 import GROUP, VERSION
@@ -424,14 +425,14 @@ class PoolLoads:
         assert not any(t.is_alive() for t in self._starters), "load starters still waiting"
 
     def _start_one(self, name: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         try:
             while not any(listed(ep) and (ep.get("conditions") or {}).get("ready", True)
                           for s in self.kube.items("EndpointSlice", self.namespace,
                                                    label_selector={LABEL_SERVICE_NAME: name})
                           for ep in s.get("endpoints") or ()):
                 if self._halt.wait(0.5) or time.monotonic() > deadline:
-                    raise TimeoutError(f"no ready endpoint for {name} in {timeout:.0f}s")
+                    raise TimeoutError(f"no ready endpoint for {name} in {scaled(timeout):.0f}s")
             ip = self.kube.get("Service", name, self.namespace)["spec"]["clusterIP"]
             while True:
                 answer = infer_over_http(ip, name)

@@ -8,14 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.timing import scaled
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.cluster
 def test_demo_runs_end_to_end(operator, kubeconfig: Path, namespace: str) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.run(
-        [sys.executable, "-m", "e2e.demo", "--kubeconfig", str(kubeconfig), "--namespace", namespace, "--timeout", "240"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "e2e.demo", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
+         "--timeout", f"{scaled(240):.0f}"],  # the demo's own waits, and the whole run's below: scaled, as every wait
+        cwd=REPO, capture_output=True, text=True, timeout=scaled(300), stdin=subprocess.DEVNULL,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"demo failed:\n{out}\n--- operator log ---\n{operator.log_tail(namespace)}"

@@ -59,6 +59,7 @@ from e2e.operator_fixtures import (
 )
 from e2e.testing import container_status, endpoint_ready, ready_addresses
 from e2e.traffic import infer_add_sub, model_ready_over_http
+from tests.timing import scaled
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR
 
 if TYPE_CHECKING:
@@ -235,9 +236,10 @@ class Fleet:
         return out
 
     def wait_converged(self, kube: Kube, timeout: float) -> float:
-        """Polls `problems` until there is none; returns the seconds it took, or fails listing what is left."""
+        """Polls `problems` until there is none; returns the seconds it took, or fails listing what is left. `timeout`
+        is scaled (tests/timing.py)."""
         t0 = time.monotonic()
-        deadline = t0 + timeout
+        deadline = t0 + scaled(timeout)
         while True:
             try:
                 left: list[str] | str = self.problems(kube)
@@ -247,7 +249,7 @@ class Fleet:
                 return time.monotonic() - t0
             if time.monotonic() >= deadline:
                 listed = left if isinstance(left, str) else f"{len(left)} problems:\n" + "\n".join(left[:60])
-                raise AssertionError(f"namespace {self.namespace} not converged after {timeout:.0f}s; {listed}")
+                raise AssertionError(f"namespace {self.namespace} not converged after {scaled(timeout):.0f}s; {listed}")
             time.sleep(1.0)
 
 
@@ -256,8 +258,9 @@ class Fleet:
 
 def retrying(what: str, call: Callable[[], T], timeout: float = 60.0) -> T:
     """`call()`, retried while the refusal is a passing one: a 5xx (an admission webhook whose operator is
-    restarting, an API server that lost etcd), 429, or a connection error (an API server restarting)."""
-    deadline = time.monotonic() + timeout
+    restarting, an API server that lost etcd), 429, or a connection error (an API server restarting). `timeout` is
+    scaled (tests/timing.py)."""
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         try:
             return call()
@@ -265,7 +268,7 @@ def retrying(what: str, call: Callable[[], T], timeout: float = 60.0) -> T:
             if isinstance(e, ApiError) and e.status < 500 and e.status != 429:
                 raise
             if time.monotonic() >= deadline:
-                raise AssertionError(f"{what}: still refused after {timeout:.0f}s: {e!r}") from e
+                raise AssertionError(f"{what}: still refused after {scaled(timeout):.0f}s: {e!r}") from e
             time.sleep(0.5)
 
 

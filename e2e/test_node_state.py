@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from e2e import node
+from tests.timing import scaled
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def test_a_root_still_in_use_stays_even_if_its_directory_is_gone(base: Path, tmp
         # The premise first: the process shows the root in /proc (a CI run under load once saw the collection
         # remove the root here; whether the premise held then is not known).
         cmdline = Path(f"/proc/{proc.pid}/cmdline")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while str(orphan) not in cmdline.read_bytes().decode(errors="replace") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert str(orphan) in cmdline.read_bytes().decode(errors="replace"), "the process never showed the root"

@@ -45,6 +45,7 @@ from e2e.operator_fixtures import (
 )
 from e2e.testing import container_status, endpoint_of, endpoint_ready, endpoints, is_ready, ready_endpoints, wait_gone
 from e2e.traffic import infer_add_sub, model_ready_over_http
+from tests.timing import scaled
 from triton_operator.api.kinds import CHILDREN, OWNED_SELECTOR, POD, REPLICA_SET, WATCHED
 from triton_operator.api.timestamps import parse_rfc3339
 from triton_operator.render.kubernetes import Options
@@ -243,7 +244,7 @@ def test_warming_replica_stays_out_of_the_service_until_warm(
     gate_reasons: set[str] = set()
     flux: tuple[str, str] | None = None
     argo: tuple[str, str] | None = None
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while "endpoint_ready" not in t:
         assert time.monotonic() < deadline, f"timed out; saw {t}"
         pod = kube.get("Pod", name, namespace)

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tests.timing import scaled
+
 
 class SharedTriton:
     """One explicit-mode tritonserver with a 16 MiB response cache, started on first use; `discard()` stops it
@@ -38,7 +40,7 @@ class SharedTriton:
                 cache_size=16 << 20,
                 log_path=self.root / f"tritonserver{self.starts}.log",
                 extra_args=["--exit-timeout-secs=2"],
-            ).start()
+            ).start(scaled(120))
             self.client = grpcclient.InferenceServerClient(self.server.grpc_url)
         return self.server, self.client
 

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tests.timing import scaled
 from triton_operator.fetch_server import KEY_HEADER, FetchServer
 
 KEY = "k" * 43
@@ -28,11 +29,11 @@ def ask(server: FetchServer, method: str, path: str, body: Any = None, key: str 
 
 def settled(server: FetchServer, name: str, timeout: float = 30.0) -> dict[str, Any]:
     """The model's state once no fetch of it is under way (waited on, up to `timeout`)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         _, state = ask(server, "GET", "/v1/models")
         entry = state["models"].get(name)
         if entry is not None and entry["fetching"] is None:
             return dict(entry)
-        assert time.monotonic() < deadline, f"the fetch of {name} did not end within {timeout} s: {state}"
+        assert time.monotonic() < deadline, f"the fetch of {name} did not end within {scaled(timeout):.0f} s: {state}"
         time.sleep(0.05)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from multidict import CIMultiDict
 
+from tests.timing import scaled
 from tests.triton_helpers import SLOW, models_from_yaml, serve, tensor
 from triton_operator.api.crd import crd
 from triton_operator.api.v1alpha1 import API_VERSION, TritonModel
@@ -184,7 +185,7 @@ def test_triton_counters_show_the_queue_time_and_the_concurrency_of_a_loaded_mod
         seconds = time.monotonic() - start
         # Triton counts a request once it has released it, a moment after its response went out: a read right after
         # the last answer may miss it (CI saw 79 of 80 once, on a loaded machine).
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + scaled(5)
         after = asyncio.run(model_counters(address, "slow"))
         while (after - before).requests < 80 and time.monotonic() < deadline:
             time.sleep(0.05)

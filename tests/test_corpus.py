@@ -19,6 +19,7 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from tests.corpus_cases import CASES, CORPUS, TRITON_CASES, Case
+from tests.timing import scaled
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths, write_repository
 from triton_operator.render.modelconfig import render_repository
@@ -87,7 +88,7 @@ def _models_bypassing_rules(case: Case) -> list[TritonModel]:
     return out
 
 
-LOAD_TIMEOUT = 30  # a defect that leaves Triton LOADING forever is refused too: it never serves
+LOAD_TIMEOUT = scaled(30)  # a defect that leaves Triton LOADING forever is refused too: it never serves
 
 
 @pytest.mark.triton

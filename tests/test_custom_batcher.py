@@ -21,6 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
+from tests.timing import scaled
 from tests.triton_helpers import Served, fetch_uris, tensor
 from triton_operator import fetch
 from triton_operator.api.pod import DIGEST_PARAMETER
@@ -268,7 +269,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, P
         assert fetch.run(config_dir, repo, ["from-uri=pvc://strategies/from-uri"]) == 0
     server = LocalTritonServer(model_repository=repo, model_control_mode="explicit", log_path=tmp / "tritonserver.log")
     try:
-        server.start()
+        server.start(scaled(120))
         s = Served(server=server, client=grpcclient.InferenceServerClient(server.grpc_url), rendered=rendered)
         try:
             s.load(["plain", "from-uri", "from-image"])
@@ -288,12 +289,12 @@ def _batches(s: Served, model: str, n: int = 32) -> tuple[dict[int, int], list[i
         s.client.async_infer(model, [tensor("INPUT", np.array([[float(i)]], dtype=np.float32))],
                              callback=lambda result, error: results.put((result, error)))
     seen = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while len(seen) < n:
         try:
             result, error = results.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            raise AssertionError(s.why(f"{model}: only {len(seen)} of {n} responses within 30 s")) from None
+            raise AssertionError(s.why(f"{model}: only {len(seen)} of {n} responses within {scaled(30):.0f} s")) from None
         assert error is None, s.why(f"{model}: a request failed: {error}")
         seen.append(int(result.as_numpy("BATCHED_WITH")[0, 0]))
     sizes = s.wait_for(
@@ -378,7 +379,7 @@ def test_the_example_serves_from_its_claim_with_its_strategy(tmp_path: Path) -> 
 
     server = LocalTritonServer(model_repository=repo, model_control_mode="explicit", log_path=tmp_path / "tritonserver.log")
     try:
-        server.start()
+        server.start(scaled(120))
         s = Served(server=server, client=grpcclient.InferenceServerClient(server.grpc_url), rendered=rendered)
         try:
             s.load([model.triton_name, plain.triton_name])

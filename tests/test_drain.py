@@ -22,6 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.timing import scaled
 from tests.triton_helpers import SLOW, models_from_yaml
 from triton_operator.files import write_repository
 from triton_operator.render.kubernetes import exit_timeout, render_children
@@ -64,7 +65,7 @@ def test_sigterm_drains_in_flight_requests_and_open_connections_within_the_grace
 
     server = LocalTritonServer(write_repository(rendered, tmp_path / "repo"), extra_args=[drain_arg],
                                log_path=tmp_path / "tritonserver.log")
-    server.start()
+    server.start(scaled(120))
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         assert load_model(client, "slow").ready, server.log_tail()
@@ -96,7 +97,7 @@ def test_sigterm_drains_in_flight_requests_and_open_connections_within_the_grace
         # the first two, before the instance took one, with the third still on its way (a loaded CI run: its
         # connection, made after SIGTERM, was reset).
         executing = next((tmp_path / "repo" / "slow").glob("*/model.py")).with_name("executing")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while not (executing.exists() and _pending(server) >= 2):
             assert time.monotonic() < deadline, "the three requests never reached Triton"
             time.sleep(0.02)

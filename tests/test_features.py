@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tests.timing import scaled
 from tests.triton_helpers import EXAMPLES, Served, ServerPool, load_models, tensor, variant
 from triton_operator.api.v1alpha1 import quantity_bytes
 
@@ -34,12 +35,12 @@ def pool():
 def _collect(results: queue.Queue, n: int, timeout: float, served: Served, what: str) -> list:
     """n items from a callback queue, or fail saying how many arrived."""
     out = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while len(out) < n:
         try:
             out.append(results.get(timeout=max(0.0, deadline - time.monotonic())))
         except queue.Empty:
-            raise AssertionError(served.why(f"only {len(out)} of {n} {what} arrived within {timeout}s")) from None
+            raise AssertionError(served.why(f"only {len(out)} of {n} {what} arrived within {scaled(timeout):.0f}s")) from None
     return out
 
 
@@ -193,12 +194,12 @@ def _stream(s: Served, count: int, request_id: str) -> list[int]:
             enable_empty_final_response=True,  # so the FINAL flag reaches the client as its own response
         )
         indices = []
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + scaled(15)
         while True:
             try:
                 result, error = got.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(s.why(f"no FINAL response within 15s; data responses so far {indices}")) from None
+                raise AssertionError(s.why(f"no FINAL response within {scaled(15):.0f}s; data responses so far {indices}")) from None
             assert error is None, s.why(f"stream error: {error}")
             resp = result.get_response()
             assert resp.id == request_id, s.why(f"response for request {resp.id!r}, sent {request_id!r}")

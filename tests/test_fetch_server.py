@@ -21,6 +21,7 @@ from tests.fetch_server_client import ask as _ask
 from tests.fetch_server_client import settled as _settled
 from tests.hostile_servers import closed_within, over_the_cap
 from tests.https_server import HttpsServer, serve, tgz
+from tests.timing import scaled
 from triton_operator.fetch_server import KEY_HEADER as KEY_HEADER_NAME
 from triton_operator.fetch_server import STORE, FetchServer, Limits
 from triton_operator.fetch_server import serve as fetch_serve
@@ -253,7 +254,7 @@ def test_connections_over_the_cap_are_reset_and_hold_no_thread(tmp_path: Path, m
         port = server.server_address[1]
         with over_the_cap(port, cap, extra):
             assert threading.active_count() == threads, "connections started threads"
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while True:  # their places are free again once they close
             try:
                 assert _ask(server, "GET", "/v1/models")[0] == 200

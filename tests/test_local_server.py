@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.timing import scaled
 from triton_operator.triton.local import LocalTritonServer
 
 pytestmark = pytest.mark.triton
@@ -40,7 +41,7 @@ def test_a_server_that_exits_before_it_listens_is_started_again_on_fresh_ports(
         # Both starts' output is kept: the first's bind failure, then the second's header and its gRPC service. The
         # port answers a moment before tritonserver's line about it reaches the file (CI read the file in between).
         started = f"Started GRPCInferenceService at 127.0.0.1:{server.grpc_port}"
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while started not in (text := log.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
         first, _, second = text.partition("--- start 2 of 2, ports ")

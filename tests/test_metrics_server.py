@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.hostile_servers import closed_within, over_the_cap
+from tests.timing import scaled, wait_until
 from triton_operator.servers import prometheus, tls_server
 
 #: Closed "within seconds": the server's deadline for the stage, and this much more for a busy machine.
@@ -101,7 +102,7 @@ def test_connections_over_the_cap_are_refused_without_a_thread_each_and_scrapes_
         threads = threading.active_count()
         with over_the_cap(server.port, cap, extra):
             assert threading.active_count() == threads, "connections started threads"
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while True:  # their places are free again once they close
             try:
                 status, _ = server.scrape()
@@ -122,10 +123,7 @@ def test_prometheus_clients_own_server_started_a_thread_per_connection() -> None
     try:
         threads = threading.active_count()
         held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
-        deadline = time.monotonic() + 20
-        while threading.active_count() < threads + 8:
-            assert time.monotonic() < deadline, threading.active_count() - threads
-            time.sleep(0.05)
+        wait_until("a thread for each of the 8 connections", lambda: threading.active_count() >= threads + 8, 20)
         for s in held:
             s.close()
     finally:

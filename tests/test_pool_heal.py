@@ -30,6 +30,7 @@ import pytest
 
 from tests.documents import pool_document, python_model
 from tests.probing import KEY
+from tests.timing import scaled
 from triton_operator.api.pool import TritonPool
 from triton_operator.plan import pool as pp
 from triton_operator.plan.placement import PoolReplica
@@ -191,10 +192,10 @@ def replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
     (tmp_path / "models").mkdir()
     server = LocalTritonServer(model_repository=tmp_path / "models", model_control_mode="explicit",
                                log_path=tmp_path / "triton.log", extra_args=["--strict-readiness=false"])
-    server.start()
+    server.start(scaled(120))
     proc = None
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while not _up(server.http_url):  # it opens HTTP last (gRPC first)
             assert time.monotonic() < deadline, f"tritonserver's HTTP port never answered:\n{server.log_tail()}"
             time.sleep(0.05)
@@ -212,7 +213,7 @@ def replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
             [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
              "--target", server.http_url, "--hold", "4", "--head-start", "0.1", "--every-model"],
             stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while True:
             try:
                 if _get(port, "/status")[0] == 200:
@@ -261,7 +262,7 @@ def _stubs(server: LocalTritonServer, instance: str) -> list[int]:
 def test_a_killed_stub_of_a_request_loaded_model_is_reported_for_that_model_alone_and_readiness_holds(
         replica: tuple[LocalTritonServer, int]) -> None:
     server, port = replica
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while not (status := _get(port, "/status")[1]) or not isinstance(status, dict) or not status["checks"]:
         assert time.monotonic() < deadline, f"the probe never checked: {status}"  # its first check
         time.sleep(0.05)

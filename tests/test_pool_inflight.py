@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.documents import pool_document
+from tests.timing import scaled
 from triton_operator.api.pod import TRITON_CONTAINER
 from triton_operator.api.pool import TritonPool
 from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
@@ -92,7 +93,7 @@ class Replica:
         (tmp / "models").mkdir()
         self.server = LocalTritonServer(model_repository=tmp / "models", extra_args=_pool_args(),
                                         log_path=tmp / "triton.log")
-        self.server.start()
+        self.server.start(scaled(120))
         self.address = self.server.http_url
         self.loop = asyncio.new_event_loop()
         assert _wait(self.up), f"tritonserver's HTTP port never answered ready:\n{self.server.log_tail()}"
@@ -148,8 +149,8 @@ def replica(tmp_path: Path) -> Any:
 
 
 def _wait(probe: Any, timeout: float = 20.0) -> bool:
-    """Polls `probe` (a condition of Triton's, not a time) until true or `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    """Polls `probe` (a condition of Triton's, not a time) until true or `timeout` seconds (scaled)."""
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if probe():
             return True

@@ -16,6 +16,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from tests.timing import scaled
 from tests.triton_helpers import Served, load_models, models_from_yaml, serve, tensor
 from triton_operator.api.pool import TritonPool
 from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV, TritonModel
@@ -192,7 +193,7 @@ def test_with_the_pools_args_a_model_loading_leaves_the_server_ready(tmp_path: P
     write_repository(rendered, repo)  # on disk, so that the index shows the load's state
     args = _pool_args() + (["--strict-readiness=true"] if strict else [])
     server = LocalTritonServer(model_repository=repo, extra_args=args, log_path=tmp_path / "triton.log")
-    server.start()
+    server.start(scaled(120))
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         replica = Served(server=server, client=client, rendered=rendered, key=KEY)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.probing import KEY, get
+from tests.timing import scaled
 from triton_operator.triton.local import free_port
 from triton_operator.triton.probe import KEY_ENV, Readiness, address, notify_gate, probe_news, probe_status
 from triton_operator.triton.probe_server import MAX_CONNECTIONS, MAX_HELD, REQUEST_SECONDS
@@ -69,7 +70,7 @@ def _start_probe(target: Target, *args: str, key: str | None = KEY) -> tuple[sub
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
          "--target", f"127.0.0.1:{target.port}", *args],
         stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -390,7 +391,7 @@ class Crowd:
 def _ready_port(target: Target, *args: str) -> tuple[subprocess.Popen[str], int]:
     proc, port = _start_probe(target, *args)
     target.open()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while get(port)[0] != 200:
         assert time.monotonic() < deadline, "the probe never passed"
     return proc, port
@@ -474,7 +475,7 @@ def test_a_flood_of_whole_probes_still_lets_a_new_probe_be_answered(target):
             status, body, _ = get(port)
             assert (status, body.strip()) == (503, "tritonserver's HTTP port refuses connections")
             target.open()
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + scaled(20)
             while (status := get(port)[0]) != 200:
                 assert status == 503 and time.monotonic() < deadline, status
             answered = crowd.closed

@@ -26,6 +26,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.documents import python_model
 from tests.probing import KEY, get
+from tests.timing import scaled
 from tests.triton_helpers import Served, models_from_yaml, serve, tensor
 from triton_operator.plan import pool as pp
 from triton_operator.render.modelconfig import config_json
@@ -100,7 +101,7 @@ def probe(picky: Served) -> Iterator[int]:
          "--model", "picky-ens", "--model", "picky", "--repository", str(picky.server.model_repository)],
         stderr=subprocess.DEVNULL, env=env)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while True:
             try:
                 if get(port, "/status", key=KEY)[0] == 200 and status(port)["checks"]:
@@ -129,7 +130,7 @@ def infer(served: Served, model: str, value: float) -> bool:
 
 
 def wait_passing(port: int) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while get(port)[0] != 200:
         assert time.monotonic() < deadline, f"the probe never passed: {status(port)}"
 
@@ -288,7 +289,7 @@ def pool_replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
     (tmp_path / "models").mkdir()
     server = LocalTritonServer(model_repository=tmp_path / "models", model_control_mode="explicit",
                                log_path=tmp_path / "triton.log", extra_args=["--strict-readiness=false"])
-    server.start()
+    server.start(scaled(120))
     proc = None
     try:
         specs = {"picky": {"modelWarmup": WARMUP}, "strict": {"warmupGate": {"failedRequestThreshold": 1}},
@@ -298,8 +299,10 @@ def pool_replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
             doc = python_model(name, pool="p", memory="64Mi", source={"inline": {"model.py": PICKY_PY}}, **spec)
             bodies[name] = {**doc, "metadata": {**doc["metadata"], "namespace": "ns", "uid": f"uid-{name}",
                                                 "generation": 1}}
-        deadline = time.monotonic() + 60
-        while True:  # gRPC opens first: loads go there
+        deadline = time.monotonic() + scaled(60)
+        # gRPC opens first: loads go there. A load whose connection fails (OSError) is sent again until the deadline:
+        # a guard for a port that is not accepting yet, though start() returns only once the gRPC port accepts.
+        while True:
             why = None
             try:
                 for m in pp.members("p", bodies).values():
@@ -317,7 +320,7 @@ def pool_replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
             [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
              "--target", server.http_url, "--hold", "4", "--head-start", "0.1", "--every-model"],
             stderr=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             try:
                 if len(status(port)["models"]) == 3:

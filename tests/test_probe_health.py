@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.probing import KEY, get
+from tests.timing import scaled
 from tests.triton_helpers import Served, load_models, serve, tensor
 from triton_operator.render.modelconfig import config_json
 from triton_operator.triton.confirm import FAILED, NO_SAMPLE, SERVED, UNKNOWN, Verdict, sample_request
@@ -316,7 +317,7 @@ def probe(sentiment: Served) -> Iterator[tuple[subprocess.Popen[str], int]]:
          "--repository", str(sentiment.server.model_repository)],
         stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while True:
             try:
                 if get(port, "/status", key=KEY)[0] == 200:
@@ -378,7 +379,7 @@ def held(port: int) -> tuple[threading.Thread, list[tuple[int, str, float]]]:
 
 
 def wait_passing(port: int) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while get(port)[0] != 200:
         assert time.monotonic() < deadline, f"the probe never passed: {status(port)}"
 

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import SharedTriton
+from tests.timing import scaled
 from triton_operator.files import write_repository
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import check_documents, load_documents
@@ -56,8 +57,8 @@ SEED = int(os.environ.get("PROPERTY_SEED", "11"))
 MIN_LOADED = int(os.environ.get("PROPERTY_MIN_LOADED", "25"))
 #: Shrinking re-loads every candidate in Triton (minutes); set HYPOTHESIS_SHRINK=1 to get a minimal example.
 PHASES = [Phase.explicit, Phase.generate] + ([Phase.shrink] if os.environ.get("HYPOTHESIS_SHRINK") else [])
-#: A load (and warm-up) of one generic model takes ~1.5 s; past this Triton is stuck LOADING.
-LOAD_TIMEOUT = 30.0
+#: A load (and warm-up) of one generic model takes ~1.5 s; past this (30 s, scaled) Triton is stuck LOADING.
+LOAD_TIMEOUT = scaled(30.0)
 
 DTYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
           "FP16", "FP32", "FP64", "BF16", "BYTES"]  # fmt: skip
@@ -674,7 +675,7 @@ def test_an_empty_warmup_sample_really_breaks_triton(doc: dict[str, Any], tmp_pa
 
 
 @pytest.mark.triton
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(scaled(600))
 def test_any_spec_the_validator_accepts_loads_in_triton(triton: SharedTriton, record_property: Any) -> None:
     stats: Counter[str] = Counter()
     load_times: list[float] = []

@@ -35,6 +35,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tests.timing import scaled, wait_until
 from tests.triton_helpers import RELOADABLE_SPEC as SPEC
 from tests.triton_helpers import Served, models_from_yaml, start_served, tensor
 from triton_operator.api.pod import (
@@ -204,7 +205,7 @@ class Traffic:
     def __enter__(self) -> Traffic:
         for t in self.threads:
             t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while self.counts().sent < 50:  # flowing before the test acts
             assert time.monotonic() < deadline, f"no traffic to {self.name}: {self.counts()}"
             time.sleep(0.05)
@@ -523,13 +524,6 @@ class Stream:
     def close(self) -> None:
         self.client.stop_stream()
         self.client.close()
-
-
-def wait_until(what: str, check: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_drain_reloads_a_decoupled_model_only_once_its_open_stream_is_closed(server: Served) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.hostile_servers import closed_within, over_the_cap
+from tests.timing import scaled, wait_until
 from tests.webhook_server import FakeModelsApi, RunningWebhook
 from triton_operator.servers import tls_server
 
@@ -121,7 +122,7 @@ def test_connections_over_the_cap_are_refused_at_once_and_the_server_serves_agai
             readable, _, _ = select.select(held, [], [], 0)
             assert not readable, f"{len(readable)} of the first {cap} connections were closed at once"
         # Their places are free again once they close.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while True:
             try:
                 status, _ = _post(server, b"{}")
@@ -194,16 +195,13 @@ def test_bodies_over_the_budget_together_get_503_at_once(server: RunningWebhook,
     head = f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {700 * 1024}\r\n\r\n{{".encode()
     with _tls(server) as first, _tls(server) as second:
         first.sendall(head)
-        deadline = time.monotonic() + 10
-        while budget.used != 700 * 1024:  # the first body is being read
-            assert time.monotonic() < deadline, "the first body was never reserved"
-            time.sleep(0.01)
+        wait_until("the first body reserved: it is being read", lambda: budget.used == 700 * 1024, 10, interval=0.01)
         second.sendall(head)
         second.settimeout(10)
         answer = second.recv(4096)
         assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
         assert budget.used == 700 * 1024, "the first body's reservation"
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while budget.used:  # given back once the first request ends (its body deadline, or its connection closed)
         assert time.monotonic() < deadline, f"{budget.used} bytes of the budget were never given back"
         time.sleep(0.05)

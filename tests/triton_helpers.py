@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import np_to_triton_dtype
 
+from tests.timing import scaled
 from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV, TritonModel, quantity_bytes
 from triton_operator.files import load_paths, write_repository
 from triton_operator.render.modelconfig import RenderedModel, render_repository
@@ -116,15 +117,18 @@ class Served:
         return {b.batch_size: b.compute_infer.count for b in self.stats(model).batch_stats}
 
     def wait_for(self, what: str, probe: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.05) -> T:
-        """Poll `probe` until it returns something truthy; fail with `what` and the log tail on timeout."""
-        deadline = time.monotonic() + timeout
+        """Poll `probe` until it returns something truthy; fail with `what` and the log tail on timeout. `timeout` is
+        nominal: scaled by the machine's time scale (tests/timing.py)."""
+        limit = scaled(timeout)
+        deadline = time.monotonic() + limit
         last: T | None = None
         while True:
             last = probe()
             if last:
                 return last
             if time.monotonic() >= deadline:
-                raise AssertionError(self.why(f"timed out after {timeout}s waiting for {what} (last probe: {last!r})"))
+                raise AssertionError(self.why(f"timed out after {limit:.1f}s ({timeout:g}s scaled) waiting for {what} "
+                                              f"(last probe: {last!r})"))
             time.sleep(interval)
 
     def load(self, names: Iterable[str], parallel: int = 4) -> dict[str, LoadResult]:
@@ -167,7 +171,7 @@ def start_served(
         log_path=repo.parent / f"{repo.name}-tritonserver.log",
         extra_args=restricted_args(key, opened) if key else (),
     )
-    server.start()
+    server.start(scaled(120))
     if on_start is not None:
         on_start(server)
     served = Served(server=server, client=grpcclient.InferenceServerClient(server.grpc_url), rendered=rendered, key=key)
