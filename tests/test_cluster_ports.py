@@ -40,3 +40,17 @@ def test_a_port_taken_by_a_listener_is_skipped(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.setattr(ports, "_ephemeral_floor", lambda: 65536)
         assert ports.free_port() != busy
         assert len(calls) >= 3, calls  # the busy port was tried, twice, and skipped
+
+
+def test_a_port_handed_out_is_not_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller picks several ports before it binds any (a cluster's seven, `cluster.Ports.allocate`): a bench run drew
+    the same free port for kube-apiserver and kube-controller-manager, and the second exited on its bind."""
+    randint = ports.random.randint
+    first = ports.free_port()
+    picks = iter([first, first])
+
+    def pick(a: int, b: int) -> int:
+        return next(picks, None) or randint(a, b)
+
+    monkeypatch.setattr(ports.random, "randint", pick)
+    assert ports.free_port() != first, "the port handed out a moment ago, still unbound, came again"
