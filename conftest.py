@@ -7,6 +7,9 @@ ones fill in at the end, which keeps the workers busy until close to the finish.
 length (`--durations=0` of a `make test` run on this machine kind), then the files with tests against a real
 tritonserver, then the rest. A file missing from the list runs after the listed ones; nothing depends on the order
 but the wall time. A run in one process (`pytest`, or TEST_WORKERS=0) keeps pytest's own order.
+
+It also prints, at the end of a run, the time each tier took (tests/tiers.py): each test carries its tier in its
+`user_properties`, which pytest-xdist sends back with every report, so the sum is made where the reports arrive.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import os
 
 import pytest
+
+from tests.tiers import summary_line, tier_of, tier_totals
 
 #: e2e files, longest first: seconds per file (setup, call and teardown of its tests) in a warm `make test` with three
 #: workers on this project's 2-core machine, at 1c28909. The whole run was 1807 test-seconds in 622 s of wall time.
@@ -54,3 +59,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # xdist requires identical collections.
     triton_files = {i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("triton")}
     items.sort(key=lambda i: _rank(i, triton_files))
+
+
+#: (test id, tier, seconds) of every phase reported to this process: the controller's under pytest-xdist.
+_PHASES: list[tuple[str, str, float]] = []
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    item.user_properties.append(("tier", tier_of(m.name for m in item.iter_markers())))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = dict(report.user_properties).get("tier")  # pairs come back from an xdist worker as lists
+    if tier is not None:
+        _PHASES.append((report.nodeid, str(tier), report.duration))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _PHASES:
+        terminalreporter.write_sep("=", "time per tier")
+        terminalreporter.write_line(summary_line(tier_totals(_PHASES)))

@@ -1,0 +1,21 @@
+"""The time per tier that a run prints at its end (tests/tiers.py, the root conftest.py)."""
+
+from __future__ import annotations
+
+from tests.tiers import summary_line, tier_of, tier_totals
+
+
+def test_a_tier_is_read_from_the_markers_as_make_selects_it() -> None:
+    assert tier_of([]) == "unit"
+    assert tier_of(["parametrize", "timeout"]) == "unit"
+    assert tier_of(["triton"]) == "triton"
+    assert tier_of(["cluster"]) == "cluster"
+    assert tier_of(["triton", "cluster"]) == "cluster", "make triton leaves out what needs a cluster"
+
+
+def test_the_phases_of_each_test_add_up_in_its_tier_and_each_test_counts_once() -> None:
+    totals = tier_totals([("a", "unit", 0.5), ("a", "unit", 1.0), ("a", "unit", 0.25), ("b", "triton", 3.0),
+                          ("c", "triton", 1.5), ("b", "triton", 2.0)])
+    assert totals == {"unit": (1, 1.75), "triton": (2, 6.5), "cluster": (0, 0.0)}
+    assert summary_line(totals) == ("test-seconds per tier (setup + call + teardown, summed over workers): "
+                                    "unit 1.8 s in 1 tests, triton 6.5 s in 2 tests, cluster 0.0 s in 0 tests")
