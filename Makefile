@@ -112,9 +112,11 @@ test: prereqs-test
 	@$(MAKE) --no-print-directory prebuild lint
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
-## The fast tests: no tritonserver, no cluster.
+## The fast tests: no tritonserver, no cluster, in UNIT_WORKERS pytest-xdist processes (0: one process). Most of their
+## time is spent waiting out the deadlines they check, so more workers than the 2 cores still shorten the run.
+UNIT_WORKERS ?= 4
 unit: $(STAMP)
-	$(BIN)/python -m pytest -m "not triton and not cluster" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not triton and not cluster" $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS)) $(PYTEST_ARGS)
 
 ## The tests against a real tritonserver (no cluster).
 triton: $(STAMP)

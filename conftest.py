@@ -12,6 +12,10 @@ It also shows the time scale every wait of the session is stretched by (tests/ti
 controller's), and at the end each worker's (measured in each process, when it starts). pytest-timeout's per-test
 limit (`timeout` in pyproject.toml, 900 s) is not stretched: it is the guard of the whole run's time (CI's hard limit
 is 90 minutes), not a wait, and a test near it is a defect of its own.
+
+And it prints, at the end of a run, the time each tier took (tests/tiers.py) and the longest files (their tests'
+setup, call and teardown summed: what E2E_LONGEST_FIRST is kept by): each test carries its tier in its
+`user_properties`, which pytest-xdist sends back with every report, so the sums are made where the reports arrive.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests import timing
+from tests.tiers import file_totals, summary_line, tier_of, tier_totals
 
 #: e2e files, longest first: seconds per file (setup, call and teardown of its tests) in a warm `make test` with three
 #: workers on this project's 2-core machine, at 1c28909. The whole run was 1807 test-seconds in 622 s of wall time.
@@ -64,6 +69,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda i: _rank(i, triton_files))
 
 
+#: How many of the longest files the summary lists.
+LONGEST_FILES = 40
+#: (test id, tier, seconds) of every phase reported to this process: the controller's under pytest-xdist.
+_PHASES: list[tuple[str, str, float]] = []
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    item.user_properties.append(("tier", tier_of(m.name for m in item.iter_markers())))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = dict(report.user_properties).get("tier")  # pairs come back from an xdist worker as lists
+    if tier is not None:
+        _PHASES.append((report.nodeid, str(tier), report.duration))
+
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"{timing.measurement().describe()}; per-test timeout {config.getoption('timeout', None)}s"
 
@@ -82,7 +104,14 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """At the end too, since `-q` shows no header: this process's factor, then each worker's."""
+    """The time per tier and the longest files; then the time scale (at the end too, since `-q` shows no header):
+    this process's factor, then each worker's."""
+    if _PHASES:
+        terminalreporter.write_sep("=", "time per tier")
+        terminalreporter.write_line(summary_line(tier_totals(_PHASES)))
+        terminalreporter.write_sep("=", f"longest {LONGEST_FILES} files (test-seconds)")
+        for path, seconds in file_totals(_PHASES)[:LONGEST_FILES]:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
     terminalreporter.write_line(timing.measurement().describe())
     for worker, scale in sorted(WORKER_SCALES.items()):
         terminalreporter.write_line(f"{worker}: {scale}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +35,7 @@ def imported_modules(path: Path, base: Path) -> list[tuple[int, str]]:
     both M and M.n (n may be a module). `base` is the package root of `path`, for relative imports."""
     package = list(path.relative_to(base).parent.parts)
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _statements(ast.parse(path.read_text(), str(path)).body):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -43,6 +44,17 @@ def imported_modules(path: Path, base: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, module), *((node.lineno, f"{module}.{a.name}" if module else a.name)
                                                for a in node.names)]
     return found
+
+
+def _statements(nodes: list[ast.AST]) -> Iterator[ast.AST]:
+    """Every statement of `nodes` and of the blocks nested in them (functions, classes, if/try/with/for/while/match,
+    except clauses), depth first. An import is a statement, so the expressions, the bulk of a tree, are not visited."""
+    for node in nodes:
+        yield node
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, block, None)
+            if isinstance(inner, list):
+                yield from _statements(inner)
 
 
 def imported_test_modules(path: Path, base: Path, bases: list[Path], root: Path = REPO) -> list[str]:

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +95,21 @@ def _sets(values: dict[str, Any]) -> list[str]:
     return out
 
 
+@cache
+def _template(helm: str, sets: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """`helm template` of the chart with `sets`, run once per set of values in a session: a dozen tests read the
+    default render, and each parses the text anew, so none sees another's objects."""
+    return _run([helm, "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, *sets])
+
+
 def render(helm: str, **values: Any) -> list[dict[str, Any]]:
-    proc = _run([helm, "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, *_sets(values)])
+    proc = _template(helm, tuple(_sets(values)))
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
 def render_error(helm: str, **values: Any) -> str:
-    proc = _run([helm, "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, *_sets(values)])
+    proc = _template(helm, tuple(_sets(values)))
     assert proc.returncode != 0, f"values {values} were accepted"
     return proc.stderr
 

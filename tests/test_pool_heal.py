@@ -259,6 +259,7 @@ def _stubs(server: LocalTritonServer, instance: str) -> list[int]:
     return out
 
 
+@pytest.mark.triton
 def test_a_killed_stub_of_a_request_loaded_model_is_reported_for_that_model_alone_and_readiness_holds(
         replica: tuple[LocalTritonServer, int]) -> None:
     server, port = replica

@@ -384,6 +384,7 @@ def wait_passing(port: int) -> None:
         assert time.monotonic() < deadline, f"the probe never passed: {status(port)}"
 
 
+@pytest.mark.triton
 def test_a_killed_stub_fails_the_held_probe_and_a_reload_of_the_step_brings_it_back(sentiment, probe):
     _, port = probe
     assert all(infer(sentiment) for _ in range(3))
@@ -421,6 +422,7 @@ def test_a_killed_stub_fails_the_held_probe_and_a_reload_of_the_step_brings_it_b
     assert status(port)["broken"] == {}
 
 
+@pytest.mark.triton
 def test_an_unloaded_model_fails_the_held_probe_at_once(sentiment, probe):
     _, port = probe
     wait_passing(port)
@@ -436,6 +438,7 @@ def test_an_unloaded_model_fails_the_held_probe_at_once(sentiment, probe):
     wait_passing(port)
 
 
+@pytest.mark.triton
 def test_a_stopped_tritonserver_fails_the_probe_and_passes_again_when_continued(sentiment, probe):
     _, port = probe
     wait_passing(port)

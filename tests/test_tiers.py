@@ -1,0 +1,28 @@
+"""The time per tier that a run prints at its end (tests/tiers.py, the root conftest.py)."""
+
+from __future__ import annotations
+
+from tests.tiers import file_totals, summary_line, tier_of, tier_totals
+
+
+def test_a_tier_is_read_from_the_markers_as_make_selects_it() -> None:
+    assert tier_of([]) == "unit"
+    assert tier_of(["parametrize", "timeout"]) == "unit"
+    assert tier_of(["triton"]) == "triton"
+    assert tier_of(["cluster"]) == "cluster"
+    assert tier_of(["triton", "cluster"]) == "cluster", "make triton leaves out what needs a cluster"
+
+
+def test_the_phases_of_each_test_add_up_in_its_tier_and_each_test_counts_once() -> None:
+    totals = tier_totals([("a", "unit", 0.5), ("a", "unit", 1.0), ("a", "unit", 0.25), ("b", "triton", 3.0),
+                          ("c", "triton", 1.5), ("b", "triton", 2.0)])
+    assert totals == {"unit": (1, 1.75), "triton": (2, 6.5), "cluster": (0, 0.0)}
+    assert summary_line(totals) == ("test-seconds per tier (setup + call + teardown, summed over workers): "
+                                    "unit 1.8 s in 1 tests, triton 6.5 s in 2 tests, cluster 0.0 s in 0 tests")
+
+
+def test_files_add_up_their_tests_phases_longest_first() -> None:
+    phases = [("e2e/test_a.py::t1", "cluster", 10.0), ("e2e/test_a.py::t1", "cluster", 2.0),
+              ("tests/test_b.py::t[x]", "unit", 20.0), ("e2e/test_a.py::t2", "cluster", 9.0),
+              ("tests/test_c.py::t", "unit", 1.0)]
+    assert file_totals(phases) == [("e2e/test_a.py", 21.0), ("tests/test_b.py", 20.0), ("tests/test_c.py", 1.0)]
