@@ -9,7 +9,6 @@ tests close to what `kubectl get -o json` shows, with no model classes in betwee
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from tests.timing import factor, scaled
+from tests.timing import poll
 
 PATCH_TYPES = {
     "strategic": "application/strategic-merge-patch+json",
@@ -291,21 +290,8 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0, interva
     (tests/timing.py). Transient API errors (connection refused while a component restarts, 404 before an object
     exists) count as "not yet"; the last one is reported on timeout.
     """
-    limit = scaled(timeout)
-    deadline = time.monotonic() + limit
-    last: Any = None
-    while True:
-        try:
-            result = probe()
-            if result:
-                return result
-            last = result
-        except (ApiError, urllib3.exceptions.HTTPError, OSError) as e:
-            last = e
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"Timed out after {limit:.0f}s ({timeout:g}s scaled by {factor():.2f}) waiting for "
-                               f"{what} (last={last!r})")
-        time.sleep(interval)
+    return poll(what, probe, timeout, interval, transient=(ApiError, urllib3.exceptions.HTTPError, OSError),
+                error=TimeoutError)
 
 
 def _selectors(params: dict[str, Any]) -> dict[str, Any]:

@@ -103,16 +103,29 @@ def scaled(seconds: float) -> float:
     return seconds * factor()
 
 
+def poll(what: str, probe: Callable[[], T | None], timeout: float, interval: float, *,
+         transient: tuple[type[BaseException], ...] = (), error: type[Exception] = AssertionError) -> T:
+    """The one polling loop of the tests: call `probe` until it returns something truthy and return it. An exception
+    of `transient` counts as "not yet" (e2e's API errors while a component restarts). Past `scaled(timeout)`, raise
+    `error` naming `what`, the nominal and scaled timeout and the last value or exception probed."""
+    limit = scaled(timeout)
+    deadline = time.monotonic() + limit
+    last: object = None
+    while True:
+        try:
+            result = probe()
+            if result:
+                return result
+            last = result
+        except transient as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise error(f"timed out after {limit:.1f}s ({timeout:g}s scaled by {factor():.2f}) waiting for {what} "
+                        f"(last probe: {last!r})")
+        time.sleep(interval)
+
+
 def wait_until(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
     """Poll `probe` until it returns something truthy and return it; fail (AssertionError) naming `what`, the nominal
     and scaled timeout and the last value probed. `timeout` is nominal: it is scaled here."""
-    limit = scaled(timeout)
-    deadline = time.monotonic() + limit
-    while True:
-        last = probe()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {limit:.1f}s ({timeout:g}s scaled by {factor():.2f}) waiting for "
-                                 f"{what} (last probe: {last!r})")
-        time.sleep(interval)
+    return poll(what, probe, timeout, interval)
