@@ -818,8 +818,6 @@ class FetchLimits(_Model):
     )
 
 
-
-
 class Server(_Model):
     """The tritonserver container of each replica, and the pod around it."""
 

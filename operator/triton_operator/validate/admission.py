@@ -152,16 +152,18 @@ def triton_release_warning(image: str, where: str) -> str | None:
     MINIMUM_TRITON_RELEASE, which has the fixes of NVIDIA's August 2025 and May 2026 Triton bulletins); None for a
     later one or an image whose tag names no NGC release (a mirror's own tag, a custom build: the admin's call)."""
     tag = _NGC_TAG.search(image)
-    minimum = tuple(int(p) for p in MINIMUM_TRITON_RELEASE.split("."))
-    if tag is None or (int(tag["yy"]), int(tag["mm"])) >= minimum:
+    if tag is None:
         return None
+    release = (int(tag["yy"]), int(tag["mm"]))
+    if release >= tuple(int(p) for p in MINIMUM_TRITON_RELEASE.split(".")):
+        return None
+    lacks = "CVE-2026-24207 (an unauthenticated authentication bypass, NVIDIA bulletin 5828)"
+    if release < (25, 7):  # before NVIDIA's August 2025 bulletin too
+        lacks += (", of the shared-memory remote-code-execution chain (CVE-2025-23319/-23320/-23334, whose entry point "
+                  "the operator restricts to its key) and of CVE-2025-23310/-23311 (a chunked HTTP body overflows the "
+                  "stack)")
     return (f"{where}: Triton {tag['yy']}.{tag['mm']} predates {MINIMUM_TRITON_RELEASE}, the oldest release this "
-            "operator supports: it lacks the fixes of CVE-2026-24207 (an unauthenticated authentication bypass, "
-            "NVIDIA bulletin 5828)" + (", of the shared-memory remote-code-execution chain (CVE-2025-23319/-23320/"
-                                        "-23334, whose entry point the operator restricts to its key) and of "
-                                        "CVE-2025-23310/-23311 (a chunked HTTP body overflows the stack)"
-                                        if (int(tag["yy"]), int(tag["mm"])) < (25, 7) else "")
-            + f"; use {MINIMUM_TRITON_RELEASE} or later")
+            f"operator supports: it lacks the fixes of {lacks}; use {MINIMUM_TRITON_RELEASE} or later")
 
 
 def server_warnings(server: Server) -> list[str]:

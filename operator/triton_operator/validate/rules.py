@@ -737,7 +737,8 @@ def _check_pooled(spec: TritonModelSpec, err: Collector) -> None:
                 "fetches; give the pool those credentials, or run the model on a Deployment of its own")
     given = dict(_server_values(spec.server, ".server"))
     for path, default in POOLED_SERVER_DEFAULTS.items():
-        if given.get(path) != default and given.get(path) != POOLED_SERVER_ACCEPTED.get(path, (default,))[0]:
+        accepted = (default, POOLED_SERVER_ACCEPTED[path][0]) if path in POOLED_SERVER_ACCEPTED else (default,)
+        if given.get(path) not in accepted:
             err("pooled-model", f"spec{path}", f"a pooled model runs on its pool's tritonservers: set {path[1:]} on "
                 f"the TritonPool (spec{path}), not on the model")
 
