@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.images import TRITON_REF
 from e2e.kube import ApiError, Kube, wait_for
 from e2e.operator_fixtures import (
     CHART,
@@ -98,8 +99,9 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
                     "Ready under the admission policy", 240)
     (pod,) = [p for p in model_pods(kube, namespace, "add-sub") if not p["metadata"].get("deletionTimestamp")]
     name = pod["metadata"]["name"]
-    assert not [ln for ln in operator.log_since().splitlines() if "ValidatingAdmissionPolicy" in ln], (
-        "the policy refused one of the operator's own writes")
+    assert not [ln for ln in operator.log_since().splitlines() if "ValidatingAdmissionPolicy" in ln
+                or "operator-writes.serving.triton-operator.dev" in ln], (
+        "the policy or the operator's webhook refused one of the operator's own writes")
 
     # Each of these, RBAC allows (cluster-wide): the policy is what stops them.
     for verb, resource, ns, sub in (("patch", "configmaps", "kube-system", ""), ("patch", "pods", namespace, ""),
@@ -173,6 +175,40 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
         op, "DELETE", f"/api/v1/namespaces/{namespace}/pods/someone-elses", None, "application/json")
     for what, answer in answers.items():
         assert answer.startswith("403 ") and POLICY in answer, f"{what}: {answer}"
+    # Issue 39 (M6): what the policy cannot check (it needs the owner), the operator's webhook does. Each of these
+    # passes the policy: the model's own Deployment (a dry run: admission decides all the same, nothing is stored),
+    # changed in one thing its TritonModel does not say.
+    path = f"/apis/apps/v1/namespaces/{namespace}/deployments/add-sub?dryRun=All"
+    changes: dict[str, tuple[Any, str]] = {
+        "run as another ServiceAccount": (
+            {"spec": {"template": {"spec": {"serviceAccountName": "default-admin"}}}},
+            "runs as ServiceAccount default-admin"),
+        "mount a ServiceAccount token": (
+            {"spec": {"template": {"spec": {"automountServiceAccountToken": True}}}},
+            "mounts a ServiceAccount token"),
+        "mount a Secret its TritonModel does not name": (
+            {"spec": {"template": {"spec": {"volumes": [{"name": "loot", "secret": {"secretName": "db-password"}}]}}}},
+            "uses Secrets its spec does not name: db-password"),
+        "run tritonserver from an image nothing names": (
+            {"spec": {"template": {"spec": {"containers": [
+                {"name": "tritonserver", "image": deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+                 + "-not-this"}]}}}},
+            "runs tritonserver image"),
+    }
+    webhook = "operator-writes.serving.triton-operator.dev"  # (the answer is JSON: its quotes escaped)
+    for what, (patch, says) in changes.items():
+        answer = refused(op, "PATCH", path, patch, strategic)
+        assert answer.startswith("403 ") and webhook in answer and says in answer, f"{what}: {answer}"
+    orphan = copy.deepcopy(foreign)
+    orphan["metadata"]["name"] = "orphan"
+    (probe,) = [c for c in orphan["spec"]["template"]["spec"]["containers"] if c["name"] == "probe"]
+    probe["image"] = next(c["image"] for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "probe")
+    orphan_answer = refused(op, "POST", f"/apis/apps/v1/namespaces/{namespace}/deployments?dryRun=All", orphan,
+                            "application/json")
+    assert webhook in orphan_answer and "has no TritonModel or TritonPool as its controller" in orphan_answer, orphan_answer
+    assert op.request("PATCH", path, {"metadata": {"annotations": {f"{GROUP}/checked": "yes"}}},
+                      content_type=strategic)["metadata"]["name"] == "add-sub", "the Deployment as it is was refused"
+    answers.update(dict.fromkeys(changes, "(the operator's webhook)"))
     # Allowed: a replica's pod-deletion-cost (a pool's rounds set it on each of its replicas: issue 29).
     op.patch("Pod", name, {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "7"}}},
              namespace, type="merge")
@@ -278,7 +314,12 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
     from triton_operator.api.pool import TritonPool
     from triton_operator.api.v1alpha1 import TritonModel
     from triton_operator.render.kubernetes import Options
-    from triton_operator.render.pool import render_endpoint_slices, render_pool_children, render_pool_key_secret
+    from triton_operator.render.pool import (
+        render_endpoint_slices,
+        render_model_service,
+        render_pool_children,
+        render_pool_key_secret,
+    )
     from triton_operator.render.repository_key import RepositoryKeys
 
     ns = f"policy-pool-{uuid.uuid4().hex[:5]}"
@@ -296,7 +337,10 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
                                     ("patch", "tritonpools", "status"), ("create", "deployments", "")):
             assert can_i(kubeconfig, verb, resource, ns, sub), f"RBAC does not allow {verb} {resource} {sub}"
         op = Kube(operator_token_kubeconfig(kubeconfig, kube, tmp_path / "operator.kubeconfig"))
-        options = Options(repository_keys=RepositoryKeys(b"k" * 32))
+        # As the operator renders: its master key (the chart's Secret) names the key Secret, its default image runs.
+        master = kube.get("Secret", f"{RELEASE}-triton-operator-repository-key", RELEASE_NAMESPACE)["data"]["key"]
+        options = Options(repository_keys=RepositoryKeys(base64.b64decode(master).strip()),
+                          default_triton_image=TRITON_REF)
 
         # Allowed: what the reconcile renders.
         written = []
@@ -308,6 +352,9 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
                 child["spec"]["replicas"] = 0  # no pod: the writes are the point
             op.create(child, ns)
             written.append(f"{child['kind']} {child['metadata']['name']}")
+        # The pooled model's Service first: its slices feed only a Service it controls (the operator's webhook).
+        op.create(render_model_service(model, model_body["metadata"]["uid"], ns), ns)
+        written.append(f"Service {model.name}")
         (ipv4,) = render_endpoint_slices(model, model_body["metadata"]["uid"], ns, [], {}, set())
         op.create(ipv4, ns)
         name = ipv4["metadata"]["name"]
@@ -317,7 +364,7 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
         assert sorted(written) == sorted([
             f"Deployment {pool.name}-pool", f"PodDisruptionBudget {pool.name}-pool",
             f"Secret {render_pool_key_secret(pool, pool_body['metadata']['uid'], ns, options)['metadata']['name']}",  # type: ignore[index]
-            f"EndpointSlice {name} (created, updated, deleted)"]), written
+            f"Service {model.name}", f"EndpointSlice {name} (created, updated, deleted)"]), written
 
         # Refused: a slice it does not manage (another controller's, labelled and owned as ours otherwise), one of
         # ours for another Service, and the API server's own.
@@ -329,6 +376,12 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
         elsewhere["metadata"]["name"] = "elsewhere"
         elsewhere["metadata"]["labels"]["kubernetes.io/service-name"] = "someone-elses"
         base = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
+        kube.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "payments"},
+                     "spec": {"selector": {"app": "payments"}, "ports": [{"port": 80}]}}, ns)
+        payments = copy.deepcopy(ipv4)
+        payments["metadata"]["name"] = "payments-x"
+        payments["metadata"]["labels"].update({"kubernetes.io/service-name": "payments", f"{GROUP}/model": "payments"})
+        payments["metadata"]["ownerReferences"][0].update(name="payments", uid=str(uuid.uuid4()))
         answers = {
             "adopt a slice another controller manages": refused(
                 op, "PATCH", f"{base}/theirs", {"metadata": {"labels": {
@@ -337,14 +390,22 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
             "change the endpoints of a slice another controller manages": refused(
                 op, "PATCH", f"{base}/theirs", {"endpoints": []}, "application/merge-patch+json"),
             "write a slice for another Service": refused(op, "POST", base, elsewhere, "application/json"),
+            # Labelled and owned as a pooled model's would be, for a Service of someone else's with a selector.
+            "feed a Service of someone else's": refused(op, "POST", base, payments, "application/json"),
             # A dry run: admission decides all the same, and nothing would be deleted were the policy wrong.
             "delete the API server's own slice": refused(
                 op, "DELETE", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes?dryRun=All",
                 None, "application/json"),
         }
+        webhook = answers.pop("feed a Service of someone else's")
         for what, answer in answers.items():
             assert answer.startswith("403 ") and POLICY in answer, f"{what}: {answer}"
         assert "may write only EndpointSlices of its pooled models" in answers["write a slice for another Service"]
+        # Issue 39 (M6): that one the policy lets through (its labels and owner agree); the operator's webhook reads
+        # the TritonModel it names (none) and the Service (not a pooled model's) and refuses.
+        assert webhook.startswith("403 ") and "operator-writes.serving.triton-operator.dev denied" \
+            in webhook.replace('\\"', "") and "TritonModel payments" in webhook and "is not there" in webhook, webhook
+        assert kube.get_or_none("EndpointSlice", "payments-x", ns) is None
         assert kube.get("EndpointSlice", "theirs", ns)["metadata"]["labels"][
             "endpointslice.kubernetes.io/managed-by"] == "endpointslice-controller.k8s.io"
         assert kube.get_or_none("EndpointSlice", "elsewhere", ns) is None

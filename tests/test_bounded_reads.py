@@ -153,3 +153,25 @@ def test_the_probe_reads_an_endless_statistics_answer_no_further_than_its_cap() 
         assert conn.sock is None, "the connection with an unread answer was kept"
     assert grew[0] < BOUND, f"the probe's peak RSS grew by {grew[0] >> 20} MiB"
     assert server.sent < ENDLESS_BYTES
+
+
+@pytest.mark.parametrize("mode", ["endless", "huge"])
+def test_a_replica_whose_answers_are_over_the_cap_is_oversized_and_its_gate_backs_off(mode: str) -> None:
+    """A server that answers the gate's READY question with more than the cap (a hostile image): the verdict says
+    so (TritonUnreachable, `oversized`), and the gate's next rounds wait twice as long each time, up to
+    OVERSIZED_MAX_DELAY, instead of reading the cap again every poll interval. A plain refusal is no reason to wait
+    longer: it keeps the poll interval, so that a replica coming up is seen at once."""
+    from triton_operator.controller.gate import OVERSIZED_MAX_DELAY, oversized_delay
+    from triton_operator.triton.replica import check_replica
+
+    with HostileHttp(mode) as server:
+        verdict = asyncio.run(asyncio.wait_for(check_replica(f"127.0.0.1:{server.port}", "m", (), "d", timeout=SECONDS),
+                                               60))
+    assert (verdict.ok, verdict.reason, verdict.oversized) == (False, "TritonUnreachable", True), verdict
+    assert "at most" in verdict.message, verdict
+    closed = asyncio.run(check_replica("127.0.0.1:1", "m", (), "d", timeout=SECONDS))
+    assert (closed.reason, closed.oversized) == ("TritonUnreachable", False), closed
+    waits = [oversized_delay(0.2, n) for n in range(10)]
+    assert waits[:4] == [0.2, 0.4, 0.8, 1.6] and waits[-1] == OVERSIZED_MAX_DELAY
+    assert waits == sorted(waits)
+    assert oversized_delay(30.0, 3) == 30.0, "a poll interval over the cap is kept, never shortened"

@@ -370,7 +370,7 @@ def test_webhook_configuration_is_the_operators_own_pointed_at_its_service(helm:
     (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     target = WebhookTarget(service_namespace=RELEASE_NS, service_name=svc["metadata"]["name"], service_port=443)
     expected = render_webhook_configuration(SA, target, "", "Fail", values.get("watch.namespaces"))
-    (hook,) = vwc["webhooks"]
+    hook, _ = vwc["webhooks"]  # and the operator's own writes (test_the_operators_own_writes_go_to_its_webhook)
     secret = next(d for d in kinds(docs, "Secret") if d["metadata"]["name"] == f"{SA}-webhook-tls")
     assert hook["clientConfig"].pop("caBundle") == secret["data"]["ca.crt"], "the CA of the Secret every replica serves"
     (want,) = expected["webhooks"]  # type: ignore[misc]
@@ -398,7 +398,7 @@ def test_no_webhook_when_paused_or_disabled(helm: str, values: dict[str, Any]) -
 
 
 def test_webhook_failure_policy_is_a_value(helm: str) -> None:
-    (hook,) = one(render(helm, **{"webhook.failurePolicy": "Ignore"}), "ValidatingWebhookConfiguration")["webhooks"]
+    hook, _ = one(render(helm, **{"webhook.failurePolicy": "Ignore"}), "ValidatingWebhookConfiguration")["webhooks"]
     assert hook["failurePolicy"] == "Ignore"
 
 
@@ -863,11 +863,32 @@ def test_the_default_triton_image_is_a_value_the_operator_runs_with(helm) -> Non
 def test_the_tritonmodel_policy_binds_the_namespaces_the_webhook_reviews(helm: str) -> None:
     docs = render(helm, **NAMESPACED)
     _, binding = _policy(docs, "tritonmodels")
-    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    hook, _ = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
     assert binding["spec"]["matchResources"]["namespaceSelector"] == hook["namespaceSelector"]
     selector = {"matchLabels": {"team": "ml"}}
     _, binding = _policy(render(helm, **{"webhook.namespaceSelector": selector}), "tritonmodels")
     assert binding["spec"]["matchResources"]["namespaceSelector"] == selector
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_the_operators_own_writes_go_to_its_webhook(helm: str, values: dict[str, Any]) -> None:
+    """Issue 39 (M6): the Deployments and EndpointSlices the operator's ServiceAccount creates or updates, in every
+    namespace (a leaked token is not kept to the served ones), go to the operator's own review, which fails closed
+    even where the TritonModel webhook is set to Ignore; nobody else's writes go there."""
+    from triton_operator.validate.operator_writes import OPERATOR_WRITES_PATH
+
+    docs = render(helm, **values, **{"webhook.failurePolicy": "Ignore"})
+    models, own = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert models["failurePolicy"] == "Ignore" and own["failurePolicy"] == "Fail"
+    assert own["name"] == "operator-writes.serving.triton-operator.dev" and "namespaceSelector" not in own
+    assert [(r["apiGroups"], r["resources"], r["operations"]) for r in own["rules"]] == [
+        (["apps"], ["deployments"], ["CREATE", "UPDATE"]), (["discovery.k8s.io"], ["endpointslices"], ["CREATE", "UPDATE"])]
+    assert own["matchConditions"] == [{"name": "the-operators-service-account", "expression":
+                                       f'request.userInfo.username == "system:serviceaccount:{RELEASE_NS}:{SA}"'}]
+    assert own["clientConfig"]["service"] == {**models["clientConfig"]["service"], "path": OPERATOR_WRITES_PATH}
+    assert own["clientConfig"]["caBundle"] == models["clientConfig"]["caBundle"]
+    (hook,) = one(render(helm, **{"admissionPolicies.operator.enabled": False}), "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["name"] == "tritonmodels.serving.triton-operator.dev"
 
 
 def test_admission_policies_can_be_turned_off(helm: str) -> None:

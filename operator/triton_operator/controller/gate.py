@@ -73,6 +73,14 @@ from .tasks import detached
 log = logging.getLogger("triton_operator.gate")
 
 STABLE_BACKOFF = (1.0, 2.0, 5.0)
+#: A replica whose answers are over the read cap (`triton.rest.MAX_ANSWER`: a server that is no Triton, or a hostile
+#: image) costs the operator that many bytes each round: its rounds double from the poll interval up to this.
+OVERSIZED_MAX_DELAY = 10.0
+
+
+def oversized_delay(interval: float, rounds: int) -> float:
+    """The wait before the next round of a gate whose last `rounds` answers were all over the cap (0: none was)."""
+    return interval if rounds <= 0 else min(interval * 2 ** min(rounds, 16), max(OVERSIZED_MAX_DELAY, interval))
 #: While Triton refuses connections: a TCP connect this often per pod ...
 PORT_PROBE_INTERVAL = 0.02
 #: ... and at most this many connects a second over all pods (a thousand replicas loading at once).
@@ -175,7 +183,7 @@ class WarmupGate:
                 await t
 
     async def _run(self, gate: _PodGate) -> None:
-        stable_rounds = 0
+        stable_rounds = oversized_rounds = 0
         while (gate.namespace, gate.name) in self.pods:
             healing = gate.heal is not None and not gate.heal.done()  # the verdict below is taken during a heal
             verdict = await self._check(gate)
@@ -203,11 +211,12 @@ class WarmupGate:
             record = loaded_to_record(ann, verdict.loaded)
             if record:
                 await self._record_loaded(gate, record)
+            oversized_rounds = oversized_rounds + 1 if verdict.oversized else 0
             if verdict.ok:
                 delay = STABLE_BACKOFF[min(stable_rounds, len(STABLE_BACKOFF) - 1)]
                 stable_rounds += 1
             else:
-                delay = self._interval(gate)
+                delay = oversized_delay(self._interval(gate), oversized_rounds)
             gate.wake.clear()
             if verdict.reason == "TritonUnreachable" and await self._wait_for_port(gate):
                 continue

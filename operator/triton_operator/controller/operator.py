@@ -333,12 +333,14 @@ async def _serve_liveness(liveness: str | None, state: str) -> web.AppRunner | N
     return runner
 
 
-def _admission_webhook(webhook: WebhookSettings | None, namespaces: list[str], clusterwide: bool) -> AdmissionWebhook | None:
+def _admission_webhook(webhook: WebhookSettings | None, namespaces: list[str], clusterwide: bool,
+                       options: Options) -> AdmissionWebhook | None:
     """The admission webhook (and the custom metrics it serves) for `webhook`'s settings; None without them."""
     return None if webhook is None else AdmissionWebhook(
         STATE.kube, webhook.target, configuration=webhook.configuration, failure_policy=webhook.failure_policy,
         namespaces=namespaces, clusterwide=clusterwide, address=webhook.address, port=webhook.port,
         cert_dir=webhook.cert_dir, custom_metrics=webhook.custom_metrics, max_connections=webhook.max_connections,
+        options=options,
     )
 
 
@@ -398,7 +400,7 @@ async def run_operator(
     STATE.pools = PoolReconciler(STATE.kube, STATE.cache, options)
     STATE.reconciler.on_pooled = STATE.pools.request
     STATE.reconciler.on_unpooled = STATE.pools.unpooled
-    STATE.webhook = _admission_webhook(webhook, namespaces, clusterwide)
+    STATE.webhook = _admission_webhook(webhook, namespaces, clusterwide, options)
     elector = None if election is None else LeaderElection(STATE.kube, election)
     lost = asyncio.Event()
     tasks: list[asyncio.Task[Any]] = []

@@ -62,26 +62,29 @@ import logging
 import ssl
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from ..api import steps as step_graph
-from ..api.pool import POOL_KIND, POOL_PLURAL
+from ..api.pool import POOL_KIND, POOL_PLURAL, TritonPool
 from ..api.steps import steps_of
-from ..api.v1alpha1 import GROUP, KIND, VERSION
+from ..api.v1alpha1 import GROUP, KIND, VERSION, TritonModel
 from ..platform.certificates import CERT_VALIDITY, RENEW_AFTER, Issued, issue_certificate
 from ..platform.errors import ApiError
 from ..platform.kube import Kube
 from ..platform.namespaces import exact_namespaces, watches
+from ..render.kubernetes import Options, key_secret_name
+from ..render.pool import pool_deployment_name, pool_key, pool_key_secret_name
 from ..render.webhook import (
     WEBHOOK_NAME,
     WEBHOOK_PATH,
     WebhookTarget,
     render_webhook_configuration,
 )
+from ..validate import operator_writes
 from ..validate.admission import MAX_NEIGHBOURS, AdmissionVerdict, needs_review, redacted, review, review_pool
 from ..validate.pool import POOL_OBJECTS_SUFFIX
 from . import metrics, tls_server
@@ -94,6 +97,8 @@ log = logging.getLogger("triton_operator.webhook")
 
 #: GETs of other TritonModels one review may make (those the cache lacks or may hold stale).
 MAX_READS = 8
+#: The ensemble steps one review of the operator's own Deployment reads (from the cache, else a GET each).
+MAX_STEPS = 64
 #: GETs of other TritonModels in flight at once, over every review.
 CONCURRENT_READS = 8
 #: How long after the start reviews wait for the first list of TritonModels; before it is in, a review LISTs the
@@ -179,8 +184,12 @@ def _check_review_object(req: dict[str, Any], key: str) -> None:
 class AdmissionWebhook:
     def __init__(self, kube: Kube, target: WebhookTarget, *, configuration: str, failure_policy: str,
                  namespaces: list[str], clusterwide: bool, address: str, port: int, cert_dir: str | None = None,
-                 custom_metrics: bool = False, max_connections: int = tls_server.MAX_CONNECTIONS) -> None:
+                 custom_metrics: bool = False, max_connections: int = tls_server.MAX_CONNECTIONS,
+                 options: Options | None = None) -> None:
         self.kube = kube
+        # What the operator renders with: its default tritonserver image and the repository keys' Secret names,
+        # for the review of its own writes (`operator_writes`).
+        self.options = options if options is not None else Options()
         self.target = target
         self.configuration = configuration
         self.failure_policy = failure_policy
@@ -217,6 +226,7 @@ class AdmissionWebhook:
             self._sync_deadline = time.monotonic() + SYNC_WAIT_SECONDS
             app = web.Application(client_max_size=tls_server.MAX_BODY)
             app.router.add_post(WEBHOOK_PATH, self._handle)
+            app.router.add_post(operator_writes.OPERATOR_WRITES_PATH, self._handle_operator_write)
             if self.custom_metrics is not None:
                 await self.custom_metrics.start(self._ssl)
                 self.custom_metrics.routes(app)
@@ -314,10 +324,17 @@ class AdmissionWebhook:
     # the review
 
     async def _handle(self, request: web.Request) -> web.Response:
+        return await self._serve(request, self._review)
+
+    async def _handle_operator_write(self, request: web.Request) -> web.Response:
+        return await self._serve(request, self._review_operator_write)
+
+    async def _serve(self, request: web.Request,
+                     reviewer: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> web.Response:
         try:
             async with body_of(request) as data:
                 body, req = parse_review(data)
-                response = await self._respond(req)
+                response = await self._respond(req, reviewer)
         except BodyRefused as exc:
             refused = web.json_response({"error": exc.reason}, status=exc.status)
             refused.force_close()
@@ -328,10 +345,11 @@ class AdmissionWebhook:
             return web.json_response({"error": f"not an AdmissionReview this webhook answers: {exc}"}, status=400)
         return web.json_response({"apiVersion": body["apiVersion"], "kind": "AdmissionReview", "response": response})
 
-    async def _respond(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def _respond(self, req: dict[str, Any],
+                       reviewer: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
         try:
-            response.update(await self._review(req))
+            response.update(await reviewer(req))
         except Exception as exc:
             # The API server applies the failurePolicy to errors, not to a denial: say what broke, refuse.
             if isinstance(exc, ApiError):
@@ -422,6 +440,83 @@ class AdmissionWebhook:
         before = copy.deepcopy(stored)
         before["metadata"]["uid"] = ((old or {}).get("metadata") or {}).get("uid")
         return await self._review_pool(namespace, operation, changed, before)
+
+    # the operator's own writes
+
+    async def _review_operator_write(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A Deployment or an EndpointSlice the operator's ServiceAccount writes (the chart sends only those): allowed
+        only as the operator would write it for its owner, read here (`validate.operator_writes`)."""
+        namespace, obj = req.get("namespace") or "", req.get("object")
+        resource = (req.get("resource") or {}).get("resource")
+        if req["operation"] not in ("CREATE", "UPDATE") or obj is None or req.get("subResource"):
+            return {}
+        if resource == "deployments":
+            why = await self._deployment_refusal(namespace, obj)
+        elif resource == "endpointslices":
+            why = await self._slice_refusal(namespace, obj)
+        else:
+            return {}
+        if why is None:
+            metrics.ADMISSIONS.labels(verdict="allowed").inc()
+            return {}
+        metrics.ADMISSIONS.labels(verdict="denied").inc()
+        log.warning("Refused a write of the operator's ServiceAccount operation=%s resource=%s namespace=%s name=%s "
+                    "reason=%s", req["operation"], resource, namespace, obj["metadata"].get("name"), why)
+        return {"allowed": False, "status": {"code": 403, "reason": "Forbidden", "message": (
+            f"the triton-operator webhook refuses this write of the operator's ServiceAccount: {why}")}}
+
+    async def _deployment_refusal(self, namespace: str, obj: dict[str, Any]) -> str | None:
+        name = obj["metadata"]["name"]
+        owner = operator_writes.controller_of(obj)
+        if owner is None or owner.get("kind") not in (KIND, POOL_KIND) \
+                or not str(owner.get("apiVersion") or "").startswith(f"{GROUP}/"):
+            return f"Deployment {name} has no TritonModel or TritonPool as its controller"
+        kind, owner_name, uid = owner["kind"], str(owner.get("name") or ""), owner.get("uid")
+        body = await self.get_object(kind, namespace, owner_name) if owner_name else None
+        if body is None or (body.get("metadata") or {}).get("uid") != uid:
+            return f"Deployment {name}'s controller, {kind} {owner_name} (uid {uid}), is not there"
+        image = self.options.default_triton_image
+        try:
+            if kind == POOL_KIND:
+                pool = TritonPool.model_validate(body)
+                key = pool_key_secret_name(pool, pool_key(pool, str(uid), namespace, self.options))
+                grants = operator_writes.pool_grants(pool, pool_deployment_name(pool), key, image)
+            else:
+                model = TritonModel.model_validate(body)
+                steps = [TritonModel.model_validate(b) for b in await self._steps(namespace, body)]
+                grants = operator_writes.model_grants(model, steps,
+                                                      key_secret_name(model, str(uid), namespace, self.options), image)
+        except ValueError as exc:  # (pydantic's ValidationError): the stored owner is not one the operator renders
+            return f"{kind} {owner_name} is not valid: {str(exc).splitlines()[0]}"
+        return operator_writes.refusal(obj, grants)
+
+    async def _steps(self, namespace: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The TritonModels an ensemble's steps reach, all the way down (the models its repository carries): from
+        this replica's watch, a GET for one it lacks; at most MAX_STEPS, those not there left out."""
+        found: dict[str, dict[str, Any]] = {}
+        todo, seen = list(steps_of(body)), {body["metadata"]["name"]}
+        synced = self.informer.synced()
+        while todo and len(seen) <= MAX_STEPS:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            step = self.informer.store.body(namespace, name) if synced else None
+            if step is None:
+                step = await self.get_model(namespace, name)
+            if step is not None:
+                found[name] = step
+                todo.extend(steps_of(step))
+        return list(found.values())
+
+    async def _slice_refusal(self, namespace: str, obj: dict[str, Any]) -> str | None:
+        owner = operator_writes.controller_of(obj) or {}
+        service = ((obj.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name")
+        model = await self.get_model(namespace, owner["name"]) if owner.get("kind") == KIND and owner.get("name") \
+            else None
+        stored = await asyncio.to_thread(self.kube.get, "v1", "Service", namespace, service) \
+            if isinstance(service, str) and service else None
+        return operator_writes.slice_refusal(obj, model, stored)
 
     @staticmethod
     def _answer(shown: AdmissionVerdict, operation: str, namespace: str, name: str, kind: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ class ReplicaVerdict:
     ready_seen: bool = False  # the model answered READY (for READY -> gate latency)
     loaded: str | None = None  # the digest of the config Triton said it has loaded (None: it did not say)
     model: str | None = None  # the Triton model the verdict is about, when one is not READY
+    oversized: bool = False  # an answer was over the read cap: a server that is no Triton (the gate backs off)
 
 
 async def check_replica(
@@ -82,7 +83,8 @@ async def check_replica(
     except TritonError as exc:
         if exc.status is not None:  # it answered, with an error: not a question of reaching it
             return ReplicaVerdict(False, "TritonUnreachable", f"Triton answered {exc.status}: {exc.message()}")
-        return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc.message()}")
+        return ReplicaVerdict(False, "TritonUnreachable", f"Triton did not answer: {exc.message()}",
+                              oversized=exc.oversized)
     finally:
         if own:
             await client.close()

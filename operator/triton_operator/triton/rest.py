@@ -54,9 +54,10 @@ class TritonError(Exception):
     """Triton refused or failed a call (`status`: the HTTP status), or did not answer (`status` None: nothing
     listens, the connection broke, or the call's timeout passed)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, oversized: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.oversized = oversized  # its answer was over the cap: not a server of ours (`read_capped`)
 
     def message(self) -> str:  # the accessor tritonclient's InferenceServerException has
         return str(self.args[0]) if self.args else ""
@@ -144,7 +145,7 @@ class TritonClient:
                 answer = await read_capped(resp)
                 status = resp.status
         except AnswerTooLarge as exc:
-            raise TritonError(f"{method} {path} at {self.address}: {exc}") from None
+            raise TritonError(f"{method} {path} at {self.address}: {exc}", oversized=True) from None
         except TimeoutError:
             raise TritonError(f"no answer from {self.address} within {timeout}s ({method} {path})") from None
         except (aiohttp.ClientError, OSError) as exc:
