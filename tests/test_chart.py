@@ -213,7 +213,8 @@ def _rbac(docs: list[dict[str, Any]], webhook: bool = False) -> list[dict[str, A
     """The operator's RBAC for what it watches and writes; with `webhook` (an older name, kept for the callers),
     also every other grant of the chart: the leader-election Lease in the release's namespace."""
     return [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io/")
-            and (webhook or not d["metadata"]["name"].endswith(("-webhook", "-leader-election", *CUSTOM_METRICS_RBAC)))]
+            and (webhook or not d["metadata"]["name"].endswith(("-webhook", "-leader-election", "-webhook-endpoints",
+                                                                 *CUSTOM_METRICS_RBAC)))]
 
 
 #: The custom metrics API's grants (tested on their own below): delegated authentication and the HPA's reads.
@@ -889,6 +890,18 @@ def test_the_operators_own_writes_go_to_its_webhook(helm: str, values: dict[str,
     assert own["clientConfig"]["caBundle"] == models["clientConfig"]["caBundle"]
     (hook,) = one(render(helm, **{"admissionPolicies.operator.enabled": False}), "ValidatingWebhookConfiguration")["webhooks"]
     assert hook["name"] == "tritonmodels.serving.triton-operator.dev"
+
+
+def test_a_new_leader_may_read_its_webhook_services_endpoints_and_nothing_else_there(helm: str) -> None:
+    """The webhook for the operator's own writes fails closed: a new leader waits for the webhook Service's first ready
+    endpoint (`AdmissionWebhook.wait_reachable`), reading its EndpointSlices in the release's namespace only."""
+    docs = render(helm, **NAMESPACED)
+    role = next(d for d in kinds(docs, "Role") if d["metadata"]["name"] == f"{SA}-webhook-endpoints")
+    assert role["metadata"]["namespace"] == RELEASE_NS
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+    binding = next(d for d in kinds(docs, "RoleBinding") if d["metadata"]["name"] == f"{SA}-webhook-endpoints")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SA, "namespace": RELEASE_NS}]
+    assert not [d for d in render(helm, replicaCount=0) if d["metadata"]["name"] == f"{SA}-webhook-endpoints"]
 
 
 def test_admission_policies_can_be_turned_off(helm: str) -> None:

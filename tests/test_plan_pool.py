@@ -172,6 +172,27 @@ def test_a_question_that_got_no_answer_loads_nothing() -> None:
     assert all(not w.load for w in todo.values())
 
 
+def test_a_question_that_got_no_answer_keeps_a_serving_copy_in_its_slices_and_loads_nothing() -> None:
+    """Issue 41: a healthy replica slow to answer (under load, while another replica restarts and loads) kept its
+    copies' endpoints only if it answered in time; read as 'not serving', its copies left their slices and their
+    status. The record of what it served answers instead; a copy it never served stays out; a pod that is not Ready
+    (tritonserver stopped answering its probe) takes every copy out all the same."""
+    members, _, _, placement = _world()
+    d = members["a"].digest
+    records = {"r1": {"a": d}}
+    silent = {(r, "a"): pp.Seen(False, None, "Triton did not answer: timeout", answered=False) for r in ("r1", "r2")}
+    pods = {r: pp.ReplicaPod.of(_pod(r)) for r in ("r1", "r2")}
+    assert pp.serving(placement, members, pods, records, silent)["a"] == set(), "as read before: no copy serves"
+    seen = pp.as_last_seen(silent, records, members)
+    assert seen[("r1", "a")].ready and seen[("r1", "a")].digest == d and not seen[("r1", "a")].answered
+    assert seen[("r2", "a")] == silent[("r2", "a")], "never recorded there: still unknown"
+    on = pp.serving(placement, members, pods, records, seen)
+    assert on["a"] == {"r1"} and pp.current(members, on, seen)["a"] == {"r1"}
+    assert all(not w.load and not w.unload for w in pp.work(placement, members, ["r1", "r2"], records, seen, {}).values())
+    pods["r1"] = pp.ReplicaPod.of(_pod("r1", ready=False))
+    assert pp.serving(placement, members, pods, records, seen)["a"] == set()
+
+
 def test_replicas_are_scheduled_pods_and_the_unschedulable_ones_are_not_coming() -> None:
     scheduled, pending = _pod("r1"), _pod("r2", ready=False)
     pending["spec"] = {}

@@ -354,6 +354,17 @@ async def _acquire(elector: LeaderElection, liveness: str | None, stop: asyncio.
             await server.cleanup()
 
 
+async def _await_webhook(webhook: AdmissionWebhook, liveness: str | None, stop: asyncio.Event) -> None:
+    """Before the leader's first write: the webhook reachable through its Service (`AdmissionWebhook.wait_reachable`),
+    liveness answering meanwhile (the pod turns Ready on it, and only then is it an endpoint)."""
+    server = await _serve_liveness(liveness, "leading: waiting for the webhook Service's first ready endpoint")
+    try:
+        await webhook.wait_reachable(stop)
+    finally:
+        if server is not None:
+            await server.cleanup()
+
+
 async def _relay(stop: asyncio.Event, lost: asyncio.Event, kopf_stop: asyncio.Event) -> None:
     """kopf stops on either: asked to, or no longer the leader."""
     waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
@@ -411,6 +422,8 @@ async def run_operator(
             if not await _acquire(elector, liveness, stop):
                 return 0
             tasks.append(asyncio.create_task(elector.hold(lost), name="lease"))
+        if STATE.webhook is not None:
+            await _await_webhook(STATE.webhook, liveness, stop)
         kopf_stop = asyncio.Event()
         tasks.append(asyncio.create_task(_relay(stop, lost, kopf_stop), name="stop-relay"))
         registry = build_registry(drift_interval)

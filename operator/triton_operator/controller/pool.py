@@ -436,8 +436,14 @@ class PoolReconciler:
             return [pool_plan.Seen(s.ready, s.digest, s.message, answered=not s.unanswered) for s in answers]
 
         answers = await asyncio.gather(*(ask(r, names) for r, names in asks.items()))
-        return {(r, n): s for (r, names), seen in zip(asks.items(), answers, strict=True)
+        seen = {(r, n): s for (r, names), seen in zip(asks.items(), answers, strict=True)
                 for n, s in zip(names, seen, strict=True)}
+        silent = sorted({r for (r, _), s in seen.items() if not s.answered})
+        if silent:  # what a slow replica served last stays listed (`as_last_seen`): say it, it explains a stale list
+            log.info("Pool replica did not answer in time; its last record stands namespace=%s pool=%s pods=%s "
+                     "models=%d", rnd.namespace, rnd.pool.name, ",".join(silent),
+                     sum(not s.answered for s in seen.values()))
+        return pool_plan.as_last_seen(seen, records, rnd.members)
 
     async def _drain(self, rnd: _Round, draining: frozenset[tuple[str, str]]) -> None:
         """Waits, up to the models' drainTimeoutSeconds, until no request reaches a drained copy for a second (it

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import datetime as dt
 import json
@@ -97,6 +98,8 @@ log = logging.getLogger("triton_operator.webhook")
 
 #: GETs of other TritonModels one review may make (those the cache lacks or may hold stale).
 MAX_READS = 8
+#: How long a new leader waits for the webhook Service's first ready endpoint before it writes, and how often it looks.
+REACHABLE_WAIT_SECONDS, REACHABLE_POLL_SECONDS = 60.0, 0.5
 #: The ensemble steps one review of the operator's own Deployment reads (from the cache, else a GET each).
 MAX_STEPS = 64
 #: GETs of other TritonModels in flight at once, over every review.
@@ -247,6 +250,35 @@ class AdmissionWebhook:
         await self._publish(issued.ca_pem)
         if self._renewal is None:
             self._renewal = asyncio.create_task(self._renew_loop(issued), name="webhook-certificate")
+
+    async def wait_reachable(self, stop: asyncio.Event, timeout: float = REACHABLE_WAIT_SECONDS) -> bool:
+        """Until the webhook's Service has a ready endpoint (an operator replica that serves it, this one once the
+        kubelet finds it Ready), at most `timeout`; whether it has. The chart's webhook for the operator's own writes
+        fails closed: a leader that writes before the API server can reach any replica's webhook has every
+        Deployment and EndpointSlice write refused ("no endpoints available for service"). With two replicas the
+        follower's endpoint is there already. Only for `--webhook-service` (the chart); reads the Service's
+        EndpointSlices (the chart's Role in its namespace allows it)."""
+        ns, name = self.target.service_namespace, self.target.service_name
+        if not ns or not name:
+            return True
+        deadline = time.monotonic() + timeout
+        selector = f"kubernetes.io/service-name={name}"
+        while True:
+            try:
+                slices = await asyncio.to_thread(self.kube.list, "discovery.k8s.io/v1", "EndpointSlice", ns, selector)
+            except ApiError as exc:
+                log.warning("Cannot read the webhook Service's endpoints; writing without waiting for them "
+                            "service=%s/%s error=%s", ns, name, exc)
+                return False
+            if any((e.get("conditions") or {}).get("ready") for s in slices for e in s.get("endpoints") or ()):
+                log.info("The webhook Service has a ready endpoint service=%s/%s", ns, name)
+                return True
+            if time.monotonic() >= deadline or stop.is_set():
+                log.warning("The webhook Service has no ready endpoint after %.0f s; writing anyway (the operator's "
+                            "own writes may be refused until it has) service=%s/%s", timeout, ns, name)
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), REACHABLE_POLL_SECONDS)
 
     async def stop(self) -> None:
         if self._renewal:
