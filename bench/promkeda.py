@@ -49,7 +49,7 @@ KEDA_OPERATOR_SERVICE = "keda-operator"
 KEDA_ADAPTER_SERVICE = "keda-metrics-apiserver"
 EXTERNAL_APISERVICE = "v1beta1.external.metrics.k8s.io"
 SCALED_OBJECT_API = "keda.sh/v1alpha1"
-#: The container port of Triton's metrics in the pods the operator renders (render/kubernetes.py).
+#: The container port of Triton's metrics in the pods the operator renders (render/pod.py).
 METRICS_PORT_NAME = "metrics"
 #: The label the operator puts on a model's pods, as Prometheus's pod discovery names it (unsupported characters
 #: become underscores).

@@ -1,7 +1,8 @@
 """The project's imports read from its source with `ast` (nothing is imported): which modules a file imports
 (`imported_modules`), which of them are test modules (`imported_test_modules`), and every project module a file
-reaches through its imports (`reached`). Used by the tests of what may import what (tests/test_no_test_imports.py,
-tests/test_unit_tier_imports.py)."""
+reaches through its imports (`reached`), and the private names a file takes from another module
+(`private_imports`). Used by the tests of what may import what (tests/test_no_test_imports.py,
+tests/test_unit_tier_imports.py, tests/test_render_imports.py)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,44 @@ def _statements(nodes: list[ast.AST]) -> Iterator[ast.AST]:
             inner = getattr(node, block, None)
             if isinstance(inner, list):
                 yield from _statements(inner)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(path: Path, base: Path, bases: list[Path], root: Path = REPO) -> list[str]:
+    """The private names (`_x`; not dunders) `path` takes from another module of the project, as "file:line uses
+    module._x" (paths relative to `root`): `from M import _x` (a module `_x` too), and `M._x` on a project module
+    bound by `import M` or `from P import M`. Other modules' (the standard library's, a package's) are not ours."""
+    package = list(path.relative_to(base).parent.parts)
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[str] = []
+    modules: dict[str, str] = {}  # a local name bound to a project module -> the module's name
+    for node in _statements(tree.body):
+        if isinstance(node, ast.ImportFrom):
+            parent = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*parent, *([node.module] if node.module else [])])
+            if module_file(module, bases) is None:
+                continue
+            for a in node.names:
+                full = f"{module}.{a.name}"
+                if _private(a.name):
+                    found.append(f"{path.relative_to(root)}:{node.lineno} uses {full}")
+                elif module_file(full, bases) is not None:
+                    modules[a.asname or a.name] = full
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if module_file(a.name, bases) is not None:
+                    found += [f"{path.relative_to(root)}:{node.lineno} uses {a.name}"
+                              for part in a.name.split(".") if _private(part)]
+                    if a.asname:
+                        modules[a.asname] = a.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                and _private(node.attr):
+            found.append(f"{path.relative_to(root)}:{node.lineno} uses {modules[node.value.id]}.{node.attr}")
+    return found
 
 
 def imported_test_modules(path: Path, base: Path, bases: list[Path], root: Path = REPO) -> list[str]:

@@ -25,8 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.timing import scaled
 from tests.triton_helpers import SLOW, models_from_yaml
 from triton_operator.files import write_repository
-from triton_operator.render.kubernetes import exit_timeout, render_children
+from triton_operator.render.kubernetes import render_children
 from triton_operator.render.modelconfig import render_repository
+from triton_operator.render.pod import exit_timeout
 from triton_operator.triton.client import load_model
 from triton_operator.triton.local import LocalTritonServer
 

@@ -6,9 +6,12 @@ apply. No client, no I/O: the controller applies what this returns. The reposito
 its ensemble steps, `modelconfig.Repository`) is computed once per render and handed to each builder. `render_key_secret` is the Secret the
 controller creates (never applies: see `render.repository_key`).
 
-The warm-up gate's part in the pod (`render_deployment`): the readiness gate (`WARMED_CONDITION`), the annotations
-the gate reads, and the `probe` container that holds the kubelet's readiness probe. Those names are the replica pod
-contract, `api.pod`, whose docstring says where the other parts of the gate live.
+The replica pod (`render_deployment`) is built from `render.pod`, which a TritonPool's replicas share: tritonserver,
+its probes, the `probe` sidecar, the volumes, the pod's security and placement. What is the model's own is here: the
+`fetch` init step of its uri sources, the repository ConfigMap volume, the warm-up gate's part (the readiness gate
+`WARMED_CONDITION`, the annotations the gate reads, the `probe` container of a gated replica and the probes it
+holds), and the pod digest. Those names are the replica pod contract, `api.pod`, whose docstring says where the
+other parts of the gate live.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import DEFAULT_TRITON_IMAGE
 from ..api.kinds import LABEL_MODEL, OWNED
 from ..api.pod import (
     ANNOTATION_DIGEST,
@@ -34,72 +36,41 @@ from ..api.pod import (
     GRPC_PORT,
     HTTP_PORT,
     METRICS_PORT,
-    PROBE_CONTAINER,
-    PROBE_PORT,
     REPOSITORY_VOLUME,
-    TRITON_CONTAINER,
     WARMED_CONDITION,
     repository_of,
     versions_annotation,
 )
 from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
 from .autoscaling import hpa_metric
-from .modelconfig import REPOSITORY_ROOT, RenderedModel, Repository
-from .repository_key import RepositoryKeys, key_env, render_secret, restriction_args, secret_name
+from .modelconfig import RenderedModel, Repository
+from .pod import (
+    FETCH_RESOURCES,
+    MODELS_VOLUME,
+    REPO_DIR,
+    gated_probes,
+    models_volume,
+    own_probes,
+    placement,
+    pod_security_context,
+    pod_settings,
+    probe_container,
+    shm_volume,
+    sidecar_security,
+    termination_grace_period,
+    tmp_volume,
+    triton_args,
+    triton_container,
+    user_env,
+)
+from .pod import Options as Options  # noqa: PLC0414 - re-exported: the controller and the CLI render with it
+from .repository_key import render_secret, secret_name
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
 CONFIGMAP_LIMIT = 1024 * 1024 - 16 * 1024
 
-REPO_DIR = REPOSITORY_ROOT  # the config names files here (a custom batching strategy's)
+#: Where the `fetch` step reads the repository ConfigMap.
 CONFIG_DIR = "/config"
-TMP_DIR = "/tmp"  # noqa: S108 - an emptyDir of the pod's own
-#: The `fetch` init container's resources. It streams every download in 1 MiB chunks, so its memory does not grow
-#: with the model: peak RSS measured at 24 MiB for a 400 MiB https:// file, 51 MiB for a 200 MiB s3:// object
-#: (boto3) and 57 MiB for a 200 MiB gs:// one (google-cloud-storage). No ephemeral-storage limit: what it writes
-#: goes to the `models` emptyDir, bounded by its sizeLimit (an init container's ephemeral-storage limit would cap
-#: the whole pod's usage, emptyDirs included).
-FETCH_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}}
-#: A memory-backed emptyDir sized by spec.server.shmSize: the Python backend's tensors pass through it.
-SHM_DIR = "/dev/shm"  # noqa: S108 - an emptyDir of the pod's own
-#: The unprivileged user every container runs as (distroless' "nonroot").
-RUN_AS = 65532
-#: What every container gets: enough for the Pod Security Standards' "restricted" profile, which hardened
-#: clusters enforce (`pod-security.kubernetes.io/enforce=restricted`). The pod adds runAsNonRoot and seccomp.
-CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-}
-
-
-@dataclass(frozen=True)
-class Options:
-    """Operator-wide settings that shape children."""
-
-    operator_image: str = "ghcr.io/triton-operator/triton-operator:0.1.0"
-    # What a model or pool that names no spec.server.image runs (`run --default-triton-image`).
-    default_triton_image: str = DEFAULT_TRITON_IMAGE
-    # Without the gate, the kubelet's probes decide when a warmed replica turns Ready (tritonserver opens its
-    # ports only once the model is loaded and warm): probe at the kubelet's shortest period.
-    startup_probe_period: int = 1
-    # Graceful termination. A deleted pod leaves its Service's ready endpoints at once, but clients learn it
-    # later (kube-proxy's rule sync, meshes, ingress controllers): tritonserver keeps serving through a preStop
-    # sleep, and only then gets SIGTERM. On SIGTERM it refuses new connections and drains: it serves the
-    # connections already open and finishes in-flight requests for up to --exit-timeout-secs, then unloads.
-    # The grace period covers both plus a margin, so SIGKILL never cuts a drain short.
-    pre_stop_sleep_seconds: int = 5
-    exit_timeout_seconds: int = 20
-    termination_margin_seconds: int = 5
-    # Gated replicas: the `probe` container holds the kubelet's readiness probe while tritonserver is not up (the
-    # probe's timeout is 2 s more), and passes it `probe_gate_settle_seconds` after the operator tells it that the
-    # gate is set, so that the kubelet syncs the gate before the probe's success; without that notice,
-    # `probe_head_start_seconds` after tritonserver's HTTP port opened (see triton_operator.triton.probe).
-    probe_hold_seconds: int = 8
-    probe_head_start_seconds: float = 0.5
-    probe_gate_settle_seconds: float = 0.03
-    # Each model's repository key, derived from the operator's master key (`render.repository_key`). None (unit
-    # tests, `render --objects`): the replicas are restricted all the same, and name the Secret without its digest.
-    repository_keys: RepositoryKeys | None = None
 
 
 class RepositoryTooLarge(ValueError):
@@ -309,39 +280,9 @@ def _uri_args(repository: Repository) -> tuple[list[str], Objects, Objects, Obje
 
 def _server_args(model: TritonModel, repository: Repository, options: Options) -> list[str]:
     closure = [r.model for r in repository.models]
-    args = [
-        f"--model-repository={REPO_DIR}",
-        "--model-control-mode=explicit",
-        f"--load-model={model.triton_name}",
-        "--strict-readiness=true",
-        "--exit-on-error=false",
-        f"--exit-timeout-secs={options.exit_timeout_seconds}",
-        f"--http-port={HTTP_PORT}",
-        f"--grpc-port={GRPC_PORT}",
-        f"--metrics-port={METRICS_PORT}",
-        # The repository, shared-memory, logging and trace APIs answer only the operator (`render.repository_key`).
-        *restriction_args(model.spec.server.unrestricted_apis),
-    ]
-    if any(m.spec.response_cache for m in closure):
-        size = max(quantity_bytes(m.spec.server.cache_size) for m in closure if m.spec.response_cache)
-        args.append(f"--cache-config=local,size={size}")
-    args.extend(model.spec.server.args or ())
-    return args
-
-
-def exit_timeout(args: list[str], default: int) -> int:
-    """tritonserver's --exit-timeout-secs in `args`: the last one wins, as in Triton's own parser."""
-    value = default
-    for i, arg in enumerate(args):
-        if arg.startswith("--exit-timeout-secs="):
-            text = arg.split("=", 1)[1]
-        elif arg == "--exit-timeout-secs" and i + 1 < len(args):
-            text = args[i + 1]
-        else:
-            continue
-        if text.strip().isdigit():
-            value = int(text)
-    return value
+    cached = [quantity_bytes(m.spec.server.cache_size) for m in closure if m.spec.response_cache]
+    return triton_args(model.spec.server, options, load_model=model.triton_name, strict_readiness=True,
+                       cache_bytes=max(cached) if cached else None)
 
 
 def replica_gpus(model: TritonModel, repository: Repository) -> int:
@@ -349,45 +290,6 @@ def replica_gpus(model: TritonModel, repository: Repository) -> int:
     if model.spec.server.gpus is not None:
         return model.spec.server.gpus
     return max(r.model.spec.gpus_needed for r in repository.models)
-
-
-def _shm(server: Server) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The shared memory volume (tmpfs, capped at shmSize) and the tritonserver container's mount of it at SHM_DIR."""
-    return ({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": server.effective_shm_size}},
-            {"name": "dshm", "mountPath": SHM_DIR})
-
-
-def _user_env(server: Server) -> dict[str, Any]:
-    """server.env and server.envFrom as a container's `env` and `envFrom` (for tritonserver and fetch alike)."""
-    out: dict[str, Any] = {}
-    if server.env:
-        out["env"] = [v.model_dump(by_alias=True, exclude_none=True) for v in server.env]
-    if server.env_from:
-        out["envFrom"] = [v.model_dump(by_alias=True, exclude_none=True) for v in server.env_from]
-    return out
-
-
-def _pod_settings(model: TritonModel) -> dict[str, Any]:
-    """The pod spec's fields that spec.server sets as they are: identity, pull secrets, priority, spreading."""
-    return pod_settings(model.spec.server, selector(model))
-
-
-def pod_settings(server: Server, own: Mapping[str, str]) -> dict[str, Any]:
-    """The pod spec's fields that a server sets as they are; a spread constraint without labelSelector counts the
-    pods `own` selects (a model's replicas, a pool's)."""
-    out: dict[str, Any] = {"automountServiceAccountToken": server.automount_service_account_token}
-    if server.service_account_name:
-        out["serviceAccountName"] = server.service_account_name
-    if server.image_pull_secrets:
-        out["imagePullSecrets"] = [{"name": s.name} for s in server.image_pull_secrets]
-    if server.priority_class_name:
-        out["priorityClassName"] = server.priority_class_name
-    if server.topology_spread_constraints:
-        out["topologySpreadConstraints"] = [
-            {**c.model_dump(by_alias=True, exclude_none=True),
-             "labelSelector": c.label_selector if c.label_selector is not None else {"matchLabels": dict(own)}}
-            for c in server.topology_spread_constraints]
-    return out
 
 
 @dataclass(frozen=True)
@@ -411,88 +313,15 @@ class _Fetch:
         return bool(self.args)
 
 
-def _probe_http(path: str) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http"}}
-
-
-def _triton_resources(server: Server, gpus: int) -> dict[str, Any]:
-    """The tritonserver container's resources: spec.server.resources, and the replica's GPUs as a limit."""
-    resources: dict[str, Any] = {}
-    if server.resources is not None:
-        if server.resources.requests:
-            resources["requests"] = dict(server.resources.requests)
-        if server.resources.limits:
-            resources["limits"] = dict(server.resources.limits)
-    if gpus > 0:
-        resources.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
-    return resources
-
-
 def _triton_container(model: TritonModel, repository: Repository, key_secret: str, fetch: _Fetch,
                       options: Options) -> dict[str, Any]:
     """The `tritonserver` container, with its probes: the gate's (held by the `probe` container), or Triton's own."""
     server = model.spec.server
-    user_env = _user_env(server)
-    triton: dict[str, Any] = {
-        "name": TRITON_CONTAINER,
-        "image": server.image or options.default_triton_image,
-        "command": ["tritonserver"],
-        "args": _server_args(model, repository, options),
-        "ports": [
-            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
-            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
-        ],
-        # HOME too: NVIDIA's image has no home for this user, and libraries cache there (torch, numba). The
-        # repository key before the user's variables: the args name it, and validation keeps env off its name.
-        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *user_env.get("env", ())],
-        **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
-        "volumeMounts": [
-            # The repository: the `fetch` step's copy, or the ConfigMap itself when there is nothing to fetch.
-            {"name": "models" if fetch.needed else REPOSITORY_VOLUME, "mountPath": REPO_DIR, "readOnly": True},
-            # The root filesystem is read-only: the Python backend makes /tmp/python_env_* at start.
-            {"name": "tmp", "mountPath": TMP_DIR},
-            _shm(server)[1],
-        ],
-        "securityContext": dict(CONTAINER_SECURITY),
-        "livenessProbe": {**_probe_http("/v2/health/live"), "periodSeconds": 10, "failureThreshold": 3},
-        # The kubelet's own sleep: no shell, no binary in the image. On by default since Kubernetes 1.30 (stable in
-        # 1.34), hence the chart's kubeVersion >=1.30.
-        "lifecycle": {"preStop": {"sleep": {"seconds": options.pre_stop_sleep_seconds}}},
-    }
-    resources = _triton_resources(server, replica_gpus(model, repository))
-    if resources:
-        triton["resources"] = resources
-    if model.spec.warmup_gate.enabled:
-        # With the gate, the gate admits a replica; the container's own readiness only says that tritonserver is up.
-        # It opens its ports only once the models it loads at start are loaded and warm (gRPC first, then HTTP), and
-        # the readiness probe keeps a restarted container out until then whatever a stale gate says: after a crash,
-        # the kubelet may sync the restarted container with the pod as it was before the operator turned the gate
-        # False (seen in e2e/test_faults.py with no readiness probe).
-        # A TCP probe would pass only on the kubelet's next tick (period 1 s, the shortest), up to a second after
-        # READY. The `probe` container answers instead: it holds each probe while tritonserver's HTTP port refuses
-        # connections and passes it just after the operator has set the gate, leaving the gate's pod sync a head
-        # start (the kubelet runs at most one sync of a pod per PLEG relist, 1 s, and a probe's success is one; see
-        # triton_operator.triton.probe). It answers at once when the port closes after a success, so one failure is news.
-        # No startupProbe: its success is one more pod sync next to READY. Liveness waits out the load (kubelet
-        # 1.35, issue 17).
-        triton["readinessProbe"] = {
-            "httpGet": {"path": "/ready", "port": PROBE_PORT},
-            "periodSeconds": 1,
-            "timeoutSeconds": options.probe_hold_seconds + 2,
-            "failureThreshold": 1,
-        }
-        triton["livenessProbe"]["initialDelaySeconds"] = server.startup_timeout_seconds
-    else:
-        # Without the gate, Triton's own readiness is what admits a replica to the Service, and the startup probe
-        # holds liveness off while the model loads.
-        triton["startupProbe"] = {
-            **_probe_http("/v2/health/live"),
-            "periodSeconds": options.startup_probe_period,
-            "failureThreshold": max(1, server.startup_timeout_seconds // options.startup_probe_period),
-        }
-        triton["readinessProbe"] = {**_probe_http("/v2/health/ready"), "periodSeconds": 1, "failureThreshold": 2}
-    return triton
+    probes = gated_probes(server, options) if model.spec.warmup_gate.enabled else own_probes(server, options)
+    # The repository: the `fetch` step's copy, or the ConfigMap itself when there is nothing to fetch.
+    return triton_container(server, _server_args(model, repository, options), key_secret,
+                            MODELS_VOLUME if fetch.needed else REPOSITORY_VOLUME, replica_gpus(model, repository),
+                            probes, options)
 
 
 def _fetch_container(server: Server, fetch: _Fetch, options: Options) -> dict[str, Any]:
@@ -505,60 +334,32 @@ def _fetch_container(server: Server, fetch: _Fetch, options: Options) -> dict[st
                  "--max-files", str(server.fetch.max_files), "--timeout", str(server.fetch.timeout_seconds), *fetch.args],
         "volumeMounts": [
             {"name": REPOSITORY_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": "models", "mountPath": REPO_DIR},
+            {"name": MODELS_VOLUME, "mountPath": REPO_DIR},
             *fetch.mounts,
         ],
         "resources": json.loads(json.dumps(FETCH_RESOURCES)),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
+        "securityContext": sidecar_security(),
         # Its failure (`error: fetch failed: ...`, also written to the termination message file) reaches the pod's
         # status, and from there the TritonModel's (Degraded, SourceFetchFailed); a crash's last log lines too.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     # tritonserver's server.env and envFrom too (ambient credentials reach fetch), in a copy of its own: the two
     # containers share no object.
-    user_env = _user_env(server)
-    if fetch.env or "env" in user_env:
-        container["env"] = [*fetch.env, *user_env.get("env", ())]
-    if "envFrom" in user_env:
-        container["envFrom"] = user_env["envFrom"]
+    env = user_env(server)
+    if fetch.env or "env" in env:
+        container["env"] = [*fetch.env, *env.get("env", ())]
+    if "envFrom" in env:
+        container["envFrom"] = env["envFrom"]
     return container
 
 
 def _probe_container(model: TritonModel, repository: Repository, key_secret: str, options: Options) -> dict[str, Any]:
-    """The `probe` container of a gated replica: it holds the kubelet's readiness probe of tritonserver (see the
-    tritonserver container's readinessProbe), and checks that every model the replica serves can serve (its
-    statistics; with the Python backend, its stubs): a break fails the held probe at once, and the operator heals
-    the replica (issue 33; see triton_operator.triton.probe)."""
+    """The `probe` container of a gated replica: it holds the kubelet's readiness probe of tritonserver (see
+    `render.pod.gated_probes`), and checks that every model the replica serves can serve (its statistics; with the
+    Python backend, its stubs): a break fails the held probe at once, and the operator heals the replica (issue 33;
+    see triton_operator.triton.probe)."""
     served = [model.triton_name, *(r.model.triton_name for r in repository.steps)]
     return probe_container(served, model.spec.warmup_gate.failed_request_threshold, key_secret, options)
-
-
-def probe_container(served: Iterable[str], fail_threshold: int, key_secret: str, options: Options) -> dict[str, Any]:
-    """The `probe` container watching the Triton models `served` (none: tritonserver alone). It holds the replica's
-    repository key, from the Secret `key_secret` as tritonserver does: its `GET /status` and `POST /gate` answer only
-    the operator (issue 39)."""
-    return {
-        "name": PROBE_CONTAINER,
-        "image": options.operator_image,
-        "args": ["probe", "--listen", f":{PROBE_PORT}", "--target", f"127.0.0.1:{HTTP_PORT}",
-                 "--hold", str(options.probe_hold_seconds), "--gate-settle", f"{options.probe_gate_settle_seconds:g}",
-                 "--head-start", f"{options.probe_head_start_seconds:g}", "--repository", REPO_DIR,
-                 "--fail-threshold", str(fail_threshold),
-                 *(arg for name in served for arg in ("--model", name))],
-        "ports": [{"name": "probe", "containerPort": PROBE_PORT, "protocol": "TCP"}],
-        "env": [key_env(key_secret)],
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-
-
-def _tolerations(server: Server, gpus: int) -> Objects:
-    """spec.server.tolerations, and NVIDIA's GPU taint tolerated when the replica asks for GPUs."""
-    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations or ()]
-    if gpus > 0 and not any(t.get("key") == "nvidia.com/gpu" for t in tolerations):
-        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
-    return tolerations
 
 
 def _pod_spec(model: TritonModel, repository: Repository, triton: dict[str, Any], fetch: _Fetch, key_secret: str,
@@ -566,29 +367,20 @@ def _pod_spec(model: TritonModel, repository: Repository, triton: dict[str, Any]
     """The replica's pod spec around the tritonserver container: the fetch step, the probe beside it (gated), the
     volumes, the pod's security context, its grace period and spec.server's placement."""
     server = model.spec.server
-    # A user's own --exit-timeout-secs (in server.args, after ours) is the drain Triton will take: make room for it.
-    grace = (options.pre_stop_sleep_seconds + exit_timeout(triton["args"], options.exit_timeout_seconds)
-             + options.termination_margin_seconds)
     items = [{"key": configmap_key(p), "path": p} for p in repository.files]
     pod_spec: dict[str, Any] = {
         **({"initContainers": [_fetch_container(server, fetch, options)]} if fetch.needed else {}),
         "containers": [triton],
         "volumes": [
             {"name": REPOSITORY_VOLUME, "configMap": {"name": repository_name(model, repository), "items": items}},
-            *([{"name": "models", "emptyDir": {"sizeLimit": server.repository_size_limit}}] if fetch.needed else []),
-            {"name": "tmp", "emptyDir": {"sizeLimit": server.tmp_size_limit}},
-            _shm(server)[0],
+            *([models_volume(server)] if fetch.needed else []),
+            tmp_volume(server),
+            shm_volume(server),
             *fetch.volumes,
         ],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "terminationGracePeriodSeconds": grace,
-        **_pod_settings(model),
+        "securityContext": pod_security_context(),
+        "terminationGracePeriodSeconds": termination_grace_period(triton["args"], options),
+        **pod_settings(server, selector(model)),
     }
     if model.spec.warmup_gate.enabled:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
@@ -596,13 +388,7 @@ def _pod_spec(model: TritonModel, repository: Repository, triton: dict[str, Any]
         if any(r.model.spec.backend == "python" for r in repository.models):
             pod_spec["shareProcessNamespace"] = True
         pod_spec["containers"].append(_probe_container(model, repository, key_secret, options))
-    if server.node_selector:
-        pod_spec["nodeSelector"] = dict(server.node_selector)
-    tolerations = _tolerations(server, replica_gpus(model, repository))
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    if server.affinity:
-        pod_spec["affinity"] = dict(server.affinity)
+    pod_spec.update(placement(server, replica_gpus(model, repository)))
     return pod_spec
 
 

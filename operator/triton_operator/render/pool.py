@@ -4,7 +4,8 @@
 - `render_pool_deployment`: the pool's replicas, tritonserver in explicit model control with no model at start
   (no `--load-model`), its repository API restricted to the pool's key as a model's own replicas' is
   (`render.repository_key`), and the `probe` sidecar holding the kubelet's readiness probe until tritonserver
-  answers. No readiness gate: a pool pod's readiness says its tritonserver is up, nothing per model.
+  answers. No readiness gate: a pool pod's readiness says its tritonserver is up, nothing per model. The pod is
+  built from `render.pod`, as a model's own replicas' is; the `fetch-server` sidecar is the pool's own.
 - `render_model_service`: a pooled model's Service, with no selector, so that only the operator's EndpointSlices
   route to it.
 - `render_endpoint_slices`: a pooled model's EndpointSlices, from its placement, each replica's pod (IP, Ready,
@@ -33,8 +34,6 @@ from ..api.pod import (
     FETCH_SERVER_PORT,
     GRPC_PORT,
     HTTP_PORT,
-    METRICS_PORT,
-    PROBE_PORT,
     TRITON_CONTAINER,
 )
 from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, TritonPool
@@ -43,29 +42,33 @@ from ..api.v1alpha1 import (
     KIND,
     POOL_FAILED_REQUEST_THRESHOLD,
     ModelFiles,
-    Server,
     Source,
     TritonModel,
     quantity_bytes,
 )
 from .autoscaling import HpaMetric, pool_hpa_metric, pooled_hpa_metric
-from .kubernetes import (
-    CONTAINER_SECURITY,
+from .modelconfig import RenderedModel
+from .pod import (
     FETCH_RESOURCES,
+    MODELS_VOLUME,
     REPO_DIR,
-    RUN_AS,
     TMP_DIR,
     Options,
-    _shm,
-    _tolerations,
-    _triton_resources,
-    _user_env,
-    exit_timeout,
+    models_volume,
+    placement,
+    pod_security_context,
     pod_settings,
+    pool_probes,
     probe_container,
+    shm_volume,
+    sidecar_security,
+    termination_grace_period,
+    tmp_volume,
+    triton_args,
+    triton_container,
+    user_env,
 )
-from .modelconfig import RenderedModel
-from .repository_key import key_env, render_secret, restriction_args, secret_name
+from .repository_key import key_env, render_secret, secret_name
 
 #: The label Kubernetes' proxies and DNS select a Service's EndpointSlices by.
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
@@ -116,60 +119,16 @@ def render_pool_key_secret(pool: TritonPool, uid: str, namespace: str, options: 
     return render_secret(meta, key)
 
 
-def _pool_server_args(server: Server, options: Options) -> list[str]:
-    return [
-        f"--model-repository={REPO_DIR}",
-        "--model-control-mode=explicit",  # and no --load-model: the operator loads each placed model
-        # Triton's server readiness is 400 while any model is LOADING: one model's load would take every other model
-        # on the replica out. Readiness is per model here, in each model's EndpointSlice.
-        "--strict-readiness=false",
-        "--exit-on-error=false",
-        f"--exit-timeout-secs={options.exit_timeout_seconds}",
-        f"--http-port={HTTP_PORT}",
-        f"--grpc-port={GRPC_PORT}",
-        f"--metrics-port={METRICS_PORT}",
-        *restriction_args(server.unrestricted_apis),
-        # One cache for every pooled model with responseCache (Triton's is per server).
-        f"--cache-config=local,size={quantity_bytes(server.cache_size)}",
-        *(server.args or ()),
-    ]
-
-
 def _pool_triton_container(pool: TritonPool, key_secret: str, options: Options) -> dict[str, Any]:
     server = pool.spec.server
-    user_env = _user_env(server)
-    triton: dict[str, Any] = {
-        "name": TRITON_CONTAINER,
-        "image": server.image or options.default_triton_image,
-        "command": ["tritonserver"],
-        "args": _pool_server_args(server, options),
-        "ports": [
-            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
-            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
-        ],
-        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *user_env.get("env", ())],
-        **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
-        "volumeMounts": [
-            # What the `fetch-server` sidecar writes on request (uri models; each a link to its digest's files, swapped
-            # atomically: `triton_operator.fetch_server`); inline models come in the load request.
-            {"name": "models", "mountPath": REPO_DIR, "readOnly": True},
-            {"name": "tmp", "mountPath": TMP_DIR},
-            _shm(server)[1],
-        ],
-        "securityContext": dict(CONTAINER_SECURITY),
-        # The probe sidecar holds the readiness probe until tritonserver answers (it opens its ports at once: no
-        # model at start), and fails it at once when it stops answering.
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": PROBE_PORT}, "periodSeconds": 1,
-                           "timeoutSeconds": options.probe_hold_seconds + 2, "failureThreshold": 1},
-        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
-                          "failureThreshold": 3},
-        "lifecycle": {"preStop": {"sleep": {"seconds": options.pre_stop_sleep_seconds}}},
-    }
-    resources = _triton_resources(server, server.gpus or 0)
-    if resources:
-        triton["resources"] = resources
-    return triton
+    # No --load-model: the operator loads each placed model. Triton's server readiness is 400 while any model is
+    # LOADING: one model's load would take every other model on the replica out. Readiness is per model here, in
+    # each model's EndpointSlice. One cache for every pooled model with responseCache (Triton's is per server).
+    args = triton_args(server, options, load_model=None, strict_readiness=False,
+                       cache_bytes=quantity_bytes(server.cache_size))
+    # Its repository is what the `fetch-server` sidecar writes on request (uri models; each a link to its digest's
+    # files, swapped atomically: `triton_operator.fetch_server`); inline models come in the load request.
+    return triton_container(server, args, key_secret, MODELS_VOLUME, server.gpus or 0, pool_probes(options), options)
 
 
 def _fetch_server_container(pool: TritonPool, key_secret: str, options: Options) -> dict[str, Any]:
@@ -177,7 +136,7 @@ def _fetch_server_container(pool: TritonPool, key_secret: str, options: Options)
     pool's key), with the fetch step's code, caps (spec.server.fetch, per model) and credentials: the pool's
     spec.server.env and envFrom, and its ServiceAccount's workload identity."""
     server = pool.spec.server
-    user_env = _user_env(server)
+    env = user_env(server)
     container: dict[str, Any] = {
         "name": FETCH_SERVER_CONTAINER,
         "image": options.operator_image,
@@ -185,12 +144,12 @@ def _fetch_server_container(pool: TritonPool, key_secret: str, options: Options)
                  "--max-bytes", str(server.fetch_max_bytes), "--max-files", str(server.fetch.max_files),
                  "--timeout", str(server.fetch.timeout_seconds)],
         "ports": [{"name": "fetch", "containerPort": FETCH_SERVER_PORT, "protocol": "TCP"}],
-        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *user_env.get("env", ())],
-        **({"envFrom": user_env["envFrom"]} if "envFrom" in user_env else {}),
-        "volumeMounts": [{"name": "models", "mountPath": REPO_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
+        "env": [{"name": "HOME", "value": TMP_DIR}, key_env(key_secret), *env.get("env", ())],
+        **({"envFrom": env["envFrom"]} if "envFrom" in env else {}),
+        "volumeMounts": [{"name": MODELS_VOLUME, "mountPath": REPO_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
         # Idle but for a fetch: a small request, and the fetch step's limits for the fetch itself.
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": dict(FETCH_RESOURCES["limits"])},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, **CONTAINER_SECURITY},
+        "securityContext": sidecar_security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     return container
@@ -202,38 +161,23 @@ def _pool_probe(key_secret: str, options: Options) -> dict[str, Any]:
     readiness still says only that tritonserver is up."""
     # The default threshold; a pooled model that sets another carries it in its config, where the probe reads it
     # (`api.pod.THRESHOLD_PARAMETER`): the pod template is the same whatever its models set.
-    probe = probe_container((), POOL_FAILED_REQUEST_THRESHOLD, key_secret, options)
-    probe["args"] = [*probe["args"], "--every-model"]
-    return probe
+    return probe_container((), POOL_FAILED_REQUEST_THRESHOLD, key_secret, options, every_model=True)
 
 
 def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], fetcher: dict[str, Any], key_secret: str,
                    options: Options) -> dict[str, Any]:
     server = pool.spec.server
-    grace = (options.pre_stop_sleep_seconds + exit_timeout(triton["args"], options.exit_timeout_seconds)
-             + options.termination_margin_seconds)
     spec: dict[str, Any] = {
         # The probe watches tritonserver alone: which models a replica serves changes without a restart.
         "containers": [triton, _pool_probe(key_secret, options), fetcher],
         # The probe sees the Python backend's stubs in the pod's shared process namespace.
         "shareProcessNamespace": True,
-        "volumes": [
-            {"name": "models", "emptyDir": {"sizeLimit": server.repository_size_limit}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": server.tmp_size_limit}},
-            _shm(server)[0],
-        ],
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
-        "terminationGracePeriodSeconds": grace,
+        "volumes": [models_volume(server), tmp_volume(server), shm_volume(server)],
+        "securityContext": pod_security_context(),
+        "terminationGracePeriodSeconds": termination_grace_period(triton["args"], options),
         **pod_settings(server, pool_selector(pool)),
+        **placement(server, server.gpus or 0),
     }
-    if server.node_selector:
-        spec["nodeSelector"] = dict(server.node_selector)
-    tolerations = _tolerations(server, server.gpus or 0)
-    if tolerations:
-        spec["tolerations"] = tolerations
-    if server.affinity:
-        spec["affinity"] = dict(server.affinity)
     return spec
 
 
