@@ -162,6 +162,13 @@ def test_a_replica_pod_is_read_from_the_pod_object() -> None:
            "status": {"podIP": "198.18.200.10", "conditions": [{"type": "Ready", "status": "True"}]}}
     assert ReplicaPod.of(pod) == ReplicaPod("shared-a", "u", "198.18.200.10", "node-0", ready=True, terminating=True)
     assert ReplicaPod.of({"metadata": {"name": "p"}}) == ReplicaPod("p", "", None, None, ready=False, terminating=False)
+    # Which tritonserver runs: its container's ID, another after a restart (a pool round trusts a record only from
+    # the container that made it: plan.pool.as_last_seen); none while it is not running.
+    statuses = [{"name": "probe", "containerID": "containerd://p1", "state": {"running": {}}},
+                {"name": "tritonserver", "containerID": "containerd://t2", "state": {"running": {}}}]
+    assert ReplicaPod.of({**pod, "status": {**pod["status"], "containerStatuses": statuses}}).triton == "containerd://t2"
+    statuses[1]["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+    assert ReplicaPod.of({**pod, "status": {**pod["status"], "containerStatuses": statuses}}).triton == ""
 
 
 def test_a_pool_without_an_image_runs_the_operators_default_triton_image() -> None:

@@ -137,6 +137,10 @@ class PoolReconciler:
         self._watchers: dict[tuple[str, str, str], tuple[str, asyncio.Task[None]]] = {}  # (ns, pool, pod) -> (ip, task)
         self._heals: dict[tuple[str, str, str, str], _Held] = {}  # (ns, pool, pod, model)
         self._heal_causes: dict[tuple[str, str, str, str], str] = {}  # (ns, pool, pod, model) -> why, while it heals
+        # (ns, pool, pod) -> the tritonserver container that last answered every question of a round: a question it
+        # leaves unanswered later is answered by its record (`pool_plan.as_last_seen`); another container's is not.
+        # A cache: a restarted operator trusts no record until each replica has answered once.
+        self._answered: dict[tuple[str, str, str], str] = {}
 
     # -- scheduling: one worker per pool, bursts of events coalesced into one round
 
@@ -439,11 +443,18 @@ class PoolReconciler:
         seen = {(r, n): s for (r, names), seen in zip(asks.items(), answers, strict=True)
                 for n, s in zip(names, seen, strict=True)}
         silent = sorted({r for (r, _), s in seen.items() if not s.answered})
+        for key in [k for k in self._answered if k[:2] == (rnd.namespace, rnd.pool.name) and k[2] not in rnd.pods]:
+            del self._answered[key]  # a replica gone
+        for r in asks:  # the tritonserver container that answered a whole round: its record is its own
+            if r not in silent and rnd.pods[r].triton:
+                self._answered[(rnd.namespace, rnd.pool.name, r)] = rnd.pods[r].triton
+        steady = {r for r in silent if rnd.pods[r].triton
+                  and self._answered.get((rnd.namespace, rnd.pool.name, r)) == rnd.pods[r].triton}
         if silent:  # what a slow replica served last stays listed (`as_last_seen`): say it, it explains a stale list
-            log.info("Pool replica did not answer in time; its last record stands namespace=%s pool=%s pods=%s "
-                     "models=%d", rnd.namespace, rnd.pool.name, ",".join(silent),
-                     sum(not s.answered for s in seen.values()))
-        return pool_plan.as_last_seen(seen, records, rnd.members)
+            log.info("Pool replica did not answer in time namespace=%s pool=%s pods=%s models=%d; the last record "
+                     "stands for pods=%s", rnd.namespace, rnd.pool.name, ",".join(silent),
+                     sum(not s.answered for s in seen.values()), ",".join(sorted(steady)) or "none")
+        return pool_plan.as_last_seen(seen, records, rnd.members, steady)
 
     async def _drain(self, rnd: _Round, draining: frozenset[tuple[str, str]]) -> None:
         """Waits, up to the models' drainTimeoutSeconds, until no request reaches a drained copy for a second (it

@@ -307,17 +307,19 @@ class Seen:
 
 
 def as_last_seen(seen: Mapping[tuple[str, str], Seen], records: Mapping[str, Mapping[str, str]],
-                 members: Mapping[str, Member]) -> dict[tuple[str, str], Seen]:
+                 members: Mapping[str, Member], steady: Collection[str]) -> dict[tuple[str, str], Seen]:
     """`seen` with each unanswered question (a timeout: a replica slow under load, or busy loading other models)
-    answered by the replica's record instead: a copy it served at the end of the last round still serves, at the
-    digest recorded. A slow answer is not a missing model: read as one, it took the copies of a healthy replica out
+    answered by the replica's record instead, on a `steady` replica: one whose tritonserver has answered every
+    question of a round since it started (the same container: a restarted one holds nothing of its record, and
+    stays unknown until it answers). A copy it served at the end of the last round still serves, at the digest
+    recorded. A slow answer is not a missing model: read as one, it took the copies of a healthy replica out
     of their slices (issue 41: k5 and k6 lost every endpoint for 5.6 s while another replica restarted). What does take
     a copy out is the pod's readiness (its probe fails at once when tritonserver stops answering it) and the
     replica's probe finding the copy broken. Stays `answered=False`: nothing is loaded or unloaded on it."""
     out = dict(seen)
     for (r, n), s in seen.items():
         recorded = records.get(r, {}).get(members[n].triton_name) if n in members else None
-        if not s.answered and recorded:
+        if not s.answered and recorded and r in steady:
             out[(r, n)] = Seen(True, recorded, f"{s.message}; serving {recorded} when last answered", answered=False)
     return out
 

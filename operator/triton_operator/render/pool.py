@@ -297,14 +297,17 @@ class ReplicaPod:
     node: str | None
     ready: bool  # the pod's Ready condition
     terminating: bool  # metadata.deletionTimestamp is set
+    triton: str = ""  # the running tritonserver container's ID: another one after each restart ("" while none runs)
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> ReplicaPod:
         """From a Pod object as the API server returns it."""
         meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+        triton = next((str(c.get("containerID") or "") for c in status.get("containerStatuses") or ()
+                       if c.get("name") == TRITON_CONTAINER and "running" in (c.get("state") or {})), "")
         return cls(str(meta.get("name")), str(meta.get("uid") or ""), status.get("podIP") or None,
-                   spec.get("nodeName") or None, ready, bool(meta.get("deletionTimestamp")))
+                   spec.get("nodeName") or None, ready, bool(meta.get("deletionTimestamp")), triton)
 
 
 def _endpoint(pod: ReplicaPod, namespace: str, serves: bool) -> dict[str, Any]:

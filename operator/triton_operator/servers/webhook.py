@@ -504,9 +504,19 @@ class AdmissionWebhook:
                 or not str(owner.get("apiVersion") or "").startswith(f"{GROUP}/"):
             return f"Deployment {name} has no TritonModel or TritonPool as its controller"
         kind, owner_name, uid = owner["kind"], str(owner.get("name") or ""), owner.get("uid")
+        if kind == KIND:  # this replica's watch first; a refusal is decided again on fresh reads (a lagging cache)
+            cached = self.informer.store.body(namespace, owner_name) if self.informer.synced() else None
+            if cached is not None and (cached.get("metadata") or {}).get("uid") == uid and \
+                    await self._deployment_grants_refusal(namespace, obj, kind, owner_name, uid, cached, False) is None:
+                return None
         body = await self.get_object(kind, namespace, owner_name) if owner_name else None
         if body is None or (body.get("metadata") or {}).get("uid") != uid:
             return f"Deployment {name}'s controller, {kind} {owner_name} (uid {uid}), is not there"
+        return await self._deployment_grants_refusal(namespace, obj, kind, owner_name, uid, body, fresh=True)
+
+    async def _deployment_grants_refusal(self, namespace: str, obj: dict[str, Any], kind: str, owner_name: str,
+                                         uid: Any, body: dict[str, Any], fresh: bool) -> str | None:
+        """`operator_writes.refusal` of `obj` for its owner `body`; its ensemble steps read from the cache, or fresh."""
         image = self.options.default_triton_image
         try:
             if kind == POOL_KIND:
@@ -515,19 +525,19 @@ class AdmissionWebhook:
                 grants = operator_writes.pool_grants(pool, pool_deployment_name(pool), key, image)
             else:
                 model = TritonModel.model_validate(body)
-                steps = [TritonModel.model_validate(b) for b in await self._steps(namespace, body)]
+                steps = [TritonModel.model_validate(b) for b in await self._steps(namespace, body, fresh)]
                 grants = operator_writes.model_grants(model, steps,
                                                       key_secret_name(model, str(uid), namespace, self.options), image)
         except ValueError as exc:  # (pydantic's ValidationError): the stored owner is not one the operator renders
             return f"{kind} {owner_name} is not valid: {str(exc).splitlines()[0]}"
         return operator_writes.refusal(obj, grants)
 
-    async def _steps(self, namespace: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    async def _steps(self, namespace: str, body: Mapping[str, Any], fresh: bool = False) -> list[dict[str, Any]]:
         """The TritonModels an ensemble's steps reach, all the way down (the models its repository carries): from
-        this replica's watch, a GET for one it lacks; at most MAX_STEPS, those not there left out."""
+        this replica's watch (unless `fresh`), a GET for one it lacks; at most MAX_STEPS, those not there left out."""
         found: dict[str, dict[str, Any]] = {}
         todo, seen = list(steps_of(body)), {body["metadata"]["name"]}
-        synced = self.informer.synced()
+        synced = self.informer.synced() and not fresh
         while todo and len(seen) <= MAX_STEPS:
             name = todo.pop()
             if name in seen:
@@ -544,8 +554,14 @@ class AdmissionWebhook:
     async def _slice_refusal(self, namespace: str, obj: dict[str, Any]) -> str | None:
         owner = operator_writes.controller_of(obj) or {}
         service = ((obj.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name")
-        model = await self.get_model(namespace, owner["name"]) if owner.get("kind") == KIND and owner.get("name") \
-            else None
+        named = owner.get("kind") == KIND and isinstance(owner.get("name"), str) and owner["name"]
+        model = None
+        if named and self.informer.synced():  # this replica's watch, when it has that very model; else a GET
+            cached = self.informer.store.body(namespace, owner["name"])
+            model = cached if cached is not None and (cached.get("metadata") or {}).get("uid") == owner.get("uid") \
+                else None
+        if named and model is None:
+            model = await self.get_model(namespace, owner["name"])
         stored = await asyncio.to_thread(self.kube.get, "v1", "Service", namespace, service) \
             if isinstance(service, str) and service else None
         return operator_writes.slice_refusal(obj, model, stored)
