@@ -136,7 +136,7 @@ def cost(tmp: Path) -> dict[str, Any]:
         time.sleep(COST_SECONDS)
         without = (cpu_seconds(pid) or 0.0) - c0
         port = _free_port()
-        from triton_operator.triton.probe import KEY_ENV
+        from triton_operator.agent.probe import KEY_ENV
 
         env = {**os.environ, "PYTHONPATH": str(root / "operator"), KEY_ENV: BENCH_KEY}  # its /status needs a key
         probe = subprocess.Popen(
@@ -174,7 +174,7 @@ def _checks(port: int) -> int:
     import json
     import urllib.request
 
-    from triton_operator.triton.probe import KEY_HEADER
+    from triton_operator.agent.probe import KEY_HEADER
 
     request = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers={KEY_HEADER: BENCH_KEY})
     with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310 - http:// to the bench's own probe

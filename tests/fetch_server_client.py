@@ -10,7 +10,7 @@ import urllib.request
 from typing import Any
 
 from tests.timing import scaled
-from triton_operator.fetch_server import KEY_HEADER, FetchServer
+from triton_operator.agent.fetch_server import KEY_HEADER, FetchServer
 
 KEY = "k" * 43
 

@@ -148,7 +148,7 @@ def test_a_not_loaded_from_the_probe_older_than_tritons_ready_is_not_a_break(mon
     replaced). A dead stub the probe reports beside a READY model is still one; and "not loaded" while Triton says
     the model is not READY is kept."""
     from triton_operator.controller import gate as gate_module
-    from triton_operator.triton.probe import NOT_LOADED
+    from triton_operator.agent.probe import NOT_LOADED
     from triton_operator.triton.replica import ReplicaVerdict
 
     answers: list[dict[str, str]] = []

@@ -37,7 +37,7 @@ from triton_operator.plan.placement import PoolReplica
 from triton_operator.render.pool import ReplicaPod
 from triton_operator.triton import pool as triton_pool
 from triton_operator.triton.local import LocalTritonServer, free_port
-from triton_operator.triton.probe import KEY_ENV, KEY_HEADER, Health
+from triton_operator.agent.probe import KEY_ENV, KEY_HEADER, Health
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 

@@ -259,8 +259,8 @@ def test_a_uri_model_loads_through_its_linked_directory_and_swaps_in_place(tmp_p
     from tests.fetch_server_client import ask as _ask
     from tests.fetch_server_client import settled as _settled
     from tests.https_server import serve as https_serve
-    from triton_operator.fetch_server import STORE, Limits
-    from triton_operator.fetch_server import serve as fetch_serve
+    from triton_operator.agent.fetch_server import STORE, Limits
+    from triton_operator.agent.fetch_server import serve as fetch_serve
 
     (tmp_path / "https").mkdir()
     gen = https_serve(tmp_path / "https")

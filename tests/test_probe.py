@@ -22,8 +22,8 @@ import pytest
 from tests.probing import KEY, get
 from tests.timing import scaled
 from triton_operator.triton.local import free_port
-from triton_operator.triton.probe import KEY_ENV, Readiness, address, notify_gate, probe_news, probe_status
-from triton_operator.triton.probe_server import MAX_CONNECTIONS, MAX_HELD, REQUEST_SECONDS
+from triton_operator.agent.probe import KEY_ENV, Readiness, address, notify_gate, probe_news, probe_status
+from triton_operator.agent.probe_server import MAX_CONNECTIONS, MAX_HELD, REQUEST_SECONDS
 
 HEAD_START = 0.6
 SETTLE = 0.05

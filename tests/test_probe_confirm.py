@@ -32,7 +32,7 @@ from triton_operator.plan import pool as pp
 from triton_operator.render.modelconfig import config_json
 from triton_operator.triton import pool as triton_pool
 from triton_operator.triton.local import LocalTritonServer, free_port
-from triton_operator.triton.probe import KEY_ENV
+from triton_operator.agent.probe import KEY_ENV
 
 pytestmark = pytest.mark.triton
 

@@ -21,9 +21,9 @@ from tests.probing import KEY, get
 from tests.timing import scaled
 from tests.triton_helpers import Served, load_models, serve, tensor
 from triton_operator.render.modelconfig import config_json
-from triton_operator.triton.confirm import FAILED, NO_SAMPLE, SERVED, UNKNOWN, Verdict, sample_request
+from triton_operator.agent.confirm import FAILED, NO_SAMPLE, SERVED, UNKNOWN, Verdict, sample_request
 from triton_operator.triton.local import free_port
-from triton_operator.triton.probe import KEY_ENV, Health
+from triton_operator.agent.probe import KEY_ENV, Health
 
 # -- the state machine ----------------------------------------------------------------------------------
 

@@ -432,7 +432,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from ..fetch import Budget, FetchError, pairs, run
+    from ..agent.fetch import Budget, FetchError, pairs, run
     from ..uris import redact
 
     try:
@@ -457,8 +457,8 @@ def cmd_fetch_server(args: argparse.Namespace) -> int:
     import logging
 
     from ..api.v1alpha1 import REPOSITORY_KEY_ENV
-    from ..fetch_server import Limits, serve
-    from ..triton.probe import address
+    from ..agent.fetch_server import Limits, serve
+    from ..agent.probe import address
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
@@ -477,7 +477,7 @@ def cmd_fetch_server(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from ..triton.probe import KEY_ENV, address, serve
+    from ..agent.probe import KEY_ENV, address, serve
 
     try:
         listen = address(args.listen, "0.0.0.0")  # noqa: S104 (the kubelet probes the pod's IP)
@@ -585,10 +585,10 @@ def _add_validate_import_crd_docs(sub: argparse._SubParsersAction[argparse.Argum
 
 
 def _add_fetch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ..fetch import BLOCK as FETCH_BLOCK
-    from ..fetch import DEFAULT_MAX_BYTES as DEFAULT_FETCH_MAX_BYTES
-    from ..fetch import DEFAULT_MAX_FILES as DEFAULT_FETCH_MAX_FILES
-    from ..fetch import DEFAULT_TIMEOUT_SECONDS as DEFAULT_FETCH_TIMEOUT
+    from ..agent.fetch import BLOCK as FETCH_BLOCK
+    from ..agent.fetch import DEFAULT_MAX_BYTES as DEFAULT_FETCH_MAX_BYTES
+    from ..agent.fetch import DEFAULT_MAX_FILES as DEFAULT_FETCH_MAX_FILES
+    from ..agent.fetch import DEFAULT_TIMEOUT_SECONDS as DEFAULT_FETCH_TIMEOUT
 
     f = sub.add_parser("fetch", help="(init container) assemble the model repository from the ConfigMap and uris")
     f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")

@@ -63,7 +63,7 @@ from ..api.timestamps import rfc3339, utc_now
 from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
 from ..plan.status import pod_condition, pod_ready, triton_container_status
 from ..platform.kube import Kube
-from ..triton.probe import NOT_LOADED, notify_gate, probe_status
+from ..agent.probe import NOT_LOADED, notify_gate, probe_status
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
 from .heal import TRITONSERVER, Healed, reload_models, to_reload

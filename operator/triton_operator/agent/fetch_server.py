@@ -53,10 +53,10 @@ from typing import Any
 from aiohttp import web
 
 from .fetch import BLOCK, MODEL_DIR, Budget, FetchError, _size, _write, fetch_uri
-from .servers import tls_server
-from .uris import redact, shown
+from ..servers import tls_server
+from ..uris import redact, shown
 
-log = logging.getLogger("triton_operator.fetch_server")
+log = logging.getLogger("triton_operator.agent.fetch_server")
 
 #: The header the key travels in (the same as the repository API's: `render.repository_key.KEY_HEADER`).
 KEY_HEADER = "triton-operator-key"

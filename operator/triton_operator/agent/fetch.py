@@ -58,7 +58,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from .uris import has_userinfo, redact, shown
+from ..uris import has_userinfo, redact, shown
 
 VERSION_DIR = "1"
 #: The `--uri MODEL/<key>` key of a model's own directory (spec.modelFiles.uri), beside its version directories.
