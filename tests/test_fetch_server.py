@@ -22,9 +22,9 @@ from tests.fetch_server_client import settled as _settled
 from tests.hostile_servers import closed_within, over_the_cap
 from tests.https_server import HttpsServer, serve, tgz
 from tests.timing import scaled
-from triton_operator.agent.fetch_server import KEY_HEADER as KEY_HEADER_NAME
 from triton_operator.agent.fetch_server import STORE, FetchServer, Limits
 from triton_operator.agent.fetch_server import serve as fetch_serve
+from triton_operator.api.pod import KEY_HEADER as KEY_HEADER_NAME
 
 
 @pytest.fixture
@@ -171,7 +171,8 @@ def test_a_negative_content_length_is_refused_before_the_body_is_read(sidecar: F
     import json
     import socket
 
-    from triton_operator.agent.fetch_server import KEY_HEADER, MAX_BODY
+    from triton_operator.agent.fetch_server import MAX_BODY
+    from triton_operator.api.pod import KEY_HEADER
 
     body = json.dumps({"digest": "f6" * 16, "sources": [], "pad": "x" * (MAX_BODY + 1)}).encode()
     with socket.create_connection(("127.0.0.1", sidecar.server_address[1]), timeout=20) as sock:

@@ -18,8 +18,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.timing import scaled
 from tests.triton_helpers import Served, load_models, models_from_yaml, serve, tensor
+from triton_operator.api.pod import REPOSITORY_KEY_ENV
 from triton_operator.api.pool import TritonPool
-from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV, TritonModel
+from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import write_repository
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.render.pool import LoadRequest, load_request, render_pool_deployment

@@ -1,4 +1,6 @@
 """`triton-operator probe`: the readiness endpoint of a gated Triton replica, a small container beside tritonserver.
+Its contract with the operator (port, paths, key, the words of `/status`) is in `api.pod`; the operator's client of
+it is `triton.probe`.
 
 With the warm-up gate, the container's readiness only has to say "tritonserver is up": it opens its ports only once
 the models it loads at start are loaded and warm (gRPC first, then HTTP), and the gate says what it serves. A TCP
@@ -14,7 +16,7 @@ When it passes. A readiness probe's success sets the pod's Ready at once from th
 it, and is itself a pod sync; the kubelet runs at most one sync of a pod per PLEG relist (1 s). So if the probe
 passed before the kubelet had the operator's gate, Ready waited up to a second for the next relist. The operator
 sets the gate once both ports are open and Triton answers READY, then tells this server (`POST /gate`, see
-`notify_gate`); a held probe passes `settle` later, time for the kubelet to receive the gate's pod update and
+`triton.probe.notify_gate`); a held probe passes `settle` later, time for the kubelet to receive the gate's pod update and
 sync it first. Without that notice (an operator that cannot reach the pod, a gate already True when tritonserver
 restarted) the probe passes `head_start` after the port opened.
 
@@ -34,7 +36,7 @@ answer:
   (a dead stub fails every request while Triton calls the model READY), and broken once a request of the probe's own
   fails too (issue 39): a Python model raises on inputs it refuses, and Triton counts those requests as failed exactly
   as a dead stub's, so failures alone would let any client sending bad inputs take the replica out. The probe's
-  request is the model's warm-up sample (`triton.confirm`: an ensemble through its steps' samples), sent from a thread
+  request is the model's warm-up sample (`agent.confirm`: an ensemble through its steps' samples), sent from a thread
   of its own (`Confirmer`, a 5 s deadline) so the 0.1 s check and the hang rule keep their pace; at most one per model
   every `--confirm-every` (1 s), the model keeping its last verdict in between, so a flood of bad requests meets one
   request of ours a second. Served: the suspicion is dropped (its success shows in the next statistics); failed:
@@ -67,16 +69,17 @@ falls back on its failures alone, so it is covered as well; a model no client ca
 covered by its readiness alone.
 
 Bounds, and who may ask what (issue 39). Anything that reaches the pod can connect here, and the kubelet cannot send
-a secret. So `triton.probe_server` answers the kubelet whatever other clients do: one thread owns every socket (no
+a secret. So `agent.probe_server` answers the kubelet whatever other clients do: one thread owns every socket (no
 thread per connection), a request must arrive whole within a couple of seconds of its connect, and a full server
 makes room by closing the connection with least claim rather than refusing the newcomer (its docstring has the
 reasoning). `/ready` is keyless; `GET /status` (what is broken, a map of the replica's faults) and `POST /gate`
-(which moves the probe's verdict) need the replica's key (header KEY_HEADER, from the variable KEY_ENV: the
+(which moves the probe's verdict) need the replica's key (header KEY_HEADER, from the variable REPOSITORY_KEY_ENV: the
 repository key tritonserver holds, from the same Secret), so only the operator reads or pokes them. Each probe is
 judged by what its client address was last told (`Readiness.answer`), so an outsider's probe neither takes the news
 of a break from the kubelet's held one nor holds the kubelet's pass back.
 
-Standard library only: it runs in every replica, and starts in a fraction of a second.
+Standard library only (and the pod contract, `api.pod`, which is too): it runs in every replica, and starts in a
+fraction of a second, without pydantic (tests/test_agent.py).
 """
 
 from __future__ import annotations
@@ -94,24 +97,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..api.pod import GATE_PATH, KEY_HEADER, NOT_LOADED, READY_PATH, REPOSITORY_KEY_ENV, STATUS_PATH
 from .confirm import FAILED, SERVED, UNKNOWN, Verdict, confirm
 from .probe_server import MAX_CONNECTIONS, Answer, ProbeServer, Request, Work
 
-#: Where the operator tells the probe server that it has set the gate (with the replica's key).
-GATE_PATH = "/gate"
-#: Where the operator reads what the probe found broken (JSON; with the replica's key).
-STATUS_PATH = "/status"
-#: The header the replica's key travels in: the repository API's (`render.repository_key.KEY_HEADER`; not imported,
-#: so that the probe starts without pydantic).
-KEY_HEADER = "triton-operator-key"
-#: The variable the key is in (`api.v1alpha1.REPOSITORY_KEY_ENV`), read from the replica's key Secret.
-KEY_ENV = "TRITON_OPERATOR_REPOSITORY_KEY"
 #: Clients (addresses) whose last verdict `Readiness` remembers: the kubelet is one.
 TOLD_CLIENTS = 64
 #: The longest a `GET /status?since=N&wait=S` is held.
 MAX_WAIT = 4.0
-#: How `GET /status` says a model is missing from Triton's statistics (not loaded, or not yet again after a reload).
-NOT_LOADED = "is not loaded (Triton has no statistics for it)"
+#: The readiness's defaults (the command's; the renderer passes its own, `render.kubernetes.Options`): how long a
+#: probe is held while tritonserver is not up, how long after the operator's POST GATE_PATH it passes, and how long
+#: after tritonserver's port opened without that notice.
+HOLD_SECONDS = 8.0
+GATE_SETTLE_SECONDS = 0.03
+HEAD_START_SECONDS = 0.5
 #: The health check's defaults (see the module's docstring).
 CHECK_INTERVAL = 0.1
 FAIL_THRESHOLD = 3
@@ -170,7 +169,7 @@ class Health:
     _first_seen: dict[int, int] = field(default_factory=dict)  # every-model mode: stub pid -> the check it was first seen
     _model_started: dict[str, int] = field(default_factory=dict)  # every-model mode: the last check a stub of it started
     # Confirmation (issue 39; see the module's docstring): with `confirm_every` over 0, a model past its threshold is a
-    # suspect until the probe's own request (`triton.confirm`) fails (broken) or serves (cleared); at most one request
+    # suspect until the probe's own request (`agent.confirm`) fails (broken) or serves (cleared); at most one request
     # per model every `confirm_every` seconds. 0: the failures alone break it (the old rule).
     confirm_every: float = 0.0
     thresholds: dict[str, int] = field(default_factory=dict)  # model -> its own threshold (else `fail_threshold`)
@@ -461,7 +460,7 @@ class Stubs:
 
 
 class Confirmer:
-    """Runs the probe's own requests (`triton.confirm`) off the checking thread, on `workers` threads of its own, so a
+    """Runs the probe's own requests (`agent.confirm`) off the checking thread, on `workers` threads of its own, so a
     slow model's confirmation never delays the statistics check or the hang rule; each verdict goes to `health`, then
     `on_verdict` (what is broken may have changed). `Health.due` hands out at most one request per model at a time."""
 
@@ -645,7 +644,7 @@ class Readiness:
 
     def now(self, client: str = "") -> tuple[bool, str]:
         """The verdict a probe gets at the end of its hold, at once and from the last check of the port (no new one):
-        what a held probe cut short is told (the server needs its place; `triton.probe_server`)."""
+        what a held probe cut short is told (the server needs its place; `agent.probe_server`)."""
         with self._cond:
             is_open = self.open_since is not None
         why = self.broken() if self.broken is not None and is_open else None
@@ -673,7 +672,7 @@ def _authorized(request: Request, key: str | None) -> bool:
 
 def _route(readiness: Readiness, health: Health | None, settle: float,
            key: str | None) -> Callable[[Request], Answer | Work]:
-    """The probe server's requests: GET /ready (the kubelet's probe, keyless), and with the replica's key GET
+    """The probe server's requests: GET READY_PATH (the kubelet's probe, keyless), and with the replica's key GET
     STATUS_PATH (the models' health) and POST GATE_PATH (the operator's notice that it has set the gate)."""
 
     def verdict(is_ready: bool, why: str) -> Answer:
@@ -687,7 +686,7 @@ def _route(readiness: Readiness, health: Health | None, settle: float,
 
     def route(request: Request) -> Answer | Work:
         path, _, query = request.path.partition("?")
-        if path in ("/", "/ready") and request.method == "GET":
+        if path in ("/", READY_PATH) and request.method == "GET":
             return Work(lambda cut: verdict(*readiness.answer(cut, request.peer)), held=True, wake=readiness.poke,
                         now=lambda: verdict(*readiness.now(request.peer)))
         if (path, request.method) not in ((STATUS_PATH, "GET"), (GATE_PATH, "POST")):
@@ -738,7 +737,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     server = ProbeServer(listen, _route(readiness, health, settle, key), max_connections=max_connections)
     threading.Thread(target=server.serve_forever, daemon=True, name="probe-server").start()
     if key is None:
-        print(f"probe: warning: no {KEY_ENV} in the environment: GET {STATUS_PATH} and POST {GATE_PATH} are refused",
+        print(f"probe: warning: no {REPOSITORY_KEY_ENV} in the environment: GET {STATUS_PATH} and POST {GATE_PATH} are refused",
               file=sys.stderr, flush=True)
     if health is not None:
         threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health, repository,
@@ -761,71 +760,6 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
     server.shutdown()
     print("probe: tritonserver's HTTP port is closed; exiting", file=sys.stderr, flush=True)
     return 0
-
-
-def _key_line(key: str | None) -> str:
-    return f"{KEY_HEADER}: {key}\r\n" if key else ""
-
-
-async def notify_gate(host: str, port: int, key: str | None = None, timeout: float = 1.0) -> int:
-    """Tells a replica's probe server that the operator has just set its readiness gate True (`POST /gate`, with
-    the replica's `key`); the answer's status code (200: probes pass `settle` from now; 409: tritonserver's port is
-    closed there; 401: not the replica's key)."""
-    import asyncio  # here: the probe container itself never needs it
-
-    async def post() -> int:
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            writer.write(f"POST {GATE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 0\r\n{_key_line(key)}"
-                         "Connection: close\r\n\r\n".encode())
-            await writer.drain()
-            status = (await reader.readline()).split()
-            if len(status) < 2 or not status[1].isdigit():
-                raise ConnectionError(f"not an HTTP answer: {b' '.join(status)!r}")
-            return int(status[1])
-        finally:
-            writer.close()
-
-    return await asyncio.wait_for(post(), timeout)
-
-
-async def probe_status(host: str, port: int, key: str | None = None, timeout: float = 1.0) -> dict[str, str]:
-    """What a replica's probe server found broken (`GET /status`, with the replica's `key`): model name (or
-    "tritonserver") -> why."""
-    return (await probe_news(host, port, key=key, timeout=timeout))[1]
-
-
-async def probe_news(host: str, port: int, since: int | None = None, wait: float = 0.0, key: str | None = None,
-                     timeout: float = 1.0) -> tuple[int, dict[str, str]]:
-    """`GET /status` (with the replica's `key`), held up to `wait` seconds until what is broken changes from version
-    `since`: (version, model name (or "tritonserver") -> why)."""
-    import asyncio
-
-    query = f"?since={since}&wait={wait:g}" if since is not None and wait > 0 else ""
-
-    async def get() -> tuple[int, dict[str, str]]:
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            writer.write(f"GET {STATUS_PATH}{query} HTTP/1.1\r\nHost: {host}:{port}\r\n{_key_line(key)}"
-                         "Connection: close\r\n\r\n".encode())
-            await writer.drain()
-            data = b""
-            while len(data) < 1 << 20:  # to the end: the server closes the connection after its answer
-                chunk = await reader.read(1 << 16)
-                if not chunk:
-                    break
-                data += chunk
-        finally:
-            writer.close()
-        head, _, body = data.partition(b"\r\n\r\n")
-        status = head.split(b"\r\n", 1)[0].split()
-        if len(status) < 2 or status[1] != b"200":
-            raise ConnectionError(f"the probe answered {b' '.join(status)!r}")
-        answer = json.loads(body)
-        broken = answer.get("broken") or {}
-        return int(answer.get("version") or 0), {str(k): str(v) for k, v in broken.items()}
-
-    return await asyncio.wait_for(get(), timeout + wait)
 
 
 def address(text: str, default_host: str) -> tuple[str, int]:

@@ -50,7 +50,7 @@ from ..render.pool import (
 )
 from ..triton import fetcher as triton_fetcher
 from ..triton import pool as triton_pool
-from ..agent.probe import probe_news
+from ..triton.probe import probe_news
 from ..triton.reload import requests_seen
 from . import metrics
 from .cache import Cache, lean
