@@ -33,7 +33,7 @@ from typing import Any
 from e2e.healing import HOG_TRIGGER, Outcome, measure, post, python_model, repository_key, sentiment, serving, stubs_of
 from e2e.kube import wait_for
 from e2e.load import ServiceLoad
-from triton_operator.render.repository_key import KEY_HEADER
+from triton_operator.api.pod import KEY_HEADER
 
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
 from .kubeenv import cpu_seconds
@@ -136,9 +136,9 @@ def cost(tmp: Path) -> dict[str, Any]:
         time.sleep(COST_SECONDS)
         without = (cpu_seconds(pid) or 0.0) - c0
         port = _free_port()
-        from triton_operator.triton.probe import KEY_ENV
+        from triton_operator.api.pod import REPOSITORY_KEY_ENV
 
-        env = {**os.environ, "PYTHONPATH": str(root / "operator"), KEY_ENV: BENCH_KEY}  # its /status needs a key
+        env = {**os.environ, "PYTHONPATH": str(root / "operator"), REPOSITORY_KEY_ENV: BENCH_KEY}  # its /status needs a key
         probe = subprocess.Popen(
             [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
              "--target", served.server.http_url, "--repository", str(served.server.model_repository),
@@ -173,8 +173,6 @@ def _free_port() -> int:
 def _checks(port: int) -> int:
     import json
     import urllib.request
-
-    from triton_operator.triton.probe import KEY_HEADER
 
     request = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers={KEY_HEADER: BENCH_KEY})
     with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310 - http:// to the bench's own probe

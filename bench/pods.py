@@ -21,11 +21,11 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from e2e.kube import Kube, condition, wait_for
-from triton_operator.api.pod import WARMED_CONDITION
+from triton_operator.api.pod import REPOSITORY_KEY_ENV, WARMED_CONDITION
 from triton_operator.api.timestamps import parse_rfc3339
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.render.kubernetes import render_children
-from triton_operator.render.repository_key import REPOSITORY_KEY_ENV, restriction_args
+from triton_operator.render.repository_key import restriction_args
 
 from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, ensure_namespace
 from .models import checked

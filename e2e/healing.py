@@ -23,7 +23,7 @@ from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad
 from e2e.operator_fixtures import add_sub, gate, is_model_ready, live_pods, load_examples, model_condition, wait_model
 from e2e.testing import endpoint_ready, ready_addresses
-from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
+from triton_operator.api.pod import REPOSITORY_KEY_ENV
 
 STUB = b"triton_python_backend_stub"
 #: A request whose INPUT0 starts with this makes the `hog` model allocate past its container's memory limit.

@@ -55,7 +55,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.testing import consistently, ready_addresses
-from triton_operator.render.repository_key import KEY_HEADER
+from triton_operator.api.pod import KEY_HEADER
 
 pytestmark = pytest.mark.cluster
 

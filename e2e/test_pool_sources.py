@@ -34,8 +34,7 @@ from e2e.operator_fixtures import OperatorHandle, apply, kubectl, model_conditio
 from e2e.pool import PoolAudit, model_ready, pool_doc, pooled_add_sub, replica_pods, served_digest
 from e2e.traffic import infer_add_sub
 from tests.https_server import serve
-from triton_operator.api.pod import FETCH_SERVER_PORT
-from triton_operator.render.repository_key import KEY_HEADER
+from triton_operator.api.pod import FETCH_SERVER_PORT, KEY_HEADER
 
 pytestmark = pytest.mark.cluster
 

@@ -42,9 +42,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.traffic import ADMIN_HTTP, admin_grpc_calls, grpc_not_refused, http_call
-from triton_operator.api.pod import ANNOTATION_DIGEST
-from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
-from triton_operator.render.repository_key import KEY_HEADER
+from triton_operator.api.pod import ANNOTATION_DIGEST, KEY_HEADER, REPOSITORY_KEY_ENV
 
 pytestmark = pytest.mark.cluster
 

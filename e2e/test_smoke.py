@@ -490,7 +490,7 @@ IMAGE_CONTENTS_SCRIPT = r"""
 import importlib.metadata as md, importlib.util, json, subprocess, sys
 dists = {d.metadata["Name"]: {"version": d.version, "requires": d.requires or []} for d in md.distributions()}
 found = {m: importlib.util.find_spec(m) is not None for m in ("grpc", "numpy", "ml_dtypes", "rapidjson")}
-import triton_operator.cli.run, triton_operator.controller.operator, triton_operator.fetch, triton_operator.triton.probe
+import triton_operator.cli.run, triton_operator.controller.operator, triton_operator.agent.fetch, triton_operator.agent.probe
 from triton_operator.render.modelconfig import pb
 loaded = [m for m in ("grpc", "numpy") if m in sys.modules]  # by the commands' modules (gs:// clients load grpc)
 import boto3, google.cloud.storage

@@ -19,8 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from e2e.kube import Kube
 from e2e.operator_fixtures import live_pods
-from triton_operator.api.pod import DIGEST_PARAMETER
-from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER
+from triton_operator.api.pod import DIGEST_PARAMETER, KEY_HEADER
+from triton_operator.render.repository_key import GRPC_KEY_HEADER
 
 
 def infer_add_sub(address: str, model: str = "add-sub") -> np.ndarray:

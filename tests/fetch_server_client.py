@@ -10,7 +10,8 @@ import urllib.request
 from typing import Any
 
 from tests.timing import scaled
-from triton_operator.fetch_server import KEY_HEADER, FetchServer
+from triton_operator.agent.fetch_server import FetchServer
+from triton_operator.api.pod import KEY_HEADER
 
 KEY = "k" * 43
 

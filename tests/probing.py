@@ -5,9 +5,9 @@ from __future__ import annotations
 import http.client
 import time
 
-from triton_operator.triton.probe import KEY_HEADER
+from triton_operator.api.pod import KEY_HEADER
 
-#: The replica key the tests' probe servers are started with (variable KEY_ENV).
+#: The replica key the tests' probe servers are started with (variable REPOSITORY_KEY_ENV).
 KEY = "k" * 64
 
 

@@ -26,8 +26,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.triton_helpers import Served, ServerPool, models_from_yaml, tensor
-from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER
-from triton_operator.triton.probe import fetch_counts
+from triton_operator.agent.probe import fetch_counts
+from triton_operator.api.pod import KEY_HEADER
+from triton_operator.render.repository_key import GRPC_KEY_HEADER
 from triton_operator.triton.replica import check_replica
 from triton_operator.triton.repository import load_model, unload_model
 

@@ -144,7 +144,7 @@ def test_the_probe_reads_an_endless_statistics_answer_no_further_than_its_cap() 
     more is an error (the replica is not ready), the connection closed."""
     import http.client
 
-    from triton_operator.triton.probe import MAX_STATS_BYTES, fetch_counts
+    from triton_operator.agent.probe import MAX_STATS_BYTES, fetch_counts
 
     with HostileHttp("endless") as server, peak_growth() as grew:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=SECONDS)

@@ -23,7 +23,7 @@ import yaml
 
 from tests.timing import scaled
 from tests.triton_helpers import Served, fetch_uris, tensor
-from triton_operator import fetch
+from triton_operator.agent import fetch
 from triton_operator.api.pod import DIGEST_PARAMETER
 from triton_operator.api.v1alpha1 import BATCH_STRATEGY_PARAMETER, TritonModel
 from triton_operator.cli.main import main

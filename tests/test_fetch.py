@@ -1,4 +1,4 @@
-"""The `fetch` init step (`triton_operator.fetch`): the repository ConfigMap copied out, pvc:// sources."""
+"""The `fetch` init step (`triton_operator.agent.fetch`): the repository ConfigMap copied out, pvc:// sources."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_operator.fetch import FetchError, copy_repository, fetch_uri
+from triton_operator.agent.fetch import FetchError, copy_repository, fetch_uri
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ def test_fetch_copies_the_configmap_tree_without_its_bookkeeping(tmp_path: Path)
 
 
 def test_fetch_pvc_source_and_path_escape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from triton_operator import fetch
+    from triton_operator.agent import fetch
 
     root = tmp_path / "pvc"
     (root / "claim" / "models" / "m").mkdir(parents=True)
@@ -46,7 +46,7 @@ def test_fetch_pvc_source_and_path_escape(tmp_path: Path, monkeypatch: pytest.Mo
 
 def _claim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A claim mounted where fetch finds it (PVC_ROOT patched); returns the uri's directory, models/m."""
-    from triton_operator import fetch
+    from triton_operator.agent import fetch
 
     root = tmp_path / "pvc"
     model = root / "claim" / "models" / "m"

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.https_server import HttpsServer, Page, serve
+from triton_operator.agent.fetch import Budget, FetchError, fetch_uri
 from triton_operator.cli.main import main
-from triton_operator.fetch import Budget, FetchError, fetch_uri
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from e2e.objectstores import GCSServer, S3Server, environ
 from tests.https_server import tgz
-from triton_operator.fetch import FetchError, fetch_uri
+from triton_operator.agent.fetch import FetchError, fetch_uri
 
 CLI = Path(sys.executable).parent / "triton-operator"
 MODEL_PY = b"# model v1\n"
@@ -149,7 +149,7 @@ CAPPED: dict[str, tuple[dict[str, int], str]] = {  # uri (below the bucket) -> (
 @pytest.mark.parametrize("key", sorted(CAPPED))
 def test_what_exceeds_the_caps_is_refused_and_leaves_nothing(store: Any, tmp_path: Path, key: str) -> None:
     """An object, a prefix's objects, an archive's members: each charged as it is written (never held whole)."""
-    from triton_operator.fetch import Budget  # (issue 32)
+    from triton_operator.agent.fetch import Budget  # (issue 32)
 
     _, scheme = store
     caps, says = CAPPED[key]
@@ -219,7 +219,7 @@ def test_model_files_from_each_server_land_beside_the_config(
     """spec.modelFiles.uri (`<model>/.`) over S3, GCS and https: the labels a `labelFilename` names land in the model
     directory beside config.pbtxt, as Triton reads them; the version directory keeps the rendered model.py."""
     from tests.https_server import serve
-    from triton_operator.fetch import run
+    from triton_operator.agent.fetch import run
 
     if scheme == "https":
         (tmp_path / "https").mkdir()

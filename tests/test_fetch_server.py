@@ -1,4 +1,4 @@
-"""The pool replica's `fetch-server` sidecar (triton_operator.fetch_server) over real HTTP, fetching from a REAL
+"""The pool replica's `fetch-server` sidecar (triton_operator.agent.fetch_server) over real HTTP, fetching from a REAL
 HTTPS server on 127.0.0.1 (tests/https_server.py) into a real directory: the key is required, a digest's files
 appear whole behind the model's link, a new digest swaps the link and leaves the served copy's files until pruned, a
 bad pin or a 404 is reported with the field and a redacted uri and leaves the linked copy alone, and a delete frees
@@ -22,9 +22,9 @@ from tests.fetch_server_client import settled as _settled
 from tests.hostile_servers import closed_within, over_the_cap
 from tests.https_server import HttpsServer, serve, tgz
 from tests.timing import scaled
-from triton_operator.fetch_server import KEY_HEADER as KEY_HEADER_NAME
-from triton_operator.fetch_server import STORE, FetchServer, Limits
-from triton_operator.fetch_server import serve as fetch_serve
+from triton_operator.agent.fetch_server import STORE, FetchServer, Limits
+from triton_operator.agent.fetch_server import serve as fetch_serve
+from triton_operator.api.pod import KEY_HEADER as KEY_HEADER_NAME
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_a_fetch_blocked_past_its_deadline_is_given_up_in_its_thread(tmp_path: P
     """A fetch runs in a thread of its own, where no SIGALRM reaches: one blocked in a read (here the open of a
     fifo on a claim, as a stuck file system blocks) is reported failed at its deadline, and the model can be deleted
     (issue 39: it stayed `fetching` forever, and DELETE answered 409)."""
-    from triton_operator import fetch
+    from triton_operator.agent import fetch
 
     claim = tmp_path / "pvc" / "claim"
     claim.mkdir(parents=True)
@@ -171,7 +171,8 @@ def test_a_negative_content_length_is_refused_before_the_body_is_read(sidecar: F
     import json
     import socket
 
-    from triton_operator.fetch_server import KEY_HEADER, MAX_BODY
+    from triton_operator.agent.fetch_server import MAX_BODY
+    from triton_operator.api.pod import KEY_HEADER
 
     body = json.dumps({"digest": "f6" * 16, "sources": [], "pad": "x" * (MAX_BODY + 1)}).encode()
     with socket.create_connection(("127.0.0.1", sidecar.server_address[1]), timeout=20) as sock:
@@ -241,7 +242,7 @@ def test_slow_clients_are_closed_within_seconds_before_the_key_is_checked(sideca
 def test_connections_over_the_cap_are_reset_and_hold_no_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from triton_operator import fetch_server
+    from triton_operator.agent import fetch_server
 
     cap, extra = 8, 8
     monkeypatch.setattr(fetch_server, "MAX_CONNECTIONS", cap)

@@ -147,8 +147,8 @@ def test_a_not_loaded_from_the_probe_older_than_tritons_ready_is_not_a_break(mon
     checks every 0.1 s): no break, no heal (CI rehearsal at d2326eb: a Drain-reloaded replica was healed for it, then
     replaced). A dead stub the probe reports beside a READY model is still one; and "not loaded" while Triton says
     the model is not READY is kept."""
+    from triton_operator.api.pod import NOT_LOADED
     from triton_operator.controller import gate as gate_module
-    from triton_operator.triton.probe import NOT_LOADED
     from triton_operator.triton.replica import ReplicaVerdict
 
     answers: list[dict[str, str]] = []

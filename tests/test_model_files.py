@@ -91,7 +91,7 @@ def test_model_files_uri_is_fetched_into_the_model_directory_and_pinned_in_the_d
 def test_fetch_places_model_files_beside_the_versions_and_refuses_to_replace_the_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from triton_operator import fetch
+    from triton_operator.agent import fetch
 
     root = tmp_path / "pvc"
     (root / "claim" / "m-files").mkdir(parents=True)

@@ -31,13 +31,14 @@ import pytest
 from tests.documents import pool_document, python_model
 from tests.probing import KEY
 from tests.timing import scaled
+from triton_operator.agent.probe import Health
+from triton_operator.api.pod import KEY_HEADER, REPOSITORY_KEY_ENV
 from triton_operator.api.pool import TritonPool
 from triton_operator.plan import pool as pp
 from triton_operator.plan.placement import PoolReplica
 from triton_operator.render.pool import ReplicaPod
 from triton_operator.triton import pool as triton_pool
 from triton_operator.triton.local import LocalTritonServer, free_port
-from triton_operator.triton.probe import KEY_ENV, KEY_HEADER, Health
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 
@@ -208,7 +209,7 @@ def replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
                                                None))
             assert why is None, why
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), KEY_ENV: KEY}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), REPOSITORY_KEY_ENV: KEY}
         proc = subprocess.Popen(
             [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
              "--target", server.http_url, "--hold", "4", "--head-start", "0.1", "--every-model"],

@@ -25,9 +25,8 @@ import yaml
 
 from tests.documents import pool_document
 from tests.timing import scaled
-from triton_operator.api.pod import TRITON_CONTAINER
+from triton_operator.api.pod import REPOSITORY_KEY_ENV, TRITON_CONTAINER
 from triton_operator.api.pool import TritonPool
-from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV
 from triton_operator.plan import pool as pp
 from triton_operator.plan.placement import PoolReplica
 from triton_operator.render.pool import render_pool_deployment

@@ -18,8 +18,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.timing import scaled
 from tests.triton_helpers import Served, load_models, models_from_yaml, serve, tensor
+from triton_operator.api.pod import REPOSITORY_KEY_ENV
 from triton_operator.api.pool import TritonPool
-from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV, TritonModel
+from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import write_repository
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.render.pool import LoadRequest, load_request, render_pool_deployment
@@ -259,8 +260,8 @@ def test_a_uri_model_loads_through_its_linked_directory_and_swaps_in_place(tmp_p
     from tests.fetch_server_client import ask as _ask
     from tests.fetch_server_client import settled as _settled
     from tests.https_server import serve as https_serve
-    from triton_operator.fetch_server import STORE, Limits
-    from triton_operator.fetch_server import serve as fetch_serve
+    from triton_operator.agent.fetch_server import STORE, Limits
+    from triton_operator.agent.fetch_server import serve as fetch_serve
 
     (tmp_path / "https").mkdir()
     gen = https_serve(tmp_path / "https")

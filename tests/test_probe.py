@@ -21,9 +21,11 @@ import pytest
 
 from tests.probing import KEY, get
 from tests.timing import scaled
+from triton_operator.agent.probe import Readiness, address
+from triton_operator.agent.probe_server import MAX_CONNECTIONS, MAX_HELD, REQUEST_SECONDS
+from triton_operator.api.pod import REPOSITORY_KEY_ENV
 from triton_operator.triton.local import free_port
-from triton_operator.triton.probe import KEY_ENV, Readiness, address, notify_gate, probe_news, probe_status
-from triton_operator.triton.probe_server import MAX_CONNECTIONS, MAX_HELD, REQUEST_SECONDS
+from triton_operator.triton.probe import notify_gate, probe_news, probe_status
 
 HEAD_START = 0.6
 SETTLE = 0.05
@@ -63,9 +65,9 @@ def _start_probe(target: Target, *args: str, key: str | None = KEY) -> tuple[sub
     """`triton-operator probe` against `target` with `args` and the replica key `key`, once it listens on its port."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator")}
-    env.pop(KEY_ENV, None)
+    env.pop(REPOSITORY_KEY_ENV, None)
     if key is not None:
-        env[KEY_ENV] = key
+        env[REPOSITORY_KEY_ENV] = key
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
          "--target", f"127.0.0.1:{target.port}", *args],
@@ -524,4 +526,4 @@ def test_without_a_key_status_and_gate_refuse_everyone(target):
     finally:
         proc.kill()
         err = proc.communicate()[1]
-    assert f"probe: warning: no {KEY_ENV} in the environment" in err
+    assert f"probe: warning: no {REPOSITORY_KEY_ENV} in the environment" in err

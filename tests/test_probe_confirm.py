@@ -1,5 +1,5 @@
 """Failures a client causes are not a broken replica (issue 39, H2): the probe confirms a model that failed its
-clients' requests with a request of its own (its warm-up sample, `triton.confirm`) before it calls it broken.
+clients' requests with a request of its own (its warm-up sample, `agent.confirm`) before it calls it broken.
 
 Against a REAL tritonserver (2.51) and the probe run as its own process, as in a pod: a Python model whose code raises
 `ValueError` on negative inputs (the ordinary way a Python model refuses bad input), and an ensemble over it. Clients
@@ -28,11 +28,11 @@ from tests.documents import python_model
 from tests.probing import KEY, get
 from tests.timing import scaled
 from tests.triton_helpers import Served, models_from_yaml, serve, tensor
+from triton_operator.api.pod import REPOSITORY_KEY_ENV
 from triton_operator.plan import pool as pp
 from triton_operator.render.modelconfig import config_json
 from triton_operator.triton import pool as triton_pool
 from triton_operator.triton.local import LocalTritonServer, free_port
-from triton_operator.triton.probe import KEY_ENV
 
 pytestmark = pytest.mark.triton
 
@@ -94,7 +94,7 @@ def picky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @pytest.fixture
 def probe(picky: Served) -> Iterator[int]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), KEY_ENV: KEY}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), REPOSITORY_KEY_ENV: KEY}
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
          "--target", picky.server.http_url, "--hold", str(HOLD), "--head-start", "0.1",
@@ -315,7 +315,7 @@ def pool_replica(tmp_path: Path) -> Iterator[tuple[LocalTritonServer, int]]:
                 assert time.monotonic() < deadline, server.log_tail()
                 time.sleep(0.1)
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), KEY_ENV: KEY}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), REPOSITORY_KEY_ENV: KEY}
         proc = subprocess.Popen(
             [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
              "--target", server.http_url, "--hold", "4", "--head-start", "0.1", "--every-model"],

@@ -1,4 +1,4 @@
-"""The probe's health check (`triton.probe.Health`): what it calls broken, as a pure state machine, and against a real
+"""The probe's health check (`agent.probe.Health`): what it calls broken, as a pure state machine, and against a real
 tritonserver whose Python stub is killed, whose model is unloaded, and which is stopped (SIGSTOP)."""
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import pytest
 from tests.probing import KEY, get
 from tests.timing import scaled
 from tests.triton_helpers import Served, load_models, serve, tensor
+from triton_operator.agent.confirm import FAILED, NO_SAMPLE, SERVED, UNKNOWN, Verdict, sample_request
+from triton_operator.agent.probe import Health
+from triton_operator.api.pod import REPOSITORY_KEY_ENV
 from triton_operator.render.modelconfig import config_json
-from triton_operator.triton.confirm import FAILED, NO_SAMPLE, SERVED, UNKNOWN, Verdict, sample_request
 from triton_operator.triton.local import free_port
-from triton_operator.triton.probe import KEY_ENV, Health
 
 # -- the state machine ----------------------------------------------------------------------------------
 
@@ -309,7 +310,7 @@ def sentiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @pytest.fixture
 def probe(sentiment: Served) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), KEY_ENV: KEY}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "operator"), REPOSITORY_KEY_ENV: KEY}
     proc = subprocess.Popen(
         [sys.executable, "-m", "triton_operator.cli.main", "probe", "--listen", f"127.0.0.1:{port}",
          "--target", sentiment.server.http_url, "--hold", str(HOLD), "--head-start", "0.1",

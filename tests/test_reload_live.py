@@ -48,12 +48,13 @@ from triton_operator.api.pod import (
     ANNOTATION_RELOAD_FROM,
     ANNOTATION_RELOAD_MESSAGE,
     DIGEST_PARAMETER,
+    KEY_HEADER,
 )
 from triton_operator.controller.reload import drain, reload_replica
 from triton_operator.plan.rollout import INSTRUCTION
 from triton_operator.render.kubernetes import configmap_key
 from triton_operator.render.modelconfig import RenderedModel, config_json, render_repository
-from triton_operator.render.repository_key import GRPC_KEY_HEADER, KEY_HEADER, RepositoryKeys
+from triton_operator.render.repository_key import GRPC_KEY_HEADER, RepositoryKeys
 from triton_operator.triton import reload as triton
 from triton_operator.triton.local import LocalTritonServer
 

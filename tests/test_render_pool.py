@@ -241,9 +241,6 @@ def test_a_pooled_models_own_failed_request_threshold_is_in_its_config_and_only_
     from tests.documents import python_model
     from triton_operator.api.pod import THRESHOLD_PARAMETER
     from triton_operator.render.modelconfig import render_model
-    from triton_operator.triton import confirm
-
-    assert confirm.THRESHOLD_PARAMETER == THRESHOLD_PARAMETER, "the probe imports no pydantic: the same string twice"
 
     def params(threshold: int | None, pool: str | None = "p") -> tuple[dict[str, str], str]:
         gate = {} if threshold is None else {"warmupGate": {"failedRequestThreshold": threshold}}

@@ -20,9 +20,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.triton_helpers import RELOADABLE_SPEC, Served, models_from_yaml, serve
+from triton_operator.api.pod import KEY_HEADER
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.render.pool import LoadRequest, load_request
-from triton_operator.render.repository_key import KEY_HEADER
 from triton_operator.triton import repository
 from triton_operator.triton.rest import TritonError
 

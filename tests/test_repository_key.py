@@ -22,12 +22,12 @@ import pytest
 from aiohttp import web
 
 from triton_operator.api.kinds import OWNED
-from triton_operator.api.pod import ANNOTATION_POD_DIGEST
+from triton_operator.api.pod import ANNOTATION_POD_DIGEST, KEY_HEADER
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.plan.planner import World, carried_out, plan
 from triton_operator.render.kubernetes import Options, render_children, render_key_secret
 from triton_operator.render.modelconfig import render_repository
-from triton_operator.render.repository_key import KEY_HEADER, RepositoryKeys, secret_name
+from triton_operator.render.repository_key import RepositoryKeys, secret_name
 from triton_operator.triton.rest import TritonClient, TritonError
 from triton_operator.validate.admission import review
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from tests.https_server import HttpsServer, serve, tgz
+from triton_operator.agent.fetch import FetchError, fetch_uri, run
 from triton_operator.api.pod import ANNOTATION_DIGEST
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.cli.main import main
-from triton_operator.fetch import FetchError, fetch_uri, run
 from triton_operator.render.kubernetes import render_children, render_deployment
 from triton_operator.render.modelconfig import render_repository
 from triton_operator.validate import Document, check_documents

@@ -298,7 +298,7 @@ def test_each_fetched_version_gets_its_own_fetch_argument_and_rolls_the_digest()
 
 
 def test_fetch_places_each_version_in_its_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from triton_operator import fetch
+    from triton_operator.agent import fetch
 
     root = tmp_path / "pvc"
     for v in (1, 3):

@@ -20,7 +20,8 @@ import yaml
 from tritonclient.utils import np_to_triton_dtype
 
 from tests.timing import scaled
-from triton_operator.api.v1alpha1 import REPOSITORY_KEY_ENV, TritonModel, quantity_bytes
+from triton_operator.api.pod import REPOSITORY_KEY_ENV
+from triton_operator.api.v1alpha1 import TritonModel, quantity_bytes
 from triton_operator.files import load_paths, write_repository
 from triton_operator.render.modelconfig import RenderedModel, render_repository
 from triton_operator.render.repository_key import GRPC_KEY_HEADER, restriction_args

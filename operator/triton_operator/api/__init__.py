@@ -1,17 +1,8 @@
-"""The TritonModel API: pydantic models, the single source of the CRD."""
+"""The TritonModel and TritonPool API: pydantic models (`v1alpha1`, `pool`), the single source of the CRD, and the
+replica pod's contract (`pod`).
 
-from .pod import DIGEST_PARAMETER, WARMED_CONDITION
-from .v1alpha1 import API_VERSION, GROUP, KIND, PLURAL, VERSION, TritonModel, TritonModelSpec, TritonModelStatus
+The API group is named here, and this package imports nothing: `pod` names its annotations in the group, and the
+programs that run in a replica pod (`triton_operator.agent`) read `pod` without loading pydantic.
+"""
 
-__all__ = [
-    "API_VERSION",
-    "DIGEST_PARAMETER",
-    "GROUP",
-    "KIND",
-    "PLURAL",
-    "VERSION",
-    "WARMED_CONDITION",
-    "TritonModel",
-    "TritonModelSpec",
-    "TritonModelStatus",
-]
+GROUP = "serving.triton-operator.dev"

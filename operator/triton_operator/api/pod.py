@@ -7,8 +7,16 @@ need one; no rendering, no decisions.
   instructions and outcome (`plan.rollout`);
 - the readiness-gate condition type (`WARMED_CONDITION`) and the model-config parameter that carries a rendered
   repository's digest into Triton (`DIGEST_PARAMETER`), which the gate compares with `ANNOTATION_DIGEST`;
-- the containers (`TRITON_CONTAINER`, `FETCH_CONTAINER`, `PROBE_CONTAINER`), Triton's and the probe's ports, and
-  the volume that mounts the repository ConfigMap (`REPOSITORY_VOLUME`).
+- the containers (`TRITON_CONTAINER`, `FETCH_CONTAINER`, `PROBE_CONTAINER`, `FETCH_SERVER_CONTAINER`) and the volume
+  that mounts the repository ConfigMap (`REPOSITORY_VOLUME`);
+- the contract with the programs that run in the pod (`triton_operator.agent`): their ports (`PROBE_PORT`,
+  `FETCH_SERVER_PORT`) and tritonserver's, the replica key's variable and header (`REPOSITORY_KEY_ENV`,
+  `KEY_HEADER`), the probe's paths and the words its `/status` says a model is missing with (`NOT_LOADED`), and the
+  fetch-server's paths. The renderer writes the containers' ports and args from them, the `triton-operator` command
+  takes its defaults from them, and the operator's clients (`triton.probe`, `triton.fetcher`) call them.
+
+Standard library only, and nothing of `api` at run time but the group (`api.GROUP`): the probe and the fetch step read
+this contract and start without pydantic (tests/test_agent.py).
 
 The label that ties a replica to its TritonModel (`LABEL_MODEL`) is not here: every child carries it, and the table
 of kinds selects by it (`api.kinds`).
@@ -17,8 +25,9 @@ Where the warm-up gate lives, by part (each module's docstring says more):
 
 - the pod: `render.kubernetes` writes the readiness gate (`WARMED_CONDITION` in `readinessGates`), these
   annotations, and the `probe` container that holds the kubelet's readiness probe;
-- the calls to the replica: `triton.replica` asks Triton whether it serves the desired config, `triton.probe` is
-  the probe container's server (its `/status` says what is broken, `notify_gate` tells it the gate is set);
+- the calls to the replica: `triton.replica` asks Triton whether it serves the desired config, `agent.probe` is
+  the probe container's server (its `/status` says what is broken), and `triton.probe` the operator's client of it
+  (`probe_status`, and `notify_gate`, which tells it the gate is set);
 - the verdicts, pure: `plan.readiness` (which condition a pod should carry for Triton's answer), `plan.status`
   (what the gate's conditions mean for the model's status);
 - the loop, and what it does about a replica: `controller.gate` (one task per pod, the condition writes),
@@ -28,9 +37,12 @@ Where the warm-up gate lives, by part (each module's docstring says more):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .v1alpha1 import GROUP, TritonModel
+from . import GROUP
+
+if TYPE_CHECKING:
+    from .v1alpha1 import TritonModel
 
 ANNOTATION_DIGEST = f"{GROUP}/config-digest"
 ANNOTATION_TRITON_NAME = f"{GROUP}/triton-model"
@@ -62,7 +74,7 @@ WARMED_CONDITION = f"{GROUP}/warmed"
 DIGEST_PARAMETER = "triton-operator.config-digest"
 #: `parameters` key carrying a pooled model's warmupGate.failedRequestThreshold, rendered only when it is not the pool
 #: probe's default (other models' configs, and so their digests, stay as they were); the pool replica's probe
-#: (`--every-model`) reads it from the config Triton loaded (`triton.confirm.THRESHOLD_PARAMETER`, the same string).
+#: (`--every-model`) reads it from the config Triton loaded (`agent.confirm`).
 THRESHOLD_PARAMETER = "triton-operator.failed-request-threshold"
 
 TRITON_CONTAINER = "tritonserver"
@@ -74,10 +86,35 @@ FETCH_SERVER_CONTAINER = "fetch-server"
 REPOSITORY_VOLUME = "repository"
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-# The `probe` container's readiness endpoint (gated replicas): it long-polls tritonserver's HTTP port for the kubelet.
+#: The `probe` container's port (gated replicas, pool replicas): the kubelet's readiness probe, which it long-polls
+#: tritonserver's HTTP port for, and the operator's calls (`agent.probe`).
 PROBE_PORT = 8090
-# A pool replica's `fetch-server` sidecar (`triton_operator.fetch_server`).
+#: A pool replica's `fetch-server` sidecar (`agent.fetch_server`).
 FETCH_SERVER_PORT = 8091
+
+#: The variable, in tritonserver and in the probe and fetch-server containers, that holds the replica's repository key
+#: (from the model's or the pool's Secret: `render.repository_key`).
+REPOSITORY_KEY_ENV = "TRITON_OPERATOR_REPOSITORY_KEY"
+#: The header the operator sends that key in: to tritonserver's restricted APIs (`render.repository_key`), to the
+#: probe's STATUS_PATH and GATE_PATH, and to the fetch-server. A client without it is refused.
+KEY_HEADER = "triton-operator-key"
+
+# The probe's paths (`agent.probe`; the operator's client: `triton.probe`).
+#: The kubelet's readiness probe: keyless, held while tritonserver is not up.
+READY_PATH = "/ready"
+#: What the probe found broken (JSON, held with `?since=N&wait=S`; with the key).
+STATUS_PATH = "/status"
+#: Where the operator tells the probe that it has set the readiness gate (POST; with the key).
+GATE_PATH = "/gate"
+#: How STATUS_PATH says a model is missing from Triton's statistics (not loaded, or not yet again after a reload):
+#: the end of its reason, which the gate tells from a break.
+NOT_LOADED = "is not loaded (Triton has no statistics for it)"
+
+# The fetch-server's API (`agent.fetch_server`; the operator's client: `triton.fetcher`), every call with the key.
+#: GET: what the volume holds; `<FETCH_MODELS_PATH>/<model>`: PUT (fetch a digest) and DELETE (remove its files).
+FETCH_MODELS_PATH = "/v1/models"
+#: POST `<FETCH_MODELS_PATH>/<model>/<FETCH_PRUNE>`: remove every digest of the model but the linked one.
+FETCH_PRUNE = "prune"
 
 
 def versions_annotation(models: list[TritonModel]) -> str:

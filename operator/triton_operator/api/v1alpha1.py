@@ -20,8 +20,9 @@ from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
 from .. import DEFAULT_TRITON_IMAGE, LEGACY_TRITON_IMAGE, MINIMUM_TRITON_RELEASE
+from . import GROUP as GROUP  # noqa: PLC0414 (re-exported: named by the package, `api.GROUP`, read from here too)
+from .pod import REPOSITORY_KEY_ENV
 
-GROUP = "serving.triton-operator.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "TritonModel"
@@ -634,9 +635,7 @@ DataKeyStr = Annotated[str, StringConstraints(min_length=1, max_length=253, patt
 OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")
 #: Pod annotations the operator writes besides those under its API group's prefix.
 OPERATOR_ANNOTATIONS = ("kubectl.kubernetes.io/default-container",)
-#: The tritonserver container's variable holding its repository key (`render.repository_key`), from the model's Secret.
-REPOSITORY_KEY_ENV = "TRITON_OPERATOR_REPOSITORY_KEY"
-#: Environment variables the operator sets in the tritonserver container.
+#: Environment variables the operator sets in the tritonserver container (the key's: `api.pod.REPOSITORY_KEY_ENV`).
 OPERATOR_ENV = ("HOME", REPOSITORY_KEY_ENV)
 #: tritonserver flags the operator sets and server.args may not: they restrict Triton's model repository API to the
 #: operator's key (`render.repository_key`). Triton's parser (getopt_long) takes any unambiguous prefix of a long

@@ -432,7 +432,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from ..fetch import Budget, FetchError, pairs, run
+    from ..agent.fetch import Budget, FetchError, pairs, run
     from ..uris import redact
 
     try:
@@ -456,9 +456,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def cmd_fetch_server(args: argparse.Namespace) -> int:
     import logging
 
-    from ..api.v1alpha1 import REPOSITORY_KEY_ENV
-    from ..fetch_server import Limits, serve
-    from ..triton.probe import address
+    from ..agent.fetch_server import Limits, serve
+    from ..agent.probe import address
+    from ..api.pod import REPOSITORY_KEY_ENV
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
@@ -477,7 +477,8 @@ def cmd_fetch_server(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from ..triton.probe import KEY_ENV, address, serve
+    from ..agent.probe import address, serve
+    from ..api.pod import REPOSITORY_KEY_ENV
 
     try:
         listen = address(args.listen, "0.0.0.0")  # noqa: S104 (the kubelet probes the pod's IP)
@@ -499,7 +500,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                      check_interval=args.check_interval, fail_threshold=args.fail_threshold,
                      hang_seconds=args.hang_seconds, repository=args.repository, every=args.every_model,
                      confirm_every=args.confirm_every, confirm_timeout=args.confirm_timeout,
-                     key=os.environ.get(KEY_ENV) or None, max_connections=args.max_connections)
+                     key=os.environ.get(REPOSITORY_KEY_ENV) or None, max_connections=args.max_connections)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
 
@@ -585,10 +586,12 @@ def _add_validate_import_crd_docs(sub: argparse._SubParsersAction[argparse.Argum
 
 
 def _add_fetch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ..fetch import BLOCK as FETCH_BLOCK
-    from ..fetch import DEFAULT_MAX_BYTES as DEFAULT_FETCH_MAX_BYTES
-    from ..fetch import DEFAULT_MAX_FILES as DEFAULT_FETCH_MAX_FILES
-    from ..fetch import DEFAULT_TIMEOUT_SECONDS as DEFAULT_FETCH_TIMEOUT
+    """`fetch` and `fetch-server`: the pod's programs (`agent`), with their defaults and the pod contract's port."""
+    from ..agent.fetch import BLOCK as FETCH_BLOCK
+    from ..agent.fetch import DEFAULT_MAX_BYTES as DEFAULT_FETCH_MAX_BYTES
+    from ..agent.fetch import DEFAULT_MAX_FILES as DEFAULT_FETCH_MAX_FILES
+    from ..agent.fetch import DEFAULT_TIMEOUT_SECONDS as DEFAULT_FETCH_TIMEOUT
+    from ..api.pod import FETCH_SERVER_PORT
 
     f = sub.add_parser("fetch", help="(init container) assemble the model repository from the ConfigMap and uris")
     f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")
@@ -610,7 +613,8 @@ def _add_fetch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     fs = sub.add_parser("fetch-server", help="(pool replica container) fetch uri models into the repository volume "
                         "when the operator asks")
-    fs.add_argument("--listen", default=":8091", metavar="[HOST:]PORT", help="where to answer (default :8091)")
+    fs.add_argument("--listen", default=f":{FETCH_SERVER_PORT}", metavar="[HOST:]PORT",
+                    help=f"where to answer (default :{FETCH_SERVER_PORT})")
     fs.add_argument("--repository", required=True, metavar="DIR", help="the repository volume (tritonserver's)")
     fs.add_argument("--max-bytes", type=_positive_int, default=DEFAULT_FETCH_MAX_BYTES, metavar="N",
                     help="what one model's fetch may write (as fetch's --max-bytes)")
@@ -622,40 +626,47 @@ def _add_fetch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`probe`: the probe sidecar (`agent.probe`), with its defaults, and the pod contract's ports."""
+    from ..agent import probe
+    from ..agent.probe_server import MAX_CONNECTIONS
+    from ..api.pod import GATE_PATH, HTTP_PORT, PROBE_PORT, STATUS_PATH
+
     pr = sub.add_parser("probe", help="(replica container) answer the kubelet's readiness probe as soon as tritonserver is up")
-    pr.add_argument("--listen", default=":8090", metavar="[HOST:]PORT", help="where to answer (default :8090)")
-    pr.add_argument("--target", default="127.0.0.1:8000", metavar="[HOST:]PORT",
-                    help="tritonserver's HTTP port (default 127.0.0.1:8000)")
-    pr.add_argument("--hold", type=float, default=8.0,
+    pr.add_argument("--listen", default=f":{PROBE_PORT}", metavar="[HOST:]PORT",
+                    help=f"where to answer (default :{PROBE_PORT})")
+    pr.add_argument("--target", default=f"127.0.0.1:{HTTP_PORT}", metavar="[HOST:]PORT",
+                    help=f"tritonserver's HTTP port (default 127.0.0.1:{HTTP_PORT})")
+    pr.add_argument("--hold", type=float, default=probe.HOLD_SECONDS,
                     help="seconds to hold a probe while tritonserver is not up (under the probe's timeoutSeconds)")
-    pr.add_argument("--gate-settle", type=float, default=0.03,
-                    help="seconds after the operator's POST /gate (it has set the pod's readiness gate) before probes "
-                    "pass, so that the kubelet has synced the gate first")
-    pr.add_argument("--head-start", type=float, default=0.5,
+    pr.add_argument("--gate-settle", type=float, default=probe.GATE_SETTLE_SECONDS,
+                    help=f"seconds after the operator's POST {GATE_PATH} (it has set the pod's readiness gate) before "
+                    "probes pass, so that the kubelet has synced the gate first")
+    pr.add_argument("--head-start", type=float, default=probe.HEAD_START_SECONDS,
                     help="without that notice, seconds the port must have been open before the probe passes")
     pr.add_argument("--model", action="append", metavar="NAME",
                     help="a Triton model the replica serves (repeat: the model and every ensemble step); the probe "
                     "then fails while one is not loaded, fails every request, or tritonserver does not answer")
-    pr.add_argument("--check-interval", type=float, default=0.1, metavar="SECONDS",
-                    help="how often the models' statistics are read (default 0.1)")
-    pr.add_argument("--fail-threshold", type=int, default=3, metavar="N",
-                    help="a model is broken after N failed requests with no success between them (default 3; 0: never "
-                    "by its failed requests)")
-    pr.add_argument("--confirm-every", type=float, default=1.0, metavar="SECONDS",
+    pr.add_argument("--check-interval", type=float, default=probe.CHECK_INTERVAL, metavar="SECONDS",
+                    help=f"how often the models' statistics are read (default {probe.CHECK_INTERVAL:g})")
+    pr.add_argument("--fail-threshold", type=int, default=probe.FAIL_THRESHOLD, metavar="N",
+                    help="a model is broken after N failed requests with no success between them (default "
+                    f"{probe.FAIL_THRESHOLD}; 0: never by its failed requests)")
+    pr.add_argument("--confirm-every", type=float, default=probe.CONFIRM_EVERY, metavar="SECONDS",
                     help="a model past --fail-threshold is broken only when a request of the probe's own (its warm-up "
-                    "sample) fails too; at most one such request per model this often (default 1; 0: the failures "
-                    "alone decide)")
-    pr.add_argument("--confirm-timeout", type=float, default=5.0, metavar="SECONDS",
-                    help="the probe's own request's deadline: no answer by then is no verdict (default 5)")
-    pr.add_argument("--hang-seconds", type=float, default=2.0, metavar="SECONDS",
-                    help="tritonserver is broken when it has not answered for this long (default 2)")
+                    f"sample) fails too; at most one such request per model this often (default {probe.CONFIRM_EVERY:g}; "
+                    "0: the failures alone decide)")
+    pr.add_argument("--confirm-timeout", type=float, default=probe.CONFIRM_TIMEOUT, metavar="SECONDS",
+                    help=f"the probe's own request's deadline: no answer by then is no verdict (default "
+                    f"{probe.CONFIRM_TIMEOUT:g})")
+    pr.add_argument("--hang-seconds", type=float, default=probe.HANG_SECONDS, metavar="SECONDS",
+                    help=f"tritonserver is broken when it has not answered for this long (default {probe.HANG_SECONDS:g})")
     pr.add_argument("--repository", metavar="DIR",
                     help="watch only the Python stubs of models under this directory (tritonserver's repository)")
-    pr.add_argument("--max-connections", type=int, default=1024, metavar="N",
+    pr.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
                     help="connections held at once; past it, a newcomer evicts the unfinished one with least claim "
-                    "(default 1024)")
+                    f"(default {MAX_CONNECTIONS})")
     pr.add_argument("--every-model", action="store_true",
-                    help="(a pool replica) watch every model tritonserver serves, for GET /status alone: the readiness "
+                    help=f"(a pool replica) watch every model tritonserver serves, for GET {STATUS_PATH} alone: the readiness "
                     "probe says tritonserver is up, nothing per model")
     pr.set_defaults(func=cmd_probe)
 

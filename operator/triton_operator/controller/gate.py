@@ -52,6 +52,7 @@ from ..api.pod import (
     ANNOTATION_VERSIONS,
     GRPC_PORT,
     HTTP_PORT,
+    NOT_LOADED,
     PROBE_CONTAINER,
     PROBE_PORT,
     TRITON_CONTAINER,
@@ -63,7 +64,7 @@ from ..api.timestamps import rfc3339, utc_now
 from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
 from ..plan.status import pod_condition, pod_ready, triton_container_status
 from ..platform.kube import Kube
-from ..triton.probe import NOT_LOADED, notify_gate, probe_status
+from ..triton.probe import notify_gate, probe_status
 from ..triton.replica import ReplicaVerdict, check_replica, port_open
 from . import metrics
 from .heal import TRITONSERVER, Healed, reload_models, to_reload

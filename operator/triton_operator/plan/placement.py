@@ -25,7 +25,7 @@ is READY there at the desired config digest and warm.
   so one model loading would mark the whole replica unready for every other model.
 - Loading (`controller.pool`, `triton.pool`): an inline model's config and files go in the load request itself
   (Triton's `config` and `file:<path>` load parameters, `render.pool.load_request`), so nothing of it is on the
-  replica's disk. A `uri` model is fetched by the replica's `fetch-server` sidecar (`triton_operator.fetch_server`,
+  replica's disk. A `uri` model is fetched by the replica's `fetch-server` sidecar (`agent.fetch_server`,
   asked by `triton.fetcher`) into the replica's repository volume, with the fetch step's pins and refusals, each
   digest behind a link swapped atomically, then loaded with its config alone (no `pvc://`, no model's own
   credentialsSecret on a pool: rule `pool-source`). Measured on 2.51 (`tests/test_pool_load.py`):

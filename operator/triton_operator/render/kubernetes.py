@@ -357,7 +357,7 @@ def _probe_container(model: TritonModel, repository: Repository, key_secret: str
     """The `probe` container of a gated replica: it holds the kubelet's readiness probe of tritonserver (see
     `render.pod.gated_probes`), and checks that every model the replica serves can serve (its statistics; with the
     Python backend, its stubs): a break fails the held probe at once, and the operator heals the replica (issue 33;
-    see triton_operator.triton.probe)."""
+    see triton_operator.agent.probe)."""
     served = [model.triton_name, *(r.model.triton_name for r in repository.steps)]
     return probe_container(served, model.spec.warmup_gate.failed_request_threshold, key_secret, options)
 

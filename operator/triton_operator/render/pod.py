@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import DEFAULT_TRITON_IMAGE
-from ..api.pod import GRPC_PORT, HTTP_PORT, METRICS_PORT, PROBE_CONTAINER, PROBE_PORT, TRITON_CONTAINER
+from ..api.pod import GRPC_PORT, HTTP_PORT, METRICS_PORT, PROBE_CONTAINER, PROBE_PORT, READY_PATH, TRITON_CONTAINER
 from ..api.v1alpha1 import Server
 from .modelconfig import REPOSITORY_ROOT
 from .repository_key import RepositoryKeys, key_env, restriction_args
@@ -71,7 +71,7 @@ class Options:
     # Gated replicas: the `probe` container holds the kubelet's readiness probe while tritonserver is not up (the
     # probe's timeout is 2 s more), and passes it `probe_gate_settle_seconds` after the operator tells it that the
     # gate is set, so that the kubelet syncs the gate before the probe's success; without that notice,
-    # `probe_head_start_seconds` after tritonserver's HTTP port opened (see triton_operator.triton.probe).
+    # `probe_head_start_seconds` after tritonserver's HTTP port opened (see triton_operator.agent.probe).
     probe_hold_seconds: int = 8
     probe_head_start_seconds: float = 0.5
     probe_gate_settle_seconds: float = 0.03
@@ -145,7 +145,7 @@ def _liveness() -> dict[str, Any]:
 
 def _held_readiness(options: Options) -> dict[str, Any]:
     """The readiness probe the `probe` sidecar holds (its timeout outlasts the hold)."""
-    return {"httpGet": {"path": "/ready", "port": PROBE_PORT}, "periodSeconds": 1,
+    return {"httpGet": {"path": READY_PATH, "port": PROBE_PORT}, "periodSeconds": 1,
             "timeoutSeconds": options.probe_hold_seconds + 2, "failureThreshold": 1}
 
 
@@ -160,7 +160,7 @@ def gated_probes(server: Server, options: Options) -> TritonProbes:
     # READY. The `probe` container answers instead: it holds each probe while tritonserver's HTTP port refuses
     # connections and passes it just after the operator has set the gate, leaving the gate's pod sync a head
     # start (the kubelet runs at most one sync of a pod per PLEG relist, 1 s, and a probe's success is one; see
-    # triton_operator.triton.probe). It answers at once when the port closes after a success, so one failure is news.
+    # triton_operator.agent.probe). It answers at once when the port closes after a success, so one failure is news.
     # No startupProbe: its success is one more pod sync next to READY. Liveness waits out the load (kubelet
     # 1.35, issue 17).
     return TritonProbes(lead={"livenessProbe": {**_liveness(), "initialDelaySeconds": server.startup_timeout_seconds}},

@@ -127,7 +127,7 @@ def _pool_triton_container(pool: TritonPool, key_secret: str, options: Options) 
     args = triton_args(server, options, load_model=None, strict_readiness=False,
                        cache_bytes=quantity_bytes(server.cache_size))
     # Its repository is what the `fetch-server` sidecar writes on request (uri models; each a link to its digest's
-    # files, swapped atomically: `triton_operator.fetch_server`); inline models come in the load request.
+    # files, swapped atomically: `triton_operator.agent.fetch_server`); inline models come in the load request.
     return triton_container(server, args, key_secret, MODELS_VOLUME, server.gpus or 0, pool_probes(options), options)
 
 

@@ -41,11 +41,11 @@ import hmac
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..api.v1alpha1 import ALWAYS_RESTRICTED_API, OPENABLE_APIS, REPOSITORY_KEY_ENV
+from ..api.pod import KEY_HEADER, REPOSITORY_KEY_ENV
+from ..api.v1alpha1 import ALWAYS_RESTRICTED_API, OPENABLE_APIS
 
-#: The HTTP header that carries the key (the restriction's key name).
-KEY_HEADER = "triton-operator-key"
-#: The same in gRPC metadata: Triton 2.51 expects its restricted-protocol keys under this prefix.
+#: The key's header (`api.pod.KEY_HEADER`, the restriction's key name) in gRPC metadata: Triton 2.51 expects its
+#: restricted-protocol keys under this prefix.
 GRPC_KEY_HEADER = f"triton-grpc-protocol-{KEY_HEADER}"
 #: The Secret's data key.
 SECRET_KEY = "key"  # noqa: S105 - the name of the data key, not a key

@@ -1,4 +1,4 @@
-"""A pool replica's `fetch-server` sidecar (`triton_operator.fetch_server`), as the pool's reconcile asks it: what it
+"""A pool replica's `fetch-server` sidecar (`agent.fetch_server`), as the pool's reconcile asks it: what it
 holds, fetch a uri model at a digest, prune the digests no longer served, delete a model's files. Beside Triton in
 the replica's pod, so here with Triton's clients; every request carries the pool's repository key. The fetch itself
 runs in the sidecar: `fetch` only starts it and returns, and a later round reads how it went from `holdings`.
@@ -20,9 +20,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from ..api.pod import FETCH_SERVER_PORT
+from ..api.pod import FETCH_MODELS_PATH, FETCH_PRUNE, FETCH_SERVER_PORT, KEY_HEADER
 from ..render.pool import FetchRequest
-from ..render.repository_key import KEY_HEADER
 from .rest import AnswerTooLarge, read_capped
 
 #: The largest answer read from a sidecar: `holdings` is about 200 bytes per model held, so 4 MiB is some 20,000
@@ -66,7 +65,7 @@ async def _call(ip: str, method: str, path: str, key: str | None, body: Any = No
 
 async def holdings(ip: str, key: str | None) -> dict[str, Held]:
     """Every model the replica's sidecar holds, fetches or failed to fetch, by Triton name."""
-    status, body = await _call(ip, "GET", "/v1/models", key)
+    status, body = await _call(ip, "GET", FETCH_MODELS_PATH, key)
     if status != 200:
         raise FetcherError(f"the fetch-server sidecar at {ip} answered {status}: {body}")
     out: dict[str, Held] = {}
@@ -91,7 +90,7 @@ async def fetch(ip: str, key: str | None, name: str, digest: str, request: Fetch
         "files": {p: base64.b64encode(c).decode() for p, c in request.files.items()},
         **({"volumeBytes": volume_bytes} if volume_bytes is not None else {}),
     }
-    status, answer = await _call(ip, "PUT", f"/v1/models/{quote(name, safe='')}", key, body)
+    status, answer = await _call(ip, "PUT", f"{FETCH_MODELS_PATH}/{quote(name, safe='')}", key, body)
     if status not in (200, 202, 409):
         raise FetcherError(f"the fetch-server sidecar at {ip} refused to fetch {name}: {status} {answer}")
     return status == 200
@@ -99,14 +98,14 @@ async def fetch(ip: str, key: str | None, name: str, digest: str, request: Fetch
 
 async def prune(ip: str, key: str | None, name: str) -> None:
     """Removes every digest of `name` but the one linked (Triton serves it now)."""
-    status, answer = await _call(ip, "POST", f"/v1/models/{quote(name, safe='')}/prune", key)
+    status, answer = await _call(ip, "POST", f"{FETCH_MODELS_PATH}/{quote(name, safe='')}/{FETCH_PRUNE}", key)
     if status != 200:
         raise FetcherError(f"the fetch-server sidecar at {ip} refused to prune {name}: {status} {answer}")
 
 
 async def delete(ip: str, key: str | None, name: str) -> int:
     """Removes `name`'s files: 200 (removed), 404 (it held none) or 409 (a fetch of it runs: ask again later)."""
-    status, answer = await _call(ip, "DELETE", f"/v1/models/{quote(name, safe='')}", key)
+    status, answer = await _call(ip, "DELETE", f"{FETCH_MODELS_PATH}/{quote(name, safe='')}", key)
     if status not in (200, 404, 409):
         raise FetcherError(f"the fetch-server sidecar at {ip} refused to delete {name}: {status} {answer}")
     return status

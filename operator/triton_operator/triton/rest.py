@@ -37,7 +37,7 @@ import aiohttp
 from google.protobuf import json_format
 
 from ..api import protos
-from ..render.repository_key import KEY_HEADER
+from ..api.pod import KEY_HEADER
 
 #: The largest answer read from a replica. The largest the operator asks for are a model's config (an ensemble's or a
 #: large model's: tens of KiB) and the statistics of a model with many batch sizes (a few hundred bytes per size): 4 MiB

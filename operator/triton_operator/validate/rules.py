@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from ..api import steps as step_graph
+from ..api.pod import REPOSITORY_KEY_ENV
 from ..api.v1alpha1 import (
     BATCH_STRATEGY_PARAMETER,
     GROUP,
@@ -28,7 +29,6 @@ from ..api.v1alpha1 import (
     OPERATOR_LABELS,
     POOLED_SERVER_ACCEPTED,
     POOLED_SERVER_DEFAULTS,
-    REPOSITORY_KEY_ENV,
     EnsembleStep,
     QueuePolicy,
     Server,

@@ -20,7 +20,7 @@ Bounds (issue 32): every download is streamed to disk in chunks, hashed on the w
 complete and checked (a partial or unverified download never lands in the repository). A `Budget` caps what one run
 writes (bytes, counting a block per file and directory, archives unpacked included; files and directories) and
 gives it a deadline, kept per chunk and, in the main thread, by SIGALRM, which interrupts a blocked read (off the main
-thread, in a pool's fetch-server, a watchdog gives up a fetch blocked past it: `fetch_server.Store._expire`).
+thread, in a pool's fetch-server, a watchdog gives up a fetch blocked past it: `agent.fetch_server.Store._expire`).
 
 Archives: tar and zip members are unpacked by our own code, one at a time: regular files and directories only
 (no links, devices or fifos), no absolute name or `..`, each path resolved inside the directory, each file created
@@ -58,7 +58,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from .uris import has_userinfo, redact, shown
+from ..uris import has_userinfo, redact, shown
 
 VERSION_DIR = "1"
 #: The `--uri MODEL/<key>` key of a model's own directory (spec.modelFiles.uri), beside its version directories.
@@ -87,7 +87,7 @@ def _log(msg: str) -> None:
     print(redact(msg), file=sys.stderr, flush=True)
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
     """1048576 -> `1.0 MiB`."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift:
@@ -120,7 +120,7 @@ class Budget:
             raise self.expired()
 
     def over_bytes(self) -> FetchError:
-        return FetchError(f"{self.source}: more than {_size(self.max_bytes)} to write into the model repository "
+        return FetchError(f"{self.source}: more than {human_size(self.max_bytes)} to write into the model repository "
                           "(the cap: spec.server.fetch.maxBytes)")
 
     def charge(self, n: int) -> None:
@@ -190,7 +190,7 @@ def _mkdir(path: Path, budget: Budget) -> None:
         d.mkdir(mode=0o755)
 
 
-def _write(target: Path, read: Callable[[int], bytes], budget: Budget, *, executable: bool = False,
+def write_file(target: Path, read: Callable[[int], bytes], budget: Budget, *, executable: bool = False,
            sha: Any = None) -> int:
     """Stream `read`'s chunks into a new file `target` (never through an existing file or link), charging each
     chunk as it comes and feeding `sha`; returns the bytes written."""
@@ -289,7 +289,7 @@ def _unpack_tar(archive: Path, dst: Path, budget: Budget) -> None:
                 budget.expect(member.size)
                 data = tar.extractfile(member)
                 assert data is not None  # a regular file's
-                _write(target, data.read, budget, executable=bool(member.mode & 0o100))
+                write_file(target, data.read, budget, executable=bool(member.mode & 0o100))
                 _forget_members(tar)
     except (tarfile.TarError, EOFError, zlib.error) as exc:  # a short or corrupt .gz raises EOFError or zlib.error
         raise FetchError(f"{budget.source}: not a readable tar archive: {exc}") from exc
@@ -355,7 +355,7 @@ def _check_zip_directory(archive: Path, budget: Budget) -> None:
             at += _CENTRAL.size + fields[10] + fields[11] + fields[12]  # name, extra field, comment
             f.seek(at)
     if directory > max(entries, 1) * ZIP_ENTRY_BYTES:
-        raise FetchError(f"{budget.source}: the zip archive's directory is {_size(directory)} for {entries} entries; "
+        raise FetchError(f"{budget.source}: the zip archive's directory is {human_size(directory)} for {entries} entries; "
                          f"at most {ZIP_ENTRY_BYTES} bytes per entry are read")
 
 
@@ -380,7 +380,7 @@ def _unpack_zip(archive: Path, dst: Path, budget: Budget) -> None:
                     continue
                 budget.expect(info.file_size)
                 with z.open(info) as data:
-                    _write(target, data.read, budget, executable=bool(mode & 0o100))
+                    write_file(target, data.read, budget, executable=bool(mode & 0o100))
     except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise FetchError(f"{budget.source}: not a readable zip archive: {exc}") from exc
 
@@ -401,11 +401,11 @@ def _place(name: str, read: Callable[[int], bytes], staging: Path, budget: Budge
         budget.expect(size)
     sha = hashlib.sha256()
     if not _is_archive(name):
-        _write(staging / "files" / name, read, budget, sha=sha)
+        write_file(staging / "files" / name, read, budget, sha=sha)
         if check is not None:
             check(sha)
         return
-    n = _write(staging / "download", read, budget, sha=sha)
+    n = write_file(staging / "download", read, budget, sha=sha)
     if check is not None:
         check(sha)
     _unpack(name, staging, budget, n)
@@ -511,7 +511,7 @@ def _fetch_pvc(uri: str, staging: Path, budget: Budget) -> None:
 
 def _copy_file(src: Path, target: Path, budget: Budget) -> None:
     with src.open("rb") as f:
-        _write(target, f.read, budget, executable=bool(os.stat(f.fileno()).st_mode & 0o100))
+        write_file(target, f.read, budget, executable=bool(os.stat(f.fileno()).st_mode & 0o100))
 
 
 def _copy_claim_tree(uri: str, root: Path, src: Path, dst: Path, rel: PurePosixPath, above: tuple[Path, ...],
@@ -670,7 +670,7 @@ def _fetch_s3(uri: str, staging: Path, budget: Budget, version: str | None = Non
                     continue
                 budget.expect(int(obj.get("Size") or 0))
                 read, _ = _s3_read(s3.get_object(Bucket=bucket, Key=obj["Key"]))
-                _write(staging / "files" / rel, read, budget)
+                write_file(staging / "files" / rel, read, budget)
                 placed += 1
         if placed:
             return

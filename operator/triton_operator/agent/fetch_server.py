@@ -1,6 +1,7 @@
 """`triton-operator fetch-server`: a pool replica's fetch sidecar (issue 29), which places a `uri` model's files in
-the replica's repository volume when the operator asks, with the `fetch` step's own code (`fetch.fetch_uri`: the
-sha256 and objectVersion pins, the Budget, the archive defences, credentials from the environment, redacted uris).
+the replica's repository volume when the operator asks, with the `fetch` step's own code (`agent.fetch.fetch_uri`:
+the sha256 and objectVersion pins, the Budget, the archive defences, credentials from the environment, redacted uris).
+Its port, paths and key header are the pod contract's (`api.pod`); the operator's client of it is `triton.fetcher`.
 
 The volume (read-write here, read-only in tritonserver, mounted at the same path in both):
 
@@ -14,8 +15,8 @@ the operator has loaded the new digest and asks to `prune` the others. The link 
 wherever the volume is mounted. Triton reads a model through a linked directory (tests/test_fetch_server.py loads
 one into the real tritonserver).
 
-The API, every request with the pool's repository key in the `triton-operator-key` header (compared in constant
-time; without a key configured every request is refused):
+The API, every request with the pool's repository key in the `triton-operator-key` header (`api.pod.KEY_HEADER`,
+compared in constant time; without a key configured every request is refused):
 
 - `GET /v1/models`: `{"models": {name: {"digest", "fetching", "failed": {"digest", "message", "attempt"}}}}`: what
   the volume holds (read back from the links, so a restarted sidecar, or operator, knows), what is being fetched,
@@ -52,14 +53,13 @@ from typing import Any
 
 from aiohttp import web
 
-from .fetch import BLOCK, MODEL_DIR, Budget, FetchError, _size, _write, fetch_uri
-from .servers import tls_server
-from .uris import redact, shown
+from ..api.pod import FETCH_MODELS_PATH, FETCH_PRUNE, KEY_HEADER
+from ..servers import tls_server
+from ..uris import redact, shown
+from .fetch import BLOCK, MODEL_DIR, Budget, FetchError, fetch_uri, human_size, write_file
 
-log = logging.getLogger("triton_operator.fetch_server")
+log = logging.getLogger("triton_operator.agent.fetch_server")
 
-#: The header the key travels in (the same as the repository API's: `render.repository_key.KEY_HEADER`).
-KEY_HEADER = "triton-operator-key"
 #: Where a model's digests are kept, inside the repository (hidden: Triton is asked for models by name only).
 STORE = ".fetched"
 #: A Triton model name, a digest: what may be a path component here.
@@ -120,8 +120,8 @@ class _Room(Budget):
 
     def _full(self, n: int) -> FetchError:
         left = max((self.limit or 0) - self.store.used, 0)
-        return FetchError(f"{self.source}: no room in the pool replica's repository volume for {_size(n)} more "
-                          f"(InsufficientPoolCapacity): {_size(left)} left of its {_size(self.limit or 0)}, "
+        return FetchError(f"{self.source}: no room in the pool replica's repository volume for {human_size(n)} more "
+                          f"(InsufficientPoolCapacity): {human_size(left)} left of its {human_size(self.limit or 0)}, "
                           "spec.server.repositorySizeLimit, which every model placed on the replica shares with the "
                           "previous copy of each until it is pruned")
 
@@ -293,7 +293,7 @@ class Store:
                     offset[0] += len(chunk)
                     return chunk
 
-                _write(target, read, budget)
+                write_file(target, read, budget)
             final = base / digest
             with self.lock:
                 if not self._current(name, attempt):
@@ -377,11 +377,13 @@ def _refusal(request: web.Request, key: str | None) -> web.Response | None:
 
 
 def _named(request: web.Request) -> tuple[str | None, str]:
-    """(model, the path after it) of `/v1/models/<name>[/<rest>]`, from the path as sent; (None, "") for another."""
+    """(model, the path after it) of `FETCH_MODELS_PATH/<name>[/<rest>]`, from the path as sent; (None, "") for
+    another."""
+    root = FETCH_MODELS_PATH.strip("/").split("/")
     parts = request.raw_path.split("?", 1)[0].strip("/").split("/")
-    if len(parts) < 3 or parts[:2] != ["v1", "models"] or not _NAME.match(parts[2]):
+    if len(parts) < len(root) + 1 or parts[:len(root)] != root or not _NAME.match(parts[len(root)]):
         return None, ""
-    return parts[2], "/".join(parts[3:])
+    return parts[len(root)], "/".join(parts[len(root) + 1:])
 
 
 def _put_body(body: Any) -> tuple[str, list[Mapping[str, Any]], dict[str, bytes], int | None] | web.Response:
@@ -464,13 +466,13 @@ class FetchServer:
             return refused
         method = request.method
         if method == "GET":
-            if request.raw_path.split("?", 1)[0].rstrip("/") != "/v1/models":
+            if request.raw_path.split("?", 1)[0].rstrip("/") != FETCH_MODELS_PATH:
                 return _answer(404, {"error": "not found"})
             return _answer(200, await asyncio.to_thread(self.store.state))
         name, after = _named(request)
         if method not in ("PUT", "POST", "DELETE"):
             return _answer(405, {"error": f"{method} is not served"})
-        if name is None or after != ("prune" if method == "POST" else ""):
+        if name is None or after != (FETCH_PRUNE if method == "POST" else ""):
             return _answer(404, {"error": "not found"})
         if method == "POST":
             await asyncio.to_thread(self.store.prune, name)

@@ -30,7 +30,7 @@ for BYTES), shape `[1, *dims]` for a batching model (Triton's warm-up sends requ
 A sequence model's request starts and ends a sequence of its own (a random correlation ID, a string one when its
 CORRID control is TYPE_STRING).
 
-Standard library only: it runs in the probe container.
+Standard library only (and the pod contract, `api.pod`, which is too): it runs in the probe container.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 from urllib.parse import quote
+
+from ..api.pod import THRESHOLD_PARAMETER
 
 #: The verdicts (see the module's docstring).
 Kind = Literal["served", "failed", "unknown", "no-sample"]
@@ -62,11 +64,6 @@ MAX_DEPTH = 8
 
 _SIZES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2, "UINT32": 4, "INT32": 4,
           "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8, "BYTES": 4}  # BYTES: an empty string, its 4-byte length
-
-
-#: A pooled model's own failed-request threshold in its config's `parameters` (`api.pod.THRESHOLD_PARAMETER`, the same
-#: string: this container imports no pydantic).
-THRESHOLD_PARAMETER = "triton-operator.failed-request-threshold"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The probe container's HTTP server (`triton.probe` says what it answers): connections, deadlines and the cap, in
+"""The probe container's HTTP server (`agent.probe` says what it answers): connections, deadlines and the cap, in
 one thread that owns every socket, so that what other clients do cannot keep the kubelet's readiness probe from
 its answer (issue 39, M2).
 
@@ -35,7 +35,7 @@ How. Sockets are non-blocking, in one `selectors` loop: a connection costs a few
   and its answer is dropped). That is a correct answer for the kubelet, which then asks again on its next period;
   only the long poll's speed (a pass or a break seen within milliseconds rather than on the next period) is lost,
   and only while someone floods the port with complete requests. A flood of those costs its sender as much as it costs us.
-- The operator's requests (`POST /gate`, `GET /status`) need the replica's key (`triton.probe`); they have workers
+- The operator's requests (`POST /gate`, `GET /status`) need the replica's key (`agent.probe`); they have workers
   of their own (`MAX_OPERATOR`), so the kubelet's held probes and the operator's never wait on each other, and an
   outsider cannot take the operator's.
 
