@@ -1,7 +1,7 @@
 # The triton-operator image: runs the operator (`triton-operator run`, the default) and the
 # `fetch` init container of every Triton replica (`triton-operator fetch ...`).
 #
-#   docker build -t ghcr.io/triton-operator/triton-operator:0.1.0 .
+#   docker build -t ghcr.io/triton-operator/triton-operator:<version> .   (the version: operator/triton_operator/__init__.py)
 #
 # Runs as the non-root user 65532 with a read-only root filesystem: nothing is written at run
 # time outside /tmp (an emptyDir in the chart) and the volumes the fetch step writes to.

@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+## The venv is (re)installed when pyproject.toml or the version changes: the installed metadata carries the version.
+STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml; grep '^__version__' operator/triton_operator/__init__.py; } | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 ## `make test` runs pytest in TEST_WORKERS processes (pytest-xdist), each in a network namespace of its own
 ## (e2e/netns-python) with a local cluster of its own under .cluster/gw<N>/; a test file stays on one worker.
@@ -60,6 +61,14 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/ruff check operator tests e2e bench conftest.py
 	$(BIN)/mypy
+
+## Write a release's version V=X.Y.Z where it is written by hand: operator/triton_operator/__init__.py (the one
+## source: pyproject.toml, the image tag and the user agent read it) and the chart's Chart.yaml (Helm cannot read it
+## from Python). tests/test_version.py checks they agree. The CHANGELOG is yours to write.
+.PHONY: set-version
+set-version:
+	@test -n "$(V)" || { echo "usage: make set-version V=X.Y.Z" >&2; exit 2; }
+	$(PYTHON) tools/set_version.py $(V)
 
 ## Build (once, cached by pins) etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 ## kube-proxy, helm and our fake-GPU device plugin from their Go modules.

@@ -35,6 +35,7 @@ from e2e.images import TRITON_REF
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import ensure_crd
 from e2e.testing import ready_addresses, wait_gone
+from triton_operator import DEFAULT_OPERATOR_IMAGE
 
 pytestmark = pytest.mark.cluster
 
@@ -43,7 +44,7 @@ CHART = REPO_ROOT / "charts" / "triton-operator"
 KUBECTL = REPO_ROOT / ".venv" / "bin" / "kubectl"
 EXAMPLE = REPO_ROOT / "examples" / "add-sub.yaml"
 ENSEMBLE_EXAMPLE = REPO_ROOT / "examples" / "sentiment-ensemble.yaml"
-CHART_IMAGE = "ghcr.io/triton-operator/triton-operator:0.1.0"
+CHART_IMAGE = DEFAULT_OPERATOR_IMAGE  # what the chart renders by default (tests/test_version.py)
 # What kopf may be refused without harm: run-time observation of CRDs and namespaces (it falls
 # back to what it found at start-up and to the listed namespaces). Any other 403 is a missing rule.
 OPTIONAL_FORBIDDEN = re.compile(

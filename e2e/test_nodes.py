@@ -28,6 +28,7 @@ from e2e.kube import Kube, condition, wait_for
 from e2e.node import leftovers
 from e2e.operator_fixtures import LABEL_MODEL, OperatorHandle, add_sub, apply, gate, is_model_ready, live_pods, record, wait_model
 from e2e.testing import container_status, is_ready, ready_addresses, ready_endpoints, wait_pod
+from triton_operator import DEFAULT_OPERATOR_IMAGE
 
 pytestmark = pytest.mark.cluster
 
@@ -204,7 +205,7 @@ def test_down_leaves_no_process_mount_bridge_or_cgroup(own_cluster: LocalCluster
     kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": "default"},
                  "data": {"a": "b"}})
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busy", "namespace": "default"}, "spec": {
-        "containers": [{"name": "c", "image": "ghcr.io/triton-operator/triton-operator:0.1.0",
+        "containers": [{"name": "c", "image": DEFAULT_OPERATOR_IMAGE,
                         "command": ["python", "-c", "import time; time.sleep(3600)"],
                         "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}, {"name": "scratch", "mountPath": "/s"}]}],
         "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}, {"name": "scratch", "emptyDir": {}}]}})

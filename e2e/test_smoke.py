@@ -40,6 +40,7 @@ from e2e.testing import (
     wait_gone,
     wait_pod,
 )
+from triton_operator import DEFAULT_OPERATOR_IMAGE
 from triton_operator.api.timestamps import rfc3339
 
 pytestmark = pytest.mark.cluster
@@ -280,7 +281,7 @@ def test_deleting_pod_sigterms_tritonserver(kube: Kube, namespace: str, nodes) -
 
 
 #: The image built from our Dockerfile (`make images`), as the chart names it.
-OPERATOR_IMAGE = "ghcr.io/triton-operator/triton-operator:0.1.0"
+OPERATOR_IMAGE = DEFAULT_OPERATOR_IMAGE
 
 #: A tiny HTTP server that reports, when SIGTERM arrives, whether the preStop exec hook has already run.
 DRAIN_SCRIPT = """

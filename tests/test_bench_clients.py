@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.clients import by_client, client_of
+from triton_operator.platform.kube import USER_AGENT
 
 
 @pytest.mark.parametrize(("agent", "client"), [
@@ -16,7 +17,7 @@ from bench.clients import by_client, client_of
     ("python-urllib3/2.2.3", "bench"),
     ("kopf/1.37.2", "operator"),
     ("OpenAPI-Generator/31.0.0/python", "operator"),  # the kubernetes client, which the operator used before
-    ("triton-operator/0.1.0", "operator"),  # platform.kube's own client
+    (USER_AGENT, "operator"),  # platform.kube's own client
 ])
 def test_client_of(agent: str, client: str) -> None:
     assert client_of(agent) == client

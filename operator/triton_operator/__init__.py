@@ -1,6 +1,16 @@
 """triton-operator: declarative NVIDIA Triton Inference Server models on Kubernetes."""
 
+#: The one place the version is written: pyproject.toml reads it (`[tool.setuptools.dynamic]`), so the wheel's metadata,
+#: the image tag below and the API client's user agent follow it. Helm cannot compute Chart.yaml, so the chart's
+#: `version` and `appVersion` are written there too, by `make set-version` (tools/set_version.py), and
+#: tests/test_version.py fails while they differ.
 __version__ = "0.1.0"
+
+#: Where the operator's image is published. The chart's values.yaml names the same repository (image.repository).
+OPERATOR_IMAGE_REPOSITORY = "ghcr.io/triton-operator/triton-operator"
+#: This release's own image: the operator's `fetch` init containers and `probe` sidecars run it unless `run
+#: --operator-image` (the chart's TRITON_OPERATOR_IMAGE) names another.
+DEFAULT_OPERATOR_IMAGE = f"{OPERATOR_IMAGE_REPOSITORY}:{__version__}"
 
 #: What a TritonModel or TritonPool that names no spec.server.image runs, unless the operator's admin chose another
 #: (`run --default-triton-image`, the chart's `tritonImage`): NGC's release that fixed NVIDIA's May 2026 Triton

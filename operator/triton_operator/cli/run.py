@@ -11,7 +11,7 @@ import sys
 import uuid
 from typing import TYPE_CHECKING
 
-from .. import DEFAULT_TRITON_IMAGE, MINIMUM_TRITON_RELEASE
+from .. import DEFAULT_OPERATOR_IMAGE, DEFAULT_TRITON_IMAGE, MINIMUM_TRITON_RELEASE
 
 if TYPE_CHECKING:
     import asyncio
@@ -202,7 +202,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     r.add_argument("--metrics-address", default="0.0.0.0")  # noqa: S104 - Prometheus scrapes the pod from outside
     r.add_argument(
         "--operator-image",
-        default=os.environ.get("TRITON_OPERATOR_IMAGE", "ghcr.io/triton-operator/triton-operator:0.1.0"),
+        default=os.environ.get("TRITON_OPERATOR_IMAGE", DEFAULT_OPERATOR_IMAGE),
         help="image of the `fetch` init container (this operator's own image)",
     )
     r.add_argument(

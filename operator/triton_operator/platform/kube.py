@@ -12,12 +12,12 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
 import urllib3
 
+from .. import __version__
 from ..api.kinds import LEASE, kind_of
 from ..api.timestamps import rfc3339, utc_now
 from ..api.v1alpha1 import GROUP, PLURAL, VERSION
@@ -38,13 +38,8 @@ METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v
 TIMEOUT_SECONDS = 30.0
 #: Connections kept per host: more than the threads of asyncio's default executor that call at once.
 POOL_SIZE = 16
-
-
-def _user_agent() -> str:
-    try:
-        return f"triton-operator/{version('triton-operator')}"
-    except PackageNotFoundError:
-        return "triton-operator"
+#: What the audit log and bench/clients.py know the operator's own requests by.
+USER_AGENT = f"triton-operator/{__version__}"
 
 
 class Transport:
@@ -55,7 +50,7 @@ class Transport:
 
     def __init__(self, source: kubeconfig.CredentialSource, headers: Mapping[str, str] | None = None) -> None:
         self.source = source
-        self.headers = {"User-Agent": _user_agent(), **(headers or {})}
+        self.headers = {"User-Agent": USER_AGENT, **(headers or {})}
         self._lock = threading.Lock()
         self._pool: urllib3.PoolManager | None = None
         self._pool_key: tuple[Any, ...] | None = None

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import DEFAULT_TRITON_IMAGE
+from .. import DEFAULT_OPERATOR_IMAGE, DEFAULT_TRITON_IMAGE
 from ..api.pod import GRPC_PORT, HTTP_PORT, METRICS_PORT, PROBE_CONTAINER, PROBE_PORT, READY_PATH, TRITON_CONTAINER
 from ..api.v1alpha1 import Server
 from .modelconfig import REPOSITORY_ROOT
@@ -54,7 +54,7 @@ FETCH_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"c
 class Options:
     """Operator-wide settings that shape children."""
 
-    operator_image: str = "ghcr.io/triton-operator/triton-operator:0.1.0"
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
     # What a model or pool that names no spec.server.image runs (`run --default-triton-image`).
     default_triton_image: str = DEFAULT_TRITON_IMAGE
     # Without the gate, the kubelet's probes decide when a warmed replica turns Ready (tritonserver opens its
