@@ -56,11 +56,13 @@ docs: $(STAMP)
 	$(BIN)/python -m tests.corpus_counts --update README.md
 	$(BIN)/python -m bench.readme --update README.md
 
-## The layers (import-linter), ruff, mypy --strict on operator/ (and, below, helm lint and hadolint).
+## The layers (import-linter), ruff, mypy --strict on operator/, deptry (every import of operator/ declared in
+## pyproject.toml, [tool.deptry]) (and, below, helm lint and hadolint).
 lint: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/ruff check operator tests e2e bench conftest.py
+	$(BIN)/ruff check operator tests e2e bench tools conftest.py
 	$(BIN)/mypy
+	$(BIN)/deptry operator
 
 ## Write a release's version V=X.Y.Z where it is written by hand: operator/triton_operator/__init__.py (the one
 ## source: pyproject.toml, the image tag and the user agent read it) and the chart's Chart.yaml (Helm cannot read it
