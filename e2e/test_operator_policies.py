@@ -21,6 +21,7 @@ import copy
 import json
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from e2e.operator_fixtures import (
     KUBECTL,
     RELEASE,
     RELEASE_NAMESPACE,
+    ChartOperator,
     OperatorHandle,
     as_stream,
     helm,
@@ -90,8 +92,21 @@ def can_i(kubeconfig: Path, verb: str, resource: str, namespace: str, sub: str =
     return proc.stdout.strip() == "yes"
 
 
+@pytest.fixture(scope="module")
+def own_writes_reviewed(operator: OperatorHandle) -> Iterator[OperatorHandle]:
+    """The session's release with admissionPolicies.operator.reviewWrites (off by default): the operator's webhook
+    reviews its own Deployment and EndpointSlice writes. Set back when the module is done."""
+    assert isinstance(operator, ChartOperator)
+    operator.reconfigure("--set", "admissionPolicies.operator.reviewWrites=true")
+    try:
+        yield operator
+    finally:
+        operator.reconfigure("--set", "admissionPolicies.operator.reviewWrites=false")
+
+
 def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serves_a_model(
-        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, tmp_path: Path) -> None:
+        kube: Kube, kubeconfig: Path, namespace: str, own_writes_reviewed: OperatorHandle, tmp_path: Path) -> None:
+    operator = own_writes_reviewed
     doc = load_examples("add-sub")[0]
     doc["spec"]["replicas"] = 1
     kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=as_stream([doc]))
@@ -305,7 +320,7 @@ def test_the_network_policies_are_what_the_api_server_takes_though_this_cluster_
 
 
 def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpointslices_and_no_other_slice(
-        kube: Kube, kubeconfig: Path, operator: OperatorHandle, tmp_path: Path) -> None:
+        kube: Kube, kubeconfig: Path, own_writes_reviewed: OperatorHandle, tmp_path: Path) -> None:
     """Issue 29: what the pool's reconcile writes, as it renders it, written with the operator's own token: a
     TritonPool's Deployment, PodDisruptionBudget and key Secret, a pooled model's EndpointSlice (created, updated,
     deleted). A slice routes a Service's traffic, so the policy refuses one another controller manages (adopting it),

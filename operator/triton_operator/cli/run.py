@@ -188,7 +188,8 @@ def _webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
     from ..controller.operator import WebhookSettings
 
     return WebhookSettings(target, args.webhook_configuration, args.webhook_failure_policy, args.webhook_address,
-                           args.webhook_port, args.webhook_cert_dir, args.custom_metrics, args.webhook_max_connections)
+                           args.webhook_port, args.webhook_cert_dir, args.custom_metrics, args.webhook_max_connections,
+                           args.webhook_reviews_own_writes)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -232,6 +233,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     w.add_argument("--webhook-address", default="0.0.0.0",  # noqa: S104 - the API server calls in from outside the pod
                    help="address the webhook listens on")
     w.add_argument("--webhook-port", type=int, default=9443, help="port the webhook listens on")
+    w.add_argument("--webhook-reviews-own-writes", action="store_true",
+                   help="the webhook configuration also reviews this operator's own Deployment and EndpointSlice "
+                        "writes, failing closed (the chart's admissionPolicies.operator.reviewWrites): a new leader "
+                        "waits for the webhook Service's first ready endpoint before it writes")
     w.add_argument("--webhook-max-connections", type=_positive, default=256,
                    help="connections the TLS port (webhook and custom metrics API) serves at once, TLS handshakes "
                         "included; more are refused as soon as they are accepted (each holds ~300 KiB)")

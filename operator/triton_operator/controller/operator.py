@@ -55,6 +55,9 @@ class WebhookSettings:
     custom_metrics: bool = False
     # Connections the port serves at once (`servers.tls_server`); more are refused at accept.
     max_connections: int = 256
+    # The configuration also reviews this operator's own writes, failing closed (the chart's
+    # admissionPolicies.operator.reviewWrites): a new leader waits for the Service's first ready endpoint.
+    reviews_own_writes: bool = False
 
 
 class State:
@@ -422,7 +425,7 @@ async def run_operator(
             if not await _acquire(elector, liveness, stop):
                 return 0
             tasks.append(asyncio.create_task(elector.hold(lost), name="lease"))
-        if STATE.webhook is not None:
+        if STATE.webhook is not None and webhook is not None and webhook.reviews_own_writes:
             await _await_webhook(STATE.webhook, liveness, stop)
         kopf_stop = asyncio.Event()
         tasks.append(asyncio.create_task(_relay(stop, lost, kopf_stop), name="stop-relay"))
