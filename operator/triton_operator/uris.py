@@ -50,3 +50,8 @@ def _one(match: re.Match[str]) -> str:
 def redact(text: str) -> str:
     """`text` with every URI in it shown as `shown` shows it."""
     return _URI.sub(_one, text)
+
+
+def pvc_claim(uri: str) -> str:
+    """The PersistentVolumeClaim a `pvc://<claim>/<path>` uri names (what the `fetch` step mounts read-only)."""
+    return uri.removeprefix("pvc://").split("/", 1)[0]

@@ -42,6 +42,7 @@ from ..api.pod import (
     versions_annotation,
 )
 from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
+from ..uris import pvc_claim
 from .autoscaling import hpa_metric
 from .modelconfig import RenderedModel, Repository
 from .pod import (
@@ -254,7 +255,7 @@ def _uri_args(repository: Repository) -> tuple[list[str], Objects, Objects, Obje
         if src.object_version is not None:
             args += ["--object-version", f"{key}={src.object_version}"]
         if src.uri.startswith("pvc://"):
-            claim = src.uri.removeprefix("pvc://").split("/", 1)[0]
+            claim = pvc_claim(src.uri)
             vol = volume_name("pvc", claim)
             if not any(v["name"] == vol for v in volumes):
                 volumes.append({"name": vol, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})

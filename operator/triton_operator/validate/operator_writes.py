@@ -29,6 +29,7 @@ from typing import Any
 from ..api.pod import TRITON_CONTAINER
 from ..api.pool import TritonPool
 from ..api.v1alpha1 import Server, TritonModel
+from ..uris import pvc_claim
 
 #: Where the operator's webhook answers these reviews (the chart's second webhook).
 OPERATOR_WRITES_PATH = "/validate-operator-writes"
@@ -73,7 +74,7 @@ def _source_refs(models: Iterable[TritonModel]) -> tuple[set[str], set[str]]:
             if secret:
                 secrets.add(secret)
             if uri.startswith("pvc://"):
-                claims.add(uri.removeprefix("pvc://").split("/", 1)[0])
+                claims.add(pvc_claim(uri))
     return secrets, claims
 
 
