@@ -53,13 +53,13 @@ class Requests:
     """Requests to the model `busy` over HTTP, each on a new connection, as fast as they come back: each one's
     length in seconds."""
 
-    def __init__(self, served: Served) -> None:
+    def __init__(self, served: Served, threads: int = 2) -> None:
         self.host, port = served.server.http_url.split(":")
         self.port = int(port)
         self.seconds: list[float] = []
         self.errors: list[str] = []
         self._halt = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
 
     def _run(self) -> None:
         body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
@@ -89,22 +89,37 @@ class Requests:
             t.join(SLOW * 3)
 
 
+#: HTTP loads tried before concluding no request waits for one: which of Triton's HTTP threads a new connection lands
+#: on depends on what each thread is doing at that instant (on a quiet machine both requesters wait on every try; a CI
+#: run under load average 15 once sent 8,509 requests during one load and none landed on the held thread).
+HTTP_TRIES = 3
+
+
 def test_over_http_a_load_holds_a_thread_and_another_models_requests_wait_for_it(replica: Served) -> None:
     """Triton's behaviour the operator avoids (the reason `triton.repository` exists): pinned, so a Triton that
-    stops doing it shows here, and the gRPC detour can be reconsidered."""
-    req = request_of("slow-http", init=SLOW)
-    client = httpclient.InferenceServerClient(replica.server.http_url, network_timeout=120)
-    try:
-        with Requests(replica) as busy:
-            client.load_model(req.name, config=req.config, files=dict(req.files), headers={KEY_HEADER: KEY})
-    finally:
-        client.close()
-    assert not busy.errors, busy.errors
-    held = [s for s in busy.seconds if s >= SLOW * 0.7]
-    print(f"\nHTTP load: {len(busy.seconds)} requests to another model, {len(held)} waited >= {SLOW * 0.7:.1f}s, "
-          f"longest {max(busy.seconds):.2f}s")  # the measured figures, shown with -s
-    assert held, (f"no request to 'busy' waited for the HTTP load of 'slow-http' ({len(busy.seconds)} requests, "
-                  f"longest {max(busy.seconds):.2f}s): Triton no longer holds an HTTP thread for a load")
+    stops doing it shows here, and the gRPC detour can be reconsidered. Each try loads another model over HTTP while
+    requests to `busy` go on, and checks the load took its `initialize`'s length (else the try showed nothing)."""
+    tries: list[str] = []
+    for i in range(HTTP_TRIES):
+        req = request_of(f"slow-http-{i}", init=SLOW)
+        client = httpclient.InferenceServerClient(replica.server.http_url, network_timeout=120)
+        try:
+            with Requests(replica, threads=4) as busy:
+                start = time.monotonic()
+                client.load_model(req.name, config=req.config, files=dict(req.files), headers={KEY_HEADER: KEY})
+                took = time.monotonic() - start
+        finally:
+            client.close()
+        assert not busy.errors, busy.errors
+        assert took >= SLOW, f"the HTTP load returned after {took:.2f}s, before the model's {SLOW}s initialize was done"
+        held = [s for s in busy.seconds if s >= SLOW * 0.7]
+        tries.append(f"{len(busy.seconds)} requests, {len(held)} waited >= {SLOW * 0.7:.1f}s, longest "
+                     f"{max(busy.seconds):.2f}s, load {took:.2f}s")
+        print(f"\nHTTP load, try {i + 1}: {tries[-1]}")  # the measured figures, shown with -s
+        if held:
+            return
+    pytest.fail(f"in {HTTP_TRIES} HTTP loads no request to 'busy' waited for the load ({'; '.join(tries)}): Triton "
+                "no longer holds an HTTP thread for a load")
 
 
 def test_over_grpc_no_request_waits_for_a_load(replica: Served) -> None:

@@ -73,6 +73,9 @@ HEALTH_WAIT_SECONDS = 3.0
 HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
 #: While a replica's sidecar fetches a uri model, the pool comes back this often to load it once it is on disk.
 FETCHING_SECONDS = 1.0
+#: The longest drain of a copy whose model is no longer on the pool (deleted, or moved): a model's own
+#: rollout.drainTimeoutSeconds otherwise.
+DRAIN_SECONDS = 30.0
 
 
 @dataclass
@@ -292,9 +295,13 @@ class PoolReconciler:
                                                                                   sending)
                                                for r, w in todo.items() for ld in w.load})
         await self._publish(rnd, st.records, st.seen, st.draining, loading, before_loads=True)
-        drained = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain)
+        # Drained before Triton lets go of them: the copies updated in Drain mode, and those about to be unloaded (no
+        # longer placed there, or their model gone). Each has just left its slices, but kube-proxy sends it requests
+        # until it syncs, and an unloaded copy answers them 404. A broken copy is not drained: its requests fail anyway.
+        drained = frozenset((r, rnd.members[ld.member].triton_name) for r, w in todo.items() for ld in w.load
+                            if ld.drain) | frozenset((r, t) for r, w in todo.items() for t in w.unload)
         if drained:
-            await self._drain(rnd, drained)  # a broken copy is not drained: its requests fail anyway
+            await self._drain(rnd, drained)
         busy = [w for w in todo.values() if w.load or w.unload]
         deadline = time.monotonic() + ROUND_LOAD_SECONDS
         cut = await asyncio.gather(*(self._carry_out(rnd, w, st, deadline) for w in busy))
@@ -457,22 +464,31 @@ class PoolReconciler:
         return pool_plan.as_last_seen(seen, records, rnd.members, steady)
 
     async def _drain(self, rnd: _Round, draining: frozenset[tuple[str, str]]) -> None:
-        """Waits, up to the models' drainTimeoutSeconds, until no request reaches a drained copy for a second (it
-        left its slices: kube-proxy stops sending it new ones)."""
-        async def quiet(r: str, n: str) -> None:
-            m = rnd.members[n]
-            timeout = m.model.spec.rollout.drain_timeout_seconds if m.model is not None else 30
+        """Waits, up to the models' drainTimeoutSeconds (DRAIN_SECONDS for a model no longer on the pool), until no
+        request reaches a drained copy, by (replica, Triton name), for a second (it left its slices: kube-proxy stops
+        sending it new ones)."""
+        owners = {m.triton_name: m for m in rnd.members.values() if m.model is not None}
+
+        async def quiet(r: str, t: str) -> None:
+            m = owners.get(t)
+            timeout = m.model.spec.rollout.drain_timeout_seconds if m is not None and m.model is not None \
+                else DRAIN_SECONDS
             deadline = time.monotonic() + timeout
-            last = -1
+            last, failed = -1, 0
             while time.monotonic() < deadline:
-                with contextlib.suppress(Exception):
-                    count = await requests_seen(rnd.address(r), m.triton_name)
+                try:
+                    count = await requests_seen(rnd.address(r), t)
+                except Exception:  # noqa: BLE001 - asked again; a copy with no statistics three times serves nothing
+                    failed += 1
+                    if failed >= 3:
+                        return
+                else:
                     if count == last:
                         return
-                    last = count
+                    last, failed = count, 0
                 await asyncio.sleep(1.0)
 
-        await asyncio.gather(*(quiet(r, n) for r, n in draining))
+        await asyncio.gather(*(quiet(r, t) for r, t in draining))
 
     async def _carry_out(self, rnd: _Round, w: pool_plan.ReplicaWork, st: _Live, deadline: float) -> bool:
         """One replica's unloads, then its loads in order (steps first), until `deadline` once one is done; whether
