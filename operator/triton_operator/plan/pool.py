@@ -29,7 +29,7 @@ from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
 from ..render.modelconfig import render_repository
 from ..render.pool import LoadRequest, ReplicaPod, load_request
 from .placement import INSUFFICIENT_CAPACITY, Placement, PoolReplica, place
-from .status import _cond, admin_apis_open, kstatus_conditions, scaling_active
+from .status import admin_apis_open, condition, kstatus_conditions, scaling_active
 
 POOL_NOT_FOUND = "PoolNotFound"
 ALL_COPIES_WARMED = "AllCopiesWarmed"
@@ -452,41 +452,41 @@ def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None,
     wanted = m.model.spec.replicas if m.model is not None else 0
     copies = placement.copies.get(m.name, ()) if placement is not None else ()
     shortfall = placement.shortfalls.get(m.name) if placement is not None else None
-    settled = _cond("Progressing", False, "Settled", "every copy is placed and serves", g)
-    fine = _cond("Degraded", False, "AsExpected", "", g)
+    settled = condition("Progressing", False, "Settled", "every copy is placed and serves", g)
+    fine = condition("Degraded", False, "AsExpected", "", g)
     if not found:
         msg = f"TritonPool {pool} does not exist in this namespace: create it, or set spec.pool to one that does"
-        return _cond("Ready", False, POOL_NOT_FOUND, msg, g), settled, _cond("Degraded", True, POOL_NOT_FOUND, msg, g)
+        return condition("Ready", False, POOL_NOT_FOUND, msg, g), settled, condition("Degraded", True, POOL_NOT_FOUND, msg, g)
     if m.problem is not None:
         reason, msg = m.problem
-        return _cond("Ready", False, reason, msg, g), settled, _cond("Degraded", True, reason, msg, g)
+        return condition("Ready", False, reason, msg, g), settled, condition("Degraded", True, reason, msg, g)
     served = f"{len(serving_on)}/{wanted} copies serve, warm, on pool {pool}"
     if shortfall is not None and coming > 0:  # the pool is not all there yet
         msg = f"{served}; waiting for the pool's replicas ({shortfall.replicas} run, {coming} on their way)"
-        return (_cond("Ready", False, COPIES_LOADING, msg, g), _cond("Progressing", True, COPIES_LOADING, msg, g),
+        return (condition("Ready", False, COPIES_LOADING, msg, g), condition("Progressing", True, COPIES_LOADING, msg, g),
                 fine)
     if shortfall is not None:
         msg = f"{served}; {shortfall.message}"
-        return (_cond("Ready", False, INSUFFICIENT_CAPACITY, msg, g), settled,
-                _cond("Degraded", True, INSUFFICIENT_CAPACITY, msg, g))
+        return (condition("Ready", False, INSUFFICIENT_CAPACITY, msg, g), settled,
+                condition("Degraded", True, INSUFFICIENT_CAPACITY, msg, g))
     if failing:
         msg = (f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failing.items()))
                + "; healing: out of its slices there, unloading and loading it again")[:2000]
-        return (_cond("Ready", len(serving_on) >= wanted, MODEL_FAILING, msg, g),
-                _cond("Progressing", True, "Healing", msg, g), _cond("Degraded", True, MODEL_FAILING, msg, g))
+        return (condition("Ready", len(serving_on) >= wanted, MODEL_FAILING, msg, g),
+                condition("Progressing", True, "Healing", msg, g), condition("Degraded", True, MODEL_FAILING, msg, g))
     if failures:
         msg = f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failures.items()))
         reason = _failure_reason(failures)
-        return (_cond("Ready", len(serving_on) >= wanted, reason, msg[:2000], g), settled,
-                _cond("Degraded", True, reason, msg[:2000], g))
+        return (condition("Ready", len(serving_on) >= wanted, reason, msg[:2000], g), settled,
+                condition("Degraded", True, reason, msg[:2000], g))
     if len(current) >= wanted and len(copies) >= wanted:
-        return _cond("Ready", True, ALL_COPIES_WARMED, served, g), settled, fine
+        return condition("Ready", True, ALL_COPIES_WARMED, served, g), settled, fine
     if len(serving_on) >= wanted and len(copies) >= wanted:  # an update under way: the previous config serves
         msg = f"{served}; {len(current)}/{wanted} at the desired config, the others reload in place one by one"
-        return (_cond("Ready", True, COPIES_UPDATING, msg, g), _cond("Progressing", True, COPIES_UPDATING, msg, g),
+        return (condition("Ready", True, COPIES_UPDATING, msg, g), condition("Progressing", True, COPIES_UPDATING, msg, g),
                 fine)
-    return (_cond("Ready", False, COPIES_LOADING, served, g),
-            _cond("Progressing", True, COPIES_LOADING, served, g), fine)
+    return (condition("Ready", False, COPIES_LOADING, served, g),
+            condition("Progressing", True, COPIES_LOADING, served, g), fine)
 
 
 def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
@@ -545,11 +545,11 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
     fine = ready >= pool.spec.replicas and behind == 0 and failed == 0 and short == 0
     why = (f"{ready}/{pool.spec.replicas} replicas Ready; {len(set(placement.copies) - set(placement.shortfalls))} "
            f"models placed, {behind} copies loading, {failed} failing, {short} short of capacity")
-    progressing = _cond("Progressing", not fine and failed == 0 and short == 0,
+    progressing = condition("Progressing", not fine and failed == 0 and short == 0,
                         "Settled" if fine else "Loading", why, g)
-    degraded = _cond("Degraded", failed > 0 or short > 0,
+    degraded = condition("Degraded", failed > 0 or short > 0,
                      INSUFFICIENT_CAPACITY if short else (LOAD_FAILED if failed else "AsExpected"), why, g)
-    conds = [_cond("Ready", fine, "AllReplicasServing" if fine else "NotAllServing", why, g), progressing, degraded,
+    conds = [condition("Ready", fine, "AllReplicasServing" if fine else "NotAllServing", why, g), progressing, degraded,
              *kstatus_conditions(progressing, degraded, g)]
     if pool.spec.server.unrestricted_apis:
         conds.append(admin_apis_open(pool.spec.server.unrestricted_apis, g))

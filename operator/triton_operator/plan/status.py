@@ -171,7 +171,8 @@ def replica_failure(deployment: Mapping[str, Any] | None) -> Mapping[str, Any] |
     return next((c for c in conditions if c.get("type") == "ReplicaFailure" and c.get("status") == "True"), None)
 
 
-def _cond(ctype: str, status: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
+def condition(ctype: str, status: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
+    """A status condition of ours (a TritonModel's, a TritonPool's), as of `generation`."""
     return {
         "type": ctype,
         "status": "True" if status else "False",
@@ -198,8 +199,8 @@ def kstatus_conditions(progressing: Mapping[str, Any], degraded: Mapping[str, An
     stalled = degraded["status"] == "True"
     source = degraded if stalled else progressing
     return [
-        _cond(RECONCILING, progressing["status"] == "True" and not stalled, source["reason"], source["message"], generation),
-        _cond(STALLED, stalled, degraded["reason"], degraded["message"], generation),
+        condition(RECONCILING, progressing["status"] == "True" and not stalled, source["reason"], source["message"], generation),
+        condition(STALLED, stalled, degraded["reason"], degraded["message"], generation),
     ]
 
 
@@ -241,13 +242,13 @@ def zero_replicas(obs: Observed, generation: int) -> dict[str, Any]:
     anything serves it."""
     served = obs.served_by
     if served:
-        return _cond("Ready", True, "ServedByEnsembles",
+        return condition("Ready", True, "ServedByEnsembles",
                      f"spec.replicas is 0: no replica of its own; served inside the replicas of ensemble(s) "
                      f"{', '.join(served)} (their Services answer for it by name too)", generation)
     idle = sorted(obs.ensembles)
     why = (f"and so is that of every ensemble that uses it ({', '.join(idle)})" if idle
            else "and no ensemble uses it")
-    return _cond("Ready", True, "ScaledToZero", f"spec.replicas is 0 {why}: nothing serves it", generation)
+    return condition("Ready", True, "ScaledToZero", f"spec.replicas is 0 {why}: nothing serves it", generation)
 
 
 @dataclass(frozen=True)
@@ -320,17 +321,17 @@ def _first(chain: Sequence[Policy], seen: Seen) -> dict[str, Any]:
 
 def ready_spec_problem(s: Seen) -> dict[str, Any] | None:
     p = s.obs.problem
-    return _cond("Ready", False, p.reason, p.message, s.g) if p is not None else None
+    return condition("Ready", False, p.reason, p.message, s.g) if p is not None else None
 
 
 def progressing_spec_problem(s: Seen) -> dict[str, Any] | None:
     p = s.obs.problem
-    return _cond("Progressing", False, p.reason, p.message, s.g) if p is not None else None
+    return condition("Progressing", False, p.reason, p.message, s.g) if p is not None else None
 
 
 def degraded_spec_problem(s: Seen) -> dict[str, Any] | None:
     p = s.obs.problem
-    return _cond("Degraded", True, p.reason, p.message, s.g) if p is not None else None
+    return condition("Degraded", True, p.reason, p.message, s.g) if p is not None else None
 
 
 # Ready.
@@ -342,21 +343,21 @@ def ready_at_zero(s: Seen) -> dict[str, Any] | None:
 def ready_all_ready_ungated(s: Seen) -> dict[str, Any] | None:
     if len(s.serving) < s.n or not s.ungated:
         return None
-    return _cond("Ready", True, "AllReplicasReady",
+    return condition("Ready", True, "AllReplicasReady",
                  f"{len(s.serving)}/{s.n} replicas at the desired config are Ready (warm-up gate disabled)", s.g)
 
 
 def ready_all_warmed(s: Seen) -> dict[str, Any] | None:
     if len(s.serving) < s.n:
         return None
-    return _cond("Ready", True, "AllReplicasWarmed", f"{len(s.serving)}/{s.n} replicas serve the desired config, warm", s.g)
+    return condition("Ready", True, "AllReplicasWarmed", f"{len(s.serving)}/{s.n} replicas serve the desired config, warm", s.g)
 
 
 def not_ready_rollout_stopped(s: Seen) -> dict[str, Any] | None:
     stopped = s.obs.rollout_problem
     if not stopped:
         return None
-    return _cond("Ready", False, stopped.reason, f"{len(s.serving)}/{s.n} replicas serve the desired config; "
+    return condition("Ready", False, stopped.reason, f"{len(s.serving)}/{s.n} replicas serve the desired config; "
                  f"{stopped.message}"[:2000], s.g)
 
 
@@ -365,25 +366,25 @@ def not_ready_replica_failed(s: Seen) -> dict[str, Any] | None:
         return None
     first = s.failed[0]
     why = f"{len(s.warm)}/{s.n} replicas warmed; {first['pod']}: {first.get('message', '')}".strip()
-    return _cond("Ready", False, first["reason"], why, s.g)
+    return condition("Ready", False, first["reason"], why, s.g)
 
 
 def not_ready_pods_refused(s: Seen) -> dict[str, Any] | None:
     if not s.refused:
         return None
-    return _cond("Ready", False, s.refused_reason, f"{len(s.serving)}/{s.n} Ready; {s.refused_message}", s.g)
+    return condition("Ready", False, s.refused_reason, f"{len(s.serving)}/{s.n} Ready; {s.refused_message}", s.g)
 
 
 def not_ready_ungated_starting(s: Seen) -> dict[str, Any] | None:
     if not s.ungated:
         return None
-    return _cond("Ready", False, "ReplicasStarting",
+    return condition("Ready", False, "ReplicasStarting",
                  f"{len(s.serving)}/{s.n} replicas at the desired config Ready (warm-up gate disabled)", s.g)
 
 
 def not_ready_warming(s: Seen) -> dict[str, Any]:
     reason = "ReplicasJoining" if len(s.warm) >= s.n else "ReplicasWarming"  # warm, waiting for pod Ready
-    return _cond("Ready", False, reason, f"{len(s.warm)}/{s.n} replicas warmed, {len(s.serving)}/{s.n} Ready", s.g)
+    return condition("Ready", False, reason, f"{len(s.warm)}/{s.n} replicas warmed, {len(s.serving)}/{s.n} Ready", s.g)
 
 
 READY: tuple[Policy, ...] = (
@@ -398,45 +399,45 @@ def stalled_rollout_stopped(s: Seen) -> dict[str, Any] | None:
     stopped = s.obs.rollout_problem
     if not (s.rolling and stopped):
         return None
-    return _cond("Progressing", False, "RolloutStalled", stopped.message[:2000], s.g)
+    return condition("Progressing", False, "RolloutStalled", stopped.message[:2000], s.g)
 
 
 def rolling_out(s: Seen) -> dict[str, Any] | None:
     if not s.rolling or s.failed or s.refused:
         return None
-    return _cond("Progressing", True, "RollingOut", f"{len(s.warm)}/{s.n} replicas at config {s.obs.digest} warmed", s.g)
+    return condition("Progressing", True, "RollingOut", f"{len(s.warm)}/{s.n} replicas at config {s.obs.digest} warmed", s.g)
 
 
 def stalled_replica_failed(s: Seen) -> dict[str, Any] | None:
     if not (s.rolling and s.failed):
         return None
     first = s.failed[0]
-    return _cond("Progressing", False, "RolloutStalled", f"replica {first['pod']} failed: {first['reason']}", s.g)
+    return condition("Progressing", False, "RolloutStalled", f"replica {first['pod']} failed: {first['reason']}", s.g)
 
 
 def stalled_pods_refused(s: Seen) -> dict[str, Any] | None:
     # Rolling, and the policies before it did not answer: nothing failed and nothing stopped it, the ReplicaSet's
     # pods were refused.
-    return _cond("Progressing", False, "RolloutStalled", s.refused_message, s.g) if s.rolling else None
+    return condition("Progressing", False, "RolloutStalled", s.refused_message, s.g) if s.rolling else None
 
 
 def complete_at_zero(s: Seen) -> dict[str, Any] | None:
     if s.n != 0:
         return None
-    return _cond("Progressing", False, "RolloutComplete",
+    return condition("Progressing", False, "RolloutComplete",
                  f"no replica of its own to roll out (spec.replicas is 0); config {s.obs.digest}", s.g)
 
 
 def complete_with_failures(s: Seen) -> dict[str, Any] | None:
     if not s.failed:
         return None
-    return _cond("Progressing", False, "RolloutComplete",
+    return condition("Progressing", False, "RolloutComplete",
                  f"no rollout under way: every replica runs config {s.obs.digest}; {len(s.failed)} of them "
                  "do not serve (see Degraded)", s.g)
 
 
 def complete(s: Seen) -> dict[str, Any]:
-    return _cond("Progressing", False, "RolloutComplete", f"all replicas serve config {s.obs.digest}", s.g)
+    return condition("Progressing", False, "RolloutComplete", f"all replicas serve config {s.obs.digest}", s.g)
 
 
 PROGRESSING: tuple[Policy, ...] = (
@@ -449,27 +450,27 @@ PROGRESSING: tuple[Policy, ...] = (
 
 def degraded_api_error(s: Seen) -> dict[str, Any] | None:
     e = s.obs.api_error
-    return _cond("Degraded", True, e.reason, e.message[:2000], s.g) if e is not None else None
+    return condition("Degraded", True, e.reason, e.message[:2000], s.g) if e is not None else None
 
 
 def degraded_rollout_stopped(s: Seen) -> dict[str, Any] | None:
     stopped = s.obs.rollout_problem
-    return _cond("Degraded", True, stopped.reason, stopped.message[:2000], s.g) if stopped else None
+    return condition("Degraded", True, stopped.reason, stopped.message[:2000], s.g) if stopped else None
 
 
 def degraded_replica_failed(s: Seen) -> dict[str, Any] | None:
     if not s.failed:
         return None
     f = s.failed[0]
-    return _cond("Degraded", True, f["reason"], f"{f['pod']}: {f.get('message') or f['reason']}", s.g)
+    return condition("Degraded", True, f["reason"], f"{f['pod']}: {f.get('message') or f['reason']}", s.g)
 
 
 def degraded_pods_refused(s: Seen) -> dict[str, Any] | None:
-    return _cond("Degraded", True, s.refused_reason, s.refused_message, s.g) if s.refused else None
+    return condition("Degraded", True, s.refused_reason, s.refused_message, s.g) if s.refused else None
 
 
 def as_expected(s: Seen) -> dict[str, Any]:
-    return _cond("Degraded", False, "AsExpected", "no replica has failed", s.g)
+    return condition("Degraded", False, "AsExpected", "no replica has failed", s.g)
 
 
 DEGRADED: tuple[Policy, ...] = (
