@@ -30,6 +30,7 @@ from e2e.operator_fixtures import (  # noqa: F401 - fixture
     SESSION_LABEL,
     OperatorHandle,
     operator,
+    record_admission_webhooks,
     start_operator,
     summary_lines,
 )
@@ -112,6 +113,7 @@ def cluster() -> Iterator[ClusterHandle]:
     try:
         yield ClusterHandle(kubeconfig, local.logs, local)
     finally:
+        record_admission_webhooks(Kube(kubeconfig), os.environ.get("PYTEST_XDIST_WORKER", "cluster"))
         if started:
             local.down()
 
