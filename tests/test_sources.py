@@ -179,6 +179,28 @@ def test_rendered_fetch_arguments_carry_the_pins() -> None:
     assert fetch["args"][-4:] == ["--uri", "m=s3://b/m.tar.gz", "--object-version", "m=v7"]
 
 
+def test_every_uri_source_is_fetched_where_it_lands_and_grants_its_claims_and_secrets() -> None:
+    """`TritonModel.uri_sources`: what the fetch step is given (versions in order, then the model directory's own
+    files) and what the review of the operator's writes lets the replica use; an inline source is neither."""
+    from triton_operator.validate.operator_writes import model_grants
+
+    body = _body({"inline": {"model.py": "x"}})
+    del body["spec"]["source"]
+    body["spec"]["versions"] = [{"version": 2, "source": {"uri": "pvc://weights/m/2"}},
+                                {"version": 1, "source": {"uri": "s3://b/m1.tar.gz", "credentialsSecret": "s3-creds"}},
+                                {"version": 3, "source": {"inline": {"model.py": "y"}}}]
+    body["spec"]["modelFiles"] = {"uri": "pvc://labels/m"}
+    model = TritonModel.model_validate(body)
+    assert [key for key, _ in model.uri_sources] == ["m/1", "m/2", "m/."]
+    [dep] = [c for c in render_children(model, render_repository([model]), UID, "ns") if c["kind"] == "Deployment"]
+    [fetch] = dep["spec"]["template"]["spec"]["initContainers"]
+    uris = [a for i, a in enumerate(fetch["args"]) if i and fetch["args"][i - 1] == "--uri"]
+    assert uris == ["m/1=s3://b/m1.tar.gz", "m/2=pvc://weights/m/2", "m/.=pvc://labels/m"]
+    grants = model_grants(model, [], "key-secret", "image")
+    assert grants.claims == frozenset({"weights", "labels"})
+    assert "s3-creds" in grants.secrets
+
+
 EXAMPLE_SOURCES = Path(__file__).resolve().parents[1] / "examples" / "sources"
 
 

@@ -1738,3 +1738,17 @@ class TritonModel(BaseModel):
     @property
     def triton_name(self) -> str:
         return self.spec.model_name or self.metadata.name
+
+    @property
+    def uri_sources(self) -> list[tuple[str, Source | ModelFiles]]:
+        """Every source of this model fetched by uri, with where it lands under the repository (the fetch step's
+        key): MODEL for spec.source (into 1/), MODEL/VERSION for each of spec.versions, MODEL/. for
+        spec.modelFiles (into the model directory itself). The renderer's fetch arguments and volumes and the
+        review of the operator's writes (which Secrets and claims a replica may use) both read them here."""
+        name = self.triton_name
+        found: list[tuple[str, Source | ModelFiles]] = [
+            (name if not self.spec.versions else f"{name}/{version}", src)
+            for version, src in self.spec.version_sources.items()]
+        if self.spec.model_files is not None:
+            found.append((f"{name}/.", self.spec.model_files))
+        return [(key, src) for key, src in found if src.uri is not None]

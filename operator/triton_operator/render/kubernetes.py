@@ -41,7 +41,7 @@ from ..api.pod import (
     repository_of,
     versions_annotation,
 )
-from ..api.v1alpha1 import API_VERSION, KIND, Server, TritonModel, quantity_bytes
+from ..api.v1alpha1 import API_VERSION, KIND, ModelFiles, Server, TritonModel, quantity_bytes
 from ..uris import pvc_claim
 from .autoscaling import hpa_metric
 from .modelconfig import RenderedModel, Repository
@@ -237,18 +237,12 @@ def _uri_args(repository: Repository) -> tuple[list[str], Objects, Objects, Obje
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     env: list[dict[str, Any]] = []
-    fetched = [
-        (m.triton_name if not m.spec.versions else f"{m.triton_name}/{version}", src)  # spec.source: MODEL, into 1/
-        for m in (r.model for r in repository.models)
-        for version, src in m.spec.version_sources.items()
-    ] + [
-        (f"{m.triton_name}/.", m.spec.model_files)  # spec.modelFiles.uri: into the model directory itself
-        for m in (r.model for r in repository.models)
-        if m.spec.model_files is not None
-    ]
+    # Every model's versions first, then every model's own files (a stable sort): the order the arguments have
+    # always had, so that a model's pod template does not change with this code.
+    fetched = sorted((pair for r in repository.models for pair in r.model.uri_sources),
+                     key=lambda pair: isinstance(pair[1], ModelFiles))
     for key, src in fetched:
-        if src.uri is None:
-            continue
+        assert src.uri is not None
         args += ["--uri", f"{key}={src.uri}"]
         if src.sha256 is not None:
             args += ["--sha256", f"{key}={src.sha256}"]

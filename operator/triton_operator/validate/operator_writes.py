@@ -65,16 +65,11 @@ def _source_refs(models: Iterable[TritonModel]) -> tuple[set[str], set[str]]:
     secrets: set[str] = set()
     claims: set[str] = set()
     for m in models:
-        sources = [*m.spec.version_sources.values(), *([m.spec.model_files] if m.spec.model_files else [])]
-        for src in sources:
-            uri = getattr(src, "uri", None)
-            if uri is None:
-                continue
-            secret = getattr(src, "credentials_secret", None)
-            if secret:
-                secrets.add(secret)
-            if uri.startswith("pvc://"):
-                claims.add(pvc_claim(uri))
+        for _, src in m.uri_sources:  # as the renderer reads them (`render.kubernetes`)
+            if src.credentials_secret:
+                secrets.add(src.credentials_secret)
+            if src.uri is not None and src.uri.startswith("pvc://"):
+                claims.add(pvc_claim(src.uri))
     return secrets, claims
 
 
