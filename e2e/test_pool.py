@@ -51,7 +51,8 @@ pytestmark = pytest.mark.cluster
 POOL = "shared"
 MIB = 1 << 20
 #: Every copy of the fleet takes 64Mi; a replica holds 8 of them: 21 copies (17 add-sub, 2 second copies, the
-#: ensemble's two steps) over 24 places, so every replica carries some and no replica has 256Mi free.
+#: ensemble's two steps) over 24 places, so every replica carries some (7 each: a pool of fixed size spreads) and no
+#: replica has 256Mi free (under Pack too: 8, 8 and 5).
 CAPACITY = "512Mi"
 TWO_COPIES = ("m01", "m02")
 ADD_SUBS = [f"m{i:02d}" for i in range(1, 18)]

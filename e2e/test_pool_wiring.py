@@ -157,8 +157,9 @@ def _reason(kube: Kube, namespace: str, model: str) -> str:
 
 def test_a_lost_node_moves_its_models_where_room_is_left_and_the_rest_report_insufficient_capacity(
         kube: Kube, kubeconfig: Path, cluster: Any, nodes: Any, tmp_path: Path) -> None:
-    """A GPU pool of 2 replicas that each ask 3 of a node's 4 GPUs (one replica per node), 1200Mi each; four models
-    of 400Mi: best fit puts three on one replica, one on the other. The node of the full replica is lost (its kubelet
+    """A GPU pool of 2 replicas that each ask 3 of a node's 4 GPUs (one replica per node), 1200Mi each, placing by
+    best fit (`placement.strategy: Pack`; a pool of fixed size spreads unless it says); four models of 400Mi: best
+    fit puts three on one replica, one on the other. The node of the full replica is lost (its kubelet
     killed): its models leave their slices; once its pod is evicted, two of them fit beside the fourth and are
     loaded there, the third reports InsufficientPoolCapacity (the replacement pod cannot be scheduled: no node has 3
     free GPUs), and the fourth never leaves its slice. With the node back, the third is placed and served again."""
@@ -177,7 +178,7 @@ def test_a_lost_node_moves_its_models_where_room_is_left_and_the_rest_report_ins
         docs = load_examples("pool")
         pool = next(d for d in docs if d["kind"] == "TritonPool")
         pool["metadata"]["name"] = "gpus"
-        pool["spec"] = {"replicas": 2, "capacity": {"memoryPerGpu": "400Mi"},
+        pool["spec"] = {"replicas": 2, "capacity": {"memoryPerGpu": "400Mi"}, "placement": {"strategy": "Pack"},
                         "server": {"gpus": 3, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}}
         template = next(d for d in docs if d["metadata"].get("name") == "pool-scale")
         models = []

@@ -122,6 +122,20 @@ def test_the_pool_crd_refuses_what_a_pool_cannot_be() -> None:
     assert spec["properties"]["replicas"]["maximum"] == 1000
 
 
+def test_the_pool_placement_strategy_is_an_enum_with_no_stored_default() -> None:
+    """A default in the CRD would be stored in every pool the API server admits, and then stay Spread when the pool
+    adds autoscaling later: the default is decided by the operator (`TritonPoolSpec.placement_strategy`)."""
+    version = pool_crd()["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert "default" not in spec["properties"]["placement"]
+    strategy = spec["properties"]["placement"]["properties"]["strategy"]
+    assert strategy["enum"] == ["Spread", "Pack"] and "default" not in strategy
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["properties"]["placementStrategy"]["enum"] == ["Spread", "Pack"]
+    assert {"name": "Placement", "type": "string", "jsonPath": ".status.placementStrategy",
+            "priority": 1} in version["additionalPrinterColumns"]
+
+
 def test_a_pooled_model_sets_no_server_field_of_its_own_in_cel() -> None:
     """Every server field has a CEL rule naming it for a pooled model: unset, or at its default (the API server fills
     defaults in before it evaluates the rules, so `has(self.server)` alone would refuse every pooled model)."""

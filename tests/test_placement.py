@@ -1,16 +1,20 @@
 """Placing pooled models on a pool's replicas (`plan.placement`, issue 29): best fit, distinct replicas per copy,
-node spread, an ensemble with its steps, stickiness, and the figures of a shortfall; then properties over random
-pools, models and histories (hypothesis): never over capacity, copies distinct, closures together, previous copies
-kept when they still fit, and a shortfall only where no replica could take the copy."""
+node spread, an ensemble with its steps, stickiness, and the figures of a shortfall; the two strategies (issue 41
+item 4): Spread over a fixed pool's replicas, Pack (best fit) where the pool autoscales, and which a pool gets unless
+it says; then properties over random pools, models and histories (hypothesis), under both strategies: never over
+capacity, copies distinct, closures together, previous copies kept when they still fit, and a shortfall only where
+no replica could take the copy."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from triton_operator.api.pool import TritonPool
+from tests.documents import pool_document
+from triton_operator.api.pool import PlacementStrategy, TritonPool
 from triton_operator.api.v1alpha1 import API_VERSION, TritonModel
 from triton_operator.plan.placement import (
     Demand,
@@ -23,6 +27,8 @@ from triton_operator.plan.placement import (
 )
 
 GI = 1 << 30
+MI = 1 << 20
+STRATEGIES: tuple[PlacementStrategy, ...] = ("Spread", "Pack")
 
 
 def replicas(*nodes: str | None) -> list[PoolReplica]:
@@ -94,6 +100,71 @@ def test_a_recorded_copy_that_no_longer_fits_is_placed_again() -> None:
     """The pool's capacity went down under what r0 held (the webhook refuses it, but a forced change happens)."""
     got = place_demands(3 * GI, replicas("n0", "n1"), [one("a", 2), one("b", 2)], {"a": ["r0"], "b": ["r0"]})
     assert got.copies == {"a": ("r0",), "b": ("r1",)}
+
+
+def test_spread_shares_small_models_among_a_fixed_pools_replicas_and_pack_fills_one() -> None:
+    """Issue 41: six models of 64Mi on a fixed pool of three 1Gi replicas all went on one replica."""
+    small = [Demand(f"m{i}", 1, {f"m{i}": 64 * MI}) for i in range(6)]
+    spread = place_demands(GI, replicas("n0", "n0", "n0"), small, {}, "Spread")
+    assert sorted(len(models) for models in spread.loaded.values()) == [2, 2, 2], spread.copies
+    assert sorted(spread.used.values()) == [128 * MI] * 3
+    pack = place_demands(GI, replicas("n0", "n0", "n0"), small, {}, "Pack")
+    assert pack.used == {"r0": 6 * 64 * MI, "r1": 0, "r2": 0}, pack.copies
+    assert place_demands(GI, replicas("n0", "n0", "n0"), small, {}) == pack, "Pack unless told"
+
+
+def test_spread_goes_to_the_replica_with_fewest_models_then_the_least_used() -> None:
+    """r0 holds one large model, r1 two small ones: fewest models wins over most room (r1 has less used)."""
+    previous = {"big": ["r0"], "s1": ["r1"], "s2": ["r1"]}
+    base = [one("big", 6), Demand("s1", 1, {"s1": 1 * GI}), Demand("s2", 1, {"s2": 1 * GI})]
+    got = place_demands(10 * GI, replicas("n0", "n0"), [*base, one("new", 1)], previous, "Spread")
+    assert got.copies["new"] == ("r0",), "r0 loads one model, r1 two"
+    previous = {"a": ["r0"], "b": ["r1"]}
+    got = place_demands(10 * GI, replicas("n0", "n0"), [one("a", 3), one("b", 1), one("new", 1)], previous, "Spread")
+    assert got.copies["new"] == ("r1",), "one model each: the least used"
+    packed = place_demands(10 * GI, replicas("n0", "n0"), [one("a", 3), one("b", 1), one("new", 1)], previous, "Pack")
+    assert packed.copies["new"] == ("r0",), "best fit: the least room left"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_replica_that_loads_a_step_already_is_preferred_under_either_strategy(strategy: PlacementStrategy) -> None:
+    """Fewest new bytes comes before the strategy: r0 has the step (and more models), and adding the ensemble there
+    costs nothing new."""
+    ens = Demand("ens", 1, {"ens": 0, "step": 1 * GI})
+    got = place_demands(10 * GI, replicas("n0", "n0"), [one("step", 1), one("x", 1), ens],
+                        {"step": ["r0"], "x": ["r0"]}, strategy)
+    assert got.copies["ens"] == ("r0",)
+    assert got.used["r0"] == 2 * GI
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_node_spread_comes_first_under_either_strategy(strategy: PlacementStrategy) -> None:
+    """m's first copy is on r0 (node n0); its second goes to n1, although r1 (n0) is empty and r2 (n1) is full."""
+    previous = {"m": ["r0"], "full": ["r2"], "x": ["r2"]}
+    demands = [one("m", 1, copies=2), one("full", 5), one("x", 1)]
+    got = place_demands(8 * GI, replicas("n0", "n0", "n1"), demands, previous, strategy)
+    assert got.copies["m"] == ("r0", "r2")
+
+
+@pytest.mark.parametrize(("spec", "strategy"), [
+    ({}, "Spread"),
+    ({"autoscaling": {"maxReplicas": 4}}, "Pack"),
+    ({"placement": {"strategy": "Pack"}}, "Pack"),
+    ({"placement": {}}, "Spread"),
+    ({"autoscaling": {"maxReplicas": 4}, "placement": {"strategy": "Spread"}}, "Spread"),
+], ids=["fixed", "autoscaling", "fixed-pack", "fixed-unset", "autoscaling-spread"])
+def test_a_pool_spreads_while_its_size_is_fixed_packs_while_it_autoscales_unless_it_says(
+        spec: dict[str, Any], strategy: PlacementStrategy) -> None:
+    pool = TritonPool.model_validate(pool_document("p", replicas=3, capacity={"memoryPerReplica": "1Gi"}, **spec))
+    assert pool.spec.placement_strategy == strategy
+    models = [_model(f"m{i}", pool="p", memory="64Mi") for i in range(6)]
+    got = place(pool, replicas("n0", "n0", "n0"), models, {})
+    assert sorted(len(m) for m in got.loaded.values()) == ([2, 2, 2] if strategy == "Spread" else [0, 0, 6])
+
+
+def test_an_unknown_strategy_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"placement\.strategy\n.*'Spread' or 'Pack'"):
+        TritonPool.model_validate(pool_document("p", placement={"strategy": "Balanced"}))
 
 
 def test_bytes_are_shown_as_quantities() -> None:
@@ -169,31 +240,36 @@ _SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database
                      suppress_health_check=list(HealthCheck))
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @_SETTINGS
 @given(world=worlds())
 def test_every_placement_holds_its_invariants_and_placing_again_changes_nothing(
-        world: tuple[int, list[PoolReplica], list[Demand]]) -> None:
+        strategy: PlacementStrategy, world: tuple[int, list[PoolReplica], list[Demand]]) -> None:
     capacity, pool, demands = world
-    first = place_demands(capacity, pool, demands, {})
+    first = place_demands(capacity, pool, demands, {}, strategy)
     _check_invariants(first, pool, demands)
-    again = place_demands(capacity, pool, demands, {k: list(v) for k, v in first.copies.items()})
+    again = place_demands(capacity, pool, demands, {k: list(v) for k, v in first.copies.items()}, strategy)
     assert again.copies == first.copies, "a placement read back from the statuses is kept as it is"
+    other = "Pack" if strategy == "Spread" else "Spread"
+    switched = place_demands(capacity, pool, demands, {k: list(v) for k, v in first.copies.items()}, other)
+    assert switched.copies == first.copies, "a change of strategy moves no copy that is placed"
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @_SETTINGS
 @given(world=worlds(), lost=st.sets(st.integers(0, 5)), more=st.integers(0, 2), shrink=st.booleans(), data=st.data())
 def test_copies_whose_replica_is_left_are_kept_after_replicas_go_and_come(
-        world: tuple[int, list[PoolReplica], list[Demand]], lost: set[int], more: int, shrink: bool,
-        data: st.DataObject) -> None:
+        strategy: PlacementStrategy, world: tuple[int, list[PoolReplica], list[Demand]], lost: set[int], more: int,
+        shrink: bool, data: st.DataObject) -> None:
     """Replicas die (a node is lost) and new ones come; copies change; the capacity may fall (what the webhook
     refuses, forced): the invariants hold, and with the capacity as it was every copy still wanted on a replica that
     is still there stays where it was."""
     capacity, pool, demands = world
-    before = place_demands(capacity, pool, demands, {})
+    before = place_demands(capacity, pool, demands, {}, strategy)
     left = [r for i, r in enumerate(pool) if i not in lost] + [PoolReplica(f"new{i}", "n9") for i in range(more)]
     changed = [Demand(d.name, data.draw(st.integers(max(0, d.copies - 1), d.copies + 1)), d.closure) for d in demands]
     after_capacity = max(GI, capacity // 2) if shrink else capacity
-    after = place_demands(after_capacity, left, changed, {k: list(v) for k, v in before.copies.items()})
+    after = place_demands(after_capacity, left, changed, {k: list(v) for k, v in before.copies.items()}, strategy)
     _check_invariants(after, left, changed)
     if shrink:
         return

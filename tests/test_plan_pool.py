@@ -161,6 +161,10 @@ def test_the_pool_status_lists_each_replica_with_what_it_loaded() -> None:
     assert "loaded" not in rows["r2"]
     assert status["used"] == "2Gi" and status["free"] == "6Gi"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+    assert status["placementStrategy"] == "Spread", "a pool of fixed size spreads unless it says"
+    scaled = TritonPool.model_validate(pool_document("p", autoscaling={"maxReplicas": 4}))
+    assert pp.pool_status(scaled, _body(pool_document("p")), live, pods, placement, {}, 0, 0, "x=y",
+                          NOW)["placementStrategy"] == "Pack"
 
 
 def test_a_question_that_got_no_answer_loads_nothing() -> None:

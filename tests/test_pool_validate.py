@@ -68,6 +68,16 @@ def test_the_render_command_refuses_a_model_too_large_for_its_pool(tmp_path: Any
     assert "TritonModel/m: spec.memory: a copy takes 5Gi" in capsys.readouterr().err
 
 
+def test_an_unknown_placement_strategy_is_refused_naming_the_field(tmp_path: Any, capsys: Any) -> None:
+    assert check(pool(placement={"strategy": "Balanced"})) == [
+        ("TritonPool/p", "spec.placement.strategy", "Input should be 'Spread' or 'Pack'")]
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump_all([model(pool="p", memory="1Gi"), pool(placement={"strategy": "spread"})]))
+    assert main(["render", str(path)]) == 1
+    assert "TritonPool/p: spec.placement.strategy: Input should be 'Spread' or 'Pack'" in capsys.readouterr().err
+    assert check(pool(placement={"strategy": "Pack"}), pool("q", placement={})) == []
+
+
 def _pool(**spec: Any) -> TritonPool:
     return TritonPool.model_validate(pool(**spec))
 

@@ -135,6 +135,14 @@ def test_a_pool_is_checked_on_its_own_when_created() -> None:
     assert review_pool(_pool(), None, _placed()).allowed
 
 
+def test_a_pool_with_an_unknown_placement_strategy_is_refused_naming_the_field() -> None:
+    """The CRD's enum refuses it first at the API server; the webhook's own verdict names the same field."""
+    verdict = review_pool(_pool(placement={"strategy": "Balanced"}), _pool(), _placed())
+    assert [(e.path, e.message) for e in verdict.errors] == [
+        ("spec.placement.strategy", "Input should be 'Spread' or 'Pack'")]
+    assert review_pool(_pool(placement={"strategy": "Pack"}), _pool(), _placed()).allowed
+
+
 def test_a_pool_change_that_would_strand_placed_models_is_refused_naming_the_field() -> None:
     old = _pool()
     smaller = _pool(capacity={"memoryPerReplica": "3Gi"})

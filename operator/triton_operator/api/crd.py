@@ -204,6 +204,7 @@ def pool_crd() -> dict[str, Any]:
         {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Models", "type": "integer", "jsonPath": ".status.models"},
         {"name": "Free", "type": "string", "jsonPath": ".status.free"},
+        {"name": "Placement", "type": "string", "jsonPath": ".status.placementStrategy", "priority": 1},
         {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ])

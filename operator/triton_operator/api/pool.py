@@ -105,6 +105,27 @@ class PoolAutoscaling(_Model):
         return int(replica_bytes * (1 - self.target_free_fraction))
 
 
+#: How a pool places its models' copies (`plan.placement`): spread over its replicas, or packed onto the fewest.
+PlacementStrategy = Literal["Spread", "Pack"]
+
+
+class PoolPlacement(_Model):
+    """How the operator chooses a replica for each copy of a pooled model."""
+
+    strategy: PlacementStrategy | None = Field(
+        default=None,
+        description=(
+            "Spread: a copy goes on the replica with the fewest models (then the least memory used), so that a "
+            "pool of fixed size shares the traffic among its replicas. Pack: on the replica it fills best (the least "
+            "room left), so that replicas left empty can be scaled away. Before either: copies of one model go on "
+            "distinct replicas spread over nodes, and a replica that already loads a copy's ensemble steps is "
+            "preferred; a copy that serves is never moved to follow the strategy, which only chooses where new "
+            "copies go. Unset: Spread while the pool's replica count is fixed, Pack while it sets autoscaling. The "
+            "CRD stores no default on purpose: a stored Spread would stay when autoscaling is added later."
+        ),
+    )
+
+
 class TritonPoolSpec(_Model):
     """Desired state of a pool of tritonservers that pooled TritonModels share."""
 
@@ -147,6 +168,10 @@ class TritonPoolSpec(_Model):
             "customMetrics.enabled). Leave spec.replicas out of manifests that set this: the HPA owns it."
         ),
     )
+    placement: PoolPlacement | None = Field(
+        default=None,
+        description="How copies are placed on the replicas (unset: see placement.strategy).",
+    )
     server: Server = Field(
         default_factory=Server,
         description=(
@@ -166,6 +191,16 @@ class TritonPoolSpec(_Model):
             return quantity_bytes(c.memory_per_replica)
         assert c.memory_per_gpu is not None
         return quantity_bytes(c.memory_per_gpu) * max(1, self.server.gpus or 0)
+
+    @property
+    def placement_strategy(self) -> PlacementStrategy:
+        """How this pool places copies: spec.placement.strategy, or, unset, Pack while the pool autoscales (an empty
+        replica can be given back) and Spread while its replica count is fixed (every replica takes its share of the
+        traffic). Decided here only, never stored as a CRD default, so that adding autoscaling later changes it."""
+        chosen = self.placement.strategy if self.placement is not None else None
+        if chosen is not None:
+            return chosen
+        return "Pack" if self.autoscaling is not None else "Spread"
 
     @property
     def capacity_path(self) -> str:
@@ -227,6 +262,9 @@ class TritonPoolStatus(_Model):
     models: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Pooled TritonModels placed on it.")
     selector: str | None = Field(default=None, description="Pod label selector, for the scale subresource.")
     capacity_per_replica: str | None = Field(default=None, description="What one replica holds (bytes).")
+    placement_strategy: PlacementStrategy | None = Field(default=None, description=(
+        "How new copies are placed: spec.placement.strategy, or the default it leaves (Spread with a fixed replica "
+        "count, Pack with autoscaling)."))
     used: str | None = Field(default=None, description="Memory placed models take over all replicas (bytes).")
     free: str | None = Field(default=None, description="Capacity left over all replicas (bytes).")
     unplaced: str | None = Field(default=None, description="Memory of the copies that fit no replica (bytes).")

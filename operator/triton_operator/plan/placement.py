@@ -16,7 +16,7 @@ is READY there at the desired config digest and warm.
   replica carries copies of many models. Its pods are the pool's replicas; a replica is named by its pod, the name
   placements record. A pod that goes (node lost, scale-down, a new pod template) takes its copies with it, and they
   are placed again on the replicas left. Which pod a scale-down removes is the ReplicaSet's choice; the operator
-  could steer it to the emptiest replica with `controller.kubernetes.io/pod-deletion-cost` (not done yet).
+  steers it to the emptiest replica with `controller.kubernetes.io/pod-deletion-cost` (`plan.pool.deletion_costs`).
 - tritonserver runs `--model-control-mode=explicit` with no `--load-model`: it starts with no model and opens its
   ports at once. Models come and go through the repository API (load, unload), so adding, updating or removing
   one model never restarts a replica or touches the others.
@@ -65,12 +65,22 @@ every model), and the Deployment's rollout and the pool's PodDisruptionBudget co
 - Copies of one model go on distinct replicas (`spec.replicas` copies), never two on one.
 - Among the replicas a copy fits, the choice is, in order: the node with the fewest copies of this model (spread
   across nodes where it can, the way a topology spread constraint with `whenUnsatisfiable: ScheduleAnyway`
-  prefers); the fewest new bytes (a step already loaded there costs nothing); the least room left after it (best
-  fit); the replica's name (deterministic). Units are placed largest first (best fit decreasing).
+  prefers); the fewest new bytes (a step already loaded there costs nothing); then the pool's strategy
+  (`spec.placement.strategy`, issue 41):
+  - `Spread`: the fewest models loaded there (its closure members, steps included), then the least used bytes. A
+    pool of fixed size serves every model's traffic from every replica it has: best fit had put 5 models on one
+    replica of the demo's pool of 3, 4 on another and none on the third, and 6 more of 64Mi all on one.
+  - `Pack`: the least room left after it (best fit), so that replicas left empty can be given back by a scale-down.
+  Unset, a pool spreads while its replica count is fixed and packs while it autoscales
+  (`TritonPoolSpec.placement_strategy`, the one place that decides it: the CRD stores no default, which would stay
+  Spread once autoscaling is added). Last, the replica's name (deterministic). Units are placed largest first
+  under either strategy (best fit decreasing, for Pack; for Spread, the large ones spread before the small fill in).
+  The strategy only chooses where new copies go: changing it moves nothing that is placed (below).
 - Sticky: a copy recorded in the model's status (`status.placement`) stays on its replica as long as the replica
   exists and the copy still fits there; only copies whose replica is gone (or that no longer fit: a closure grew,
   the pool shrank) are placed again. So a restarted operator, which reads the placements back from the statuses,
-  never moves a model that is serving. When `spec.replicas` falls, the copies placed last are dropped first.
+  never moves a model that is serving, nor does a change of strategy: a spread pool that was packed stays packed
+  until its copies are placed again. When `spec.replicas` falls, the copies placed last are dropped first.
 - A copy that fits nowhere is a shortfall (`Shortfall`): the model reports `Ready=False`, reason
   `InsufficientPoolCapacity`, with the figures (what one copy needs, the largest room any replica without a copy
   has, how many copies are placed of how many).
@@ -112,7 +122,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..api.pool import TritonPool, closure_bytes, format_bytes
+from ..api.pool import PlacementStrategy, TritonPool, closure_bytes, format_bytes
 from ..api.v1alpha1 import TritonModel
 
 #: The condition reason of a pooled model with copies that fit no replica.
@@ -186,8 +196,9 @@ class Placement:
 class _State:
     """The placement being built: what each replica loads and what that takes."""
 
-    def __init__(self, capacity: int, replicas: Sequence[PoolReplica]) -> None:
+    def __init__(self, capacity: int, replicas: Sequence[PoolReplica], strategy: PlacementStrategy) -> None:
         self.capacity = capacity
+        self.strategy = strategy
         self.replicas = {r.name: r for r in replicas}
         self.loaded: dict[str, set[str]] = {r.name: set() for r in replicas}
         self.used: dict[str, int] = dict.fromkeys(self.replicas, 0)
@@ -219,9 +230,16 @@ class _State:
         return min(candidates, key=lambda name: (
             per_domain.get(self.replicas[name].domain, 0),
             self.new_bytes(name, demand),
-            self.capacity - self.used[name] - self.new_bytes(name, demand),
+            *self.rank(name, demand),
             name,
         ))
+
+    def rank(self, replica: str, demand: Demand) -> tuple[int, ...]:
+        """The strategy's order among replicas equal in node spread and new bytes: Spread, the fewest models loaded
+        there, then the least used; Pack, the least room left after the copy (best fit)."""
+        if self.strategy == "Spread":
+            return (len(self.loaded[replica]), self.used[replica])
+        return (self.capacity - self.used[replica] - self.new_bytes(replica, demand),)
 
     def shortfall(self, demand: Demand) -> Shortfall:
         here = set(self.copies.get(demand.name, ()))
@@ -230,12 +248,13 @@ class _State:
 
 
 def place_demands(capacity: int, replicas: Sequence[PoolReplica], demands: Iterable[Demand],
-                  previous: Mapping[str, Sequence[str]]) -> Placement:
+                  previous: Mapping[str, Sequence[str]], strategy: PlacementStrategy = "Pack") -> Placement:
     """The placement of `demands` on `replicas` of `capacity` bytes each, keeping `previous` where it still holds:
     first every recorded copy whose replica exists and that still fits there (by model name, each model's copies in
     their recorded order, up to its copies), then the copies still missing, largest closure first, each on the best
-    replica (node spread, fewest new bytes, best fit, name)."""
-    state = _State(capacity, replicas)
+    replica (node spread, fewest new bytes, then by `strategy`: Spread, fewest models then least used; Pack, best
+    fit; then name)."""
+    state = _State(capacity, replicas, strategy)
     ordered = sorted(demands, key=lambda d: d.name)
     for demand in ordered:
         for name in previous.get(demand.name, ()):
@@ -271,8 +290,9 @@ def demands(pool: str, models: Iterable[TritonModel]) -> list[Demand]:
 def place(pool: TritonPool, replicas: Sequence[PoolReplica], models: Iterable[TritonModel],
           previous: Mapping[str, Sequence[str]]) -> Placement:
     """Where the models on `pool` go (`models`: the pool's namespace's, others are steps or ignored) on its
-    `replicas`, keeping `previous` (each model's status.placement) where it still holds."""
-    return place_demands(pool.spec.replica_bytes, replicas, demands(pool.name, models), previous)
+    `replicas`, keeping `previous` (each model's status.placement) where it still holds, by the pool's strategy."""
+    return place_demands(pool.spec.replica_bytes, replicas, demands(pool.name, models), previous,
+                         pool.spec.placement_strategy)
 
 
 def replica_status(placement: Placement, replicas: Sequence[PoolReplica]) -> list[dict[str, object]]:

@@ -561,6 +561,7 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
         "models": len([n for n, c in placement.copies.items() if c]),
         "selector": selector,
         "capacityPerReplica": format_bytes(placement.capacity),
+        "placementStrategy": pool.spec.placement_strategy,
         "used": format_bytes(used), "free": format_bytes(max(total - used, 0)),
         # What the pool's autoscaler reads (`plan.autoscaling.pool_demand`).
         "unplaced": format_bytes(sum((s.wanted - s.placed) * s.needed for s in placement.shortfalls.values())),
