@@ -600,8 +600,9 @@ class _Builder:
         """The Debian base; with `epoch`, the release's (`build_release`): mmdebstrap's reproducible output for
         SOURCE_DATE_EPOCH=`epoch`, without the build host's /etc/hostname and /etc/resolv.conf."""
         sources = debian_sources()
-        inputs = {"recipe": "mmdebstrap-apt-1", "suite": DEBIAN_SUITE, "packages": list(DEBIAN_PACKAGES),
-                  "excludes": list(DPKG_EXCLUDES), "sources": sources}
+        inputs: dict[str, object] = {"recipe": "mmdebstrap-apt-1", "suite": DEBIAN_SUITE,
+                                     "packages": list(DEBIAN_PACKAGES), "excludes": list(DPKG_EXCLUDES),
+                                     "sources": sources}
         hooks = list(RELEASE_BASE_HOOKS) if epoch is not None else []
         if epoch is not None:  # only then: the test images' inputs, and so their cache keys, stay as they were
             inputs |= {"source_date_epoch": epoch, "hooks": hooks}
@@ -653,9 +654,10 @@ class _Builder:
         build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
         # The lock is one of `files` and names every file installed: no need to list the wheels (so a built image
         # is found without them, offline, in a test's network namespace).
-        inputs = {"files": _tree_digest(REPO_ROOT, list(files)), "build_requirements": build_requirements(),
-                  "python": list(PYTHON_VERSION), "machine": os.uname().machine,
-                  "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
+        inputs: dict[str, object] = {"files": _tree_digest(REPO_ROOT, list(files)),
+                                     "build_requirements": build_requirements(),
+                                     "python": list(PYTHON_VERSION), "machine": os.uname().machine,
+                                     "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
         if epoch is not None:  # only then: the test image's inputs, and so its cache key, stay as they were
             inputs |= {"source_date_epoch": epoch, "release_dockerfile": RELEASE_DOCKERFILE_ARG}
         key = _digest_inputs(inputs)
