@@ -741,8 +741,11 @@ class _Builder:
         return image
 
 
-#: The release base's mmdebstrap hooks: the build host's name and resolver stay out of it (mmdebstrap copies them in).
-RELEASE_BASE_HOOKS = ('rm -f "$1/etc/hostname" "$1/etc/resolv.conf"',)
+#: The release base's mmdebstrap hooks: the build host's name and resolver stay out of it (mmdebstrap copies them in),
+#: and apt's download directories belong to _apt wherever the build ran (apt leaves them root's when _apt cannot
+#: reach mmdebstrap's temporary directory, as under a cache in root's home: the one difference two builds showed).
+RELEASE_BASE_HOOKS = ('rm -f "$1/etc/hostname" "$1/etc/resolv.conf"',
+                      'chroot "$1" chown _apt:root /var/cache/apt/archives/partial /var/lib/apt/lists/partial')
 #: What the release build adds to its staged copy of the Dockerfile, after the builder stage's FROM: an ARG is in the
 #: environment of that stage's RUN steps, and not in the image's configuration.
 RELEASE_DOCKERFILE_ARG = "ARG SOURCE_DATE_EPOCH"

@@ -104,14 +104,16 @@ def step(name: str) -> Iterator[None]:
     log(f"Step done step={name} seconds={time.monotonic() - t0:.1f}")
 
 
-def run(argv: Sequence[str | Path], env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
-    """Runs a command, returns its stdout; CalledProcessError (with stderr) when it fails."""
+def run(argv: Sequence[str | Path], env: dict[str, str] | None = None, cwd: Path | None = None,
+        stderr_too: bool = False) -> str:
+    """Runs a command, returns its stdout (`stderr_too`: and its stderr); CalledProcessError (with stderr) when it
+    fails."""
     proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=False, cwd=cwd,
                           env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, [str(a) for a in argv], proc.stdout,
                                             proc.stderr or proc.stdout)
-    return proc.stdout
+    return proc.stdout + proc.stderr if stderr_too else proc.stdout
 
 
 def toolchain(script: str, *args: str) -> Path:
@@ -311,7 +313,7 @@ def push_image(archive: Path, registry: str, tag: str) -> str:
 def push_chart(chart: Path, registry: str) -> str:
     """`helm push` of the packaged chart to oci://<registry>/charts; returns the chart's reference there."""
     plain = ["--plain-http"] if is_loopback(registry) else []
-    out = run([helm(), "push", chart, f"oci://{registry}/{CHART_REPOSITORY}", *plain])
+    out = run([helm(), "push", chart, f"oci://{registry}/{CHART_REPOSITORY}", *plain], stderr_too=True)
     found = re.search(r"Digest:\s*(sha256:[0-9a-f]{64})", out)
     ref = f"oci://{registry}/{CHART_REPOSITORY}/triton-operator"
     log(f"Pushed chart ref={ref} digest={found.group(1) if found else '?'}")
