@@ -193,13 +193,14 @@ def build_chart(release: Release, chart_dir: Path = CHART_DIR) -> Path:
 
 
 def build_python(release: Release, epoch: int) -> list[Path]:
-    """The wheel and the sdist (`python -m build`, in an isolated build environment), zip times at `epoch`."""
+    """The sdist, then the wheel built from it (`python -m build`, isolated build environments: no build/ left in
+    the checkout), their files' times at `epoch`."""
     before = set(release.dist.glob("triton_operator-*"))
     for old in before:
         old.unlink()
     with tempfile.TemporaryDirectory(prefix="release-build-") as tmp:
         out = Path(tmp)
-        run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", out, ROOT],
+        run([sys.executable, "-m", "build", "--outdir", out, ROOT],
             env={"SOURCE_DATE_EPOCH": str(epoch)})
         made = sorted(out.glob(f"triton_operator-{release.version}*"))
         if len(made) != 2:
