@@ -191,8 +191,11 @@ class _Runner:
             with self.logfile.open("ab") as out:
                 out.write(proc.stdout)
         if proc.returncode != 0:
-            tail = self.logfile.read_text(errors="replace").splitlines()[-25:]
-            raise BuildError(f"{argv[0]} failed (exit {proc.returncode}), log {self.logfile}:\n" + "\n".join(tail))
+            lines = self.logfile.read_text(errors="replace").splitlines()
+            # A captured stdout is logged after stderr: buildah's "Error: ..." may be above the tail.
+            errors = [line for line in lines[:-25] if line.startswith("Error:")][-3:]
+            raise BuildError(f"{argv[0]} failed (exit {proc.returncode}), log {self.logfile}:\n"
+                             + "\n".join([*errors, *lines[-25:]]))
         return proc.stdout.decode() if capture else ""
 
 
