@@ -99,8 +99,11 @@ def step(name: str) -> Iterator[None]:
     except ReleaseError:
         raise
     except (images.BuildError, subprocess.CalledProcessError, OSError, ValueError) as e:
-        detail = e.stderr if isinstance(e, subprocess.CalledProcessError) and e.stderr else str(e)
-        raise ReleaseError(f"step {name} failed: {str(detail).strip()[-2000:]}") from e
+        if isinstance(e, subprocess.CalledProcessError):  # the command and the end of what it said
+            detail = f"{' '.join(e.cmd[:3])}... exit {e.returncode}: {str(e.stderr).strip()[-2000:]}"
+        else:
+            detail = str(e)
+        raise ReleaseError(f"step {name} failed: {detail}") from e
     log(f"Step done step={name} seconds={time.monotonic() - t0:.1f}")
 
 
