@@ -662,7 +662,8 @@ class _Builder:
                                      "python": list(PYTHON_VERSION), "machine": os.uname().machine,
                                      "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
         if epoch is not None:  # only then: the test image's inputs, and so its cache key, stay as they were
-            inputs |= {"source_date_epoch": epoch, "release_dockerfile": RELEASE_DOCKERFILE_ARG}
+            inputs |= {"source_date_epoch": epoch, "release_dockerfile": RELEASE_DOCKERFILE_ARG,
+                       "release_bud": RELEASE_BUD_FLAGS, "base_digest_annotation": BASE_DIGEST_ANNOTATION}
         key = _digest_inputs(inputs)
         name = "operator" if epoch is None else "operator-release"
         image = Image(ref, (OPERATOR_ALIAS,), self.archive(name, key))
@@ -673,7 +674,9 @@ class _Builder:
             if epoch is not None:
                 _declare_source_date_epoch(ctx / "Dockerfile")
                 build_args = {**build_args, "SOURCE_DATE_EPOCH": str(epoch)}
-            self.bud(name, key, ref, ctx, build_args, image.archive, flags=_timestamp(epoch))
+            flags = [*RELEASE_BUD_FLAGS, *_timestamp(epoch), "--annotation",
+                     f"{BASE_DIGEST_ANNOTATION}={archive_digest(base.archive)}"] if epoch is not None else []
+            self.bud(name, key, ref, ctx, build_args, image.archive, flags=flags)
             self.built(name, ref, t0, image.archive)
         return image
 
@@ -752,6 +755,14 @@ RELEASE_BASE_HOOKS = ('rm -f "$1/etc/hostname" "$1/etc/resolv.conf"',
 #: What the release build adds to its staged copy of the Dockerfile, after the builder stage's FROM: an ARG is in the
 #: environment of that stage's RUN steps, and not in the image's configuration.
 RELEASE_DOCKERFILE_ARG = "ARG SOURCE_DATE_EPOCH"
+
+
+#: How a release's operator image is built besides `BUD_FLAGS`: from no cached step, and with the manifest's
+#: org.opencontainers.image.base.digest annotation set to the base archive's digest. Without it, buildah writes there
+#: the digest its storage holds for the base, which varied with the storage's history: two builds of one commit gave
+#: the same config and layer but manifests differing in that annotation alone.
+RELEASE_BUD_FLAGS = ("--no-cache",)
+BASE_DIGEST_ANNOTATION = "org.opencontainers.image.base.digest"
 
 
 def _timestamp(epoch: int | None) -> list[str]:
