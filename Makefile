@@ -72,6 +72,26 @@ set-version:
 	@test -n "$(V)" || { echo "usage: make set-version V=X.Y.Z" >&2; exit 2; }
 	$(PYTHON) tools/set_version.py $(V)
 
+## A release of the version in operator/triton_operator/__init__.py (`make set-version V=` first), under dist/: the
+## operator image as an OCI archive (the same image digest for every build of one commit: SOURCE_DATE_EPOCH = the
+## commit's time), the chart package, the wheel and sdist, the image's SBOM (SPDX JSON, by syft) and SHA256SUMS
+## (tools/release.py; README "Releases").
+.PHONY: release release-push registry
+release: $(STAMP)
+	$(BIN)/python tools/release.py build
+
+## Push dist/'s image (by digest, tagged with the version) to REGISTRY/triton-operator and its chart to
+## oci://REGISTRY/charts, then pull both back and compare. REGISTRY=HOST:PORT; without it, a local registry is started
+## on a free 127.0.0.1 port for the push and stopped after it (a rehearsal: `make registry` keeps one running).
+release-push: $(STAMP)
+	$(BIN)/python tools/release.py push $(if $(REGISTRY),--registry $(REGISTRY))
+
+## A local OCI registry in the foreground on 127.0.0.1:REGISTRY_PORT (default 5000; go-containerregistry's, built
+## from its Go module, in memory: what it holds goes when it stops). Then `make release-push REGISTRY=127.0.0.1:5000`.
+REGISTRY_PORT ?= 5000
+registry: $(STAMP)
+	$(BIN)/python tools/release.py registry --port $(REGISTRY_PORT)
+
 ## Build (once, cached by pins) etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 ## kube-proxy, helm and our fake-GPU device plugin from their Go modules.
 cluster-bin:
@@ -93,11 +113,11 @@ prebuild-cluster: $(STAMP)
 	  wait $$bin; b=$$?; wait $$img; i=$$?; \
 	  if [ $$b -ne 0 ] || [ $$i -ne 0 ]; then echo "prebuild failed: binaries exit $$b, images exit $$i" >&2; exit 1; fi
 
-## The cluster's pieces and the tests' Go tools (tools/kstatus, tools/objectstores), here in the host's network
+## The cluster's pieces and the tests' Go tools (tools/kstatus, tools/objectstores, the local OCI registry), here in the host's network
 ## namespace: `make test`'s workers run in namespaces with no route out, where no Go module can be fetched.
 prebuild: $(STAMP)
 	@$(MAKE) --no-print-directory prebuild-cluster & cl=$$!; \
-	  { bash tools/kstatus/build.sh && bash tools/objectstores/build.sh versitygw \
+	  { bash tools/kstatus/build.sh && bash e2e/toolchain/registry/build.sh && bash tools/objectstores/build.sh versitygw \
 	    && bash tools/objectstores/build.sh fake-gcs-server; } >/dev/null & tools=$$!; \
 	  wait $$cl; c=$$?; wait $$tools; t=$$?; \
 	  if [ $$c -ne 0 ] || [ $$t -ne 0 ]; then echo "prebuild failed: cluster pieces exit $$c, test tools exit $$t" >&2; exit 1; fi

@@ -191,8 +191,11 @@ class _Runner:
             with self.logfile.open("ab") as out:
                 out.write(proc.stdout)
         if proc.returncode != 0:
-            tail = self.logfile.read_text(errors="replace").splitlines()[-25:]
-            raise BuildError(f"{argv[0]} failed (exit {proc.returncode}), log {self.logfile}:\n" + "\n".join(tail))
+            lines = self.logfile.read_text(errors="replace").splitlines()
+            # A captured stdout is logged after stderr: buildah's "Error: ..." may be above the tail.
+            errors = [line for line in lines[:-25] if line.startswith("Error:")][-3:]
+            raise BuildError(f"{argv[0]} failed (exit {proc.returncode}), log {self.logfile}:\n"
+                             + "\n".join([*errors, *lines[-25:]]))
         return proc.stdout.decode() if capture else ""
 
 
@@ -578,12 +581,14 @@ class _Builder:
                 shutil.copy2(whl, ctx / "wheels" / whl.name)
         return ctx
 
-    def bud(self, name: str, key: str, ref: str, ctx: Path, build_args: dict[str, str], archive: Path) -> None:
+    def bud(self, name: str, key: str, ref: str, ctx: Path, build_args: dict[str, str], archive: Path,
+            flags: Sequence[str] = ()) -> None:
         run = self.runner(name, key)
         buildah = Buildah(self.root, run)
         args = [f"--build-arg={k}={v}" for k, v in sorted(build_args.items())]
         try:
-            out = buildah("bud", *BUD_FLAGS, *args, "--file", ctx / "Dockerfile", "--tag", ref, ctx, capture=True)
+            out = buildah("bud", *BUD_FLAGS, *flags, *args, "--file", ctx / "Dockerfile", "--tag", ref, ctx,
+                          capture=True)
             buildah.push(ref, archive)
         finally:
             shutil.rmtree(ctx, ignore_errors=True)
@@ -594,10 +599,16 @@ class _Builder:
 
     # -- the images -----------------------------------------------------------------------------------
 
-    def base(self) -> Image:
+    def base(self, epoch: int | None = None) -> Image:
+        """The Debian base; with `epoch`, the release's (`build_release`): mmdebstrap's reproducible output for
+        SOURCE_DATE_EPOCH=`epoch`, without the build host's /etc/hostname and /etc/resolv.conf."""
         sources = debian_sources()
-        inputs = {"recipe": "mmdebstrap-apt-1", "suite": DEBIAN_SUITE, "packages": list(DEBIAN_PACKAGES),
-                  "excludes": list(DPKG_EXCLUDES), "sources": sources}
+        inputs: dict[str, object] = {"recipe": "mmdebstrap-apt-1", "suite": DEBIAN_SUITE,
+                                     "packages": list(DEBIAN_PACKAGES), "excludes": list(DPKG_EXCLUDES),
+                                     "sources": sources}
+        hooks = list(RELEASE_BASE_HOOKS) if epoch is not None else []
+        if epoch is not None:  # only then: the test images' inputs, and so their cache keys, stay as they were
+            inputs |= {"source_date_epoch": epoch, "hooks": hooks}
         key = _digest_inputs(inputs)
         ref = f"{BASE_NAME}:{DEBIAN_SUITE}-{key}"
         image = Image(ref, (), self.archive("base", key))
@@ -614,8 +625,9 @@ class _Builder:
             run(["mmdebstrap", "--variant=apt", "--mode=root", "--format=tar", "--skip=output/dev",
                  f"--include={','.join(DEBIAN_PACKAGES)}",
                  *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
-                 "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-                 DEBIAN_SUITE, tmp, *sources])
+                 "--dpkgopt=path-include=/usr/share/doc/*/copyright", *(f"--customize-hook={h}" for h in hooks),
+                 DEBIAN_SUITE, tmp, *sources],
+                env_extra={} if epoch is None else {"SOURCE_DATE_EPOCH": str(epoch)})
             os.replace(tmp, rootfs)
         container = buildah("from", "--name", f"base-{key}-{os.getpid()}", "scratch", capture=True).strip()
         try:
@@ -625,7 +637,7 @@ class _Builder:
                     "--env", "LANG=C.UTF-8", "--cmd", '["python3"]', "--os", "linux", "--arch", "amd64",
                     "--label", f"org.opencontainers.image.description=Debian {DEBIAN_SUITE} + python3 (mmdebstrap)",
                     container)
-            buildah("commit", "--quiet", "--format", "oci", "--rm", container, ref)
+            buildah("commit", "--quiet", "--format", "oci", *_timestamp(epoch), "--rm", container, ref)
         except BaseException:
             with contextlib.suppress(BuildError):
                 buildah("rm", container)
@@ -635,23 +647,37 @@ class _Builder:
         self.built("base", ref, t0, image.archive)
         return image
 
-    def operator(self, base: Image) -> Image:
+    def operator(self, base: Image, epoch: int | None = None) -> Image:
+        """The operator image; with `epoch`, the release's (`build_release`): built with `--timestamp epoch` (every
+        file's time and the image's creation time) and SOURCE_DATE_EPOCH=`epoch` in the builder stage (pip then
+        writes hash-checked bytecode, not bytecode stamped with the build's clock), under a name of its own."""
         ref = chart_operator_ref()
         files = {"Dockerfile": REPO_ROOT / "Dockerfile", "pyproject.toml": REPO_ROOT / "pyproject.toml",
                  LOCK.name: LOCK, "operator": REPO_ROOT / "operator"}
         build_args = {"BASE": base.ref, "PIP_NO_INDEX": "1"}
         # The lock is one of `files` and names every file installed: no need to list the wheels (so a built image
         # is found without them, offline, in a test's network namespace).
-        inputs = {"files": _tree_digest(REPO_ROOT, list(files)), "build_requirements": build_requirements(),
-                  "python": list(PYTHON_VERSION), "machine": os.uname().machine,
-                  "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
+        inputs: dict[str, object] = {"files": _tree_digest(REPO_ROOT, list(files)),
+                                     "build_requirements": build_requirements(),
+                                     "python": list(PYTHON_VERSION), "machine": os.uname().machine,
+                                     "build_args": build_args, "bud": BUD_FLAGS, "ref": ref}
+        if epoch is not None:  # only then: the test image's inputs, and so its cache key, stay as they were
+            inputs |= {"source_date_epoch": epoch, "release_dockerfile": RELEASE_DOCKERFILE_ARG,
+                       "release_bud": RELEASE_BUD_FLAGS, "base_digest_annotation": BASE_DIGEST_ANNOTATION}
         key = _digest_inputs(inputs)
-        image = Image(ref, (OPERATOR_ALIAS,), self.archive("operator", key))
+        name = "operator" if epoch is None else "operator-release"
+        image = Image(ref, (OPERATOR_ALIAS,), self.archive(name, key))
         if not image.archive.exists():
             t0 = time.monotonic()
             wheels = [self.locked_wheels("operator", LOCK), self.wheels("operator-build", build_requirements())]
-            self.bud("operator", key, ref, self.stage(f"operator-{key}", files, wheels), build_args, image.archive)
-            self.built("operator", ref, t0, image.archive)
+            ctx = self.stage(f"{name}-{key}", files, wheels)
+            if epoch is not None:
+                _declare_source_date_epoch(ctx / "Dockerfile")
+                build_args = {**build_args, "SOURCE_DATE_EPOCH": str(epoch)}
+            flags = [*RELEASE_BUD_FLAGS, *_timestamp(epoch), "--annotation",
+                     f"{BASE_DIGEST_ANNOTATION}={archive_digest(base.archive)}"] if epoch is not None else []
+            self.bud(name, key, ref, ctx, build_args, image.archive, flags=flags)
+            self.built(name, ref, t0, image.archive)
         return image
 
     def tritonserver(self, base: Image) -> Image:
@@ -721,6 +747,39 @@ class _Builder:
         return image
 
 
+#: The release base's mmdebstrap hooks: the build host's name and resolver stay out of it (mmdebstrap copies them in),
+#: and apt's download directories belong to _apt wherever the build ran (apt leaves them root's when _apt cannot
+#: reach mmdebstrap's temporary directory, as under a cache in root's home: the one difference two builds showed).
+RELEASE_BASE_HOOKS = ('rm -f "$1/etc/hostname" "$1/etc/resolv.conf"',
+                      'chroot "$1" chown _apt:root /var/cache/apt/archives/partial /var/lib/apt/lists/partial')
+#: What the release build adds to its staged copy of the Dockerfile, after the builder stage's FROM: an ARG is in the
+#: environment of that stage's RUN steps, and not in the image's configuration.
+RELEASE_DOCKERFILE_ARG = "ARG SOURCE_DATE_EPOCH"
+
+
+#: How a release's operator image is built besides `BUD_FLAGS`: from no cached step, and with the manifest's
+#: org.opencontainers.image.base.digest annotation set to the base archive's digest. Without it, buildah writes there
+#: the digest its storage holds for the base, which varied with the storage's history: two builds of one commit gave
+#: the same config and layer but manifests differing in that annotation alone.
+RELEASE_BUD_FLAGS = ("--no-cache",)
+BASE_DIGEST_ANNOTATION = "org.opencontainers.image.base.digest"
+
+
+def _timestamp(epoch: int | None) -> list[str]:
+    """buildah's `--timestamp` flag for a release build; nothing for the test images."""
+    return [] if epoch is None else ["--timestamp", str(epoch)]
+
+
+def _declare_source_date_epoch(dockerfile: Path) -> None:
+    """Adds `RELEASE_DOCKERFILE_ARG` after the builder stage's FROM of a staged Dockerfile."""
+    text = dockerfile.read_text()
+    new, count = re.subn(r"^(FROM\s+\S+\s+AS\s+builder)[ \t]*$", rf"\1\n{RELEASE_DOCKERFILE_ARG}", text,
+                         count=1, flags=re.M | re.I)
+    if count != 1:
+        raise BuildError(f"{dockerfile}: no `FROM ... AS builder` line to declare SOURCE_DATE_EPOCH after")
+    dockerfile.write_text(new)
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """One builder at a time per cache (two test sessions may start together)."""
@@ -760,6 +819,19 @@ def build_all(log: Log = print) -> list[Image]:
             b.gc(images)
     log(f"[images] Images ready count={len(images)} seconds={time.monotonic() - t0:.1f} cache={b.root}")
     return images
+
+
+def build_release(epoch: int, log: Log = print) -> Image:
+    """The release's operator image (tools/release.py), built if the cache lacks it: `operator(base, epoch)` on
+    `base(epoch)`, so two builds of one commit, warm or from an empty cache, give the same image digest (as long as
+    the Debian mirror serves the same packages). Distinct from the test clusters' operator image, whose build
+    inputs this leaves alone."""
+    with _locked(images_dir() / "lock"):
+        b = _Builder(log)
+        b.clean_partial()
+        image = b.operator(b.base(epoch), epoch)
+        os.utime(image.archive)
+    return image
 
 
 def build_endless(log: Log = print) -> Image:
