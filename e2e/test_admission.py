@@ -204,7 +204,8 @@ def test_webhook_configuration_and_failure_policy(kube: Kube, operator: Operator
     """What the operator registered: its own CA, TritonModel and TritonPool CREATE/UPDATE only (a pool's delete is
     never refused: its models report PoolNotFound), failurePolicy Fail."""
     vwc = kube.request("GET", f"{VWC}/{operator.webhook_configuration}")
-    [hook] = vwc["webhooks"]  # (the operator's own writes are reviewed only with reviewWrites: test_operator_policies)
+    [hook, own] = vwc["webhooks"]
+    assert own["name"] == "operator-writes.serving.triton-operator.dev"  # the operator's own writes (issue 39)
     assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
     assert hook["rules"] == [{"apiGroups": ["serving.triton-operator.dev"], "apiVersions": ["*"],
                               "operations": ["CREATE", "UPDATE"],

@@ -237,7 +237,8 @@ def _assert_the_charts_webhook_refuses_a_cross_object_defect(kubeconfig: Path, k
     """The chart's webhook path: API server -> Service -> an operator pod's 198.18.x address, TLS with the
     certificate of the chart's Secret, whose CA the chart put into the ValidatingWebhookConfiguration."""
     vwc = kube.request("GET", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{release.fullname}")
-    (hook,) = vwc["webhooks"]  # (the operator's own writes are reviewed only with reviewWrites: test_operator_policies)
+    hook, own = vwc["webhooks"]
+    assert own["clientConfig"]["service"]["path"] == "/validate-operator-writes"  # the operator's own writes (issue 39)
     assert hook["clientConfig"]["service"] == {"namespace": release.namespace, "name": f"{release.fullname}-webhook",
                                                "path": "/validate-tritonmodels", "port": 443}
     assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [namespace]

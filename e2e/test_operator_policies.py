@@ -94,14 +94,13 @@ def can_i(kubeconfig: Path, verb: str, resource: str, namespace: str, sub: str =
 
 @pytest.fixture(scope="module")
 def own_writes_reviewed(operator: OperatorHandle) -> Iterator[OperatorHandle]:
-    """The session's release with admissionPolicies.operator.reviewWrites (off by default): the operator's webhook
-    reviews its own Deployment and EndpointSlice writes. Set back when the module is done."""
+    """The session's release, whose admissionPolicies.operator.reviewWrites is on (the default): the operator's webhook
+    reviews its own Deployment and EndpointSlice writes."""
     assert isinstance(operator, ChartOperator)
-    operator.reconfigure("--set", "admissionPolicies.operator.reviewWrites=true")
-    try:
-        yield operator
-    finally:
-        operator.reconfigure("--set", "admissionPolicies.operator.reviewWrites=false")
+    deployment = operator.kube.get("Deployment", operator.fullname, RELEASE_NAMESPACE)
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"]
+    assert "--webhook-reviews-own-writes" in container["args"], "the chart's default reviews them"
+    yield operator
 
 
 def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serves_a_model(

@@ -376,7 +376,7 @@ def test_webhook_configuration_is_the_operators_own_pointed_at_its_service(helm:
     (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     target = WebhookTarget(service_namespace=RELEASE_NS, service_name=svc["metadata"]["name"], service_port=443)
     expected = render_webhook_configuration(SA, target, "", "Fail", values.get("watch.namespaces"))
-    (hook,) = vwc["webhooks"]  # the operator's own writes, when reviewed: test_the_operators_own_writes_go_to_its_webhook
+    hook, _ = vwc["webhooks"]  # and the operator's own writes (test_the_operators_own_writes_go_to_its_webhook)
     secret = next(d for d in kinds(docs, "Secret") if d["metadata"]["name"] == f"{SA}-webhook-tls")
     assert hook["clientConfig"].pop("caBundle") == secret["data"]["ca.crt"], "the CA of the Secret every replica serves"
     (want,) = expected["webhooks"]  # type: ignore[misc]
@@ -404,7 +404,7 @@ def test_no_webhook_when_paused_or_disabled(helm: str, values: dict[str, Any]) -
 
 
 def test_webhook_failure_policy_is_a_value(helm: str) -> None:
-    (hook,) = one(render(helm, **{"webhook.failurePolicy": "Ignore"}), "ValidatingWebhookConfiguration")["webhooks"]
+    hook, _ = one(render(helm, **{"webhook.failurePolicy": "Ignore"}), "ValidatingWebhookConfiguration")["webhooks"]
     assert hook["failurePolicy"] == "Ignore"
 
 
@@ -869,7 +869,7 @@ def test_the_default_triton_image_is_a_value_the_operator_runs_with(helm) -> Non
 def test_the_tritonmodel_policy_binds_the_namespaces_the_webhook_reviews(helm: str) -> None:
     docs = render(helm, **NAMESPACED)
     _, binding = _policy(docs, "tritonmodels")
-    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    hook, _ = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
     assert binding["spec"]["matchResources"]["namespaceSelector"] == hook["namespaceSelector"]
     selector = {"matchLabels": {"team": "ml"}}
     _, binding = _policy(render(helm, **{"webhook.namespaceSelector": selector}), "tritonmodels")
@@ -883,15 +883,15 @@ def test_the_operators_own_writes_go_to_its_webhook(helm: str, values: dict[str,
     even where the TritonModel webhook is set to Ignore; nobody else's writes go there."""
     from triton_operator.validate.operator_writes import OPERATOR_WRITES_PATH
 
-    on = {"admissionPolicies.operator.reviewWrites": True}
+    on: dict[str, Any] = {}  # the default
     docs = render(helm, **values, **on, **{"webhook.failurePolicy": "Ignore"})
     models, own = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--webhook-reviews-own-writes" in args, "a new leader waits for the webhook's first ready endpoint"
-    default = render(helm, **values)
-    (alone,) = one(default, "ValidatingWebhookConfiguration")["webhooks"]  # off by default (values.yaml says why)
+    off = render(helm, **values, **{"admissionPolicies.operator.reviewWrites": False})
+    (alone,) = one(off, "ValidatingWebhookConfiguration")["webhooks"]  # turned off
     assert alone["name"] == "tritonmodels.serving.triton-operator.dev"
-    assert "--webhook-reviews-own-writes" not in one(default, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--webhook-reviews-own-writes" not in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert models["failurePolicy"] == "Ignore" and own["failurePolicy"] == "Fail"
     assert own["name"] == "operator-writes.serving.triton-operator.dev" and "namespaceSelector" not in own
     assert [(r["apiGroups"], r["resources"], r["operations"]) for r in own["rules"]] == [
@@ -909,7 +909,8 @@ def test_a_new_leader_may_read_its_webhook_services_endpoints_and_nothing_else_t
     """The webhook for the operator's own writes fails closed: a new leader waits for the webhook Service's first ready
     endpoint (`AdmissionWebhook.wait_reachable`), reading its EndpointSlices in the release's namespace only."""
     docs = render(helm, **NAMESPACED, **{"admissionPolicies.operator.reviewWrites": True})
-    assert not [d for d in render(helm, **NAMESPACED) if d["metadata"]["name"] == f"{SA}-webhook-endpoints"]
+    assert not [d for d in render(helm, **NAMESPACED, **{"admissionPolicies.operator.reviewWrites": False})
+                if d["metadata"]["name"] == f"{SA}-webhook-endpoints"]
     role = next(d for d in kinds(docs, "Role") if d["metadata"]["name"] == f"{SA}-webhook-endpoints")
     assert role["metadata"]["namespace"] == RELEASE_NS
     assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
