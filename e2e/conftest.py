@@ -113,9 +113,11 @@ def cluster() -> Iterator[ClusterHandle]:
     try:
         yield ClusterHandle(kubeconfig, local.logs, local)
     finally:
-        record_admission_webhooks(Kube(kubeconfig), os.environ.get("PYTEST_XDIST_WORKER", "cluster"))
-        if started:
-            local.down()
+        try:
+            record_admission_webhooks(Kube(kubeconfig), os.environ.get("PYTEST_XDIST_WORKER", "cluster"))
+        finally:  # a measurement that fails must not leave the cluster running
+            if started:
+                local.down()
 
 
 @pytest.fixture(scope="session")
