@@ -53,6 +53,40 @@ class SharedTriton:
             self.server = None
 
 
+def _servers_in(value: Any, depth: int = 0) -> Iterator[Any]:
+    """The LocalTritonServers a fixture value holds: itself, its `.server`, or in a tuple/list (a level or two)."""
+    from triton_operator.triton.local import LocalTritonServer
+
+    if isinstance(value, LocalTritonServer):
+        yield value
+    elif isinstance(getattr(value, "server", None), LocalTritonServer):
+        yield value.server
+    elif isinstance(value, tuple | list) and depth < 2:
+        for v in value:
+            yield from _servers_in(v, depth + 1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that holds a tritonserver (a fixture's) reports whether it still runs and its log's tail, so a
+    failure says what Triton said and whether it was alive."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.when == "teardown":
+        return
+    seen = set()
+    for name, value in getattr(item, "funcargs", {}).items():
+        for server in _servers_in(value):
+            if id(server) in seen:
+                continue
+            seen.add(id(server))
+            proc = server.process
+            state = ("not started" if proc is None else "running" if proc.poll() is None
+                     else f"exited with code {proc.returncode}")
+            report.sections.append((f"tritonserver of fixture {name} (HTTP {server.http_url}): {state}",
+                                    server.log_tail(40)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `triton` are skipped, with the reason, when no real tritonserver is installed (the
     nvidia-pytriton wheel): skipped by their marker, never by a check inside each test."""

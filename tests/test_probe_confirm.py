@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ import tritonclient.grpc as grpcclient
 from tests.documents import python_model
 from tests.probing import KEY, get
 from tests.timing import scaled
-from tests.triton_helpers import Served, models_from_yaml, serve, tensor
+from tests.triton_helpers import Served, ServerPool, models_from_yaml, tensor
 from triton_operator.api.pod import REPOSITORY_KEY_ENV
 from triton_operator.plan import pool as pp
 from triton_operator.render.modelconfig import config_json
@@ -86,9 +86,29 @@ spec:
 
 
 @pytest.fixture(scope="module")
-def picky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serve(models_from_yaml(MODELS, "picky"), tmp_path_factory.mktemp("confirm") / "repo") as served:
-        yield served
+def picky_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Served]]:
+    """The module's tritonserver serving `MODELS`, started on first use and started again (on a fresh repository)
+    for the next test if one left it dead. One CI run's held probe said, after a Python stub was SIGKILLed under a
+    flood, that tritonserver's port refused connections: true only if tritonserver went down with its stub (not seen
+    again in 15 runs here, with and without CPU load); a test after that is about its own behaviour, not that."""
+    root = tmp_path_factory.mktemp("confirm")
+    pool = ServerPool()
+    current: list[Served] = []
+
+    def get() -> Served:
+        if not current or current[-1].server.process is None or current[-1].server.process.poll() is not None:
+            current.append(pool.serve(models_from_yaml(MODELS, "picky"), root / f"repo{len(current)}"))
+        return current[-1]
+
+    try:
+        yield get
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def picky(picky_server: Callable[[], Served]) -> Served:
+    return picky_server()
 
 
 @pytest.fixture
@@ -235,7 +255,7 @@ def stubs_of(served: Served, model: str) -> list[int]:
     return out
 
 
-def test_under_a_flood_a_killed_stub_and_an_unloaded_model_still_fail_the_probe(picky, probe):
+def test_under_a_flood_a_killed_stub_fails_the_probe(picky, probe):
     port = probe
     wait_passing(port)
     successes = success_count(picky, "picky")
@@ -247,12 +267,26 @@ def test_under_a_flood_a_killed_stub_and_an_unloaded_model_still_fail_the_probe(
         thread = threading.Thread(target=lambda: held.append(get(port)))
         thread.start()
         time.sleep(0.3)  # the probe is held (passing) before the kill
-        for pid in stubs_of(picky, "picky"):
+        stubs = stubs_of(picky, "picky")
+        assert stubs, picky.why("no Python stub of picky found among tritonserver's children")
+        for pid in stubs:
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         thread.join()
     [(code, body, answered)] = held
-    assert code == 503 and ("Python stub of model picky" in body or "own request" in body), (code, body)
+    assert code == 503, picky.why(f"the held probe passed after the stub's SIGKILL: {body}")
+    if "refuses connections" in body:
+        # The verdict is true only if tritonserver itself went down with its stub (a Triton crash, not ours): the
+        # probe then fails for that, at once. A tritonserver still running behind a "refuses" verdict is a defect.
+        assert picky.server.process is not None
+        try:
+            exit_code = picky.server.process.wait(scaled(10))
+        except subprocess.TimeoutExpired:
+            pytest.fail(picky.why(f"the probe said tritonserver refuses connections, yet it runs: {body}"))
+        print(f"stub SIGKILL under a flood took tritonserver down too (exit code {exit_code}); the held probe failed "
+              f"in {answered - killed:.2f}s: {body.strip()}\n{picky.server.log_tail(15)}")
+        return
+    assert "Python stub of model picky" in body or "own request" in body, picky.why(body)
     print(f"stub SIGKILL under a flood -> held probe failed in {answered - killed:.2f}s: {body.strip()}")
     config = config_json((picky.server.model_repository / "picky" / "config.pbtxt").read_text())
     repository(picky, "unload", "picky")
@@ -260,7 +294,11 @@ def test_under_a_flood_a_killed_stub_and_an_unloaded_model_still_fail_the_probe(
     wait_passing(port)
     assert infer(picky, "picky", 1.0)
 
-    held = []
+
+def test_an_unloaded_model_fails_the_held_probe_at_once(picky, probe):
+    port = probe
+    wait_passing(port)
+    held: list[tuple[int, str, float]] = []
     thread = threading.Thread(target=lambda: held.append(get(port)))
     thread.start()
     time.sleep(0.3)  # the probe is held (passing) before the unload
@@ -268,7 +306,7 @@ def test_under_a_flood_a_killed_stub_and_an_unloaded_model_still_fail_the_probe(
     repository(picky, "unload", "picky-ens")
     thread.join()
     [(code, body, answered)] = held
-    assert code == 503 and "picky-ens is not loaded" in body, body
+    assert code == 503 and "picky-ens is not loaded" in body, picky.why(body)
     print(f"unload -> held probe failed in {answered - unloading:.2f}s")
     repository(picky, "load", "picky-ens")
     wait_passing(port)
