@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests import timing
-from tests.tiers import file_totals, summary_line, tier_of, tier_totals
+from tests.tiers import file_totals, phase_line, summary_line, tier_of, tier_totals, worker_line
 
 #: e2e files, longest first: seconds per file (setup, call and teardown of its tests) in a warm `make test` with three
 #: workers on this project's 2-core machine, from the summary's "longest files" (a CI rehearsal at 6792e78: 5,576
@@ -82,8 +82,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 #: How many of the longest files the summary lists.
 LONGEST_FILES = 40
-#: (test id, tier, seconds) of every phase reported to this process: the controller's under pytest-xdist.
-_PHASES: list[tuple[str, str, float]] = []
+#: (test id, tier, seconds, phase, worker) of every phase reported to this process: the controller's under
+#: pytest-xdist (worker "" in one process).
+_PHASES: list[tuple[str, str, float, str, str]] = []
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -93,7 +94,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     tier = dict(report.user_properties).get("tier")  # pairs come back from an xdist worker as lists
     if tier is not None:
-        _PHASES.append((report.nodeid, str(tier), report.duration))
+        node = getattr(report, "node", None)  # the xdist worker that ran it, on the controller
+        worker = str(getattr(getattr(node, "gateway", None), "id", "") or "")
+        _PHASES.append((report.nodeid, str(tier), report.duration, report.when, worker))
 
 
 
@@ -121,6 +124,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _PHASES:
         terminalreporter.write_sep("=", "time per tier")
         terminalreporter.write_line(summary_line(tier_totals(_PHASES)))
+        terminalreporter.write_line(phase_line(_PHASES))
+        terminalreporter.write_line(worker_line(_PHASES))
         terminalreporter.write_sep("=", f"longest {LONGEST_FILES} files (test-seconds)")
         for path, seconds in file_totals(_PHASES)[:LONGEST_FILES]:
             terminalreporter.write_line(f"{seconds:8.1f}s {path}")

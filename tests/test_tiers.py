@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.tiers import file_totals, summary_line, tier_of, tier_totals
+from tests.tiers import file_totals, phase_line, summary_line, tier_of, tier_totals, worker_line
 
 
 def test_a_tier_is_read_from_the_markers_as_make_selects_it() -> None:
@@ -26,3 +26,14 @@ def test_files_add_up_their_tests_phases_longest_first() -> None:
               ("tests/test_b.py::t[x]", "unit", 20.0), ("e2e/test_a.py::t2", "cluster", 9.0),
               ("tests/test_c.py::t", "unit", 1.0)]
     assert file_totals(phases) == [("e2e/test_a.py", 21.0), ("tests/test_b.py", 20.0), ("tests/test_c.py", 1.0)]
+
+
+def test_each_tier_splits_into_its_phases_and_each_worker_adds_up_what_it_ran() -> None:
+    phases = [("a", "unit", 0.5, "setup", "gw0"), ("a", "unit", 1.0, "call", "gw0"), ("a", "unit", 0.25, "teardown", "gw0"),
+              ("b", "cluster", 30.0, "setup", "gw1"), ("b", "cluster", 3.0, "call", "gw1"),
+              ("c", "cluster", 12.0, "teardown", "gw2")]
+    assert phase_line(phases) == (
+        "test-seconds per phase: unit setup 0.5, call 1.0, teardown 0.2; triton setup 0.0, call 0.0, teardown 0.0; "
+        "cluster setup 30.0, call 3.0, teardown 12.0")
+    assert worker_line(phases) == "test-seconds per worker: gw0 1.8, gw1 33.0, gw2 12.0"
+    assert worker_line([("a", "unit", 1.0, "call", "")]) == "test-seconds per worker: one process"
