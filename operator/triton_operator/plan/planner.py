@@ -48,7 +48,6 @@ from ..validate.rules import check_models
 from .compare import contains as contains  # noqa: PLC0414 - re-exported
 from .compare import differs as differs  # noqa: PLC0414 - re-exported: the controllers compare with it
 from .rollout import PodPatch, ReplicaRollout, in_place_deployment, patched, plan_replicas
-from .upgrade import Upgrade, Upgrades, bound_deployment, source_digest
 from .status import (
     ADMIN_APIS_RESTRICTED,
     SCALING_ACTIVE,
@@ -60,6 +59,7 @@ from .status import (
     status_changed,
     transitions,
 )
+from .upgrade import Upgrade, Upgrades, bound_deployment, source_digest
 
 #: Ready=False reasons that are a model on its way, not in trouble: their Events are Normal, not Warning.
 ON_ITS_WAY = frozenset({"ReplicasWarming", "ReplicasJoining", "ReplicasStarting"})

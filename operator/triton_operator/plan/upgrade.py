@@ -123,8 +123,8 @@ def source_digest(body: Mapping[str, Any], models: Mapping[str, Mapping[str, Any
     specs = {name: _spec_without_replicas(body)}
     steps = step_graph.steps_of(body)
     if steps:
-        def graph(n: str) -> list[str] | None:
-            return step_graph.steps_of(body) if n == name else step_graph.of_bodies(models)(n)
+        def graph(n: str) -> Iterable[str] | None:
+            return steps if n == name else step_graph.of_bodies(models)(n)
 
         reached, _ = step_graph.closure(name, graph)
         specs.update({n: _spec_without_replicas(models[n]) for n in reached if n != name})
