@@ -64,6 +64,7 @@ class Reconciler:
         #: The namespaces whose Deployments count against the bound (None: every namespace), LISTed once per process.
         self.upgrade_scopes: list[str | None] = [None]
         self._upgrades_listed = False
+        self._listing = asyncio.Lock()
         self._reserved: set[DeploymentKey] = set()
         self._waiting: set[DeploymentKey] = set()
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
@@ -242,21 +243,23 @@ class Reconciler:
     async def _list_upgrades(self) -> None:
         """Once per process, before its first upgrade rollout starts: the Deployments of the namespaces served, so
         that the count does not miss those the watch has not delivered yet (a newer one it has delivered stays)."""
-        for scope in self.upgrade_scopes:
-            listed, _ = await asyncio.to_thread(self.kube.list_versioned, DEPLOYMENT.api_version, DEPLOYMENT.kind, scope,
-                                                f"{LABEL_MODEL},!{LABEL_POOL}")
-            for dep in listed:
-                meta = dep["metadata"]
-                self.cache.children.setdefault((DEPLOYMENT.kind, meta["namespace"], meta["name"]), lean(dep))
-        self._upgrades_listed = True
+        async with self._listing:
+            if self._upgrades_listed:
+                return
+            for scope in self.upgrade_scopes:
+                listed, _ = await asyncio.to_thread(self.kube.list_versioned, DEPLOYMENT.api_version, DEPLOYMENT.kind,
+                                                    scope, f"{LABEL_MODEL},!{LABEL_POOL}")
+                for dep in listed:
+                    meta = dep["metadata"]
+                    self.cache.children.setdefault((DEPLOYMENT.kind, meta["namespace"], meta["name"]), lean(dep))
+            self._upgrades_listed = True
 
     async def _bounded(self, body: dict[str, Any], world: World, decided: Plan) -> Plan:
         """The plan to carry out under the bound on upgrade rollouts: one that starts an upgrade rollout is made
         again over the count as it is now, and its Deployment reserved, in one step (no `await` in between)."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         if decided.upgrade is not None and decided.upgrade.started and self.max_upgrade_rollouts:
-            if not self._upgrades_listed:
-                await self._list_upgrades()
+            await self._list_upgrades()
             decided = plan(replace(self.gather(body), replicasets=world.replicasets))
         if decided.upgrade is not None and decided.upgrade.started:
             self._reserved.add(key)
