@@ -22,8 +22,8 @@ from triton_operator.controller.reconcile import Reconciler
 from triton_operator.plan.planner import Plan, World, carried_out, plan
 from triton_operator.plan.upgrade import (
     ANNOTATION_GENERATION,
-    ANNOTATION_SOURCE,
     ANNOTATION_STARTED,
+    RECORD,
     UPGRADE_STARTED,
     UPGRADE_WAITING,
     Upgrades,
@@ -35,7 +35,6 @@ from triton_operator.render.kubernetes import Options
 
 OLD = Options()
 NEW = Options(pre_stop_sleep_seconds=OLD.pre_stop_sleep_seconds + 2)  # the new operator's pod template
-RECORD = (ANNOTATION_SOURCE, ANNOTATION_GENERATION, ANNOTATION_STARTED)
 
 
 def _finished(dep: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,6 +182,9 @@ def test_a_scale_is_no_change_of_the_spec_it_waits_but_takes_its_replicas() -> N
     assert decided.upgrade is not None and not decided.upgrade.started
     assert dep is not None and dep["spec"]["replicas"] == 3
     assert dep["spec"]["template"] == _live(world)["spec"]["template"]
+    live = _live(world)["metadata"]["annotations"]
+    assert {k: dep["metadata"]["annotations"].get(k) for k in RECORD} == {k: live.get(k) for k in RECORD}, (
+        "the record stays as the live template's")
 
 
 def test_a_change_of_an_ensemble_step_is_the_users_and_is_not_bounded() -> None:
@@ -209,8 +211,7 @@ def test_a_deployment_of_an_older_operator_counts_as_unchanged_when_the_status_s
     world = _upgraded(_settled(), "a", "b", limit=2)
     waits = plan(_without_record(world, observed=1))
     assert waits.upgrade is not None and not waits.upgrade.started, "the older operator reconciled generation 1"
-    dep = _deployment(waits)
-    assert dep is not None and dep["metadata"]["annotations"][ANNOTATION_SOURCE], "the record is written now"
+    assert _deployment(waits) is None, "no write while it waits: not even the record (its start writes it)"
     newer = _changed(_without_record(world, observed=1), server={"args": ["--log-verbose=1"]})
     rolls = plan(newer)
     assert rolls.upgrade is None, "generation 2 was never reconciled: the user's change"

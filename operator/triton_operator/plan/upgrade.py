@@ -30,9 +30,13 @@ template whose pods cannot start) holds its slot: a broken operator version stop
 of the user's drops ANNOTATION_STARTED (the plan leaves it out, and server-side apply removes what its field manager
 no longer sets), and so frees the slot.
 
-A model that waits keeps its live template (its other children, the Deployment's replicas and metadata are
-applied as usual), says so on its status (Progressing=True, reason UPGRADE_WAITING) and is reconciled again when a
-slot frees (`controller.reconcile`).
+A model that waits keeps its live template and the live record, says so on its status (Progressing=True, reason
+UPGRADE_WAITING) and is reconciled again when a slot frees (`controller.reconcile`). Its other children are applied
+as usual; its Deployment only when something else of it changed (its replicas: a scale): with the live template,
+which the webhook on the operator's own writes (`validate.operator_writes`) refuses when the upgrade changed what a
+replica may use (the default tritonserver image, the repository key's Secret, the token's automount). The model then
+says Degraded, reason ApiError, and takes the new replica count when its turn comes. Its record is not rewritten
+while it waits: it still says what the live template was rendered from.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ ANNOTATION_SOURCE = f"{GROUP}/rendered-from-spec"
 ANNOTATION_GENERATION = f"{GROUP}/rendered-from-generation"
 #: On the Deployment: when the operator started an upgrade rollout of it (RFC 3339).
 ANNOTATION_STARTED = f"{GROUP}/upgrade-rollout-started"
+
+#: The whole record, as a waiting Deployment keeps it.
+RECORD = (ANNOTATION_SOURCE, ANNOTATION_GENERATION, ANNOTATION_STARTED)
 
 #: The Progressing reason of a model whose upgrade rollout waits for a slot; the Event's reason when one starts.
 UPGRADE_WAITING = "UpgradeRolloutWaiting"
@@ -167,9 +174,12 @@ def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None,
     others = upgrades.rolling - {key}
     bound = f"{len(others)} of at most {upgrades.limit} model Deployments are in an upgrade rollout"
     if upgrades.limit and key not in upgrades.rolling and len(others) >= upgrades.limit:
+        # The live template, and the live record (whatever of it there is): written only if something else changed.
         out["spec"] = {**out["spec"], "template": copy.deepcopy(live["spec"]["template"])}
-        if started is not None:
-            ann[ANNOTATION_STARTED] = started
+        for k in RECORD:
+            ann.pop(k, None)
+            if k in _annotations(live):
+                ann[k] = _annotations(live)[k]
         return out, Upgrade(False, f"the operator renders another pod template for this unchanged model; {bound} "
                                    "(--max-upgrade-rollouts): it waits for one to finish, its replicas keep serving")
     ann[ANNOTATION_STARTED] = rfc3339(now)
