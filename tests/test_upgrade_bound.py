@@ -135,10 +135,15 @@ def test_zero_means_no_bound() -> None:
     assert "no bound" in decided.upgrade.message
 
 
-def test_a_deployment_already_in_an_upgrade_rollout_keeps_its_slot_for_a_newer_template() -> None:
-    world = _upgraded(_settled(), "m", "other", limit=2)
+def test_a_deployment_already_in_an_upgrade_rollout_keeps_its_slot_and_start_for_a_newer_template() -> None:
+    settled = _settled()
+    marked = _rolling(_live(settled))
+    marked["metadata"]["annotations"] = {**marked["metadata"]["annotations"], ANNOTATION_STARTED: "2026-01-01T00:00:00Z"}
+    world = _upgraded(replace(settled, children={**settled.children, ("Deployment", "m"): marked}), "m", "other", limit=2)
     decided = plan(world)
     assert decided.upgrade is not None and decided.upgrade.started, "it holds one of the two slots already"
+    dep = _deployment(decided)
+    assert dep is not None and dep["metadata"]["annotations"][ANNOTATION_STARTED] == "2026-01-01T00:00:00Z"
 
 
 def test_only_unfinished_upgrade_rollouts_count() -> None:

@@ -182,7 +182,8 @@ def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None,
                 ann[k] = _annotations(live)[k]
         return out, Upgrade(False, f"the operator renders another pod template for this unchanged model; {bound} "
                                    "(--max-upgrade-rollouts): it waits for one to finish, its replicas keep serving")
-    ann[ANNOTATION_STARTED] = rfc3339(now)
+    # One under way that takes a newer template keeps its slot and its start.
+    ann[ANNOTATION_STARTED] = started if started is not None and in_upgrade_rollout(live) else rfc3339(now)
     limit = f"{bound} besides it" if upgrades.limit else "no bound on upgrade rollouts (--max-upgrade-rollouts 0)"
     return out, Upgrade(True, f"the operator renders another pod template for this unchanged model: its Deployment "
                               f"rolls to it now; {limit}")
