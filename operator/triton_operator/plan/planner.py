@@ -20,6 +20,11 @@ whose replicas load it as a step; a model at `replicas: 0` that they serve is Re
 children stay at 0 replicas (`render.kubernetes`). `steps_to_revisit` tells the controller whose servedBy a
 change of an ensemble may change.
 
+A Deployment whose pod template changes while nothing of the user's did (a new operator version) is an upgrade
+rollout, bounded operator-wide (`plan.upgrade`): the plan keeps its live template while `World.upgrades` is at the
+bound, and says so (`Plan.upgrade`, the status' UpgradeRolloutWaiting). The Deployment's metadata records what its
+template was rendered from; its pod template never does.
+
 The status is planned from the world as it is; the controller plans once more after carrying out the writes
 (the cache then holds what the API server answered) and writes that plan's status. A plan carried out leaves
 a world whose plan writes nothing (`Plan.writes_nothing`): the idempotence the unit tests check
