@@ -442,6 +442,8 @@ def test_operator_deployment_is_hardened_and_probed(helm: str) -> None:
     ({}, "--max-upgrade-rollouts=2"),
     ({"upgrade.maxModelsRolling": 0}, "--max-upgrade-rollouts=0"),
     ({"upgrade.maxModelsRolling": 5}, "--max-upgrade-rollouts=5"),
+    # A release upgraded with --reuse-values from a chart without the value: the default.
+    ({"upgrade": None}, "--max-upgrade-rollouts=2"),
 ])
 def test_the_bound_on_upgrade_rollouts_is_a_value(helm: str, values: dict[str, Any], arg: str) -> None:
     """upgrade.maxModelsRolling reaches `run --max-upgrade-rollouts` (plan.upgrade), and `run` takes the flag."""
