@@ -267,8 +267,9 @@ class _Kube:
     """What `Reconciler._reconcile` calls, in memory: applies are stored as sent; Events are recorded. Each call
     yields to the event loop first, as the real calls (in a thread) do."""
 
-    def __init__(self, deployments: list[dict[str, Any]]) -> None:
+    def __init__(self, deployments: list[dict[str, Any]], models: list[dict[str, Any]]) -> None:
         self.deployments = deployments
+        self.models = {m["metadata"]["name"]: m for m in models}
         self.applied: list[dict[str, Any]] = []
         self.events: list[tuple[str, str]] = []
         self.listed = 0
@@ -291,11 +292,27 @@ class _Kube:
         self.applied.append(obj)
         return {**copy.deepcopy(obj), "status": {}}
 
-    def patch_custom_status(self, *args: Any) -> None:
-        return None  # as for a deleted model: the reconcile then forgets it, which these tests do not look at
+    def patch_custom_status(self, group: str, version: str, plural: str, namespace: str, name: str,
+                            status: dict[str, Any]) -> dict[str, Any]:
+        body = self.models[name]
+        body["status"] = _merged(body.get("status") or {}, status)
+        return copy.deepcopy(body)
 
     def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         self.events.append((involved["metadata"]["name"], reason))
+
+
+def _merged(old: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) of `old`."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(old) if isinstance(old, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merged(out.get(k), v)
+    return out
 
 
 def _cached(cache: Cache, world: World) -> None:
@@ -312,10 +329,11 @@ def test_two_reconciles_at_once_do_not_both_take_the_last_slot_and_the_count_is_
     elsewhere = _rolling(_live(_settled("elsewhere"), "elsewhere"))
     elsewhere["metadata"] = {**elsewhere["metadata"], "namespace": "team-b",
                              "annotations": {ANNOTATION_STARTED: "2026-01-01T00:00:00Z"}}
-    kube = _Kube([elsewhere])
+    worlds = [_settled(name) for name in ("m1", "m2")]
+    kube = _Kube([elsewhere], [copy.deepcopy(dict(w.body)) for w in worlds])
     cache = Cache()
-    for name in ("m1", "m2"):
-        _cached(cache, _settled(name))
+    for w in worlds:
+        _cached(cache, w)
     rec = Reconciler(kube, cache, NEW, max_upgrade_rollouts=2)  # type: ignore[arg-type]
 
     async def both() -> None:
@@ -326,8 +344,41 @@ def test_two_reconciles_at_once_do_not_both_take_the_last_slot_and_the_count_is_
     rolled = [d["metadata"]["name"] for d in kube.applied
               if d["kind"] == "Deployment" and ANNOTATION_STARTED in d["metadata"]["annotations"]]
     assert len(rolled) == 1, kube.applied
-    assert kube.events == [(rolled[0], UPGRADE_STARTED)]
+    assert [e for e in kube.events if e[1] == UPGRADE_STARTED] == [(rolled[0], UPGRADE_STARTED)]
     assert cache.children.upgrading == {("team-b", "elsewhere"), (NS, rolled[0])}
     waiting = ({"m1", "m2"} - set(rolled)).pop()
     assert rec._waiting == {(NS, waiting)}
+    assert (waiting, UPGRADE_WAITING) in kube.events, "the status' transition to UpgradeRolloutWaiting is an Event"
     assert rec._reserved == set(), "the reservation ends with the apply"
+
+    # The rollout finishes (the watch delivers its Deployment): its model's reconcile wakes the waiting one, which
+    # starts.
+    done = next(d for d in kube.applied if d["metadata"]["name"] == rolled[0] and d["kind"] == "Deployment")
+    cache.put_child(_finished(done))
+    assert cache.children.upgrading == {("team-b", "elsewhere")}
+
+    async def freed() -> None:
+        await rec.reconcile(NS, rolled[0])
+        assert set(rec._workers) == {(NS, waiting)}, "the waiting model is reconciled again"
+        await asyncio.wait_for(asyncio.gather(*rec._workers.values()), 30)
+
+    asyncio.run(freed())
+    assert [e for e in kube.events if e[1] == UPGRADE_STARTED] == [(rolled[0], UPGRADE_STARTED), (waiting, UPGRADE_STARTED)]
+    assert rec._waiting == set()
+
+
+def test_a_waiting_model_that_is_gone_is_asked_once_not_for_ever() -> None:
+    rec = Reconciler(_Kube([], []), Cache(), NEW, max_upgrade_rollouts=1)  # type: ignore[arg-type]
+    rec._waiting = {(NS, "gone")}
+
+    async def wake() -> None:
+        rec.request(NS, "other")  # any reconcile, with a slot free, asks the waiting ones
+
+        async def drained() -> None:
+            while rec._workers:
+                await asyncio.gather(*list(rec._workers.values()))
+
+        await asyncio.wait_for(drained(), 5)  # asked for ever, the gone model's worker would never end
+
+    asyncio.run(wake())
+    assert rec._waiting == set()

@@ -236,6 +236,8 @@ class Reconciler:
         """Reconciles the models whose upgrade rollout waits, while the count is under the bound: a slot freed (a
         rollout finished, a Deployment went). Those that find no slot wait again."""
         if self._waiting and len(self._upgrades().rolling) < self.max_upgrade_rollouts:
+            # Each asked once: its next plan says whether it waits again (`_bounded`). Kept, they would be asked
+            # again by every reconcile, their own included, and one that is gone would be asked for ever.
             waiting, self._waiting = self._waiting, set()
             for key in sorted(waiting):
                 self.request(*key)
@@ -267,6 +269,8 @@ class Reconciler:
             self._waiting.add(key)
         else:
             self._waiting.discard(key)
+        metrics.UPGRADE_WAITING.set(len(self._waiting))
+        metrics.UPGRADE_ROLLOUTS.set(len(self._upgrades().rolling))
         return decided
 
     async def _read(self, world: World, decided: Plan) -> World:
@@ -320,6 +324,7 @@ class Reconciler:
             self._reserved.discard((namespace, name))  # the cache holds the applied Deployment now, or none started
         if refused is None and decided.upgrade is not None and decided.upgrade.started:
             log.info("Started upgrade rollout of Deployment namespace=%s name=%s owner=TritonModel/%s", namespace, name, name)
+            metrics.UPGRADE_STARTS.inc()
             await asyncio.to_thread(self.kube.event, body, UPGRADE_STARTED, decided.upgrade.message, "Normal")
         # The status, planned again over what the writes left in the cache (the API server's answers).
         after = plan(replace(self.gather(body), replicasets=world.replicasets, api_error=failure))
