@@ -164,7 +164,7 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
             wait_model(kube, namespace, name, is_model_ready, "Ready", 300)
         for d in kube.items("Deployment", namespace, labelSelector=LABEL_MODEL):
             assert _image(d) == TRITON_REF, d["metadata"]["name"]
-        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0).start() for name in MODELS]
+        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start() for name in MODELS]
         for load in loads:
             wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
 
