@@ -15,7 +15,6 @@ new pods that hold the new key, and reloads them in place.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import urllib.error
 import urllib.request
@@ -27,7 +26,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from e2e.kube import ApiError, Kube, wait_for
+from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import (
     OperatorHandle,
     as_stream,
@@ -41,6 +40,7 @@ from e2e.operator_fixtures import (
     start_operator,
     wait_model,
 )
+from e2e.testing import delete_namespace
 from e2e.traffic import ADMIN_HTTP, admin_grpc_calls, grpc_not_refused, http_call
 from triton_operator.api.pod import ANNOTATION_DIGEST, KEY_HEADER, REPOSITORY_KEY_ENV
 
@@ -223,7 +223,5 @@ def test_a_restarted_operator_keeps_its_key_and_a_new_master_key_rolls_the_repli
         record("repository master key changed", f"Secret {first_secret} -> {second_secret}; the replica rolled")
     finally:
         op.stop()
-        with contextlib.suppress(ApiError):
-            kube.delete("Namespace", namespace)
-        wait_for(f"pods in {namespace} to be gone", lambda: not kube.items("Pod", namespace), 120)
+        delete_namespace(kube, namespace)  # no operator or replica outlives its test
     assert repository_key_file(logs).exists()
