@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import urllib.error
 import urllib.request
 import uuid
@@ -78,6 +79,15 @@ def http_attempts() -> dict[str, tuple[str, dict[str, Any] | None]]:
         body = {"parameters": {"config": config, **{k: base64.b64encode(v).decode() for k, v in files.items()}}}
         out[f"load {target} with files"] = (f"/v2/repository/models/{target}/load", body)
     return out
+
+
+def accepts(ip: str, port: int) -> bool:
+    """Whether a TCP connection to ip:port is accepted."""
+    try:
+        with socket.create_connection((ip, port), 2):
+            return True
+    except OSError:
+        return False
 
 
 def refused_over_http(address: str) -> dict[str, tuple[int, str]]:
@@ -154,6 +164,11 @@ def test_through_the_service_no_client_may_unload_the_model_or_load_its_own_code
         assert key not in json.dumps(obj), f"the key is in {obj['kind']} {obj['metadata']['name']}"
 
     svc = kube.get("Service", MODEL, namespace)["spec"]["clusterIP"]
+    # kube-proxy programs the ready endpoints a moment after they turn ready (its sync runs at most once a second):
+    # until then the ClusterIP refuses connections, as on any cluster (a CI run once met that here). Wait for it, so
+    # that what is checked below is Triton's answer, not kube-proxy's lag.
+    wait_for("kube-proxy to send the ClusterIP's HTTP and gRPC ports to the replicas",
+             lambda: accepts(svc, 8000) and accepts(svc, 8001), 30, 0.1)
     addresses = {"the Service": svc} | {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
     for where, ip in addresses.items():
         assert not (wrong := refused_over_http(f"{ip}:8000")), f"{where} over HTTP: {wrong}"
