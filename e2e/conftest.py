@@ -12,7 +12,6 @@ to a failed test's report (plus the operator's log when the test used the `opera
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import uuid
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import LocalCluster, session_root
-from e2e.kube import ApiError, Kube, condition, wait_for
+from e2e.kube import Kube, condition, wait_for
 from e2e.node import Node
 from e2e.operator_fixtures import (  # noqa: F401 - fixture
     OPERATOR_NAMESPACE_PREFIX,
@@ -34,7 +33,7 @@ from e2e.operator_fixtures import (  # noqa: F401 - fixture
     start_operator,
     summary_lines,
 )
-from e2e.testing import diagnostics
+from e2e.testing import delete_namespace, diagnostics
 
 GPU_NODE = "gpu-node-1"
 
@@ -171,12 +170,7 @@ def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
     name = _namespace_name(request, "operator" in request.fixturenames)
     _create_namespace(kube, name)
     yield name
-    with contextlib.suppress(ApiError):  # pods first: the namespace controller only starts after a delay
-        kube.request("DELETE", f"/api/v1/namespaces/{name}/pods", {"kind": "DeleteOptions", "apiVersion": "v1"})
-    with contextlib.suppress(ApiError):
-        kube.delete("Namespace", name)
-    # Pods stop through their kubelet (preStop, SIGTERM, grace period): wait so no process outlives its test.
-    wait_for(f"pods in {name} to be gone", lambda: not kube.items("Pod", name), 120)
+    delete_namespace(kube, name)
 
 
 @dataclass

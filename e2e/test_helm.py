@@ -34,7 +34,7 @@ from e2e.cluster import REPO_ROOT
 from e2e.images import TRITON_REF
 from e2e.kube import RESOURCES, ApiError, Kube, condition, wait_for
 from e2e.operator_fixtures import ensure_crd
-from e2e.testing import ready_addresses, wait_gone
+from e2e.testing import delete_namespace, ready_addresses, wait_gone
 from triton_operator import DEFAULT_OPERATOR_IMAGE
 
 pytestmark = pytest.mark.cluster
@@ -127,9 +127,7 @@ def installed(kubeconfig: Path, kube: Kube, name: str, namespace: str, *sets: st
     finally:
         with contextlib.suppress(AssertionError):
             helm(kubeconfig, "uninstall", name, "--namespace", namespace, "--wait", "--timeout", "90s")
-        kube.delete("Namespace", namespace)
-        # The operator pod stops through its kubelet: no operator outlives its test.
-        wait_for(f"pods in {namespace} to be gone", lambda: not kube.items("Pod", namespace), 120)
+        delete_namespace(kube, namespace)  # no operator or replica outlives its test
 
 
 def service_account_kubeconfig(admin: Path, release: Release, path: Path) -> Path:

@@ -40,7 +40,7 @@ from e2e.operator_fixtures import (
     model_condition,
     wait_model,
 )
-from e2e.testing import ready_addresses
+from e2e.testing import delete_namespace, ready_addresses
 from triton_operator.platform.certificates import issue_certificate
 
 pytestmark = pytest.mark.cluster
@@ -208,9 +208,7 @@ def _release_namespace(kube: Kube, name: str) -> Iterator[str]:
     try:
         yield name
     finally:
-        with contextlib.suppress(ApiError):
-            kube.delete("Namespace", name)
-        wait_for(f"pods in {name} to be gone", lambda: not kube.items("Pod", name), 120)
+        delete_namespace(kube, name)  # no operator or replica outlives its test
 
 
 def test_installing_the_chart_leaves_an_hpa_on_another_metrics_server_where_it_was(

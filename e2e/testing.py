@@ -187,6 +187,21 @@ def wait_gone(kube: Kube, kind: str, namespace: str, name: str, timeout: float =
              timeout)
 
 
+def delete_namespace(kube: Kube, name: str, timeout: float = 120.0) -> None:
+    """Deletes a test's namespace and returns once its pods are gone, so no process outlives its test (nor holds a
+    GPU the next test's pods need). A terminating namespace admits no new pod, so its pods go at once, with a grace
+    period of 1 s: the kubelet cuts a replica's preStop sleep and tritonserver's drain short (~30 s otherwise). What a
+    replica does when deleted is checked by the tests about it, not here."""
+    import contextlib
+
+    with contextlib.suppress(ApiError):
+        kube.delete("Namespace", name)
+    with contextlib.suppress(ApiError):
+        kube.request("DELETE", f"/api/v1/namespaces/{name}/pods",
+                     {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 1})
+    wait_for(f"pods in {name} to be gone", lambda: not kube.items("Pod", name), timeout)
+
+
 # -- diagnostics ----------------------------------------------------------------------------------
 
 
