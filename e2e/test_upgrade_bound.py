@@ -9,7 +9,7 @@ on every node: no pull), as a new operator version with a new default image woul
 once more mid-way (one model rolling, another waiting), it must keep the bound: it counts again from the Deployments.
 
 A sampler thread LISTs the namespace's Deployments and TritonModels while the upgrade runs: a Deployment is in an
-upgrade rollout when its template names the new reference (or it carries the operator's `upgrade-rollout-started`
+upgrade rollout when its template names the new reference (or its labels carry the operator's `upgrade-rollout-started`
 record) and its rollout is not finished, as `kubectl rollout status` judges it.
 """
 
@@ -37,9 +37,10 @@ from e2e.operator_fixtures import (
     start_operator,
     wait_model,
 )
+from e2e.testing import delete_namespace
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.pod import TRITON_CONTAINER
-from triton_operator.plan.upgrade import ANNOTATION_STARTED, UPGRADE_STARTED, UPGRADE_WAITING
+from triton_operator.plan.upgrade import LABEL_STARTED, UPGRADE_STARTED, UPGRADE_WAITING
 
 pytestmark = pytest.mark.cluster
 
@@ -67,7 +68,7 @@ def _finished(dep: dict[str, Any]) -> bool:
 def _rolling(deployments: list[dict[str, Any]]) -> set[str]:
     """The Deployments in an unfinished upgrade rollout: on the new template, or with the operator's record."""
     return {d["metadata"]["name"] for d in deployments if not _finished(d) and (
-        _image(d) == NEW_REF or ANNOTATION_STARTED in (d["metadata"].get("annotations") or {}))}
+        _image(d) == NEW_REF or LABEL_STARTED in (d["metadata"].get("labels") or {}))}
 
 
 class _Sampler:
@@ -186,7 +187,7 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
         for load in loads:
             load.__exit__()
         op.stop()
-        kube.delete("Namespace", namespace)
+        delete_namespace(kube, namespace)  # no operator or replica outlives its test
 
     started = {name: sum(e["involvedObject"]["name"] == name for e in events) for name in MODELS}
     failed = sum(t.failed for t in tallies.values())

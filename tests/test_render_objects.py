@@ -15,7 +15,7 @@ import yaml
 
 from tests.cli_helpers import cli
 from triton_operator.plan.planner import World, plan
-from triton_operator.plan.upgrade import ANNOTATION_GENERATION, ANNOTATION_SOURCE, ANNOTATION_STARTED
+from triton_operator.plan.upgrade import RECORD
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-operator"
@@ -36,14 +36,10 @@ def _planned(body: dict[str, Any], models: list[dict[str, Any]] | None = None) -
 
 
 def _without_record(obj: dict[str, Any]) -> dict[str, Any]:
-    """The object without the operator's record on a Deployment's metadata (what it was rendered from, `plan.upgrade`),
+    """The object without the operator's record in a Deployment's labels (what it was rendered from, `plan.upgrade`),
     which `render --objects` says it leaves out: it is the operator's, of the spec as the API server stores it."""
-    ann = {k: v for k, v in (obj["metadata"].get("annotations") or {}).items() if k not in RECORD}
-    meta = {k: v for k, v in obj["metadata"].items() if k != "annotations"} | ({"annotations": ann} if ann else {})
-    return obj | {"metadata": meta}
-
-
-RECORD = (ANNOTATION_SOURCE, ANNOTATION_GENERATION, ANNOTATION_STARTED)
+    labels = {k: v for k, v in (obj["metadata"].get("labels") or {}).items() if k not in RECORD}
+    return obj | {"metadata": obj["metadata"] | {"labels": labels}}
 
 
 def _with_uid(path: Path, tmp_path: Path, **spec: Any) -> tuple[Path, dict[str, Any]]:

@@ -11,18 +11,19 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as dt
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from tests.planner_world import NS, _Api, _body, _conditions, _settle, _world
-from triton_operator.api.timestamps import rfc3339
 from triton_operator.controller.cache import Cache, Children
 from triton_operator.controller.reconcile import Reconciler
 from triton_operator.plan.planner import Plan, World, carried_out, plan
 from triton_operator.plan.upgrade import (
-    ANNOTATION_GENERATION,
-    ANNOTATION_STARTED,
+    LABEL_GENERATION,
+    LABEL_SOURCE,
+    LABEL_STARTED,
     RECORD,
     UPGRADE_STARTED,
     UPGRADE_WAITING,
@@ -34,6 +35,9 @@ from triton_operator.plan.upgrade import (
 from triton_operator.render.kubernetes import Options
 
 OLD = Options()
+STARTED = "1767225600"  # a record's start: 2026-01-01T00:00:00Z in Unix seconds
+#: What the API server takes as a label's value: at most 63 characters, alphanumerics, `-`, `_` and `.` between.
+LABEL_VALUE = re.compile(r"(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 NEW = Options(pre_stop_sleep_seconds=OLD.pre_stop_sleep_seconds + 2)  # the new operator's pod template
 
 
@@ -98,10 +102,15 @@ def test_below_the_bound_an_upgrade_rollout_starts_and_is_marked_on_the_deployme
     assert dep is not None
     assert decided.upgrade is not None and decided.upgrade.started
     assert "1 of at most 2" in decided.upgrade.message
-    assert dep["metadata"]["annotations"][ANNOTATION_STARTED] == rfc3339(world.now)
-    assert dep["metadata"]["annotations"][ANNOTATION_GENERATION] == "1"
+    assert dep["metadata"]["labels"][LABEL_STARTED] == str(int(world.now.timestamp()))
+    assert dep["metadata"]["labels"][LABEL_GENERATION] == "1"
     assert dep["spec"]["template"]["spec"] != _live(world)["spec"]["template"]["spec"], "the new template"
-    assert not set(RECORD) & set(dep["spec"]["template"]["metadata"]["annotations"]), "nothing on the pod template"
+    template = dep["spec"]["template"]["metadata"]
+    assert not set(RECORD) & {*template["labels"], *template["annotations"], *dep["spec"]["selector"]["matchLabels"]}, (
+        "nothing on the pod template or the selector")
+    assert not set(RECORD) & set(dep["metadata"].get("annotations") or {}), "nothing in the annotations"
+    for k in RECORD:
+        assert LABEL_VALUE.fullmatch(dep["metadata"]["labels"][k]), (k, dep["metadata"]["labels"][k])
     # Carried out, the next plan keeps the mark (it counts until the rollout finishes) and writes nothing.
     again = plan(carried_out(world, decided))
     assert again.upgrade is None and _deployment(again) is None
@@ -138,17 +147,17 @@ def test_zero_means_no_bound() -> None:
 def test_a_deployment_already_in_an_upgrade_rollout_keeps_its_slot_and_start_for_a_newer_template() -> None:
     settled = _settled()
     marked = _rolling(_live(settled))
-    marked["metadata"]["annotations"] = {**marked["metadata"]["annotations"], ANNOTATION_STARTED: "2026-01-01T00:00:00Z"}
+    marked["metadata"]["labels"] = {**marked["metadata"]["labels"], LABEL_STARTED: STARTED}
     world = _upgraded(replace(settled, children={**settled.children, ("Deployment", "m"): marked}), "m", "other", limit=2)
     decided = plan(world)
     assert decided.upgrade is not None and decided.upgrade.started, "it holds one of the two slots already"
     dep = _deployment(decided)
-    assert dep is not None and dep["metadata"]["annotations"][ANNOTATION_STARTED] == "2026-01-01T00:00:00Z"
+    assert dep is not None and dep["metadata"]["labels"][LABEL_STARTED] == STARTED
 
 
 def test_only_unfinished_upgrade_rollouts_count() -> None:
     dep = _live(_settled())
-    marked = {**dep, "metadata": {**dep["metadata"], "annotations": {ANNOTATION_STARTED: "2026-01-01T00:00:00Z"}}}
+    marked = {**dep, "metadata": {**dep["metadata"], "labels": {**dep["metadata"]["labels"], LABEL_STARTED: STARTED}}}
 
     def named(d: Mapping[str, Any], name: str) -> dict[str, Any]:
         return {**d, "metadata": {**d["metadata"], "name": name}}
@@ -170,14 +179,29 @@ def test_only_unfinished_upgrade_rollouts_count() -> None:
 def test_a_change_of_the_users_spec_rolls_at_once_at_the_bound_and_frees_a_slot_it_held() -> None:
     settled = _settled()
     marked = _rolling(_live(settled))
-    marked["metadata"]["annotations"] = {**marked["metadata"]["annotations"], ANNOTATION_STARTED: "2026-01-01T00:00:00Z"}
+    marked["metadata"]["labels"] = {**marked["metadata"]["labels"], LABEL_STARTED: STARTED}
     world = _upgraded(replace(settled, children={**settled.children, ("Deployment", "m"): marked}), "a", "b", limit=2)
     decided = plan(_changed(world, server={"args": ["--log-verbose=1"]}))
     dep = _deployment(decided)
     assert decided.upgrade is None
     assert dep is not None and dep["spec"]["template"] != marked["spec"]["template"]
-    assert ANNOTATION_STARTED not in dep["metadata"]["annotations"], "left out: server-side apply removes it"
-    assert dep["metadata"]["annotations"][ANNOTATION_GENERATION] == "2"
+    assert LABEL_STARTED not in dep["metadata"]["labels"], "left out: server-side apply removes it"
+    assert dep["metadata"]["labels"][LABEL_GENERATION] == "2"
+
+
+def test_a_change_of_the_users_spec_that_reloads_in_place_writes_only_the_record_labels_of_the_deployment() -> None:
+    """The API server bumps a Deployment's metadata.generation on a change of its spec or of its annotations, not of
+    its labels: the record there keeps a config change, which the replicas reload in place, from moving it."""
+    world = _settled()
+    live = _live(world)
+    decided = plan(_changed(world, maxBatchSize=8))
+    dep = _deployment(decided)
+    assert decided.upgrade is None
+    assert dep is not None, "the record says another spec"
+    assert dep["metadata"]["labels"][LABEL_SOURCE] != live["metadata"]["labels"][LABEL_SOURCE]
+    assert dep["metadata"]["labels"][LABEL_GENERATION] == "2"
+    assert dep["spec"] == {k: live["spec"][k] for k in dep["spec"]}, "the same spec: selector, replicas, template"
+    assert dep["metadata"].get("annotations") == live["metadata"].get("annotations"), "the same annotations"
 
 
 def test_a_scale_is_no_change_of_the_spec_it_waits_but_takes_its_replicas() -> None:
@@ -187,8 +211,8 @@ def test_a_scale_is_no_change_of_the_spec_it_waits_but_takes_its_replicas() -> N
     assert decided.upgrade is not None and not decided.upgrade.started
     assert dep is not None and dep["spec"]["replicas"] == 3
     assert dep["spec"]["template"] == _live(world)["spec"]["template"]
-    live = _live(world)["metadata"]["annotations"]
-    assert {k: dep["metadata"]["annotations"].get(k) for k in RECORD} == {k: live.get(k) for k in RECORD}, (
+    live = _live(world)["metadata"]["labels"]
+    assert {k: dep["metadata"]["labels"].get(k) for k in RECORD} == {k: live.get(k) for k in RECORD}, (
         "the record stays as the live template's")
 
 
@@ -206,7 +230,7 @@ def _without_record(world: World, *, observed: int | None) -> World:
     """`world` as an operator from before the record left it: no record on the Deployment; the model's
     status.observedGeneration is `observed`."""
     dep = _live(world)
-    dep["metadata"]["annotations"] = {k: v for k, v in dep["metadata"]["annotations"].items() if k not in RECORD}
+    dep["metadata"]["labels"] = {k: v for k, v in dep["metadata"]["labels"].items() if k not in RECORD}
     body = copy.deepcopy(dict(world.body))
     body["status"]["observedGeneration"] = observed
     return replace(world, body=body, models={**world.models, "m": body}, children={**world.children, ("Deployment", "m"): dep})
@@ -249,7 +273,7 @@ def test_the_cache_counts_the_deployments_in_an_upgrade_rollout_as_they_are_stor
     children = Children()
     dep = _live(_settled())
     marked = {**dep, "metadata": {**dep["metadata"], "namespace": NS,
-                                  "annotations": {ANNOTATION_STARTED: "2026-01-01T00:00:00Z"}}}
+                                  "labels": {**dep["metadata"]["labels"], LABEL_STARTED: STARTED}}}
     key = ("Deployment", NS, "m")
     children[key] = _rolling(marked)
     assert children.upgrading == {(NS, "m")}
@@ -328,7 +352,7 @@ def test_two_reconciles_at_once_do_not_both_take_the_last_slot_and_the_count_is_
     for the two models reconciled at once. One starts (and says so in an Event), the other waits."""
     elsewhere = _rolling(_live(_settled("elsewhere"), "elsewhere"))
     elsewhere["metadata"] = {**elsewhere["metadata"], "namespace": "team-b",
-                             "annotations": {ANNOTATION_STARTED: "2026-01-01T00:00:00Z"}}
+                             "labels": {**elsewhere["metadata"]["labels"], LABEL_STARTED: STARTED}}
     worlds = [_settled(name) for name in ("m1", "m2")]
     kube = _Kube([elsewhere], [copy.deepcopy(dict(w.body)) for w in worlds])
     cache = Cache()
@@ -342,7 +366,7 @@ def test_two_reconciles_at_once_do_not_both_take_the_last_slot_and_the_count_is_
     asyncio.run(both())
     assert kube.listed == 1, "listed once per process"
     rolled = [d["metadata"]["name"] for d in kube.applied
-              if d["kind"] == "Deployment" and ANNOTATION_STARTED in d["metadata"]["annotations"]]
+              if d["kind"] == "Deployment" and LABEL_STARTED in d["metadata"]["labels"]]
     assert len(rolled) == 1, kube.applied
     assert [e for e in kube.events if e[1] == UPGRADE_STARTED] == [(rolled[0], UPGRADE_STARTED)]
     assert cache.children.upgrading == {("team-b", "elsewhere"), (NS, rolled[0])}

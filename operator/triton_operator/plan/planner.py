@@ -22,7 +22,7 @@ change of an ensemble may change.
 
 A Deployment whose pod template changes while nothing of the user's did (a new operator version) is an upgrade
 rollout, bounded operator-wide (`plan.upgrade`): the plan keeps its live template while `World.upgrades` is at the
-bound, and says so (`Plan.upgrade`, the status' UpgradeRolloutWaiting). The Deployment's metadata records what its
+bound, and says so (`Plan.upgrade`, the status' UpgradeRolloutWaiting). The Deployment's labels record what its
 template was rendered from; its pod template never does.
 
 The status is planned from the world as it is; the controller plans once more after carrying out the writes

@@ -9,25 +9,29 @@ When a Deployment change is an upgrade rollout (`bound_deployment`): the desired
 Deployment's, the live Deployment has replicas (at 0 a new template makes no pod), and what the template is
 rendered from did not change since that template was applied. What it is rendered from, of the user's: the
 TritonModel's spec and the specs of the ensemble steps it loads, each without `replicas` (`source_digest`). The
-Deployment's metadata.annotations record it (ANNOTATION_SOURCE, and the model's generation in
-ANNOTATION_GENERATION for people to read); the pod template does not, so recording it rolls nothing. Not the
-generation alone: a scale subresource write (an HPA, `kubectl scale`) bumps it too, and every autoscaled model
-would escape the bound at its next scale; and an ensemble's template changes with its steps' specs while its own
-generation stays. A change of that source is the user's: it rolls as it always did, unbounded.
+Deployment's metadata.labels record it (LABEL_SOURCE, and the model's generation in LABEL_GENERATION for people to
+read); the pod template does not, so recording it rolls nothing. Labels, not annotations: the API server bumps a
+Deployment's metadata.generation on any change of its annotations (it copies them onto the ReplicaSets), so a record
+there moved the generation with every spec change, an in-place reload too; a label change moves nothing (the
+Deployment's own labels are neither its selector nor its pod template's). Hence values a label takes: a 16-hex
+digest, the generation's digits, the start in Unix seconds. Not the model's generation alone: a scale subresource write (an
+HPA, `kubectl scale`) bumps it too, and every autoscaled model would escape the bound at its next scale; and an
+ensemble's template changes with its steps' specs while its own generation stays. A change of that source is the
+user's: it rolls as it always did, unbounded.
 
-A Deployment written by an operator from before this record has no ANNOTATION_SOURCE. It counts as unchanged when
+A Deployment written by an operator from before this record has no LABEL_SOURCE. It counts as unchanged when
 the TritonModel's status.observedGeneration equals its metadata.generation: the older operator reconciled the
 current spec, so its live template was rendered from it. That is the conservative side: the other reading (no
 record: the user's change, unbounded) would roll the whole fleet on the very upgrade that brings the bound. What
 it can get wrong is a spec change the older operator recorded in the status but failed to apply, or a step's spec
 changed while no operator ran: such a change waits its turn like an upgrade rollout, delayed, not lost.
 
-A Deployment is in an upgrade rollout from the apply that started one (ANNOTATION_STARTED: when) until its rollout
+A Deployment is in an upgrade rollout from the apply that started one (LABEL_STARTED: when) until its rollout
 is finished (`rollout_finished`: the Deployment controller saw the template, and every replica is updated and
 available, as `kubectl rollout status` judges). The count is read back from the Deployments the operator sees
 (`upgrade_rollouts`), so a restarted operator counts what is still rolling. A rollout that never finishes (a new
 template whose pods cannot start) holds its slot: a broken operator version stops at `limit` models. A later change
-of the user's drops ANNOTATION_STARTED (the plan leaves it out, and server-side apply removes what its field manager
+of the user's drops LABEL_STARTED (the plan leaves it out, and server-side apply removes what its field manager
 no longer sets), and so frees the slot.
 
 A model that waits keeps its live template and the live record, says so on its status (Progressing=True, reason
@@ -51,19 +55,19 @@ from typing import Any
 
 from ..api import steps as step_graph
 from ..api.kinds import DEPLOYMENT
-from ..api.timestamps import rfc3339
 from ..api.v1alpha1 import GROUP
 from .compare import contains
 
-#: On the Deployment (metadata, never the pod template): a digest of the specs its template was rendered from.
-ANNOTATION_SOURCE = f"{GROUP}/rendered-from-spec"
-#: On the Deployment: the TritonModel's metadata.generation it was last applied for (for people; not compared).
-ANNOTATION_GENERATION = f"{GROUP}/rendered-from-generation"
-#: On the Deployment: when the operator started an upgrade rollout of it (RFC 3339).
-ANNOTATION_STARTED = f"{GROUP}/upgrade-rollout-started"
+#: A label of the Deployment (its metadata, never its selector or pod template): a digest of the specs its template
+#: was rendered from (16 hex digits).
+LABEL_SOURCE = f"{GROUP}/rendered-from-spec"
+#: A label of the Deployment: the TritonModel's metadata.generation it was last applied for (for people; not compared).
+LABEL_GENERATION = f"{GROUP}/rendered-from-generation"
+#: A label of the Deployment: when the operator started an upgrade rollout of it (Unix seconds).
+LABEL_STARTED = f"{GROUP}/upgrade-rollout-started"
 
 #: The whole record, as a waiting Deployment keeps it.
-RECORD = (ANNOTATION_SOURCE, ANNOTATION_GENERATION, ANNOTATION_STARTED)
+RECORD = (LABEL_SOURCE, LABEL_GENERATION, LABEL_STARTED)
 
 #: The Progressing reason of a model whose upgrade rollout waits for a slot; the Event's reason when one starts.
 UPGRADE_WAITING = "UpgradeRolloutWaiting"
@@ -88,8 +92,8 @@ class Upgrade:
     message: str
 
 
-def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
-    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
+def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((obj or {}).get("metadata") or {}).get("labels") or {}
 
 
 def _int(value: Any) -> int:
@@ -109,7 +113,7 @@ def rollout_finished(deployment: Mapping[str, Any]) -> bool:
 
 def in_upgrade_rollout(deployment: Mapping[str, Any]) -> bool:
     """Whether the Deployment counts against the bound: an upgrade rollout of it started and has not finished."""
-    return ANNOTATION_STARTED in _annotations(deployment) and not rollout_finished(deployment)
+    return LABEL_STARTED in _labels(deployment) and not rollout_finished(deployment)
 
 
 def upgrade_rollouts(deployments: Iterable[Mapping[str, Any]]) -> frozenset[DeploymentKey]:
@@ -141,7 +145,7 @@ def source_digest(body: Mapping[str, Any], models: Mapping[str, Mapping[str, Any
 def _same_source(live: Mapping[str, Any], body: Mapping[str, Any], source: str) -> bool:
     """Whether the live template was rendered from what the model is now (see the module's docstring for a
     Deployment without the record)."""
-    recorded = _annotations(live).get(ANNOTATION_SOURCE)
+    recorded = _labels(live).get(LABEL_SOURCE)
     if recorded is not None:
         return recorded == source
     generation = (body.get("metadata") or {}).get("generation")
@@ -154,19 +158,21 @@ def _template_differs(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bo
 
 def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None, body: Mapping[str, Any],
                      source: str, upgrades: Upgrades, now: dt.datetime) -> tuple[dict[str, Any], Upgrade | None]:
-    """The Deployment to apply, with its record (ANNOTATION_SOURCE, ANNOTATION_GENERATION), and what the bound decided:
-    None when this is no upgrade rollout (nothing to roll, a new Deployment, or the user's own change)."""
+    """The Deployment to apply, with its record (labels LABEL_SOURCE, LABEL_GENERATION), and what the bound decided:
+    None when this is no upgrade rollout (nothing to roll, a new Deployment, or the user's own change). Only the
+    Deployment's own labels take the record: its annotations, selector and pod template stay as rendered."""
     out = copy.deepcopy(dict(desired))
     meta = out["metadata"] = dict(out["metadata"])
-    ann = meta["annotations"] = dict(meta.get("annotations") or {})
-    ann[ANNOTATION_SOURCE] = source
-    ann[ANNOTATION_GENERATION] = str((body.get("metadata") or {}).get("generation", ""))
+    labels = meta["labels"] = dict(meta.get("labels") or {})
+    labels[LABEL_SOURCE] = source
+    generation = (body.get("metadata") or {}).get("generation")
+    labels[LABEL_GENERATION] = str(generation) if isinstance(generation, int) else ""
     if live is None:
         return out, None
-    started = _annotations(live).get(ANNOTATION_STARTED)
+    started = _labels(live).get(LABEL_STARTED)
     if not _template_differs(live, out):
         if started is not None:  # still counted until it finishes: keep it (an apply leaving it out removes it)
-            ann[ANNOTATION_STARTED] = started
+            labels[LABEL_STARTED] = started
         return out, None
     if not _same_source(live, body, source) or _int((live.get("spec") or {}).get("replicas", 1)) == 0:
         return out, None
@@ -177,13 +183,13 @@ def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None,
         # The live template, and the live record (whatever of it there is): written only if something else changed.
         out["spec"] = {**out["spec"], "template": copy.deepcopy(live["spec"]["template"])}
         for k in RECORD:
-            ann.pop(k, None)
-            if k in _annotations(live):
-                ann[k] = _annotations(live)[k]
+            labels.pop(k, None)
+            if k in _labels(live):
+                labels[k] = _labels(live)[k]
         return out, Upgrade(False, f"the operator renders another pod template for this unchanged model; {bound} "
                                    "(--max-upgrade-rollouts): it waits for one to finish, its replicas keep serving")
     # One under way that takes a newer template keeps its slot and its start.
-    ann[ANNOTATION_STARTED] = started if started is not None and in_upgrade_rollout(live) else rfc3339(now)
+    labels[LABEL_STARTED] = started if started is not None and in_upgrade_rollout(live) else str(int(now.timestamp()))
     limit = f"{bound} besides it" if upgrades.limit else "no bound on upgrade rollouts (--max-upgrade-rollouts 0)"
     return out, Upgrade(True, f"the operator renders another pod template for this unchanged model: its Deployment "
                               f"rolls to it now; {limit}")
