@@ -40,7 +40,7 @@ from e2e.operator_fixtures import (
 from e2e.testing import delete_namespace
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.pod import TRITON_CONTAINER
-from triton_operator.plan.upgrade import LABEL_STARTED, UPGRADE_STARTED, UPGRADE_WAITING
+from triton_operator.plan.upgrade import LABEL_STARTED, RECORD, UPGRADE_STARTED, UPGRADE_WAITING
 
 pytestmark = pytest.mark.cluster
 
@@ -126,6 +126,27 @@ def _upgraded(kube: Kube, namespace: str, name: str) -> bool:
             and _finished(dep[0]) and len(pods) == 1 and _image(pods[0]) == NEW_REF)
 
 
+def _misplaced_records(kube: Kube, namespace: str) -> list[str]:
+    """Where the operator's record is not as `plan.upgrade` says: each model Deployment carries all of it in its own
+    labels, none of it in its annotations (whose changes bump its generation, and which its ReplicaSets copy), its
+    selector or its pod template; no ReplicaSet carries any of it."""
+    out = []
+    for d in kube.items("Deployment", namespace, labelSelector=LABEL_MODEL):
+        meta, name = d["metadata"], d["metadata"]["name"]
+        if missing := set(RECORD) - set(meta.get("labels") or {}):
+            out.append(f"Deployment {name}: no label {sorted(missing)}")
+        template = d["spec"]["template"]["metadata"]
+        for where, keys in (("annotations", meta.get("annotations")), ("selector", d["spec"]["selector"]["matchLabels"]),
+                            ("template labels", template.get("labels")), ("template annotations", template.get("annotations"))):
+            if found := set(RECORD) & set(keys or {}):
+                out.append(f"Deployment {name}: {sorted(found)} in its {where}")
+    for rs in kube.items("ReplicaSet", namespace, labelSelector=LABEL_MODEL):
+        meta = rs["metadata"]
+        if found := set(RECORD) & {*(meta.get("labels") or {}), *(meta.get("annotations") or {})}:
+            out.append(f"ReplicaSet {meta['name']}: {sorted(found)}")
+    return out
+
+
 def _tag_new_ref(cluster: Any) -> None:
     if cluster.local is None:
         pytest.skip("needs this project's own local cluster (ctr on the nodes' containerd)")
@@ -182,6 +203,7 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
         sampler.stop()
         tallies = {load.model: load.stop() - warmup[load.model] for load in loads}
         events = [e for e in kube.items("Event", namespace) if e.get("reason") == UPGRADE_STARTED]
+        misplaced = _misplaced_records(kube, namespace)
     finally:
         sampler.stop()
         for load in loads:
@@ -206,3 +228,4 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
     for m, t in tallies.items():
         assert t.sent - t.failed >= 20, f"{m}: the load did not really run: {t.summary()}"
     assert all(started.values()), f"{UPGRADE_STARTED} Events per model: {started}"
+    assert not misplaced, misplaced
