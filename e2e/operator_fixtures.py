@@ -276,9 +276,10 @@ def repository_key_file(logs: Path) -> Path:
 
 
 def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f"{OPERATOR_NAMESPACE_PREFIX}*",
-                   log_name: str = "operator-pytest.log", webhook: bool = True) -> OperatorHandle:
+                   log_name: str = "operator-pytest.log", webhook: bool = True,
+                   args: tuple[str, ...] = ()) -> OperatorHandle:
     """The CRDs (TritonModel, TritonPool), applied server-side, and a running `triton-operator run` watching
-    `pattern` namespaces.
+    `pattern` namespaces, with `args` added to its command line (e.g. `--max-upgrade-rollouts 1`).
 
     Logs to `<logs>/<log_name>` (emptied first); metrics, liveness and the webhook on free loopback ports.
     """
@@ -290,7 +291,7 @@ def start_operator(kubeconfig: Path, kube: Kube, logs: Path, *, pattern: str = f
     argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--namespace", pattern,
             "--metrics-port", str(metrics_port),
             "--metrics-address", "127.0.0.1", "--liveness", liveness, "--drift-interval", str(DRIFT_INTERVAL),
-            "--repository-key-file", str(repository_key_file(logs)), "--default-triton-image", TRITON_REF]
+            "--repository-key-file", str(repository_key_file(logs)), "--default-triton-image", TRITON_REF, *args]
     log_path.write_bytes(b"")
     if webhook:
         # The admission webhook, called by the API server on loopback; its configuration is this

@@ -24,6 +24,7 @@ from triton_operator.api.crd import crd
 from triton_operator.api.v1alpha1 import API_VERSION, TritonModel
 from triton_operator.plan.autoscaling import Counters, Sample, delta, model_metrics, replica_metrics, trim
 from triton_operator.plan.planner import World, plan
+from triton_operator.plan.upgrade import Upgrades, bound_deployment, source_digest
 from triton_operator.render.autoscaling import COPIES_INFLIGHT, COPIES_QUEUE_TIME, INFLIGHT, QUEUE_TIME, RATE, quantity
 from triton_operator.render.kubernetes import Options, render_children
 from triton_operator.render.modelconfig import render_repository
@@ -228,9 +229,12 @@ def test_an_hpa_as_the_api_server_stores_it_is_not_applied_again() -> None:
                       "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]}}
     assert stored["spec"]["metrics"][0]["object"]["target"]["averageValue"] == "2k", "the API server's own text"
     stored["status"] = {"currentReplicas": 1, "desiredReplicas": 1}
+    # The Deployment as the operator applied it: with its record of what it was rendered from (`plan.upgrade`).
+    now = dt.datetime.now(dt.UTC)
+    children["Deployment"], _ = bound_deployment(children["Deployment"], None, body, source_digest(body, {"m": body}),
+                                                 Upgrades(), now)
     world = World(body=body, models={"m": body}, children={(c["kind"], c["metadata"]["name"]): (
-        stored if c["kind"] == "HorizontalPodAutoscaler" else c) for c in children.values()}, pods=(),
-        now=dt.datetime.now(dt.UTC))
+        stored if c["kind"] == "HorizontalPodAutoscaler" else c) for c in children.values()}, pods=(), now=now)
     assert [a.obj["kind"] for a in plan(world).apply] == [], "a converged model applies nothing"
 
 

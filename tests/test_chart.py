@@ -438,6 +438,23 @@ def test_operator_deployment_is_hardened_and_probed(helm: str) -> None:
     assert env["TRITON_OPERATOR_IMAGE"] == c["image"] == f"ghcr.io/triton-operator/triton-operator:{__version__}"
 
 
+@pytest.mark.parametrize(("values", "arg"), [
+    ({}, "--max-upgrade-rollouts=2"),
+    ({"upgrade.maxModelsRolling": 0}, "--max-upgrade-rollouts=0"),
+    ({"upgrade.maxModelsRolling": 5}, "--max-upgrade-rollouts=5"),
+    # A release upgraded with --reuse-values from a chart without the value: the default.
+    ({"upgrade": None}, "--max-upgrade-rollouts=2"),
+])
+def test_the_bound_on_upgrade_rollouts_is_a_value(helm: str, values: dict[str, Any], arg: str) -> None:
+    """upgrade.maxModelsRolling reaches `run --max-upgrade-rollouts` (plan.upgrade), and `run` takes the flag."""
+    (c,) = one(render(helm, **values), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [a for a in c["args"] if a.startswith("--max-upgrade-rollouts")] == [arg]
+    from triton_operator.cli.main import build_parser
+
+    args = build_parser().parse_args(c["args"])
+    assert args.max_upgrade_rollouts == int(arg.split("=")[1])
+
+
 def test_the_default_image_is_the_one_the_operator_puts_in_fetch_init_containers(helm: str) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
@@ -483,6 +500,8 @@ def test_metrics_service_and_optional_service_monitor(helm: str) -> None:
     ({"metrics.port": 70000}, "/metrics/port"),
     ({"replicas": 1}, "additional properties"),
     ({"webhook.failurePolicy": "Never"}, "/webhook/failurePolicy"),
+    ({"upgrade.maxModelsRolling": -1}, "/upgrade/maxModelsRolling"),
+    ({"upgrade.maxModelsRolling": "two"}, "/upgrade/maxModelsRolling"),
 ])
 def test_values_schema_rejects_bad_values(helm: str, values: dict[str, Any], message: str) -> None:
     err = render_error(helm, **values)

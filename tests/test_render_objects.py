@@ -15,6 +15,7 @@ import yaml
 
 from tests.cli_helpers import cli
 from triton_operator.plan.planner import World, plan
+from triton_operator.plan.upgrade import RECORD
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-operator"
@@ -31,7 +32,14 @@ def _planned(body: dict[str, Any], models: list[dict[str, Any]] | None = None) -
     """What the operator applies on the first reconcile of `body` in namespace `team-a`."""
     everything = {m["metadata"]["name"]: m for m in (models or [])} | {body["metadata"]["name"]: body}
     world = World(body=body, models=everything, children={}, pods=[], now=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
-    return [a.obj for a in plan(world).apply]
+    return [_without_record(a.obj) for a in plan(world).apply]
+
+
+def _without_record(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without the operator's record in a Deployment's labels (what it was rendered from, `plan.upgrade`),
+    which `render --objects` says it leaves out: it is the operator's, of the spec as the API server stores it."""
+    labels = {k: v for k, v in (obj["metadata"].get("labels") or {}).items() if k not in RECORD}
+    return obj | {"metadata": obj["metadata"] | {"labels": labels}}
 
 
 def _with_uid(path: Path, tmp_path: Path, **spec: Any) -> tuple[Path, dict[str, Any]]:

@@ -134,7 +134,9 @@ def _objects(loaded: Loaded, namespace: str | None, operator_image: str | None, 
 
     head = ("# The objects triton-operator applies for these TritonModels (triton-operator render --objects).\n"
             "# Not shown: the Secret each model's replicas read their repository key from, which the operator creates\n"
-            "# from its master key; its name ends in the key's digest (here, without one: <model>-repository-key).\n")
+            "# from its master key; its name ends in the key's digest (here, without one: <model>-repository-key);\n"
+            "# and the labels the operator records on each Deployment's metadata (the spec it was rendered from, an\n"
+            "# upgrade rollout's start), never on its selector or pod template.\n")
     return head + yaml.dump_all(docs, Dumper=Dumper, sort_keys=False, width=120, explicit_start=True)
 
 

@@ -110,6 +110,7 @@ async def _operate(args: argparse.Namespace, options: Options, stop: asyncio.Eve
         webhook=webhook,
         election=election,
         credentials=credentials,
+        max_upgrade_rollouts=args.max_upgrade_rollouts,
     )
 
 
@@ -150,6 +151,12 @@ def _election_settings(args: argparse.Namespace) -> ElectionSettings | None:
     return ElectionSettings(namespace, name, identity, lease_seconds=args.leader_election_lease_seconds,
                             renew_seconds=args.leader_election_renew_seconds,
                             retry_seconds=args.leader_election_retry_seconds)
+
+
+def _whole(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got {text!r}")
+    return int(text)
 
 
 def _positive(text: str) -> int:
@@ -219,6 +226,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "repository key is derived: replicas let only that key load, unload or list models through "
                         "Triton's repository API. Unset: a random key of this process alone, and every model's "
                         "replicas roll to new pods at each start")
+    r.add_argument("--max-upgrade-rollouts", type=_whole, default=2, metavar="N",
+                   help="at most N model Deployments roll at once because this operator renders another pod template "
+                        "for a TritonModel nobody changed (an operator upgrade); the others keep their pods and wait, "
+                        "with Progressing reason UpgradeRolloutWaiting. A change of a model's own spec rolls at once, "
+                        "as always. 0: no bound (the chart's upgrade.maxModelsRolling). Default: 2")
     r.add_argument("--drift-interval", type=float, default=60.0, help="seconds between drift-correcting reconciles")
     r.add_argument("--log-level", default="info")
     w = r.add_argument_group("admission webhook", "served over TLS with a certificate the operator issues itself; "

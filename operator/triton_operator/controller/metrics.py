@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter("triton_operator_reconciles_total", "TritonModel reconciles", ["result"])
 RECONCILE_ERRORS = Counter("triton_operator_reconcile_errors_total", "TritonModel reconciles that failed", ["reason"])
@@ -43,3 +43,11 @@ POOL_LOAD_SECONDS = Histogram(
     "triton_operator_pool_load_duration_seconds", "Time of one load of a model into a pool replica (warm-up included)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
 )
+UPGRADE_ROLLOUTS = Gauge(
+    "triton_operator_upgrade_rollouts",
+    "Model Deployments in an unfinished upgrade rollout, as of the last decision (the count --max-upgrade-rollouts bounds)",
+)
+UPGRADE_WAITING = Gauge(
+    "triton_operator_upgrade_rollouts_waiting", "TritonModels whose upgrade rollout waits for a slot",
+)
+UPGRADE_STARTS = Counter("triton_operator_upgrade_rollouts_started_total", "Upgrade rollouts started")

@@ -399,10 +399,13 @@ async def run_operator(
     webhook: WebhookSettings | None = None,
     election: ElectionSettings | None = None,
     credentials: CredentialSource | None = None,
+    max_upgrade_rollouts: int = 0,
 ) -> int:
     """Runs until `stop_flag` (0), or until this replica loses the leader Lease (1: the process exits and
     the kubelet restarts it as a follower, as client-go's controllers do). `credentials`: already loaded (the CLI
-    loads them first, to refuse a bad kubeconfig before anything starts), else loaded from `kubeconfig`."""
+    loads them first, to refuse a bad kubeconfig before anything starts), else loaded from `kubeconfig`.
+    `max_upgrade_rollouts`: at most this many model Deployments in an upgrade rollout at once (`plan.upgrade`), 0: no
+    bound."""
     stop = stop_flag or asyncio.Event()
     STATE.kube = Kube(credentials) if credentials is not None else Kube.from_environment(kubeconfig)
     if not await wait_for_crd(STATE.kube, liveness, stop):
@@ -410,7 +413,8 @@ async def run_operator(
     globs = has_patterns(namespaces) and not clusterwide
     STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if globs else None
     STATE.cache = Cache()
-    STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options)
+    STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options, max_upgrade_rollouts=max_upgrade_rollouts)
+    STATE.reconciler.upgrade_scopes = [None] if clusterwide or globs else list(namespaces)
     STATE.pools = PoolReconciler(STATE.kube, STATE.cache, options)
     STATE.reconciler.on_pooled = STATE.pools.request
     STATE.reconciler.on_unpooled = STATE.pools.unpooled

@@ -8,6 +8,16 @@ only when it changed. A second reconcile of an unchanged object writes nothing.
 kopf keeps no progress annotations for us: every handler is an event handler.
 `Reconciler.resync` drops from the cache what the API no longer has: deletions a
 restarted watch never reported.
+
+The bound on upgrade rollouts (`plan.upgrade`) is decided by the planner from a count the cache keeps
+(`Children.upgrading`: the Deployments the operator sees in an unfinished upgrade rollout), so a restarted
+operator counts again from the Deployments themselves. Before its first start of one, a process LISTs the
+Deployments of the namespaces it serves (`upgrade_scopes`): right after a start, the Deployment watch may not have
+delivered them all, and the count would be short. The one state of the process's own is a reservation
+(`_reserved`): between the plan that starts an upgrade rollout and the apply's answer in the cache, the Deployment
+counts as rolling, so that two reconciles at once cannot both take the last slot. The check and the reservation run
+with no `await` between them, on the one event loop every reconcile runs on: no other reconcile can interleave, which
+is the lock. A model that waits is reconciled again when a slot frees (`_wake_waiting`), and by the drift loop.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from ..api.kinds import CONFIG_MAP, DEPLOYMENT, HPA, LABEL_MODEL, PDB, REPLICA_S
 from ..api.pool import LABEL_POOL
 from ..api.timestamps import utc_now
 from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
+from ..plan.upgrade import UPGRADE_STARTED, DeploymentKey, Upgrades
 from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from . import metrics
@@ -44,10 +55,18 @@ MAX_CONCURRENT_RECONCILES = 64
 
 class Reconciler:
     def __init__(self, kube: Kube, cache: Cache, options: Options | None = None,
-                 max_concurrent: int = MAX_CONCURRENT_RECONCILES) -> None:
+                 max_concurrent: int = MAX_CONCURRENT_RECONCILES, max_upgrade_rollouts: int = 0) -> None:
         self.kube = kube
         self.cache = cache
         self.options = options or Options()
+        #: At most this many Deployments in an upgrade rollout at once (`plan.upgrade`); 0: no bound.
+        self.max_upgrade_rollouts = max_upgrade_rollouts
+        #: The namespaces whose Deployments count against the bound (None: every namespace), LISTed once per process.
+        self.upgrade_scopes: list[str | None] = [None]
+        self._upgrades_listed = False
+        self._listing = asyncio.Lock()
+        self._reserved: set[DeploymentKey] = set()
+        self._waiting: set[DeploymentKey] = set()
         self._dirty: dict[tuple[str, str], asyncio.Event] = {}
         self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(max_concurrent)
@@ -159,6 +178,7 @@ class Reconciler:
     # -- the reconcile
 
     async def reconcile(self, namespace: str, name: str) -> None:
+        self._wake_waiting()
         body = self.cache.model(namespace, name)
         if body is None:
             return  # deleted: owner references garbage-collect the children
@@ -206,7 +226,52 @@ class Reconciler:
             pods=list(self.cache.pods.get((namespace, name), {}).values()),
             now=utc_now(),
             options=self.options,
+            upgrades=self._upgrades(),
         )
+
+    def _upgrades(self) -> Upgrades:
+        return Upgrades(self.max_upgrade_rollouts, frozenset(self.cache.children.upgrading | self._reserved))
+
+    def _wake_waiting(self) -> None:
+        """Reconciles the models whose upgrade rollout waits, while the count is under the bound: a slot freed (a
+        rollout finished, a Deployment went). Those that find no slot wait again."""
+        if self._waiting and len(self._upgrades().rolling) < self.max_upgrade_rollouts:
+            # Each asked once: its next plan says whether it waits again (`_bounded`). Kept, they would be asked
+            # again by every reconcile, their own included, and one that is gone would be asked for ever.
+            waiting, self._waiting = self._waiting, set()
+            for key in sorted(waiting):
+                self.request(*key)
+
+    async def _list_upgrades(self) -> None:
+        """Once per process, before its first upgrade rollout starts: the Deployments of the namespaces served, so
+        that the count does not miss those the watch has not delivered yet (a newer one it has delivered stays)."""
+        async with self._listing:
+            if self._upgrades_listed:
+                return
+            for scope in self.upgrade_scopes:
+                listed, _ = await asyncio.to_thread(self.kube.list_versioned, DEPLOYMENT.api_version, DEPLOYMENT.kind,
+                                                    scope, f"{LABEL_MODEL},!{LABEL_POOL}")
+                for dep in listed:
+                    meta = dep["metadata"]
+                    self.cache.children.setdefault((DEPLOYMENT.kind, meta["namespace"], meta["name"]), lean(dep))
+            self._upgrades_listed = True
+
+    async def _bounded(self, body: dict[str, Any], world: World, decided: Plan) -> Plan:
+        """The plan to carry out under the bound on upgrade rollouts: one that starts an upgrade rollout is made
+        again over the count as it is now, and its Deployment reserved, in one step (no `await` in between)."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if decided.upgrade is not None and decided.upgrade.started and self.max_upgrade_rollouts:
+            await self._list_upgrades()
+            decided = plan(replace(self.gather(body), replicasets=world.replicasets))
+        if decided.upgrade is not None and decided.upgrade.started:
+            self._reserved.add(key)
+        if decided.upgrade is not None and not decided.upgrade.started:
+            self._waiting.add(key)
+        else:
+            self._waiting.discard(key)
+        metrics.UPGRADE_WAITING.set(len(self._waiting))
+        metrics.UPGRADE_ROLLOUTS.set(len(self._upgrades().rolling))
+        return decided
 
     async def _read(self, world: World, decided: Plan) -> World:
         """Carries out a plan's reads: the model's objects of a kind, listed live."""
@@ -245,6 +310,7 @@ class Reconciler:
         if decided.reads:  # old repository ConfigMaps: which ReplicaSets still use them?
             world = await self._read(world, decided)
             decided = plan(world)
+        decided = await self._bounded(body, world, decided)
         failure: ApiFailure | None = None
         refused: Exception | None = None
         try:
@@ -254,6 +320,12 @@ class Reconciler:
             if failure is None or not failure.persistent:
                 raise  # retried soon: nothing to tell the user yet
             refused = exc  # reported on the status (the planner's api_problem), then retried with backoff (the worker)
+        finally:
+            self._reserved.discard((namespace, name))  # the cache holds the applied Deployment now, or none started
+        if refused is None and decided.upgrade is not None and decided.upgrade.started:
+            log.info("Started upgrade rollout of Deployment namespace=%s name=%s owner=TritonModel/%s", namespace, name, name)
+            metrics.UPGRADE_STARTS.inc()
+            await asyncio.to_thread(self.kube.event, body, UPGRADE_STARTED, decided.upgrade.message, "Normal")
         # The status, planned again over what the writes left in the cache (the API server's answers).
         after = plan(replace(self.gather(body), replicasets=world.replicasets, api_error=failure))
         await self._write_status(body, after)

@@ -20,6 +20,11 @@ whose replicas load it as a step; a model at `replicas: 0` that they serve is Re
 children stay at 0 replicas (`render.kubernetes`). `steps_to_revisit` tells the controller whose servedBy a
 change of an ensemble may change.
 
+A Deployment whose pod template changes while nothing of the user's did (a new operator version) is an upgrade
+rollout, bounded operator-wide (`plan.upgrade`): the plan keeps its live template while `World.upgrades` is at the
+bound, and says so (`Plan.upgrade`, the status' UpgradeRolloutWaiting). The Deployment's labels record what its
+template was rendered from; its pod template never does.
+
 The status is planned from the world as it is; the controller plans once more after carrying out the writes
 (the cache then holds what the API server answered) and writes that plan's status. A plan carried out leaves
 a world whose plan writes nothing (`Plan.writes_nothing`): the idempotence the unit tests check
@@ -45,6 +50,8 @@ from ..render.modelconfig import render_repository
 from ..render.repository_key import key_env, secret_missing
 from ..validate.errors import from_pydantic
 from ..validate.rules import check_models
+from .compare import contains as contains  # noqa: PLC0414 - re-exported
+from .compare import differs as differs  # noqa: PLC0414 - re-exported: the controllers compare with it
 from .rollout import PodPatch, ReplicaRollout, in_place_deployment, patched, plan_replicas
 from .status import (
     ADMIN_APIS_RESTRICTED,
@@ -57,6 +64,7 @@ from .status import (
     status_changed,
     transitions,
 )
+from .upgrade import Upgrade, Upgrades, bound_deployment, source_digest
 
 #: Ready=False reasons that are a model on its way, not in trouble: their Events are Normal, not Warning.
 ON_ITS_WAY = frozenset({"ReplicasWarming", "ReplicasJoining", "ReplicasStarting"})
@@ -64,27 +72,6 @@ ON_ITS_WAY = frozenset({"ReplicasWarming", "ReplicasJoining", "ReplicasStarting"
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 
 ChildKey = tuple[str, str]  # (kind, name) within the model's namespace
-
-
-def differs(existing: Any, desired: Mapping[str, Any]) -> bool:
-    """Whether a child must be applied: it does not exist, or lacks or changed a field we set."""
-    return existing is None or not contains(existing, desired)
-
-
-def contains(existing: Any, desired: Any) -> bool:
-    """Whether `existing` already holds every field of `desired` (server defaults may add more)."""
-    if isinstance(desired, dict):
-        if not isinstance(existing, dict):
-            return False
-        return all(k in existing and contains(existing[k], v) for k, v in desired.items())
-    if isinstance(desired, list):
-        if not isinstance(existing, list) or len(existing) != len(desired):
-            return False
-        return all(contains(e, d) for e, d in zip(existing, desired, strict=True))
-    number, text = (int, float), str
-    if (isinstance(desired, number) and isinstance(existing, text)) or (isinstance(desired, text) and isinstance(existing, number)):
-        return str(existing) == str(desired)
-    return bool(existing == desired)
 
 
 @dataclass(frozen=True)
@@ -137,6 +124,8 @@ class World:
     # The ensembles among `models` (spec.ensemble set), when the caller keeps them apart: who uses this model as a
     # step is then found without a scan of the namespace. None: they are looked for in `models`.
     ensembles: Mapping[str, Mapping[str, Any]] | None = None
+    # The bound on upgrade rollouts and the Deployments that count against it, cluster-wide (`plan.upgrade`).
+    upgrades: Upgrades = field(default_factory=Upgrades)
 
 
 @dataclass(frozen=True)
@@ -187,6 +176,8 @@ class Plan:
     events: tuple[Event, ...] = ()  # after the status is written
     digest: str | None = None  # the desired config digest (None: nothing can be deployed)
     problem: Problem | None = None  # why nothing (new) is deployed
+    # An upgrade rollout of the Deployment starts with this plan's apply, or waits for a slot (`plan.upgrade`).
+    upgrade: Upgrade | None = None
 
     @property
     def writes_nothing(self) -> bool:
@@ -347,6 +338,19 @@ def _in_place(world: World, model: TritonModel, desired: list[dict[str, Any]],
     return desired, rollout
 
 
+def _bounded(world: World, desired: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Upgrade | None]:
+    """The children with the Deployment as the bound on upgrade rollouts lets it be (`plan.upgrade`)."""
+    upgrade: Upgrade | None = None
+    out: list[dict[str, Any]] = []
+    for c in desired:
+        if c["kind"] == DEPLOYMENT.kind:
+            live = world.children.get((DEPLOYMENT.kind, c["metadata"]["name"]))
+            c, upgrade = bound_deployment(c, live, world.body, source_digest(world.body, world.models), world.upgrades,
+                                          world.now)
+        out.append(c)
+    return out, upgrade
+
+
 def _deletes(world: World, model: TritonModel | None, desired: list[dict[str, Any]],
              api_error: Problem | None) -> tuple[list[Read], list[Delete]]:
     """The children to delete, and what must be read before the repository ConfigMaps' deletes are decided."""
@@ -402,6 +406,9 @@ def plan(world: World) -> Plan:
     rollout = ReplicaRollout()
     if model is not None and digest is not None and desired:
         desired, rollout = _in_place(world, model, desired, digest)
+    upgrade: Upgrade | None = None
+    if desired:
+        desired, upgrade = _bounded(world, desired)
 
     # A child the cache lacks is verified first, if the model was reconciled before; a model with no status was
     # never reconciled: nothing of ours can exist, so its children are applied straight away (one left by a
@@ -427,25 +434,35 @@ def plan(world: World) -> Plan:
         hpa=hpa if model is not None and model.spec.autoscaling is not None and hpa is not None
         and _owned_by(hpa, name, uid) else None,
         opened_apis=tuple(model.spec.server.unrestricted_apis or ()) if model is not None else (),
+        upgrade_waiting=upgrade.message if upgrade is not None and not upgrade.started else None,
     )
     status = compute_status(observed, stored, world.now)
     if not status_changed(stored, status):
         return Plan(reads=tuple(reads), create=create, apply=apply, delete=tuple(delete), pods=rollout.patches,
-                    digest=digest, problem=problem)
+                    digest=digest, problem=problem, upgrade=upgrade)
     return Plan(reads=tuple(reads), create=create, apply=apply, delete=tuple(delete), pods=rollout.patches,
                 status=status, status_patch=merge_patch(stored, status), events=_events(stored, status), digest=digest,
-                problem=problem)
+                problem=problem, upgrade=upgrade)
+
+
+def _set_over(existing: Any, desired: Any) -> Any:
+    """`existing` with every field of `desired` set (objects merge; anything else, lists too, is replaced)."""
+    if isinstance(existing, Mapping) and isinstance(desired, Mapping):
+        return {**existing, **{k: _set_over(existing.get(k), v) for k, v in desired.items()}}
+    return desired
 
 
 def carried_out(world: World, done: Plan, applied: Mapping[ChildKey, Mapping[str, Any]] | None = None) -> World:
     """The world after `done` was carried out in full: what the controller's cache then holds.
 
-    `applied` are the API server's answers to the applies (defaults: the applied objects themselves).
+    `applied` are the API server's answers to the applies (defaults: the applied objects, set over what was there,
+    as a server-side apply sets its fields and keeps the server's own, e.g. a Deployment's status).
     """
     children: dict[ChildKey, Mapping[str, Any] | None] = dict(world.children)
     for a in done.apply:
         key = (a.obj["kind"], a.obj["metadata"]["name"])
-        children[key] = (applied or {}).get(key, children.get(key) or a.obj)
+        existing = children.get(key)
+        children[key] = (applied or {}).get(key, _set_over(existing, a.obj) if existing is not None else a.obj)
     for d in done.delete:
         children.pop((d.kind, d.name), None)
     patches = {p.name: p for p in done.pods}

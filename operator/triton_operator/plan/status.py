@@ -27,6 +27,7 @@ from ..api.pod import (
 from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import Condition, ReplicaState, TritonModelStatus
 from ..uris import redact
+from .upgrade import UPGRADE_WAITING
 
 #: The gate's reasons for a replica that does not serve what it loaded: it failed to load, loaded another config, or
 #: stopped serving (the probe found a model broken, or tritonserver does not answer); the message says how the
@@ -55,6 +56,8 @@ class Observed:
     api_error: Problem | None = None
     # A replica could not load the desired config in place (`plan.rollout`): the rollout stopped.
     rollout_problem: Problem | None = None
+    # An upgrade rollout of the Deployment waits for a slot (`plan.upgrade`): why, naming the count and the bound.
+    upgrade_waiting: str | None = None
     deployment: Mapping[str, Any] | None = None
     pods: Sequence[Mapping[str, Any]] = field(default_factory=list)
     # The ensembles whose replicas load this model as a step (directly or through nested ensembles), with their
@@ -402,6 +405,12 @@ def stalled_rollout_stopped(s: Seen) -> dict[str, Any] | None:
     return condition("Progressing", False, "RolloutStalled", stopped.message[:2000], s.g)
 
 
+def upgrade_waiting(s: Seen) -> dict[str, Any] | None:
+    """An operator upgrade's new pod template waits for a slot (`plan.upgrade`): on its way, not in trouble."""
+    waiting = s.obs.upgrade_waiting
+    return condition("Progressing", True, UPGRADE_WAITING, waiting[:2000], s.g) if waiting else None
+
+
 def rolling_out(s: Seen) -> dict[str, Any] | None:
     if not s.rolling or s.failed or s.refused:
         return None
@@ -441,7 +450,7 @@ def complete(s: Seen) -> dict[str, Any]:
 
 
 PROGRESSING: tuple[Policy, ...] = (
-    progressing_spec_problem, stalled_rollout_stopped, rolling_out, stalled_replica_failed, stalled_pods_refused,
+    progressing_spec_problem, upgrade_waiting, stalled_rollout_stopped, rolling_out, stalled_replica_failed, stalled_pods_refused,
     complete_at_zero, complete_with_failures, complete,
 )
 

@@ -197,12 +197,14 @@ class Kube:
                                   what=("list", kind, namespace, None))["items"]
         return items
 
-    def list_versioned(self, api_version: str, kind: str, namespace: str | None) -> tuple[Items, str]:
+    def list_versioned(self, api_version: str, kind: str, namespace: str | None,
+                       label_selector: str | None = None) -> tuple[Items, str]:
         """Every object of the kind in `namespace` (None: in every namespace), and the list's resourceVersion (where
         a watch of what changed since starts)."""
         k = kind_of(api_version, kind)
         path = self.path(api_version, kind, namespace) if namespace else f"{k.prefix}/{k.plural}"
-        listed = self._call("GET", path, what=("list", kind, namespace, None))
+        query = [("labelSelector", label_selector)] if label_selector else []
+        listed = self._call("GET", path, query=query, what=("list", kind, namespace, None))
         return listed.get("items") or [], str(listed["metadata"].get("resourceVersion") or "")
 
     def watch(self, api_version: str, kind: str, namespace: str | None, resource_version: str, timeout_seconds: int,

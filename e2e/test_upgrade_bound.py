@@ -1,0 +1,231 @@
+"""The bound on upgrade rollouts on real nodes (issue 42 item 3, `plan.upgrade`): an operator upgrade that renders
+another pod template for models nobody changed rolls at most `--max-upgrade-rollouts` of their Deployments at once;
+the others wait (Progressing=True, reason UpgradeRolloutWaiting) on their old pods, and clients of every model's
+Service lose no request.
+
+The upgrade: the test's own host-process operator, run with `--max-upgrade-rollouts 1`, is stopped and started again
+with another `--default-triton-image`, which names the same tritonserver image under another tag (tagged with `ctr`
+on every node: no pull), as a new operator version with a new default image would; the models name no image. Restarted
+once more mid-way (one model rolling, another waiting), it must keep the bound: it counts again from the Deployments.
+
+A sampler thread LISTs the namespace's Deployments and TritonModels while the upgrade runs: a Deployment is in an
+upgrade rollout when its template names the new reference (or its labels carry the operator's `upgrade-rollout-started`
+record) and its rollout is not finished, as `kubectl rollout status` judges it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.images import TRITON_REF
+from e2e.kube import Kube, wait_for
+from e2e.load import ServiceLoad
+from e2e.operator_fixtures import (
+    OperatorHandle,
+    add_sub,
+    apply,
+    is_model_ready,
+    live_pods,
+    model_condition,
+    record,
+    start_operator,
+    wait_model,
+)
+from e2e.testing import delete_namespace
+from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.api.pod import TRITON_CONTAINER
+from triton_operator.plan.upgrade import LABEL_STARTED, RECORD, UPGRADE_STARTED, UPGRADE_WAITING
+
+pytestmark = pytest.mark.cluster
+
+#: The same image as TRITON_REF under another name: the "new default image" of the upgrade.
+NEW_REF = "localhost/triton-operator/tritonserver:upgrade-bound"
+MODELS = ("ub-a", "ub-b", "ub-c")
+LIMIT = 1
+
+
+def _image(obj: dict[str, Any]) -> str | None:
+    """The tritonserver container's image of a Deployment (its template) or of a Pod."""
+    spec = obj["spec"]["template"]["spec"] if "template" in obj["spec"] else obj["spec"]  # a LIST's items have no kind
+    return next((c["image"] for c in spec["containers"] if c["name"] == TRITON_CONTAINER), None)
+
+
+def _finished(dep: dict[str, Any]) -> bool:
+    """`kubectl rollout status`'s judgement: the controller saw the latest spec, every replica is updated and
+    available, and no replica of an older template is left."""
+    spec, status = dep["spec"], dep.get("status") or {}
+    wanted, updated = spec.get("replicas", 1), status.get("updatedReplicas", 0)
+    return (status.get("observedGeneration", 0) >= dep["metadata"]["generation"] and updated >= wanted
+            and status.get("replicas", 0) == updated and status.get("availableReplicas", 0) >= updated)
+
+
+def _rolling(deployments: list[dict[str, Any]]) -> set[str]:
+    """The Deployments in an unfinished upgrade rollout: on the new template, or with the operator's record."""
+    return {d["metadata"]["name"] for d in deployments if not _finished(d) and (
+        _image(d) == NEW_REF or LABEL_STARTED in (d["metadata"].get("labels") or {}))}
+
+
+class _Sampler:
+    """LISTs the namespace's model Deployments and TritonModels until stopped: the most Deployments seen in an upgrade
+    rollout in one LIST, and every model seen waiting for a slot."""
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        self.kube, self.namespace = Kube(kubeconfig, timeout=5), namespace
+        self.max_rolling, self.samples = 0, 0
+        self.rolling_now: set[str] = set()
+        self.over: list[str] = []  # the samples above the bound, as "+<s>s [names]"
+        self.waiting: set[str] = set()
+        self.waiting_now: set[str] = set()
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="upgrade-sampler", daemon=True)
+        self._t0 = time.monotonic()
+
+    def start(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self._thread.is_alive():
+            self._thread.join(15)
+
+    def _sample(self) -> None:
+        deps = self.kube.items("Deployment", self.namespace, labelSelector=LABEL_MODEL)
+        models = self.kube.items("TritonModel", self.namespace)
+        rolling = _rolling(deps)
+        waiting = {m["metadata"]["name"] for m in models
+                   if model_condition(m, "Progressing").get("reason") == UPGRADE_WAITING}
+        self.rolling_now, self.waiting_now = rolling, waiting
+        self.waiting |= waiting
+        self.max_rolling = max(self.max_rolling, len(rolling))
+        if len(rolling) > LIMIT:
+            self.over.append(f"+{time.monotonic() - self._t0:.1f}s {sorted(rolling)}")
+        self.samples += 1
+
+    def _loop(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self._sample()
+            except Exception as exc:  # noqa: BLE001 - a transient API error is one sample lost, reported at the end
+                self.errors.append(repr(exc)[:200])
+            self._halt.wait(0.2)  # the sampling period, not a wait for a condition
+
+
+def _upgraded(kube: Kube, namespace: str, name: str) -> bool:
+    """The model Ready, its Deployment on the new reference with its rollout finished, its only live pod on it."""
+    dep = kube.items("Deployment", namespace, labelSelector=f"{LABEL_MODEL}={name}")
+    pods = live_pods(kube, namespace, name)
+    return (is_model_ready(kube.get("TritonModel", name, namespace)) and len(dep) == 1 and _image(dep[0]) == NEW_REF
+            and _finished(dep[0]) and len(pods) == 1 and _image(pods[0]) == NEW_REF)
+
+
+def _misplaced_records(kube: Kube, namespace: str) -> list[str]:
+    """Where the operator's record is not as `plan.upgrade` says: each model Deployment carries all of it in its own
+    labels, none of it in its annotations (whose changes bump its generation, and which its ReplicaSets copy), its
+    selector or its pod template; no ReplicaSet carries any of it."""
+    out = []
+    for d in kube.items("Deployment", namespace, labelSelector=LABEL_MODEL):
+        meta, name = d["metadata"], d["metadata"]["name"]
+        if missing := set(RECORD) - set(meta.get("labels") or {}):
+            out.append(f"Deployment {name}: no label {sorted(missing)}")
+        template = d["spec"]["template"]["metadata"]
+        for where, keys in (("annotations", meta.get("annotations")), ("selector", d["spec"]["selector"]["matchLabels"]),
+                            ("template labels", template.get("labels")), ("template annotations", template.get("annotations"))):
+            if found := set(RECORD) & set(keys or {}):
+                out.append(f"Deployment {name}: {sorted(found)} in its {where}")
+    for rs in kube.items("ReplicaSet", namespace, labelSelector=LABEL_MODEL):
+        meta = rs["metadata"]
+        if found := set(RECORD) & {*(meta.get("labels") or {}), *(meta.get("annotations") or {})}:
+            out.append(f"ReplicaSet {meta['name']}: {sorted(found)}")
+    return out
+
+
+def _tag_new_ref(cluster: Any) -> None:
+    if cluster.local is None:
+        pytest.skip("needs this project's own local cluster (ctr on the nodes' containerd)")
+    for node in cluster.local.nodes():
+        node.ctr("images", "tag", "--force", TRITON_REF, NEW_REF)
+
+
+def _upgrade(op: OperatorHandle, sampler: _Sampler) -> bool:
+    """The operator restarted on the new default image, and once more while one model rolls and another waits.
+    Returns whether that second restart happened (a rollout may finish between two samples of a fast machine)."""
+    op.stop()
+    op.argv[op.argv.index("--default-triton-image") + 1] = NEW_REF
+    op.start()
+    wait_for("one model rolling and another waiting", lambda: (sampler.rolling_now and sampler.waiting_now)
+             or (sampler.waiting and not sampler.waiting_now), 180)
+    if not (sampler.rolling_now and sampler.waiting_now):
+        return False
+    op.restart()
+    return True
+
+
+def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
+        kube: Kube, kubeconfig: Path, cluster: Any, tmp_path: Path) -> None:
+    prefix = f"ub{uuid.uuid4().hex[:4]}"
+    namespace = f"{prefix}-models"
+    _tag_new_ref(cluster)
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": namespace, "labels": {"e2e.triton-operator.io/test": "true"}}})
+    op = start_operator(kubeconfig, kube, cluster.logs or tmp_path, pattern=f"{prefix}-*",
+                        log_name=f"operator-{prefix}.log", webhook=False,
+                        args=("--max-upgrade-rollouts", str(LIMIT)))
+    loads: list[ServiceLoad] = []
+    sampler = _Sampler(kubeconfig, namespace)
+    try:
+        wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
+        apply(kubeconfig, namespace, *(add_sub(name) for name in MODELS))
+        for name in MODELS:
+            wait_model(kube, namespace, name, is_model_ready, "Ready", 300)
+        for d in kube.items("Deployment", namespace, labelSelector=LABEL_MODEL):
+            assert _image(d) == TRITON_REF, d["metadata"]["name"]
+        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start() for name in MODELS]
+        for load in loads:
+            wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
+        # From here on: before, kube-proxy may not have the new Services' endpoints yet (a refused connection).
+        warmup = {load.model: load.tally() for load in loads}
+
+        sampler.start()
+        t0 = time.monotonic()
+        restarted = _upgrade(op, sampler)
+        for name in MODELS:
+            wait_for(f"{name} Ready on {NEW_REF}, its rollout finished", lambda name=name: _upgraded(kube, namespace, name),
+                     600)
+        took = time.monotonic() - t0
+        sampler.stop()
+        tallies = {load.model: load.stop() - warmup[load.model] for load in loads}
+        events = [e for e in kube.items("Event", namespace) if e.get("reason") == UPGRADE_STARTED]
+        misplaced = _misplaced_records(kube, namespace)
+    finally:
+        sampler.stop()
+        for load in loads:
+            load.__exit__()
+        op.stop()
+        delete_namespace(kube, namespace)  # no operator or replica outlives its test
+
+    started = {name: sum(e["involvedObject"]["name"] == name for e in events) for name in MODELS}
+    failed = sum(t.failed for t in tallies.values())
+    record("upgrade bound: 3 unchanged models, --max-upgrade-rollouts 1, upgrade took", f"{took:.1f}s")
+    record("upgrade bound: most in an upgrade rollout at once",
+           f"{sampler.max_rolling} in {sampler.samples} samples; waited: {sorted(sampler.waiting)}; "
+           f"restart mid-way: {restarted}")
+    record("upgrade bound: requests during the upgrade", "; ".join(f"{m}: {t.summary()}" for m, t in tallies.items()))
+    record("upgrade bound: failed requests before it (the load's start)", {m: t.failed for m, t in warmup.items()})
+    assert not sampler.over, f"more than {LIMIT} Deployment(s) in an upgrade rollout at once: {sampler.over}"
+    assert sampler.max_rolling == LIMIT, f"no sample saw an upgrade rollout ({sampler.samples} samples)"
+    assert sampler.samples > 10 * len(sampler.errors), f"too many samples lost: {sampler.errors[:5]}"
+    assert sampler.waiting, f"no model was seen {UPGRADE_WAITING}"
+    assert failed == 0, "; ".join(f"{load.model}: {tallies[load.model].summary()}, load started {load.started_at}, "
+                                  f"first failures {load.samples}" for load in loads)
+    for m, t in tallies.items():
+        assert t.sent - t.failed >= 20, f"{m}: the load did not really run: {t.summary()}"
+    assert all(started.values()), f"{UPGRADE_STARTED} Events per model: {started}"
+    assert not misplaced, misplaced

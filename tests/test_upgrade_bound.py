@@ -1,0 +1,408 @@
+"""The bound on upgrade rollouts (`plan.upgrade`): an operator that renders another pod template for unchanged
+TritonModels rolls at most N of their Deployments at once; a change of the user's own rolls at once, as always.
+
+The pure decision over plain dicts, in the planner's world (`tests.planner_world`); an operator upgrade is played by
+planning with other `Options` (a longer preStop sleep: another pod template for the same spec). Then the controller's
+part in a narrow test with a stand-in for the API server: the count in the cache, and the reservation that keeps two
+reconciles at once from both taking the last slot."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from tests.planner_world import NS, _Api, _body, _conditions, _settle, _world
+from triton_operator.controller.cache import Cache, Children
+from triton_operator.controller.reconcile import Reconciler
+from triton_operator.plan.planner import Plan, World, carried_out, plan
+from triton_operator.plan.upgrade import (
+    LABEL_GENERATION,
+    LABEL_SOURCE,
+    LABEL_STARTED,
+    RECORD,
+    UPGRADE_STARTED,
+    UPGRADE_WAITING,
+    Upgrades,
+    rollout_finished,
+    source_digest,
+    upgrade_rollouts,
+)
+from triton_operator.render.kubernetes import Options
+
+OLD = Options()
+STARTED = "1767225600"  # a record's start: 2026-01-01T00:00:00Z in Unix seconds
+#: What the API server takes as a label's value: at most 63 characters, alphanumerics, `-`, `_` and `.` between.
+LABEL_VALUE = re.compile(r"(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+NEW = Options(pre_stop_sleep_seconds=OLD.pre_stop_sleep_seconds + 2)  # the new operator's pod template
+
+
+def _finished(dep: Mapping[str, Any]) -> dict[str, Any]:
+    """The Deployment once its controller rolled it out: every replica updated and available."""
+    n = dep["spec"]["replicas"]
+    meta = {**dep["metadata"], "generation": 2, "namespace": dep["metadata"].get("namespace", NS)}
+    return {**dep, "metadata": meta, "status": {"observedGeneration": 2, "replicas": n, "updatedReplicas": n,
+                                                 "availableReplicas": n, "readyReplicas": n}}
+
+
+def _rolling(dep: Mapping[str, Any]) -> dict[str, Any]:
+    """The Deployment mid-rollout: one replica of the new template, the old ones still there."""
+    out = _finished(dep)
+    n = out["spec"]["replicas"]
+    out["status"] = {**out["status"], "updatedReplicas": 1, "replicas": n + 1, "availableReplicas": n}
+    return out
+
+
+def _settled(name: str = "m", **spec: Any) -> World:
+    """Model `name` settled by an operator of options OLD, its Deployment rolled out."""
+    world, _ = _settle(_world(_body(name, f"uid-{name}", **spec), options=OLD), _Api(), {})
+    key = ("Deployment", name)
+    return replace(world, children={**world.children, key: _finished(world.children[key])})
+
+
+def _upgraded(world: World, *rolling: str, limit: int = 2) -> World:
+    """`world` as an operator of options NEW sees it, with the Deployments `rolling` (names in NS) counted."""
+    return replace(world, options=NEW, upgrades=Upgrades(limit, frozenset((NS, n) for n in rolling)),
+                   now=world.now + dt.timedelta(minutes=5))
+
+
+def _deployment(decided: Plan) -> dict[str, Any] | None:
+    return next((a.obj for a in decided.apply if a.obj["kind"] == "Deployment"), None)
+
+
+def _live(world: World, name: str = "m") -> dict[str, Any]:
+    dep = world.children[("Deployment", name)]
+    assert dep is not None
+    return dict(dep)
+
+
+def _changed(world: World, **spec: Any) -> World:
+    """The user changed the model's spec by `spec`: a generation later."""
+    body = copy.deepcopy(dict(world.body))
+    body["spec"] = {**body["spec"], **spec}
+    body["metadata"]["generation"] += 1
+    return replace(world, body=body, models={**world.models, body["metadata"]["name"]: body})
+
+
+def test_the_upgrade_is_played_by_another_pod_template_for_the_same_spec() -> None:
+    world = _settled()
+    assert plan(replace(world, options=OLD)).apply == (), "settled"
+    dep = _deployment(plan(_upgraded(world, limit=0)))
+    assert dep is not None and dep["spec"]["template"] != _live(world)["spec"]["template"]
+
+
+def test_below_the_bound_an_upgrade_rollout_starts_and_is_marked_on_the_deployment_metadata_only() -> None:
+    world = _upgraded(_settled(), "other", limit=2)
+    decided = plan(world)
+    dep = _deployment(decided)
+    assert dep is not None
+    assert decided.upgrade is not None and decided.upgrade.started
+    assert "1 of at most 2" in decided.upgrade.message
+    assert dep["metadata"]["labels"][LABEL_STARTED] == str(int(world.now.timestamp()))
+    assert dep["metadata"]["labels"][LABEL_GENERATION] == "1"
+    assert dep["spec"]["template"]["spec"] != _live(world)["spec"]["template"]["spec"], "the new template"
+    template = dep["spec"]["template"]["metadata"]
+    assert not set(RECORD) & {*template["labels"], *template["annotations"], *dep["spec"]["selector"]["matchLabels"]}, (
+        "nothing on the pod template or the selector")
+    assert not set(RECORD) & set(dep["metadata"].get("annotations") or {}), "nothing in the annotations"
+    for k in RECORD:
+        assert LABEL_VALUE.fullmatch(dep["metadata"]["labels"][k]), (k, dep["metadata"]["labels"][k])
+    # Carried out, the next plan keeps the mark (it counts until the rollout finishes) and writes nothing.
+    again = plan(carried_out(world, decided))
+    assert again.upgrade is None and _deployment(again) is None
+
+
+def test_at_the_bound_the_deployment_keeps_its_template_and_the_model_says_it_waits() -> None:
+    settled = _settled(replicas=2)
+    world = _upgraded(settled, "a", "b", limit=2)
+    decided = plan(world)
+    assert decided.upgrade is not None and not decided.upgrade.started
+    assert _deployment(decided) is None, "its template stays, and its record says the same spec: no write"
+    progressing = _conditions(decided)["Progressing"]
+    assert (progressing.status, progressing.reason) == ("True", UPGRADE_WAITING)
+    assert "2 of at most 2" in progressing.message
+    assert [e.reason for e in decided.events] == [UPGRADE_WAITING]
+    # While it waits, planning again over the result writes nothing.
+    waiting = carried_out(world, decided)
+    again = plan(waiting)
+    assert again.writes_nothing and again.upgrade is not None and not again.upgrade.started
+    # A slot frees: it starts.
+    freed = plan(replace(waiting, upgrades=Upgrades(2, frozenset({(NS, "a")}))))
+    assert freed.upgrade is not None and freed.upgrade.started
+    new = _deployment(freed)
+    assert new is not None and new["spec"]["template"] != _live(world)["spec"]["template"]
+    assert _conditions(freed)["Progressing"].reason != UPGRADE_WAITING
+
+
+def test_zero_means_no_bound() -> None:
+    decided = plan(_upgraded(_settled(), *"abcdefgh", limit=0))
+    assert decided.upgrade is not None and decided.upgrade.started
+    assert "no bound" in decided.upgrade.message
+
+
+def test_a_deployment_already_in_an_upgrade_rollout_keeps_its_slot_and_start_for_a_newer_template() -> None:
+    settled = _settled()
+    marked = _rolling(_live(settled))
+    marked["metadata"]["labels"] = {**marked["metadata"]["labels"], LABEL_STARTED: STARTED}
+    world = _upgraded(replace(settled, children={**settled.children, ("Deployment", "m"): marked}), "m", "other", limit=2)
+    decided = plan(world)
+    assert decided.upgrade is not None and decided.upgrade.started, "it holds one of the two slots already"
+    dep = _deployment(decided)
+    assert dep is not None and dep["metadata"]["labels"][LABEL_STARTED] == STARTED
+
+
+def test_only_unfinished_upgrade_rollouts_count() -> None:
+    dep = _live(_settled())
+    marked = {**dep, "metadata": {**dep["metadata"], "labels": {**dep["metadata"]["labels"], LABEL_STARTED: STARTED}}}
+
+    def named(d: Mapping[str, Any], name: str) -> dict[str, Any]:
+        return {**d, "metadata": {**d["metadata"], "name": name}}
+
+    unseen = _finished(marked)
+    unseen["metadata"]["generation"] = 3  # the Deployment controller has not seen the latest spec yet
+    assert not rollout_finished(unseen)
+    assert rollout_finished(_finished(marked))
+    deployments = [
+        named(_rolling(marked), "upgrading"),
+        named(unseen, "upgrading-unseen"),
+        named(_finished(marked), "upgraded"),  # finished: its slot is free, though the mark stays
+        named(_rolling(dep), "user-rollout"),  # rolling, but not an upgrade rollout
+        {**named(_rolling(marked), "not-a-deployment"), "kind": "ReplicaSet"},
+    ]
+    assert upgrade_rollouts(deployments) == {(NS, "upgrading"), (NS, "upgrading-unseen")}
+
+
+def test_a_change_of_the_users_spec_rolls_at_once_at_the_bound_and_frees_a_slot_it_held() -> None:
+    settled = _settled()
+    marked = _rolling(_live(settled))
+    marked["metadata"]["labels"] = {**marked["metadata"]["labels"], LABEL_STARTED: STARTED}
+    world = _upgraded(replace(settled, children={**settled.children, ("Deployment", "m"): marked}), "a", "b", limit=2)
+    decided = plan(_changed(world, server={"args": ["--log-verbose=1"]}))
+    dep = _deployment(decided)
+    assert decided.upgrade is None
+    assert dep is not None and dep["spec"]["template"] != marked["spec"]["template"]
+    assert LABEL_STARTED not in dep["metadata"]["labels"], "left out: server-side apply removes it"
+    assert dep["metadata"]["labels"][LABEL_GENERATION] == "2"
+
+
+def test_a_change_of_the_users_spec_that_reloads_in_place_writes_only_the_record_labels_of_the_deployment() -> None:
+    """The API server bumps a Deployment's metadata.generation on a change of its spec or of its annotations, not of
+    its labels: the record there keeps a config change, which the replicas reload in place, from moving it."""
+    world = _settled()
+    live = _live(world)
+    decided = plan(_changed(world, maxBatchSize=8))
+    dep = _deployment(decided)
+    assert decided.upgrade is None
+    assert dep is not None, "the record says another spec"
+    assert dep["metadata"]["labels"][LABEL_SOURCE] != live["metadata"]["labels"][LABEL_SOURCE]
+    assert dep["metadata"]["labels"][LABEL_GENERATION] == "2"
+    assert dep["spec"] == {k: live["spec"][k] for k in dep["spec"]}, "the same spec: selector, replicas, template"
+    assert dep["metadata"].get("annotations") == live["metadata"].get("annotations"), "the same annotations"
+
+
+def test_a_scale_is_no_change_of_the_spec_it_waits_but_takes_its_replicas() -> None:
+    world = _upgraded(_settled(replicas=2), "a", "b", limit=2)
+    decided = plan(_changed(world, replicas=3))  # an HPA's or kubectl scale's write: a new generation too
+    dep = _deployment(decided)
+    assert decided.upgrade is not None and not decided.upgrade.started
+    assert dep is not None and dep["spec"]["replicas"] == 3
+    assert dep["spec"]["template"] == _live(world)["spec"]["template"]
+    live = _live(world)["metadata"]["labels"]
+    assert {k: dep["metadata"]["labels"].get(k) for k in RECORD} == {k: live.get(k) for k in RECORD}, (
+        "the record stays as the live template's")
+
+
+def test_a_change_of_an_ensemble_step_is_the_users_and_is_not_bounded() -> None:
+    step = _body("step", "uid-step", replicas=0)
+    ensemble = {"platform": "ensemble", "ensemble": {"steps": [{"model": "step"}]}}
+    models = {"step": step}
+    assert source_digest(_body("e"), models) == source_digest(_body("e", replicas=5), models), "replicas left out"
+    changed = {"step": {**step, "spec": {**step["spec"], "parameters": {"p": "1"}}}}
+    assert source_digest(_body("e", **ensemble), models) != source_digest(_body("e", **ensemble), changed)
+    assert source_digest(_body("e"), models) == source_digest(_body("e"), changed), "not a step of a plain model"
+
+
+def _without_record(world: World, *, observed: int | None) -> World:
+    """`world` as an operator from before the record left it: no record on the Deployment; the model's
+    status.observedGeneration is `observed`."""
+    dep = _live(world)
+    dep["metadata"]["labels"] = {k: v for k, v in dep["metadata"]["labels"].items() if k not in RECORD}
+    body = copy.deepcopy(dict(world.body))
+    body["status"]["observedGeneration"] = observed
+    return replace(world, body=body, models={**world.models, "m": body}, children={**world.children, ("Deployment", "m"): dep})
+
+
+def test_a_deployment_of_an_older_operator_counts_as_unchanged_when_the_status_saw_the_spec() -> None:
+    world = _upgraded(_settled(), "a", "b", limit=2)
+    waits = plan(_without_record(world, observed=1))
+    assert waits.upgrade is not None and not waits.upgrade.started, "the older operator reconciled generation 1"
+    assert _deployment(waits) is None, "no write while it waits: not even the record (its start writes it)"
+    newer = _changed(_without_record(world, observed=1), server={"args": ["--log-verbose=1"]})
+    rolls = plan(newer)
+    assert rolls.upgrade is None, "generation 2 was never reconciled: the user's change"
+    assert _deployment(rolls) is not None
+
+
+def test_no_bound_on_a_deployment_without_replicas_nor_on_a_new_one() -> None:
+    assert plan(_upgraded(_settled(replicas=0), "a", "b")).upgrade is None
+    fresh = _upgraded(_world(_body(), options=OLD), "a", "b")
+    assert plan(fresh).upgrade is None
+
+
+def test_a_restarted_operator_counts_again_from_the_deployments_it_sees() -> None:
+    first = _upgraded(_settled("m"), limit=1)
+    started = _deployment(plan(first))
+    assert started is not None
+    # A new process: nothing of the old one's but the Deployments. One of them is mid-upgrade, its mark on it.
+    seen = [_rolling(started), _live(_settled("other"), "other")]
+    counted = upgrade_rollouts(seen)
+    assert counted == {(NS, "m")}
+    other = _upgraded(_settled("other"), limit=1)
+    waits = plan(replace(other, upgrades=Upgrades(1, counted)))
+    assert waits.upgrade is not None and not waits.upgrade.started
+    # m finished: the count read again is 0, and the other starts.
+    goes = plan(replace(other, upgrades=Upgrades(1, upgrade_rollouts([_finished(started), seen[1]]))))
+    assert goes.upgrade is not None and goes.upgrade.started
+
+
+def test_the_cache_counts_the_deployments_in_an_upgrade_rollout_as_they_are_stored() -> None:
+    children = Children()
+    dep = _live(_settled())
+    marked = {**dep, "metadata": {**dep["metadata"], "namespace": NS,
+                                  "labels": {**dep["metadata"]["labels"], LABEL_STARTED: STARTED}}}
+    key = ("Deployment", NS, "m")
+    children[key] = _rolling(marked)
+    assert children.upgrading == {(NS, "m")}
+    children[key] = _finished(marked)
+    assert children.upgrading == set(), "finished: the slot frees"
+    children[key] = _rolling(marked)
+    del children[key]
+    assert children.upgrading == set(), "gone: the slot frees"
+
+
+# -- the controller's part, with a stand-in for the API server ---------------------------------------------------
+
+
+class _Kube:
+    """What `Reconciler._reconcile` calls, in memory: applies are stored as sent; Events are recorded. Each call
+    yields to the event loop first, as the real calls (in a thread) do."""
+
+    def __init__(self, deployments: list[dict[str, Any]], models: list[dict[str, Any]]) -> None:
+        self.deployments = deployments
+        self.models = {m["metadata"]["name"]: m for m in models}
+        self.applied: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str]] = []
+        self.listed = 0
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        return []
+
+    def list_versioned(self, api_version: str, kind: str, namespace: str | None,
+                       label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        self.listed += 1
+        return self.deployments, "1"
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        return None
+
+    def create_if_absent(self, obj: dict[str, Any]) -> bool:
+        return True
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.applied.append(obj)
+        return {**copy.deepcopy(obj), "status": {}}
+
+    def patch_custom_status(self, group: str, version: str, plural: str, namespace: str, name: str,
+                            status: dict[str, Any]) -> dict[str, Any]:
+        body = self.models[name]
+        body["status"] = _merged(body.get("status") or {}, status)
+        return copy.deepcopy(body)
+
+    def event(self, involved: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        self.events.append((involved["metadata"]["name"], reason))
+
+
+def _merged(old: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) of `old`."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(old) if isinstance(old, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merged(out.get(k), v)
+    return out
+
+
+def _cached(cache: Cache, world: World) -> None:
+    cache.put_model(world.body)
+    cache.prime_pods(NS, world.body["metadata"]["name"], [])
+    for child in world.children.values():
+        if child is not None:
+            cache.put_child({**child, "metadata": {**child["metadata"], "namespace": NS}})
+
+
+def test_two_reconciles_at_once_do_not_both_take_the_last_slot_and_the_count_is_listed_first() -> None:
+    """Limit 2; one Deployment the watch has not delivered yet is mid-upgrade (the LIST finds it): one slot is left
+    for the two models reconciled at once. One starts (and says so in an Event), the other waits."""
+    elsewhere = _rolling(_live(_settled("elsewhere"), "elsewhere"))
+    elsewhere["metadata"] = {**elsewhere["metadata"], "namespace": "team-b",
+                             "labels": {**elsewhere["metadata"]["labels"], LABEL_STARTED: STARTED}}
+    worlds = [_settled(name) for name in ("m1", "m2")]
+    kube = _Kube([elsewhere], [copy.deepcopy(dict(w.body)) for w in worlds])
+    cache = Cache()
+    for w in worlds:
+        _cached(cache, w)
+    rec = Reconciler(kube, cache, NEW, max_upgrade_rollouts=2)  # type: ignore[arg-type]
+
+    async def both() -> None:
+        await asyncio.gather(rec.reconcile(NS, "m1"), rec.reconcile(NS, "m2"))
+
+    asyncio.run(both())
+    assert kube.listed == 1, "listed once per process"
+    rolled = [d["metadata"]["name"] for d in kube.applied
+              if d["kind"] == "Deployment" and LABEL_STARTED in d["metadata"]["labels"]]
+    assert len(rolled) == 1, kube.applied
+    assert [e for e in kube.events if e[1] == UPGRADE_STARTED] == [(rolled[0], UPGRADE_STARTED)]
+    assert cache.children.upgrading == {("team-b", "elsewhere"), (NS, rolled[0])}
+    waiting = ({"m1", "m2"} - set(rolled)).pop()
+    assert rec._waiting == {(NS, waiting)}
+    assert (waiting, UPGRADE_WAITING) in kube.events, "the status' transition to UpgradeRolloutWaiting is an Event"
+    assert rec._reserved == set(), "the reservation ends with the apply"
+
+    # The rollout finishes (the watch delivers its Deployment): its model's reconcile wakes the waiting one, which
+    # starts.
+    done = next(d for d in kube.applied if d["metadata"]["name"] == rolled[0] and d["kind"] == "Deployment")
+    cache.put_child(_finished(done))
+    assert cache.children.upgrading == {("team-b", "elsewhere")}
+
+    async def freed() -> None:
+        await rec.reconcile(NS, rolled[0])
+        assert set(rec._workers) == {(NS, waiting)}, "the waiting model is reconciled again"
+        await asyncio.wait_for(asyncio.gather(*rec._workers.values()), 30)
+
+    asyncio.run(freed())
+    assert [e for e in kube.events if e[1] == UPGRADE_STARTED] == [(rolled[0], UPGRADE_STARTED), (waiting, UPGRADE_STARTED)]
+    assert rec._waiting == set()
+
+
+def test_a_waiting_model_that_is_gone_is_asked_once_not_for_ever() -> None:
+    rec = Reconciler(_Kube([], []), Cache(), NEW, max_upgrade_rollouts=1)  # type: ignore[arg-type]
+    rec._waiting = {(NS, "gone")}
+
+    async def wake() -> None:
+        rec.request(NS, "other")  # any reconcile, with a slot free, asks the waiting ones
+
+        async def drained() -> None:
+            while rec._workers:
+                await asyncio.gather(*list(rec._workers.values()))
+
+        await asyncio.wait_for(drained(), 5)  # asked for ever, the gone model's worker would never end
+
+    asyncio.run(wake())
+    assert rec._waiting == set()
