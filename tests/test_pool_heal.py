@@ -152,6 +152,34 @@ def test_an_ensemble_whose_step_broke_is_out_and_only_the_step_is_reloaded() -> 
     assert pp.failing_copies(placement, members, "a", {("r1", "s"): "stub dead"}) == {}
 
 
+def test_the_step_graph_is_built_once_per_round_and_answers_as_a_graph_built_per_question(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: the graph was built again by each of serving, to_heal, work (order) and failing_copies (once per
+    member: O(members²) per publish). Built once by `graph_of`, each answers the same and builds nothing."""
+    members, placement, pods = _world()
+    seen = _serving_all(members)
+    records = {"r1": {n: m.digest or "" for n, m in members.items()}}
+    broken = {("r1", "s"): "stub dead", ("r1", "b"): "stub dead"}
+    graph = pp.graph_of(members)
+    assert graph.found("e") == ("e", "s") and graph.found("a") == ("a",)
+
+    def ask(g: pp.StepGraph | None) -> tuple[Any, ...]:
+        healing = pp.to_heal(placement, members, broken, graph=g)
+        work = pp.work(placement, members, ["r1"], {"r1": {}}, {}, {}, healing=healing, graph=g)
+        return (pp.serving(placement, members, pods, records, seen, frozenset(), broken, g), healing,
+                {n: pp.failing_copies(placement, members, n, broken, g) for n in members},
+                [ld.member for ld in work["r1"].load], pp.order(["e", "s", "a"], members, g))
+
+    built_per_question = ask(None)
+    assert built_per_question[3].index("s") < built_per_question[3].index("e"), "a step loads before its ensemble"
+
+    def built_again(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the step graph was built again")
+
+    monkeypatch.setattr(pp.step_graph, "of_models", built_again)
+    assert ask(graph) == built_per_question
+
+
 def test_a_failing_copy_is_reported_degraded_model_failing_while_it_heals() -> None:
     members, placement, _ = _world()
     status = pp.model_status(members["a"], "p", True, placement, set(), {}, NOW, set(),

@@ -108,6 +108,7 @@ class _Round:
     placement: Placement
     key: str | None
     coming: int  # replicas the pool may still get soon (`plan.pool.coming`)
+    graph: pool_plan.StepGraph  # the members' steps, built once per round
 
     def address(self, replica: str) -> str:
         return f"{self.pods[replica].ip}:{HTTP_PORT}"
@@ -252,7 +253,8 @@ class PoolReconciler:
         # the model's load back.
         costs = asyncio.ensure_future(self._deletion_costs(namespace, pods, placement))
         rnd = _Round(namespace, pool, body, members, views, live, placement,
-                     pool_key(pool, uid, namespace, self.options), pool_plan.coming(pods, pool.spec.replicas))
+                     pool_key(pool, uid, namespace, self.options), pool_plan.coming(pods, pool.spec.replicas),
+                     pool_plan.graph_of(members))
         live_state = _Live(rnd, pool_plan.recorded(body), {}, frozenset())
         self._live[(namespace, name)] = live_state
         try:
@@ -277,14 +279,15 @@ class PoolReconciler:
         in_flight, heard = await self._in_flight(rnd, ready, st.seen)
         waiting = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
         broken = self._broken_copies(rnd)
-        healing = pool_plan.to_heal(rnd.placement, rnd.members, broken, self._heals_held(rnd))
+        healing = pool_plan.to_heal(rnd.placement, rnd.members, broken, self._heals_held(rnd), rnd.graph)
         for r, n in healing:  # why, for the heal's Event (the probe stops saying so once the copy is unloaded)
             self._heal_causes[(rnd.namespace, rnd.pool.name, r, n)] = broken[(r, n)]
         # A uri model's files on the replica's disk first (its sidecar fetches them meanwhile): until they are, its
         # load there waits, as a held one does, and its served copy is neither drained nor unloaded.
         unfetched, fetching = await self._fetch_phase(rnd, ready, st.records, st.seen)
         todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen,
-                              {**self._held_now(rnd), **dict.fromkeys(unfetched, True)}, waiting, healing)
+                              {**self._held_now(rnd), **dict.fromkeys(unfetched, True)}, waiting, healing,
+                              rnd.graph)
         # Out of the slices before their loads: the copies drained, and those healed (unloaded, then loaded again:
         # the probe stops calling a copy broken once it is unloaded, before it is READY again).
         st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain or ld.heal)
@@ -368,7 +371,7 @@ class PoolReconciler:
     async def _slices_now(self, st: _Live) -> None:
         rnd = st.rnd
         serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining,
-                                    self._broken_copies(rnd))
+                                    self._broken_copies(rnd), rnd.graph)
         for name, m in rnd.members.items():
             if m.model is not None:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
@@ -743,7 +746,7 @@ class PoolReconciler:
         st.records.setdefault(replica, {})[rnd.members[name].triton_name] = digest
         st.draining = st.draining - {(replica, name)}
         serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining,
-                                    self._broken_copies(rnd))
+                                    self._broken_copies(rnd), rnd.graph)
         for n, m in rnd.members.items():
             if m.model is not None and replica in rnd.placement.copies.get(n, ()):
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies[n]), rnd.pods, serving[n])
@@ -757,7 +760,7 @@ class PoolReconciler:
         the time a slice lists a copy) in front of its load; its slices come with its first ready copy (`_listed`)
         or at the round's end."""
         broken = self._broken_copies(rnd)
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining, broken)
+        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining, broken, rnd.graph)
         current = pool_plan.current(rnd.members, serving, seen)
         now = utc_now()
         behind, failed = 0, 0
@@ -778,7 +781,7 @@ class PoolReconciler:
                    if m.model.spec.autoscaling is not None else None)
             await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
                 m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name], rnd.coming,
-                hpa, pool_plan.failing_copies(rnd.placement, rnd.members, name, broken)))
+                hpa, pool_plan.failing_copies(rnd.placement, rnd.members, name, broken, rnd.graph)))
         status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
                                        ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now,
                                        loading)

@@ -324,10 +324,34 @@ def as_last_seen(seen: Mapping[tuple[str, str], Seen], records: Mapping[str, Map
     return out
 
 
-def order(names: Sequence[str], members: Mapping[str, Member]) -> list[str]:
+@dataclass(frozen=True)
+class StepGraph:
+    """The members' ensemble steps, built once per round (`graph_of`): each member's closure (the models it reaches,
+    itself included, and the step names that are not on the pool) is computed once, not once per question."""
+
+    steps: step_graph.Steps
+    reached: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]  # member -> (found, missing), both sorted
+
+    def found(self, name: str) -> tuple[str, ...]:
+        """The models `name` reaches through its steps (itself included), among the members."""
+        hit = self.reached.get(name)
+        return hit[0] if hit is not None else tuple(step_graph.closure(name, self.steps)[0])
+
+
+def graph_of(members: Mapping[str, Member]) -> StepGraph:
+    """The step graph of the members that parsed, with every member's closure."""
+    steps = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    reached: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for n in members:
+        found, missing = step_graph.closure(n, steps)
+        reached[n] = (tuple(found), tuple(missing))
+    return StepGraph(steps, reached)
+
+
+def order(names: Sequence[str], members: Mapping[str, Member], graph: StepGraph | None = None) -> list[str]:
     """`names` with each ensemble after the steps it uses."""
-    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
-    return step_graph.order(sorted(names), graph)
+    graph = graph_of(members) if graph is None else graph
+    return step_graph.order(sorted(names), graph.steps)
 
 
 def serves(member: Member, seen: Seen | None, record: Mapping[str, str]) -> bool:
@@ -338,17 +362,17 @@ def serves(member: Member, seen: Seen | None, record: Mapping[str, str]) -> bool
 
 
 def to_heal(placement: Placement, members: Mapping[str, Member], broken: Mapping[tuple[str, str], str],
-            held: Collection[tuple[str, str]] = frozenset()) -> set[tuple[str, str]]:
+            held: Collection[tuple[str, str]] = frozenset(), graph: StepGraph | None = None) -> set[tuple[str, str]]:
     """The (replica, model) copies to reload: those the replica's probe found broken (`broken`, by member name) and
     placed there, but not back-off `held` ones. An ensemble whose reached step is broken too is not reloaded: its
     failures count on it and on the step, and loading the step loads the ensembles using it again (as
     `controller.heal` does for a model's own replicas); the step is."""
-    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    graph = graph_of(members) if graph is None else graph
     out: set[tuple[str, str]] = set()
     for (r, n) in broken:
         if n not in members or (r not in placement.copies.get(n, ()) and n not in placement.loaded.get(r, ())):
             continue
-        found, _ = step_graph.closure(n, graph)
+        found = graph.found(n)
         if any((r, k) in broken for k in found if k != n) or (r, n) in held:
             continue
         out.add((r, n))
@@ -356,10 +380,10 @@ def to_heal(placement: Placement, members: Mapping[str, Member], broken: Mapping
 
 
 def failing_copies(placement: Placement, members: Mapping[str, Member], name: str,
-                   broken: Mapping[tuple[str, str], str]) -> dict[str, str]:
+                   broken: Mapping[tuple[str, str], str], graph: StepGraph | None = None) -> dict[str, str]:
     """The copies of `name` that do not serve for a broken model they load (it, or a step it reaches): pod -> why."""
-    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
-    reached = {name, *step_graph.closure(name, graph)[0]}
+    graph = graph_of(members) if graph is None else graph
+    reached = {name, *graph.found(name)}
     copies = set(placement.copies.get(name, ()))
     return {r: why for (r, k), why in sorted(broken.items()) if r in copies and k in reached}
 
@@ -368,7 +392,7 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
          records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
          held: Mapping[tuple[str, str], bool],
          awaiting: Collection[tuple[str, str]] = frozenset(),
-         healing: Collection[tuple[str, str]] = frozenset()) -> dict[str, ReplicaWork]:
+         healing: Collection[tuple[str, str]] = frozenset(), graph: StepGraph | None = None) -> dict[str, ReplicaWork]:
     """Each Ready replica's work: unload what is recorded there and no longer placed; load what is placed there and
     not READY at its desired digest. An update of a copy that serves (at its recorded digest) waits for the model's
     budget (rollout.maxUnavailable less its copies not serving), so a model updates replica by replica. `held`:
@@ -384,7 +408,7 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
     for r, w in out.items():
         placed = placement.loaded.get(r, frozenset())
         w.unload = sorted(t for t in records.get(r, {}) if names.get(t) not in placed)
-        for n in order(sorted(placed), members):
+        for n in order(sorted(placed), members, graph):
             m, s = members[n], seen.get((r, n))
             if (r, n) in healing and m.request is not None:
                 w.load.append(Load(n, heal=True))
@@ -407,13 +431,13 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
 def serving(placement: Placement, members: Mapping[str, Member], pods: Mapping[str, ReplicaPod],
             records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
             draining: frozenset[tuple[str, str]] = frozenset(),
-            broken: Collection[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
+            broken: Collection[tuple[str, str]] = frozenset(), graph: StepGraph | None = None) -> dict[str, set[str]]:
     """Per model, the replicas of its placement where it serves: the pod Ready, the model and every step it reaches
     served there (`serves`), and none of them drained this round nor found broken by the replica's probe."""
-    graph = step_graph.of_models({n: m.model for n, m in members.items() if m.model is not None})
+    graph = graph_of(members) if graph is None else graph
     out: dict[str, set[str]] = {}
     for n in members:
-        found, missing = step_graph.closure(n, graph)
+        found, missing = graph.reached.get(n) or ((), ())
         reached = [*found, *missing] or [n]
         out[n] = {r for r in placement.copies.get(n, ()) if (pod := pods.get(r)) is not None and pod.ready
                   and all(k in members and (r, k) not in draining and (r, k) not in broken
