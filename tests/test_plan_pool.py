@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
+
+import pytest
 
 from tests.documents import pool_document, python_model
 from triton_operator.api.pool import TritonPool
 from triton_operator.plan import pool as pp
-from triton_operator.plan.placement import PoolReplica
+from triton_operator.plan.placement import Placement, PoolReplica, Shortfall
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 
@@ -144,6 +147,44 @@ def test_statuses_say_loading_then_warmed_then_short_of_capacity() -> None:
     assert conds["Ready"].reason == pp.COPIES_LOADING and conds["Degraded"].status == "False"
     gone = pp.model_status(a, "p", False, None, set(), {}, NOW)
     assert {c.type: c for c in gone.conditions or ()}["Ready"].reason == pp.POOL_NOT_FOUND
+
+
+_SHORT = Placement(2**30, {"a": ("r1", "r2")}, {}, {}, {"a": Shortfall("a", 2, 2, 2**30, 0, 2)})
+_TWO = Placement(2**30, {"a": ("r1", "r2")}, {}, {})
+
+
+@pytest.mark.parametrize(("case", "copies", "ready", "progressing", "degraded"), [
+    ("no pool", {"found": False, "placement": None},
+     ("False", pp.POOL_NOT_FOUND), ("False", "Settled"), ("True", pp.POOL_NOT_FOUND)),
+    ("a spec that cannot load", {"problem": ("InvalidSpec", "bad")},
+     ("False", "InvalidSpec"), ("False", "Settled"), ("True", "InvalidSpec")),
+    ("short while replicas come, a load failed too", {"placement": _SHORT, "coming": 1, "failures": {"r1": "x"}},
+     ("False", pp.COPIES_LOADING), ("True", pp.COPIES_LOADING), ("False", "AsExpected")),
+    ("short, none coming", {"placement": _SHORT},
+     ("False", "InsufficientPoolCapacity"), ("False", "Settled"), ("True", "InsufficientPoolCapacity")),
+    ("a broken copy healing, a load failed too", {"serving_on": {"r1", "r2"}, "failing": {"r2": "dead"},
+                                                  "failures": {"r1": "x"}},
+     ("True", pp.MODEL_FAILING), ("True", "Healing"), ("True", pp.MODEL_FAILING)),
+    ("a fetch failed", {"serving_on": {"r1"}, "failures": {"r2": f"{pp.FETCH_FAILED_PREFIX}404"}},
+     ("False", pp.SOURCE_FETCH_FAILED), ("False", "Settled"), ("True", pp.SOURCE_FETCH_FAILED)),
+    ("every copy warm at the desired config", {"serving_on": {"r1", "r2"}, "current": {"r1", "r2"}},
+     ("True", pp.ALL_COPIES_WARMED), ("False", "Settled"), ("False", "AsExpected")),
+    ("an update: the previous config serves", {"serving_on": {"r1", "r2"}, "current": {"r1"}},
+     ("True", pp.COPIES_UPDATING), ("True", pp.COPIES_UPDATING), ("False", "AsExpected")),
+    ("loading", {"serving_on": {"r1"}, "current": {"r1"}},
+     ("False", pp.COPIES_LOADING), ("True", pp.COPIES_LOADING), ("False", "AsExpected")),
+])
+def test_a_pooled_models_conditions_come_from_its_chains_of_policies_first_answer_winning(
+        case: str, copies: dict[str, Any], ready: tuple[str, str], progressing: tuple[str, str],
+        degraded: tuple[str, str]) -> None:
+    members, *_ = _world()
+    m = members["a"]
+    if "problem" in copies:
+        m = replace(m, problem=copies.pop("problem"))
+    seen = pp.Copies(**{"m": m, "pool": "p", "found": True, "placement": _TWO, "serving_on": set(), "failures": {},
+                        "current": set(), **copies})
+    got = [(c["status"], c["reason"]) for c in pp._model_ready(seen)]
+    assert got == [ready, progressing, degraded], case
 
 
 def test_a_recorded_placement_is_kept() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -466,51 +466,222 @@ def _failure_reason(failures: Mapping[str, str]) -> str:
     return SOURCE_FETCH_FAILED if all(w.startswith(FETCH_FAILED_PREFIX) for w in failures.values()) else LOAD_FAILED
 
 
-def _model_ready(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
-                 failures: Mapping[str, str], current: set[str],
-                 coming: int, failing: Mapping[str, str] | None = None
-                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Ready, Progressing and Degraded of a pooled model (`serving_on`: the replicas whose endpoint is ready;
-    `current`: those of them at the desired digest)."""
-    g = m.generation
-    wanted = m.model.spec.replicas if m.model is not None else 0
-    copies = placement.copies.get(m.name, ()) if placement is not None else ()
-    shortfall = placement.shortfalls.get(m.name) if placement is not None else None
-    settled = condition("Progressing", False, "Settled", "every copy is placed and serves", g)
-    fine = condition("Degraded", False, "AsExpected", "", g)
-    if not found:
-        msg = f"TritonPool {pool} does not exist in this namespace: create it, or set spec.pool to one that does"
-        return condition("Ready", False, POOL_NOT_FOUND, msg, g), settled, condition("Degraded", True, POOL_NOT_FOUND, msg, g)
-    if m.problem is not None:
-        reason, msg = m.problem
-        return condition("Ready", False, reason, msg, g), settled, condition("Degraded", True, reason, msg, g)
-    served = f"{len(serving_on)}/{wanted} copies serve, warm, on pool {pool}"
-    if shortfall is not None and coming > 0:  # the pool is not all there yet
-        msg = f"{served}; waiting for the pool's replicas ({shortfall.replicas} run, {coming} on their way)"
-        return (condition("Ready", False, COPIES_LOADING, msg, g), condition("Progressing", True, COPIES_LOADING, msg, g),
-                fine)
-    if shortfall is not None:
-        msg = f"{served}; {shortfall.message}"
-        return (condition("Ready", False, INSUFFICIENT_CAPACITY, msg, g), settled,
-                condition("Degraded", True, INSUFFICIENT_CAPACITY, msg, g))
-    if failing:
-        msg = (f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failing.items()))
-               + "; healing: out of its slices there, unloading and loading it again")[:2000]
-        return (condition("Ready", len(serving_on) >= wanted, MODEL_FAILING, msg, g),
-                condition("Progressing", True, "Healing", msg, g), condition("Degraded", True, MODEL_FAILING, msg, g))
-    if failures:
-        msg = f"{served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(failures.items()))
-        reason = _failure_reason(failures)
-        return (condition("Ready", len(serving_on) >= wanted, reason, msg[:2000], g), settled,
-                condition("Degraded", True, reason, msg[:2000], g))
-    if len(current) >= wanted and len(copies) >= wanted:
-        return condition("Ready", True, ALL_COPIES_WARMED, served, g), settled, fine
-    if len(serving_on) >= wanted and len(copies) >= wanted:  # an update under way: the previous config serves
-        msg = f"{served}; {len(current)}/{wanted} at the desired config, the others reload in place one by one"
-        return (condition("Ready", True, COPIES_UPDATING, msg, g), condition("Progressing", True, COPIES_UPDATING, msg, g),
-                fine)
-    return (condition("Ready", False, COPIES_LOADING, served, g),
-            condition("Progressing", True, COPIES_LOADING, served, g), fine)
+@dataclass(frozen=True)
+class Copies:
+    """What a pooled model's Ready, Progressing and Degraded are decided from: its member, whether its pool exists,
+    the placement, the replicas whose endpoint is ready (`serving_on`) and those of them at the desired digest
+    (`current`), the loads that failed (`failures`) and the copies its replicas' probes call broken (`failing`), by
+    pod, and the replicas the pool may still get (`coming`)."""
+
+    m: Member
+    pool: str
+    found: bool
+    placement: Placement | None
+    serving_on: Collection[str]
+    failures: Mapping[str, str]
+    current: Collection[str]
+    coming: int = 0
+    failing: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def g(self) -> int:
+        return self.m.generation
+
+    @property
+    def wanted(self) -> int:
+        return self.m.model.spec.replicas if self.m.model is not None else 0
+
+    @property
+    def placed(self) -> int:
+        return len(self.placement.copies.get(self.m.name, ())) if self.placement is not None else 0
+
+    @property
+    def short(self) -> bool:
+        return self.placement is not None and self.m.name in self.placement.shortfalls
+
+    @property
+    def serves_all(self) -> bool:
+        return len(self.serving_on) >= self.wanted
+
+    @property
+    def served(self) -> str:
+        return f"{len(self.serving_on)}/{self.wanted} copies serve, warm, on pool {self.pool}"
+
+    @property
+    def pool_missing(self) -> str:
+        return f"TritonPool {self.pool} does not exist in this namespace: create it, or set spec.pool to one that does"
+
+    @property
+    def waiting_for_replicas(self) -> str:
+        assert self.placement is not None
+        shortfall = self.placement.shortfalls[self.m.name]
+        return f"{self.served}; waiting for the pool's replicas ({shortfall.replicas} run, {self.coming} on their way)"
+
+    @property
+    def short_of_capacity(self) -> str:
+        assert self.placement is not None
+        return f"{self.served}; {self.placement.shortfalls[self.m.name].message}"
+
+    @property
+    def healing(self) -> str:
+        return (f"{self.served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(self.failing.items()))
+                + "; healing: out of its slices there, unloading and loading it again")[:2000]
+
+    @property
+    def failed(self) -> str:
+        return (f"{self.served}; " + "; ".join(f"{r}: {why}" for r, why in sorted(self.failures.items())))[:2000]
+
+    @property
+    def updating(self) -> str:
+        return f"{self.served}; {len(self.current)}/{self.wanted} at the desired config, the others reload in place one by one"
+
+
+#: A pooled model's policy decides one condition or passes (None) to the next of its chain, as the model's own
+#: (`plan.status`); each chain ends with one that always answers. The order is the precedence: a missing pool, a spec
+#: that cannot load, the pool's replicas on their way, capacity short, broken copies healing, failed loads, then how
+#: many copies serve.
+CopiesPolicy = Callable[[Copies], dict[str, Any] | None]
+
+
+def _first(chain: Sequence[CopiesPolicy], c: Copies) -> dict[str, Any]:
+    for policy in chain:
+        answer = policy(c)
+        if answer is not None:
+            return answer
+    raise AssertionError(f"no policy of {[p.__name__ for p in chain]} answered")  # each chain's last always does
+
+
+def _settled(c: Copies) -> dict[str, Any]:
+    return condition("Progressing", False, "Settled", "every copy is placed and serves", c.g)
+
+
+def _as_expected(c: Copies) -> dict[str, Any]:
+    return condition("Degraded", False, "AsExpected", "", c.g)
+
+
+def ready_pool_not_found(c: Copies) -> dict[str, Any] | None:
+    return None if c.found else condition("Ready", False, POOL_NOT_FOUND, c.pool_missing, c.g)
+
+
+def ready_spec_problem(c: Copies) -> dict[str, Any] | None:
+    return condition("Ready", False, *c.m.problem, c.g) if c.m.problem is not None else None
+
+
+def ready_waiting_for_replicas(c: Copies) -> dict[str, Any] | None:
+    return condition("Ready", False, COPIES_LOADING, c.waiting_for_replicas, c.g) if c.short and c.coming > 0 else None
+
+
+def ready_short_of_capacity(c: Copies) -> dict[str, Any] | None:
+    return condition("Ready", False, INSUFFICIENT_CAPACITY, c.short_of_capacity, c.g) if c.short else None
+
+
+def ready_healing(c: Copies) -> dict[str, Any] | None:
+    return condition("Ready", c.serves_all, MODEL_FAILING, c.healing, c.g) if c.failing else None
+
+
+def ready_load_failed(c: Copies) -> dict[str, Any] | None:
+    return condition("Ready", c.serves_all, _failure_reason(c.failures), c.failed, c.g) if c.failures else None
+
+
+def ready_all_copies_warmed(c: Copies) -> dict[str, Any] | None:
+    if len(c.current) < c.wanted or c.placed < c.wanted:
+        return None
+    return condition("Ready", True, ALL_COPIES_WARMED, c.served, c.g)
+
+
+def ready_updating(c: Copies) -> dict[str, Any] | None:
+    """An update under way: the previous config serves on the copies not at the desired one yet."""
+    return condition("Ready", True, COPIES_UPDATING, c.updating, c.g) if c.serves_all and c.placed >= c.wanted else None
+
+
+def not_ready_loading(c: Copies) -> dict[str, Any]:
+    return condition("Ready", False, COPIES_LOADING, c.served, c.g)
+
+
+MODEL_READY: tuple[CopiesPolicy, ...] = (
+    ready_pool_not_found, ready_spec_problem, ready_waiting_for_replicas, ready_short_of_capacity, ready_healing,
+    ready_load_failed, ready_all_copies_warmed, ready_updating, not_ready_loading,
+)
+
+
+def settled_cannot_load(c: Copies) -> dict[str, Any] | None:
+    """No pool, or a spec that cannot load: nothing is on its way."""
+    return _settled(c) if not c.found or c.m.problem is not None else None
+
+
+def progressing_waiting_for_replicas(c: Copies) -> dict[str, Any] | None:
+    if not (c.short and c.coming > 0):
+        return None
+    return condition("Progressing", True, COPIES_LOADING, c.waiting_for_replicas, c.g)
+
+
+def settled_short_of_capacity(c: Copies) -> dict[str, Any] | None:
+    return _settled(c) if c.short else None
+
+
+def progressing_healing(c: Copies) -> dict[str, Any] | None:
+    return condition("Progressing", True, "Healing", c.healing, c.g) if c.failing else None
+
+
+def settled_load_failed(c: Copies) -> dict[str, Any] | None:
+    return _settled(c) if c.failures else None
+
+
+def settled_all_copies_warmed(c: Copies) -> dict[str, Any] | None:
+    return _settled(c) if len(c.current) >= c.wanted and c.placed >= c.wanted else None
+
+
+def progressing_updating(c: Copies) -> dict[str, Any] | None:
+    if not (c.serves_all and c.placed >= c.wanted):
+        return None
+    return condition("Progressing", True, COPIES_UPDATING, c.updating, c.g)
+
+
+def progressing_loading(c: Copies) -> dict[str, Any]:
+    return condition("Progressing", True, COPIES_LOADING, c.served, c.g)
+
+
+MODEL_PROGRESSING: tuple[CopiesPolicy, ...] = (
+    settled_cannot_load, progressing_waiting_for_replicas, settled_short_of_capacity, progressing_healing,
+    settled_load_failed, settled_all_copies_warmed, progressing_updating, progressing_loading,
+)
+
+
+def degraded_pool_not_found(c: Copies) -> dict[str, Any] | None:
+    return None if c.found else condition("Degraded", True, POOL_NOT_FOUND, c.pool_missing, c.g)
+
+
+def degraded_spec_problem(c: Copies) -> dict[str, Any] | None:
+    return condition("Degraded", True, *c.m.problem, c.g) if c.m.problem is not None else None
+
+
+def fine_waiting_for_replicas(c: Copies) -> dict[str, Any] | None:
+    """Short of room while the pool's replicas are on their way: not in trouble (failures wait for them too)."""
+    return _as_expected(c) if c.short and c.coming > 0 else None
+
+
+def degraded_short_of_capacity(c: Copies) -> dict[str, Any] | None:
+    return condition("Degraded", True, INSUFFICIENT_CAPACITY, c.short_of_capacity, c.g) if c.short else None
+
+
+def degraded_healing(c: Copies) -> dict[str, Any] | None:
+    return condition("Degraded", True, MODEL_FAILING, c.healing, c.g) if c.failing else None
+
+
+def degraded_load_failed(c: Copies) -> dict[str, Any] | None:
+    return condition("Degraded", True, _failure_reason(c.failures), c.failed, c.g) if c.failures else None
+
+
+MODEL_DEGRADED: tuple[CopiesPolicy, ...] = (
+    degraded_pool_not_found, degraded_spec_problem, fine_waiting_for_replicas, degraded_short_of_capacity,
+    degraded_healing, degraded_load_failed, _as_expected,
+)
+
+
+def _model_ready(c: Copies) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Ready, Progressing and Degraded of a pooled model, each from its chain (MODEL_READY, MODEL_PROGRESSING,
+    MODEL_DEGRADED)."""
+    return _first(MODEL_READY, c), _first(MODEL_PROGRESSING, c), _first(MODEL_DEGRADED, c)
 
 
 def model_status(m: Member, pool: str, found: bool, placement: Placement | None, serving_on: set[str],
@@ -521,8 +692,8 @@ def model_status(m: Member, pool: str, found: bool, placement: Placement | None,
     at the desired digest (None: all of `serving_on`); `coming`: replicas the pool may still get soon (`coming`: a
     copy short of room is InsufficientPoolCapacity only when none is)."""
     current = serving_on if current is None else current
-    ready, progressing, degraded = _model_ready(m, pool, found, placement, serving_on, failures, current, coming,
-                                                failing)
+    ready, progressing, degraded = _model_ready(Copies(m, pool, found, placement, serving_on, failures, current,
+                                                       coming, failing or {}))
     conds = [ready, progressing, degraded, *kstatus_conditions(progressing, degraded, m.generation)]
     if hpa is not None:  # the HPA of its copies (spec.autoscaling): whether it can read its metric, as for any model
         conds.append(scaling_active(hpa, m.generation))
