@@ -23,11 +23,12 @@ from pydantic import ValidationError
 
 from ..api import steps as step_graph
 from ..api.kinds import LABEL_MODEL
+from ..api.pod import GRPC_PORT, HTTP_PORT
 from ..api.pool import TritonPool, format_bytes
 from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
 from ..render.modelconfig import render_repository
-from ..render.pool import LoadRequest, ReplicaPod, load_request
+from ..render.pool import LoadRequest, ReplicaPod, load_request, pool_selector
 from .placement import INSUFFICIENT_CAPACITY, Placement, PoolReplica, place
 from .status import admin_apis_open, condition, kstatus_conditions, scaling_active
 
@@ -764,3 +765,213 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
                           + [s.wanted for s in placement.shortfalls.values()], default=0),
         "replicaModels": rows,
     }
+
+
+# -- one round, planned whole: the controller gathers a `PoolWorld`, `plan_pool(world)` decides, the controller
+# carries the `PoolPlan` out; after its loads it gathers again and plans once more, for the statuses and the wake-up.
+
+#: While a pool is not settled (copies loading, a load backing off), it reconciles again this often; once settled,
+#: every `SETTLED_SECONDS` still: a model that fails inside a replica changes no Kubernetes object.
+REVISIT_SECONDS, SETTLED_SECONDS = 5.0, 15.0
+#: While a replica's sidecar fetches a uri model, the pool comes back this often to load it once it is on disk.
+FETCHING_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class PoolRound:
+    """What a round derives from the pool, its members and its pods before it asks any replica anything: the live
+    replicas, each pod's slice view, the placement, the Ready replicas (those asked, and given work), the replicas on
+    their way, the step graph and the pods whose deletion cost changes. Derived again each round (`round_of`)."""
+
+    namespace: str
+    pool: TritonPool
+    body: Mapping[str, Any]  # the pool as read, status included
+    members: Mapping[str, Member]
+    # Each pod's slice view. A pod event during the round updates it (`controller.pool.pod_changed`), so that the
+    # round's later slice writes see the pod as it is then.
+    pods: dict[str, ReplicaPod]
+    live: Sequence[PoolReplica]
+    placement: Placement
+    ready: Sequence[str]  # live replicas whose pod is Ready, with an IP: as the round started
+    coming: int  # replicas the pool may still get soon (`coming`)
+    graph: StepGraph
+    key: str | None  # the pool's key, for the replicas' restricted APIs
+    costs: Mapping[str, str] = field(default_factory=dict)  # pod -> its new pod-deletion-cost (`deletion_costs`)
+
+    def address(self, replica: str) -> str:
+        return f"{self.pods[replica].ip}:{HTTP_PORT}"
+
+    def grpc_address(self, replica: str) -> str:
+        """Where the replica's Triton takes loads and unloads (`triton.repository`)."""
+        return f"{self.pods[replica].ip}:{GRPC_PORT}"
+
+
+def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members: Mapping[str, Member],
+             pods: Sequence[Mapping[str, Any]], key: str | None) -> PoolRound:
+    """The round's basis, from the pool's pods as listed."""
+    live, views = replicas(pods)
+    placement = placement_of(pool, live, members)
+    ready = [r.name for r in live if views[r.name].ready and views[r.name].ip]
+    return PoolRound(namespace, pool, body, members, views, live, placement, ready,
+                     coming(pods, pool.spec.replicas), graph_of(members), key, deletion_costs(placement, pods))
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What the round's carrying out did: whether a replica had work, and whether loads were left for the next
+    round (`controller.pool.ROUND_LOAD_SECONDS`)."""
+
+    busy: bool
+    cut: bool
+
+
+@dataclass(frozen=True)
+class PoolWorld:
+    """What the controller gathered for one plan of a round: the round's basis and what the replicas, their probes
+    and sidecars answered. Keys (replica, model) name members; records and in-flight loads name Triton names."""
+
+    round: PoolRound
+    now: dt.datetime
+    # What each replica was told to load and served, by Triton name: the pool's status (`recorded`) before the
+    # round's loads, the round's own (`records_after`) after them.
+    records: Mapping[str, Mapping[str, str]]
+    seen: Mapping[tuple[str, str], Seen]  # what the Ready replicas' Tritons serve of what is placed there
+    # The loads a previous operator sent (recorded in flight, not sent by this process), and whether each replica's
+    # Triton has heard of them (`triton.pool.heard_of`).
+    in_flight: Mapping[str, Mapping[str, InFlight]] = field(default_factory=dict)
+    heard: Mapping[tuple[str, str], bool | None] = field(default_factory=dict)
+    broken: Mapping[tuple[str, str], str] = field(default_factory=dict)  # what the replicas' probes call broken, why
+    heals_held: Collection[tuple[str, str]] = frozenset()  # broken copies whose heal backs off
+    held: Mapping[tuple[str, str], bool] = field(default_factory=dict)  # failed loads: True while backing off
+    failures: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # member -> pod -> a failed load's why
+    unfetched: Collection[tuple[str, str]] = frozenset()  # uri models whose files are not on the replica yet
+    fetching: bool = False  # a sidecar fetches files for a load of this pool
+    sliced: Collection[str] = frozenset()  # the models that have an EndpointSlice of ours
+    hpas: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)  # a model's HPA (spec.autoscaling)
+    carried: Carried | None = None  # after the round's loads: what it did (None: before them)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """What a round does, in this order: write the slices and statuses; drain `drains`; on each replica, its
+    unloads then its loads (`work`); then, planned again after them, the statuses, and come back after `wake`."""
+
+    work: Mapping[str, ReplicaWork]  # per Ready replica: unloads, then loads (steps first)
+    waiting: Mapping[tuple[str, str], InFlight]  # a previous operator's loads, waited for rather than sent
+    healing: frozenset[tuple[str, str]]  # broken copies reloaded (unloaded first)
+    heal_causes: Mapping[tuple[str, str], str]  # why each is healed, for its Event
+    draining: frozenset[tuple[str, str]]  # copies out of their slices before the loads: drained and healed
+    drains: frozenset[tuple[str, str]]  # (replica, Triton name) to wait on until no request reaches it
+    loading: Mapping[str, Mapping[str, InFlight]]  # the loads in flight to record in the pool's status
+    serving: Mapping[str, set[str]]  # per model, the replicas its slices list ready
+    services_only: frozenset[str]  # models that get only their Service now: no slice yet, no copy serving
+    statuses: Mapping[str, TritonModelStatus]  # every member's status
+    pool_status: dict[str, Any]
+    settled: bool  # every placed copy serves at its desired digest and no load failed
+    wake: float  # seconds until the next round, unless something changes first
+
+    @property
+    def busy(self) -> bool:
+        return any(w.load or w.unload for w in self.work.values())
+
+
+def records_after(rnd: PoolRound, records: Mapping[str, Mapping[str, str]],
+                  seen: Mapping[tuple[str, str], Seen]) -> dict[str, dict[str, str]]:
+    """The replicas' records after the round: on a Ready replica, what it serves of what is placed there (a
+    replica that is not Ready keeps its record: its models are reloaded once it is back). Replicas gone drop."""
+    out: dict[str, dict[str, str]] = {}
+    for r in rnd.live:
+        if r.name not in rnd.ready:
+            out[r.name] = dict(records.get(r.name, {}))
+            continue
+        out[r.name] = {rnd.members[n].triton_name: s.digest for (rr, n), s in seen.items()
+                       if rr == r.name and s.ready and s.digest}
+    return out
+
+
+def loading_records(members: Mapping[str, Member], *loads: Mapping[tuple[str, str], InFlight]
+                    ) -> dict[str, dict[str, InFlight]]:
+    """The loads in flight to record, by replica and Triton name (a later mapping's load wins)."""
+    out: dict[str, dict[str, InFlight]] = {}
+    for each in loads:
+        for (r, n), ld in each.items():
+            out.setdefault(r, {})[members[n].triton_name] = ld
+    return out
+
+
+def wake_after(settled: bool, carried: Carried, fetching: bool, pending: bool) -> float:
+    """When to come back: at once when loads were left over, soon while a sidecar fetches, after SETTLED_SECONDS once
+    all serves and nothing was done nor is awaited, else after REVISIT_SECONDS."""
+    if carried.cut:
+        return 0.0
+    if fetching:
+        return FETCHING_SECONDS
+    return SETTLED_SECONDS if settled and not carried.busy and not pending else REVISIT_SECONDS
+
+
+@dataclass(frozen=True)
+class _Published:
+    serving: dict[str, set[str]]
+    services_only: frozenset[str]
+    statuses: dict[str, TritonModelStatus]
+    pool_status: dict[str, Any]
+    settled: bool
+
+
+def _published(world: PoolWorld, draining: frozenset[tuple[str, str]],
+               loading: Mapping[str, Mapping[str, InFlight]]) -> _Published:
+    """Each model's slices and status and the pool's status. Before the loads, a model with no slices yet and no
+    copy serving gets only its Service (clients need it by the time a slice lists a copy); its slices come with its
+    first ready copy (`controller.pool._listed`) or at the round's end."""
+    rnd, before_loads = world.round, world.carried is None
+    on = serving(rnd.placement, rnd.members, rnd.pods, world.records, world.seen, draining, world.broken, rnd.graph)
+    now_current = current(rnd.members, on, world.seen)
+    behind, failed, statuses, services_only = 0, 0, {}, set()
+    for name, m in rnd.members.items():
+        if m.model is None:
+            statuses[name] = model_status(m, rnd.pool.name, True, rnd.placement, set(), {}, world.now)
+            continue
+        failures = world.failures.get(name, {})
+        failed += bool(failures)
+        behind += len(rnd.placement.copies.get(name, ())) - len(now_current[name])
+        if before_loads and not on[name] and name not in world.sliced:
+            services_only.add(name)
+        hpa = world.hpas.get(name) if m.model.spec.autoscaling is not None else None
+        statuses[name] = model_status(m, rnd.pool.name, True, rnd.placement, on[name], failures, world.now,
+                                      now_current[name], rnd.coming, hpa,
+                                      failing_copies(rnd.placement, rnd.members, name, world.broken, rnd.graph))
+    selector = ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items())
+    status = pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, world.records, behind, failed,
+                         selector, world.now, loading)
+    return _Published(on, frozenset(services_only), statuses, status, behind == 0 and failed == 0)
+
+
+def plan_pool(world: PoolWorld) -> PoolPlan:
+    """Every decision of a pool round. Before the loads (`world.carried` None): each Ready replica's unloads and
+    loads (`work`), what leaves the slices first and what is drained, the loads to record in flight, and the slices
+    and statuses to write before any load. After them: no work (the next round decides), the statuses, the previous
+    operator's loads still awaited, and when to come back."""
+    rnd = world.round
+    waiting = awaited(rnd.placement, rnd.members, world.in_flight, world.seen, world.heard, world.now)
+    todo: dict[str, ReplicaWork] = {}
+    healing: set[tuple[str, str]] = set()
+    if world.carried is None:
+        healing = to_heal(rnd.placement, rnd.members, world.broken, world.heals_held, rnd.graph)
+        todo = work(rnd.placement, rnd.members, rnd.ready, world.records, world.seen,
+                    {**world.held, **dict.fromkeys(world.unfetched, True)}, waiting, healing, rnd.graph)
+    loads = [(r, ld) for r, w in todo.items() for ld in w.load]
+    # Out of the slices before their loads: the copies drained, and those healed (the probe stops calling a copy
+    # broken once it is unloaded, before it is READY again).
+    draining = frozenset((r, ld.member) for r, ld in loads if ld.drain or ld.heal)
+    # Drained before Triton lets go of them: the copies updated in Drain mode, and those about to be unloaded (no
+    # longer placed there, or their model gone): kube-proxy sends them requests until it syncs, and an unloaded copy
+    # answers them 404. A broken copy is not drained: its requests fail anyway.
+    drains = (frozenset((r, rnd.members[ld.member].triton_name) for r, ld in loads if ld.drain)
+              | frozenset((r, t) for r, w in todo.items() for t in w.unload))
+    sending = {(r, ld.member): InFlight(rnd.members[ld.member].digest or "", world.now) for r, ld in loads}
+    loading = loading_records(rnd.members, waiting, sending)
+    out = _published(world, draining, loading)
+    carried = world.carried or Carried(busy=any(w.load or w.unload for w in todo.values()), cut=False)
+    return PoolPlan(todo, waiting, frozenset(healing), {k: world.broken[k] for k in sorted(healing)}, draining,
+                    drains, loading, out.serving, out.services_only, out.statuses, out.pool_status, out.settled,
+                    wake_after(out.settled, carried, world.fetching, bool(waiting)))

@@ -1,0 +1,181 @@
+"""A pool round planned whole (issue 41 item 1): `plan_pool(world) -> PoolPlan`, world in, plan out. The controller
+gathers the world (the pool, its members and pods, what each replica's Triton, probe and sidecar answered) and carries
+the plan out; these tests are the decisions alone."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tests.documents import pool_document, python_model
+from triton_operator.api.pool import TritonPool
+from triton_operator.plan import pool as pp
+
+NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
+
+
+def _body(doc: dict[str, Any]) -> dict[str, Any]:
+    return {**doc, "metadata": {**doc["metadata"], "namespace": "ns", "uid": f"uid-{doc['metadata']['name']}",
+                                "generation": 1}}
+
+
+def _pod(name: str, ip: str | None, ready: bool = True, node: str = "n1") -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}]}
+    if ip:
+        status["podIP"] = ip
+    return {"metadata": {"name": name, "uid": f"u-{name}"}, "spec": {"nodeName": node}, "status": status}
+
+
+def _round(**spec: Any) -> pp.PoolRound:
+    """Model a (2 copies, 1Gi, `spec` over that) on pool p's two Ready replicas r1 and r2."""
+    members = pp.members("p", {"a": _body(python_model("a", pool="p", memory="1Gi", replicas=2, **spec))})
+    pool_body = _body(pool_document("p"))
+    pods = [_pod("r1", "198.18.0.1"), _pod("r2", "198.18.0.2", node="n2")]
+    return pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, members, pods, None)
+
+
+def _world(rnd: pp.PoolRound, **kw: Any) -> pp.PoolWorld:
+    return pp.PoolWorld(**{"round": rnd, "now": NOW, "records": {}, "seen": {}, **kw})
+
+
+def _digest(rnd: pp.PoolRound) -> str:
+    return rnd.members["a"].digest or ""
+
+
+def _serves(rnd: pp.PoolRound, digest: str | None = None) -> dict[str, Any]:
+    """The world where both copies are READY at `digest` (the desired one by default), recorded so."""
+    d = digest or _digest(rnd)
+    return {"records": {r: {"a": d} for r in ("r1", "r2")}, "seen": {(r, "a"): pp.Seen(True, d) for r in ("r1", "r2")}}
+
+
+def _loads(plan: pp.PoolPlan) -> dict[str, list[tuple[str, bool, bool]]]:
+    return {r: [(ld.member, ld.drain, ld.heal) for ld in w.load] for r, w in plan.work.items() if w.load}
+
+
+def _ready(plan: pp.PoolPlan, name: str = "a") -> tuple[str, str]:
+    c = next(c for c in plan.statuses[name].conditions or () if c.type == "Ready")
+    return c.status, c.reason
+
+
+def test_a_round_derives_its_ready_replicas_placement_graph_and_deletion_costs_from_the_pods() -> None:
+    members = pp.members("p", {"a": _body(python_model("a", pool="p", memory="1Gi", replicas=2))})
+    pool_body = _body(pool_document("p", replicas=3))
+    pods = [_pod("r1", "198.18.0.1"), _pod("r2", None), _pod("r3", "198.18.0.3", ready=False)]
+    rnd = pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, members, pods, "k")
+    assert [r.name for r in rnd.live] == ["r1", "r2", "r3"] and list(rnd.ready) == ["r1"], "Ready with an IP"
+    assert len(rnd.placement.copies["a"]) == 2 and rnd.graph.found("a") == ("a",)
+    assert rnd.costs == {r: "1024" if r in rnd.placement.copies["a"] else "0" for r in ("r1", "r2", "r3")}, \
+        "the MiB each replica's copies take"
+    assert rnd.address("r1") == "198.18.0.1:8000" and rnd.coming == 0
+
+
+@pytest.mark.parametrize(("case", "world", "loads", "unloads", "drains", "draining", "ready"), [
+    ("fresh replicas load what is placed there", {},
+     {"r1": [("a", False, False)], "r2": [("a", False, False)]}, {}, set(), set(), ("False", pp.COPIES_LOADING)),
+    ("copies serving the desired digest: nothing to do", _serves,
+     {}, {}, set(), set(), ("True", pp.ALL_COPIES_WARMED)),
+    ("what is recorded and no longer placed is drained, then unloaded",
+     lambda rnd: {**_serves(rnd), "records": {"r1": {"a": _digest(rnd), "gone": "x"}, "r2": {"a": _digest(rnd)}}},
+     {}, {"r1": ["gone"]}, {("r1", "gone")}, set(), ("True", pp.ALL_COPIES_WARMED)),
+    ("a broken copy leaves its slices and is reloaded, not drained",
+     lambda rnd: {**_serves(rnd), "broken": {("r1", "a"): "stub dead"}},
+     {"r1": [("a", False, True)]}, {}, set(), {("r1", "a")}, ("False", pp.MODEL_FAILING)),
+    ("a broken copy whose heal backs off stays out and waits",
+     lambda rnd: {**_serves(rnd), "broken": {("r1", "a"): "stub dead"}, "heals_held": {("r1", "a")}},
+     {}, {}, set(), set(), ("False", pp.MODEL_FAILING)),
+    ("a held load and one whose files are not fetched yet wait",
+     lambda rnd: {"held": {("r1", "a"): True}, "unfetched": {("r2", "a")}},
+     {}, {}, set(), set(), ("False", pp.COPIES_LOADING)),
+    ("a load whose back-off is over is sent", lambda rnd: {"held": {("r1", "a"): False}},
+     {"r1": [("a", False, False)], "r2": [("a", False, False)]}, {}, set(), set(), ("False", pp.COPIES_LOADING)),
+    ("an unanswered question loads nothing", lambda rnd: {"seen": {(r, "a"): pp.Seen(False, None, answered=False)
+                                                                   for r in ("r1", "r2")}},
+     {}, {}, set(), set(), ("False", pp.COPIES_LOADING)),
+])
+def test_a_round_before_its_loads_plans_each_replicas_work_and_what_leaves_the_slices_first(
+        case: str, world: Any, loads: dict[str, Any], unloads: dict[str, list[str]], drains: set[Any],
+        draining: set[Any], ready: tuple[str, str]) -> None:
+    rnd = _round()
+    plan = pp.plan_pool(_world(rnd, **(world(rnd) if callable(world) else world)))
+    assert _loads(plan) == loads, case
+    assert {r: w.unload for r, w in plan.work.items() if w.unload} == unloads, case
+    assert (plan.drains, plan.draining, _ready(plan)) == (drains, draining, ready), case
+    assert plan.loading == {r: {"a": pp.InFlight(_digest(rnd), NOW)} for r in loads}, "the loads sent, recorded"
+    assert plan.heal_causes == {k: "stub dead" for r, w in plan.work.items() for ld in w.load if ld.heal
+                                for k in [(r, ld.member)]}
+
+
+def test_a_drain_mode_update_goes_one_copy_at_a_time_out_of_its_slices_and_drained_first() -> None:
+    rnd = _round(rollout={"mode": "Drain"})
+    plan = pp.plan_pool(_world(rnd, **_serves(rnd, "old")))
+    ((replica, loads),) = _loads(plan).items()
+    assert loads == [("a", True, False)], "maxUnavailable 1: one copy, drained"
+    other = ({"r1", "r2"} - {replica}).pop()
+    assert plan.draining == {(replica, "a")} and plan.drains == {(replica, "a")}
+    assert plan.serving["a"] == {other}, "the other copy serves its previous config meanwhile"
+
+
+def test_a_previous_operators_load_in_flight_is_awaited_and_stays_recorded() -> None:
+    rnd = _round()
+    sent = pp.InFlight(_digest(rnd), NOW - dt.timedelta(seconds=10))
+    plan = pp.plan_pool(_world(rnd, in_flight={"r1": {"a": sent}}, heard={("r1", "a"): True},
+                               seen={(r, "a"): pp.Seen(False, None) for r in ("r1", "r2")}))
+    assert _loads(plan) == {"r2": [("a", False, False)]} and plan.waiting == {("r1", "a"): sent}
+    assert plan.loading == {"r1": {"a": sent}, "r2": {"a": pp.InFlight(_digest(rnd), NOW)}}
+    rows = {row["pod"]: row for row in plan.pool_status["replicaModels"]}
+    assert rows["r1"]["loading"]["a"]["since"] == "2026-11-26T11:59:50Z"
+
+
+def test_before_its_loads_a_model_with_no_slice_and_no_copy_serving_gets_only_its_service() -> None:
+    rnd = _round()
+    assert pp.plan_pool(_world(rnd)).services_only == {"a"}
+    assert pp.plan_pool(_world(rnd, sliced={"a"})).services_only == frozenset(), "its slices exist: written"
+    assert pp.plan_pool(_world(rnd, carried=pp.Carried(True, False))).services_only == frozenset(), "the round's end"
+
+
+def test_a_failed_load_says_so_and_the_pool_is_not_settled() -> None:
+    rnd = _round()
+    plan = pp.plan_pool(_world(rnd, **_serves(rnd), failures={"a": {"r1": "load failed: boom"}}))
+    assert _ready(plan) == ("True", pp.LOAD_FAILED) and not plan.settled
+    degraded = next(c for c in plan.pool_status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", pp.LOAD_FAILED)
+
+
+@pytest.mark.parametrize(("case", "world", "carried", "wake"), [
+    ("loads left for the next round: at once", {}, pp.Carried(True, True), 0.0),
+    ("a sidecar fetching: soon", {"fetching": True}, pp.Carried(False, False), pp.FETCHING_SECONDS),
+    ("copies still loading", {}, pp.Carried(False, False), pp.REVISIT_SECONDS),
+    ("all serves, but the round loaded", _serves, pp.Carried(True, False), pp.REVISIT_SECONDS),
+    ("all serves, nothing done", _serves, pp.Carried(False, False), pp.SETTLED_SECONDS),
+])
+def test_after_its_loads_a_round_plans_no_work_and_says_when_to_come_back(case: str, world: Any, carried: pp.Carried,
+                                                                           wake: float) -> None:
+    rnd = _round()
+    plan = pp.plan_pool(_world(rnd, carried=carried, **(world(rnd) if callable(world) else world)))
+    assert not plan.work and not plan.draining and not plan.drains, "what is left is the next round's"
+    assert plan.wake == wake, case
+
+
+def test_after_its_loads_a_previous_operators_load_still_in_flight_is_pending_and_recorded() -> None:
+    rnd = _round()
+    sent = pp.InFlight(_digest(rnd), NOW - dt.timedelta(seconds=10))
+    world = _world(rnd, in_flight={"r1": {"a": sent}}, heard={("r1", "a"): True}, carried=pp.Carried(False, False),
+                   seen={("r1", "a"): pp.Seen(False, None), ("r2", "a"): pp.Seen(True, _digest(rnd))})
+    plan = pp.plan_pool(world)
+    assert plan.loading == {"r1": {"a": sent}} and plan.wake == pp.REVISIT_SECONDS
+    done = pp.plan_pool(replace(world, **_serves(rnd)))
+    assert done.loading == {} and done.wake == pp.SETTLED_SECONDS
+
+
+def test_the_records_after_a_round_are_what_ready_replicas_serve_and_a_replica_not_ready_keeps_its_own() -> None:
+    members = pp.members("p", {"a": _body(python_model("a", pool="p", memory="1Gi", replicas=2))})
+    pool_body = _body(pool_document("p"))
+    pods = [_pod("r1", "198.18.0.1"), _pod("r2", "198.18.0.2", ready=False, node="n2")]
+    rnd = pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, members, pods, None)
+    d = members["a"].digest or ""
+    records = {"r1": {"a": "old", "gone": "x"}, "r2": {"a": "old"}, "r9": {"a": d}}
+    after = pp.records_after(rnd, records, {("r1", "a"): pp.Seen(True, d)})
+    assert after == {"r1": {"a": d}, "r2": {"a": "old"}}, "r9 is gone; r2 is reloaded once it is back"
