@@ -25,12 +25,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api.kinds import HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
-from ..api.pod import GRPC_PORT, HTTP_PORT, PROBE_PORT
+from ..api.pod import PROBE_PORT
 from ..api.pool import LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import TritonModel, quantity_bytes
 from ..plan import pool as pool_plan
-from ..plan.placement import Placement
 from ..plan.planner import differs
 from ..plan.pool import FETCH_FAILED_PREFIX
 from ..plan.status import as_dict, status_changed, transitions
@@ -40,7 +39,6 @@ from ..render.pool import (
     ReplicaPod,
     pool_deployment_name,
     pool_key,
-    pool_selector,
     render_endpoint_slices,
     render_model_hpa,
     render_model_service,
@@ -60,9 +58,6 @@ from .tasks import detached
 
 log = logging.getLogger("triton_operator.pool")
 
-#: While a pool is not settled (copies loading, a load backing off), it reconciles again this often; once settled,
-#: every `SETTLED_SECONDS` still: a model that fails inside a replica changes no Kubernetes object.
-REVISIT_SECONDS, SETTLED_SECONDS = 5.0, 15.0
 #: A round stops starting loads on a replica after this many seconds (once it has done one), publishes what is served
 #: and comes back at once: a model loaded early in a long queue of loads is listed without waiting for the rest
 #: (bench/pool: 200 models, 50 per replica, were all listed at the end of the one round that loaded them).
@@ -71,8 +66,6 @@ ROUND_LOAD_SECONDS = 5.0
 HEALTH_WAIT_SECONDS = 3.0
 #: A failed load of a model on a replica is retried after this many seconds, doubling, up to `HELD_MAX_SECONDS`.
 HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
-#: While a replica's sidecar fetches a uri model, the pool comes back this often to load it once it is on disk.
-FETCHING_SECONDS = 1.0
 #: The longest drain of a copy whose model is no longer on the pool (deleted, or moved): a model's own
 #: rollout.drainTimeoutSeconds otherwise.
 DRAIN_SECONDS = 30.0
@@ -89,33 +82,10 @@ class _Held:
 class _Live:
     """A round under way: what it knows so far, for the slices a pod event rewrites meanwhile."""
 
-    rnd: _Round
+    rnd: pool_plan.PoolRound
     records: dict[str, dict[str, str]]
     seen: dict[tuple[str, str], pool_plan.Seen]
     draining: frozenset[tuple[str, str]]
-
-
-@dataclass(frozen=True)
-class _Round:
-    """What one round knows: the pool, its members, pods, placement and what each replica answered."""
-
-    namespace: str
-    pool: TritonPool
-    body: dict[str, Any]
-    members: dict[str, pool_plan.Member]
-    pods: dict[str, ReplicaPod]
-    live: list[Any]
-    placement: Placement
-    key: str | None
-    coming: int  # replicas the pool may still get soon (`plan.pool.coming`)
-    graph: pool_plan.StepGraph  # the members' steps, built once per round
-
-    def address(self, replica: str) -> str:
-        return f"{self.pods[replica].ip}:{HTTP_PORT}"
-
-    def grpc_address(self, replica: str) -> str:
-        """Where the replica's Triton takes loads and unloads (`triton.repository`)."""
-        return f"{self.pods[replica].ip}:{GRPC_PORT}"
 
 
 class PoolReconciler:
@@ -247,14 +217,10 @@ class PoolReconciler:
         uid = body["metadata"]["uid"]
         await self._apply_children(namespace, pool, uid)
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
-        live, views = pool_plan.replicas(pods)
-        placement = pool_plan.placement_of(pool, live, members)
+        rnd = pool_plan.round_of(namespace, pool, body, members, pods, pool_key(pool, uid, namespace, self.options))
         # Beside the round, not before it: a new model's placement changes its replica's cost, and that write held
         # the model's load back.
-        costs = asyncio.ensure_future(self._deletion_costs(namespace, pods, placement))
-        rnd = _Round(namespace, pool, body, members, views, live, placement,
-                     pool_key(pool, uid, namespace, self.options), pool_plan.coming(pods, pool.spec.replicas),
-                     pool_plan.graph_of(members))
+        costs = asyncio.ensure_future(self._deletion_costs(namespace, rnd.costs))
         live_state = _Live(rnd, pool_plan.recorded(body), {}, frozenset())
         self._live[(namespace, name)] = live_state
         try:
@@ -263,66 +229,61 @@ class PoolReconciler:
             self._live.pop((namespace, name), None)
             await costs
 
-    async def _deletion_costs(self, namespace: str, pods: list[dict[str, Any]], placement: Placement) -> None:
+    async def _deletion_costs(self, namespace: str, costs: Mapping[str, str]) -> None:
         """Each replica's pod-deletion-cost: what its placed copies take, so a scale-down removes the emptiest."""
-        for name, cost in pool_plan.deletion_costs(placement, pods).items():
+        for name, cost in costs.items():
             try:
                 await asyncio.to_thread(self.kube.patch_pod_annotations, namespace, name,
                                         {pool_plan.POD_DELETION_COST: cost})
             except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next round writes it again
                 log.warning("Failed to set pod-deletion-cost pod=%s/%s error=%r", namespace, name, exc)
 
-    async def _round(self, rnd: _Round, st: _Live) -> float:
-        ready = [r.name for r in rnd.live if rnd.pods[r.name].ready and rnd.pods[r.name].ip]
+    async def _round(self, rnd: pool_plan.PoolRound, st: _Live) -> float:
+        """Gather, plan (`plan.pool.plan_pool`), carry out; then gather and plan again for the statuses and the
+        wake-up."""
+        ready = list(rnd.ready)
         self._watch(rnd, ready)
         st.seen = await self._observe(rnd, ready, st.records)
         in_flight, heard = await self._in_flight(rnd, ready, st.seen)
-        waiting = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
-        broken = self._broken_copies(rnd)
-        healing = pool_plan.to_heal(rnd.placement, rnd.members, broken, self._heals_held(rnd), rnd.graph)
-        for r, n in healing:  # why, for the heal's Event (the probe stops saying so once the copy is unloaded)
-            self._heal_causes[(rnd.namespace, rnd.pool.name, r, n)] = broken[(r, n)]
         # A uri model's files on the replica's disk first (its sidecar fetches them meanwhile): until they are, its
         # load there waits, as a held one does, and its served copy is neither drained nor unloaded.
         unfetched, fetching = await self._fetch_phase(rnd, ready, st.records, st.seen)
-        todo = pool_plan.work(rnd.placement, rnd.members, ready, st.records, st.seen,
-                              {**self._held_now(rnd), **dict.fromkeys(unfetched, True)}, waiting, healing,
-                              rnd.graph)
-        # Out of the slices before their loads: the copies drained, and those healed (unloaded, then loaded again:
-        # the probe stops calling a copy broken once it is unloaded, before it is READY again).
-        st.draining = frozenset((r, ld.member) for r, w in todo.items() for ld in w.load if ld.drain or ld.heal)
-        # The placement and the slices without what is about to be drained or unloaded, and the loads about to be sent
-        # (a restarted operator waits for them), before any load.
-        sending = utc_now()
-        loading = self._loading(rnd, waiting, {(r, ld.member): pool_plan.InFlight(rnd.members[ld.member].digest or "",
-                                                                                  sending)
-                                               for r, w in todo.items() for ld in w.load})
-        await self._publish(rnd, st.records, st.seen, st.draining, loading, before_loads=True)
-        # Drained before Triton lets go of them: the copies updated in Drain mode, and those about to be unloaded (no
-        # longer placed there, or their model gone). Each has just left its slices, but kube-proxy sends it requests
-        # until it syncs, and an unloaded copy answers them 404. A broken copy is not drained: its requests fail anyway.
-        drained = frozenset((r, rnd.members[ld.member].triton_name) for r, w in todo.items() for ld in w.load
-                            if ld.drain) | frozenset((r, t) for r, w in todo.items() for t in w.unload)
-        if drained:
-            await self._drain(rnd, drained)
-        busy = [w for w in todo.values() if w.load or w.unload]
+        plan = pool_plan.plan_pool(self._world(rnd, st, in_flight=in_flight, heard=heard,
+                                               unfetched=frozenset(unfetched), fetching=fetching))
+        for (r, n), why in plan.heal_causes.items():  # for the heal's Event (the probe stops saying so once unloaded)
+            self._heal_causes[(rnd.namespace, rnd.pool.name, r, n)] = why
+        # The placement and the slices without what is about to be drained or unloaded, and the loads about to be
+        # sent (a restarted operator waits for them), before any load.
+        st.draining = plan.draining
+        await self._publish(rnd, plan)
+        if plan.drains:
+            await self._drain(rnd, plan.drains)
+        busy = [w for w in plan.work.values() if w.load or w.unload]
         deadline = time.monotonic() + ROUND_LOAD_SECONDS
         cut = await asyncio.gather(*(self._carry_out(rnd, w, st, deadline) for w in busy))
         if busy:
             st.seen = await self._observe(rnd, ready, st.records)
-        st.records = self._record(rnd, ready, st.records, st.seen)
+        st.records = pool_plan.records_after(rnd, st.records, st.seen)
         st.draining = frozenset()
-        # Still in flight: the previous operator's loads not READY yet (this round's own loads have all answered).
-        pending = pool_plan.awaited(rnd.placement, rnd.members, in_flight, st.seen, heard, utc_now())
-        settled = await self._publish(rnd, st.records, st.seen, frozenset(), self._loading(rnd, pending, {}))
+        after = pool_plan.plan_pool(self._world(rnd, st, in_flight=in_flight, heard=heard, fetching=fetching,
+                                                carried=pool_plan.Carried(bool(busy), any(cut))))
+        await self._publish(rnd, after)
         self._sent = {k for k in self._sent if k[:2] != (rnd.namespace, rnd.pool.name)}  # answered, and unrecorded
-        if any(cut):
-            return 0.0
-        if fetching:
-            return FETCHING_SECONDS
-        return SETTLED_SECONDS if settled and not busy and not pending else REVISIT_SECONDS
+        return after.wake
 
-    async def _in_flight(self, rnd: _Round, ready: list[str], seen: Mapping[tuple[str, str], pool_plan.Seen]
+    def _world(self, rnd: pool_plan.PoolRound, st: _Live, **answers: Any) -> pool_plan.PoolWorld:
+        """The world of one plan: the round, what its replicas answered (`answers`, `st`), and what this process's
+        caches say now (the probes' broken copies, the back-offs, the slices it wrote, the models' HPAs)."""
+        models = {n: m.model for n, m in rnd.members.items() if m.model is not None}
+        return pool_plan.PoolWorld(
+            rnd, utc_now(), st.records, st.seen, broken=self._broken_copies(rnd), heals_held=self._heals_held(rnd),
+            held=self._held_now(rnd), failures={n: self._failures(rnd, n) for n in models},
+            sliced=frozenset(n for n, model in models.items() if self._sliced(rnd.namespace, model.name)),
+            hpas={n: self.cache.children.get((HPA.kind, rnd.namespace, model.name)) for n, model in models.items()
+                  if model.spec.autoscaling is not None},
+            **answers)
+
+    async def _in_flight(self, rnd: pool_plan.PoolRound, ready: list[str], seen: Mapping[tuple[str, str], pool_plan.Seen]
                          ) -> tuple[dict[str, dict[str, pool_plan.InFlight]], dict[tuple[str, str], bool | None]]:
         """The loads the pool's status records in flight that this process did not send (a previous operator's), and
         for each on a Ready replica and not READY there, whether its Triton has received it (`triton.pool.heard_of`)."""
@@ -341,15 +302,6 @@ class PoolReconciler:
             log.info("Found a load in flight from a previous operator namespace=%s pool=%s pod=%s model=%s digest=%s "
                      "since=%s heard=%s", rnd.namespace, rnd.pool.name, r, n, ld.digest, ld.since.isoformat(), h)
         return theirs, heard
-
-    @staticmethod
-    def _loading(rnd: _Round, waiting: Mapping[tuple[str, str], pool_plan.InFlight],
-                 sending: Mapping[tuple[str, str], pool_plan.InFlight]) -> dict[str, dict[str, pool_plan.InFlight]]:
-        """The loads in flight to record, by replica and Triton name: those waited for, and those about to be sent."""
-        out: dict[str, dict[str, pool_plan.InFlight]] = {}
-        for (r, n), ld in {**waiting, **sending}.items():
-            out.setdefault(r, {})[rnd.members[n].triton_name] = ld
-        return out
 
     def pod_changed(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
         """A pool pod's event. While a round of its pool runs (a load can take minutes), a replica that stops being
@@ -432,12 +384,12 @@ class PoolReconciler:
         else:
             await self._delete(HPA, namespace, pool_deployment_name(pool))
 
-    def _held_now(self, rnd: _Round) -> dict[tuple[str, str], bool]:
+    def _held_now(self, rnd: pool_plan.PoolRound) -> dict[tuple[str, str], bool]:
         now = time.monotonic()
         return {(r, m): h.until > now for (ns, p, r, m, _), h in self._held.items()
                 if ns == rnd.namespace and p == rnd.pool.name}
 
-    async def _observe(self, rnd: _Round, ready: list[str],
+    async def _observe(self, rnd: pool_plan.PoolRound, ready: list[str],
                        records: Mapping[str, Mapping[str, str]]) -> dict[tuple[str, str], pool_plan.Seen]:
         """What each Ready replica's Triton serves of each model placed there."""
         asks = {r: names for r in ready if (names := [n for n in sorted(rnd.placement.loaded.get(r, ()))
@@ -466,7 +418,7 @@ class PoolReconciler:
                      sum(not s.answered for s in seen.values()), ",".join(sorted(steady)) or "none")
         return pool_plan.as_last_seen(seen, records, rnd.members, steady)
 
-    async def _drain(self, rnd: _Round, draining: frozenset[tuple[str, str]]) -> None:
+    async def _drain(self, rnd: pool_plan.PoolRound, draining: frozenset[tuple[str, str]]) -> None:
         """Waits, up to the models' drainTimeoutSeconds (DRAIN_SECONDS for a model no longer on the pool), until no
         request reaches a drained copy, by (replica, Triton name), for a second (it left its slices: kube-proxy stops
         sending it new ones)."""
@@ -493,7 +445,7 @@ class PoolReconciler:
 
         await asyncio.gather(*(quiet(r, t) for r, t in draining))
 
-    async def _carry_out(self, rnd: _Round, w: pool_plan.ReplicaWork, st: _Live, deadline: float) -> bool:
+    async def _carry_out(self, rnd: pool_plan.PoolRound, w: pool_plan.ReplicaWork, st: _Live, deadline: float) -> bool:
         """One replica's unloads, then its loads in order (steps first), until `deadline` once one is done; whether
         some were left for the next round. A copy that loads is listed in its slices at once (`_listed`)."""
         records = st.records
@@ -553,7 +505,7 @@ class PoolReconciler:
         self._held[held_key] = held
         return held
 
-    async def _fetch_phase(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
+    async def _fetch_phase(self, rnd: pool_plan.PoolRound, ready: list[str], records: Mapping[str, Mapping[str, str]],
                            seen: Mapping[tuple[str, str], pool_plan.Seen]) -> tuple[set[tuple[str, str]], bool]:
         """Each Ready replica's uri models that are not READY there at their desired digest: asked of its sidecar
         (it answers what it holds, so a restarted operator, or a new pod's empty volume, is seen as it is), fetched
@@ -619,10 +571,10 @@ class PoolReconciler:
         results = await asyncio.gather(*(one(r) for r in ready))
         return set().union(*(m for m, _ in results)), any(f for _, f in results)
 
-    def _held_key(self, rnd: _Round, replica: str, member: str) -> tuple[str, str, str, str, str]:
+    def _held_key(self, rnd: pool_plan.PoolRound, replica: str, member: str) -> tuple[str, str, str, str, str]:
         return (rnd.namespace, rnd.pool.name, replica, member, rnd.members[member].digest or "")
 
-    async def _forget_files(self, rnd: _Round, replica: str, name: str) -> bool:
+    async def _forget_files(self, rnd: pool_plan.PoolRound, replica: str, name: str) -> bool:
         """Deletes a model's fetched files from the replica's volume (an inline model has none: nothing to do);
         whether the sidecar holds nothing of it now."""
         self._sidecar_names.pop((rnd.namespace, rnd.pool.name, replica), None)  # asked again next round
@@ -639,7 +591,7 @@ class PoolReconciler:
 
     # -- self-healing: a copy Triton calls READY that fails (a dead Python stub), as the replica's probe reports it
 
-    def _broken_copies(self, rnd: _Round) -> dict[tuple[str, str], str]:
+    def _broken_copies(self, rnd: pool_plan.PoolRound) -> dict[tuple[str, str], str]:
         """(replica, member) -> why, of what the replicas' probes last reported broken (by Triton name)."""
         names = {m.triton_name: n for n, m in rnd.members.items() if m.problem is None}
         out: dict[tuple[str, str], str] = {}
@@ -648,12 +600,12 @@ class PoolReconciler:
                 out.update({(pod, names[t]): why for t, why in broken.items() if t in names})
         return out
 
-    def _heals_held(self, rnd: _Round) -> set[tuple[str, str]]:
+    def _heals_held(self, rnd: pool_plan.PoolRound) -> set[tuple[str, str]]:
         now = time.monotonic()
         return {(r, n) for (ns, p, r, n), h in self._heals.items()
                 if (ns, p) == (rnd.namespace, rnd.pool.name) and h.until > now}
 
-    async def _healed(self, rnd: _Round, replica: str, name: str, ok: bool, why: str, seconds: float) -> None:
+    async def _healed(self, rnd: pool_plan.PoolRound, replica: str, name: str, ok: bool, why: str, seconds: float) -> None:
         """A heal done: its back-off (a copy broken again soon waits longer), a log line and an Event on the model."""
         key = (rnd.namespace, rnd.pool.name, replica, name)
         held = self._heals.get(key) or _Held(0, 0.0, "")
@@ -678,7 +630,7 @@ class PoolReconciler:
         except Exception as exc:  # noqa: BLE001 - news, not state: the heal itself is done
             log.warning("Failed to record Event reason=Healed model=%s/%s error=%r", rnd.namespace, name, exc)
 
-    def _watch(self, rnd: _Round, ready: list[str]) -> None:
+    def _watch(self, rnd: pool_plan.PoolRound, ready: list[str]) -> None:
         """A long poll of each Ready replica's probe (`_watch_health`); those of replicas gone or not Ready stop."""
         wanted = {(rnd.namespace, rnd.pool.name, r): rnd.pods[r].ip for r in ready if rnd.pods[r].ip}
         for key, (ip, task) in list(self._watchers.items()):
@@ -720,25 +672,12 @@ class PoolReconciler:
         self._watchers.pop(key, None)
         self._broken.pop(key, None)
 
-    def _record(self, rnd: _Round, ready: list[str], records: Mapping[str, Mapping[str, str]],
-                seen: Mapping[tuple[str, str], pool_plan.Seen]) -> dict[str, dict[str, str]]:
-        """The replicas' records after the round: on a Ready replica, what it serves of what is placed there (a
-        replica that is not Ready keeps its record: its models are reloaded once it is back). Replicas gone drop."""
-        out: dict[str, dict[str, str]] = {}
-        for r in rnd.live:
-            if r.name not in ready:
-                out[r.name] = dict(records.get(r.name, {}))
-                continue
-            out[r.name] = {rnd.members[n].triton_name: s.digest for (rr, n), s in seen.items()
-                           if rr == r.name and s.ready and s.digest}
-        return out
-
-    def _failures(self, rnd: _Round, name: str) -> dict[str, str]:
+    def _failures(self, rnd: pool_plan.PoolRound, name: str) -> dict[str, str]:
         m = rnd.members[name]
         return {r: h.message for (ns, p, r, n, d), h in self._held.items()
                 if ns == rnd.namespace and p == rnd.pool.name and n == name and d == m.digest}
 
-    async def _listed(self, rnd: _Round, st: _Live, replica: str, name: str, digest: str) -> None:
+    async def _listed(self, rnd: pool_plan.PoolRound, st: _Live, replica: str, name: str, digest: str) -> None:
         """A copy Triton has just said READY at its desired digest: recorded, and every slice that changes with it
         (the model's, an ensemble's using it) written now, not at the end of the round (bench/pool: the round's
         questions about every other model placed there cost 0.4 s before the slice was written)."""
@@ -751,42 +690,18 @@ class PoolReconciler:
             if m.model is not None and replica in rnd.placement.copies.get(n, ()):
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies[n]), rnd.pods, serving[n])
 
-    async def _publish(self, rnd: _Round, records: dict[str, dict[str, str]],
-                       seen: Mapping[tuple[str, str], pool_plan.Seen], draining: frozenset[tuple[str, str]],
-                       loading: Mapping[str, Mapping[str, pool_plan.InFlight]] | None = None,
-                       before_loads: bool = False) -> bool:
-        """Writes each model's Service, slices and status and the pool's status; whether every copy serves.
-        `before_loads`: a model with no slices yet and no copy serving gets only its Service (which clients need by
-        the time a slice lists a copy) in front of its load; its slices come with its first ready copy (`_listed`)
-        or at the round's end."""
-        broken = self._broken_copies(rnd)
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining, broken, rnd.graph)
-        current = pool_plan.current(rnd.members, serving, seen)
-        now = utc_now()
-        behind, failed = 0, 0
+    async def _publish(self, rnd: pool_plan.PoolRound, plan: pool_plan.PoolPlan) -> None:
+        """Writes what `plan` says: each model's Service, slices and HPA (its Service alone, before the loads, while it
+        has no slice and no copy serving: its slices come with its first ready copy, `_listed`, or at the round's
+        end) and status, then the pool's status."""
         for name, m in rnd.members.items():
-            if m.model is None:
-                await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
-                    m, rnd.pool.name, True, rnd.placement, set(), {}, now))
-                continue
-            failures = self._failures(rnd, name)
-            failed += bool(failures)
-            behind += len(rnd.placement.copies.get(name, ())) - len(current[name])
-            if before_loads and not serving[name] and not self._sliced(rnd.namespace, m.model.name):
+            if m.model is not None and name in plan.services_only:
                 await self._apply(render_model_service(m.model, m.body["metadata"]["uid"], rnd.namespace))
-            else:
+            elif m.model is not None:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
-                                    serving[name])
-            hpa = (self.cache.children.get((HPA.kind, rnd.namespace, m.model.name))
-                   if m.model.spec.autoscaling is not None else None)
-            await self._write_model_status(rnd.namespace, m, pool_plan.model_status(
-                m, rnd.pool.name, True, rnd.placement, serving[name], failures, now, current[name], rnd.coming,
-                hpa, pool_plan.failing_copies(rnd.placement, rnd.members, name, broken, rnd.graph)))
-        status = pool_plan.pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, records, behind, failed,
-                                       ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items()), now,
-                                       loading)
-        await self._write_pool_status(rnd, status)
-        return behind == 0 and failed == 0
+                                    plan.serving[name])
+            await self._write_model_status(rnd.namespace, m, plan.statuses[name])
+        await self._write_pool_status(rnd, plan.pool_status)
 
     def _sliced(self, namespace: str, model: str) -> bool:
         """Whether an EndpointSlice of ours for `model` exists (written by a round or reported by the watch)."""
@@ -842,7 +757,7 @@ class PoolReconciler:
                 log.warning("Failed to record Event object=%s/%s error=%r", body["metadata"].get("namespace"),
                             body["metadata"].get("name"), exc)
 
-    async def _write_pool_status(self, rnd: _Round, status: dict[str, Any]) -> None:
+    async def _write_pool_status(self, rnd: pool_plan.PoolRound, status: dict[str, Any]) -> None:
         key = (rnd.namespace, rnd.pool.name)
         stored = (self.pools.get(key, rnd.body).get("status")) or {}
         if stored == status:
@@ -857,7 +772,7 @@ class PoolReconciler:
         for c in transitions(stored, status):
             log.info("Changed TritonPool condition namespace=%s name=%s type=%s status=%s reason=%s",
                      rnd.namespace, rnd.pool.name, c["type"], c["status"], c.get("reason"))
-            await asyncio.to_thread(self.kube.event, rnd.body, c.get("reason") or "", c.get("message") or "",
+            await asyncio.to_thread(self.kube.event, dict(rnd.body), c.get("reason") or "", c.get("message") or "",
                                     "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
 
 
