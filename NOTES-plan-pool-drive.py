@@ -63,7 +63,7 @@ class Kube:
         b["status"] = {k: v for k, v in {**(b.get("status") or {}), **patch}.items() if v is not None}
         return copy.deepcopy(b)
     def event(self, body, reason, message, type_):
-        CALLS.append(("event", body["metadata"]["name"], reason, type_))
+        CALLS.append(("event", body["metadata"]["name"], reason, type_, message))
 
 def ip_of(address):
     return address.split(":")[0]

@@ -52,6 +52,7 @@ def _serves(rnd: pp.PoolRound, digest: str | None = None) -> dict[str, Any]:
 
 
 def _loads(plan: pp.PoolPlan) -> dict[str, list[tuple[str, bool, bool]]]:
+    """Per replica with loads: (member, drained first, healed)."""
     return {r: [(ld.member, ld.drain, ld.heal) for ld in w.load] for r, w in plan.work.items() if w.load}
 
 
@@ -104,8 +105,8 @@ def test_a_round_before_its_loads_plans_each_replicas_work_and_what_leaves_the_s
     assert {r: w.unload for r, w in plan.work.items() if w.unload} == unloads, case
     assert (plan.drains, plan.draining, _ready(plan)) == (drains, draining, ready), case
     assert plan.loading == {r: {"a": pp.InFlight(_digest(rnd), NOW)} for r in loads}, "the loads sent, recorded"
-    assert plan.heal_causes == {k: "stub dead" for r, w in plan.work.items() for ld in w.load if ld.heal
-                                for k in [(r, ld.member)]}
+    assert all(ld.cause == ("stub dead" if ld.heal else "") for w in plan.work.values() for ld in w.load), \
+        "a heal carries its cause, for its Event"
 
 
 def test_a_drain_mode_update_goes_one_copy_at_a_time_out_of_its_slices_and_drained_first() -> None:

@@ -110,7 +110,6 @@ class PoolReconciler:
         self._broken: dict[tuple[str, str, str], dict[str, str]] = {}  # (ns, pool, pod)
         self._watchers: dict[tuple[str, str, str], tuple[str, asyncio.Task[None]]] = {}  # (ns, pool, pod) -> (ip, task)
         self._heals: dict[tuple[str, str, str, str], _Held] = {}  # (ns, pool, pod, model)
-        self._heal_causes: dict[tuple[str, str, str, str], str] = {}  # (ns, pool, pod, model) -> why, while it heals
         # (ns, pool, pod) -> the tritonserver container that last answered every question of a round: a question it
         # leaves unanswered later is answered by its record (`pool_plan.as_last_seen`); another container's is not.
         # A cache: a restarted operator trusts no record until each replica has answered once.
@@ -250,8 +249,6 @@ class PoolReconciler:
         unfetched, fetching = await self._fetch_phase(rnd, ready, st.records, st.seen)
         plan = pool_plan.plan_pool(self._world(rnd, st, in_flight=in_flight, heard=heard,
                                                unfetched=frozenset(unfetched), fetching=fetching))
-        for (r, n), why in plan.heal_causes.items():  # for the heal's Event (the probe stops saying so once unloaded)
-            self._heal_causes[(rnd.namespace, rnd.pool.name, r, n)] = why
         # The placement and the slices without what is about to be drained or unloaded, and the loads about to be
         # sent (a restarted operator waits for them), before any load.
         st.draining = plan.draining
@@ -478,7 +475,7 @@ class PoolReconciler:
             ok = after.ready and after.digest == m.digest
             metrics.POOL_LOADS.labels(verb="load", result="ok" if ok else "error").inc()
             if ld.heal:
-                await self._healed(rnd, w.replica, ld.member, ok, why or after.message, time.monotonic() - started)
+                await self._healed(rnd, w.replica, ld, ok, why or after.message, time.monotonic() - started)
             if ok:
                 self._held.pop(held_key, None)
                 self._fetch_failures.pop(held_key, None)
@@ -605,15 +602,16 @@ class PoolReconciler:
         return {(r, n) for (ns, p, r, n), h in self._heals.items()
                 if (ns, p) == (rnd.namespace, rnd.pool.name) and h.until > now}
 
-    async def _healed(self, rnd: pool_plan.PoolRound, replica: str, name: str, ok: bool, why: str, seconds: float) -> None:
+    async def _healed(self, rnd: pool_plan.PoolRound, replica: str, ld: pool_plan.Load, ok: bool, why: str,
+                      seconds: float) -> None:
         """A heal done: its back-off (a copy broken again soon waits longer), a log line and an Event on the model."""
+        name, cause = ld.member, ld.cause or "it failed"
         key = (rnd.namespace, rnd.pool.name, replica, name)
         held = self._heals.get(key) or _Held(0, 0.0, "")
         held.failures += 1
         held.until = time.monotonic() + min(pool_plan.HEAL_SECONDS * 2 ** (held.failures - 1),
                                             pool_plan.HEAL_MAX_SECONDS)
         self._heals[key] = held
-        cause = self._heal_causes.pop(key, "it failed")
         metrics.HEALS.labels(action="reload", result="ok" if ok else "failed").inc()
         if ok:
             log.info("Healed pooled model namespace=%s pool=%s pod=%s model=%s seconds=%.2f heal=%d", rnd.namespace,

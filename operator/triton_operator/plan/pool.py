@@ -286,6 +286,7 @@ class Load:
     member: str
     drain: bool = False
     heal: bool = False  # a copy the replica's probe found broken: unloaded, then loaded again (`to_heal`)
+    cause: str = ""  # a heal's: why the probe found it broken (for the Event: the probe stops saying so once unloaded)
 
 
 @dataclass
@@ -858,8 +859,7 @@ class PoolPlan:
 
     work: Mapping[str, ReplicaWork]  # per Ready replica: unloads, then loads (steps first)
     waiting: Mapping[tuple[str, str], InFlight]  # a previous operator's loads, waited for rather than sent
-    healing: frozenset[tuple[str, str]]  # broken copies reloaded (unloaded first)
-    heal_causes: Mapping[tuple[str, str], str]  # why each is healed, for its Event
+    healing: frozenset[tuple[str, str]]  # broken copies reloaded (unloaded first), each `Load` with its cause
     draining: frozenset[tuple[str, str]]  # copies out of their slices before the loads: drained and healed
     drains: frozenset[tuple[str, str]]  # (replica, Triton name) to wait on until no request reaches it
     loading: Mapping[str, Mapping[str, InFlight]]  # the loads in flight to record in the pool's status
@@ -959,6 +959,8 @@ def plan_pool(world: PoolWorld) -> PoolPlan:
         healing = to_heal(rnd.placement, rnd.members, world.broken, world.heals_held, rnd.graph)
         todo = work(rnd.placement, rnd.members, rnd.ready, world.records, world.seen,
                     {**world.held, **dict.fromkeys(world.unfetched, True)}, waiting, healing, rnd.graph)
+        for r, w in todo.items():
+            w.load = [replace(ld, cause=world.broken[(r, ld.member)]) if ld.heal else ld for ld in w.load]
     loads = [(r, ld) for r, w in todo.items() for ld in w.load]
     # Out of the slices before their loads: the copies drained, and those healed (the probe stops calling a copy
     # broken once it is unloaded, before it is READY again).
@@ -972,6 +974,6 @@ def plan_pool(world: PoolWorld) -> PoolPlan:
     loading = loading_records(rnd.members, waiting, sending)
     out = _published(world, draining, loading)
     carried = world.carried or Carried(busy=any(w.load or w.unload for w in todo.values()), cut=False)
-    return PoolPlan(todo, waiting, frozenset(healing), {k: world.broken[k] for k in sorted(healing)}, draining,
-                    drains, loading, out.serving, out.services_only, out.statuses, out.pool_status, out.settled,
+    return PoolPlan(todo, waiting, frozenset(healing), draining, drains, loading, out.serving, out.services_only,
+                    out.statuses, out.pool_status, out.settled,
                     wake_after(out.settled, carried, world.fetching, bool(waiting)))
