@@ -106,6 +106,34 @@ async def probe_news(*a, **k):
 async def requests_seen(address, name):
     CALLS.append(("requests_seen", ip_of(address), name)); return 7
 
+SIDECAR: dict[str, dict[str, Any]] = {}  # ip -> Triton name -> Held
+SIDECAR_DOWN: set[str] = set()
+
+async def holdings(ip, key):
+    CALLS.append(("holdings", ip))
+    if ip in SIDECAR_DOWN:
+        raise cp.triton_fetcher.FetcherError(f"the fetch-server sidecar at {ip} answered 503")
+    return dict(SIDECAR.get(ip, {}))
+
+async def fetch(ip, key, name, digest, request, volume_bytes=None):
+    CALLS.append(("fetch", ip, name, digest))
+    h = SIDECAR.get(ip, {}).get(name)
+    if h is not None and h.digest == digest:
+        return True
+    SIDECAR.setdefault(ip, {})[name] = cp.triton_fetcher.Held(None, digest)
+    return False
+
+async def fetch_delete(ip, key, name):
+    CALLS.append(("fetch_delete", ip, name))
+    return 200 if SIDECAR.get(ip, {}).pop(name, None) is not None else 404
+
+async def prune(ip, key, name):
+    CALLS.append(("prune", ip, name))
+
+cp.triton_fetcher.holdings = holdings
+cp.triton_fetcher.fetch = fetch
+cp.triton_fetcher.delete = fetch_delete
+cp.triton_fetcher.prune = prune
 cp.triton_pool.served_all = served_all
 cp.triton_pool.served = served
 cp.triton_pool.load = load
@@ -163,6 +191,26 @@ async def main():
     PODS[1]["status"]["conditions"][0]["status"] = "True"
     await rnd("r2 back")
     await rnd("last")
+    u = model("u", replicas=1)
+    u["spec"]["source"] = {"uri": "https://example.invalid/m.tgz", "sha256": "0" * 64}
+    MODELS["u"] = u
+    cache.put_model(u)
+    SIDECAR["198.18.0.1"] = {"stale": cp.triton_fetcher.Held("x", None)}
+    await rnd("uri model u: fetch asked, stale files deleted")
+    await rnd("u under way")
+    ud = cp.pool_plan.members("p", {n: cache.model("ns", n) for n in MODELS})["u"].digest
+    ip = next(i for i, held in SIDECAR.items() if "u" in held)
+    SIDECAR[ip]["u"] = cp.triton_fetcher.Held(None, None, ud, "404 Not Found", 1)
+    await rnd("u failed")
+    await rnd("u failed, counted")
+    SIDECAR[ip]["u"] = cp.triton_fetcher.Held(ud, None)
+    SIDECAR_DOWN.add(ip)
+    await rnd("sidecar down")
+    SIDECAR_DOWN.clear()
+    for k in list(rec._held):
+        rec._held[k].until = 0.0
+    await rnd("u on disk: loaded")
+    await rnd("u settled")
 
 asyncio.run(main())
 for c in CALLS:

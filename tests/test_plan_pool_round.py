@@ -5,7 +5,7 @@ the plan out; these tests are the decisions alone."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -180,3 +180,66 @@ def test_the_records_after_a_round_are_what_ready_replicas_serve_and_a_replica_n
     records = {"r1": {"a": "old", "gone": "x"}, "r2": {"a": "old"}, "r9": {"a": d}}
     after = pp.records_after(rnd, records, {("r1", "a"): pp.Seen(True, d)})
     assert after == {"r1": {"a": d}, "r2": {"a": "old"}}, "r9 is gone; r2 is reloaded once it is back"
+
+
+# -- a uri model's files: what the sidecar is asked and what its answer means --------------------------------------
+
+
+def _uri_round() -> tuple[pp.PoolRound, str, str]:
+    """Model u (one copy, from a uri) and model a (2 copies, inline) on r1 and r2; u's replica and its digest."""
+    u = python_model("u", pool="p", memory="1Gi", replicas=1)
+    u["spec"]["source"] = {"uri": "https://example.invalid/m.tgz", "sha256": "0" * 64}
+    bodies = {"u": _body(u), "a": _body(python_model("a", pool="p", memory="1Gi", replicas=2))}
+    pool_body = _body(pool_document("p"))
+    rnd = pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, pp.members("p", bodies),
+                      [_pod("r1", "198.18.0.1"), _pod("r2", "198.18.0.2", node="n2")], None)
+    (replica,) = rnd.placement.copies["u"]
+    return rnd, replica, rnd.members["u"].digest or ""
+
+
+def test_a_sidecar_is_asked_for_the_uri_models_not_served_and_once_more_when_it_may_hold_files() -> None:
+    rnd, r, d = _uri_round()
+    other = ({"r1", "r2"} - {r}).pop()
+    assert pp.fetch_asks(rnd, {}, {}) == {r: ["u"], other: []}, "never asked: both, to learn what they hold"
+    assert pp.fetch_asks(rnd, {}, {r: set(), other: set()}) == {r: ["u"]}, "a sidecar known empty, wanting none"
+    assert pp.fetch_asks(rnd, {}, {r: set(), other: {"old"}}) == {r: ["u"], other: []}, "it holds files to delete"
+    assert pp.fetch_asks(rnd, {(r, "u"): pp.Seen(True, d)}, {r: set(), other: set()}) == {}, "served: not wanted"
+
+
+@dataclass(frozen=True)
+class _Held:
+    digest: str | None = None
+    fetching: str | None = None
+    failed_digest: str | None = None
+    failed_attempt: int = 0
+
+
+@pytest.mark.parametrize(("case", "held", "counted", "backing_off", "step"), [
+    ("nothing held: fetch", {}, {}, set(), pp.FETCH),
+    ("on disk at the desired digest", {"u": _Held(digest="D")}, {}, set(), pp.ON_DISK),
+    ("another digest on disk: fetch the desired one", {"u": _Held(digest="old")}, {}, set(), pp.FETCH),
+    ("under way", {"u": _Held(fetching="D")}, {}, set(), pp.UNDER_WAY),
+    ("a new failed attempt", {"u": _Held(failed_digest="D", failed_attempt=2)}, {"u": 1}, set(), pp.FETCH_FAILED),
+    ("a failure counted, backing off", {"u": _Held(failed_digest="D", failed_attempt=2)}, {"u": 2}, {"u"},
+     pp.BACKING_OFF),
+    ("a failure counted, its back-off over: fetch again", {"u": _Held(failed_digest="D", failed_attempt=2)}, {"u": 2},
+     set(), pp.FETCH),
+    ("an older digest's failure is not this one's", {"u": _Held(failed_digest="old", failed_attempt=5)}, {}, set(),
+     pp.FETCH),
+])
+def test_what_a_sidecar_holds_decides_each_wanted_models_step(case: str, held: dict[str, _Held],
+                                                              counted: dict[str, int], backing_off: set[str],
+                                                              step: str) -> None:
+    rnd, r, d = _uri_round()
+    held = {n: _Held(*(d if v == "D" else v for v in (h.digest, h.fetching, h.failed_digest)), h.failed_attempt)
+            for n, h in held.items()}
+    todo = pp.replica_fetches(rnd, r, ["u"], held, {}, counted, backing_off)
+    assert todo.steps == (("u", step),), case
+    assert todo.forget == (), "u is placed there: its files stay"
+
+
+def test_a_sidecars_files_of_models_neither_placed_nor_recorded_there_are_deleted() -> None:
+    rnd, r, _ = _uri_round()
+    held = {"u": _Held(), "gone": _Held(digest="x"), "kept": _Held(digest="y"), "a": _Held()}
+    todo = pp.replica_fetches(rnd, r, [], held, {r: {"kept": "y"}}, {}, set())
+    assert todo.forget == ("gone",), "a recorded model's files stay until it is unloaded"

@@ -506,67 +506,61 @@ class PoolReconciler:
                            seen: Mapping[tuple[str, str], pool_plan.Seen]) -> tuple[set[tuple[str, str]], bool]:
         """Each Ready replica's uri models that are not READY there at their desired digest: asked of its sidecar
         (it answers what it holds, so a restarted operator, or a new pod's empty volume, is seen as it is), fetched
-        if not held (the sidecar fetches on its own: the round does not wait), a failure held with its message.
-        Returns the (replica, model) loads whose files are not on disk yet, and whether a fetch is under way. The
-        sidecar's files of models neither placed there nor loaded are deleted."""
-        async def one(r: str) -> tuple[set[tuple[str, str]], bool]:
-            placed = rnd.placement.loaded.get(r, frozenset())
-            wanted = [n for n in sorted(placed) if n in rnd.members and (m := rnd.members[n]).request is not None
-                      and m.request.fetch is not None and m.digest is not None
-                      and not ((s := seen.get((r, n))) is not None and s.ready and s.digest == m.digest)]
-            known = self._sidecar_names.get((rnd.namespace, rnd.pool.name, r))
-            if not wanted and known is not None and not known:
-                return set(), False  # nothing to fetch, nothing held there to delete
-            ip = rnd.pods[r].ip or ""
-            try:
-                held = await triton_fetcher.holdings(ip, rnd.key)
-            except triton_fetcher.FetcherError as exc:
-                for n in wanted:
-                    self._hold(self._held_key(rnd, r, n), str(exc))
-                return {(r, n) for n in wanted}, False
-            keep = {rnd.members[n].triton_name for n in placed if n in rnd.members} | set(records.get(r, {}))
-            left = set(held)
-            for name in sorted(set(held) - keep):
-                if await self._forget_files(rnd, r, name):
-                    left.discard(name)
-            self._sidecar_names[(rnd.namespace, rnd.pool.name, r)] = left | {
-                rnd.members[n].triton_name for n in wanted}
-            missing: set[tuple[str, str]] = set()
-            under_way = False
-            for n in wanted:
-                m = rnd.members[n]
-                assert m.request is not None and m.request.fetch is not None and m.digest is not None
-                h = held.get(m.triton_name)
-                if h is not None and h.digest == m.digest:
-                    continue
-                missing.add((r, n))
-                key = self._held_key(rnd, r, n)
-                if h is not None and h.fetching == m.digest:
-                    under_way = True
-                    continue
-                if h is not None and h.failed_digest == m.digest and self._fetch_failures.get(key) != h.failed_attempt:
-                    self._fetch_failures[key] = h.failed_attempt
-                    held_now = self._hold(key, f"{FETCH_FAILED_PREFIX}{h.failed_message}")
-                    log.warning("Failed to fetch model files into pool replica namespace=%s pool=%s pod=%s model=%s "
-                                "digest=%s attempt=%d error=%r", rnd.namespace, rnd.pool.name, r, n, m.digest,
-                                held_now.failures, h.failed_message)
-                    continue
-                if self._held.get(key) is not None and self._held[key].until > time.monotonic():
-                    continue  # backing off
-                try:
-                    if await triton_fetcher.fetch(ip, rnd.key, m.triton_name, m.digest, m.request.fetch,
-                                                  quantity_bytes(rnd.pool.spec.server.repository_size_limit)):
-                        missing.discard((r, n))
-                        continue
-                    under_way = True
-                    log.info("Asked pool replica to fetch model files namespace=%s pool=%s pod=%s model=%s digest=%s",
-                             rnd.namespace, rnd.pool.name, r, n, m.digest)
-                except triton_fetcher.FetcherError as exc:
-                    self._hold(key, str(exc))
-            return missing, under_way
-
-        results = await asyncio.gather(*(one(r) for r in ready))
+        if not held (the sidecar fetches on its own: the round does not wait), a failure held with its message
+        (`plan.pool.fetch_asks`, `replica_fetches`). Returns the (replica, model) loads whose files are not on disk
+        yet, and whether a fetch is under way. The sidecar's files of models neither placed there nor loaded are
+        deleted."""
+        asks = pool_plan.fetch_asks(rnd, seen, {r: self._sidecar_names.get((rnd.namespace, rnd.pool.name, r))
+                                                for r in ready})
+        results = await asyncio.gather(*(self._fetches(rnd, r, asks[r], records) for r in ready if r in asks))
         return set().union(*(m for m, _ in results)), any(f for _, f in results)
+
+    async def _fetches(self, rnd: pool_plan.PoolRound, r: str, wanted: list[str],
+                       records: Mapping[str, Mapping[str, str]]) -> tuple[set[tuple[str, str]], bool]:
+        """One replica's sidecar: asked what it holds, then what `plan.pool.replica_fetches` says carried out."""
+        ip = rnd.pods[r].ip or ""
+        try:
+            held = await triton_fetcher.holdings(ip, rnd.key)
+        except triton_fetcher.FetcherError as exc:
+            for n in wanted:
+                self._hold(self._held_key(rnd, r, n), str(exc))
+            return {(r, n) for n in wanted}, False
+        now = time.monotonic()
+        keys = {n: self._held_key(rnd, r, n) for n in wanted}
+        todo = pool_plan.replica_fetches(
+            rnd, r, wanted, held, records,
+            {n: self._fetch_failures[k] for n, k in keys.items() if k in self._fetch_failures},
+            {n for n, k in keys.items() if (back := self._held.get(k)) is not None and back.until > now})
+        left = set(held)
+        for name in todo.forget:
+            if await self._forget_files(rnd, r, name):
+                left.discard(name)
+        self._sidecar_names[(rnd.namespace, rnd.pool.name, r)] = left | {rnd.members[n].triton_name for n in wanted}
+        missing = {(r, n) for n, step in todo.steps if step != pool_plan.ON_DISK}
+        under_way = any(step == pool_plan.UNDER_WAY for _, step in todo.steps)
+        for n, step in todo.steps:
+            m = rnd.members[n]
+            assert m.request is not None and m.request.fetch is not None and m.digest is not None
+            if step == pool_plan.FETCH_FAILED:
+                h = held[m.triton_name]
+                self._fetch_failures[keys[n]] = h.failed_attempt
+                held_now = self._hold(keys[n], f"{FETCH_FAILED_PREFIX}{h.failed_message}")
+                log.warning("Failed to fetch model files into pool replica namespace=%s pool=%s pod=%s model=%s "
+                            "digest=%s attempt=%d error=%r", rnd.namespace, rnd.pool.name, r, n, m.digest,
+                            held_now.failures, h.failed_message)
+            if step != pool_plan.FETCH:
+                continue
+            try:
+                if await triton_fetcher.fetch(ip, rnd.key, m.triton_name, m.digest, m.request.fetch,
+                                              quantity_bytes(rnd.pool.spec.server.repository_size_limit)):
+                    missing.discard((r, n))
+                    continue
+                under_way = True
+                log.info("Asked pool replica to fetch model files namespace=%s pool=%s pod=%s model=%s digest=%s",
+                         rnd.namespace, rnd.pool.name, r, n, m.digest)
+            except triton_fetcher.FetcherError as exc:
+                self._hold(keys[n], str(exc))
+        return missing, under_way
 
     def _held_key(self, rnd: pool_plan.PoolRound, replica: str, member: str) -> tuple[str, str, str, str, str]:
         return (rnd.namespace, rnd.pool.name, replica, member, rnd.members[member].digest or "")

@@ -17,7 +17,7 @@ import datetime as dt
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -977,3 +977,75 @@ def plan_pool(world: PoolWorld) -> PoolPlan:
     return PoolPlan(todo, waiting, frozenset(healing), draining, drains, loading, out.serving, out.services_only,
                     out.statuses, out.pool_status, out.settled,
                     wake_after(out.settled, carried, world.fetching, bool(waiting)))
+
+
+# -- a uri model's files on a replica: what its fetch-server sidecar is asked, and what to do with its answer
+
+#: What a round does for one uri model wanted on a replica, from what the sidecar holds (`replica_fetches`).
+ON_DISK = "OnDisk"  # its files at the desired digest are there: it loads this round
+UNDER_WAY = "UnderWay"  # the sidecar fetches them: the load waits
+FETCH_FAILED = "FetchFailed"  # a failed attempt not counted yet: held, with the sidecar's message
+BACKING_OFF = "BackingOff"  # a failure's back-off runs: neither fetched nor loaded
+FETCH = "Fetch"  # ask the sidecar to fetch them (it may answer that they are there already)
+
+
+class HeldFiles(Protocol):
+    """What a replica's sidecar says of one model (`triton.fetcher.Held`)."""
+
+    @property
+    def digest(self) -> str | None: ...
+    @property
+    def fetching(self) -> str | None: ...
+    @property
+    def failed_digest(self) -> str | None: ...
+    @property
+    def failed_attempt(self) -> int: ...
+
+
+def fetch_asks(rnd: PoolRound, seen: Mapping[tuple[str, str], Seen],
+               known: Mapping[str, Collection[str] | None]) -> dict[str, list[str]]:
+    """Per Ready replica whose sidecar is asked this round: the uri members placed there that are not READY at their
+    desired digest. A replica is not asked when it wants none and its sidecar was last seen holding nothing (`known`:
+    what each sidecar held when last asked; None, never asked by this process)."""
+    out: dict[str, list[str]] = {}
+    for r in rnd.ready:
+        wanted = [n for n in sorted(rnd.placement.loaded.get(r, frozenset())) if n in rnd.members
+                  and (m := rnd.members[n]).request is not None and m.request.fetch is not None
+                  and m.digest is not None and not ((s := seen.get((r, n))) is not None and s.ready
+                                                    and s.digest == m.digest)]
+        k = known.get(r)
+        if wanted or k is None or k:
+            out[r] = wanted
+    return out
+
+
+@dataclass(frozen=True)
+class ReplicaFetches:
+    """What a round does with a replica's sidecar: the files to delete (by Triton name), then a step per wanted
+    member, in order."""
+
+    forget: tuple[str, ...]
+    steps: tuple[tuple[str, str], ...]  # (member, ON_DISK | UNDER_WAY | FETCH_FAILED | BACKING_OFF | FETCH)
+
+
+def replica_fetches(rnd: PoolRound, replica: str, wanted: Sequence[str], held: Mapping[str, HeldFiles],
+                    records: Mapping[str, Mapping[str, str]], counted: Mapping[str, int],
+                    backing_off: Collection[str]) -> ReplicaFetches:
+    """From what the sidecar holds (`held`, by Triton name): the files of models neither placed on the replica nor
+    recorded there are deleted; each wanted member's files are on disk, on their way, failed anew (an attempt other
+    than the one `counted` for the member), backing off, or to fetch."""
+    placed = rnd.placement.loaded.get(replica, frozenset())
+    keep = {rnd.members[n].triton_name for n in placed if n in rnd.members} | set(records.get(replica, {}))
+    steps: list[tuple[str, str]] = []
+    for n in wanted:
+        m = rnd.members[n]
+        h = held.get(m.triton_name)
+        if h is not None and h.digest == m.digest:
+            steps.append((n, ON_DISK))
+        elif h is not None and h.fetching == m.digest:
+            steps.append((n, UNDER_WAY))
+        elif h is not None and h.failed_digest == m.digest and counted.get(n) != h.failed_attempt:
+            steps.append((n, FETCH_FAILED))
+        else:
+            steps.append((n, BACKING_OFF if n in backing_off else FETCH))
+    return ReplicaFetches(tuple(sorted(set(held) - keep)), tuple(steps))
