@@ -1,15 +1,39 @@
 """The one level-triggered reconcile of a TritonPool: its replicas, where its models go, their loads, their traffic.
 
-Each round (`PoolReconciler.reconcile`): apply the pool's Deployment, PodDisruptionBudget and key Secret; list its
-pods live; place the models that name it (`plan.pool`, keeping each model's recorded placement); write the
-placement down (the models' and the pool's statuses) before any load, so that a restarted operator finds it; ask
-each Ready replica's Triton what it serves; unload what is no longer placed there and load what is not READY at its
-desired digest (an update replica by replica, drained first in Drain mode); then write each model's EndpointSlices
-(a replica listed ready only where the model serves there), its Service and status, and the pool's status.
+Each round (`PoolReconciler.reconcile`) gathers, plans purely and carries out, as a TritonModel's does
+(`plan.planner`): apply the pool's Deployment, PodDisruptionBudget and key Secret; list its pods live;
+`plan.pool.round_of` derives the live and Ready replicas and the placement (keeping each model's recorded one); ask
+each Ready replica's Triton what it serves, the pool's record which loads a previous operator left in flight, and the
+sidecars what files they hold (`plan.pool.fetch_asks`, `replica_fetches`); then `plan.pool.plan_pool(world)` says
+what to load and unload where, what leaves the slices first and is drained, which loads to record in flight, and
+every slice and status. The controller writes the placement and the loads in flight down (the models' and the pool's
+statuses) before any load, so that a restarted operator finds them; drains; carries each replica's work out (an
+update replica by replica, a copy listed in its slices as soon as it is READY); asks again, and writes what
+`plan_pool` says of the world after the loads, with when to come back.
 
-Nothing lives only in memory but back-off: the placement is in the models' statuses, what each replica was told to
-load in the pool's status, what each replica serves in its Triton. A pool reconciles again every few seconds while
-it is not settled, and on every event of the pool, its pods or its models.
+What `PoolReconciler` keeps between rounds, and why each is safe to lose (an operator restart, a new leader):
+- `pools`, `_applied`: the watch's TritonPools and the answers to our last applies, caches of the API server that
+  the watches fill again (an apply compares with them, and applies when it does not know).
+- `_memo`: each pool's members as last parsed and rendered, by the body's essence: a pure memo.
+- `_dirty`, `_workers`: the work queue (one worker per pool, events coalesced into one round).
+- `_live`: the round under way (a pod event rewrites its slices at once); it lives one round.
+- `_held`: the back-off of a failed load or fetch, by (replica, model, digest), with its message (the status'
+  ModelLoadFailed). A restart retries at once; the load fails again and says so again.
+- `_fetch_failures`: the sidecar's failed attempt already counted, so that one failed attempt is held once. Lost, the
+  sidecar's last failure is counted once more.
+- `_sidecar_names`: what each sidecar held when last asked, so that one known empty, with nothing to fetch, is not
+  asked every round. Absent: asked.
+- `_sent`: the loads this process sent in the round: a load recorded in flight and not among them is a previous
+  operator's, waited for (`plan.pool.awaited`). Emptied when a round ends (one that failed midway leaves its own, so
+  that the next does not wait for them); empty after a restart, rightly.
+- `_broken`, `_watchers`: what each Ready replica's probe calls broken, read by one long poll per replica; the
+  polls start again on the next round.
+- `_heals`: a heal's back-off; lost, a copy still broken is healed at once.
+- `_answered`: the tritonserver container that last answered a whole round, per replica; a restarted operator
+  trusts no record of a replica until it has answered once (`plan.pool.as_last_seen`).
+The placement is in the models' statuses, what each replica was told to load and what is in flight in the pool's
+status, what each replica serves in its Triton, what each holds on disk in its sidecar. A pool reconciles again
+every few seconds while it is not settled, and on every event of the pool, its pods or its models.
 """
 
 from __future__ import annotations

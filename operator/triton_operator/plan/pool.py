@@ -1,8 +1,13 @@
 """The pool's reconcile, its pure part: which models a TritonPool carries, where their copies go, what each replica
 must load or unload this round, and the statuses and EndpointSlices that follow from what the replicas answered.
 
-`controller.pool` gathers (the pool, its pods, the namespace's TritonModels), asks each replica's Triton
-(`triton.pool`) and carries out what these functions decide. The design: `plan.placement`'s docstring.
+A round, as a TritonModel's (`plan.planner`): `controller.pool` gathers (the pool, its pods, the namespace's
+TritonModels: `round_of` derives the replicas, the placement and the step graph from them; what each replica's Triton,
+probe and sidecar answered: `fetch_asks` and `replica_fetches` decide what a sidecar is asked and what its answer
+means), calls `plan_pool(world) -> PoolPlan` and carries the plan out; after the loads it gathers again, and
+`plan_pool` gives the statuses and when to come back. A pooled model's conditions come from chains of small named
+policies (MODEL_READY, MODEL_PROGRESSING, MODEL_DEGRADED), as a model's own do (`plan.status`). The step graph is
+built once per round (`graph_of`). The design of the placement: `plan.placement`'s docstring.
 
 A replica's record (`TritonPool.status.replicaModels[].loaded`) says what the operator loaded there and Triton said
 READY, by Triton model name, with the digest. It is what a restarted operator reads back: request-loaded models are
