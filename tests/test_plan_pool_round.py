@@ -75,29 +75,29 @@ def test_a_round_derives_its_ready_replicas_placement_graph_and_deletion_costs_f
 
 @pytest.mark.parametrize(("case", "world", "loads", "unloads", "drains", "draining", "ready"), [
     ("fresh replicas load what is placed there", {},
-     {"r1": [("a", False, False)], "r2": [("a", False, False)]}, {}, set(), set(), ("False", pp.COPIES_LOADING)),
+     {"r1": [("a", False, False)], "r2": [("a", False, False)]}, {}, {}, set(), ("False", pp.COPIES_LOADING)),
     ("copies serving the desired digest: nothing to do", _serves,
-     {}, {}, set(), set(), ("True", pp.ALL_COPIES_WARMED)),
+     {}, {}, {}, set(), ("True", pp.ALL_COPIES_WARMED)),
     ("what is recorded and no longer placed is drained, then unloaded",
      lambda rnd: {**_serves(rnd), "records": {"r1": {"a": _digest(rnd), "gone": "x"}, "r2": {"a": _digest(rnd)}}},
-     {}, {"r1": ["gone"]}, {("r1", "gone")}, set(), ("True", pp.ALL_COPIES_WARMED)),
+     {}, {"r1": ["gone"]}, {("r1", "gone"): pp.DRAIN_SECONDS}, set(), ("True", pp.ALL_COPIES_WARMED)),
     ("a broken copy leaves its slices and is reloaded, not drained",
      lambda rnd: {**_serves(rnd), "broken": {("r1", "a"): "stub dead"}},
-     {"r1": [("a", False, True)]}, {}, set(), {("r1", "a")}, ("False", pp.MODEL_FAILING)),
+     {"r1": [("a", False, True)]}, {}, {}, {("r1", "a")}, ("False", pp.MODEL_FAILING)),
     ("a broken copy whose heal backs off stays out and waits",
      lambda rnd: {**_serves(rnd), "broken": {("r1", "a"): "stub dead"}, "heals_held": {("r1", "a")}},
-     {}, {}, set(), set(), ("False", pp.MODEL_FAILING)),
+     {}, {}, {}, set(), ("False", pp.MODEL_FAILING)),
     ("a held load and one whose files are not fetched yet wait",
      lambda rnd: {"held": {("r1", "a"): True}, "unfetched": {("r2", "a")}},
-     {}, {}, set(), set(), ("False", pp.COPIES_LOADING)),
+     {}, {}, {}, set(), ("False", pp.COPIES_LOADING)),
     ("a load whose back-off is over is sent", lambda rnd: {"held": {("r1", "a"): False}},
-     {"r1": [("a", False, False)], "r2": [("a", False, False)]}, {}, set(), set(), ("False", pp.COPIES_LOADING)),
+     {"r1": [("a", False, False)], "r2": [("a", False, False)]}, {}, {}, set(), ("False", pp.COPIES_LOADING)),
     ("an unanswered question loads nothing", lambda rnd: {"seen": {(r, "a"): pp.Seen(False, None, answered=False)
                                                                    for r in ("r1", "r2")}},
-     {}, {}, set(), set(), ("False", pp.COPIES_LOADING)),
+     {}, {}, {}, set(), ("False", pp.COPIES_LOADING)),
 ])
 def test_a_round_before_its_loads_plans_each_replicas_work_and_what_leaves_the_slices_first(
-        case: str, world: Any, loads: dict[str, Any], unloads: dict[str, list[str]], drains: set[Any],
+        case: str, world: Any, loads: dict[str, Any], unloads: dict[str, list[str]], drains: dict[Any, float],
         draining: set[Any], ready: tuple[str, str]) -> None:
     rnd = _round()
     plan = pp.plan_pool(_world(rnd, **(world(rnd) if callable(world) else world)))
@@ -110,12 +110,12 @@ def test_a_round_before_its_loads_plans_each_replicas_work_and_what_leaves_the_s
 
 
 def test_a_drain_mode_update_goes_one_copy_at_a_time_out_of_its_slices_and_drained_first() -> None:
-    rnd = _round(rollout={"mode": "Drain"})
+    rnd = _round(rollout={"mode": "Drain", "drainTimeoutSeconds": 45})
     plan = pp.plan_pool(_world(rnd, **_serves(rnd, "old")))
     ((replica, loads),) = _loads(plan).items()
     assert loads == [("a", True, False)], "maxUnavailable 1: one copy, drained"
     other = ({"r1", "r2"} - {replica}).pop()
-    assert plan.draining == {(replica, "a")} and plan.drains == {(replica, "a")}
+    assert plan.draining == {(replica, "a")} and plan.drains == {(replica, "a"): 45.0}, "its own drain timeout"
     assert plan.serving["a"] == {other}, "the other copy serves its previous config meanwhile"
 
 

@@ -90,9 +90,6 @@ ROUND_LOAD_SECONDS = 5.0
 HEALTH_WAIT_SECONDS = 3.0
 #: A failed load of a model on a replica is retried after this many seconds, doubling, up to `HELD_MAX_SECONDS`.
 HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
-#: The longest drain of a copy whose model is no longer on the pool (deleted, or moved): a model's own
-#: rollout.drainTimeoutSeconds otherwise.
-DRAIN_SECONDS = 30.0
 
 
 @dataclass
@@ -439,16 +436,10 @@ class PoolReconciler:
                      sum(not s.answered for s in seen.values()), ",".join(sorted(steady)) or "none")
         return pool_plan.as_last_seen(seen, records, rnd.members, steady)
 
-    async def _drain(self, rnd: pool_plan.PoolRound, draining: frozenset[tuple[str, str]]) -> None:
-        """Waits, up to the models' drainTimeoutSeconds (DRAIN_SECONDS for a model no longer on the pool), until no
-        request reaches a drained copy, by (replica, Triton name), for a second (it left its slices: kube-proxy stops
-        sending it new ones)."""
-        owners = {m.triton_name: m for m in rnd.members.values() if m.model is not None}
-
-        async def quiet(r: str, t: str) -> None:
-            m = owners.get(t)
-            timeout = m.model.spec.rollout.drain_timeout_seconds if m is not None and m.model is not None \
-                else DRAIN_SECONDS
+    async def _drain(self, rnd: pool_plan.PoolRound, drains: Mapping[tuple[str, str], float]) -> None:
+        """Waits, up to each copy's timeout (`plan.pool.drain_timeouts`), until no request reaches a drained copy, by
+        (replica, Triton name), for a second (it left its slices: kube-proxy stops sending it new ones)."""
+        async def quiet(r: str, t: str, timeout: float) -> None:
             deadline = time.monotonic() + timeout
             last, failed = -1, 0
             while time.monotonic() < deadline:
@@ -464,7 +455,7 @@ class PoolReconciler:
                     last, failed = count, 0
                 await asyncio.sleep(1.0)
 
-        await asyncio.gather(*(quiet(r, t) for r, t in draining))
+        await asyncio.gather(*(quiet(r, t, timeout) for (r, t), timeout in drains.items()))
 
     async def _carry_out(self, rnd: pool_plan.PoolRound, w: pool_plan.ReplicaWork, st: _Live, deadline: float) -> bool:
         """One replica's unloads, then its loads in order (steps first), until `deadline` once one is done; whether

@@ -781,6 +781,9 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
 REVISIT_SECONDS, SETTLED_SECONDS = 5.0, 15.0
 #: While a replica's sidecar fetches a uri model, the pool comes back this often to load it once it is on disk.
 FETCHING_SECONDS = 1.0
+#: The longest drain of a copy whose model is no longer on the pool (deleted, or moved): a model's own
+#: rollout.drainTimeoutSeconds otherwise.
+DRAIN_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -866,7 +869,8 @@ class PoolPlan:
     waiting: Mapping[tuple[str, str], InFlight]  # a previous operator's loads, waited for rather than sent
     healing: frozenset[tuple[str, str]]  # broken copies reloaded (unloaded first), each `Load` with its cause
     draining: frozenset[tuple[str, str]]  # copies out of their slices before the loads: drained and healed
-    drains: frozenset[tuple[str, str]]  # (replica, Triton name) to wait on until no request reaches it
+    # (replica, Triton name) -> how long, at most, to wait until no request reaches the copy (`drain_timeouts`)
+    drains: Mapping[tuple[str, str], float]
     loading: Mapping[str, Mapping[str, InFlight]]  # the loads in flight to record in the pool's status
     serving: Mapping[str, set[str]]  # per model, the replicas its slices list ready
     services_only: frozenset[str]  # models that get only their Service now: no slice yet, no copy serving
@@ -892,6 +896,15 @@ def records_after(rnd: PoolRound, records: Mapping[str, Mapping[str, str]],
         out[r.name] = {rnd.members[n].triton_name: s.digest for (rr, n), s in seen.items()
                        if rr == r.name and s.ready and s.digest}
     return out
+
+
+def drain_timeouts(members: Mapping[str, Member], copies: Collection[tuple[str, str]]
+                   ) -> dict[tuple[str, str], float]:
+    """Each drained copy (replica, Triton name) with its longest drain: its model's rollout.drainTimeoutSeconds, or
+    DRAIN_SECONDS for a model no longer on the pool."""
+    owners = {m.triton_name: m.model for m in members.values() if m.model is not None}
+    return {(r, t): float(owner.spec.rollout.drain_timeout_seconds) if (owner := owners.get(t)) is not None
+            else DRAIN_SECONDS for r, t in sorted(copies)}
 
 
 def loading_records(members: Mapping[str, Member], *loads: Mapping[tuple[str, str], InFlight]
@@ -973,8 +986,9 @@ def plan_pool(world: PoolWorld) -> PoolPlan:
     # Drained before Triton lets go of them: the copies updated in Drain mode, and those about to be unloaded (no
     # longer placed there, or their model gone): kube-proxy sends them requests until it syncs, and an unloaded copy
     # answers them 404. A broken copy is not drained: its requests fail anyway.
-    drains = (frozenset((r, rnd.members[ld.member].triton_name) for r, ld in loads if ld.drain)
-              | frozenset((r, t) for r, w in todo.items() for t in w.unload))
+    drains = drain_timeouts(rnd.members, frozenset((r, rnd.members[ld.member].triton_name) for r, ld in loads
+                                                   if ld.drain) | frozenset((r, t) for r, w in todo.items()
+                                                                            for t in w.unload))
     sending = {(r, ld.member): InFlight(rnd.members[ld.member].digest or "", world.now) for r, ld in loads}
     loading = loading_records(rnd.members, waiting, sending)
     out = _published(world, draining, loading)
