@@ -14,6 +14,7 @@ from tests.documents import pool_document, python_model
 import triton_operator.controller.pool as cp
 from triton_operator.controller.cache import Cache
 from triton_operator.triton.pool import Served
+from triton_operator.api.pod import TRITON_CONTAINER
 
 CALLS: list[Any] = []
 T = dt.datetime(2026, 11, 29, 7, 0, tzinfo=dt.UTC)
@@ -27,7 +28,7 @@ def pod(name, ip, node, ready=True):
             "labels": {"serving.triton-operator.dev/pool": "p"}},
             "spec": {"nodeName": node}, "status": {"podIP": ip, "phase": "Running",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-            "containerStatuses": [{"name": "triton", "state": {"running": {}}, "containerID": "c-" + name}]}}
+            "containerStatuses": [{"name": TRITON_CONTAINER, "state": {"running": {}}, "containerID": "c-" + name}]}}
 
 PODS = [pod("r1", "198.18.0.1", "n1"), pod("r2", "198.18.0.2", "n2")]
 POOL = {**pool_document("p"), "metadata": {"name": "p", "namespace": "ns", "uid": "pool-uid", "generation": 1}}
@@ -72,7 +73,11 @@ async def served_all(address, asks, key, timeout=5.0):
     CALLS.append(("served_all", ip_of(address), tuple(a[0] for a in asks)))
     return [await _served(address, n, d, also) for n, d, also in asks]
 
+SILENT: set[str] = set()
+
 async def _served(address, name, digest, also):
+    if ip_of(address) in SILENT:
+        return Served(False, None, "TritonUnreachable", cp.triton_pool.NO_ANSWER + " within 5s")
     d = TRITON.get(ip_of(address), {}).get(name)
     if d is not None and d in (digest, also):
         return Served(True, d, "", "")
@@ -211,6 +216,12 @@ async def main():
         rec._held[k].until = 0.0
     await rnd("u on disk: loaded")
     await rnd("u settled")
+    SILENT.add("198.18.0.2")
+    await rnd("r2 silent: its record stands")
+    PODS[1]["status"]["containerStatuses"][0]["containerID"] = "c-r2-restarted"
+    await rnd("r2 silent and restarted: nothing stands for it")
+    SILENT.clear()
+    await rnd("r2 answers again")
 
 asyncio.run(main())
 for c in CALLS:

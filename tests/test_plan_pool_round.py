@@ -243,3 +243,50 @@ def test_a_sidecars_files_of_models_neither_placed_nor_recorded_there_are_delete
     held = {"u": _Held(), "gone": _Held(digest="x"), "kept": _Held(digest="y"), "a": _Held()}
     todo = pp.replica_fetches(rnd, r, [], held, {r: {"kept": "y"}}, {}, set())
     assert todo.forget == ("gone",), "a recorded model's files stay until it is unloaded"
+
+
+# -- what the replicas are asked, and what their silence means ------------------------------------------------------
+
+
+def _with_containers(rnd: pp.PoolRound, **containers: str) -> pp.PoolRound:
+    """`rnd` whose replicas run these tritonserver containers (by pod)."""
+    return replace(rnd, pods={r: replace(v, triton=containers.get(r, "")) for r, v in rnd.pods.items()})
+
+
+def test_each_ready_replicas_triton_is_asked_about_the_members_placed_there() -> None:
+    rnd = _round()
+    assert pp.triton_asks(rnd, ["r1", "r2"]) == {"r1": ["a"], "r2": ["a"]}
+    assert pp.triton_asks(rnd, ["r1"]) == {"r1": ["a"]}, "a replica not Ready is not asked"
+
+
+@pytest.mark.parametrize(("case", "before", "containers", "silent", "steady", "after"), [
+    ("every question answered: each replica known by its container", {}, {"r1": "c1", "r2": "c2"}, set(), set(),
+     {"r1": "c1", "r2": "c2"}),
+    ("a silent replica whose container answered a whole round before: its record stands", {"r2": "c2"},
+     {"r1": "c1", "r2": "c2"}, {"r2"}, {"r2"}, {"r1": "c1", "r2": "c2"}),
+    ("a silent replica restarted since: nothing stands for it", {"r2": "c2"}, {"r1": "c1", "r2": "c2-new"}, {"r2"},
+     set(), {"r1": "c1", "r2": "c2"}),
+    ("a silent replica never heard whole (an operator restarted): nothing stands", {}, {"r1": "c1", "r2": "c2"},
+     {"r2"}, set(), {"r1": "c1"}),
+    ("a replica gone is forgotten", {"r9": "c9"}, {"r1": "c1", "r2": "c2"}, set(), set(), {"r1": "c1", "r2": "c2"}),
+])
+def test_a_replica_that_leaves_a_question_unanswered_is_steady_only_if_the_same_container_answered_before(
+        case: str, before: dict[str, str], containers: dict[str, str], silent: set[str], steady: set[str],
+        after: dict[str, str]) -> None:
+    rnd = _with_containers(_round(), **containers)
+    seen = {(r, "a"): pp.Seen(False, None, answered=r not in silent) for r in ("r1", "r2")}
+    answered = pp.answered_after(rnd, ["r1", "r2"], seen, before)
+    assert (set(answered.silent), answered.steady, answered.containers) == (silent, steady, after), case
+
+
+def test_a_previous_operators_loads_are_those_recorded_and_not_sent_here_and_triton_is_asked_of_the_unready() -> None:
+    rnd = _round()
+    d = _digest(rnd)
+    since = NOW - dt.timedelta(seconds=5)
+    body = {**rnd.body, "status": {"replicaModels": [
+        {"pod": r, "loading": {"a": {"digest": d, "since": "2026-11-26T11:59:55Z"}}} for r in ("r1", "r2", "r9")]}}
+    rnd = replace(rnd, body=body)
+    theirs = pp.previous_loads(rnd, ["r1", "r2"], {("r2", "a", d)})
+    assert theirs == {"r1": {"a": pp.InFlight(d, since)}, "r2": {}}, "r2's was sent by this process; r9 is not Ready"
+    assert pp.heard_asks(rnd, theirs, {}) == [("r1", "a")]
+    assert pp.heard_asks(rnd, theirs, {("r1", "a"): pp.Seen(True, d)}) == [], "READY at its digest: nothing to ask"

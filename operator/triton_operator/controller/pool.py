@@ -305,13 +305,9 @@ class PoolReconciler:
                          ) -> tuple[dict[str, dict[str, pool_plan.InFlight]], dict[tuple[str, str], bool | None]]:
         """The loads the pool's status records in flight that this process did not send (a previous operator's), and
         for each on a Ready replica and not READY there, whether its Triton has received it (`triton.pool.heard_of`)."""
-        recorded = pool_plan.recorded_loading(rnd.body)
-        theirs = {r: {t: ld for t, ld in loads.items()
-                      if (rnd.namespace, rnd.pool.name, r, t, ld.digest) not in self._sent}
-                  for r, loads in recorded.items() if r in ready}
-        names = {m.triton_name: n for n, m in rnd.members.items()}
-        asks = [(r, names[t]) for r, loads in theirs.items() for t in loads if t in names
-                and not ((s := seen.get((r, names[t]))) is not None and s.ready and s.digest == loads[t].digest)]
+        theirs = pool_plan.previous_loads(rnd, ready, {k[2:] for k in self._sent
+                                                       if k[:2] == (rnd.namespace, rnd.pool.name)})
+        asks = pool_plan.heard_asks(rnd, theirs, seen)
         answers = await asyncio.gather(*(triton_pool.heard_of(rnd.address(r), rnd.members[n].triton_name)
                                          for r, n in asks))
         heard = dict(zip(asks, answers, strict=True))
@@ -410,8 +406,7 @@ class PoolReconciler:
     async def _observe(self, rnd: pool_plan.PoolRound, ready: list[str],
                        records: Mapping[str, Mapping[str, str]]) -> dict[tuple[str, str], pool_plan.Seen]:
         """What each Ready replica's Triton serves of each model placed there."""
-        asks = {r: names for r in ready if (names := [n for n in sorted(rnd.placement.loaded.get(r, ()))
-                                                      if n in rnd.members and rnd.members[n].digest])}
+        asks = pool_plan.triton_asks(rnd, ready)
 
         async def ask(r: str, names: list[str]) -> list[pool_plan.Seen]:  # one client per replica, asked at once
             answers = await triton_pool.served_all(rnd.address(r), [
@@ -422,14 +417,13 @@ class PoolReconciler:
         answers = await asyncio.gather(*(ask(r, names) for r, names in asks.items()))
         seen = {(r, n): s for (r, names), seen in zip(asks.items(), answers, strict=True)
                 for n, s in zip(names, seen, strict=True)}
-        silent = sorted({r for (r, _), s in seen.items() if not s.answered})
-        for key in [k for k in self._answered if k[:2] == (rnd.namespace, rnd.pool.name) and k[2] not in rnd.pods]:
-            del self._answered[key]  # a replica gone
-        for r in asks:  # the tritonserver container that answered a whole round: its record is its own
-            if r not in silent and rnd.pods[r].triton:
-                self._answered[(rnd.namespace, rnd.pool.name, r)] = rnd.pods[r].triton
-        steady = {r for r in silent if rnd.pods[r].triton
-                  and self._answered.get((rnd.namespace, rnd.pool.name, r)) == rnd.pods[r].triton}
+        pool = (rnd.namespace, rnd.pool.name)
+        answered = pool_plan.answered_after(rnd, asks, seen, {k[2]: c for k, c in self._answered.items()
+                                                              if k[:2] == pool})
+        for key in [k for k in self._answered if k[:2] == pool]:
+            del self._answered[key]
+        self._answered.update({(*pool, r): c for r, c in answered.containers.items()})
+        silent, steady = answered.silent, answered.steady
         if silent:  # what a slow replica served last stays listed (`as_last_seen`): say it, it explains a stale list
             log.info("Pool replica did not answer in time namespace=%s pool=%s pods=%s models=%d; the last record "
                      "stands for pods=%s", rnd.namespace, rnd.pool.name, ",".join(silent),

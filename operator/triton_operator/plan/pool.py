@@ -825,6 +825,53 @@ def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members:
                      coming(pods, pool.spec.replicas), graph_of(members), key, deletion_costs(placement, pods))
 
 
+def triton_asks(rnd: PoolRound, ready: Sequence[str]) -> dict[str, list[str]]:
+    """Per Ready replica with models placed there: the members whose state its Triton is asked (those with a digest)."""
+    return {r: names for r in ready if (names := [n for n in sorted(rnd.placement.loaded.get(r, ()))
+                                                  if n in rnd.members and rnd.members[n].digest])}
+
+
+@dataclass(frozen=True)
+class Answered:
+    """Which replicas answered the round's questions (`answered_after`)."""
+
+    containers: dict[str, str]  # replica -> the tritonserver container that last answered every question of a round
+    silent: list[str]  # replicas that left a question unanswered this time, sorted
+    steady: set[str]  # those of them whose record stands for them (`as_last_seen`): the same container answered before
+
+
+def answered_after(rnd: PoolRound, asked: Collection[str], seen: Mapping[tuple[str, str], Seen],
+                   containers: Mapping[str, str]) -> Answered:
+    """After asking the replicas `asked`: each that answered every question is known by its tritonserver container
+    now (`containers`, by replica, kept between rounds, dropped for replicas gone); one that left a question
+    unanswered is steady when the same container answered a whole round before (a restarted one holds nothing of its
+    record)."""
+    silent = sorted({r for (r, _), s in seen.items() if not s.answered})
+    out = {r: c for r, c in containers.items() if r in rnd.pods}
+    for r in asked:
+        if r not in silent and rnd.pods[r].triton:
+            out[r] = rnd.pods[r].triton
+    steady = {r for r in silent if rnd.pods[r].triton and out.get(r) == rnd.pods[r].triton}
+    return Answered(out, silent, steady)
+
+
+def previous_loads(rnd: PoolRound, ready: Collection[str], sent: Collection[tuple[str, str, str]]
+                   ) -> dict[str, dict[str, InFlight]]:
+    """The loads the pool's status records in flight on Ready replicas that this process did not send (`sent`:
+    (replica, Triton name, digest)): a previous operator's."""
+    return {r: {t: ld for t, ld in loads.items() if (r, t, ld.digest) not in sent}
+            for r, loads in recorded_loading(rnd.body).items() if r in ready}
+
+
+def heard_asks(rnd: PoolRound, theirs: Mapping[str, Mapping[str, InFlight]],
+               seen: Mapping[tuple[str, str], Seen]) -> list[tuple[str, str]]:
+    """The (replica, member) of a previous operator's loads to ask Triton about (`triton.pool.heard_of`): those of a
+    member that are not READY at the load's digest."""
+    names = {m.triton_name: n for n, m in rnd.members.items()}
+    return [(r, names[t]) for r, loads in theirs.items() for t in loads if t in names
+            and not ((s := seen.get((r, names[t]))) is not None and s.ready and s.digest == loads[t].digest)]
+
+
 @dataclass(frozen=True)
 class Carried:
     """What the round's carrying out did: whether a replica had work, and whether loads were left for the next
