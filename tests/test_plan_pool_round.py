@@ -290,3 +290,31 @@ def test_a_previous_operators_loads_are_those_recorded_and_not_sent_here_and_tri
     assert theirs == {"r1": {"a": pp.InFlight(d, since)}, "r2": {}}, "r2's was sent by this process; r9 is not Ready"
     assert pp.heard_asks(rnd, theirs, {}) == [("r1", "a")]
     assert pp.heard_asks(rnd, theirs, {("r1", "a"): pp.Seen(True, d)}) == [], "READY at its digest: nothing to ask"
+
+
+# -- the statuses written and the Events told ----------------------------------------------------------------------
+
+
+def test_a_status_is_written_only_where_it_changes_and_a_plan_over_what_it_wrote_writes_nothing() -> None:
+    rnd = _round()
+    world = _world(rnd, **_serves(rnd), carried=pp.Carried(False, False))
+    first = pp.plan_pool(world)
+    assert set(first.model_writes) == {"a"} and first.pool_write is not None, "nothing stored yet"
+    told = [(c["type"], c["reason"], pp.event_type(c)) for c in first.model_writes["a"].changed]
+    assert told == [("Ready", pp.ALL_COPIES_WARMED, "Normal")], "a first status tells its Ready alone"
+    stored = {n: w.patch for n, w in first.model_writes.items()}
+    again = pp.plan_pool(replace(world, stored=stored, pool_stored=first.pool_write.patch))
+    assert again.model_writes == {} and again.pool_write is None, "the second plan writes nothing"
+    # A copy stops serving: a's status changes, and its Ready turns False with a Warning.
+    gone = pp.plan_pool(replace(world, stored=stored, pool_stored=first.pool_write.patch,
+                                seen={**world.seen, ("r2", "a"): pp.Seen(False, None)}))
+    told = [(c["type"], c["status"], pp.event_type(c)) for c in gone.model_writes["a"].changed]
+    assert ("Ready", "False", "Warning") in told and gone.pool_write is not None
+
+
+def test_a_status_patch_removes_what_is_no_longer_reported() -> None:
+    rnd = _round()
+    plan = pp.plan_pool(_world(rnd, **_serves(rnd), stored={"a": {"servedBy": ["e"], "replicas": 2}},
+                               pool_stored={"unplaced": "1Gi", "oldField": 1}))
+    assert plan.model_writes["a"].patch["servedBy"] is None and plan.model_writes["a"].patch["replicas"] == 2
+    assert plan.pool_write is not None and plan.pool_write.patch["oldField"] is None

@@ -56,7 +56,6 @@ from ..api.v1alpha1 import TritonModel, quantity_bytes
 from ..plan import pool as pool_plan
 from ..plan.planner import differs
 from ..plan.pool import FETCH_FAILED_PREFIX
-from ..plan.status import as_dict, status_changed, transitions
 from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from ..render.pool import (
@@ -296,6 +295,9 @@ class PoolReconciler:
         return pool_plan.PoolWorld(
             rnd, utc_now(), st.records, st.seen, broken=self._broken_copies(rnd), heals_held=self._heals_held(rnd),
             held=self._held_now(rnd), failures={n: self._failures(rnd, n) for n in models},
+            stored={n: (self.cache.model(rnd.namespace, n) or m.body).get("status") or {}
+                    for n, m in rnd.members.items()},
+            pool_stored=self.pools.get((rnd.namespace, rnd.pool.name), rnd.body).get("status") or {},
             sliced=frozenset(n for n, model in models.items() if self._sliced(rnd.namespace, model.name)),
             hpas={n: self.cache.children.get((HPA.kind, rnd.namespace, model.name)) for n, model in models.items()
                   if model.spec.autoscaling is not None},
@@ -701,8 +703,10 @@ class PoolReconciler:
             elif m.model is not None:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
                                     plan.serving[name])
-            await self._write_model_status(rnd.namespace, m, plan.statuses[name])
-        await self._write_pool_status(rnd, plan.pool_status)
+            if name in plan.model_writes:
+                await self._write_model_status(rnd.namespace, m, plan.model_writes[name])
+        if plan.pool_write is not None:
+            await self._write_pool_status(rnd, plan.pool_write)
 
     def _sliced(self, namespace: str, model: str) -> bool:
         """Whether an EndpointSlice of ours for `model` exists (written by a round or reported by the watch)."""
@@ -726,23 +730,22 @@ class PoolReconciler:
         for m in members.values():
             if m.model is not None:
                 await self._traffic(namespace, m, [], {}, set())
-            await self._write_model_status(namespace, m, pool_plan.model_status(m, pool, False, None, set(), {}, now))
+            current = self.cache.model(namespace, m.name)
+            write = pool_plan.model_write((current or m.body).get("status") or {},
+                                          pool_plan.model_status(m, pool, False, None, set(), {}, now))
+            if write is not None:
+                await self._write_model_status(namespace, m, write)
 
-    async def _write_model_status(self, namespace: str, m: pool_plan.Member, status: Any) -> None:
-        stored = m.body.get("status") or {}
+    async def _write_model_status(self, namespace: str, m: pool_plan.Member, write: pool_plan.StatusWrite) -> None:
+        """Writes a TritonModel's status as `write` says; its Events are posted beside the round."""
         current = self.cache.model(namespace, m.name)
-        if current is not None:
-            stored = current.get("status") or {}
-        if not status_changed(stored, status):
-            return
-        patch = {k: None for k in stored if k not in as_dict(status)} | as_dict(status)
         updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_MODEL.group, TRITON_MODEL.version,
-                                          TRITON_MODEL.plural, namespace, m.name, patch)
+                                          TRITON_MODEL.plural, namespace, m.name, write.patch)
         if updated is None:
             return
         self.cache.put_model(updated)
         body = current or dict(m.body)
-        changed = transitions(stored, status)
+        changed = list(write.changed)
         for c in changed:
             log.info("Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",
                      namespace, m.name, c["type"], c["status"], c.get("reason"))
@@ -753,28 +756,25 @@ class PoolReconciler:
         for c in changed:
             try:
                 await asyncio.to_thread(self.kube.event, dict(body), c.get("reason") or "", c.get("message") or "",
-                                        "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
+                                        pool_plan.event_type(c))
             except Exception as exc:  # noqa: BLE001 - events are best effort (Kube.event logs an API error itself)
                 log.warning("Failed to record Event object=%s/%s error=%r", body["metadata"].get("namespace"),
                             body["metadata"].get("name"), exc)
 
-    async def _write_pool_status(self, rnd: pool_plan.PoolRound, status: dict[str, Any]) -> None:
+    async def _write_pool_status(self, rnd: pool_plan.PoolRound, write: pool_plan.StatusWrite) -> None:
+        """Writes the pool's status as `write` says, and posts its Events."""
         key = (rnd.namespace, rnd.pool.name)
-        stored = (self.pools.get(key, rnd.body).get("status")) or {}
-        if stored == status:
-            return
-        patch = {k: None for k in stored if k not in status} | status
         updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_POOL.group, TRITON_POOL.version,
-                                          TRITON_POOL.plural, rnd.namespace, rnd.pool.name, patch)
+                                          TRITON_POOL.plural, rnd.namespace, rnd.pool.name, write.patch)
         if updated is None:
             return
         if key in self.pools:
             self.pools[key] = lean(updated)
-        for c in transitions(stored, status):
+        for c in write.changed:
             log.info("Changed TritonPool condition namespace=%s name=%s type=%s status=%s reason=%s",
                      rnd.namespace, rnd.pool.name, c["type"], c["status"], c.get("reason"))
             await asyncio.to_thread(self.kube.event, dict(rnd.body), c.get("reason") or "", c.get("message") or "",
-                                    "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning")
+                                    pool_plan.event_type(c))
 
 
 def pool_of(body: Mapping[str, Any] | None) -> str | None:

@@ -35,7 +35,15 @@ from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
 from ..render.modelconfig import render_repository
 from ..render.pool import LoadRequest, ReplicaPod, load_request, pool_selector
 from .placement import INSUFFICIENT_CAPACITY, Placement, PoolReplica, place
-from .status import admin_apis_open, condition, kstatus_conditions, scaling_active
+from .status import (
+    admin_apis_open,
+    as_dict,
+    condition,
+    kstatus_conditions,
+    scaling_active,
+    status_changed,
+    transitions,
+)
 
 POOL_NOT_FOUND = "PoolNotFound"
 ALL_COPIES_WARMED = "AllCopiesWarmed"
@@ -903,6 +911,10 @@ class PoolWorld:
     unfetched: Collection[tuple[str, str]] = frozenset()  # uri models whose files are not on the replica yet
     fetching: bool = False  # a sidecar fetches files for a load of this pool
     sliced: Collection[str] = frozenset()  # the models that have an EndpointSlice of ours
+    # The statuses as stored now, by member (absent: as its body was read), and the pool's (None: as it was read):
+    # a status is written, and its changed conditions told as Events, only where it differs from them.
+    stored: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    pool_stored: Mapping[str, Any] | None = None
     hpas: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)  # a model's HPA (spec.autoscaling)
     carried: Carried | None = None  # after the round's loads: what it did (None: before them)
 
@@ -923,6 +935,8 @@ class PoolPlan:
     services_only: frozenset[str]  # models that get only their Service now: no slice yet, no copy serving
     statuses: Mapping[str, TritonModelStatus]  # every member's status
     pool_status: dict[str, Any]
+    model_writes: Mapping[str, StatusWrite]  # the members' statuses that change, with their Events
+    pool_write: StatusWrite | None  # the pool's, if it changes
     settled: bool  # every placed copy serves at its desired digest and no load failed
     wake: float  # seconds until the next round, unless something changes first
 
@@ -975,12 +989,45 @@ def wake_after(settled: bool, carried: Carried, fetching: bool, pending: bool) -
 
 
 @dataclass(frozen=True)
+class StatusWrite:
+    """A status that changes: the merge patch that writes it, and the conditions whose status or reason change with
+    it (`plan.status.transitions`: each a log line and an Event of `event_type`)."""
+
+    patch: dict[str, Any]
+    changed: tuple[dict[str, Any], ...]
+
+
+def event_type(c: Mapping[str, Any]) -> str:
+    """Normal for a condition that turns good (Ready or Progressing True, Degraded False), else Warning."""
+    return "Normal" if (c["type"] != "Degraded") == (c["status"] == "True") else "Warning"
+
+
+def model_write(stored: Mapping[str, Any] | None, status: TritonModelStatus) -> StatusWrite | None:
+    """The write of a TritonModel's status over `stored`, or None when it would change nothing."""
+    if not status_changed(stored, status):
+        return None
+    desired = as_dict(status)
+    return StatusWrite({k: None for k in stored or {} if k not in desired} | desired,
+                       tuple(transitions(stored, status)))
+
+
+def pool_write(stored: Mapping[str, Any] | None, status: dict[str, Any]) -> StatusWrite | None:
+    """The write of a TritonPool's status over `stored`, or None when it would change nothing."""
+    if dict(stored or {}) == status:
+        return None
+    return StatusWrite({k: None for k in stored or {} if k not in status} | status,
+                       tuple(transitions(stored, status)))
+
+
+@dataclass(frozen=True)
 class _Published:
     serving: dict[str, set[str]]
     services_only: frozenset[str]
     statuses: dict[str, TritonModelStatus]
     pool_status: dict[str, Any]
     settled: bool
+    model_writes: dict[str, StatusWrite]
+    pool_write: StatusWrite | None
 
 
 def _published(world: PoolWorld, draining: frozenset[tuple[str, str]],
@@ -1008,7 +1055,11 @@ def _published(world: PoolWorld, draining: frozenset[tuple[str, str]],
     selector = ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items())
     status = pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, world.records, behind, failed,
                          selector, world.now, loading)
-    return _Published(on, frozenset(services_only), statuses, status, behind == 0 and failed == 0)
+    writes = {n: w for n, s in statuses.items() if (w := model_write(
+        world.stored.get(n, rnd.members[n].body.get("status") or {}), s)) is not None}
+    pool_stored = world.pool_stored if world.pool_stored is not None else rnd.body.get("status") or {}
+    return _Published(on, frozenset(services_only), statuses, status, behind == 0 and failed == 0, writes,
+                      pool_write(pool_stored, status))
 
 
 def plan_pool(world: PoolWorld) -> PoolPlan:
@@ -1041,7 +1092,7 @@ def plan_pool(world: PoolWorld) -> PoolPlan:
     out = _published(world, draining, loading)
     carried = world.carried or Carried(busy=any(w.load or w.unload for w in todo.values()), cut=False)
     return PoolPlan(todo, waiting, frozenset(healing), draining, drains, loading, out.serving, out.services_only,
-                    out.statuses, out.pool_status, out.settled,
+                    out.statuses, out.pool_status, out.model_writes, out.pool_write, out.settled,
                     wake_after(out.settled, carried, world.fetching, bool(waiting)))
 
 
