@@ -318,3 +318,21 @@ def test_a_status_patch_removes_what_is_no_longer_reported() -> None:
                                pool_stored={"unplaced": "1Gi", "oldField": 1}))
     assert plan.model_writes["a"].patch["servedBy"] is None and plan.model_writes["a"].patch["replicas"] == 2
     assert plan.pool_write is not None and plan.pool_write.patch["oldField"] is None
+
+
+def test_a_back_off_doubles_up_to_its_most() -> None:
+    assert [pp.backoff_seconds(n, pp.HELD_SECONDS, pp.HELD_MAX_SECONDS) for n in (1, 2, 3, 7, 8, 20)] == \
+        [5.0, 10.0, 20.0, 300.0, 300.0, 300.0]
+
+
+def test_mid_round_the_slices_written_again_are_every_models_or_those_with_a_copy_on_the_replica_just_listed() -> None:
+    u = python_model("u", pool="p", memory="1Gi", replicas=1)
+    bodies = {"u": _body(u), "a": _body(python_model("a", pool="p", memory="1Gi", replicas=2))}
+    pool_body = _body(pool_document("p"))
+    rnd = pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, pp.members("p", bodies),
+                      [_pod("r1", "198.18.0.1"), _pod("r2", "198.18.0.2", node="n2")], None)
+    (r,) = rnd.placement.copies["u"]
+    seen = {(k, n): pp.Seen(True, m.digest) for n, m in rnd.members.items() for k in rnd.placement.copies[n]}
+    assert pp.slices(rnd, {}, seen, frozenset(), {}) == {"a": {"r1", "r2"}, "u": {r}}
+    other = ({"r1", "r2"} - {r}).pop()
+    assert pp.slices(rnd, {}, seen, frozenset({(other, "a")}), {}, other) == {"a": {r}}, "u has no copy there"

@@ -87,8 +87,6 @@ log = logging.getLogger("triton_operator.pool")
 ROUND_LOAD_SECONDS = 5.0
 #: How long a read of a pool replica's probe (`GET /status?since=N&wait=S`) is held for news.
 HEALTH_WAIT_SECONDS = 3.0
-#: A failed load of a model on a replica is retried after this many seconds, doubling, up to `HELD_MAX_SECONDS`.
-HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
 
 
 @dataclass
@@ -338,12 +336,9 @@ class PoolReconciler:
 
     async def _slices_now(self, st: _Live) -> None:
         rnd = st.rnd
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining,
-                                    self._broken_copies(rnd), rnd.graph)
-        for name, m in rnd.members.items():
-            if m.model is not None:
-                await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
-                                    serving[name])
+        for name, on in pool_plan.slices(rnd, st.records, st.seen, st.draining, self._broken_copies(rnd)).items():
+            await self._traffic(rnd.namespace, rnd.members[name], list(rnd.placement.copies.get(name, ())), rnd.pods,
+                                on)
 
     def observe_child(self, body: Mapping[str, Any], deleted: bool = False) -> str | None:
         """A watch event of an object the pool's rounds apply: kept to compare the next apply with (an edit by
@@ -508,7 +503,8 @@ class PoolReconciler:
         """A failed load (or fetch) of a model's digest on a replica: retried after a back-off that doubles."""
         held = self._held.get(held_key) or _Held(0, 0.0, "")
         held.failures += 1
-        held.until = time.monotonic() + min(HELD_SECONDS * 2 ** (held.failures - 1), HELD_MAX_SECONDS)
+        held.until = time.monotonic() + pool_plan.backoff_seconds(held.failures, pool_plan.HELD_SECONDS,
+                                                                  pool_plan.HELD_MAX_SECONDS)
         held.message = message[:500]
         self._held[held_key] = held
         return held
@@ -614,8 +610,8 @@ class PoolReconciler:
         key = (rnd.namespace, rnd.pool.name, replica, name)
         held = self._heals.get(key) or _Held(0, 0.0, "")
         held.failures += 1
-        held.until = time.monotonic() + min(pool_plan.HEAL_SECONDS * 2 ** (held.failures - 1),
-                                            pool_plan.HEAL_MAX_SECONDS)
+        held.until = time.monotonic() + pool_plan.backoff_seconds(held.failures, pool_plan.HEAL_SECONDS,
+                                                                  pool_plan.HEAL_MAX_SECONDS)
         self._heals[key] = held
         metrics.HEALS.labels(action="reload", result="ok" if ok else "failed").inc()
         if ok:
@@ -687,11 +683,9 @@ class PoolReconciler:
         st.seen[(replica, name)] = pool_plan.Seen(True, digest)
         st.records.setdefault(replica, {})[rnd.members[name].triton_name] = digest
         st.draining = st.draining - {(replica, name)}
-        serving = pool_plan.serving(rnd.placement, rnd.members, rnd.pods, st.records, st.seen, st.draining,
-                                    self._broken_copies(rnd), rnd.graph)
-        for n, m in rnd.members.items():
-            if m.model is not None and replica in rnd.placement.copies.get(n, ()):
-                await self._traffic(rnd.namespace, m, list(rnd.placement.copies[n]), rnd.pods, serving[n])
+        for n, on in pool_plan.slices(rnd, st.records, st.seen, st.draining, self._broken_copies(rnd),
+                                      replica).items():
+            await self._traffic(rnd.namespace, rnd.members[n], list(rnd.placement.copies[n]), rnd.pods, on)
 
     async def _publish(self, rnd: pool_plan.PoolRound, plan: pool_plan.PoolPlan) -> None:
         """Writes what `plan` says: each model's Service, slices and HPA (its Service alone, before the loads, while it

@@ -59,6 +59,14 @@ FETCH_FAILED_PREFIX = "fetch failed: "
 MODEL_FAILING = "ModelFailing"
 #: A broken copy is reloaded again, if it stays broken, after this many seconds, doubling, up to `HEAL_MAX_SECONDS`.
 HEAL_SECONDS, HEAL_MAX_SECONDS = 10.0, 300.0
+#: A failed load (or fetch) of a model on a replica is retried after this many seconds, doubling, up to
+#: `HELD_MAX_SECONDS`.
+HELD_SECONDS, HELD_MAX_SECONDS = 5.0, 300.0
+
+
+def backoff_seconds(failures: int, first: float, most: float) -> float:
+    """How long to wait after the `failures`-th failure in a row: `first`, doubling each time, up to `most`."""
+    return min(first * 2.0 ** (failures - 1), most)
 NAME_TAKEN = "TritonNameTaken"
 
 
@@ -957,6 +965,17 @@ def records_after(rnd: PoolRound, records: Mapping[str, Mapping[str, str]],
         out[r.name] = {rnd.members[n].triton_name: s.digest for (rr, n), s in seen.items()
                        if rr == r.name and s.ready and s.digest}
     return out
+
+
+def slices(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
+           draining: frozenset[tuple[str, str]], broken: Collection[tuple[str, str]],
+           replica: str | None = None) -> dict[str, set[str]]:
+    """Mid-round, the slices to write again, as `serving` lists them: every model's (a replica stopped being
+    Ready), or those with a copy on `replica` (a copy there just turned READY: the model's, and an ensemble's using
+    it), by model with the replicas listed ready."""
+    on = serving(rnd.placement, rnd.members, rnd.pods, records, seen, draining, broken, rnd.graph)
+    return {n: on[n] for n, m in rnd.members.items()
+            if m.model is not None and (replica is None or replica in rnd.placement.copies.get(n, ()))}
 
 
 def drain_timeouts(members: Mapping[str, Member], copies: Collection[tuple[str, str]]
