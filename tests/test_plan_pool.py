@@ -411,3 +411,21 @@ def test_a_pool_that_opens_an_admin_api_says_so_in_its_status_and_at_admission()
     assert any(a.startswith("--http-restricted-api=model-repository,shared-memory,trace:") for a in args), args
     args = render_pool_deployment(pool, "uid", "ns")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert any(a.startswith("--grpc-restricted-protocol=model-repository,shared-memory,logging,trace:") for a in args)
+
+
+@pytest.mark.parametrize(("case", "counts", "ready", "progressing", "degraded"), [
+    ("every replica Ready, every copy serving", (2, 0, 0, 0),
+     ("True", "AllReplicasServing"), ("False", "Settled"), ("False", "AsExpected")),
+    ("a replica not Ready yet", (1, 0, 0, 0), ("False", "NotAllServing"), ("True", "Loading"), ("False", "AsExpected")),
+    ("copies loading", (2, 3, 0, 0), ("False", "NotAllServing"), ("True", "Loading"), ("False", "AsExpected")),
+    ("a load failed", (2, 1, 1, 0), ("False", "NotAllServing"), ("False", "Loading"), ("True", pp.LOAD_FAILED)),
+    ("short of capacity, a load failed too", (2, 0, 1, 1),
+     ("False", "NotAllServing"), ("False", "Loading"), ("True", "InsufficientPoolCapacity")),
+])
+def test_a_pools_conditions_come_from_its_chains_of_policies(case: str, counts: tuple[int, int, int, int],
+                                                             ready: tuple[str, str], progressing: tuple[str, str],
+                                                             degraded: tuple[str, str]) -> None:
+    seen = pp.Replicas(counts[0], 2, *counts[1:], "why", 1)
+    got = [(c["status"], c["reason"]) for chain in (pp.POOL_READY, pp.POOL_PROGRESSING, pp.POOL_DEGRADED)
+           for c in [pp._first(chain, seen)]]
+    assert got == [ready, progressing, degraded], case

@@ -22,7 +22,7 @@ import datetime as dt
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -564,11 +564,12 @@ class Copies:
 #: that cannot load, the pool's replicas on their way, capacity short, broken copies healing, failed loads, then how
 #: many copies serve.
 CopiesPolicy = Callable[[Copies], dict[str, Any] | None]
+_Seen = TypeVar("_Seen")
 
 
-def _first(chain: Sequence[CopiesPolicy], c: Copies) -> dict[str, Any]:
+def _first(chain: Sequence[Callable[[_Seen], dict[str, Any] | None]], seen: _Seen) -> dict[str, Any]:
     for policy in chain:
-        answer = policy(c)
+        answer = policy(seen)
         if answer is not None:
             return answer
     raise AssertionError(f"no policy of {[p.__name__ for p in chain]} answered")  # each chain's last always does
@@ -735,6 +736,67 @@ def model_status(m: Member, pool: str, found: bool, placement: Placement | None,
     )
 
 
+@dataclass(frozen=True)
+class Replicas:
+    """What a pool's Ready, Progressing and Degraded are decided from: its Ready replicas against spec.replicas, the
+    copies placed that do not serve yet, the models whose loads failed, those short of capacity, and the sentence
+    every condition says it with."""
+
+    ready: int
+    wanted: int
+    behind: int
+    failed: int
+    short: int
+    why: str
+    g: int
+
+    @property
+    def serving(self) -> bool:
+        return self.ready >= self.wanted and self.behind == 0 and self.failed == 0 and self.short == 0
+
+
+#: A pool's policies, each deciding one condition or passing (None) to the next of its chain, as a model's.
+ReplicasPolicy = Callable[[Replicas], dict[str, Any] | None]
+
+
+def pool_all_serving(r: Replicas) -> dict[str, Any] | None:
+    return condition("Ready", True, "AllReplicasServing", r.why, r.g) if r.serving else None
+
+
+def pool_not_all_serving(r: Replicas) -> dict[str, Any]:
+    return condition("Ready", False, "NotAllServing", r.why, r.g)
+
+
+def pool_settled(r: Replicas) -> dict[str, Any] | None:
+    return condition("Progressing", False, "Settled", r.why, r.g) if r.serving else None
+
+
+def pool_stuck(r: Replicas) -> dict[str, Any] | None:
+    """Loads failed or capacity short: no progress until something changes (Degraded says what)."""
+    return condition("Progressing", False, "Loading", r.why, r.g) if r.failed or r.short else None
+
+
+def pool_loading(r: Replicas) -> dict[str, Any]:
+    return condition("Progressing", True, "Loading", r.why, r.g)
+
+
+def pool_short_of_capacity(r: Replicas) -> dict[str, Any] | None:
+    return condition("Degraded", True, INSUFFICIENT_CAPACITY, r.why, r.g) if r.short else None
+
+
+def pool_load_failed(r: Replicas) -> dict[str, Any] | None:
+    return condition("Degraded", True, LOAD_FAILED, r.why, r.g) if r.failed else None
+
+
+def pool_as_expected(r: Replicas) -> dict[str, Any]:
+    return condition("Degraded", False, "AsExpected", r.why, r.g)
+
+
+POOL_READY: tuple[ReplicasPolicy, ...] = (pool_all_serving, pool_not_all_serving)
+POOL_PROGRESSING: tuple[ReplicasPolicy, ...] = (pool_settled, pool_stuck, pool_loading)
+POOL_DEGRADED: tuple[ReplicasPolicy, ...] = (pool_short_of_capacity, pool_load_failed, pool_as_expected)
+
+
 def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolReplica],
                 pods: Mapping[str, ReplicaPod], placement: Placement, records: Mapping[str, Mapping[str, str]],
                 behind: int, failed: int, selector: str, now: dt.datetime,
@@ -760,15 +822,11 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
     used = sum(placement.used.get(r.name, 0) for r in live)
     total = placement.capacity * len(live)
     short = len(placement.shortfalls)
-    fine = ready >= pool.spec.replicas and behind == 0 and failed == 0 and short == 0
     why = (f"{ready}/{pool.spec.replicas} replicas Ready; {len(set(placement.copies) - set(placement.shortfalls))} "
            f"models placed, {behind} copies loading, {failed} failing, {short} short of capacity")
-    progressing = condition("Progressing", not fine and failed == 0 and short == 0,
-                        "Settled" if fine else "Loading", why, g)
-    degraded = condition("Degraded", failed > 0 or short > 0,
-                     INSUFFICIENT_CAPACITY if short else (LOAD_FAILED if failed else "AsExpected"), why, g)
-    conds = [condition("Ready", fine, "AllReplicasServing" if fine else "NotAllServing", why, g), progressing, degraded,
-             *kstatus_conditions(progressing, degraded, g)]
+    seen = Replicas(ready, pool.spec.replicas, behind, failed, short, why, g)
+    progressing, degraded = _first(POOL_PROGRESSING, seen), _first(POOL_DEGRADED, seen)
+    conds = [_first(POOL_READY, seen), progressing, degraded, *kstatus_conditions(progressing, degraded, g)]
     if pool.spec.server.unrestricted_apis:
         conds.append(admin_apis_open(pool.spec.server.unrestricted_apis, g))
     return {
