@@ -336,3 +336,46 @@ def test_mid_round_the_slices_written_again_are_every_models_or_those_with_a_cop
     assert pp.slices(rnd, {}, seen, frozenset(), {}) == {"a": {"r1", "r2"}, "u": {r}}
     other = ({"r1", "r2"} - {r}).pop()
     assert pp.slices(rnd, {}, seen, frozenset({(other, "a")}), {}, other) == {"a": {r}}, "u has no copy there"
+
+
+# -- a plan carried out leaves a world whose plan does nothing ----------------------------------------------------
+
+
+def _carried_out(world: pp.PoolWorld, plan: pp.PoolPlan) -> pp.PoolWorld:
+    """`world` after `plan`'s work as Triton would take it (each load READY at its digest, each unload gone), its
+    status writes stored, and the round's records kept; then planned after the loads, and those writes stored too."""
+    rnd = world.round
+    seen = dict(world.seen)
+    records = {r: dict(v) for r, v in world.records.items()}
+    for r, w in plan.work.items():
+        for t in w.unload:
+            records.get(r, {}).pop(t, None)
+        for ld in w.load:
+            seen[(r, ld.member)] = pp.Seen(True, rnd.members[ld.member].digest)
+    stored = {**world.stored, **{n: w.patch for n, w in plan.model_writes.items()}}
+    pool_stored = plan.pool_write.patch if plan.pool_write is not None else world.pool_stored
+    after = replace(world, seen=seen, records=pp.records_after(rnd, records, seen), stored=stored,
+                    pool_stored=pool_stored, carried=pp.Carried(plan.busy, False))
+    done = pp.plan_pool(after)
+    return replace(after, carried=None, stored={**stored, **{n: w.patch for n, w in done.model_writes.items()}},
+                   pool_stored=done.pool_write.patch if done.pool_write is not None else pool_stored)
+
+
+@pytest.mark.parametrize("case", ["fresh replicas", "an update of copies serving", "a copy to unload", "a heal"])
+def test_a_round_carried_out_leaves_a_world_whose_next_round_loads_nothing_and_writes_nothing(case: str) -> None:
+    rnd = _round()
+    start = {"fresh replicas": {}, "an update of copies serving": _serves(rnd, "old"),
+             "a copy to unload": {**_serves(rnd), "records": {"r1": {"a": _digest(rnd), "gone": "x"},
+                                                              "r2": {"a": _digest(rnd)}}},
+             "a heal": {**_serves(rnd), "broken": {("r1", "a"): "stub dead"}}}[case]
+    world = _world(rnd, **start)
+    for rounds in range(1, 4):
+        plan = pp.plan_pool(world)
+        world = _carried_out(world, plan)
+        if case == "a heal":
+            world = replace(world, broken={}, heals_held={("r1", "a")})  # unloaded and loaded again: not broken
+        if not plan.busy:
+            break
+    final = pp.plan_pool(world)
+    assert not final.busy and final.model_writes == {} and final.pool_write is None, (case, rounds)
+    assert final.settled and final.serving["a"] == {"r1", "r2"} and rounds <= 3, case
