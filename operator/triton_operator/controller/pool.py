@@ -467,9 +467,7 @@ class PoolReconciler:
                 return True
             m = rnd.members[ld.member]
             assert m.request is not None and m.digest is not None
-            if ld.drain or ld.heal:
-                # A heal: Triton never finishes unloading a Python model whose stub is dead, and the load makes a new
-                # copy beside it (`controller.heal`); nothing waits for the unload.
+            if ld.unload_first:
                 await triton_pool.unload(rnd.grpc_address(w.replica), m.triton_name, rnd.key)
             started = time.monotonic()
             self._sent.add((rnd.namespace, rnd.pool.name, w.replica, m.triton_name, m.digest))

@@ -309,6 +309,13 @@ class Load:
     heal: bool = False  # a copy the replica's probe found broken: unloaded, then loaded again (`to_heal`)
     cause: str = ""  # a heal's: why the probe found it broken (for the Event: the probe stops saying so once unloaded)
 
+    @property
+    def unload_first(self) -> bool:
+        """A drained copy is unloaded before it is loaded again, and so is a broken one: a load of the config Triton
+        holds changes nothing (`controller.heal`). A heal's unload is not waited for: Triton never finishes unloading
+        a Python model whose stub is dead, and the load makes a new copy beside it."""
+        return self.drain or self.heal
+
 
 @dataclass
 class ReplicaWork:
