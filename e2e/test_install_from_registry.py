@@ -18,10 +18,12 @@ that namespace), `crds.enabled=false`, as the chart README says for every releas
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,30 +50,54 @@ def hosts_toml(registry: str) -> str:
             '  capabilities = ["pull", "resolve"]\n')
 
 
-@pytest.fixture
-def registry(nodes: Any) -> Iterator[str]:
-    """The local registry (HOST:PORT on 127.0.0.1), known to every node's containerd while the test runs; afterwards
-    the node forgets it, and the references pulled from it are removed from containerd (their layers are the
-    preloaded image's, shared)."""
-    nodes.real(nodes.names[0])  # skips on a cluster not of this project's making: no host access to containerd
-    with release.local_registry() as address:
-        dirs = []
-        for name in nodes.names:
-            d = nodes.real(name).root / "certs.d" / address
+#: What a session pulled from its local registry (any port: a killed session's too), in a node's containerd.
+PULLED = re.compile(rf"^127\.0\.0\.1:\d+/{release.IMAGE_REPOSITORY}[@:]")
+
+
+def forget_pulled(socket: str) -> None:
+    """Removes the references pulled from local registries from the containerd at `socket` (its root outlives the
+    session; their layers are the preloaded image's, shared, and stay); a failure says so."""
+    pulled = [r for r in images.containerd_images(socket) if PULLED.match(r)]
+    if pulled:
+        subprocess.run(["ctr", "--address", socket, "-n", "k8s.io", "images", "rm", *pulled],
+                       capture_output=True, check=True)
+        assert not [r for r in images.containerd_images(socket) if PULLED.match(r)], socket
+
+
+@dataclass
+class Registry:
+    """The local registry at `address` (HOST:PORT on 127.0.0.1) and the nodes' containerd."""
+
+    address: str
+    nodes: Any
+    dirs: list[Path] = field(default_factory=list)
+
+    def tell_nodes(self) -> None:
+        """Every node's containerd pulls from it over plain HTTP (`certs.d/<host:port>/hosts.toml`: read at each pull,
+        no restart)."""
+        for name in self.nodes.names:
+            d = self.nodes.real(name).root / "certs.d" / self.address
             d.mkdir(parents=True, exist_ok=True)
-            (d / "hosts.toml").write_text(hosts_toml(address))
-            dirs.append(d)
+            (d / "hosts.toml").write_text(hosts_toml(self.address))
+            self.dirs.append(d)
+
+
+@pytest.fixture
+def registry(nodes: Any) -> Iterator[Registry]:
+    """The local registry, not yet known to the nodes; before and after, no node holds a reference pulled from such a
+    registry, and afterwards the nodes forget this one."""
+    sockets = [nodes.real(name).containerd_address for name in nodes.names]  # skips on a cluster not of ours
+    for socket in sockets:
+        forget_pulled(socket)
+    with release.local_registry() as address:
+        handle = Registry(address, nodes)
         try:
-            yield address
+            yield handle
         finally:
-            for d in dirs:
+            for d in handle.dirs:
                 shutil.rmtree(d, ignore_errors=True)
-            for name in nodes.names:
-                socket = nodes.real(name).containerd_address
-                pulled = [r for r in images.containerd_images(socket) if r.startswith(f"{address}/")]
-                if pulled:
-                    subprocess.run(["ctr", "--address", socket, "-n", "k8s.io", "images", "rm", *pulled],
-                                   capture_output=True, check=False)
+            for socket in sockets:
+                forget_pulled(socket)
 
 
 @contextlib.contextmanager
@@ -111,18 +137,39 @@ def pull_events(kube: Kube, namespace: str, pod: str) -> list[str]:
         "involvedObject.name": pod, "reason": "Pulled"})]
 
 
+def refused_pull(kube: Kube, namespace: str, image: str) -> str:
+    """The kubelet's message when a bare pod of `image` fails to pull it; the pod is deleted then."""
+    pod = kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pull-refused", "namespace": namespace},
+                       "spec": {"containers": [{"name": "c", "image": image}], "terminationGracePeriodSeconds": 0}})
+    try:
+        def failed() -> str | None:
+            events = kube.items("Event", namespace, field_selector={"involvedObject.uid": pod["metadata"]["uid"]})
+            said = [e.get("message") or "" for e in events if e.get("reason") in ("Failed", "Pulled")]
+            return next((m for m in said if m.startswith(("Failed to pull image", "Successfully pulled"))), None)
+
+        return str(wait_for(f"the kubelet's pull of {image} for pod pull-refused", failed, 60))
+    finally:
+        kube.delete("Pod", "pull-refused", namespace)
+
+
 def test_helm_install_from_oci_pulls_the_operator_by_digest_and_serves_add_sub(
-    kubeconfig: Path, kube: Kube, nodes: Any, namespace: str, registry: str, tmp_path: Path,
+    kubeconfig: Path, kube: Kube, nodes: Any, registry: Registry, namespace: str, tmp_path: Path,
 ) -> None:
+    # `registry` before `namespace`: the namespace, and the replicas running the pulled reference, go first.
     staged = release.Release(release.version(), tmp_path)
     archive = next(i for i in images.build_all(log=lambda _: None) if i.ref == images.chart_operator_ref()).archive
-    digest = release.push_image(archive, registry, staged.version)
-    chart = release.push_chart(release.build_chart(staged), registry)
-    assert chart == f"oci://{registry}/charts/triton-operator"
-    repository = f"{registry}/{release.IMAGE_REPOSITORY}"
+    digest = release.push_image(archive, registry.address, staged.version)
+    chart = release.push_chart(release.build_chart(staged), registry.address)
+    assert chart == f"oci://{registry.address}/charts/triton-operator"
+    repository = f"{registry.address}/{release.IMAGE_REPOSITORY}"
     ref = f"{repository}@{digest}"
     for name in nodes.names:  # nothing under the reference the pod runs: the kubelet must pull it
         assert ref not in images.containerd_images(nodes.real(name).containerd_address), name
+    # Until a node is told of the registry, its pulls go to the closed port of every unknown registry (e2e/node.py):
+    # what makes the pull below work is the hosts.toml, and nothing a node pulls leaves the machine.
+    refused = refused_pull(kube, namespace, ref)
+    assert "127.0.0.1:1:" in refused, refused
+    registry.tell_nodes()
 
     t0 = time.monotonic()
     with installed_from(kubeconfig, kube, chart, staged.version, namespace,
@@ -133,11 +180,12 @@ def test_helm_install_from_oci_pulls_the_operator_by_digest_and_serves_add_sub(
         (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "operator"]
         assert container["image"] == ref
         status = container_status(pod, "operator")
-        assert status["imageID"] == ref, status
+        assert status["imageID"].rsplit("@", 1)[-1] == digest, status  # the image the container runs
         pulled = pull_events(kube, op_ns, pod["metadata"]["name"])
         assert any(m.startswith(f'Successfully pulled image "{ref}"') for m in pulled), pulled
         record("operator image pulled from the local registry", next(m for m in pulled if m.startswith("Successfully")))
-        assert ref in images.containerd_images(nodes.real(pod["spec"]["nodeName"]).containerd_address)
+        # containerd keeps what it pulled under the reference, at the pushed digest
+        assert images.containerd_images(nodes.real(pod["spec"]["nodeName"]).containerd_address).get(ref) == digest
 
         apply(kubeconfig, namespace, add_sub())
         wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 300)
