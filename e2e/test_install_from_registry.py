@@ -4,11 +4,15 @@
 The other cluster tests preload the operator image into each node's containerd (`ctr import`); here nothing is preloaded
 under the reference the pod runs. `tools/release.py` pushes the test clusters' operator archive (crane) and this
 checkout's packaged chart (`helm push`) to go-containerregistry's registry on a free 127.0.0.1 port, in the network
-namespace the nodes' containerd run in (the test's own: the nodes are processes of this machine). Each node's containerd
-is told that registry speaks plain HTTP through its `config_path` (`certs.d/<host:port>/hosts.toml`, read at each pull:
-no restart). Then `helm install <release> oci://<registry>/charts/triton-operator --version <v>` with `image.digest`,
-and the kubelet pulls `<registry>/triton-operator@sha256:...`: its events say "Successfully pulled", the container's
-imageID is the pushed digest, and the operator it runs makes add-sub Ready and answer an inference.
+namespace the nodes' containerd run in (the test's own: the nodes are processes of this machine). A bare pod of the
+image is refused first: a node sends every registry it was not told of to a closed port (e2e/node.py). Then each node's
+containerd is told that registry speaks plain HTTP through its `config_path` (`certs.d/<host:port>/hosts.toml`, read
+at each pull: no restart), `helm install <release> oci://<registry>/charts/triton-operator --version <v>` with
+`image.digest`, and the kubelet pulls `<registry>/triton-operator@sha256:...`: its events say "Successfully pulled",
+the container's imageID is the pushed digest, and the operator it runs makes add-sub Ready and answer an inference.
+containerd resolves the digest at the registry but fetches only blobs its content store lacks: the pushed archive is
+the one the nodes preload under the chart's default reference, so its layers are there already (the pull takes
+milliseconds; the README's install on a real cluster fetches them).
 
 The release is a second one beside the session's chart operator (e2e/operator_fixtures.py, `op-*` namespaces, which
 owns the CRDs): namespaced (`watch.namespaces` = this test's namespace, not an `op-*` one; its webhook reviews only
