@@ -58,7 +58,7 @@ def install_commands() -> str:
 def test_the_install_commands_name_what_make_release_push_pushes() -> None:
     """The registry paths, the version and the values the README's helm line uses are the ones tools/release.py pushes
     and the chart reads: a rename of either breaks the README's install, so it fails here."""
-    from tools import release
+    from tools import registry_layout as release
     from triton_operator import __version__
 
     commands = install_commands()
