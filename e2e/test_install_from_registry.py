@@ -14,6 +14,13 @@ containerd resolves the digest at the registry but fetches only blobs its conten
 the one the nodes preload under the chart's default reference, so its layers are there already (the pull takes
 milliseconds; the README's install on a real cluster fetches them).
 
+What the pod runs is that archive with one label added to its image config (`distinct_copy`, `crane mutate`): an image
+of its own (another config digest, so another image ID), whose manifest and config blob the pull fetches. Pulled under
+the archive's own digest, it would be the preloaded image by ID, and containerd 1.6's CRI image store then loses the
+preloaded tag: seen on these nodes, after such a pull every pod naming `ghcr.io/triton-operator/triton-operator:0.1.0`
+(the probe and fetch image of every other test's replicas) went to ErrImagePull, though containerd still listed that
+reference; with the copy, the tag still runs after the pull and after the pulled reference is removed.
+
 The release is a second one beside the session's chart operator (e2e/operator_fixtures.py, `op-*` namespaces, which
 owns the CRDs): namespaced (`watch.namespaces` = this test's namespace, not an `op-*` one; its webhook reviews only
 that namespace), `crds.enabled=false`, as the chart README says for every release after the first, one replica.
@@ -66,6 +73,17 @@ def forget_pulled(socket: str) -> None:
         subprocess.run(["ctr", "--address", socket, "-n", "k8s.io", "images", "rm", *pulled],
                        capture_output=True, check=True)
         assert not [r for r in images.containerd_images(socket) if PULLED.match(r)], socket
+
+
+def distinct_copy(registry: str, tag: str) -> str:
+    """`<registry>/triton-operator:<tag>` with one label added to its config, pushed under the same tag; returns the
+    copy's digest. The layers are the same; the image ID is not the preloaded image's (module docstring)."""
+    crane = str(release.registry_bin() / "crane")
+    ref = f"{registry}/{release.IMAGE_REPOSITORY}:{tag}"
+    subprocess.run([crane, "mutate", "--insecure", "--label", "dev.triton-operator.e2e=pulled", ref, "-t", ref],
+                   capture_output=True, text=True, check=True)
+    return subprocess.run([crane, "digest", "--insecure", ref], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 @dataclass
@@ -141,6 +159,26 @@ def pull_events(kube: Kube, namespace: str, pod: str) -> list[str]:
         "involvedObject.name": pod, "reason": "Pulled"})]
 
 
+def preloaded_still_present(kube: Kube, namespace: str, node: str) -> str:
+    """The kubelet's Pulled message for a bare pod, on `node`, of the reference every other test's replicas run (the
+    preloaded operator image, by tag); the pod is deleted then. "already present" is what the tests after this one
+    need: a pull of it goes to the closed port."""
+    image = images.chart_operator_ref()
+    pod = kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "preloaded", "namespace": namespace},
+                       "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                                "containers": [{"name": "c", "image": image, "imagePullPolicy": "IfNotPresent",
+                                                "command": ["sleep", "60"]}]}})
+    try:
+        def said() -> str | None:
+            events = kube.items("Event", namespace, field_selector={"involvedObject.uid": pod["metadata"]["uid"]})
+            return next((e.get("message") or "" for e in events if e.get("reason") in ("Pulled", "Pulling", "Failed")),
+                        None)
+
+        return str(wait_for(f"the kubelet's word on {image} for pod preloaded", said, 60))
+    finally:
+        kube.delete("Pod", "preloaded", namespace, grace_period_seconds=0)
+
+
 def refused_pull(kube: Kube, namespace: str, image: str) -> str:
     """The kubelet's message when a bare pod of `image` fails to pull it; the pod is deleted then."""
     pod = kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pull-refused", "namespace": namespace},
@@ -162,7 +200,8 @@ def test_helm_install_from_oci_pulls_the_operator_by_digest_and_serves_add_sub(
     # `registry` before `namespace`: the namespace, and the replicas running the pulled reference, go first.
     staged = release.Release(release.version(), tmp_path)
     archive = next(i for i in images.build_all(log=lambda _: None) if i.ref == images.chart_operator_ref()).archive
-    digest = release.push_image(archive, registry.address, staged.version)
+    release.push_image(archive, registry.address, staged.version)
+    digest = distinct_copy(registry.address, staged.version)
     chart = release.push_chart(release.build_chart(staged), registry.address)
     assert chart == f"oci://{registry.address}/charts/triton-operator"
     repository = f"{registry.address}/{release.IMAGE_REPOSITORY}"
@@ -201,5 +240,8 @@ def test_helm_install_from_oci_pulls_the_operator_by_digest_and_serves_add_sub(
         ip = wait_for("a ready endpoint of add-sub", lambda: next(iter(ready_addresses(kube, namespace, "add-sub")),
                                                                    None), 30)
         assert infer_add_sub(f"{ip}:8001") == [11.0, 22.0, 33.0, 44.0]
+        # The node that pulled still runs the preloaded operator image by its tag, without a pull (module docstring).
+        message = preloaded_still_present(kube, namespace, pod["spec"]["nodeName"])
+        assert "already present on machine" in message, message
         kube.delete("TritonModel", "add-sub", namespace)  # while its operator still runs
         wait_gone(kube, "TritonModel", namespace, "add-sub")
