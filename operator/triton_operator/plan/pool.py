@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -335,6 +335,19 @@ def serves(member: Member, seen: Seen | None, record: Mapping[str, str]) -> bool
     (the config it served before, while an in-place update has not reached it yet)."""
     return bool(seen is not None and seen.ready and seen.digest is not None
                 and seen.digest in {member.digest, record.get(member.triton_name)})
+
+
+def listed_ready(slices: Iterable[Mapping[str, Any] | None]) -> set[str]:
+    """The replicas (pod names) a model's EndpointSlices, as last applied, list as ready: where its clients are sent
+    now. A pod event in the middle of a round takes replicas out of these, never recomputes them from what the round
+    has observed so far (until its first answers arrive, nothing)."""
+    out: set[str] = set()
+    for s in slices:
+        for e in (s or {}).get("endpoints") or ():
+            name = (e.get("targetRef") or {}).get("name")
+            if name and (e.get("conditions") or {}).get("ready"):
+                out.add(str(name))
+    return out
 
 
 def to_heal(placement: Placement, members: Mapping[str, Member], broken: Mapping[tuple[str, str], str],
