@@ -40,13 +40,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 
 from e2e import images
 from e2e.images import TRITON_REF
 from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import add_sub, apply, ensure_crd, helm, is_model_ready, record, wait_model
 from e2e.testing import container_status, delete_namespace, ready_addresses, wait_gone
+from e2e.traffic import infer_add_sub
 from tools import release
 
 pytestmark = pytest.mark.cluster
@@ -140,19 +140,6 @@ def installed_from(kubeconfig: Path, kube: Kube, chart: str, version: str, names
         delete_namespace(kube, op_ns)
 
 
-def infer_add_sub(address: str) -> list[float]:
-    """add-sub's OUTPUT0 (a + b) for one request at `address` (host:port of gRPC)."""
-    client = grpcclient.InferenceServerClient(address)
-    try:
-        a, b = np.array([[1, 2, 3, 4]], np.float32), np.array([[10, 20, 30, 40]], np.float32)
-        inputs = [grpcclient.InferInput("INPUT0", [1, 4], "FP32"), grpcclient.InferInput("INPUT1", [1, 4], "FP32")]
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(b)
-        return [float(x) for x in client.infer("add-sub", inputs, client_timeout=30).as_numpy("OUTPUT0")[0]]
-    finally:
-        client.close()
-
-
 def pull_events(kube: Kube, namespace: str, pod: str) -> list[str]:
     """The kubelet's Pulled events of `pod`, their messages."""
     return [e.get("message") or "" for e in kube.items("Event", namespace, field_selector={
@@ -239,7 +226,7 @@ def test_helm_install_from_oci_pulls_the_operator_by_digest_and_serves_add_sub(
         assert ours and set(ours) == {ref}, ours
         ip = wait_for("a ready endpoint of add-sub", lambda: next(iter(ready_addresses(kube, namespace, "add-sub")),
                                                                    None), 30)
-        assert infer_add_sub(f"{ip}:8001") == [11.0, 22.0, 33.0, 44.0]
+        np.testing.assert_array_equal(infer_add_sub(ip), [[11, 22, 33, 44]])
         # The node that pulled still runs the preloaded operator image by its tag, without a pull (module docstring).
         message = preloaded_still_present(kube, namespace, pod["spec"]["nodeName"])
         assert "already present on machine" in message, message

@@ -58,7 +58,7 @@ def install_commands() -> str:
 def test_the_install_commands_name_what_make_release_push_pushes() -> None:
     """The registry paths, the version and the values the README's helm line uses are the ones tools/release.py pushes
     and the chart reads: a rename of either breaks the README's install, so it fails here."""
-    from tools import registry_layout as release
+    from tools import registry_layout
     from triton_operator import __version__
 
     commands = install_commands()
@@ -70,9 +70,9 @@ def test_the_install_commands_name_what_make_release_push_pushes() -> None:
     helm = re.search(r"helm install (\S+) (\S+) --version (\S+)", commands)
     assert registry and helm
     name, ref, version = helm.groups()
-    assert ref == f"oci://{registry.group(1)}/{release.CHART_REPOSITORY}/{chart['name']}"
+    assert ref == f"oci://{registry.group(1)}/{registry_layout.CHART_REPOSITORY}/{chart['name']}"
     assert version == __version__ == chart["version"], "the README's install names another version: update it"
-    assert f"--set image.repository={registry.group(1)}/{release.IMAGE_REPOSITORY} " in commands
+    assert f"--set image.repository={registry.group(1)}/{registry_layout.IMAGE_REPOSITORY} " in commands
     values = yaml.safe_load((ROOT / "charts" / "triton-operator" / "values.yaml").read_text())
     for key in re.findall(r"--set ([\w.]+)=", commands):
         section, _, leaf = key.partition(".")
