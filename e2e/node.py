@@ -317,8 +317,12 @@ class Node:
         (self.root / "containerd.toml").write_text(self._containerd_config(pause_image))
         # No registry is reachable from here, and no pull may try one: every registry host resolves to a
         # closed loopback port, so a missing image fails at once (ErrImagePull) instead of leaving the machine.
+        # The `host` table is needed: containerd 1.6 refuses a hosts.toml without one ("invalid `host` tree") and
+        # falls back to its defaults (docker.io's registry over HTTPS; plain HTTP to any loopback registry). A
+        # registry a test serves gets a directory of its own (e2e/test_install_from_registry.py).
         (self.root / "certs.d/_default").mkdir(parents=True, exist_ok=True)
-        (self.root / "certs.d/_default/hosts.toml").write_text('server = "http://127.0.0.1:1"\n')
+        (self.root / "certs.d/_default/hosts.toml").write_text(
+            'server = "http://127.0.0.1:1"\n\n[host."http://127.0.0.1:1"]\n  capabilities = ["pull", "resolve"]\n')
         (self.root / "cni/net.d/10-trop.conflist").write_text(json.dumps(self._cni_config(), indent=2) + "\n")
         (self.root / "kubelet.yaml").write_text(json.dumps(self._kubelet_config(pki), indent=2) + "\n")
 

@@ -229,6 +229,9 @@ def test_the_operators_token_writes_only_its_own_objects_while_the_operator_serv
     assert (kube.get("Pod", name, namespace)["metadata"].get("annotations") or {}).get(
         "controller.kubernetes.io/pod-deletion-cost") == "7", "the operator's token set a pod-deletion-cost"
     assert kube.get_or_none("Pod", "someone-elses", namespace) is not None, "the policy refused, the pod is there"
+    # Bound to a node that does not exist, no kubelet confirms its deletion: without a grace of 0 it would stay until
+    # the pod garbage collector removes it (~40 s into this test's namespace teardown).
+    kube.delete("Pod", "someone-elses", namespace, grace_period_seconds=0)
     # And nothing moved: the pod as it was, its gate its own, the model still Ready.
     now = kube.get("Pod", name, namespace)
     assert now["spec"]["containers"][0]["image"] == pod["spec"]["containers"][0]["image"]

@@ -42,7 +42,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.testing import delete_namespace
-from e2e.traffic import ADMIN_HTTP, admin_grpc_calls, grpc_not_refused, http_call
+from e2e.traffic import ADMIN_HTTP, admin_grpc_calls, grpc_not_refused, http_call, infer_add_sub
 from triton_operator.api.pod import ANNOTATION_DIGEST, KEY_HEADER, REPOSITORY_KEY_ENV
 
 pytestmark = pytest.mark.cluster
@@ -110,19 +110,6 @@ def refused_over_grpc(address: str) -> dict[str, str]:
         client.close()
 
 
-def infer(address: str) -> list[float]:
-    """add-sub's OUTPUT0 (a + b) for one request at `address` (host:port of gRPC)."""
-    client = grpcclient.InferenceServerClient(address)
-    try:
-        a, b = np.array([[1, 2, 3, 4]], np.float32), np.array([[10, 20, 30, 40]], np.float32)
-        inputs = [grpcclient.InferInput("INPUT0", [1, 4], "FP32"), grpcclient.InferInput("INPUT1", [1, 4], "FP32")]
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(b)
-        return [float(x) for x in client.infer(MODEL, inputs, client_timeout=30).as_numpy("OUTPUT0")[0]]
-    finally:
-        client.close()
-
-
 def key_secret(kube: Kube, namespace: str) -> tuple[str, str]:
     """The Secret the Deployment's tritonserver reads its key from, and the key (read as the cluster's admin)."""
     template = kube.get("Deployment", MODEL, namespace)["spec"]["template"]["spec"]
@@ -178,9 +165,9 @@ def test_through_the_service_no_client_may_unload_the_model_or_load_its_own_code
         ip = p["status"]["podIP"]
         with urllib.request.urlopen(f"http://{ip}:8000/v2/models/{MODEL}/ready", timeout=10) as resp:
             assert resp.status == 200
-        assert infer(f"{ip}:8001") == [11.0, 22.0, 33.0, 44.0]
+        np.testing.assert_array_equal(infer_add_sub(ip, MODEL), [[11, 22, 33, 44]])
         assert gate(kube.get("Pod", p["metadata"]["name"], namespace)).get("status") == "True"
-    assert infer(f"{svc}:8001") == [11.0, 22.0, 33.0, 44.0]
+    np.testing.assert_array_equal(infer_add_sub(svc, MODEL), [[11, 22, 33, 44]])
     assert is_model_ready(kube.get("TritonModel", MODEL, namespace))
     # With the model's key (the operator's), the same API answers: the restriction is the key, not a closed door.
     status, text = http_call(f"{svc}:8000", "/v2/repository/index", {}, {KEY_HEADER: key})

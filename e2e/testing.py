@@ -8,6 +8,7 @@ server's and every container's logs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
 from collections.abc import Callable
@@ -192,8 +193,6 @@ def delete_namespace(kube: Kube, name: str, timeout: float = 120.0) -> None:
     GPU the next test's pods need). A terminating namespace admits no new pod, so its pods go at once, with a grace
     period of 1 s: the kubelet cuts a replica's preStop sleep and tritonserver's drain short (~30 s otherwise). What a
     replica does when deleted is checked by the tests about it, not here."""
-    import contextlib
-
     with contextlib.suppress(ApiError):
         kube.delete("Namespace", name)
     with contextlib.suppress(ApiError):

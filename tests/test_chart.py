@@ -471,6 +471,18 @@ def test_image_digest_reaches_the_fetch_init_container_image(helm: str) -> None:
     assert {"name": "TRITON_OPERATOR_IMAGE", "value": c["image"]} in c["env"]
 
 
+def test_an_image_digest_on_a_registry_with_a_port_wins_over_the_tag_everywhere_the_image_is_named(helm: str) -> None:
+    """What the README's install from a registry sets (`e2e/test_install_from_registry.py` runs it): the pod, the
+    replicas' own containers and the admission policy that checks them name the image by digest, never by the tag."""
+    repository, digest = "127.0.0.1:5000/triton-operator", "sha256:" + "b" * 64
+    docs = render(helm, **{"image.repository": repository, "image.digest": digest, "image.tag": "9.9.9"})
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"{repository}@{digest}"
+    assert {"name": "TRITON_OPERATOR_IMAGE", "value": c["image"]} in c["env"]
+    policies = json.dumps(kinds(docs, "ValidatingAdmissionPolicy"))
+    assert f"{repository}@{digest}" in policies and "9.9.9" not in policies
+
+
 def test_metrics_service_and_optional_service_monitor(helm: str) -> None:
     docs = render(helm)
     assert not kinds(docs, "ServiceMonitor")

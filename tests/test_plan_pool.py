@@ -429,3 +429,44 @@ def test_a_pools_conditions_come_from_its_chains_of_policies(case: str, counts: 
     got = [(c["status"], c["reason"]) for chain in (pp.POOL_READY, pp.POOL_PROGRESSING, pp.POOL_DEGRADED)
            for c in [pp._first(chain, seen)]]
     assert got == [ready, progressing, degraded], case
+
+
+def test_a_replica_leaving_mid_round_takes_out_only_its_own_endpoints_before_the_round_has_observed_anything() -> None:
+    """Issue 41 (a CI rehearsal at 2fadfd5, e2e/test_pool.py): a pool pod that turned not Ready while its round still
+    awaited its first answers (nothing observed yet) had every model's slices rewritten from that nothing: the models
+    served on healthy replicas lost every endpoint for 0.4 s. The pod event takes replicas out of what the slices
+    list as ready (`listed_ready`), and changes nothing else."""
+    import asyncio
+
+    from triton_operator.controller.cache import Cache
+    from triton_operator.controller.pool import PoolReconciler, _Live
+    from triton_operator.render.pool import render_endpoint_slices
+
+    members, pool, _, _ = _world()
+    rnd = pp.round_of("ns", pool, pool_document("p"), members,
+                      [_pod("r1", ip="198.18.0.9"), _pod("r2", ip="198.18.0.10", node="n2")], None)
+    placement, pods = rnd.placement, dict(rnd.pods)
+    assert set(placement.copies["a"]) == {"r1", "r2"}
+    applied: list[dict[str, Any]] = []
+
+    class Kube:
+        def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+            applied.append(obj)
+            return obj
+
+    pools = PoolReconciler(Kube(), Cache())  # type: ignore[arg-type]
+    model = members["a"].model
+    assert model is not None
+    listed = render_endpoint_slices(model, "uid-a", "ns", list(placement.copies["a"]), pods, {"r1", "r2"})
+    assert pp.listed_ready(listed) == {"r1", "r2"} and pp.listed_ready([None]) == set()
+    for s in listed:
+        pools._applied[("EndpointSlice", "ns", s["metadata"]["name"])] = s
+    st = _Live(rnd, {"r1": {"a": members["a"].digest or ""}, "r2": {"a": members["a"].digest or ""}}, {}, frozenset())
+    rnd.pods["r1"] = pp.ReplicaPod.of(_pod("r1", ready=False, ip="198.18.0.9"))  # its tritonserver stopped answering
+    asyncio.run(pools._slices_now(st))
+    ready = {e["targetRef"]["name"]: e["conditions"]["ready"]
+             for o in applied if o["kind"] == "EndpointSlice" for e in o["endpoints"]}
+    assert ready == {"r1": False, "r2": True}, ready
+    applied.clear()
+    asyncio.run(pools._slices_now(st))  # nothing else changed: nothing written again
+    assert not [o for o in applied if o["kind"] == "EndpointSlice"], applied

@@ -325,17 +325,43 @@ def test_a_back_off_doubles_up_to_its_most() -> None:
         [5.0, 10.0, 20.0, 300.0, 300.0, 300.0]
 
 
-def test_mid_round_the_slices_written_again_are_every_models_or_those_with_a_copy_on_the_replica_just_listed() -> None:
+def _two_models() -> pp.PoolRound:
+    """Models a (2 copies) and u (1 copy) on pool p's two Ready replicas r1 and r2."""
     u = python_model("u", pool="p", memory="1Gi", replicas=1)
     bodies = {"u": _body(u), "a": _body(python_model("a", pool="p", memory="1Gi", replicas=2))}
     pool_body = _body(pool_document("p"))
-    rnd = pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, pp.members("p", bodies),
-                      [_pod("r1", "198.18.0.1"), _pod("r2", "198.18.0.2", node="n2")], None)
+    return pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, pp.members("p", bodies),
+                       [_pod("r1", "198.18.0.1"), _pod("r2", "198.18.0.2", node="n2")], None)
+
+
+def test_mid_round_a_copy_just_listed_rewrites_the_slices_of_the_models_with_a_copy_on_its_replica() -> None:
+    rnd = _two_models()
     (r,) = rnd.placement.copies["u"]
-    seen = {(k, n): pp.Seen(True, m.digest) for n, m in rnd.members.items() for k in rnd.placement.copies[n]}
-    assert pp.slices(rnd, {}, seen, frozenset(), {}) == {"a": {"r1", "r2"}, "u": {r}}
     other = ({"r1", "r2"} - {r}).pop()
+    seen = {(k, n): pp.Seen(True, m.digest) for n, m in rnd.members.items() for k in rnd.placement.copies[n]}
+    assert pp.slices(rnd, {}, seen, frozenset(), {}, r) == {"a": {"r1", "r2"}, "u": {r}}
     assert pp.slices(rnd, {}, seen, frozenset({(other, "a")}), {}, other) == {"a": {r}}, "u has no copy there"
+
+
+def test_mid_round_a_replica_leaving_before_anything_is_observed_takes_out_only_its_own_endpoints() -> None:
+    """Issue 41 (a CI rehearsal at 2fadfd5, e2e/test_pool.py): a pool pod turned not Ready while its round still
+    awaited its first answers. Every model's slices were recomputed from what the round had observed so far (nothing),
+    so the models served on the healthy replica lost every endpoint for 0.4 s. They keep what their slices list as
+    ready, less the pod that left."""
+    from triton_operator.render.pool import render_endpoint_slices
+
+    rnd = _two_models()
+    (r,) = rnd.placement.copies["u"]
+    leaving = ({"r1", "r2"} - {r}).pop()  # u is on the healthy replica alone
+    listed = {n: pp.listed_ready(render_endpoint_slices(m.model, f"uid-{n}", "ns", list(rnd.placement.copies[n]),
+                                                        rnd.pods, set(rnd.placement.copies[n])))
+              for n, m in rnd.members.items() if m.model is not None}
+    assert listed == {"a": {"r1", "r2"}, "u": {r}}, "every copy serving, as the slices were last applied"
+    rnd.pods[leaving] = pp.ReplicaPod.of(_pod(leaving, f"198.18.0.{leaving[1]}", ready=False))  # the pod event
+    assert pp.serving(rnd.placement, rnd.members, rnd.pods, {}, {}, frozenset(), {}, rnd.graph) == \
+        {"a": set(), "u": set()}, "recomputed from nothing observed: what emptied them"
+    assert pp.slices_left(rnd, listed) == {"a": {r}, "u": {r}}
+    assert pp.slices_left(rnd, {"a": {leaving}}) == {"a": set(), "u": set()}, "only out, never in"
 
 
 # -- a plan carried out leaves a world whose plan does nothing ----------------------------------------------------

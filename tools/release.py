@@ -45,13 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from e2e import images  # noqa: E402
+from tools.registry_layout import CHART_REPOSITORY, IMAGE_REPOSITORY  # noqa: E402
 
 CHART_DIR = ROOT / "charts" / "triton-operator"
 INIT = ROOT / "operator" / "triton_operator" / "__init__.py"
 TOOLCHAIN = ROOT / "e2e" / "toolchain"
-#: Where the image goes in a registry (beside `charts/`, where `helm push` puts the chart).
-IMAGE_REPOSITORY = "triton-operator"
-CHART_REPOSITORY = "charts"
 
 
 class ReleaseError(RuntimeError):

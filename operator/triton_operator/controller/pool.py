@@ -335,8 +335,13 @@ class PoolReconciler:
             detached(self._slices_now(st), name=f"pool-slices-{meta['namespace']}/{pool}")
 
     async def _slices_now(self, st: _Live) -> None:
+        """Every model's slices without the replicas that are no longer Ready (`plan.pool.slices_left`): each keeps
+        the replicas its slices, as last applied, list as ready (`listed_ready`), less those."""
         rnd = st.rnd
-        for name, on in pool_plan.slices(rnd, st.records, st.seen, st.draining, self._broken_copies(rnd)).items():
+        listed = {n: pool_plan.listed_ready(self._applied.get(("EndpointSlice", rnd.namespace, f"{m.model.name}-{f}"))
+                                            for f in ("ipv4", "ipv6"))
+                  for n, m in rnd.members.items() if m.model is not None}
+        for name, on in pool_plan.slices_left(rnd, listed).items():
             await self._traffic(rnd.namespace, rnd.members[name], list(rnd.placement.copies.get(name, ())), rnd.pods,
                                 on)
 
