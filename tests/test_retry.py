@@ -14,25 +14,10 @@ import pytest
 import urllib3
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 
+from tests.virtual_clock import VirtualClockLoop
 from triton_operator.controller.cache import Cache
 from triton_operator.controller.reconcile import Reconciler
 from triton_operator.platform.errors import ApiError
-
-
-class VirtualClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock jumps to the next timer whenever nothing is ready to run."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._now = 0.0
-
-    def time(self) -> float:
-        return self._now
-
-    def _run_once(self) -> None:
-        if not self._ready and self._scheduled:
-            self._now = max(self._now, self._scheduled[0].when())
-        super()._run_once()
 
 
 def _attempts(exc: BaseException, seconds: float, fail_first: int | None = None) -> list[float]:
@@ -51,7 +36,7 @@ def _attempts(exc: BaseException, seconds: float, fail_first: int | None = None)
         rec.reconcile = failing  # type: ignore[method-assign]
         rec.request("ns", "m")
         await asyncio.sleep(seconds)
-        tasks = list(rec._workers.values())
+        tasks = list(rec.queue.workers.values())
         for task in tasks:
             task.cancel()
         # Awaited, or the closed loop leaves them "cancelling": "Task was destroyed but it is pending!" is then
@@ -196,7 +181,7 @@ def test_at_most_max_concurrent_reconciles_run_at_once_and_a_waiting_model_is_re
             rec.request("ns", f"m{i}")
         await asyncio.sleep(0)
         rec.request("ns", "m5")  # waiting for a slot: served by the reconcile it is waiting for
-        await asyncio.wait_for(asyncio.gather(*rec._workers.values()), 10)
+        await asyncio.wait_for(asyncio.gather(*rec.queue.workers.values()), 10)
 
     loop = VirtualClockLoop()
     try:
@@ -227,7 +212,7 @@ def test_a_worker_keeps_nothing_of_the_handler_context_that_started_it_and_goes_
     async def reconcile(namespace: str, name: str) -> None:
         seen.append(cause.get(None))
 
-    async def main() -> tuple[weakref.ref[Event], int, int]:
+    async def main() -> tuple[weakref.ref[Event], bool, int]:
         rec = Reconciler(kube=None, cache=Cache())  # type: ignore[arg-type]
         rec.reconcile = reconcile  # type: ignore[method-assign]
         event = Event()
@@ -236,14 +221,14 @@ def test_a_worker_keeps_nothing_of_the_handler_context_that_started_it_and_goes_
         rec.request("ns", "m")  # as kopf's handler does, with its cause in the context
         cause.reset(token)
         del event
-        await asyncio.wait_for(asyncio.gather(*rec._workers.values()), 10)
-        left = len(rec._workers) + len(rec._dirty)
+        await asyncio.wait_for(asyncio.gather(*rec.queue.workers.values()), 10)
+        idle = rec.queue.idle()
         rec.request("ns", "m")  # a later request: a new worker
-        await asyncio.wait_for(asyncio.gather(*rec._workers.values()), 10)
-        return alive, left, len(rec._workers)
+        await asyncio.wait_for(asyncio.gather(*rec.queue.workers.values()), 10)
+        return alive, idle, len(rec.queue.workers)
 
-    alive, left, after = asyncio.run(main())
+    alive, idle, after = asyncio.run(main())
     gc.collect()
     assert seen == [None, None], "a worker saw the handler's context variables"
     assert alive() is None, "the handler's context outlived the reconcile"
-    assert (left, after) == (0, 0)
+    assert (idle, after) == (True, 0)

@@ -383,8 +383,8 @@ def test_two_reconciles_at_once_do_not_both_take_the_last_slot_and_the_count_is_
 
     async def freed() -> None:
         await rec.reconcile(NS, rolled[0])
-        assert set(rec._workers) == {(NS, waiting)}, "the waiting model is reconciled again"
-        await asyncio.wait_for(asyncio.gather(*rec._workers.values()), 30)
+        assert set(rec.queue.workers) == {(NS, waiting)}, "the waiting model is reconciled again"
+        await asyncio.wait_for(asyncio.gather(*rec.queue.workers.values()), 30)
 
     asyncio.run(freed())
     assert [e for e in kube.events if e[1] == UPGRADE_STARTED] == [(rolled[0], UPGRADE_STARTED), (waiting, UPGRADE_STARTED)]
@@ -399,8 +399,8 @@ def test_a_waiting_model_that_is_gone_is_asked_once_not_for_ever() -> None:
         rec.request(NS, "other")  # any reconcile, with a slot free, asks the waiting ones
 
         async def drained() -> None:
-            while rec._workers:
-                await asyncio.gather(*list(rec._workers.values()))
+            while rec.queue.workers:
+                await asyncio.gather(*list(rec.queue.workers.values()))
 
         await asyncio.wait_for(drained(), 5)  # asked for ever, the gone model's worker would never end
 

@@ -15,7 +15,8 @@ What `PoolReconciler` keeps between rounds, and why each is safe to lose (an ope
 - `pools`, `_applied`: the watch's TritonPools and the answers to our last applies, caches of the API server that
   the watches fill again (an apply compares with them, and applies when it does not know).
 - `_memo`: each pool's members as last parsed and rendered, by the body's essence: a pure memo.
-- `_dirty`, `_workers`: the work queue (one worker per pool, events coalesced into one round).
+- `queue`: the work queue (`controller.workqueue`, the TritonModels' too): one worker per pool, events coalesced
+  into one round.
 - `_live`: the round under way (a pod event rewrites its slices at once); it lives one round.
 - `_held`: the back-off of a failed load or fetch, by (replica, model, digest), with its message (the status'
   ModelLoadFailed). A restart retries at once; the load fails again and says so again.
@@ -75,9 +76,9 @@ from ..triton.probe import probe_news
 from ..triton.reload import requests_seen
 from . import metrics
 from .cache import Cache, lean
-from .errors import retry_after
 from .heal import TRITONSERVER
 from .tasks import detached
+from .workqueue import WorkQueue
 
 log = logging.getLogger("triton_operator.pool")
 
@@ -114,8 +115,9 @@ class PoolReconciler:
         self.pools: dict[tuple[str, str], dict[str, Any]] = {}  # the watch's TritonPools
         self._applied: dict[tuple[str, str, str], dict[str, Any]] = {}  # our last applies' answers
         self._held: dict[tuple[str, str, str, str, str], _Held] = {}  # (ns, pool, replica, model, digest)
-        self._dirty: dict[tuple[str, str], asyncio.Event] = {}
-        self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # One worker per pool, bursts of events coalesced into one round, a round coming back when it says; a failed
+        # one backs off, cut short by any request; a pool neither known nor named by a model lets its worker go.
+        self.queue = WorkQueue(self._measured, "TritonPool", log, wanted=lambda ns, name: self._wanted((ns, name)))
         self._live: dict[tuple[str, str], _Live] = {}  # the rounds under way
         self._memo: dict[tuple[str, str], pool_plan.Memo] = {}  # each pool's members as last parsed and rendered
         self._fetch_failures: dict[tuple[str, str, str, str, str], int] = {}  # held key -> the sidecar's attempt seen
@@ -133,7 +135,7 @@ class PoolReconciler:
         # A cache: a restarted operator trusts no record until each replica has answered once.
         self._answered: dict[tuple[str, str, str], str] = {}
 
-    # -- scheduling: one worker per pool, bursts of events coalesced into one round
+    # -- scheduling: the work queue (`controller.workqueue`), shared with the TritonModels
 
     def put_pool(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -143,12 +145,7 @@ class PoolReconciler:
             self.pools[key] = lean(body)
 
     def request(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        ev = self._dirty.setdefault(key, asyncio.Event())
-        ev.set()
-        task = self._workers.get(key)
-        if task is None or task.done():
-            self._workers[key] = detached(self._worker(key), name=f"pool-{namespace}/{name}")
+        self.queue.request(namespace, name)
 
     def request_all(self) -> None:
         """Every pool known, and every pool a model names (a missing one: its models say PoolNotFound)."""
@@ -161,34 +158,19 @@ class PoolReconciler:
         for namespace, name in sorted(wanted):
             self.request(namespace, name)
 
-    async def _worker(self, key: tuple[str, str]) -> None:
+    async def _measured(self, namespace: str, name: str) -> float | None:
+        """A round, counted and timed (`metrics.POOL_ROUNDS`, `POOL_ROUND_SECONDS`)."""
+        started = time.monotonic()
         try:
-            ev = self._dirty[key]
-            failures = 0
-            while ev.is_set():
-                ev.clear()
-                started = time.monotonic()
-                try:
-                    again = await self.reconcile(*key)
-                    failures = 0
-                    metrics.POOL_ROUNDS.labels(result="ok").inc()
-                except Exception as exc:  # noqa: BLE001 - the API server or a replica may be away: retried
-                    metrics.POOL_ROUNDS.labels(result="error").inc()
-                    failures += 1
-                    retry = retry_after(exc, failures)
-                    log.warning("Failed to reconcile TritonPool namespace=%s name=%s error=%r retry=%.0fs",
-                                *key, exc, retry.delay)
-                    again = retry.delay
-                metrics.POOL_ROUND_SECONDS.observe(time.monotonic() - started)
-                if again is not None and not ev.is_set():
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(ev.wait(), again)
-                    ev.set()
-                    if not self._wanted(key):
-                        return
+            again = await self.reconcile(namespace, name)
+        except Exception:
+            metrics.POOL_ROUNDS.labels(result="error").inc()
+            raise
+        else:
+            metrics.POOL_ROUNDS.labels(result="ok").inc()
+            return again
         finally:
-            self._workers.pop(key, None)
-            self._dirty.pop(key, None)
+            metrics.POOL_ROUND_SECONDS.observe(time.monotonic() - started)
 
     def _wanted(self, key: tuple[str, str]) -> bool:
         return key in self.pools or bool(pool_plan.pooled(key[1], self._bodies(key[0])))

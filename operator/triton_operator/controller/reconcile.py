@@ -23,7 +23,6 @@ is the lock. A model that waits is reconciled again when a slot frees (`_wake_wa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,8 +39,8 @@ from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from . import metrics
 from .cache import Cache, lean
-from .errors import api_failure, retry_after
-from .tasks import detached
+from .errors import api_failure
+from .workqueue import WorkQueue
 
 log = logging.getLogger("triton_operator.reconcile")
 
@@ -67,71 +66,29 @@ class Reconciler:
         self._listing = asyncio.Lock()
         self._reserved: set[DeploymentKey] = set()
         self._waiting: set[DeploymentKey] = set()
-        self._dirty: dict[tuple[str, str], asyncio.Event] = {}
-        self._workers: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._slots = asyncio.Semaphore(max_concurrent)
+        #: One worker per model, bursts of events coalesced into one reconcile, at most `max_concurrent` at once; a
+        #: failed one backs off, cut short only by a new generation or the model's deletion (`_generation`).
+        self.queue = WorkQueue(self._run, "TritonModel", log, slots=max_concurrent, version=self._generation)
         #: Called with (namespace, pool) for a pooled model, which the pool's reconcile serves.
         self.on_pooled: Callable[[str, str], None] | None = None
         #: Awaited with (namespace, model) for a model on no pool: the pool's objects of a model that left one go.
         self.on_unpooled: Callable[[str, str], Awaitable[None]] | None = None
 
-    # -- scheduling: one worker per object, coalescing bursts of events into one reconcile
+    # -- scheduling: the work queue (`controller.workqueue`), shared with the pools
 
     def request(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        ev = self._dirty.setdefault(key, asyncio.Event())
-        ev.set()
-        task = self._workers.get(key)
-        if task is None or task.done():
-            self._workers[key] = detached(self._worker(key), name=f"reconcile-{namespace}/{name}")
+        self.queue.request(namespace, name)
 
-    async def _worker(self, key: tuple[str, str]) -> None:
+    async def _run(self, namespace: str, name: str) -> None:
         try:
-            await self._work(key)
-        finally:
-            # No await between the worker's last look at its request and here, and `request` replaces only a
-            # finished worker: the entries are this worker's. A later request starts a new one.
-            self._workers.pop(key, None)
-            self._dirty.pop(key, None)
+            await self.reconcile(namespace, name)
+        except Exception as exc:
+            metrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
+            raise
 
-    async def _work(self, key: tuple[str, str]) -> None:
-        ev = self._dirty[key]
-        failures = 0
-        while ev.is_set():
-            try:
-                async with self._slots:  # not held through a back-off
-                    ev.clear()  # here: requests that came while waiting for a slot are served by this reconcile
-                    await self.reconcile(*key)
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                retry = retry_after(exc, failures)
-                metrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
-                if retry.failure is not None:
-                    log.warning("Failed to reconcile TritonModel namespace=%s name=%s error=%r retry=%.0fs attempt=%d",
-                                *key, retry.failure.describe(), retry.delay, failures)
-                else:
-                    log.exception("Failed to reconcile TritonModel namespace=%s name=%s retry=%.0fs attempt=%d",
-                                  *key, retry.delay, failures)
-                await self._back_off(key, retry.delay)
-                ev.set()
-
-    def _generation(self, key: tuple[str, str]) -> tuple[str, int] | None:
-        body = self.cache.model(*key)
+    def _generation(self, namespace: str, name: str) -> tuple[str, int] | None:
+        body = self.cache.model(namespace, name)
         return None if body is None else (body["metadata"].get("uid", ""), int(body["metadata"].get("generation", 0)))
-
-    async def _back_off(self, key: tuple[str, str], delay: float) -> None:
-        """Waits `delay` seconds before the next attempt; events meanwhile do not cut it short (pods change
-        often), a change of the spec (a new generation: someone may have fixed it) or a deletion does."""
-        generation = self._generation(key)
-        ev = self._dirty[key]
-        deadline = asyncio.get_running_loop().time() + delay
-        while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            ev.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(ev.wait(), left)
-            if self._generation(key) != generation:
-                return
 
     async def resync(self) -> list[dict[str, Any]]:
         """Drops from the cache what the API no longer has, and reconciles whom that concerns; returns the pods dropped.
