@@ -513,14 +513,15 @@ def cmd_docs(args: argparse.Namespace) -> int:
     if not args.update:
         sys.stdout.write(reference_markdown() + "\n" + pool_reference_markdown())
         return 0
-    path = Path(args.update)
-    try:
-        text = update(_read_text(path))
-    except ValueError as exc:
-        _err(f"error: {path} has no generated-reference markers ({exc})")
-        return 1
-    _write(path, text.encode())
-    _err(f"Updated the TritonModel and TritonPool references in {path}")
+    for name in args.update:
+        path = Path(name)
+        try:
+            text = update(_read_text(path))
+        except ValueError as exc:
+            _err(f"error: {path} has no generated-reference markers ({exc})")
+            return 1
+        _write(path, text.encode())
+        _err(f"Updated the generated references in {path}")
     return 0
 
 
@@ -583,7 +584,9 @@ def _add_validate_import_crd_docs(sub: argparse._SubParsersAction[argparse.Argum
     c.set_defaults(func=cmd_crd)
 
     d = sub.add_parser("docs", help="print the TritonModel and TritonPool field references (Markdown)")
-    d.add_argument("--update", metavar="FILE", help="replace the generated reference between its markers in FILE")
+    d.add_argument("--update", metavar="FILE", action="append",
+                   help="replace each generated reference FILE marks between its markers (repeatable: "
+                        "docs/reference/tritonmodel.md, docs/reference/tritonpool.md)")
     d.set_defaults(func=cmd_docs)
 
 

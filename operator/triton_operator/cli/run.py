@@ -241,9 +241,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "as always. 0: no bound (the chart's upgrade.maxModelsRolling). Default: 2")
     r.add_argument("--drift-interval", type=float, default=60.0, help="seconds between drift-correcting reconciles")
     r.add_argument("--log-level", default="info")
-    r.add_argument("--log-format", choices=("text", "json"), default="text",
-                   help="text lines (the default), or one JSON object a line, with the object's namespace and name "
-                        "under `object` (kopf's JSON format)")
+    r.add_argument("--log-format", choices=("text", "json"), default="text", help="text lines, or one JSON object a "
+                   "line with the object's namespace and name under `object` (kopf's JSON format)")
     w = r.add_argument_group("admission webhook", "served over TLS with a certificate the operator issues itself; "
                              "off unless --webhook-service or --webhook-url says where the API server finds it")
     where = w.add_mutually_exclusive_group()
