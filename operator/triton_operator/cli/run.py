@@ -265,7 +265,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     w.add_argument("--webhook-configuration", default="triton-operator",
                    help="name of the ValidatingWebhookConfiguration")
     w.add_argument("--webhook-failure-policy", choices=("Fail", "Ignore"), default="Fail",
-                   help="what the API server does when the webhook cannot be reached (see README: Admission)")
+                   help="what the API server does when the webhook cannot be reached (docs/concepts/validation.md)")
     w.add_argument("--webhook-cert-dir", metavar="DIR",
                    help="serve tls.crt and tls.key from DIR (a mounted Secret every replica shares; reloaded when "
                         "it changes) instead of a self-issued certificate; the configuration's caBundle is then "
