@@ -81,7 +81,7 @@ set-version:
 ## A release of the version in operator/triton_operator/__init__.py (`make set-version V=` first), under dist/: the
 ## operator image as an OCI archive (the same image digest for every build of one commit: SOURCE_DATE_EPOCH = the
 ## commit's time), the chart package, the wheel and sdist, the image's SBOM (SPDX JSON, by syft) and SHA256SUMS
-## (tools/release.py; README "Releases").
+## (tools/release.py; docs/development.md, "Releases").
 .PHONY: release release-push registry
 release: $(STAMP)
 	$(BIN)/python tools/release.py build
