@@ -58,11 +58,13 @@ def test_the_object_a_message_names_is_read_from_its_pairs() -> None:
 
 @pytest.fixture
 def root_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    root, quiet = logging.getLogger(), logging.getLogger("asyncio")
+    handlers, level, quiet_handlers, propagate = root.handlers[:], root.level, quiet.handlers[:], quiet.propagate
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    quiet.handlers[:] = quiet_handlers
+    quiet.propagate = propagate
 
 
 @pytest.mark.usefixtures("root_logging")
@@ -76,13 +78,15 @@ def test_json_logs_are_one_object_a_line_with_the_objects_namespace_and_name(cap
         "apiVersion": "serving.triton-operator.dev/v1alpha1", "kind": "TritonModel", "name": "m", "namespace": "ns",
         "uid": "u-1"}})
     logging.getLogger("triton_operator").info("Started metrics endpoint port=%d", 8081)
+    logging.getLogger("asyncio").error("Task exception was never retrieved")  # as the text format writes it too
     lines = capsys.readouterr().err.splitlines()
     records = [json.loads(line) for line in lines]  # every line is one object: a newline in a value is escaped
-    assert len(records) == 4
-    applied, deleting, kopfs, started = records
+    assert len(records) == 5
+    applied, deleting, kopfs, started, asyncio_error = records
     assert applied["message"] == "Applied Deployment namespace=team-a name=add-sub owner=TritonModel/add-sub"
     assert applied["object"] == {"namespace": "team-a", "name": "add-sub"} and applied["severity"] == "info"
     assert deleting["object"] == {"kind": "Pod", "namespace": "team-a", "name": "add-sub-7d-x"}
     assert deleting["severity"] == "warn"
     assert kopfs["object"]["namespace"] == "ns" and kopfs["object"]["name"] == "m"
     assert "object" not in started and started["message"] == "Started metrics endpoint port=8081" and "timestamp" in started
+    assert asyncio_error["severity"] == "error"

@@ -54,6 +54,10 @@ def object_of(message: str) -> dict[str, str] | None:
 def log_as_json(level: int) -> None:
     """Every record of the process, to stderr, as one JSON object a line (kopf's format), at `level`."""
     kopf.configure(log_format=kopf.LogFormat.JSON)
+    # kopf.configure also mutes the asyncio logger; the text format does not, and neither should this one.
+    quiet = logging.getLogger("asyncio")
+    quiet.handlers.clear()
+    quiet.propagate = True
     root = logging.getLogger()
     for handler in root.handlers:
         handler.addFilter(ObjectFields())
