@@ -180,3 +180,18 @@ def test_a_figure_without_a_source_is_found_and_a_sourced_one_is_not() -> None:
 def test_the_readme_is_read_in_two_minutes() -> None:
     lines = README.read_text().count("\n")
     assert lines <= 200, f"README.md has {lines} lines: move the reference material to docs/ (at most about 200)"
+
+
+def test_the_first_model_and_pool_are_the_examples_they_point_to() -> None:
+    """The README's first TritonModel and first pool are shortened copies of examples/add-sub.yaml and
+    examples/pool.yaml: what they show must not drift from the examples that are tested for real."""
+    first_model, first_pool = re.findall(r"^```yaml\n(.*?)^```$", README.read_text(), re.S | re.M)
+    model = yaml.safe_load(first_model)
+    example = yaml.safe_load((ROOT / "examples" / "add-sub.yaml").read_text())
+    shown = ("backend", "maxBatchSize", "batcher", "inputs", "outputs", "instanceGroups")
+    assert {k: model["spec"][k] for k in shown} == {k: example["spec"][k] for k in shown}
+    pool, pooled = yaml.safe_load_all(first_pool)
+    examples = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(
+        (ROOT / "examples" / "pool.yaml").read_text())}
+    assert pool["spec"] == {k: examples["TritonPool", "shared"]["spec"][k] for k in pool["spec"]}
+    assert pooled["spec"] == {k: examples["TritonModel", pooled["metadata"]["name"]]["spec"][k] for k in pooled["spec"]}
