@@ -10,7 +10,10 @@ PYTEST_ARGS ?=
 ## (e2e/netns-python) with a local cluster of its own under .cluster/gw<N>/; a test file stays on one worker.
 ## TEST_WORKERS=0 runs every test in one process on .cluster/. So does a KUBECONFIG of your own: one cluster cannot
 ## host the node-loss, kubelet-restart and install tests of several workers side by side.
-TEST_WORKERS ?= 3
+## 4 on the 2-core machine: most of a cluster test's time is waiting (gates, HPA windows, drains), so a 4th worker
+## still shortens the run (pytest from a fresh clone, quiet machine: 3 workers 1,270 s at 8bcd280; 4 workers 1,105 s at
+## 83428a7, the CPU 7.5 % idle on average by vmstat). e2e/node.py gives at most 5 workers subnet blocks of their own.
+TEST_WORKERS ?= 4
 ifneq ($(strip $(KUBECONFIG)),)
 TEST_WORKERS := 0
 endif
@@ -48,13 +51,19 @@ crd: $(STAMP)
 lock: $(STAMP)
 	$(BIN)/python -m e2e.images lock $(if $(UPGRADE),--upgrade)
 
-## Regenerate the TritonModel and TritonPool references in README.md from the pydantic field descriptions, the counts of the
-## invalid corpus (tests/corpus_counts.py: the schema/CEL-webhook split is a figure measured by e2e/test_admission.py)
-## and the benchmark tables and figures from bench/results/*.json (bench/readme.py; tests/test_readme_bench.py).
+## The docs site (mkdocs.yml, docs/): first the generated pages, then `mkdocs build --strict` into site/, which fails on
+## a broken link or anchor, a page outside the nav or a missing include (tests/test_docs_site.py runs the same build).
+## Generated: the TritonModel and TritonPool references (docs/reference/, from the pydantic field descriptions), the
+## chart's values (docs/reference/helm-values.md, from values.schema.json and values.yaml), the counts of the invalid
+## corpus and of the CRDs' CEL rules (tests/corpus_counts.py: the schema/CEL-webhook split is a figure measured by
+## e2e/test_admission.py) and the benchmark tables and figures from bench/results/*.json (bench/readme.py;
+## tests/test_readme_bench.py), on every page that marks them, README.md included.
 docs: $(STAMP)
-	$(BIN)/triton-operator docs --update README.md
-	$(BIN)/python -m tests.corpus_counts --update README.md
-	$(BIN)/python -m bench.readme --update README.md
+	$(BIN)/triton-operator docs --update docs/reference/tritonmodel.md --update docs/reference/tritonpool.md
+	$(BIN)/python -m tools.values_reference --update docs/reference/helm-values.md
+	$(BIN)/python -m tests.corpus_counts --update
+	$(BIN)/python -m bench.readme --update
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 ## The layers (import-linter), ruff, mypy --strict on operator/, deptry (every import of operator/ declared in
 ## pyproject.toml, [tool.deptry]) (and, below, helm lint and hadolint).
@@ -75,7 +84,7 @@ set-version:
 ## A release of the version in operator/triton_operator/__init__.py (`make set-version V=` first), under dist/: the
 ## operator image as an OCI archive (the same image digest for every build of one commit: SOURCE_DATE_EPOCH = the
 ## commit's time), the chart package, the wheel and sdist, the image's SBOM (SPDX JSON, by syft) and SHA256SUMS
-## (tools/release.py; README "Releases").
+## (tools/release.py; docs/development.md, "Releases").
 .PHONY: release release-push registry
 release: $(STAMP)
 	$(BIN)/python tools/release.py build

@@ -18,5 +18,5 @@ Benchmarks are not tests: nothing here fails on a time. `python -m bench.run [NA
 | `clients.py`, `memprofile.py` | API requests by client (the audit log); the operator under tracemalloc |
 | `models.py` | the examples as the benchmarks run them, checked and rendered by the operator |
 | `common.py` | machine facts (the commit, and whether the tree differed), percentiles, result files, RESULTS.md |
-| `readme.py` | README.md's benchmark tables and figures, generated from the results (`make docs`) |
+| `readme.py` | the docs' benchmark tables and figures (docs/benchmarks.md, any page citing one), from the results (`make docs`) |
 """

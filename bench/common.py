@@ -87,7 +87,7 @@ def machine(at_start: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "tritonserver": TRITON_VERSION,
         "commit": _git("rev-parse", "--short", "HEAD"),
         # Whether what ran differs from that commit: tracked files changed or new files, outside bench/results (which
-        # the run itself writes). The README says so beside the commit (bench/readme.py).
+        # the run itself writes). The docs say so beside the commit (bench/readme.py).
         "dirty": bool(uncommitted()),
         "uncommitted": uncommitted(),
         # The operator is installed editable: what ran is HEAD plus any uncommitted change under operator/.

@@ -1,7 +1,8 @@
-"""The README's benchmark figures, generated from `bench/results/*.json` (`make docs` runs
-`python -m bench.readme --update README.md`), so that no figure there drifts from its run.
+"""The docs' benchmark figures, generated from `bench/results/*.json` (`make docs` runs `python -m bench.readme
+--update`), so that no figure drifts from its run. They live on the docs site's Benchmarks page (docs/benchmarks.md),
+and wherever else a page (README.md, one under docs/) cites one.
 
-Two kinds of marker in README.md:
+Two kinds of marker, on any page:
 - a table, `<!-- BEGIN GENERATED BENCHMARKS KEY (bench/readme.py) -->` … `<!-- END GENERATED BENCHMARKS -->`:
   KEY `summary` is every row with a target, of every result; KEY a result's name (`rollout`) is all of that result's
   rows. Each table ends with the commit and date of the run its figures come from. A row's columns are `ours`,
@@ -16,8 +17,8 @@ Two kinds of marker in README.md:
   (`field=p95` of `p50 79 ms, p95 96 ms` is `96 ms`), `head` the text before its first ` (`, `fmt=SPEC` a number
   formatted (`fmt=.1f`).
 
-tests/test_readme_bench.py regenerates README.md and fails on the first line that differs, and fails on any figure
-written by hand in the Benchmarks section (a digit outside a marker or a code span). Nothing here measures.
+tests/test_readme_bench.py regenerates every page and fails on the first line that differs, and fails on any figure
+written by hand on the Benchmarks page (a digit outside a marker or a code span). Nothing here measures.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ from typing import Any
 from .common import ORDER, REPO, RESULTS
 
 README = REPO / "README.md"
+#: The Benchmarks page: its generated tables, its pictures, and no figure by hand.
+BENCHMARKS = REPO / "docs" / "benchmarks.md"
+
+
+def pages() -> list[Path]:
+    """Every page a benchmark figure may be marked on: README.md and the docs site's pages."""
+    return [README, *sorted((REPO / "docs").rglob("*.md"))]
+
 BLOCK = re.compile(r"(?P<begin><!-- BEGIN GENERATED BENCHMARKS (?P<key>[a-z_-]+) \(bench/readme\.py\) -->\n)"
                    r"(?P<body>.*?)(?P<end><!-- END GENERATED BENCHMARKS -->)", re.S)
 SPAN = re.compile(r"<!-- bench:(?P<expr>.+?) -->(?P<value>.*?)<!-- /bench -->")
@@ -294,7 +303,7 @@ def figure(expr: str, results: Results) -> str:
     return str(node)
 
 
-# -- the README ------------------------------------------------------------------------------------------------
+# -- the pages -------------------------------------------------------------------------------------------------
 
 
 def update(text: str, results: Results) -> str:
@@ -304,7 +313,7 @@ def update(text: str, results: Results) -> str:
 
 
 def section(text: str, title: str = "## Benchmarks") -> str:
-    """The README's section `title`, up to the next `## ` heading."""
+    """A page's section `title`, up to the next `## ` heading."""
     start = text.index(f"\n{title}\n")
     end = text.find("\n## ", start + 1)
     return text[start:] if end < 0 else text[start:end]
@@ -323,21 +332,23 @@ def hand_written_figures(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.readme", description=__doc__.splitlines()[0])
-    parser.add_argument("--update", metavar="FILE", type=Path, help="write the figures into FILE's markers")
+    parser.add_argument("--update", metavar="PAGE", type=Path, nargs="*",
+                        help="write the figures into each PAGE's markers (none named: README.md and every docs page)")
     args = parser.parse_args(argv)
-    path = args.update or README
     try:
-        text = path.read_text()
-        new = update(text, Results.load())
+        results = Results.load()
+        if args.update is None:
+            sys.stdout.write(update(BENCHMARKS.read_text(), results))
+            return 0
+        for path in args.update or pages():
+            text = path.read_text()
+            new = update(text, results)
+            if new != text:
+                path.write_text(new)
+                print(f"Updated the benchmark figures in {path}", file=sys.stderr)
     except (ReadmeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if args.update is None:
-        sys.stdout.write(new)
-        return 0
-    if new != text:
-        path.write_text(new)
-    print(f"Updated the benchmark figures in {path}", file=sys.stderr)
     return 0
 
 

@@ -151,10 +151,11 @@ def test_every_invalid_corpus_spec_is_refused_at_apply_naming_its_field_and_noth
            f"{len(cases)} of {len(cases)} ({by_layer['schema/CEL']} by the CRD schema/CEL, "
            f"{by_layer['webhook']} by the webhook)")
     assert sum(by_layer.values()) == len(cases)
-    # The README states this split (`make docs` writes it from tests/corpus_counts.py, which records it).
+    # The docs state this split (docs/concepts/validation.md and healing.md: `make docs` writes it from
+    # tests/corpus_counts.py, which records it).
     split = ADMISSION_SPLIT
     assert (by_layer["schema/CEL"], by_layer["webhook"]) == (split.schema_cel, split.webhook), (
-        f"measured {by_layer['schema/CEL']} by the schema/CEL and {by_layer['webhook']} by the webhook, the README says "
+        f"measured {by_layer['schema/CEL']} by the schema/CEL and {by_layer['webhook']} by the webhook, the docs say "
         f"{split.schema_cel} and {split.webhook}: record the measured split in tests/corpus_counts.py "
         "(ADMISSION_SPLIT) and run `make docs`")
 

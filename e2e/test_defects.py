@@ -414,24 +414,25 @@ def test_a_persistent_api_error_is_degraded_with_the_verb_and_the_kind(
     assert degraded["observedGeneration"] == tm["metadata"]["generation"]
 
 
-# -- kubectl: the columns and the explain text the README promises ------------------------------------
+# -- kubectl: the columns and the explain text the docs promise ---------------------------------------
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-def _readme_get_example() -> tuple[list[str], list[str]]:
-    """The header and the row of the `kubectl get tritonmodels` example in the README."""
-    text = README.read_text()
+def _docs_get_example() -> tuple[list[str], list[str]]:
+    """The header and the row of the `kubectl get tritonmodels` example in the docs (Getting started)."""
+    text = (DOCS / "getting-started.md").read_text()
     block = text[text.index("$ kubectl get tritonmodels"):]
     block = block[:block.index("```")]
     lines = [ln for ln in block.splitlines() if ln and not ln.startswith("$")]
     return lines[0].split(), lines[1].split()
 
 
-def _readme_reference(prefix: str) -> dict[str, str]:
-    """README reference rows of the direct children of `prefix`: field -> description."""
+def _reference_rows(prefix: str) -> dict[str, str]:
+    """The TritonModel reference's rows (docs/reference/tritonmodel.md) of the direct children of `prefix`: field ->
+    description."""
     out = {}
-    for line in README.read_text().splitlines():
+    for line in (DOCS / "reference" / "tritonmodel.md").read_text().splitlines():
         m = re.match(rf"^\| `{re.escape(prefix)}\.([A-Za-z0-9]+)` \|.*\| (.*) \|$", line)
         if m:
             out[m.group(1)] = m.group(2).replace("\\|", "|")
@@ -455,7 +456,7 @@ def test_kubectl_get_and_explain_show_what_the_readme_promises(kube: Kube, kubec
                               "observedGeneration": 1, "lastTransitionTime": "2026-11-23T00:00:00Z"}]}
     kube.patch("TritonModel", "add-sub", {"status": status}, namespace, sub="status", type="merge")
 
-    header, row = _readme_get_example()
+    header, row = _docs_get_example()
     got = kubectl(kubeconfig, "get", "tritonmodels", "-n", namespace).stdout.splitlines()
     assert got[0].split() == header, got
     assert got[1].split()[:-1] == row[:-1], got  # all but AGE
@@ -468,7 +469,7 @@ def test_kubectl_get_and_explain_show_what_the_readme_promises(kube: Kube, kubec
     words = _words(explained)
     assert "KIND: TritonModel" in words and "FIELD: batcher <Object>" in words, explained
     assert _words("Enables Triton's dynamic batcher.") in words, explained
-    fields = _readme_reference("spec.batcher")
+    fields = _reference_rows("spec.batcher")
     assert set(fields) >= {"maxQueueDelayMicroseconds", "preferredBatchSize", "preserveOrdering", "priorityLevels",
                            "defaultPriorityLevel", "defaultQueuePolicy", "priorityQueuePolicy"}, fields
     for field, description in fields.items():

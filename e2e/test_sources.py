@@ -4,7 +4,7 @@ model's files from a real source before tritonserver starts.
 - `pvc://`: a PersistentVolume (hostPath, a directory on this machine, which is every node's) bound to a claim;
   the kubelet mounts the claim read-only into `fetch`.
 - `s3://`: a real S3 server (versitygw, built from its Go module) listening on a node's address, with the
-  credentials in a Secret, as the README says; a wrong credential surfaces on the TritonModel's status as
+  credentials in a Secret, as the docs say (docs/howto/model-sources.md); a wrong credential surfaces on the TritonModel's status as
   Degraded, reason SourceFetchFailed, with fetch's own message.
 - `https://` (issue 32): a presigned URL (its signature in the query) on a real HTTPS server on a node's address,
   whose archive unpacks past spec.server.fetch.maxBytes: fetch stops at the cap, and the status says so in fetch's

@@ -1,7 +1,7 @@
 """A real HTTPS server on 127.0.0.1 for the `fetch` tests: a throwaway CA (made with `cryptography`), a server
 certificate for 127.0.0.1 signed by it, and http.server answering from a dict of pages. Clients trust the CA
-through `SSL_CERT_FILE`, the standard OpenSSL variable fetch's https:// client honours, as a user would point it
-at a mounted private CA bundle."""
+through `SSL_CERT_FILE`, the standard OpenSSL variable fetch's https:// client honours (a replica has no volume for
+a private CA's bundle: users' servers need a publicly trusted certificate)."""
 
 from __future__ import annotations
 

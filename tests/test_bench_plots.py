@@ -1,6 +1,6 @@
 """bench/plots.py draws each benchmark's picture from its JSON alone: every committed result draws, at the fixed size,
 and the committed PNG is what its JSON draws (so a picture cannot drift from its figures); a result that lacks a
-series its picture needs still draws, and its title says what is missing; the README shows each picture once.
+series its picture needs still draws, and its title says what is missing; the Benchmarks page (docs/benchmarks.md) shows each picture once.
 (e2e/load.py's per-second series, which the pictures of autoscale and rollout read, is tested beside it:
 e2e/test_load_series.py.)"""
 
@@ -153,10 +153,12 @@ def test_a_variant_run_uses_its_benchmarks_drawer_and_an_unknown_one_none(tmp_pa
     assert plots.write_plot(src) is None and not src.with_suffix(".png").exists()
 
 
-def test_the_readme_shows_each_benchmarks_picture_once() -> None:
-    readme = (RESULTS.parent.parent / "README.md").read_text()
-    shown = re.findall(r"^!\[[^\]]*\]\((bench/results/[^)]+\.png)\)$", readme, re.MULTILINE)
+def test_the_benchmarks_page_shows_each_benchmarks_picture_once() -> None:
+    """docs/benchmarks.md shows `bench/results/<name>.png`, which the site's hook (tools/mkdocs_hooks.py) serves
+    from bench/results itself."""
+    page = (RESULTS.parent.parent / "docs" / "benchmarks.md").read_text()
+    shown = re.findall(r"^!\[[^\]]*\]\((bench/results/[^)]+\.png)\)$", page, re.MULTILINE)
     for path in shown:
-        assert (RESULTS.parent.parent / path).exists(), f"README.md shows {path}, which is not committed"
+        assert (RESULTS.parent.parent / path).exists(), f"docs/benchmarks.md shows {path}, which is not committed"
     assert sorted(shown) == sorted(f"bench/results/{name}.png" for name in plots.DRAWERS), (
-        "README.md should show each benchmark's picture once, as an image line of its own")
+        "docs/benchmarks.md should show each benchmark's picture once, as an image line of its own")

@@ -455,6 +455,21 @@ def test_the_bound_on_upgrade_rollouts_is_a_value(helm: str, values: dict[str, A
     assert args.max_upgrade_rollouts == int(arg.split("=")[1])
 
 
+@pytest.mark.parametrize(("values", "args"), [
+    ({}, []),  # the default renders no flag: the operator's pod template is what it was
+    ({"operator.logFormat": "text"}, []),
+    ({"operator.logFormat": "json"}, ["--log-format=json"]),
+    ({"operator.logFormat": None}, []),  # a release upgraded with --reuse-values from a chart without the value
+])
+def test_the_log_format_is_a_value(helm: str, values: dict[str, Any], args: list[str]) -> None:
+    """operator.logFormat reaches `run --log-format` only when it is json, and `run` takes the flag."""
+    (c,) = one(render(helm, **values), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [a for a in c["args"] if a.startswith("--log-format")] == args
+    from triton_operator.cli.main import build_parser
+
+    assert build_parser().parse_args(c["args"]).log_format == ("json" if args else "text")
+
+
 def test_the_default_image_is_the_one_the_operator_puts_in_fetch_init_containers(helm: str) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
@@ -514,6 +529,7 @@ def test_metrics_service_and_optional_service_monitor(helm: str) -> None:
     ({"webhook.failurePolicy": "Never"}, "/webhook/failurePolicy"),
     ({"upgrade.maxModelsRolling": -1}, "/upgrade/maxModelsRolling"),
     ({"upgrade.maxModelsRolling": "two"}, "/upgrade/maxModelsRolling"),
+    ({"operator.logFormat": "yaml"}, "/operator/logFormat"),
 ])
 def test_values_schema_rejects_bad_values(helm: str, values: dict[str, Any], message: str) -> None:
     err = render_error(helm, **values)

@@ -96,19 +96,23 @@ def test_subresources_and_printer_columns(make: Any) -> None:
     assert ("Warmed" if make is crd else "Free") in columns
 
 
-def test_readme_reference_is_current() -> None:
-    from triton_operator.api.reference import reference_markdown
+def test_the_reference_pages_are_current() -> None:
+    """docs/reference/tritonmodel.md and tritonpool.md hold the references `triton-operator docs` generates."""
+    from triton_operator.api.reference import pool_reference_markdown, reference_markdown, update
 
-    readme = (ROOT / "README.md").read_text()
-    assert reference_markdown() in readme, "README.md's TritonModel reference is stale: run `make docs`"
+    for page, reference in (("tritonmodel.md", reference_markdown()), ("tritonpool.md", pool_reference_markdown())):
+        text = (ROOT / "docs" / "reference" / page).read_text()
+        assert reference in text, f"docs/reference/{page} is stale: run `make docs`"
+        assert update(text) == text
 
 
-def test_readme_pool_reference_is_current() -> None:
-    from triton_operator.api.reference import pool_reference_markdown, update
+def test_a_page_marking_no_reference_is_refused() -> None:
+    from triton_operator.api.reference import BEGIN, update
 
-    readme = (ROOT / "README.md").read_text()
-    assert pool_reference_markdown() in readme, "README.md's TritonPool reference is stale: run `make docs`"
-    assert update(readme) == readme
+    with pytest.raises(ValueError, match=r"^no .* marker$"):
+        update("# a page\n")
+    with pytest.raises(ValueError, match="one marker without the other"):
+        update(f"{BEGIN}\n| field |\n")
 
 
 def test_the_pool_crd_refuses_what_a_pool_cannot_be() -> None:

@@ -452,7 +452,13 @@ def test_contains_ignores_server_defaults_but_sees_changes() -> None:
 
 # -- the warm-up gate's decision (plan.readiness) ----------------------------------------------------
 
-from triton_operator.plan.readiness import gate_condition, loaded_to_record, with_condition  # noqa: E402 - this section's own imports
+from triton_operator.plan.readiness import (  # noqa: E402 - this section's own imports
+    MESSAGE_REFRESH_SECONDS,
+    gate_condition,
+    loaded_to_record,
+    message_refresh_due,
+    with_condition,
+)
 
 
 def test_the_gate_writes_nothing_when_the_pod_already_says_so() -> None:
@@ -504,3 +510,26 @@ def test_a_heals_next_step_rewrites_the_message_under_the_same_reason() -> None:
     assert "lastTransitionTime" not in again.condition, "still False: the transition time stays"
     assert gate_condition(pod, False, "ModelLoadFailed", "boom; healing (heal 1)", T0, changed=True) is None, \
         "a new step with the message already written: no write"
+
+
+def test_a_false_gates_new_cause_under_the_same_reason_is_written_at_a_bounded_pace() -> None:
+    """A replica first refused connections, then its server answered over the read cap: both TritonUnreachable. The
+    gate said the first forever (a loaded CI run with 4 workers: e2e/test_hostile_replica.py read "Cannot connect"
+    after 60 s of oversized answers). The new message is written once the last write is MESSAGE_REFRESH_SECONDS old,
+    never more often; a True gate is written only when its reason changes."""
+    pod = _pod("m-a", "d", warm=False, ready=False)
+    first = gate_condition(pod, False, "TritonUnreachable", "Triton did not answer: Cannot connect", T0)
+    assert first is not None
+    pod["status"]["conditions"] = with_condition(pod, first.condition)
+    oversized = "Triton did not answer: an answer of more than 4194304 bytes; at most 4194304 are read"
+    soon = message_refresh_due(False, MESSAGE_REFRESH_SECONDS - 0.5)
+    assert soon is False
+    assert gate_condition(pod, False, "TritonUnreachable", oversized, T0, changed=soon) is None, "too soon: no write"
+    due = message_refresh_due(False, MESSAGE_REFRESH_SECONDS)
+    assert due is True and message_refresh_due(False, float("inf")) is True, "no write yet by this process"
+    write = gate_condition(pod, False, "TritonUnreachable", oversized, T0, changed=due)
+    assert write is not None and write.condition["message"] == oversized
+    assert "lastTransitionTime" not in write.condition, "still False: the transition time stays"
+    pod["status"]["conditions"] = with_condition(pod, write.condition)
+    assert gate_condition(pod, False, "TritonUnreachable", oversized, T0, changed=due) is None, "said already"
+    assert message_refresh_due(True, 3600.0) is False, "a True gate's message changes with its reason only"

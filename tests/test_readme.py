@@ -1,24 +1,39 @@
-"""The README's figures about the invalid corpus are the corpus's own: counted from it, not trusted (`make docs` writes
-them: tests/corpus_counts.py). Its install path for a cluster of one's own names what `make release-push` pushes, what
-the chart reads and the example it applies, and the Kubernetes versions it states are the tested and required ones."""
+"""README.md, read in two minutes: at most about 200 lines, and every figure in it generated from bench/results or
+dated with the commit it was measured at. Its install path for a cluster of one's own names what `make release-push`
+pushes, what the chart reads and the example it applies, and the Kubernetes versions it states are the tested and
+required ones. The docs' figures about the invalid corpus and the CRDs' CEL rules are counted, not trusted (`make docs`
+writes them: tests/corpus_counts.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests import corpus_counts
-from tests.corpus_counts import MARK, README, AdmissionSplit, counts, update
+from tests.corpus_counts import MARK, README, ROOT, AdmissionSplit, counts, pages, update
 
 
-def test_the_readmes_corpus_counts_are_current() -> None:
-    readme = README.read_text()
+def test_the_pages_corpus_and_cel_counts_are_current() -> None:
     values = counts()
-    assert {m["key"] for m in MARK.finditer(readme)} == set(values), "README.md should mark every corpus count"
-    assert update(readme, values) == readme, "README.md's corpus counts are stale: run `make docs`"
+    marked = set()
+    for page in pages():
+        text = page.read_text()
+        marked |= {m["key"] for m in MARK.finditer(text)}
+        assert update(text, values) == text, f"{page.relative_to(ROOT)}'s corpus counts are stale: run `make docs`"
+    assert marked == set(values), "the pages should mark every corpus and CEL count somewhere"
+
+
+def test_the_cel_rules_are_counted_wherever_the_schema_has_them(tmp_path: Path) -> None:
+    crd = {"spec": {"versions": [{"schema": {"x-kubernetes-validations": [{"rule": "a"}], "properties": {
+        "spec": {"x-kubernetes-validations": [{"rule": "b"}, {"rule": "c"}], "items": [{"type": "object"}]}}}}]}}
+    path = tmp_path / "crd.yaml"
+    path.write_text(yaml.safe_dump(crd))
+    assert corpus_counts.cel_rules(path) == 3
 
 
 def test_a_stale_count_is_written_again_and_an_unknown_one_refused() -> None:
@@ -40,7 +55,6 @@ def test_a_split_measured_on_another_corpus_is_refused_naming_the_command(monkey
 # ---------------------------------------------------------------- the install path for a cluster of one's own
 
 INSTALL = "## Install on your own cluster\n"
-ROOT = README.parent
 
 
 def install_section() -> str:
@@ -116,3 +130,68 @@ def test_the_supported_versions_are_the_tested_and_required_ones() -> None:
     floor = yaml.safe_load((ROOT / "charts" / "triton-operator" / "Chart.yaml").read_text())["kubeVersion"]
     minor = re.fullmatch(r">=(\d+\.\d+)\.0-0", floor)
     assert minor and f"The chart requires {minor.group(1)} " in section
+
+
+# ---------------------------------------------------------------- every figure of the README has a source
+
+#: A figure: a number with a unit of time, size, share, rate or ratio.
+FIGURE = re.compile(r"(?<![\w.])\d[\d,.]*\s?(?:ms|s|min|h|KiB|MiB|GiB|KB|MB|GB|Ki|Mi|Gi|%|req/s|x)(?![\w/])")
+#: The source a figure measured by hand carries on its line: the date and the commit it was measured at.
+DATED = re.compile(r"\((?P<date>\d{4}-\d{2}-\d{2}), commit (?P<commit>[0-9a-f]{7,40})\)")
+
+
+def unsourced_figures(text: str) -> list[str]:
+    """The lines of a README that hold a figure neither generated (a `<!-- bench:… -->` or `<!-- corpus:… -->` marker,
+    written by `make docs`) nor dated (`(2026-11-28, commit e610140)` on its line). Code blocks and spans are
+    commands and examples, not figures."""
+    from bench.readme import SPAN
+
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    text = SPAN.sub("", MARK.sub("", text))
+    text = re.sub(r"<!--.*?-->", "", text)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    return [line for line in text.splitlines() if FIGURE.search(line) and not DATED.search(line)]
+
+
+def test_every_figure_in_the_readme_is_generated_or_dated() -> None:
+    lines = unsourced_figures(README.read_text())
+    assert not lines, ("a figure in README.md has no source: generate it from bench/results (`<!-- bench:NAME::… "
+                       "-->…<!-- /bench -->`, `make docs`) or tag its line with when it was measured, "
+                       "`(YYYY-MM-DD, commit abc1234)`:\n" + "\n".join(lines))
+
+
+def test_a_dated_figure_names_a_commit_of_this_repository() -> None:
+    tags = list(DATED.finditer(README.read_text()))
+    assert tags, "the README's test-run figure should carry its date and commit"
+    for tag in tags:
+        found = subprocess.run(["git", "cat-file", "-e", f"{tag['commit']}^{{commit}}"], cwd=ROOT, capture_output=True)
+        assert found.returncode == 0, f"README.md dates a figure with commit {tag['commit']}, which this repository lacks"
+
+
+def test_a_figure_without_a_source_is_found_and_a_sourced_one_is_not() -> None:
+    assert unsourced_figures("make test took 21 min on two cores\n") == ["make test took 21 min on two cores"]
+    assert unsourced_figures("the probe holds 24 MB, 3.5x less and 40% of it\n")
+    assert not unsourced_figures("make test took 21 min (2026-11-28, commit e610140)\n")
+    assert not unsourced_figures("joined <!-- bench:gate::rows::x::ours -->427 ms<!-- /bench --> after READY\n")
+    assert not unsourced_figures("```\nsleep 5s\n```\n`--timeout=15m`, [p95](docs/x-5s.md), p95, 1.35.4, 2 replicas\n")
+
+
+def test_the_readme_is_read_in_two_minutes() -> None:
+    lines = README.read_text().count("\n")
+    assert lines <= 200, f"README.md has {lines} lines: move the reference material to docs/ (at most about 200)"
+
+
+def test_the_first_model_and_pool_are_the_examples_they_point_to() -> None:
+    """The README's first TritonModel and first pool are shortened copies of examples/add-sub.yaml and
+    examples/pool.yaml: what they show must not drift from the examples that are tested for real."""
+    first_model, first_pool = re.findall(r"^```yaml\n(.*?)^```$", README.read_text(), re.S | re.M)
+    model = yaml.safe_load(first_model)
+    example = yaml.safe_load((ROOT / "examples" / "add-sub.yaml").read_text())
+    shown = ("backend", "maxBatchSize", "batcher", "inputs", "outputs", "instanceGroups")
+    assert {k: model["spec"][k] for k in shown} == {k: example["spec"][k] for k in shown}
+    pool, pooled = yaml.safe_load_all(first_pool)
+    examples = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(
+        (ROOT / "examples" / "pool.yaml").read_text())}
+    assert pool["spec"] == {k: examples["TritonPool", "shared"]["spec"][k] for k in pool["spec"]}
+    assert pooled["spec"] == {k: examples["TritonModel", pooled["metadata"]["name"]]["spec"][k] for k in pooled["spec"]}

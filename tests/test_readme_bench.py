@@ -1,6 +1,6 @@
-"""The README's benchmark figures are bench/results' own: regenerated from the JSON files and compared (`make docs`
-writes them: bench/readme.py), and no figure in the Benchmarks section is written by hand. RESULTS.md, too, is what
-its JSON files make of it, byte for byte."""
+"""The pages' benchmark figures (README.md, docs/benchmarks.md and the other docs pages that cite one) are
+bench/results' own: regenerated from the JSON files and compared (`make docs` writes them: bench/readme.py), and no
+figure on the Benchmarks page is written by hand. RESULTS.md, too, is what its JSON files make of it, byte for byte."""
 
 from __future__ import annotations
 
@@ -12,41 +12,45 @@ from typing import Any
 import pytest
 
 from bench import common, readme
-from bench.readme import README, ReadmeError, Results
+from bench.readme import BENCHMARKS, REPO, ReadmeError, Results, pages
 
 
-def first_difference(got: str, want: str) -> str | None:
+def first_difference(got: str, want: str, page: str) -> str | None:
     a, b = got.splitlines(), want.splitlines()
     for i, (x, y) in enumerate(zip(a, b, strict=False), start=1):
         if x != y:
-            return f"line {i}:\n  README.md:  {x}\n  generated:  {y}"
+            return f"line {i}:\n  {page}:  {x}\n  generated:  {y}"
     if len(a) != len(b):
         i = min(len(a), len(b)) + 1
-        return f"line {i}: README.md has {len(a)} lines, the generated text {len(b)}"
+        return f"line {i}: {page} has {len(a)} lines, the generated text {len(b)}"
     return None
 
 
-def test_the_readmes_benchmark_figures_are_generated_from_bench_results() -> None:
-    text = README.read_text()
-    assert readme.BLOCK.search(text) and readme.SPAN.search(text), "README.md should mark its benchmark figures"
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_each_pages_benchmark_figures_are_generated_from_bench_results(page: Path) -> None:
+    text, name = page.read_text(), str(page.relative_to(REPO))
     new = readme.update(text, Results.load())
-    diff = first_difference(text, new)
-    assert diff is None, f"README.md's benchmark figures differ from bench/results (run `make docs`), first at {diff}"
+    diff = first_difference(text, new, name)
+    assert diff is None, f"{name}'s benchmark figures differ from bench/results (run `make docs`), first at {diff}"
     assert readme.update(new, Results.load()) == new, "`make docs` should change nothing the second time"
 
 
-def test_no_figure_in_the_benchmarks_section_is_written_by_hand() -> None:
-    lines = readme.hand_written_figures(readme.section(README.read_text()))
-    assert not lines, ("a figure in README.md's Benchmarks section is not generated from bench/results: mark it "
+def test_the_benchmarks_page_marks_its_tables_and_figures() -> None:
+    text = BENCHMARKS.read_text()
+    assert readme.BLOCK.search(text) and readme.SPAN.search(text), "docs/benchmarks.md should mark its figures"
+
+
+def test_no_figure_on_the_benchmarks_page_is_written_by_hand() -> None:
+    lines = readme.hand_written_figures(BENCHMARKS.read_text())
+    assert not lines, ("a figure on docs/benchmarks.md is not generated from bench/results: mark it "
                        "`<!-- bench:NAME::… -->…<!-- /bench -->` (bench/readme.py) or write it without digits:\n"
                        + "\n".join(lines))
 
 
-def test_a_benchmark_figure_outside_the_section_is_marked_too() -> None:
-    text = README.read_text()
-    rest = text.replace(readme.section(text), "")
-    unmarked = [line for line in rest.splitlines() if "make bench" in line and "<!-- bench:" not in line]
-    assert not unmarked, "a line of README.md cites `make bench` with no generated figure:\n" + "\n".join(unmarked)
+@pytest.mark.parametrize("page", [p for p in pages() if p != BENCHMARKS], ids=lambda p: str(p.relative_to(REPO)))
+def test_a_benchmark_figure_on_any_other_page_is_marked_too(page: Path) -> None:
+    unmarked = [line for line in page.read_text().splitlines() if "make bench" in line and "<!-- bench:" not in line]
+    assert not unmarked, f"a line of {page.name} cites `make bench` with no generated figure:\n" + "\n".join(unmarked)
 
 
 def test_the_summary_names_the_commit_of_every_result_it_shows() -> None:

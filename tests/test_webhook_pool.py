@@ -1,7 +1,7 @@
 """The webhook and TritonPools (issue 29): a pooled model larger than one replica of its pool is refused naming
 spec.memory (the pool read live, with a GET; a pool not there yet refuses nothing), and a pool change that would
 strand the models placed on it (their status.placement) is refused naming the pool's field. Deleting a pool is not
-reviewed: its models report PoolNotFound (docs/pool.md).
+reviewed: its models report PoolNotFound (docs/concepts/pools.md).
 
 The verdicts are pure (`validate.admission.review`, `review_pool`); the webhook's reads go to `FakeModelsApi`, the
 stand-in for the API server. The same refusals through a real API server: e2e/test_admission.py.

@@ -16,7 +16,7 @@ DEFAULT_OPERATOR_IMAGE = f"{OPERATOR_IMAGE_REPOSITORY}:{__version__}"
 #: (`run --default-triton-image`, the chart's `tritonImage`): NGC's release that fixed NVIDIA's May 2026 Triton
 #: bulletin (5828: CVE-2026-24207, an unauthenticated authentication bypass, and its companions) and, before it, the
 #: August 2025 one (the shared-memory remote-code-execution chain, CVE-2025-23319/-23320/-23334, and the chunked-body
-#: stack overflow, CVE-2025-23310/-23311). README "Which Triton to run".
+#: stack overflow, CVE-2025-23310/-23311). docs/security.md, "Which Triton to run".
 DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.03-py3"
 #: The oldest NGC release (YY.MM) the operator supports: the one with every fix above (admission warns of older ones).
 MINIMUM_TRITON_RELEASE = "26.03"

@@ -436,9 +436,10 @@ class _HttpsOnly(urllib.request.HTTPRedirectHandler):
 
 
 def _fetch_https(uri: str, staging: Path, budget: Budget, sha256: str | None = None) -> None:
-    """The body behind an https:// URL, verified against the system's CAs (or `SSL_CERT_FILE`/`SSL_CERT_DIR`, which
-    OpenSSL's default paths honour: mount a private CA's bundle and point SSL_CERT_FILE at it), streamed to disk and
-    hashed on the way; checked against its sha256 before anything is unpacked or kept."""
+    """The body behind an https:// URL, verified against the image's CAs (OpenSSL's default paths, which also honour
+    `SSL_CERT_FILE`/`SSL_CERT_DIR`: the tests point them at their own CA; a replica has no volume to mount a private
+    CA's bundle from), streamed to disk and hashed on the way; checked against its sha256 before anything is unpacked
+    or kept."""
     if not uri.startswith("https://"):
         raise FetchError(f"only https:// is allowed, got {shown(uri)!r}")
     name = PurePosixPath(urlsplit(uri).path).name
@@ -474,7 +475,8 @@ def _fetch_https(uri: str, staging: Path, budget: Budget, sha256: str | None = N
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, TimeoutError) and budget.remaining() <= 0:
             raise budget.expired() from exc
-        hint = ("; a private CA is trusted through SSL_CERT_FILE (its certificate's path)"
+        hint = ("; only the operator image's CAs are trusted (a replica cannot mount a private CA's bundle): serve it "
+                "with a publicly trusted certificate, or from s3://, gs:// or pvc://"
                 if isinstance(exc.reason, ssl.SSLCertVerificationError) else "")
         raise FetchError(f"{shown(uri)}: {exc.reason}{hint}") from exc
     except http.client.IncompleteRead as exc:  # a chunked body cut short

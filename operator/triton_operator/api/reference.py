@@ -1,7 +1,8 @@
 """Markdown reference of the TritonModel and TritonPool specs, generated from the pydantic field descriptions.
 
-`triton-operator docs` prints it; the README embeds it between markers and a
-test fails when the embedded copy is stale.
+`triton-operator docs` prints it; the docs site's reference pages (docs/reference/tritonmodel.md and
+tritonpool.md) embed it between markers, `make docs` writes it there (`docs --update PAGE`), and a test fails when
+an embedded copy is stale.
 """
 
 from __future__ import annotations
@@ -70,10 +71,17 @@ def pool_reference_markdown() -> str:
 
 
 def update(text: str) -> str:
-    """`text` with both generated references replaced between their markers (ValueError: a marker is missing)."""
+    """`text` with each generated reference it marks replaced between its markers (ValueError: it marks none, or a
+    BEGIN marker has no END)."""
+    found = False
     for begin, end, ref in ((BEGIN, END, reference_markdown()), (POOL_BEGIN, POOL_END, pool_reference_markdown())):
+        if begin not in text and end not in text:
+            continue
         if begin not in text or end not in text:
-            raise ValueError(f"no {begin} ... {end} markers")
+            raise ValueError(f"{begin} ... {end}: one marker without the other")
+        found = True
         start, stop = text.index(begin), text.index(end) + len(end) + 1
         text = text[:start] + ref + text[stop:]
+    if not found:
+        raise ValueError(f"no {BEGIN} or {POOL_BEGIN} marker")
     return text

@@ -513,14 +513,15 @@ def cmd_docs(args: argparse.Namespace) -> int:
     if not args.update:
         sys.stdout.write(reference_markdown() + "\n" + pool_reference_markdown())
         return 0
-    path = Path(args.update)
-    try:
-        text = update(_read_text(path))
-    except ValueError as exc:
-        _err(f"error: {path} has no generated-reference markers ({exc})")
-        return 1
-    _write(path, text.encode())
-    _err(f"Updated the TritonModel and TritonPool references in {path}")
+    for name in args.update:
+        path = Path(name)
+        try:
+            text = update(_read_text(path))
+        except ValueError as exc:
+            _err(f"error: {path} has no generated-reference markers ({exc})")
+            return 1
+        _write(path, text.encode())
+        _err(f"Updated the generated references in {path}")
     return 0
 
 
@@ -583,7 +584,9 @@ def _add_validate_import_crd_docs(sub: argparse._SubParsersAction[argparse.Argum
     c.set_defaults(func=cmd_crd)
 
     d = sub.add_parser("docs", help="print the TritonModel and TritonPool field references (Markdown)")
-    d.add_argument("--update", metavar="FILE", help="replace the generated reference between its markers in FILE")
+    d.add_argument("--update", metavar="FILE", action="append",
+                   help="replace each generated reference FILE marks between its markers (repeatable: "
+                        "docs/reference/tritonmodel.md, docs/reference/tritonpool.md)")
     d.set_defaults(func=cmd_docs)
 
 
@@ -595,7 +598,9 @@ def _add_fetch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     from ..agent.fetch import DEFAULT_TIMEOUT_SECONDS as DEFAULT_FETCH_TIMEOUT
     from ..api.pod import FETCH_SERVER_PORT
 
-    f = sub.add_parser("fetch", help="(init container) assemble the model repository from the ConfigMap and uris")
+    # The pod's programs get no `help=`: argparse then leaves them out of the commands `--help` lists (POD_COMMANDS
+    # names them apart, in the epilog); each keeps a description of its own for `triton-operator fetch --help`.
+    f = sub.add_parser("fetch", description="(init container) assemble the model repository from the ConfigMap and uris")
     f.add_argument("--from", dest="src", required=True, help="mounted ConfigMap directory")
     f.add_argument("--to", dest="dst", required=True, help="model repository directory to fill")
     f.add_argument("--uri", action="append", metavar="MODEL[/VERSION]=URI",
@@ -613,8 +618,8 @@ def _add_fetch(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help=f"give up when the whole fetch takes longer (default {DEFAULT_FETCH_TIMEOUT})")
     f.set_defaults(func=cmd_fetch)
 
-    fs = sub.add_parser("fetch-server", help="(pool replica container) fetch uri models into the repository volume "
-                        "when the operator asks")
+    fs = sub.add_parser("fetch-server", description="(pool replica container) fetch uri models into the repository "
+                        "volume when the operator asks")
     fs.add_argument("--listen", default=f":{FETCH_SERVER_PORT}", metavar="[HOST:]PORT",
                     help=f"where to answer (default :{FETCH_SERVER_PORT})")
     fs.add_argument("--repository", required=True, metavar="DIR", help="the repository volume (tritonserver's)")
@@ -633,7 +638,8 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     from ..agent.probe_server import MAX_CONNECTIONS
     from ..api.pod import GATE_PATH, HTTP_PORT, PROBE_PORT, STATUS_PATH
 
-    pr = sub.add_parser("probe", help="(replica container) answer the kubelet's readiness probe as soon as tritonserver is up")
+    pr = sub.add_parser("probe", description="(replica container) answer the kubelet's readiness probe as soon as "
+                        "tritonserver is up")
     pr.add_argument("--listen", default=f":{PROBE_PORT}", metavar="[HOST:]PORT",
                     help=f"where to answer (default :{PROBE_PORT})")
     pr.add_argument("--target", default=f"127.0.0.1:{HTTP_PORT}", metavar="[HOST:]PORT",
@@ -673,10 +679,17 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pr.set_defaults(func=cmd_probe)
 
 
+#: The commands a replica pod runs (the operator renders them into its containers), not a user: runnable, but listed
+#: apart from the user's commands in `--help`.
+POD_COMMANDS = ("fetch", "fetch-server", "probe")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="triton-operator", description="Declarative NVIDIA Triton models on Kubernetes.")
+    p = argparse.ArgumentParser(
+        prog="triton-operator", description="Declarative NVIDIA Triton models on Kubernetes.",
+        epilog=f"run inside a replica pod, not by hand: {', '.join(POD_COMMANDS)} (`triton-operator COMMAND --help`)")
     p.add_argument("--version", action="version", version=f"triton-operator {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     _add_render(sub)
     _add_validate_import_crd_docs(sub)
     _add_fetch(sub)

@@ -53,10 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     webhook = _webhook_settings(args)
     election = _election_settings(args)
     keys = _repository_keys(args.repository_key_file)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _configure_logging(args.log_level, args.log_format)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
     if not args.namespace and not args.all_namespaces:
         args.all_namespaces = True
@@ -93,6 +90,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                 await metrics_server.cleanup()
 
     return asyncio.run(main())
+
+
+def _configure_logging(level_name: str, log_format: str) -> None:
+    """Text lines (the default), or one JSON object a line with the object's namespace and name (`controller.logs`)."""
+    level = getattr(logging, level_name.upper())
+    if log_format == "json":
+        from ..controller.logs import log_as_json
+
+        log_as_json(level)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 async def _operate(args: argparse.Namespace, options: Options, stop: asyncio.Event, webhook: WebhookSettings | None,
@@ -233,6 +241,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "as always. 0: no bound (the chart's upgrade.maxModelsRolling). Default: 2")
     r.add_argument("--drift-interval", type=float, default=60.0, help="seconds between drift-correcting reconciles")
     r.add_argument("--log-level", default="info")
+    r.add_argument("--log-format", choices=("text", "json"), default="text", help="text lines, or one JSON object a "
+                   "line with the object's namespace and name under `object` (kopf's JSON format)")
     w = r.add_argument_group("admission webhook", "served over TLS with a certificate the operator issues itself; "
                              "off unless --webhook-service or --webhook-url says where the API server finds it")
     where = w.add_mutually_exclusive_group()
@@ -255,7 +265,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     w.add_argument("--webhook-configuration", default="triton-operator",
                    help="name of the ValidatingWebhookConfiguration")
     w.add_argument("--webhook-failure-policy", choices=("Fail", "Ignore"), default="Fail",
-                   help="what the API server does when the webhook cannot be reached (see README: Admission)")
+                   help="what the API server does when the webhook cannot be reached (docs/concepts/validation.md)")
     w.add_argument("--webhook-cert-dir", metavar="DIR",
                    help="serve tls.crt and tls.key from DIR (a mounted Secret every replica shares; reloaded when "
                         "it changes) instead of a self-issued certificate; the configuration's caBundle is then "

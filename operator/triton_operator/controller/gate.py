@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -61,7 +62,7 @@ from ..api.pod import (
     steps_of,
 )
 from ..api.timestamps import rfc3339, utc_now
-from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, with_condition
+from ..plan.readiness import GateWrite, gate_condition, loaded_to_record, message_refresh_due, with_condition
 from ..plan.status import pod_condition, pod_ready, triton_container_status
 from ..platform.kube import Kube
 from ..triton.probe import notify_gate, probe_status
@@ -119,6 +120,7 @@ class _PodGate:
     served_since_heal: bool = False  # ... and since the last heal (the replica broke again, not still)
     deleting: bool = False  # the operator asked for this pod's deletion
     phase: str = ""  # the heal's phase the gate's message last said (`_heal`): a new one is written
+    written_at: float = -math.inf  # when this process last wrote the gate (monotonic): a new message's pace
     cause: tuple[str, str, tuple[str, ...]] | None = None  # the gate's reason and message a heal started for, and
     # the models it reloads: said while it runs (the reload itself makes the model LOADING)
 
@@ -199,8 +201,9 @@ class WarmupGate:
             phase = ""
             if ANNOTATION_RELOAD not in ann and not verdict.ok:
                 verdict, phase = self._heal(gate, verdict, healing)
+            refresh = message_refresh_due(verdict.ok, time.monotonic() - gate.written_at)
             write = gate_condition(gate.body, verdict.ok, verdict.reason, verdict.message, utc_now(),
-                                   changed=phase != gate.phase)
+                                   changed=phase != gate.phase or refresh)
             if write is None:
                 gate.phase = phase
             elif await self._set(gate, verdict, write):
@@ -511,6 +514,7 @@ class WarmupGate:
         except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next event retries
             log.warning("Failed to patch gate pod=%s/%s error=%s", gate.namespace, gate.name, exc)
             return False
+        gate.written_at = time.monotonic()
         if write.warmup_seconds is not None:
             metrics.WARMUP_SECONDS.observe(write.warmup_seconds)
         if verdict.ok and gate.ready_seen_at is not None:

@@ -1,6 +1,6 @@
 """Where the copies of pooled models go: the placement of TritonModels on the replicas of their TritonPool, pure.
 
-This module's docstring is the design of pools (issue 29); `docs/pool.md` is the user's side of it.
+This module's docstring is the design of pools (issue 29); `docs/concepts/pools.md` is the user's side of it.
 
 # Why a pool
 

@@ -15,6 +15,17 @@ from ..api.pod import ANNOTATION_DIGEST, ANNOTATION_LOADED, WARMED_CONDITION
 from ..api.timestamps import parse_rfc3339, rfc3339
 from .status import pod_condition, triton_container_status
 
+#: A False gate whose reason stays while its message changes is written again at most this often (seconds): the pod
+#: says the latest cause (Triton refused connections, then answered over the read cap) without a write every round.
+MESSAGE_REFRESH_SECONDS = 10.0
+
+
+def message_refresh_due(ok: bool, since_write: float) -> bool:
+    """Whether a False gate's new message under the same reason may be written now (`gate_condition`'s `changed`),
+    `since_write` seconds after this process last wrote the pod's gate (no write yet: infinity). A True gate's
+    message changes only with its reason."""
+    return not ok and since_write >= MESSAGE_REFRESH_SECONDS
+
 
 @dataclass(frozen=True)
 class GateWrite:

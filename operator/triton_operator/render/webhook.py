@@ -16,7 +16,7 @@ from ..api.v1alpha1 import GROUP, PLURAL
 WEBHOOK_NAME = f"{PLURAL}.{GROUP}"
 WEBHOOK_PATH = "/validate-tritonmodels"  # both kinds: the review says which
 #: What the webhook reviews: creates and updates (never a delete: a pool deleted under its models leaves them
-#: reporting PoolNotFound, docs/pool.md), a pool's scale subresource included (`kubectl scale`, an HPA).
+#: reporting PoolNotFound, docs/concepts/pools.md), a pool's scale subresource included (`kubectl scale`, an HPA).
 RESOURCES = (PLURAL, POOL_PLURAL, f"{POOL_PLURAL}/scale")
 FAILURE_POLICIES = ("Fail", "Ignore")
 

@@ -14,7 +14,7 @@ other objects is decided here, for the validating webhook (`servers/webhook.py`)
 
 `review_pool` is the verdict on one TritonPool change: the pool alone (`validate.pool.check_pool`), and on an
 update, what it would strand of the models placed on it (`validate.pool.pool_change_problems`, against their
-status.placement). Deleting a pool is never refused: its models report PoolNotFound (docs/pool.md).
+status.placement). Deleting a pool is never refused: its models report PoolNotFound (docs/concepts/pools.md).
 
 Metadata-only updates and objects being deleted are always allowed: garbage collection
 and namespace deletion must never be blocked by a model whose step went missing later.

@@ -1,9 +1,8 @@
 """Semantic rules for TritonModels, pure: (models) -> [FieldError].
 
-Every config rule tritonserver has is here (each one in `RULES`, with the README's rule table generated
-from it): the ones tritonserver enforces when it loads a config (refused here first, with the field path and
-why), and the ones it does not (which would fail late, at warm-up, or silently
-do nothing). Ensemble rules are checked across the whole set of models.
+Every config rule tritonserver has is here (each one in `RULES`): the ones tritonserver enforces when it loads a
+config (refused here first, with the field path and why), and the ones it does not (which would fail late, at
+warm-up, or silently do nothing). Ensemble rules are checked across the whole set of models.
 All errors are collected; none stops the others.
 """
 
