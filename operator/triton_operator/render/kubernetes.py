@@ -66,6 +66,7 @@ from .pod import (
 )
 from .pod import Options as Options  # noqa: PLC0414 - re-exported: the controller and the CLI render with it
 from .repository_key import render_secret, secret_name
+from .service import session_affinity
 
 #: ConfigMap data is limited to 1 MiB by the API server; keep headroom for keys and metadata.
 CONFIGMAP_LIMIT = 1024 * 1024 - 16 * 1024
@@ -472,6 +473,7 @@ def render_service(model: TritonModel, uid: str, namespace: str) -> dict[str, An
                 {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
+            **session_affinity(model),
         },
     }
 

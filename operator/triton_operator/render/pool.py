@@ -69,6 +69,7 @@ from .pod import (
     user_env,
 )
 from .repository_key import key_env, render_secret, secret_name
+from .service import session_affinity
 
 #: The label Kubernetes' proxies and DNS select a Service's EndpointSlices by.
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
@@ -248,7 +249,8 @@ def render_model_service(model: TritonModel, uid: str, namespace: str) -> dict[s
         "kind": "Service",
         "metadata": _model_meta(model, model.name, uid, namespace),
         "spec": {"ports": [{"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
-                           for name, port in MODEL_PORTS]},
+                           for name, port in MODEL_PORTS],
+                 **session_affinity(model)},
     }
 
 
