@@ -389,6 +389,10 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
         theirs["metadata"]["name"] = "theirs"
         theirs["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
         kube.create(theirs, ns)
+        theirs_elsewhere = copy.deepcopy(theirs)
+        theirs_elsewhere["metadata"]["name"] = "theirs-elsewhere"
+        theirs_elsewhere["metadata"]["labels"]["kubernetes.io/service-name"] = "someone-elses"
+        kube.create(theirs_elsewhere, ns)
         elsewhere = copy.deepcopy(ipv4)
         elsewhere["metadata"]["name"] = "elsewhere"
         elsewhere["metadata"]["labels"]["kubernetes.io/service-name"] = "someone-elses"
@@ -399,7 +403,21 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
         payments["metadata"]["name"] = "payments-x"
         payments["metadata"]["labels"].update({"kubernetes.io/service-name": "payments", f"{GROUP}/model": "payments"})
         payments["metadata"]["ownerReferences"][0].update(name="payments", uid=str(uuid.uuid4()))
+        # Allowed, DELETE only (issue 41): a slice Kubernetes' EndpointSlice controller wrote for the model's Service
+        # while it had a selector (its labels copied from the Service's), as a model moved onto a pool leaves it.
+        left = copy.deepcopy(ipv4)
+        left["metadata"]["name"] = "left"
+        left["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
+        left["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Service", "name": model.name,
+                                               "uid": kube.get("Service", model.name, ns)["metadata"]["uid"],
+                                               "controller": True, "blockOwnerDeletion": True}]
+        kube.create(left, ns)
+        left_patch = refused(op, "PATCH", f"{base}/left", {"endpoints": []}, "application/merge-patch+json")
+        op.delete("EndpointSlice", "left", ns)
+        assert kube.get_or_none("EndpointSlice", "left", ns) is None
+        written.append("EndpointSlice left (Kubernetes', deleted)")
         answers = {
+            "change a slice Kubernetes left for its Service": left_patch,
             "adopt a slice another controller manages": refused(
                 op, "PATCH", f"{base}/theirs", {"metadata": {"labels": {
                     "endpointslice.kubernetes.io/managed-by": "triton-operator.serving.triton-operator.dev"}}},
@@ -409,7 +427,10 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
             "write a slice for another Service": refused(op, "POST", base, elsewhere, "application/json"),
             # Labelled and owned as a pooled model's would be, for a Service of someone else's with a selector.
             "feed a Service of someone else's": refused(op, "POST", base, payments, "application/json"),
-            # A dry run: admission decides all the same, and nothing would be deleted were the policy wrong.
+            # Dry runs: admission decides all the same, and nothing would be deleted were the policy wrong.
+            # Kubernetes' own, labelled as ours, but for a Service named unlike its model.
+            "delete a slice another controller manages for another Service": refused(
+                op, "DELETE", f"{base}/theirs-elsewhere?dryRun=All", None, "application/json"),
             "delete the API server's own slice": refused(
                 op, "DELETE", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes?dryRun=All",
                 None, "application/json"),

@@ -870,8 +870,15 @@ def test_the_operator_may_write_only_its_pooled_models_endpointslices(helm: str)
             f"== 'triton-operator.{GROUP}'" in ours, ours
         assert f"variables.{labels}['kubernetes.io/service-name'] == variables.{labels}['{GROUP}/model']" in ours
         assert f"{side}.metadata.ownerReferences.exists(r," in ours
+    # Issue 41: and delete, nothing more, the slices Kubernetes' controllers left for one of its own Services.
+    left = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "leftSlice")
+    assert left.startswith("request.operation == 'DELETE' && oldObject != null"), left
+    assert "newLabels" not in left and "object." not in left.replace("oldObject", ""), "only what is deleted is read"
+    assert ("['endpointslice-controller.k8s.io', 'endpointslicemirroring-controller.k8s.io']" in left
+            and f"variables.oldLabels['kubernetes.io/service-name'] == variables.oldLabels['{GROUP}/model']" in left)
     rule = next(v for v in policy["spec"]["validations"] if "variables.ourSlice" in v["expression"])
-    assert rule["expression"].strip() == "request.resource.resource != 'endpointslices' || variables.ourSlice"
+    assert rule["expression"].strip() == ("request.resource.resource != 'endpointslices' || variables.ourSlice "
+                                          "|| variables.leftSlice")
 
 
 def test_the_tritonmodel_policy_refuses_control_plane_tolerations_and_allows_any_registry_by_default(helm: str) -> None:

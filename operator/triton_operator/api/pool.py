@@ -38,6 +38,9 @@ MAX_POOL_REPLICAS = 1000
 #: The `endpointslice.kubernetes.io/managed-by` value of every EndpointSlice the operator writes for a pooled model
 #: (values ending in `k8s.io` are Kubernetes' own controllers', KEP-4770).
 ENDPOINTSLICE_MANAGER = f"triton-operator.{GROUP}"
+#: The managers of the slices Kubernetes writes for a Service: from its selector, and mirrored from its Endpoints. A
+#: pooled model's Service keeps those its selector left when the model moved onto a pool; the operator deletes them.
+KUBERNETES_SLICE_MANAGERS = ("endpointslice-controller.k8s.io", "endpointslicemirroring-controller.k8s.io")
 #: The label every pool replica and every pooled model's Service carries: the pool's name.
 LABEL_POOL = f"{GROUP}/pool"
 POOL_NAME_RULE = MODEL_NAME_RULE.replace("the model's Service and labels its pods", "the pool's Deployment and "

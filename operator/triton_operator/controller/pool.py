@@ -32,6 +32,8 @@ What `PoolReconciler` keeps between rounds, and why each is safe to lose (an ope
 - `_heals`: a heal's back-off; lost, a copy still broken is healed at once.
 - `_answered`: the tritonserver container that last answered a whole round, per replica; a restarted operator
   trusts no record of a replica until it has answered once (`plan.pool.as_last_seen`).
+- `_swept`: the pooled models' Services (by uid) already cleared of the EndpointSlices Kubernetes' controllers left
+  from their selector (`_sweep_left_slices`); lost, each is looked at once more (one LIST).
 The placement is in the models' statuses, what each replica was told to load and what is in flight in the pool's
 status, what each replica serves in its Triton, what each holds on disk in its sidecar. A pool reconciles again
 every few seconds while it is not settled, and on every event of the pool, its pods or its models.
@@ -49,9 +51,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.kinds import HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
+from ..api.kinds import ENDPOINT_SLICE, HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
 from ..api.pod import PROBE_PORT
-from ..api.pool import LABEL_POOL, TritonPool
+from ..api.pool import KUBERNETES_SLICE_MANAGERS, LABEL_POOL, TritonPool
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import TritonModel, quantity_bytes
 from ..plan import pool as pool_plan
@@ -60,6 +62,8 @@ from ..plan.pool import FETCH_FAILED_PREFIX
 from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from ..render.pool import (
+    LABEL_SERVICE_NAME,
+    LABEL_SLICE_MANAGED_BY,
     ReplicaPod,
     pool_deployment_name,
     pool_key,
@@ -134,6 +138,7 @@ class PoolReconciler:
         # leaves unanswered later is answered by its record (`pool_plan.as_last_seen`); another container's is not.
         # A cache: a restarted operator trusts no record until each replica has answered once.
         self._answered: dict[tuple[str, str, str], str] = {}
+        self._swept: set[str] = set()  # Service uids
 
     # -- scheduling: the work queue (`controller.workqueue`), shared with the TritonModels
 
@@ -696,12 +701,43 @@ class PoolReconciler:
         assert m.model is not None
         uid = m.body["metadata"]["uid"]
         await self._apply(render_model_service(m.model, uid, namespace))
+        await self._sweep_left_slices(namespace, m.model.name)
         for s in render_endpoint_slices(m.model, uid, namespace, placement, pods, serving):
             await self._apply(s)
         if m.model.spec.autoscaling is not None:
             await self._apply(render_model_hpa(m.model, uid, namespace))
         else:
             await self._delete(HPA, namespace, m.model.name)
+
+    async def _sweep_left_slices(self, namespace: str, model: str) -> None:
+        """Deletes the EndpointSlices Kubernetes' controllers wrote for a pooled model's Service while it had a
+        selector (the model had a Deployment of its own before it moved onto the pool).
+
+        Once a Service has no selector, the EndpointSlice controller leaves its slices as they were, listing the old
+        replicas' addresses (kubernetes/kubernetes#118376, open; #103576: kept for compatibility), and kube-proxy
+        takes the union of a Service's slices: an address there that is ready, or serving while terminating, is
+        traffic past the gate, to a pod that is gone or to whatever pod gets its IP next. They are named by the
+        Service (`kubernetes.io/service-name`) and managed by `endpointslice-controller.k8s.io` (or, mirrored from
+        a left Endpoints, `endpointslicemirroring-controller.k8s.io`); nothing recreates them once the selector is
+        gone. Looked at once per Service (by uid) and process, and only once the Service, as applied, has no
+        selector: before that, Kubernetes' controller would write them again. The chart's admission policy lets the
+        operator delete only such slices of its own Services (labelled as its own, named after their model)."""
+        service = self._applied.get(("Service", namespace, model))
+        if service is None or (service.get("spec") or {}).get("selector"):
+            return
+        uid = str(service["metadata"].get("uid"))
+        if uid in self._swept:
+            return
+        selector = (f"{LABEL_SERVICE_NAME}={model},{LABEL_SLICE_MANAGED_BY} in "
+                    f"({','.join(KUBERNETES_SLICE_MANAGERS)})")
+        for left in await asyncio.to_thread(self.kube.list, ENDPOINT_SLICE.api_version, ENDPOINT_SLICE.kind,
+                                            namespace, selector):
+            name = left["metadata"]["name"]
+            await asyncio.to_thread(self.kube.delete, ENDPOINT_SLICE.api_version, ENDPOINT_SLICE.kind, namespace, name)
+            log.info("Deleted EndpointSlice namespace=%s name=%s owner=TritonModel/%s manager=%s reason=%r", namespace,
+                     name, model, (left["metadata"].get("labels") or {}).get(LABEL_SLICE_MANAGED_BY),
+                     "left by Kubernetes from the Service's selector; the model is on a pool now")
+        self._swept.add(uid)
 
     async def _orphans(self, namespace: str, pool: str, members: Mapping[str, pool_plan.Member]) -> None:
         """The models of a pool that does not exist: PoolNotFound, and no endpoint."""
