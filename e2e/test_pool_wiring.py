@@ -18,7 +18,17 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from e2e.kube import Kube
-from e2e.operator_fixtures import apply, kubectl, load_examples, model_condition, start_operator, wait_model
+from e2e.operator_fixtures import (
+    OperatorHandle,
+    apply,
+    kubectl,
+    load_examples,
+    model_condition,
+    record,
+    start_operator,
+    wait_model,
+    wait_writes_settle,
+)
 from e2e.testing import wait_for
 from e2e.traffic import admin_not_refused, infer_add_sub, loaded_digest
 from triton_operator.api.pool import ENDPOINTSLICE_MANAGER
@@ -103,6 +113,8 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
             p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(POD_DELETION_COST)
             for p in kube.items("Pod", namespace, labelSelector="serving.triton-operator.dev/pool=shared")}, 30)
 
+        _reconciled_again_writes_nothing(kube, namespace, op)
+
         # A copy's tritonserver killed: that replica leaves the slice at once, and comes back once it has reloaded.
         victim = pods[placed[0]]
         victim_ip = victim["status"]["podIP"]
@@ -145,6 +157,41 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
     finally:
         op.stop()
         kube.delete("Namespace", namespace)
+
+
+def _versions(kube: Kube, namespace: str) -> dict[str, str]:
+    """kind/name -> resourceVersion of everything a pool's rounds write or read in `namespace`."""
+    kinds = ("TritonPool", "TritonModel", "Deployment", "PodDisruptionBudget", "Service", "EndpointSlice",
+             "HorizontalPodAutoscaler", "Secret", "Pod")
+    return {f"{k}/{o['metadata']['name']}": o["metadata"]["resourceVersion"] for k in kinds
+            for o in kube.items(k, namespace)}
+
+
+def _rounds(op: OperatorHandle) -> float:
+    return sum(op.samples("triton_operator_pool_rounds_total").values())
+
+
+def _loads(op: OperatorHandle) -> dict[str, float]:
+    return {f"{dict(k)['verb']}/{dict(k)['result']}": v for k, v in op.samples("triton_operator_pool_loads_total").items()}
+
+
+def _reconciled_again_writes_nothing(kube: Kube, namespace: str, op: OperatorHandle) -> None:
+    """Issue 41: a settled pool reconciled again (an event of the pool without a spec change, then the rounds that
+    follow) writes nothing to the API server and sends no replica a load or an unload: every object in the namespace
+    keeps its resourceVersion, and the operator's counters of writes and loads stand still."""
+    writes = wait_writes_settle(op, quiet=3.0)
+    loads, rounds = _loads(op), _rounds(op)
+    kube.patch("TritonPool", "shared", {"metadata": {"annotations": {"e2e.triton-operator.io/poke": "1"}}}, namespace,
+               type="merge")
+    versions = _versions(kube, namespace)
+    wait_for("two pool rounds after the poke", lambda: _rounds(op) >= rounds + 2, 60)
+    changed = {k: v for k, v in _versions(kube, namespace).items() if versions.get(k) != v}
+    delta = {k: v - writes.get(k, 0) for k, v in op.writes().items() if v != writes.get(k, 0)}
+    record("pool reconciled again", f"{_rounds(op) - rounds:.0f} rounds: {sum(delta.values()):.0f} writes, "
+           f"{sum(_loads(op).values()) - sum(loads.values()):.0f} loads")
+    assert not delta, f"a settled pool's rounds wrote {delta}"
+    assert _loads(op) == loads, f"a settled pool's rounds sent loads: {loads} -> {_loads(op)}"
+    assert not changed, f"a settled pool's rounds changed {sorted(changed)}"
 
 
 def _pool_rows(kube: Kube, namespace: str, pool: str) -> list[dict[str, Any]]:
