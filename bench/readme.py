@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tools.pages import pages as doc_pages
+
 from .common import ORDER, REPO, RESULTS
 
 README = REPO / "README.md"
@@ -40,8 +42,8 @@ BENCHMARKS = REPO / "docs" / "benchmarks.md"
 
 
 def pages() -> list[Path]:
-    """Every page a benchmark figure may be marked on: README.md and the docs site's pages."""
-    return [README, *sorted((REPO / "docs").rglob("*.md"))]
+    """Every page a benchmark figure may be marked on: README.md and the docs site's pages (`tools.pages`)."""
+    return doc_pages(REPO)
 
 BLOCK = re.compile(r"(?P<begin><!-- BEGIN GENERATED BENCHMARKS (?P<key>[a-z_-]+) \(bench/readme\.py\) -->\n)"
                    r"(?P<body>.*?)(?P<end><!-- END GENERATED BENCHMARKS -->)", re.S)

@@ -26,10 +26,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.pages import pages as doc_pages
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus" / "invalid"
 README = ROOT / "README.md"
-DOCS = ROOT / "docs"
 MARK = re.compile(r"<!-- corpus:(?P<key>[a-z_]+) -->(?P<value>.*?)<!-- /corpus -->")
 #: How the split below was measured (the "operator measurements" summary prints it, "admission: invalid corpus specs
 #: refused at kubectl apply"). `make prebuild` first.
@@ -61,8 +62,8 @@ def corpus_files() -> list[Path]:
 
 
 def pages() -> list[Path]:
-    """Every page a count may be marked on: README.md and the docs site's pages."""
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    """Every page a count may be marked on: README.md and the docs site's pages (`tools.pages`)."""
+    return doc_pages(README.parent)
 
 
 def cel_rules(crd_file: Path) -> int:

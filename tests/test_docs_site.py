@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from tools import values_reference
+from tools.pages import pages as doc_pages
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = doc_pages(ROOT)
 
 
 def test_the_site_builds_with_strict(tmp_path: Path) -> None:
