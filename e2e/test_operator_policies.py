@@ -416,8 +416,23 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
         op.delete("EndpointSlice", "left", ns)
         assert kube.get_or_none("EndpointSlice", "left", ns) is None
         written.append("EndpointSlice left (Kubernetes', deleted)")
+        # And the Endpoints Kubernetes' endpoints controller wrote from that selector (its labels the Service's).
+        left_endpoints = {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": model.name, "labels": {
+            **ipv4["metadata"]["labels"], "endpoints.kubernetes.io/managed-by": "endpoint-controller"}}}
+        for label in ("endpointslice.kubernetes.io/managed-by", "kubernetes.io/service-name"):
+            left_endpoints["metadata"]["labels"].pop(label)
+        kube.create(left_endpoints, ns)
+        endpoints_patch = refused(op, "PATCH", f"/api/v1/namespaces/{ns}/endpoints/{model.name}",
+                                  {"subsets": []}, "application/merge-patch+json")
+        op.delete("Endpoints", model.name, ns)
+        assert kube.get_or_none("Endpoints", model.name, ns) is None
+        written.append("Endpoints (Kubernetes', deleted)")
+        kube.create({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "someone-elses", "labels": {
+            "endpoints.kubernetes.io/managed-by": "endpoint-controller"}}}, ns)
         answers = {
             "change a slice Kubernetes left for its Service": left_patch,
+            "delete the Endpoints of a Service of someone else's": refused(
+                op, "DELETE", f"/api/v1/namespaces/{ns}/endpoints/someone-elses?dryRun=All", None, "application/json"),
             "adopt a slice another controller manages": refused(
                 op, "PATCH", f"{base}/theirs", {"metadata": {"labels": {
                     "endpointslice.kubernetes.io/managed-by": "triton-operator.serving.triton-operator.dev"}}},
@@ -435,6 +450,8 @@ def test_the_operators_token_writes_a_pools_children_and_its_pooled_models_endpo
                 op, "DELETE", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes?dryRun=All",
                 None, "application/json"),
         }
+        # RBAC grants only get and delete on Endpoints: a write is refused before the policy is asked.
+        assert endpoints_patch.startswith("403 ") and "cannot patch resource" in endpoints_patch, endpoints_patch
         webhook = answers.pop("feed a Service of someone else's")
         for what, answer in answers.items():
             assert answer.startswith("403 ") and POLICY in answer, f"{what}: {answer}"

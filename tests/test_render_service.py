@@ -1,6 +1,7 @@
 """A model's Service and sequences (`render.service`, issue 41): a sequence model's Service, its own replicas' or its
 copies' on a pool, keeps a client on one replica (ClientIP affinity, the timeout written out so that it goes with the
-field); every other model's Service spreads connections (no affinity field at all). kube-proxy acting on it, with a
+field); every other model's Service spreads connections (`None`, written out so that dropping the sequence batcher is a
+change). kube-proxy acting on it, with a
 client that opens a connection per request, is e2e/test_sequence_affinity.py."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths
+from triton_operator.plan.compare import differs
 from triton_operator.render.kubernetes import render_service
 from triton_operator.render.pool import render_model_service
 from triton_operator.render.service import AFFINITY_SECONDS
@@ -44,12 +46,15 @@ def test_a_sequence_models_service_keeps_a_client_on_one_replica(render) -> None
 @pytest.mark.parametrize("example", ["add-sub", "dynamic-batching", "decoupled", "versions"])
 def test_any_other_models_service_spreads_connections(render, example: str) -> None:  # type: ignore[no-untyped-def]
     spec = render(_example(example), UID, "ns")["spec"]
-    assert "sessionAffinity" not in spec and "sessionAffinityConfig" not in spec, spec
+    assert spec["sessionAffinity"] == "None" and "sessionAffinityConfig" not in spec, spec
 
 
-def test_dropping_the_sequence_batcher_drops_both_fields() -> None:
-    """Server-side apply removes a field its manager owned and no longer sends: both go, or the API server would
-    refuse sessionAffinityConfig beside the default sessionAffinity None."""
+def test_dropping_the_sequence_batcher_is_a_change_the_operator_applies() -> None:
+    """The operator applies a child again only when it differs in a field it renders: `None` is written out, so the
+    Service without its sequence batcher differs from the one with it (and server-side apply then removes the
+    timeout, which the operator owned and no longer sends; the API server refuses it beside `None`)."""
     model = _example("sequence-accumulator")
     plain = model.model_copy(update={"spec": model.spec.model_copy(update={"sequence_batcher": None})})
-    assert not {"sessionAffinity", "sessionAffinityConfig"} & set(render_service(plain, UID, "ns")["spec"])
+    before, after = render_service(model, UID, "ns"), render_service(plain, UID, "ns")
+    assert after["spec"]["sessionAffinity"] == "None" and "sessionAffinityConfig" not in after["spec"]
+    assert differs(before, after), "the live Service (ClientIP) against the desired one (None)"

@@ -63,12 +63,15 @@ POOL_POD = Kind("Pod", "", "v1", "pods", LABEL_POOL)
 #: A pooled model's EndpointSlices, written by the operator (`render.pool.render_endpoint_slices`).
 ENDPOINT_SLICE = Kind("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices",
                       f"endpointslice.kubernetes.io/managed-by={ENDPOINTSLICE_MANAGER}")
+#: The Endpoints Kubernetes wrote for a model's Service while it had a selector: read and deleted once the model is on
+#: a pool (`controller.pool`), never written.
+ENDPOINTS = Kind("Endpoints", "", "v1", "endpoints")
 #: The children a reconcile applies, owner-referenced to their TritonModel and labelled `OWNED`.
 CHILDREN: tuple[Kind, ...] = (CONFIG_MAP, DEPLOYMENT, SERVICE, PDB, HPA)
 #: What the operator watches (and the drift round re-lists): the models, their children and their replicas.
 WATCHED: tuple[Kind, ...] = (TRITON_MODEL, *CHILDREN, POD)
 #: Every kind the operator's client addresses.
-ALL: tuple[Kind, ...] = (*WATCHED, REPLICA_SET, EVENT, LEASE, SECRET, TRITON_POOL, ENDPOINT_SLICE)
+ALL: tuple[Kind, ...] = (*WATCHED, REPLICA_SET, EVENT, LEASE, SECRET, TRITON_POOL, ENDPOINT_SLICE, ENDPOINTS)
 
 _BY_API_VERSION = {(k.api_version, k.kind): k for k in ALL}
 

@@ -41,6 +41,9 @@ ENDPOINTSLICE_MANAGER = f"triton-operator.{GROUP}"
 #: The managers of the slices Kubernetes writes for a Service: from its selector, and mirrored from its Endpoints. A
 #: pooled model's Service keeps those its selector left when the model moved onto a pool; the operator deletes them.
 KUBERNETES_SLICE_MANAGERS = ("endpointslice-controller.k8s.io", "endpointslicemirroring-controller.k8s.io")
+#: How Kubernetes' endpoints controller labels the Endpoints it writes from a Service's selector (the operator deletes
+#: it too once the Service is a pooled model's: the mirroring controller would mirror it into a slice again).
+LABEL_ENDPOINTS_MANAGED_BY, ENDPOINTS_CONTROLLER = "endpoints.kubernetes.io/managed-by", "endpoint-controller"
 #: The label every pool replica and every pooled model's Service carries: the pool's name.
 LABEL_POOL = f"{GROUP}/pool"
 POOL_NAME_RULE = MODEL_NAME_RULE.replace("the model's Service and labels its pods", "the pool's Deployment and "

@@ -32,8 +32,8 @@ What `PoolReconciler` keeps between rounds, and why each is safe to lose (an ope
 - `_heals`: a heal's back-off; lost, a copy still broken is healed at once.
 - `_answered`: the tritonserver container that last answered a whole round, per replica; a restarted operator
   trusts no record of a replica until it has answered once (`plan.pool.as_last_seen`).
-- `_swept`: the pooled models' Services (by uid) already cleared of the EndpointSlices Kubernetes' controllers left
-  from their selector (`_sweep_left_slices`); lost, each is looked at once more (one LIST).
+- `_swept`: the pooled models' Services (by uid) already cleared of the Endpoints and EndpointSlices Kubernetes'
+  controllers left from their selector (`_sweep_left_endpoints`); lost, each is looked at once more (a GET, a LIST).
 The placement is in the models' statuses, what each replica was told to load and what is in flight in the pool's
 status, what each replica serves in its Triton, what each holds on disk in its sidecar. A pool reconciles again
 every few seconds while it is not settled, and on every event of the pool, its pods or its models.
@@ -51,9 +51,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.kinds import ENDPOINT_SLICE, HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
+from ..api.kinds import ENDPOINT_SLICE, ENDPOINTS, HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
 from ..api.pod import PROBE_PORT
-from ..api.pool import KUBERNETES_SLICE_MANAGERS, LABEL_POOL, TritonPool
+from ..api.pool import (
+    ENDPOINTS_CONTROLLER,
+    KUBERNETES_SLICE_MANAGERS,
+    LABEL_ENDPOINTS_MANAGED_BY,
+    LABEL_POOL,
+    TritonPool,
+)
 from ..api.timestamps import utc_now
 from ..api.v1alpha1 import TritonModel, quantity_bytes
 from ..plan import pool as pool_plan
@@ -701,7 +707,7 @@ class PoolReconciler:
         assert m.model is not None
         uid = m.body["metadata"]["uid"]
         await self._apply(render_model_service(m.model, uid, namespace))
-        await self._sweep_left_slices(namespace, m.model.name)
+        await self._sweep_left_endpoints(namespace, m.model.name)
         for s in render_endpoint_slices(m.model, uid, namespace, placement, pods, serving):
             await self._apply(s)
         if m.model.spec.autoscaling is not None:
@@ -709,33 +715,42 @@ class PoolReconciler:
         else:
             await self._delete(HPA, namespace, m.model.name)
 
-    async def _sweep_left_slices(self, namespace: str, model: str) -> None:
-        """Deletes the EndpointSlices Kubernetes' controllers wrote for a pooled model's Service while it had a
-        selector (the model had a Deployment of its own before it moved onto the pool).
+    async def _sweep_left_endpoints(self, namespace: str, model: str) -> None:
+        """Deletes what Kubernetes' controllers wrote for a pooled model's Service while it had a selector (the model
+        had a Deployment of its own before it moved onto the pool): the Endpoints and the EndpointSlices.
 
-        Once a Service has no selector, the EndpointSlice controller leaves its slices as they were, listing the old
-        replicas' addresses (kubernetes/kubernetes#118376, open; #103576: kept for compatibility), and kube-proxy
-        takes the union of a Service's slices: an address there that is ready, or serving while terminating, is
-        traffic past the gate, to a pod that is gone or to whatever pod gets its IP next. They are named by the
-        Service (`kubernetes.io/service-name`) and managed by `endpointslice-controller.k8s.io` (or, mirrored from
-        a left Endpoints, `endpointslicemirroring-controller.k8s.io`); nothing recreates them once the selector is
-        gone. Looked at once per Service (by uid) and process, and only once the Service, as applied, has no
-        selector: before that, Kubernetes' controller would write them again. The chart's admission policy lets the
-        operator delete only such slices of its own Services (labelled as its own, named after their model)."""
+        Once a Service has no selector, the endpoints and EndpointSlice controllers leave what they wrote as it was,
+        listing the old replicas' addresses (kubernetes/kubernetes#118376, open; #103576: kept for compatibility);
+        the EndpointSliceMirroring controller then mirrors that Endpoints into a slice of its own, and writes it
+        again when it is deleted, for as long as the Endpoints is there (seen on the real node). kube-proxy takes
+        the union of a Service's slices: an address there that is ready, or serving while terminating, is traffic
+        past the gate, to a pod that is gone or to whatever pod gets its IP next. So the Endpoints goes first
+        (managed by `endpoint-controller`, labelled with the model as its Service is), then every slice named after
+        the Service and managed by `endpointslice-controller.k8s.io` or `endpointslicemirroring-controller.k8s.io`.
+        Looked at once per Service (by uid) and process, and only once the Service, as applied, has no selector:
+        before that, Kubernetes' controllers would write them again. The chart's admission policy lets the operator
+        delete only these, of its own Services."""
         service = self._applied.get(("Service", namespace, model))
         if service is None or (service.get("spec") or {}).get("selector"):
             return
         uid = str(service["metadata"].get("uid"))
         if uid in self._swept:
             return
+        left = await asyncio.to_thread(self.kube.get, ENDPOINTS.api_version, ENDPOINTS.kind, namespace, model)
+        labels = (left or {}).get("metadata", {}).get("labels") or {}
+        if left is not None and labels.get(LABEL_ENDPOINTS_MANAGED_BY) == ENDPOINTS_CONTROLLER \
+                and labels.get(LABEL_MODEL) == model:
+            await asyncio.to_thread(self.kube.delete, ENDPOINTS.api_version, ENDPOINTS.kind, namespace, model)
+            log.info("Deleted Endpoints namespace=%s name=%s owner=TritonModel/%s reason=%r", namespace, model, model,
+                     "left by Kubernetes from the Service's selector; the model is on a pool now")
         selector = (f"{LABEL_SERVICE_NAME}={model},{LABEL_SLICE_MANAGED_BY} in "
                     f"({','.join(KUBERNETES_SLICE_MANAGERS)})")
-        for left in await asyncio.to_thread(self.kube.list, ENDPOINT_SLICE.api_version, ENDPOINT_SLICE.kind,
-                                            namespace, selector):
-            name = left["metadata"]["name"]
+        for found in await asyncio.to_thread(self.kube.list, ENDPOINT_SLICE.api_version, ENDPOINT_SLICE.kind,
+                                             namespace, selector):
+            name = found["metadata"]["name"]
             await asyncio.to_thread(self.kube.delete, ENDPOINT_SLICE.api_version, ENDPOINT_SLICE.kind, namespace, name)
             log.info("Deleted EndpointSlice namespace=%s name=%s owner=TritonModel/%s manager=%s reason=%r", namespace,
-                     name, model, (left["metadata"].get("labels") or {}).get(LABEL_SLICE_MANAGED_BY),
+                     name, model, (found["metadata"].get("labels") or {}).get(LABEL_SLICE_MANAGED_BY),
                      "left by Kubernetes from the Service's selector; the model is on a pool now")
         self._swept.add(uid)
 

@@ -15,7 +15,8 @@ timeout, then opens another mid-sequence, must still reach the same server; and 
 model stops being a sequence model (a defaulted one would stay behind, and the API server refuses
 `sessionAffinityConfig` beside `sessionAffinity: None`). What affinity costs: one client address reaches one replica,
 so an L7 ingress in front sends all of its traffic to one (it must then keep affinity itself, by a header such as
-the correlation ID, to spread the load). Other models keep Kubernetes' default (`None`: connections spread).
+the correlation ID, to spread the load). Other models get Kubernetes' default, `None` (connections spread), written
+out (`session_affinity`).
 
 No client, no I/O.
 """
@@ -31,8 +32,11 @@ AFFINITY_SECONDS = 10800
 
 
 def session_affinity(model: TritonModel) -> dict[str, Any]:
-    """The Service spec's affinity fields for `model`: ClientIP for a sequence model, none otherwise."""
+    """The Service spec's affinity fields for `model`: ClientIP for a sequence model, `None` (Kubernetes' default,
+    written out) otherwise. Written out because the operator applies a child again only when it differs from what
+    it renders in a field it renders (`plan.compare.differs`): a field it stopped rendering would never be taken away,
+    and a model that stops being a sequence model would keep its affinity."""
     if model.spec.sequence_batcher is None:
-        return {}
+        return {"sessionAffinity": "None"}
     return {"sessionAffinity": "ClientIP",
             "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": AFFINITY_SECONDS}}}
