@@ -58,3 +58,4 @@ def test_dropping_the_sequence_batcher_is_a_change_the_operator_applies() -> Non
     before, after = render_service(model, UID, "ns"), render_service(plain, UID, "ns")
     assert after["spec"]["sessionAffinity"] == "None" and "sessionAffinityConfig" not in after["spec"]
     assert differs(before, after), "the live Service (ClientIP) against the desired one (None)"
+
