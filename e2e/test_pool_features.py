@@ -16,6 +16,8 @@ One pool of 2 replicas, one per node, holds every model at once, so the file pay
   requests, each copy out of the slice while it reloads (one at a time), `PoolAudit` finding no endpoint listed where
   the model was not READY at the desired digest.
 
+And a pooled model asking for the response cache of a pool without one (cacheSize 0) is refused at `kubectl apply`.
+
 Same session operator (the chart) as `test_pool.py`; one namespace for the whole module.
 """
 
