@@ -33,6 +33,13 @@ def test_a_model_larger_than_a_replica_is_refused_with_the_figures() -> None:
     assert "a copy takes 5Gi, more than a replica of pool 'p' holds (spec.capacity.memoryPerReplica gives 4Gi)" in message
 
 
+def test_a_model_asking_for_the_response_cache_of_a_pool_without_one_is_refused() -> None:
+    ((who, path, message),) = check(model(pool="p", memory="1Gi", responseCache=True), pool(server={"cacheSize": "0"}))
+    assert (who, path) == ("TritonModel/m", "spec.responseCache")
+    assert "pool 'p' has no response cache" in message
+    assert check(model(pool="p", memory="1Gi", responseCache=True), pool(server={"cacheSize": "16Mi"})) == []
+
+
 def test_an_ensemble_counts_its_steps_and_is_refused_at_spec_pool() -> None:
     ens = {"apiVersion": model()["apiVersion"], "kind": "TritonModel", "metadata": {"name": "ens"}, "spec": {
         "platform": "ensemble", "pool": "p", "maxBatchSize": 4,

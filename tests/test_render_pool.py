@@ -109,6 +109,21 @@ def test_a_pool_replica_starts_tritonserver_with_no_model_in_explicit_mode() -> 
     assert fetcher["resources"]["limits"]["memory"]
 
 
+def test_a_pool_replica_has_the_response_cache_its_cache_size_gives_and_none_with_0() -> None:
+    """One local cache per replica for every pooled model with responseCache. With cacheSize 0 no --cache-config at all:
+    Triton 2.51 given `local,size=0` fails to initialize the cache and stays not ready, refusing every load."""
+    pool, _ = _example()
+
+    def caches(size: str) -> list[str]:
+        sized = pool.model_copy(update={"spec": pool.spec.model_copy(update={
+            "server": pool.spec.server.model_copy(update={"cache_size": size})})})
+        triton = render_pool_deployment(sized, UID, "ns")["spec"]["template"]["spec"]["containers"][0]
+        return [a for a in triton["args"] if a.startswith("--cache-config")]
+
+    assert caches("16Mi") == [f"--cache-config=local,size={16 << 20}"]
+    assert caches("0") == [], "no cache, rather than one Triton cannot make"
+
+
 def test_a_pooled_models_service_has_no_selector() -> None:
     _, models = _example()
     service = render_model_service(models[0], UID, "ns")

@@ -129,6 +129,18 @@ def test_a_pooled_model_with_a_pvc_source_or_its_own_credentials_is_refused_by_n
     assert review(body, None, {}, pool=_pool()).allowed  # the pool's own credentials fetch it
 
 
+def test_a_pooled_model_asking_for_the_cache_of_a_pool_without_one_is_refused_naming_spec_response_cache() -> None:
+    """A pool's replicas have one response cache, sized by its spec.server.cacheSize (a pooled model's own is not
+    used): with 0, Triton accepts the model's config and caches nothing, as for a model's own server of cacheSize 0."""
+    no_cache = _pool(server={"cacheSize": "0"})
+    verdict = review(_model("m", pool="p", memory="1Gi", responseCache=True), None, {}, pool=no_cache)
+    assert [(e.path, e.rule) for e in verdict.errors] == [("spec.responseCache", "response-cache-size")], verdict.errors
+    assert "pool 'p' has no response cache (its spec.server.cacheSize is 0)" in verdict.errors[0].message
+    assert review(_model("m", pool="p", memory="1Gi"), None, {}, pool=no_cache).allowed, "no cache asked for"
+    assert review(_model("m", pool="p", memory="1Gi", responseCache=True), None, {}, pool=_pool()).allowed, (
+        "the pool's default cacheSize, 64Mi")
+
+
 def test_a_pool_is_checked_on_its_own_when_created() -> None:
     verdict = review_pool(_pool(capacity={"memoryPerReplica": "1Gi", "memoryPerGpu": "1Gi"}), None)
     assert [(e.model, e.path) for e in verdict.errors] == [("TritonPool/p", "spec.capacity")]

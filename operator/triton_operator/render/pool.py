@@ -124,9 +124,11 @@ def _pool_triton_container(pool: TritonPool, key_secret: str, options: Options) 
     server = pool.spec.server
     # No --load-model: the operator loads each placed model. Triton's server readiness is 400 while any model is
     # LOADING: one model's load would take every other model on the replica out. Readiness is per model here, in
-    # each model's EndpointSlice. One cache for every pooled model with responseCache (Triton's is per server).
-    args = triton_args(server, options, load_model=None, strict_readiness=False,
-                       cache_bytes=quantity_bytes(server.cache_size))
+    # each model's EndpointSlice. One cache for every pooled model with responseCache (Triton's is per server); none
+    # with cacheSize 0: Triton 2.51 fails to initialize a local cache of size 0 and then stays not ready, refusing
+    # every load ("Server not ready"), so such a pool served no model at all.
+    cache = quantity_bytes(server.cache_size)
+    args = triton_args(server, options, load_model=None, strict_readiness=False, cache_bytes=cache or None)
     # Its repository is what the `fetch-server` sidecar writes on request (uri models; each a link to its digest's
     # files, swapped atomically: `triton_operator.agent.fetch_server`); inline models come in the load request.
     return triton_container(server, args, key_secret, MODELS_VOLUME, server.gpus or 0, pool_probes(options), options)

@@ -5,7 +5,7 @@
 - `check_pool_fit`: a pooled model, with every step its ensemble reaches, larger than one replica of its pool is
   refused, naming spec.memory (an ensemble: spec.pool) and the figures; so is a step whose memory makes an ensemble
   that uses it (placed with its steps on the same replicas) larger than a replica, naming the step's spec.memory and
-  the ensemble;
+  the ensemble; and a model with responseCache on a pool whose replicas have no cache (`cache_problems`);
 - `triton_name_clashes`, `triton_name_taken`: two models of one pool that load under one Triton name
   (spec.modelName) are refused, naming spec.modelName (or spec.pool);
 - `pool_change_problems`: a pool change that would strand placed models (a replica would hold less than is placed
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..api.pool import TritonPool, closure_bytes, format_bytes, model_bytes
-from ..api.v1alpha1 import TritonModel
+from ..api.v1alpha1 import TritonModel, quantity_bytes
 from .errors import FieldError
 from .rules import Collector, check_server
 
@@ -56,9 +56,10 @@ def check_pool(pool: TritonPool, ident: str) -> list[FieldError]:
 
 
 def check_pool_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:
-    """Each model on `pool` (among `models`, with the steps they reach) that no replica of it could hold."""
+    """Each model on `pool` (among `models`, with the steps they reach) that no replica of it could hold, or that
+    asks for a response cache its replicas do not have."""
     if capacity_problem(pool) is not None:
-        return []  # check_pool says what is wrong with it
+        return cache_problems(pool, models)  # check_pool says what is wrong with its capacity
     capacity = pool.spec.replica_bytes
     by_name = {m.name: m for _, m in models}
     errors: list[FieldError] = []
@@ -76,7 +77,26 @@ def check_pool_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) 
             f"a copy takes {format_bytes(need)}{with_steps}, more than a replica of pool {pool.name!r} holds "
             f"({pool.spec.capacity_path} gives {format_bytes(capacity)}): it could be placed nowhere")
         errors.extend(err.errors)
-    return errors + [e for _, e in step_fit(pool, models)]
+    return errors + [e for _, e in step_fit(pool, models)] + cache_problems(pool, models)
+
+
+def cache_problems(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) -> list[FieldError]:
+    """Each model on `pool` with responseCache while the pool's replicas have no response cache (its
+    spec.server.cacheSize 0; a pooled model's own server.cacheSize is not used): Triton accepts such a config and
+    caches nothing, so it is refused as a model's own server without a cache is (rule response-cache-size), naming
+    spec.responseCache."""
+    if quantity_bytes(pool.spec.server.cache_size) > 0:
+        return []
+    errors: list[FieldError] = []
+    for ident, model in models:
+        if model.spec.pool != pool.name or not model.spec.response_cache:
+            continue
+        err = Collector(ident)
+        err("response-cache-size", "spec.responseCache",
+            f"pool {pool.name!r} has no response cache (its spec.server.cacheSize is 0): Triton would accept the "
+            "config and cache nothing; give the pool a cacheSize, or drop responseCache")
+        errors.extend(err.errors)
+    return errors
 
 
 def step_fit(pool: TritonPool, models: Sequence[tuple[str, TritonModel]]) -> list[tuple[str, FieldError]]:

@@ -76,7 +76,8 @@ RULES: dict[str, Rule] = {
              "TRITON_BATCH_STRATEGY_PATH is set by batcher.strategyLibrary, not by parameters"),
         Rule("response-cache-decoupled", True, "no responseCache with decoupled"),
         Rule("response-cache-sequence", True, "no responseCache with sequenceBatcher"),
-        Rule("response-cache-size", False, "responseCache needs server.cacheSize > 0 or it silently does nothing"),
+        Rule("response-cache-size", False, "responseCache needs server.cacheSize > 0 (a pooled model: its pool's) or "
+             "it silently does nothing"),
         Rule("sequence-control", True, "control input data types and [false, true] pairs"),
         Rule("sequence-strategy", True, "at most one of direct or oldest; direct minimumSlotUtilization in [0, 1]"),
         Rule("dims", True, "each dim >= 1 or -1"),
