@@ -58,7 +58,7 @@ ROUNDS = int(os.environ.get("BENCH_PLACEMENT_ROUNDS", "2"))
 CONCURRENCY = int(os.environ.get("BENCH_PLACEMENT_CONCURRENCY", "2"))
 WINDOW_MS = int(os.environ.get("BENCH_PLACEMENT_WINDOW_MS", "5000"))
 BURN_MS = float(os.environ.get("BENCH_PLACEMENT_BURN_MS", "5"))
-CPU_LIMIT = os.environ.get("BENCH_PLACEMENT_CPU_LIMIT", "400m")
+CPU_LIMIT = os.environ.get("BENCH_PLACEMENT_CPU_LIMIT", "300m")
 MODEL_MEMORY_MI = 64
 #: The result's name (bench/results/<name>.json): another name keeps a variant run beside `placement`.
 RESULT_NAME = os.environ.get("BENCH_PLACEMENT_NAME", "placement")
