@@ -409,6 +409,8 @@ def result(data: dict[str, Any]) -> Result:
     cfg, runs = data["config"], data["runs"]
     n, reps = cfg["models"], cfg["replicas"]
     method = re.sub(r"\s+", " ", (__doc__ or "").split("\n\n", 1)[1]).strip()
+    if not cfg["cpu_limit"]:
+        method = method.replace("limited to CPU_LIMIT of CPU", "with no CPU limit (a variant run)")
     for key, value in (("REPLICAS", reps), ("MODELS", n), ("ROUNDS", cfg["rounds"]), ("CONCURRENCY", cfg["concurrency"]),
                        ("WINDOW_MS", cfg["window_ms"]), ("BURN_MS", f"{cfg['burn_ms']:g}"),
                        ("CPU_LIMIT", cfg["cpu_limit"] or "no limit")):
