@@ -8,8 +8,8 @@ kube-proxy too when the bench runs in a network namespace of its own: `e2e/netns
    limited to CPU_LIMIT of CPU (`server.resources.limits.cpu`: each replica has its share of CPU, as replicas on
    nodes or GPUs of their own would; with no limit (`BENCH_PLACEMENT_CPU_LIMIT=`) the replicas share the node's
    cores with everything else, and the machine, not the placement, bounds them), and capacity for every model on
-   one replica (`memoryPerReplica` MODELS x the model's memory): so `Pack` (best fit) puts all the models on one replica, and `Spread` (the fewest models
-   first) puts as many on each.
+   one replica (`memoryPerReplica` MODELS x the model's memory): so `Pack` (best fit) puts all the models on one
+   replica, and `Spread` (the fewest models first) puts as many on each.
 2. For each strategy in turn (ROUNDS times each, in the order Spread, Pack, Pack, Spread, ... so that neither is
    always measured first): the pool's strategy is set, MODELS pooled models of equal size are created (one copy
    each), until each is Ready AllCopiesWarmed; their placement is read from their status. Then, all at once, one
