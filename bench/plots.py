@@ -595,9 +595,39 @@ def pool_routing(fig: Figure, d: Json) -> list[str]:
     return [] if phases else ["the phases (data.phases)"]
 
 
+def placement(fig: Figure, d: Json) -> list[str]:
+    """Per model: throughput and p95 latency under Spread and under Pack (a dot per round, a bar for their mean)."""
+    runs = (d.get("data") or {}).get("runs") or []
+    ax_t, ax_l = fig.subplots(1, 2)
+    sides = (("Spread", OURS), ("Pack", BASELINE))
+    # Models are named <tag>-mNN: the same NN is the same slot of the load in every round.
+    slots = sorted({name.rsplit("-", 1)[-1] for r in runs for name in (r.get("models") or {})})
+    width = 0.4
+    for ax, key, unit in ((ax_t, "infer_per_s", "infer/s"), (ax_l, "p95_ms", "ms")):
+        for i, (strategy, color) in enumerate(sides):
+            rs = [r for r in runs if r.get("strategy") == strategy]
+            per_slot = {s: [v for r in rs for name, m in (r.get("models") or {}).items()
+                            if name.rsplit("-", 1)[-1] == s and (v := _num(m.get(key))) is not None] for s in slots}
+            xs = [j + (i - 0.5) * width for j in range(len(slots))]
+            means = [sum(v) / len(v) if v else 0.0 for v in per_slot.values()]
+            totals = [_num(r.get("total_infer_per_s")) for r in rs]
+            label = strategy + (f": {', '.join(f'{t:.0f}' for t in totals if t is not None)} infer/s in all"
+                                if key == "infer_per_s" and rs else "")
+            ax.bar(xs, means, width, color=color, alpha=0.6, label=label)
+            for x, vs in zip(xs, per_slot.values(), strict=True):
+                ax.plot([x] * len(vs), vs, "o", color="black", markersize=3)
+        ax.set_xticks(range(len(slots)), slots)
+        ax.set_xlabel("model (the same slot of the load in each round)")
+        ax.set_ylabel(unit)
+        _legend(ax, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    ax_t.set_title("throughput per model (perf_analyzer; bar: mean of rounds, dot: a round)")
+    ax_l.set_title("p95 latency per model (perf_analyzer; bar: mean of rounds, dot: a round)")
+    return [] if runs else ["the runs (data.runs)"]
+
+
 DRAWERS: dict[str, Drawer] = {"gate": gate, "scale": scale, "autoscale": autoscale, "rollout": rollout,
                               "first_request": first_request, "batching": batching, "faults": faults, "pool": pool,
-                              "stale": stale, "pool_routing": pool_routing}
+                              "stale": stale, "pool_routing": pool_routing, "placement": placement}
 
 
 def drawer_for(name: str) -> Drawer | None:

@@ -55,6 +55,7 @@ COLUMNS = {
     "pool": ("TritonPool", "a Deployment per model"),
     "pool-latency": ("TritonPool", "a Deployment per model"),
     "stale": ("TritonModel in place (Swap), done per its status", "Triton poll mode on a ConfigMap, done per `kubectl rollout status`"),
+    "placement": ("`Spread`", "`Pack`"),
     "pool_routing": ("the model's Service (the operator's EndpointSlices)", "a Service selecting the pool's pods by readiness"),
 }
 #: The size a `scale`-like row (`100: …; 1000: …`) shows in the summary when its target names none.

@@ -1,7 +1,7 @@
 """`python -m bench.run [NAME ...]` (`make bench [BENCH=NAME]`): run benchmarks, write bench/results/.
 
-NAME is one of batching, scale, gate, first_request, rollout, autoscale, faults, pool, stale, pool_routing (default: all, in that order:
-the two that run no pods first). Each benchmark writes its own JSON as soon as it finishes, so an
+NAME is one of batching, scale, gate, first_request, rollout, autoscale, faults, pool, stale, pool_routing,
+placement (default: all, in that order: the two that run no pods first). Each benchmark writes its own JSON as soon as it finishes, so an
 interrupted run keeps what it measured and `make bench BENCH=gate` redoes just one. Next to each JSON it draws
 `<name>.png` from that JSON (bench/plots.py); `--plots-only` redraws every picture from the JSON files and runs
 nothing.
@@ -19,8 +19,8 @@ from pathlib import Path
 from .common import log, other_e2e, write_markdown
 
 BENCHMARKS = ("batching", "scale", "gate", "first_request", "rollout", "autoscale", "faults", "pool", "stale",
-              "pool_routing")
-RUNS_PODS = ("gate", "first_request", "rollout", "autoscale", "faults", "pool", "stale", "pool_routing")
+              "pool_routing", "placement")
+RUNS_PODS = ("gate", "first_request", "rollout", "autoscale", "faults", "pool", "stale", "pool_routing", "placement")
 #: A benchmark's module under bench/ where it is not its name (`gate.py` would be the third gate.py in the tree).
 MODULES = {"gate": "gate_latency"}
 
