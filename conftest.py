@@ -55,10 +55,13 @@ E2E_LONGEST_FIRST = (
     "e2e/test_availability.py",  # 69
     "e2e/test_operator_policies.py",  # 66
     "e2e/test_demo.py",  # 53
+    "e2e/test_pool_features.py",  # ~45 (2026-11-29: one-file runs, not yet a rehearsal's figure)
     "e2e/test_crd_upgrade.py",  # 43
+    "e2e/test_pool_moves.py",  # ~40 (as above)
     "e2e/test_shm.py",  # 41
     "e2e/test_pool_sources.py",  # 37
     "e2e/test_pool_heal.py",  # 37
+    "e2e/test_sequence_affinity.py",  # ~35 (as above)
     "e2e/test_install_order.py",  # 35
     "e2e/test_pod_settings.py",  # 34
 )
