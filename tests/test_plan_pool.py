@@ -454,6 +454,12 @@ def test_a_replica_leaving_mid_round_takes_out_only_its_own_endpoints_before_the
             applied.append(obj)
             return obj
 
+        def get(self, *_: Any) -> None:  # no Endpoints left from a selector (`_sweep_left_endpoints`)
+            return None
+
+        def list(self, *_: Any) -> list[dict[str, Any]]:  # nor any slice of Kubernetes'
+            return []
+
     pools = PoolReconciler(Kube(), Cache())  # type: ignore[arg-type]
     model = members["a"].model
     assert model is not None
