@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import Kube
+from e2e.kube import Kube, wait_for
+from e2e.testing import proxied_addresses
 from triton_operator.api.timestamps import rfc3339
 
 SAMPLES = 10
@@ -106,6 +107,8 @@ class ServiceLoad:
             port = next(p["port"] for p in svc["ports"] if p.get("name") == self.port)
             self._cluster_ip = (svc["clusterIP"], int(port))
         self._refresh_once()
+        if self.via == "cluster-ip" and self._ready:
+            self._wait_proxied()
         self._started = time.monotonic()
         self.started_at = rfc3339()  # "+<seconds>" in the samples counts from here
         refresher = threading.Thread(target=self._refresh_loop, name="load-endpoints", daemon=True)
@@ -115,6 +118,17 @@ class ServiceLoad:
         for t in self._workers:
             t.start()
         return self
+
+    def _wait_proxied(self) -> None:
+        """Until kube-proxy sends the ClusterIP to every endpoint the slices call ready (when kube-proxy runs in this
+        network namespace): a load started before it has synced would count its refusals as the operator's."""
+        def synced() -> bool:
+            proxied = proxied_addresses(self.namespace, self.service, self.port)
+            if proxied is not None and not {a for a, _ in self._ready} <= proxied:
+                self._refresh_once()
+                return False
+            return True
+        wait_for(f"kube-proxy sending {self.namespace}/{self.service}:{self.port} to its ready endpoints", synced, 60)
 
     def stop(self) -> Tally:
         self._halt.set()

@@ -31,7 +31,7 @@ import tritonclient.http as httpclient
 from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import OperatorHandle, apply, is_model_ready, load_examples, wait_model
 from e2e.pool import model_ready, pool_doc
-from e2e.testing import ready_addresses
+from e2e.testing import proxied_addresses, ready_addresses
 
 pytestmark = pytest.mark.cluster
 
@@ -94,19 +94,12 @@ def _check(kube: Kube, namespace: str, model: str) -> None:
     assert svc["spec"].get("sessionAffinity") == "ClientIP", f"{model}'s Service: {svc['spec']}"
     ips = wait_for(f"{model}: both replicas ready endpoints of its Service",
                    lambda: (a if len(a := ready_addresses(kube, namespace, model)) == 2 else None), 60)
-    wait_for(f"{model}: kube-proxy sending its http port to both", lambda: _proxied(namespace, model) == ips, 60)
+    wait_for(f"{model}: kube-proxy sending its http port to both",
+             lambda: proxied_addresses(namespace, model) in (ips, None), 60)
     wrong = _run_sequences(svc["spec"]["clusterIP"], model)
     assert not wrong, (f"{model}: {len(wrong)} of {SEQUENCES * REQUESTS} requests wrong through its Service "
                        f"(ready endpoints {sorted(ips)}): {wrong[:3]}; kube-proxy's rules for it:\n"
                        + _rules(namespace, model))
-
-
-def _proxied(namespace: str, model: str) -> set[str]:
-    """The pod IPs kube-proxy's rules send the Service's http port to (its KUBE-SVC chain's jumps, iptables mode):
-    a ready endpoint is in them only once kube-proxy has synced, which may lag the EndpointSlice."""
-    out = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, timeout=30).stdout
-    return {line.split(" -> ", 1)[1].split(":", 1)[0] for line in out.splitlines()
-            if line.startswith("-A KUBE-SVC-") and f'"{namespace}/{model}:http -> ' in line}
 
 
 def _rules(namespace: str, model: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -169,6 +170,23 @@ def ready_endpoints(kube: Kube, namespace: str, svc: str) -> list[dict]:
 def ready_addresses(kube: Kube, namespace: str, svc: str) -> set[str]:
     """The addresses (pod IPs) of the Service's ready endpoints: where it sends new connections."""
     return {a for ep in ready_endpoints(kube, namespace, svc) for a in ep.get("addresses") or ()}
+
+
+def proxied_addresses(namespace: str, service: str, port: str = "http") -> set[str] | None:
+    """The pod IPs kube-proxy's rules in this network namespace send the Service's `port` to (the jumps of its
+    KUBE-SVC chain, iptables mode); None when no kube-proxy writes rules here (no KUBE-SERVICES chain). A ready
+    endpoint is among them only once kube-proxy has synced, which lags the EndpointSlice on a busy machine: a load
+    through the ClusterIP started before that is refused (seen in e2e/test_rollouts.py: 4 connections refused in the
+    first 0.4 s, both endpoints ready in the slice)."""
+    try:
+        out = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if ":KUBE-SERVICES " not in out:
+        return None
+    tag = f'"{namespace}/{service}:{port} -> '
+    return {line.split(tag, 1)[1].split(":", 1)[0] for line in out.splitlines()
+            if line.startswith("-A KUBE-SVC-") and tag in line}
 
 
 def consistently(what: str, check: Callable[[], Any], duration: float, interval: float = 0.5) -> None:
