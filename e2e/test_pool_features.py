@@ -61,6 +61,7 @@ from e2e.pool import (
     wait_placed_everywhere,
 )
 from e2e.testing import delete_namespace, is_ready
+from e2e.traffic import model_ready_over_http
 from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
@@ -156,16 +157,6 @@ def namespace(kube: Kube) -> Iterator[str]:
     delete_namespace(kube, name)
 
 
-def answers_ready(ip: str, model: str) -> bool:
-    """Whether `ip`:8000 (a ClusterIP: until kube-proxy's next sync it refuses) says the model is ready."""
-    conn = http.client.HTTPConnection(ip, 8000, timeout=5)
-    try:
-        conn.request("GET", f"/v2/models/{model}/ready")
-        return conn.getresponse().status == 200
-    finally:
-        conn.close()
-
-
 @pytest.fixture(scope="module")
 def placed(kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> Fleet:
     """The pool and every model applied at once; returned once each model has every copy READY at its digest and
@@ -180,7 +171,7 @@ def placed(kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandl
     models = wait_placed_everywhere(kube, namespace, NAMES, 300)
     service_ips = {n: kube.get("Service", n, namespace)["spec"]["clusterIP"] for n in NAMES}
     for n, ip in service_ips.items():
-        wait_for(f"{n} ready through its ClusterIP {ip}", lambda n=n, ip=ip: answers_ready(ip, n), 30, 0.2)
+        wait_for(f"{n} ready through its ClusterIP {ip}", lambda n=n, ip=ip: model_ready_over_http(ip, n), 30, 0.2)
     record("pool features: pool and 5 models placed, serving through their Services",
            f"{time.monotonic() - t0:.1f}s")
     return Fleet(namespace, models, {p["metadata"]["name"]: p["status"]["podIP"] for p in replicas}, service_ips)
@@ -395,18 +386,9 @@ def test_versions_the_policy_keeps_answer_through_the_pooled_service_and_the_dro
         f"{answer}")
     # every copy: versions 1 and 3 READY, version 2 not
     for replica in placed.replicas_of(SCORER):
-        ready = {v: version_ready(replica, SCORER, v) for v in ("1", "2", "3")}
+        ready = {v: model_ready_over_http(replica, SCORER, v) for v in ("1", "2", "3")}
         assert ready == {"1": True, "2": False, "3": True}, f"{SCORER}'s versions READY on {replica}: {ready}"
     record("pool features: a dropped version asked for", f"HTTP {status} {answer}")
-
-
-def version_ready(ip: str, model: str, version: str) -> bool:
-    conn = http.client.HTTPConnection(ip, 8000, timeout=10)
-    try:
-        conn.request("GET", f"/v2/models/{model}/versions/{version}/ready")
-        return conn.getresponse().status == 200
-    finally:
-        conn.close()
 
 
 # -- 4. an update in Drain mode under load -------------------------------------------------------

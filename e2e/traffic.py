@@ -37,15 +37,17 @@ def infer_add_sub(address: str, model: str = "add-sub") -> np.ndarray:
         client.close()
 
 
-def model_ready_over_http(ip: str, model: str) -> bool | None:
-    """Triton's own answer, on a fresh connection each time (a gRPC channel would back off after refusals).
+def model_ready_over_http(ip: str, model: str, version: str | None = None) -> bool | None:
+    """Triton's own answer (for one `version`, when given), on a fresh connection each time (a gRPC channel would
+    back off after refusals).
 
     True on 200; False when Triton says no (400) or nothing listens yet (Triton opens its ports only once
     load and warm-up are done); None when the question went unanswered (a timeout on a loaded machine),
     which proves nothing either way.
     """
     try:
-        with urllib.request.urlopen(f"http://{ip}:8000/v2/models/{model}/ready", timeout=5) as resp:
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/ready"
+        with urllib.request.urlopen(f"http://{ip}:8000{path}", timeout=5) as resp:
             return resp.status == 200
     except urllib.error.HTTPError:
         return False
