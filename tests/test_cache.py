@@ -57,6 +57,29 @@ def test_forget_model_spares_a_newer_object_of_the_same_name() -> None:
     assert cache.forget_model("ns", "m", "new") and "m" not in cache.models["ns"]
 
 
+def test_the_answer_to_a_status_write_never_revives_a_model_deleted_meanwhile_nor_goes_back_in_time() -> None:
+    """Issue 41 (the pool's benchmark): a status write's answer that came after the model's DELETED event put it back
+    in the cache, where it stayed a member of its pool until the next resync."""
+    from triton_operator.controller.cache import Cache
+
+    def model(uid: str, rv: str, phase: str) -> dict:
+        return {"kind": "TritonModel", "metadata": {"name": "m", "uid": uid, "namespace": "ns", "resourceVersion": rv},
+                "spec": {"pool": "p"}, "status": {"phase": phase}}
+
+    cache = Cache()
+    cache.put_model(model("u1", "5", "Pending"))
+    assert cache.answered_model(model("u1", "7", "Ready")), "our write's answer over what the watch delivered"
+    assert cache.models["ns"]["m"]["status"] == {"phase": "Ready"}
+    cache.put_model(model("u1", "9", "Loading"))  # the watch: someone's newer write
+    assert not cache.answered_model(model("u1", "8", "Ready")), "an answer older than the cached version"
+    assert cache.models["ns"]["m"]["status"] == {"phase": "Loading"}
+    cache.put_model(model("u1", "10", "Loading"), deleted=True)
+    assert not cache.answered_model(model("u1", "9", "Ready")) and "m" not in cache.models["ns"], "revived"
+    cache.put_model(model("u2", "12", "Pending"))  # made again under the same name
+    assert not cache.answered_model(model("u1", "11", "Ready")), "another object's answer"
+    assert cache.models["ns"]["m"]["metadata"]["uid"] == "u2"
+
+
 def test_a_models_children_are_found_through_the_index_however_the_cache_changed() -> None:
     from triton_operator.controller.cache import Cache
 

@@ -460,7 +460,9 @@ def test_a_replica_leaving_mid_round_takes_out_only_its_own_endpoints_before_the
         def list(self, *_: Any) -> list[dict[str, Any]]:  # nor any slice of Kubernetes'
             return []
 
-    pools = PoolReconciler(Kube(), Cache())  # type: ignore[arg-type]
+    cache = Cache()
+    cache.put_model(dict(members["a"].body))  # as the watch reported it
+    pools = PoolReconciler(Kube(), cache)  # type: ignore[arg-type]
     model = members["a"].model
     assert model is not None
     listed = render_endpoint_slices(model, "uid-a", "ns", list(placement.copies["a"]), pods, {"r1", "r2"})
@@ -476,3 +478,48 @@ def test_a_replica_leaving_mid_round_takes_out_only_its_own_endpoints_before_the
     applied.clear()
     asyncio.run(pools._slices_now(st))  # nothing else changed: nothing written again
     assert not [o for o in applied if o["kind"] == "EndpointSlice"], applied
+
+
+def test_a_model_deleted_or_moved_while_its_pools_round_runs_gets_no_service_slice_or_load_from_that_round() -> None:
+    """Issue 41 (the pool's benchmark): pooled models deleted while a long round loaded others had their Services and
+    slices applied again by that round (the API server made each Service anew, the garbage collector took it again).
+    The round's members are its snapshot; what it writes and loads for one is checked against the watch's cache."""
+    import asyncio
+
+    from triton_operator.controller.cache import Cache
+    from triton_operator.controller.pool import PoolReconciler, _Live
+
+    members, pool, _, _ = _world()
+    rnd = pp.round_of("ns", pool, pool_document("p"), members,
+                      [_pod("r1", ip="198.18.0.9"), _pod("r2", ip="198.18.0.10", node="n2")], None)
+    applied: list[dict[str, Any]] = []
+
+    class Kube:
+        def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+            applied.append(obj)
+            return obj
+
+        def get(self, *_: Any) -> None:
+            return None
+
+        def list(self, *_: Any) -> list[dict[str, Any]]:
+            return []
+
+    cache = Cache()
+    pools = PoolReconciler(Kube(), cache)  # type: ignore[arg-type]
+    body = dict(members["a"].body)
+    digest = members["a"].digest or ""
+    cache.put_model(body)
+    st = _Live(rnd, {"r1": {}, "r2": {}}, {}, frozenset())
+    asyncio.run(pools._listed(rnd, st, "r1", "a", digest))
+    assert {o["kind"] for o in applied} == {"Service", "EndpointSlice"}, "a member's copy listed: its traffic written"
+    for gone in (None, {**body, "spec": {**body["spec"], "pool": "q"}},
+                 {**body, "metadata": {**body["metadata"], "uid": "uid-a-again"}}):
+        applied.clear()
+        cache.put_model(body, deleted=True)
+        if gone is not None:
+            cache.put_model(gone)
+        asyncio.run(pools._listed(rnd, st, "r2", "a", digest))
+        assert applied == [], (gone, applied)
+        work = pp.ReplicaWork("r2", [], [pp.Load("a")])
+        assert asyncio.run(pools._carry_out(rnd, work, st, 0.0)) is False and not pools._sent, "nothing loaded"

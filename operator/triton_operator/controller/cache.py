@@ -177,6 +177,20 @@ class Cache:
             if isinstance(spec, Mapping) and spec.get("ensemble"):
                 self.ensembles[ns][name] = lean_body
 
+    def answered_model(self, body: Mapping[str, Any]) -> bool:
+        """The API server's answer to our own write of a TritonModel (its status): kept over the same object as cached,
+        unless the cache holds a newer version; whether it was kept. An answer never brings back a model that is not
+        cached: the watch may have reported it deleted while the write was on its way (the answer came after the
+        DELETED event), and a model revived so stayed a member of its pool until the next resync, its Service and
+        slices applied again every round (seen in the pool's benchmark: 50 pooled models deleted, the rounds still
+        counted 51 models and applied 31 Services over 35 s, each taken again by the garbage collector)."""
+        meta = body["metadata"]
+        cached = self.model(meta["namespace"], meta["name"])
+        if cached is None or cached["metadata"].get("uid") != meta.get("uid") or _older(body, cached):
+            return False
+        self.put_model(body)
+        return True
+
     def prime_models(self, namespace: str, listed: list[dict[str, Any]]) -> None:
         """Merge a LIST of the namespace's TritonModels under what the watch has delivered (which is as new or newer),
         leaving out those deleted while it was under way (`models_listing`, set by the caller before the LIST): a

@@ -9,7 +9,9 @@ what to load and unload where, what leaves the slices first and is drained, whic
 every slice and status. The controller writes the placement and the loads in flight down (the models' and the pool's
 statuses) before any load, so that a restarted operator finds them; drains; carries each replica's work out (an
 update replica by replica, a copy listed in its slices as soon as it is READY); asks again, and writes what
-`plan_pool` says of the world after the loads, with when to come back.
+`plan_pool` says of the world after the loads, with when to come back. A round holds the members it began with;
+before it writes a model's Service or slices, or loads it, it asks the watch's cache whether that model is still the
+same one on this pool (`_still_member`): one deleted or moved meanwhile gets nothing more from it.
 
 What `PoolReconciler` keeps between rounds, and why each is safe to lose (an operator restart, a new leader):
 - `pools`, `_applied`: the watch's TritonPools and the answers to our last applies, caches of the API server that
@@ -465,6 +467,8 @@ class PoolReconciler:
                 return True
             m = rnd.members[ld.member]
             assert m.request is not None and m.digest is not None
+            if not self._still_member(rnd.namespace, m):  # deleted or moved since the round began: the next unloads
+                continue
             if ld.unload_first:
                 await triton_pool.unload(rnd.grpc_address(w.replica), m.triton_name, rnd.key)
             started = time.monotonic()
@@ -688,7 +692,7 @@ class PoolReconciler:
         has no slice and no copy serving: its slices come with its first ready copy, `_listed`, or at the round's
         end) and status, then the pool's status."""
         for name, m in rnd.members.items():
-            if m.model is not None and name in plan.services_only:
+            if m.model is not None and name in plan.services_only and self._still_member(rnd.namespace, m):
                 await self._apply(render_model_service(m.model, m.body["metadata"]["uid"], rnd.namespace))
             elif m.model is not None:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
@@ -702,9 +706,20 @@ class PoolReconciler:
         """Whether an EndpointSlice of ours for `model` exists (written by a round or reported by the watch)."""
         return any(("EndpointSlice", namespace, f"{model}-{family}") in self._applied for family in ("ipv4", "ipv6"))
 
+    def _still_member(self, namespace: str, m: pool_plan.Member) -> bool:
+        """Whether the watch still reports `m` as the same TritonModel on the same pool. A round holds the members it
+        began with, and a load can take minutes: a model deleted (or moved off the pool) meanwhile must not have its
+        Service and slices applied again, nor be loaded. A deleted model's Service, applied again, is created anew
+        with an owner that is gone, and the garbage collector deletes it again (issue 41: pool benchmark)."""
+        body = self.cache.model(namespace, m.name)
+        return (body is not None and body["metadata"].get("uid") == m.body["metadata"].get("uid")
+                and pool_of(body) == pool_of(m.body))
+
     async def _traffic(self, namespace: str, m: pool_plan.Member, placement: list[str],
                        pods: Mapping[str, ReplicaPod], serving: set[str]) -> None:
         assert m.model is not None
+        if not self._still_member(namespace, m):
+            return
         uid = m.body["metadata"]["uid"]
         await self._apply(render_model_service(m.model, uid, namespace))
         await self._sweep_left_endpoints(namespace, m.model.name)
@@ -771,9 +786,8 @@ class PoolReconciler:
         current = self.cache.model(namespace, m.name)
         updated = await asyncio.to_thread(self.kube.patch_custom_status, TRITON_MODEL.group, TRITON_MODEL.version,
                                           TRITON_MODEL.plural, namespace, m.name, write.patch)
-        if updated is None:
-            return
-        self.cache.put_model(updated)
+        if updated is None or not self.cache.answered_model(updated):
+            return  # deleted, or deleted since (its DELETED event came first): no Events for it
         body = current or dict(m.body)
         changed = list(write.changed)
         for c in changed:

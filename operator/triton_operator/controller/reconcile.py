@@ -334,7 +334,8 @@ class Reconciler:
             if self.cache.forget_model(namespace, name, meta["uid"]):
                 log.info("Forgot TritonModel gone when its status was written namespace=%s name=%s", namespace, name)
             return
-        self.cache.put_model(updated)
+        if not self.cache.answered_model(updated):  # deleted since: its DELETED event came before this answer
+            return
         for e in decided.events:
             log.info("Changed TritonModel condition namespace=%s name=%s type=%s status=%s reason=%s",
                      namespace, name, e.condition, e.status, e.reason)
