@@ -722,9 +722,10 @@ class PoolReconciler:
             return
         uid = m.body["metadata"]["uid"]
         await self._apply(render_model_service(m.model, uid, namespace))
-        await self._sweep_left_endpoints(namespace, m.model.name)
         for s in render_endpoint_slices(m.model, uid, namespace, placement, pods, serving):
             await self._apply(s)
+        # After our slices: a new model's first ready copy is listed without waiting for the sweep's GET and LIST.
+        await self._sweep_left_endpoints(namespace, m.model.name)
         if m.model.spec.autoscaling is not None:
             await self._apply(render_model_hpa(m.model, uid, namespace))
         else:
