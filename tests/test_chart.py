@@ -49,7 +49,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: unused repositories
     ("", "services"): {"get", "list", "watch", "create", "patch"},
-    ("", "endpoints"): {"get", "delete"},  # those Kubernetes left for a model moved onto a pool (issue 41)
+    ("", "endpoints"): {"get", "list", "delete"},  # those Kubernetes left for a model moved onto a pool (issue 41)
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},  # delete: a model moved onto a pool
     ("apps", "replicasets"): {"list"},  # which repository ConfigMaps their pod templates still use
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},

@@ -523,3 +523,58 @@ def test_a_model_deleted_or_moved_while_its_pools_round_runs_gets_no_service_sli
         assert applied == [], (gone, applied)
         work = pp.ReplicaWork("r2", [], [pp.Load("a")])
         assert asyncio.run(pools._carry_out(rnd, work, st, 0.0)) is False and not pools._sent, "nothing loaded"
+
+
+def test_after_a_restart_the_sweep_of_what_kubernetes_left_lists_each_namespace_once_not_each_service() -> None:
+    """Issue 41: a new leader's first round asked, for every pooled model, a GET of its Endpoints and a LIST of its
+    slices (400 calls at 200 models) before any load. A Service without a selector before the round's apply is looked
+    up in one listing per namespace; one that has just lost its selector (a model moving onto the pool) is asked
+    about on its own."""
+    import asyncio
+
+    from triton_operator.api.pool import ENDPOINTS_CONTROLLER, LABEL_ENDPOINTS_MANAGED_BY
+    from triton_operator.controller.cache import Cache
+    from triton_operator.controller.pool import PoolReconciler
+    from triton_operator.render.pool import LABEL_SERVICE_NAME, LABEL_SLICE_MANAGED_BY
+
+    calls: list[tuple[str, ...]] = []
+
+    def left(kind: str, name: str, service: str) -> dict[str, Any]:
+        labels = ({LABEL_ENDPOINTS_MANAGED_BY: ENDPOINTS_CONTROLLER, "serving.triton-operator.dev/model": service}
+                  if kind == "Endpoints" else
+                  {LABEL_SLICE_MANAGED_BY: "endpointslice-controller.k8s.io", LABEL_SERVICE_NAME: service})
+        return {"kind": kind, "metadata": {"name": name, "namespace": "ns", "labels": labels}}
+
+    class Kube:
+        def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+            calls.append(("get", kind, name))
+            return left("Endpoints", name, name) if name in ("m3", "moved") else None
+
+        def list(self, api_version: str, kind: str, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+            calls.append(("list", kind, selector))
+            if kind == "Endpoints":
+                return [left("Endpoints", "m3", "m3")]
+            return [left("EndpointSlice", f"{s}-x1", s) for s in ("m3", "own") if f"={s}," in selector
+                    or "kubernetes.io/service-name=" not in selector]
+
+        def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+            calls.append(("delete", kind, name))
+
+    pools = PoolReconciler(Kube(), Cache())  # type: ignore[arg-type]
+    names = [f"m{i}" for i in range(1, 6)]
+    for name in [*names, "moved"]:
+        pools._applied[("Service", "ns", name)] = {"metadata": {"name": name, "uid": f"uid-{name}"}, "spec": {}}
+    for name in names:
+        asyncio.run(pools._sweep_left_endpoints("ns", name, moved=False))
+    namespace_wide = [c[1] for c in calls if c[0] == "list" and "service-name=" not in c[2]]
+    assert namespace_wide == ["Endpoints", "EndpointSlice"], calls
+    on_its_own = [c[1:] for c in calls if c[0] == "get" or "service-name=" in c[2]]
+    assert [c[0] for c in on_its_own] == ["Endpoints", "EndpointSlice"] and "m3" in on_its_own[1][1], \
+        "only m3, which had leftovers, asked about on its own"
+    assert sorted(c[1:] for c in calls if c[0] == "delete") == [("EndpointSlice", "m3-x1"), ("Endpoints", "m3")]
+    calls.clear()
+    for name in names:  # swept: nothing more, ever, in this process
+        asyncio.run(pools._sweep_left_endpoints("ns", name, moved=False))
+    assert calls == []
+    asyncio.run(pools._sweep_left_endpoints("ns", "moved", moved=True))
+    assert [c[:2] for c in calls] == [("get", "Endpoints"), ("delete", "Endpoints"), ("list", "EndpointSlice")], calls

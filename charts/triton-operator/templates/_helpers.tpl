@@ -77,12 +77,13 @@ or to kopf itself; see the chart README for the reason of each.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The Endpoints Kubernetes' endpoints controller wrote for a model's Service while it had a selector: read and
-# deleted once the model is on a pool (its Service has none), or the EndpointSliceMirroring controller mirrors its
-# old addresses into a slice kube-proxy reads (issue 41). The admission policy allows only that delete.
+# The Endpoints Kubernetes' endpoints controller wrote for a model's Service while it had a selector: read (listed
+# once per namespace after a restart) and deleted once the model is on a pool (its Service has none), or the
+# EndpointSliceMirroring controller mirrors its old addresses into a slice kube-proxy reads (issue 41). The admission
+# policy allows only that delete.
 - apiGroups: [""]
   resources: ["endpoints"]
-  verbs: ["get", "delete"]
+  verbs: ["get", "list", "delete"]
 # Children: watched (kopf), read when not cached yet (GET), written with server-side apply
 # (PATCH; an apply that creates the object is also authorized as `create`).
 - apiGroups: [""]

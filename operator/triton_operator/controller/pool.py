@@ -35,7 +35,9 @@ What `PoolReconciler` keeps between rounds, and why each is safe to lose (an ope
 - `_answered`: the tritonserver container that last answered a whole round, per replica; a restarted operator
   trusts no record of a replica until it has answered once (`plan.pool.as_last_seen`).
 - `_swept`: the pooled models' Services (by uid) already cleared of the Endpoints and EndpointSlices Kubernetes'
-  controllers left from their selector (`_sweep_left_endpoints`); lost, each is looked at once more (a GET, a LIST).
+  controllers left from their selector (`_sweep_left_endpoints`); `_left_in`: per namespace, the Services that had
+  such leftovers when this process first listed them (one LIST of each kind). Lost, the namespace is listed again
+  once, and a Service that has just lost its selector is looked at on its own (a GET, a LIST).
 The placement is in the models' statuses, what each replica was told to load and what is in flight in the pool's
 status, what each replica serves in its Triton, what each holds on disk in its sidecar. A pool reconciles again
 every few seconds while it is not settled, and on every event of the pool, its pods or its models.
@@ -147,6 +149,7 @@ class PoolReconciler:
         # A cache: a restarted operator trusts no record until each replica has answered once.
         self._answered: dict[tuple[str, str, str], str] = {}
         self._swept: set[str] = set()  # Service uids
+        self._left_in: dict[str, set[str]] = {}  # namespace -> the Services Kubernetes left endpoints of, listed once
 
     # -- scheduling: the work queue (`controller.workqueue`), shared with the TritonModels
 
@@ -721,17 +724,20 @@ class PoolReconciler:
         if not self._still_member(namespace, m):
             return
         uid = m.body["metadata"]["uid"]
+        key = ("Service", namespace, m.model.name)
+        before = self._applied.get(key) or self.cache.children.get(key)
         await self._apply(render_model_service(m.model, uid, namespace))
         for s in render_endpoint_slices(m.model, uid, namespace, placement, pods, serving):
             await self._apply(s)
-        # After our slices: a new model's first ready copy is listed without waiting for the sweep's GET and LIST.
-        await self._sweep_left_endpoints(namespace, m.model.name)
+        # After our slices: a new model's first ready copy is listed without waiting for the sweep's questions.
+        moved = before is None or bool((before.get("spec") or {}).get("selector"))
+        await self._sweep_left_endpoints(namespace, m.model.name, moved)
         if m.model.spec.autoscaling is not None:
             await self._apply(render_model_hpa(m.model, uid, namespace))
         else:
             await self._delete(HPA, namespace, m.model.name)
 
-    async def _sweep_left_endpoints(self, namespace: str, model: str) -> None:
+    async def _sweep_left_endpoints(self, namespace: str, model: str, moved: bool = True) -> None:
         """Deletes what Kubernetes' controllers wrote for a pooled model's Service while it had a selector (the model
         had a Deployment of its own before it moved onto the pool): the Endpoints and the EndpointSlices.
 
@@ -744,13 +750,19 @@ class PoolReconciler:
         (managed by `endpoint-controller`, labelled with the model as its Service is), then every slice named after
         the Service and managed by `endpointslice-controller.k8s.io` or `endpointslicemirroring-controller.k8s.io`.
         Looked at once per Service (by uid) and process, and only once the Service, as applied, has no selector:
-        before that, Kubernetes' controllers would write them again. The chart's admission policy lets the operator
-        delete only these, of its own Services."""
+        before that, Kubernetes' controllers would write them again. A Service that had no selector before this
+        apply either (`moved` False: every pooled model's, after an operator restart) is looked up in the namespace's
+        one listing (`_left_names`), not asked about on its own: 200 pooled models cost 400 API calls in a new
+        leader's first round before. The chart's admission policy lets the operator delete only these, of its own
+        Services."""
         service = self._applied.get(("Service", namespace, model))
         if service is None or (service.get("spec") or {}).get("selector"):
             return
         uid = str(service["metadata"].get("uid"))
         if uid in self._swept:
+            return
+        if not moved and model not in await self._left_names(namespace):
+            self._swept.add(uid)
             return
         left = await asyncio.to_thread(self.kube.get, ENDPOINTS.api_version, ENDPOINTS.kind, namespace, model)
         labels = (left or {}).get("metadata", {}).get("labels") or {}
@@ -769,6 +781,21 @@ class PoolReconciler:
                      name, model, (found["metadata"].get("labels") or {}).get(LABEL_SLICE_MANAGED_BY),
                      "left by Kubernetes from the Service's selector; the model is on a pool now")
         self._swept.add(uid)
+
+    async def _left_names(self, namespace: str) -> set[str]:
+        """The Services of `namespace` with an Endpoints of Kubernetes' endpoints controller or a slice of its
+        EndpointSlice (or mirroring) controllers, listed once per namespace and process: a Service without a selector
+        since before that listing gets no new ones (those controllers leave it alone)."""
+        if namespace not in self._left_in:
+            endpoints = await asyncio.to_thread(self.kube.list, ENDPOINTS.api_version, ENDPOINTS.kind, namespace,
+                                                f"{LABEL_ENDPOINTS_MANAGED_BY}={ENDPOINTS_CONTROLLER},{LABEL_MODEL}")
+            slices = await asyncio.to_thread(self.kube.list, ENDPOINT_SLICE.api_version, ENDPOINT_SLICE.kind,
+                                             namespace, f"{LABEL_SLICE_MANAGED_BY} in "
+                                                        f"({','.join(KUBERNETES_SLICE_MANAGERS)})")
+            self._left_in[namespace] = ({e["metadata"]["name"] for e in endpoints}
+                                        | {(s["metadata"].get("labels") or {}).get(LABEL_SERVICE_NAME, "")
+                                           for s in slices})
+        return self._left_in[namespace]
 
     async def _orphans(self, namespace: str, pool: str, members: Mapping[str, pool_plan.Member]) -> None:
         """The models of a pool that does not exist: PoolNotFound, and no endpoint."""
