@@ -565,7 +565,7 @@ def test_after_a_restart_the_sweep_of_what_kubernetes_left_lists_each_namespace_
     for name in [*names, "moved"]:
         pools._applied[("Service", "ns", name)] = {"metadata": {"name": name, "uid": f"uid-{name}"}, "spec": {}}
     for name in names:
-        asyncio.run(pools._sweep_left_endpoints("ns", name, moved=False))
+        asyncio.run(pools._sweep_left_endpoints("ns", name))
     namespace_wide = [c[1] for c in calls if c[0] == "list" and "service-name=" not in c[2]]
     assert namespace_wide == ["Endpoints", "EndpointSlice"], calls
     on_its_own = [c[1:] for c in calls if c[0] == "get" or "service-name=" in c[2]]
@@ -574,7 +574,40 @@ def test_after_a_restart_the_sweep_of_what_kubernetes_left_lists_each_namespace_
     assert sorted(c[1:] for c in calls if c[0] == "delete") == [("EndpointSlice", "m3-x1"), ("Endpoints", "m3")]
     calls.clear()
     for name in names:  # swept: nothing more, ever, in this process
-        asyncio.run(pools._sweep_left_endpoints("ns", name, moved=False))
+        asyncio.run(pools._sweep_left_endpoints("ns", name))
     assert calls == []
-    asyncio.run(pools._sweep_left_endpoints("ns", "moved", moved=True))
+    pools._moving.add(("ns", "moved"))  # its selector taken away since the namespace was listed (below)
+    asyncio.run(pools._sweep_left_endpoints("ns", "moved"))
     assert [c[:2] for c in calls] == [("get", "Endpoints"), ("delete", "Endpoints"), ("list", "EndpointSlice")], calls
+    assert not pools._moving
+
+
+def test_a_service_whose_selector_the_pool_takes_away_is_noted_as_moving_one_already_without_is_not() -> None:
+    """What `_sweep_left_endpoints` asks about on its own: the Service of a model that had its own Deployment (the
+    cache holds it with a selector) or that this process knows nothing of; not one the pool applied before."""
+    import asyncio
+
+    from triton_operator.controller.cache import Cache
+    from triton_operator.controller.pool import PoolReconciler
+
+    members, *_ = _world()
+    model = members["a"].model
+    assert model is not None
+
+    class Kube:
+        def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+            return obj
+
+    cache = Cache()
+    pools = PoolReconciler(Kube(), cache)  # type: ignore[arg-type]
+    own = {"kind": "Service", "metadata": {"name": "a", "namespace": "ns", "uid": "s1"},
+           "spec": {"selector": {"serving.triton-operator.dev/model": "a"}}}
+    cache.put_child(own)
+    asyncio.run(pools._apply_service(model, "uid-a", "ns"))
+    assert pools._moving == {("ns", "a")}, "its own Deployment's Service had a selector"
+    pools._moving.clear()
+    asyncio.run(pools._apply_service(model, "uid-a", "ns"))  # applied by the pool: no selector now
+    assert not pools._moving
+    fresh = PoolReconciler(Kube(), Cache())  # type: ignore[arg-type]
+    asyncio.run(fresh._apply_service(model, "uid-a", "ns"))
+    assert fresh._moving == {("ns", "a")}, "nothing known of it: asked about"

@@ -36,8 +36,9 @@ What `PoolReconciler` keeps between rounds, and why each is safe to lose (an ope
   trusts no record of a replica until it has answered once (`plan.pool.as_last_seen`).
 - `_swept`: the pooled models' Services (by uid) already cleared of the Endpoints and EndpointSlices Kubernetes'
   controllers left from their selector (`_sweep_left_endpoints`); `_left_in`: per namespace, the Services that had
-  such leftovers when this process first listed them (one LIST of each kind). Lost, the namespace is listed again
-  once, and a Service that has just lost its selector is looked at on its own (a GET, a LIST).
+  such leftovers when this process first listed them (one LIST of each kind); `_moving`, the Services whose selector
+  this process's apply took away, not swept yet, each looked at on its own (a GET, a LIST). Lost, the namespace is
+  listed again once, and a Service whose selector is already gone is found in that listing.
 The placement is in the models' statuses, what each replica was told to load and what is in flight in the pool's
 status, what each replica serves in its Triton, what each holds on disk in its sidecar. A pool reconciles again
 every few seconds while it is not settled, and on every event of the pool, its pods or its models.
@@ -150,6 +151,7 @@ class PoolReconciler:
         self._answered: dict[tuple[str, str, str], str] = {}
         self._swept: set[str] = set()  # Service uids
         self._left_in: dict[str, set[str]] = {}  # namespace -> the Services Kubernetes left endpoints of, listed once
+        self._moving: set[tuple[str, str]] = set()  # (ns, Service) whose selector our apply took away, not swept yet
 
     # -- scheduling: the work queue (`controller.workqueue`), shared with the TritonModels
 
@@ -696,7 +698,7 @@ class PoolReconciler:
         end) and status, then the pool's status."""
         for name, m in rnd.members.items():
             if m.model is not None and name in plan.services_only and self._still_member(rnd.namespace, m):
-                await self._apply(render_model_service(m.model, m.body["metadata"]["uid"], rnd.namespace))
+                await self._apply_service(m.model, m.body["metadata"]["uid"], rnd.namespace)
             elif m.model is not None:
                 await self._traffic(rnd.namespace, m, list(rnd.placement.copies.get(name, ())), rnd.pods,
                                     plan.serving[name])
@@ -724,20 +726,26 @@ class PoolReconciler:
         if not self._still_member(namespace, m):
             return
         uid = m.body["metadata"]["uid"]
-        key = ("Service", namespace, m.model.name)
-        before = self._applied.get(key) or self.cache.children.get(key)
-        await self._apply(render_model_service(m.model, uid, namespace))
+        await self._apply_service(m.model, uid, namespace)
         for s in render_endpoint_slices(m.model, uid, namespace, placement, pods, serving):
             await self._apply(s)
         # After our slices: a new model's first ready copy is listed without waiting for the sweep's questions.
-        moved = before is None or bool((before.get("spec") or {}).get("selector"))
-        await self._sweep_left_endpoints(namespace, m.model.name, moved)
+        await self._sweep_left_endpoints(namespace, m.model.name)
         if m.model.spec.autoscaling is not None:
             await self._apply(render_model_hpa(m.model, uid, namespace))
         else:
             await self._delete(HPA, namespace, m.model.name)
 
-    async def _sweep_left_endpoints(self, namespace: str, model: str, moved: bool = True) -> None:
+    async def _apply_service(self, model: TritonModel, uid: str, namespace: str) -> None:
+        """A pooled model's Service (no selector). One that had a selector before, or that this process knows nothing
+        of, is noted as moving (`_moving`): what Kubernetes left from its selector is asked about on its own."""
+        key = ("Service", namespace, model.name)
+        before = self._applied.get(key) or self.cache.children.get(key)
+        if before is None or (before.get("spec") or {}).get("selector"):
+            self._moving.add((namespace, model.name))
+        await self._apply(render_model_service(model, uid, namespace))
+
+    async def _sweep_left_endpoints(self, namespace: str, model: str) -> None:
         """Deletes what Kubernetes' controllers wrote for a pooled model's Service while it had a selector (the model
         had a Deployment of its own before it moved onto the pool): the Endpoints and the EndpointSlices.
 
@@ -751,7 +759,7 @@ class PoolReconciler:
         the Service and managed by `endpointslice-controller.k8s.io` or `endpointslicemirroring-controller.k8s.io`.
         Looked at once per Service (by uid) and process, and only once the Service, as applied, has no selector:
         before that, Kubernetes' controllers would write them again. A Service that had no selector before this
-        apply either (`moved` False: every pooled model's, after an operator restart) is looked up in the namespace's
+        apply either (not `_moving`: every pooled model's, after an operator restart) is looked up in the namespace's
         one listing (`_left_names`), not asked about on its own: 200 pooled models cost 400 API calls in a new
         leader's first round before. The chart's admission policy lets the operator delete only these, of its own
         Services."""
@@ -761,7 +769,7 @@ class PoolReconciler:
         uid = str(service["metadata"].get("uid"))
         if uid in self._swept:
             return
-        if not moved and model not in await self._left_names(namespace):
+        if (namespace, model) not in self._moving and model not in await self._left_names(namespace):
             self._swept.add(uid)
             return
         left = await asyncio.to_thread(self.kube.get, ENDPOINTS.api_version, ENDPOINTS.kind, namespace, model)
@@ -781,6 +789,7 @@ class PoolReconciler:
                      name, model, (found["metadata"].get("labels") or {}).get(LABEL_SLICE_MANAGED_BY),
                      "left by Kubernetes from the Service's selector; the model is on a pool now")
         self._swept.add(uid)
+        self._moving.discard((namespace, model))
 
     async def _left_names(self, namespace: str) -> set[str]:
         """The Services of `namespace` with an Endpoints of Kubernetes' endpoints controller or a slice of its
