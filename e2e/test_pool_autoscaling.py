@@ -257,6 +257,8 @@ def test_a_pool_whose_models_fill_it_scales_up_its_replicas_and_places_what_did_
     a = kube.get("TritonModel", "fill-a", namespace)
     assert tm["status"]["placement"] != a["status"]["placement"], (tm["status"], a["status"])
     assert kube.get("Deployment", f"{pool}-pool", namespace)["spec"]["replicas"] == 2
+    wait_for("the pool's PodDisruptionBudget, with 2 replicas",
+             lambda: kube.get_or_none("PodDisruptionBudget", f"{pool}-pool", namespace), 60)
     # fill-b said it did not fit before the pool grew (an Event of its Ready transition).
     events = kube.items("Event", namespace)
     assert any(e.get("reason") == "InsufficientPoolCapacity" and e["involvedObject"]["name"] == "fill-b"
@@ -279,6 +281,8 @@ def test_a_pool_whose_models_fill_it_scales_up_its_replicas_and_places_what_did_
              and len(_pool_pods(kube, namespace, pool)) == 1, 180, interval=1)
     a = wait_model(kube, namespace, "fill-a", _warmed(1), "Ready on the replica left", 180)
     assert a["status"]["placement"] == list(_pool_pods(kube, namespace, pool)), a["status"]
+    wait_for("the pool's PodDisruptionBudget deleted at 1 replica (as a TritonModel's own)",
+             lambda: kube.get_or_none("PodDisruptionBudget", f"{pool}-pool", namespace) is None, 60)
 
     # autoscaling removed: the pool's HPA goes, the replicas stay where it left them.
     kube.patch("TritonPool", pool, {"spec": {"autoscaling": None}}, namespace, type="merge")

@@ -611,3 +611,19 @@ def test_a_service_whose_selector_the_pool_takes_away_is_noted_as_moving_one_alr
     fresh = PoolReconciler(Kube(), Cache())  # type: ignore[arg-type]
     asyncio.run(fresh._apply_service(model, "uid-a", "ns"))
     assert fresh._moving == {("ns", "a")}, "nothing known of it: asked about"
+
+
+def test_a_pools_own_objects_a_pdb_only_above_one_replica_an_hpa_only_with_autoscaling_as_a_models() -> None:
+    """The pool's children as `plan.pool.pool_children` says them: at 1 replica its PodDisruptionBudget goes (the
+    TritonModel's planner deletes its own the same way); without `spec.autoscaling` its HPA goes."""
+    from triton_operator.render.kubernetes import Options
+
+    def kinds(children: pp.PoolChildren) -> tuple[list[str], list[tuple[str, str]]]:
+        return [c["kind"] for c in children.apply], [(k.kind, name) for k, name, _ in children.delete]
+
+    two = TritonPool.model_validate(pool_document("p"))
+    assert kinds(pp.pool_children(two, "u", "ns", Options())) == (
+        ["Deployment", "PodDisruptionBudget"], [("HorizontalPodAutoscaler", "p-pool")])
+    one = TritonPool.model_validate(pool_document("p", replicas=1, autoscaling={"minReplicas": 1, "maxReplicas": 3}))
+    assert kinds(pp.pool_children(one, "u", "ns", Options())) == (
+        ["Deployment", "HorizontalPodAutoscaler"], [("PodDisruptionBudget", "p-pool")])

@@ -76,14 +76,10 @@ from ..render.pool import (
     LABEL_SERVICE_NAME,
     LABEL_SLICE_MANAGED_BY,
     ReplicaPod,
-    pool_deployment_name,
     pool_key,
     render_endpoint_slices,
     render_model_hpa,
     render_model_service,
-    render_pool_children,
-    render_pool_hpa,
-    render_pool_key_secret,
 )
 from ..triton import fetcher as triton_fetcher
 from ..triton import pool as triton_pool
@@ -376,29 +372,29 @@ class PoolReconciler:
         self._applied[key] = lean(await asyncio.to_thread(self.kube.apply, obj))
         log.info("Applied %s namespace=%s name=%s", *key)
 
-    async def _delete(self, kind: Kind, namespace: str, name: str) -> None:
+    async def _delete(self, kind: Kind, namespace: str, name: str, why: str) -> None:
         """Deletes an object of ours the rounds applied or the watch reported (an HPA whose autoscaling is unset)."""
         key = (kind.kind, namespace, name)
         if key not in self._applied:
             return
         await asyncio.to_thread(self.kube.delete, kind.api_version, kind.kind, namespace, name)
         self._applied.pop(key, None)
-        log.info("Deleted %s namespace=%s name=%s", *key)
+        log.info("Deleted %s namespace=%s name=%s reason=%r", *key, why)
 
     async def _apply_children(self, namespace: str, pool: TritonPool, uid: str) -> None:
-        secret = render_pool_key_secret(pool, uid, namespace, self.options)
+        """The pool's own objects as `plan.pool.pool_children` says."""
+        want = pool_plan.pool_children(pool, uid, namespace, self.options)
+        secret = want.secret
         if secret is not None and ("Secret", namespace, secret["metadata"]["name"]) not in self._applied:
             created = await asyncio.to_thread(self.kube.create_if_absent, secret)
             self._applied[("Secret", namespace, secret["metadata"]["name"])] = {}
             if created:
                 log.info("Created Secret namespace=%s name=%s owner=TritonPool/%s", namespace,
                          secret["metadata"]["name"], pool.name)
-        for child in render_pool_children(pool, uid, namespace, self.options):
+        for child in want.apply:
             await self._apply(child)
-        if pool.spec.autoscaling is not None:
-            await self._apply(render_pool_hpa(pool, uid, namespace))
-        else:
-            await self._delete(HPA, namespace, pool_deployment_name(pool))
+        for kind, name, why in want.delete:
+            await self._delete(kind, namespace, name, why)
 
     def _held_now(self, rnd: pool_plan.PoolRound) -> dict[tuple[str, str], bool]:
         now = time.monotonic()
@@ -734,7 +730,7 @@ class PoolReconciler:
         if m.model.spec.autoscaling is not None:
             await self._apply(render_model_hpa(m.model, uid, namespace))
         else:
-            await self._delete(HPA, namespace, m.model.name)
+            await self._delete(HPA, namespace, m.model.name, "spec.autoscaling is unset")
 
     async def _apply_service(self, model: TritonModel, uid: str, namespace: str) -> None:
         """A pooled model's Service (no selector). One that had a selector before, or that this process knows nothing

@@ -27,13 +27,23 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ValidationError
 
 from ..api import steps as step_graph
-from ..api.kinds import LABEL_MODEL
+from ..api.kinds import HPA, LABEL_MODEL, PDB, Kind
 from ..api.pod import GRPC_PORT, HTTP_PORT
 from ..api.pool import TritonPool, format_bytes
 from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
+from ..render.kubernetes import Options
 from ..render.modelconfig import render_repository
-from ..render.pool import LoadRequest, ReplicaPod, load_request, pool_selector
+from ..render.pool import (
+    LoadRequest,
+    ReplicaPod,
+    load_request,
+    pool_deployment_name,
+    pool_selector,
+    render_pool_children,
+    render_pool_hpa,
+    render_pool_key_secret,
+)
 from .placement import INSUFFICIENT_CAPACITY, Placement, PoolReplica, place
 from .status import (
     admin_apis_open,
@@ -101,6 +111,31 @@ class Member:
     @property
     def budget(self) -> int:
         return self.model.spec.rollout.max_unavailable if self.model is not None else 1
+
+
+@dataclass(frozen=True)
+class PoolChildren:
+    """What a pool's round writes of the pool's own objects: its key Secret (created once, never applied over),
+    what it applies (its Deployment, PodDisruptionBudget and HPA, as wanted), and what it deletes, with why."""
+
+    secret: dict[str, Any] | None
+    apply: list[dict[str, Any]]
+    delete: list[tuple[Kind, str, str]]  # (kind, name, why)
+
+
+def pool_children(pool: TritonPool, uid: str, namespace: str, options: Options) -> PoolChildren:
+    """The pool's own objects: its HPA only with `spec.autoscaling`, its PodDisruptionBudget only with more than one
+    replica (a TritonModel's own replicas follow the same rule, `plan.planner`); the others are deleted."""
+    apply = render_pool_children(pool, uid, namespace, options)
+    delete: list[tuple[Kind, str, str]] = []
+    name = pool_deployment_name(pool)
+    if pool.spec.replicas <= 1:
+        delete.append((PDB, name, "spec.replicas is 1 or less"))
+    if pool.spec.autoscaling is not None:
+        apply.append(render_pool_hpa(pool, uid, namespace))
+    else:
+        delete.append((HPA, name, "spec.autoscaling is unset"))
+    return PoolChildren(render_pool_key_secret(pool, uid, namespace, options), apply, delete)
 
 
 def pooled(pool: str, bodies: Mapping[str, Mapping[str, Any]]) -> list[str]:
