@@ -645,7 +645,7 @@ def pool_speed(fig: Figure, d: Json) -> list[str]:
         _legend(ax_n, loc="lower right")
     ax_n.set_xlim(left=0)
     ax_n.set_xlabel("seconds (a dot per new model)")
-    ax_n.set_title("a new model on a warm pool: create -> first ready endpoint")
+    ax_n.set_title("a new model on a warm pool:\ncreate -> first ready endpoint")
     bars: list[tuple[str, float, float, float]] = []  # label, kill -> pod Ready, Triton loading, operator
     for r in (data.get("kill") or {}).get("runs") or ():
         total, op, up = _num(r.get("total_s")), _num(r.get("operator_s")), _num(r.get("killed_to_pod_ready_s"))
@@ -658,16 +658,16 @@ def pool_speed(fig: Figure, d: Json) -> list[str]:
                          op))
     for i, (_label, up, busy, op) in enumerate(bars):
         y = len(bars) - 1 - i
-        ax_s.barh(y, up, color=FLOOR, label="kill -> pod Ready (kubelet, Triton start-up)" if i == 0 else None)
+        ax_s.barh(y, up, color=FLOOR, label="kill -> pod Ready" if i == 0 else None)
         ax_s.barh(y, busy, left=up, color=OURS_ALT, label="Triton loading (its log)" if i == 0 else None)
-        ax_s.barh(y, op, left=up + busy, color=OURS, label="the operator's share" if i == 0 else None)
+        ax_s.barh(y, op, left=up + busy, color=OURS, label="the operator's share (%)" if i == 0 else None)
         total = up + busy + op
         ax_s.annotate(f"{op / total:.0%}" if total else "-", (total, y), textcoords="offset points", xytext=(3, -3),
                       fontsize=8)
     ax_s.set_yticks(range(len(bars)), [b[0] for b in reversed(bars)])
     ax_s.set_xlabel("seconds")
-    ax_s.set_title("a killed replica until all serve again; each replica of the big pool until its last serves")
-    _legend(ax_s, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    ax_s.set_title("a killed replica until all its models serve again;\neach replica of the big pool until its last serves")
+    _legend(ax_s, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     missing = [] if samples else ["the new models (data.warm.samples)"]
     return missing + ([] if bars else ["the kills and the big pool (data.kill, data.big)"])
 

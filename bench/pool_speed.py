@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from triton_operator.api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL
 
 from . import pool_speed_math as psm
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
-from .kubeenv import BackgroundWatch, BenchCluster, pool_bench
+from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, pool_bench
 from .pods import tree_rss_kb
 
 NAMESPACE = "bench-pool-speed"
@@ -70,6 +71,14 @@ class TritonPythonModel:
             "OUTPUT", (pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() * 2).astype(np.float32))])
             for r in requests]
 """
+
+
+@dataclass
+class Bench:
+    cluster: BenchCluster
+    kube: Kube
+    op: OperatorProcess
+    deleted: dict[str, float] = field(default_factory=dict)  # model -> when its delete was sent
 
 
 def model_doc(name: str, pool: str) -> dict[str, Any]:
@@ -246,7 +255,7 @@ def window_phases(op_log: Path, start: float, end: float, pool: str) -> dict[str
 # -- 1. a new model on a warm pool --------------------------------------------------------------------------------
 
 
-def warm_phase(b: Any, slices: SliceHistory) -> dict[str, Any]:
+def warm_phase(b: Bench, slices: SliceHistory) -> dict[str, Any]:
     kube, cluster = b.kube, b.cluster
     kube.create(pool_doc("warm", 1, WARM + SAMPLES + 4))
     wait_for("the warm pool's replica Ready", lambda: pool_ready(kube, "warm", 1), 300, 0.5)
@@ -268,6 +277,7 @@ def warm_phase(b: Any, slices: SliceHistory) -> dict[str, Any]:
         time.sleep(SETTLE)
     [pod] = replica_pods(kube, "warm")
     tl, raw = triton_log(cluster, pod)
+    (cluster.logs / "tritonserver-warm.log").write_text(raw)
     spans = traced(b.op.log_path)
     for s in samples:
         loads = tl.loads.get(s["model"]) or []
@@ -277,6 +287,7 @@ def warm_phase(b: Any, slices: SliceHistory) -> dict[str, Any]:
         load = loads[0]
         s.update(psm.new_model_share(s["sent_at"], load, s["ready_at"]))
         s["triton_loading_at"], s["triton_loaded_at"] = load.start, load.end
+        s["breakdown"] = psm.round_breakdown(spans, s["sent_at"], load.start, load.end, s["ready_at"], "warm")
         s["phases_before"] = psm.phase_seconds(spans, s["sent_at"], load.start, "warm")
         s["phases_after"] = psm.phase_seconds(spans, load.end, s["ready_at"], "warm")
     rss = tree_rss_kb(cluster.container_pid(pod, "tritonserver")) / 1024
@@ -293,10 +304,11 @@ def _excerpt(raw: str, model: str) -> list[str]:
 # -- 2. the replica's tritonserver killed -------------------------------------------------------------------------
 
 
-def down_to(b: Any, keep: list[str], drop: list[str]) -> dict[str, Any]:
+def down_to(b: Bench, keep: list[str], drop: list[str]) -> dict[str, Any]:
     """Deletes `drop` (each unloaded) and waits until the replica's Triton has unloaded each."""
     kube, cluster = b.kube, b.cluster
     if drop:
+        b.deleted.update(dict.fromkeys(drop, time.time()))
         delete_all(kube, "TritonModel", drop)
 
         def unloaded() -> bool:
@@ -309,7 +321,7 @@ def down_to(b: Any, keep: list[str], drop: list[str]) -> dict[str, Any]:
     return {"held": len(keep), "deleted": len(drop)}
 
 
-def kill_once(b: Any, slices: SliceHistory, pods: PodHistory, held: list[str]) -> dict[str, Any]:
+def kill_once(b: Bench, slices: SliceHistory, pods: PodHistory, held: list[str]) -> dict[str, Any]:
     kube, cluster = b.kube, b.cluster
     [pod] = replica_pods(kube, "warm")
     name, before = pod["metadata"]["name"], restarts(pod)
@@ -327,7 +339,8 @@ def kill_once(b: Any, slices: SliceHistory, pods: PodHistory, held: list[str]) -
     t_serving = max(v[1] for v in back.values() if v[1] is not None)
     pod = kube.get("Pod", name, NAMESPACE)
     pod_ready = wait_for("the pod seen Ready again", lambda: pods.ready_again(name, t_kill), 30, 0.1)
-    tl, _ = triton_log(cluster, pod)
+    tl, raw = triton_log(cluster, pod)
+    (cluster.logs / f"tritonserver-warm-restart{restarts(pod)}.log").write_text(raw)
     loads = [iv for ivs in tl.loads_of(held, t_kill).values() for iv in ivs]
     share = psm.kill_share(t_kill, pod_ready, loads, t_serving, tl.first)
     spans = traced(b.op.log_path)
@@ -345,30 +358,26 @@ def kill_once(b: Any, slices: SliceHistory, pods: PodHistory, held: list[str]) -
     return out
 
 
-def kill_phase(b: Any, slices: SliceHistory, pods: PodHistory, warm: dict[str, Any]) -> dict[str, Any]:
+def kill_phase(b: Bench, slices: SliceHistory, pods: PodHistory, warm: dict[str, Any]) -> dict[str, Any]:
     current = list(warm["names"]) + [s["model"] for s in warm["samples"]]
-    deleted: list[str] = []
     runs: list[dict[str, Any]] = []
     for n in sorted(KILL, reverse=True):
         keep, drop = current[:n], current[n:]
         down_to(b, keep, drop)
-        deleted += drop
         current = keep
         for _ in range(KILL_REPEAT):
             runs.append(kill_once(b, slices, pods, keep))
             time.sleep(SETTLE)
-    # A deleted pooled model's Service applied again (fixed in d81c5a5): any line naming one of them.
-    op_lines = b.op.log_path.read_text(errors="replace").splitlines()
-    again = [ln for ln in op_lines if (m := re.search(r"Applied Service namespace=\S+ name=(\S+)", ln))
-             and m.group(1) in set(deleted)]
-    return {"runs": runs, "deleted": len(deleted), "applied_service_lines_for_deleted_models": len(again),
+    # A deleted pooled model's Service applied again after its delete (fixed in d81c5a5).
+    again = psm.services_applied_after(b.op.log_path.read_text(errors="replace").splitlines(), b.deleted)
+    return {"runs": runs, "deleted": len(b.deleted), "applied_service_lines_for_deleted_models": len(again),
             "applied_service_samples": again[:5]}
 
 
 # -- 3. many models into one pool ---------------------------------------------------------------------------------
 
 
-def big_phase(b: Any, slices: SliceHistory, per_model_mb: float) -> dict[str, Any]:
+def big_phase(b: Bench, slices: SliceHistory, per_model_mb: float) -> dict[str, Any]:
     kube, cluster = b.kube, b.cluster
     avail = available_mb()
     fits = int((avail - HEADROOM_MB) / per_model_mb) if per_model_mb > 0 else BIG
@@ -422,7 +431,8 @@ def run() -> Path:
     program = [sys.executable, "-m", "bench.pool_trace"] if TRACE else None
     data: dict[str, Any] = {"config": {"warm": WARM, "samples": SAMPLES, "kill": KILL, "kill_repeat": KILL_REPEAT,
                                        "big": BIG, "big_replicas": BIG_REPLICAS, "settle_s": SETTLE, "traced": TRACE}}
-    with pool_bench(cluster, NAMESPACE, "operator-pool-speed.log", program=program) as b:
+    with pool_bench(cluster, NAMESPACE, "operator-pool-speed.log", program=program) as pb:
+        b = Bench(pb.cluster, pb.kube, pb.op)
         with SliceHistory(b.kube, NAMESPACE) as slices, PodHistory(b.kube, NAMESPACE) as pods:
             data["loadavg_at_start"] = loadavg()
             data["warm"] = warm_phase(b, slices)
@@ -493,13 +503,12 @@ def result(data: dict[str, Any]) -> Result:
     if warm.get("triton_clock_skew_s") is not None:
         res.notes.append(f"Triton's log times against the kubelet's (median kubelet - Triton): "
                          f"{warm['triton_clock_skew_s'] * 1000:.1f} ms.")
-    before = psm.totals(s.get("phases_before", {}) for s in ok)
-    after = psm.totals(s.get("phases_after", {}) for s in ok)
-    if ok and cfg["traced"]:
-        res.notes.append("New model, the operator's traced phases before Triton's load, mean per sample: "
-                         + ", ".join(f"{k} {v / len(ok) * 1000:.0f} ms" for k, v in before.items()) + ".")
-        res.notes.append("New model, after Triton's READY, mean per sample: "
-                         + ", ".join(f"{k} {v / len(ok) * 1000:.0f} ms" for k, v in after.items()) + ".")
+    parts = [s["breakdown"] for s in ok if s.get("breakdown")]
+    if parts:
+        res.notes.append(f"New model, where the operator's share went, in order (the round that loaded it, from "
+                         f"bench/pool_trace.py's lines; p50 over {len(parts)} samples): "
+                         + ", ".join(f"{k.removesuffix('_s')} {summary([p[k] for p in parts])['p50'] * 1000:.0f} ms"
+                                     for k in parts[0]) + ".")
     res.notes.append(f"Load average (1 min) at the start of each measurement: new models "
                      f"{[s['loadavg'][0] for s in warm['samples']]}; kills {[r['loadavg'][0] for r in kill['runs']]}"
                      + (f"; big pool {big['loadavg'][0]}" if big else "") + ".")

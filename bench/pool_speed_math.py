@@ -230,6 +230,33 @@ def replica_share(loads: Sequence[Interval], start: float, end: float, top: int 
             "longest_gaps": [{"at_s": round(g.start - start, 3), "seconds": round(g.seconds, 3)} for g in longest]}
 
 
+# -- the operator's log ------------------------------------------------------------------------------
+
+OPERATOR_TIME = re.compile(r"^(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d),(\d{3}) ")
+APPLIED_SERVICE = re.compile(r"Applied Service namespace=\S+ name=(\S+)")
+
+
+def operator_time(line: str) -> float | None:
+    """Epoch seconds of an operator log line's time (`2026-11-29 16:39:14,739`, the operator's text format; the
+    machine's clock is UTC)."""
+    m = OPERATOR_TIME.match(line)
+    if not m:
+        return None
+    y, mo, d, h, mi, s, msec = map(int, m.groups())
+    return calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) + msec / 1000
+
+
+def services_applied_after(lines: Iterable[str], deleted: Mapping[str, float]) -> list[str]:
+    """The operator's `Applied Service` lines for a model after it was deleted (`deleted`: name -> when)."""
+    out = []
+    for ln in lines:
+        m = APPLIED_SERVICE.search(ln)
+        t = operator_time(ln) if m else None
+        if m and t is not None and m.group(1) in deleted and t >= deleted[m.group(1)]:
+            out.append(ln)
+    return out
+
+
 # -- the operator's trace (bench/pool_trace.py) -----------------------------------------------------
 
 TRACE = re.compile(r"Traced pool phase namespace=(?P<ns>\S+) pool=(?P<pool>\S+) round=(?P<round>\d+) "
@@ -275,3 +302,47 @@ def totals(rows: Iterable[Mapping[str, float]]) -> dict[str, float]:
         for k, v in r.items():
             out[k] = round(out.get(k, 0.0) + v, 4)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+#: The phases of a round one after the other before its loads (bench/pool_trace.py), and inside `publish`.
+BEFORE_LOAD = ("members", "apply_children", "round_of", "observe", "in_flight", "fetch_phase", "plan", "publish")
+IN_PUBLISH = ("apply.Service", "model_status", "pool_status")
+
+
+def round_breakdown(found: Sequence[Span], sent: float, loading: float, loaded: float, ready: float,
+                    pool: str) -> dict[str, float] | None:
+    """A new model's time, in order, from the round that loaded it (its `load` request, sent between `sent` and
+    Triton's `loading:` line): the create -> the operator's request for a round (the watch event), -> the round's
+    start (the work queue), each phase of the round before the load, -> Triton's `loading:` (the request on its
+    way); after Triton's `successfully loaded`: -> the load request answered, the READY question, the slices
+    written (`listed`), -> the watch saw the endpoint. Phases are the round's own (a later round's `queued`, which
+    overlaps, is not counted). None when the trace has no such load."""
+    loads = [s for s in found if s.pool == pool and s.phase == "load" and sent <= s.start <= loading]
+    if not loads:
+        return None
+    load = loads[-1]
+    mine = [s for s in found if s.pool == pool and s.round == load.round]
+    rnd = next((s for s in mine if s.phase == "round"), None)
+    if rnd is None:
+        return None
+    queued = next((s for s in mine if s.phase == "queued"), None)
+    asked = queued.start if queued is not None and queued.start >= sent else rnd.start
+    out = {"create_to_request_s": asked - sent, "request_to_round_s": rnd.start - asked}
+    done = 0.0
+    for p in BEFORE_LOAD:
+        secs = sum(s.seconds for s in mine if s.phase == p and s.end <= load.start + 1e-6)
+        out[f"{p}_s"] = secs
+        done += secs
+    for p in IN_PUBLISH:
+        out[f"publish.{p}_s"] = sum(s.seconds for s in mine if s.phase == p and s.end <= load.start + 1e-6)
+    out["rest_of_round_s"] = load.start - rnd.start - done
+    out["request_to_triton_s"] = loading - load.start
+    out["triton_to_answer_s"] = load.end - loaded
+    served = next((s for s in mine if s.phase == "served" and s.start >= load.end - 1e-6), None)
+    listed = next((s for s in mine if s.phase == "listed" and s.start >= load.end - 1e-6), None)
+    out["served_s"] = served.seconds if served else 0.0
+    out["listed_s"] = listed.seconds if listed else 0.0
+    out["listed_to_seen_s"] = ready - listed.end if listed else 0.0
+    out["rest_after_s"] = ready - loaded - out["triton_to_answer_s"] - out["served_s"] - out["listed_s"] \
+        - out["listed_to_seen_s"]
+    return {k: round(v, 4) for k, v in out.items()}

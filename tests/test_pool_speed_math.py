@@ -132,3 +132,34 @@ def test_the_traces_lines_are_read_back_and_added_up_by_phase(caplog: pytest.Log
         ("-", 0, "served", 101.75, 0.5)]
     assert psm.phase_seconds(found, 100.1, 101.0, "warm") == {"load": 0.75, "publish": 0.15}
     assert psm.totals([{"a": 1.0}, {"a": 0.5, "b": 2.0}]) == {"b": 2.0, "a": 1.5}
+
+
+def test_services_applied_after_a_models_delete_are_found_by_the_operators_own_time() -> None:
+    lines = ["2026-11-29 16:39:14,739 INFO triton_operator.pool: Applied Service namespace=ns name=gone",
+             "2026-11-29 16:39:20,100 INFO triton_operator.pool: Applied EndpointSlice namespace=ns name=gone-ipv4",
+             "2026-11-29 16:39:20,250 INFO triton_operator.pool: Applied Service namespace=ns name=gone",
+             "2026-11-29 16:39:21,000 INFO triton_operator.pool: Applied Service namespace=ns name=kept"]
+    assert psm.operator_time(lines[0]) == pytest.approx(_at("2026-11-29 16:39:14.739000"))
+    deleted = {"gone": _at("2026-11-29 16:39:20.000000")}
+    assert psm.services_applied_after(lines, deleted) == [lines[2]]
+    assert psm.services_applied_after(lines, {"gone": _at("2026-11-29 16:39:21.000000")}) == []
+
+
+def test_a_new_models_breakdown_follows_the_round_that_loaded_it_and_not_a_later_ones_queue() -> None:
+    def span(rnd: int, phase: str, start: float, seconds: float) -> psm.Span:
+        return psm.Span("ns", "warm", rnd, phase, start, seconds)
+
+    found = [span(5, "queued", 100.02, 0.0), span(5, "members", 100.03, 0.01), span(5, "observe", 100.05, 0.1),
+             span(5, "apply.Service", 100.16, 0.02), span(5, "publish", 100.15, 0.05),
+             span(6, "queued", 100.2, 2.0),  # a later round's request, waiting while this one loads
+             span(5, "load", 100.21, 1.5), span(5, "served", 101.71, 0.01), span(5, "listed", 101.72, 0.03),
+             span(5, "round", 100.02, 2.0)]
+    out = psm.round_breakdown(found, 100.0, 100.22, 101.7, 101.76, "warm")
+    assert out is not None
+    assert out["create_to_request_s"] == 0.02 and out["request_to_round_s"] == 0.0
+    assert out["members_s"] == 0.01 and out["observe_s"] == 0.1 and out["publish_s"] == 0.05
+    assert out["publish.apply.Service_s"] == 0.02
+    assert out["rest_of_round_s"] == 0.03  # 0.19 s from the round's start to the load, 0.16 s of it in phases
+    assert out["request_to_triton_s"] == 0.01 and out["triton_to_answer_s"] == 0.01
+    assert out["served_s"] == 0.01 and out["listed_s"] == 0.03 and out["listed_to_seen_s"] == 0.01
+    assert psm.round_breakdown(found, 100.0, 100.2, 101.7, 101.76, "other") is None
