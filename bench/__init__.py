@@ -14,6 +14,8 @@ Benchmarks are not tests: nothing here fails on a time. `python -m bench.run [NA
 | `autoscale.py` | one load step: the HPA on Triton's queue time vs a CPU-utilisation HPA |
 | `faults.py` | a replica that stops serving: out of the Service, healed, serving again; what the checks cost |
 | `pool.py` | a TritonPool vs a Deployment per model: GPUs, apply -> endpoint, 200 models in one pool |
+| `pool_speed.py` (+ `pool_speed_math.py`, `pool_trace.py`) | the pool's time against Triton's own (its log): a new |
+| | model, a killed replica, 200 models at once; where the operator's share goes (its rounds, traced) |
 | `pods.py`, `kubeenv.py` | the benchmarks' own cluster (one real node), operator (never the shared `.cluster`), watches |
 | `clients.py`, `memprofile.py` | API requests by client (the audit log); the operator under tracemalloc |
 | `models.py` | the examples as the benchmarks run them, checked and rendered by the operator |

@@ -23,8 +23,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
-ORDER = ("gate", "first_request", "stale", "scale", "batching", "rollout", "autoscale", "faults", "pool", "pool_routing",
-         "placement")
+ORDER = ("gate", "first_request", "stale", "scale", "batching", "rollout", "autoscale", "faults", "pool", "pool_speed",
+         "pool_routing", "placement")
 
 
 def log(msg: str) -> None:

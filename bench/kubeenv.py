@@ -36,6 +36,7 @@ from .common import REPO, log
 
 ROOT = Path(os.environ.get("BENCH_CLUSTER_ROOT", "/tmp/bench-cluster"))
 CRD = REPO / "crds" / "tritonmodels.yaml"
+POOL_CRD = REPO / "crds" / "tritonpools.yaml"
 KUBECTL = Path(sys.executable).parent / "kubectl"
 OPERATOR = Path(sys.executable).parent / "triton-operator"
 NODE = "bench-node-1"
@@ -106,6 +107,52 @@ def kubectl(kubeconfig: Path, *args: str) -> str:
     out = subprocess.run([str(KUBECTL), "--kubeconfig", str(kubeconfig), *args],
                          capture_output=True, text=True, check=True, timeout=120)
     return out.stdout
+
+
+def own_netns() -> bool:
+    """This process runs in a network namespace of its own (not the host's, where kube-proxy's chains are shared)."""
+    try:
+        return os.readlink("/proc/self/ns/net") != os.readlink("/proc/1/ns/net")
+    except OSError:  # in e2e/netns-python's namespace, /proc/1/ns is not ours to read: ask which interfaces we see
+        try:
+            lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
+        except OSError:
+            return False
+        return {ln.split(":", 1)[0].strip() for ln in lines} == {"lo"}
+
+
+@dataclass
+class PoolBench:
+    """What a pool benchmark runs against (`pool_bench`)."""
+
+    cluster: BenchCluster
+    kubeconfig: Path
+    kube: Kube
+    op: OperatorProcess
+
+
+@contextlib.contextmanager
+def pool_bench(cluster: BenchCluster, namespace: str, log_name: str,
+               program: list[str] | None = None) -> Iterator[PoolBench]:
+    """The pool benchmarks' start: a fresh control plane with both CRDs (`BenchCluster.fresh`, then the TritonPool
+    CRD until served), the node Ready, the namespace with its default ServiceAccount, and our operator (its log
+    `cluster.logs / log_name`; `program`: `OperatorProcess.ours`). At the end, however it ends: the operator stopped
+    and the cluster down (which flushes the audit log: read it after the block)."""
+    kubeconfig = cluster.fresh()
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(POOL_CRD))
+    op: OperatorProcess | None = None
+    try:
+        cluster.start_agent()
+        kube = Kube(kubeconfig)
+        wait_for("TritonPool CRD served", lambda: kube.request(
+            "GET", f"/apis/{GROUP}/v1alpha1/tritonpools"), 60)
+        ensure_namespace(kube, namespace)
+        op = OperatorProcess.ours(kubeconfig, cluster.logs / log_name, program=program).start()
+        yield PoolBench(cluster, kubeconfig, kube, op)
+    finally:
+        if op is not None:
+            op.stop()
+        cluster.down(quiet=True)
 
 
 def ensure_namespace(kube: Kube, name: str) -> None:
@@ -216,10 +263,11 @@ class OperatorProcess:
     env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def ours(cls, kubeconfig: Path, log_path: Path, *extra: str) -> OperatorProcess:
+    def ours(cls, kubeconfig: Path, log_path: Path, *extra: str, program: list[str] | None = None) -> OperatorProcess:
+        """`triton-operator run` (or `program run`: the same CLI another way, bench/pool_trace.py) on our cluster."""
         metrics, live = free_port(), free_port()
         url = f"http://127.0.0.1:{live}/healthz"
-        argv = [str(OPERATOR), "run", "--kubeconfig", str(kubeconfig), "--metrics-port", str(metrics),
+        argv = [*(program or [str(OPERATOR)]), "run", "--kubeconfig", str(kubeconfig), "--metrics-port", str(metrics),
                 "--metrics-address", "127.0.0.1", "--liveness", url, "--default-triton-image", TRITON_REF, *extra]
         return cls(argv, log_path, metrics, url)
 

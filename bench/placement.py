@@ -46,8 +46,8 @@ from e2e.kube import Kube, condition, wait_for
 from e2e.pool import placement, pooled_add_sub, replica_pods
 from triton_operator.api.pool import LABEL_POOL
 
-from .common import REPO, CpuMeter, Result, Row, log, summary, write_result
-from .kubeenv import BenchCluster, OperatorProcess, ensure_namespace, kubectl
+from .common import CpuMeter, Result, Row, log, summary, write_result
+from .kubeenv import BenchCluster, own_netns, pool_bench
 from .perf_analyzer import PerfAnalyzer, ensure
 
 NAMESPACE = "bench-placement"
@@ -62,7 +62,6 @@ CPU_LIMIT = os.environ.get("BENCH_PLACEMENT_CPU_LIMIT", "300m")
 MODEL_MEMORY_MI = 64
 #: The result's name (bench/results/<name>.json): another name keeps a variant run beside `placement`.
 RESULT_NAME = os.environ.get("BENCH_PLACEMENT_NAME", "placement")
-POOL_CRD = REPO / "crds" / "tritonpools.yaml"
 STRATEGIES = ("Spread", "Pack")
 
 BURN_PY = '''import json
@@ -93,18 +92,12 @@ class TritonPythonModel:
 '''
 
 
-def own_netns() -> bool:
-    from .pool import own_netns as pool_own_netns
-
-    return pool_own_netns()
-
-
 class PlacementCluster(BenchCluster):
     """The bench cluster, with kube-proxy when in a network namespace of its own (then perf_analyzer dials each
     model's ClusterIP; else the ready endpoint of its slices)."""
 
     def __init__(self) -> None:
-        super().__init__(Path(os.environ.get("BENCH_CLUSTER_ROOT", "/tmp/bench-cluster")))
+        super().__init__()
         self.kube_proxy = own_netns()
 
 
@@ -332,17 +325,9 @@ def run() -> Path:
     started, meter = time.monotonic(), CpuMeter()
     pa = ensure()
     cluster = PlacementCluster()
-    kubeconfig = cluster.fresh()
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(POOL_CRD))
-    op: OperatorProcess | None = None
     runs: list[dict[str, Any]] = []
-    try:
-        cluster.start_agent()
-        kube = Kube(kubeconfig)
-        wait_for("TritonPool CRD served", lambda: kube.request(
-            "GET", "/apis/serving.triton-operator.dev/v1alpha1/tritonpools"), 60)
-        ensure_namespace(kube, NAMESPACE)
-        op = OperatorProcess.ours(kubeconfig, cluster.logs / "operator-placement.log").start()
+    with pool_bench(cluster, NAMESPACE, "operator-placement.log") as b:
+        kube = b.kube
         kube.create(pool_doc())
         wait_for(f"{REPLICAS} pool replicas Ready", lambda: (kube.get("TritonPool", POOL, NAMESPACE).get("status")
                  or {}).get("readyReplicas") == REPLICAS, 300, 0.5)
@@ -351,10 +336,6 @@ def run() -> Path:
             seen[strategy] = seen.get(strategy, 0) + 1
             runs.append(measure(pa, kube, cluster, strategy, f"{strategy.lower()}{seen[strategy]}"))
         pods = sorted(p["metadata"]["name"] for p in kube.items("Pod", NAMESPACE, labelSelector=LABEL_POOL))
-    finally:
-        if op is not None:
-            op.stop()
-        cluster.down(quiet=True)
     data = {"config": {"models": MODELS, "replicas": REPLICAS, "rounds": ROUNDS, "concurrency": CONCURRENCY,
                        "window_ms": WINDOW_MS, "windows": 3, "burn_ms": BURN_MS, "cpu_limit": CPU_LIMIT or None,
                        "model_memory": f"{MODEL_MEMORY_MI}Mi", "capacity_per_replica": f"{MODELS * MODEL_MEMORY_MI}Mi",

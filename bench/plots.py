@@ -625,9 +625,57 @@ def placement(fig: Figure, d: Json) -> list[str]:
     return [] if runs else ["the runs (data.runs)"]
 
 
+def pool_speed(fig: Figure, d: Json) -> list[str]:
+    """A new model's time beside Triton's load; a killed replica's and each big-pool replica's time split into
+    Triton's (its log) and the operator's share."""
+    data = d.get("data") or {}
+    samples = [s for s in (data.get("warm") or {}).get("samples") or () if _num(s.get("operator_s")) is not None]
+    ax_n, ax_s = fig.subplots(1, 2)
+
+    def col(key: str) -> list[float]:
+        return [v for s in samples if (v := _num(s.get(key))) is not None]
+
+    _strip(ax_n, [("ours: the operator's share", col("operator_s"), OURS),
+                  ("  before Triton begins the load", col("before_s"), OURS),
+                  ("  after Triton's READY", col("after_s"), OURS),
+                  ("Triton's load + warm-up (its log)", col("triton_s"), OURS_ALT)], "s")
+    target = _target(d, "new model")
+    if target:
+        ax_n.axvline(target[0], linestyle="--", color="red", label=f"target: {target[1]}")
+        _legend(ax_n, loc="lower right")
+    ax_n.set_xlim(left=0)
+    ax_n.set_xlabel("seconds (a dot per new model)")
+    ax_n.set_title("a new model on a warm pool:\ncreate -> first ready endpoint")
+    bars: list[tuple[str, float, float, float]] = []  # label, kill -> pod Ready, Triton loading, operator
+    for r in (data.get("kill") or {}).get("runs") or ():
+        total, op, up = _num(r.get("total_s")), _num(r.get("operator_s")), _num(r.get("killed_to_pod_ready_s"))
+        if total is not None and op is not None and up is not None:
+            bars.append((f"killed, {r.get('held')} models", up, total - op - up, op))
+    for name, r in sorted(((data.get("big") or {}).get("per_replica") or {}).items()):
+        busy, op = _num(r.get("triton_loading_s")), _num(r.get("operator_s"))
+        if busy is not None and op is not None:
+            bars.append((f"{(data.get('big') or {}).get('models')} models: {name[-5:]} ({r.get('models')})", 0.0, busy,
+                         op))
+    for i, (_label, up, busy, op) in enumerate(bars):
+        y = len(bars) - 1 - i
+        ax_s.barh(y, up, color=FLOOR, label="kill -> pod Ready" if i == 0 else None)
+        ax_s.barh(y, busy, left=up, color=OURS_ALT, label="Triton loading (its log)" if i == 0 else None)
+        ax_s.barh(y, op, left=up + busy, color=OURS, label="the operator's share (%)" if i == 0 else None)
+        total = up + busy + op
+        ax_s.annotate(f"{op / total:.0%}" if total else "-", (total, y), textcoords="offset points", xytext=(3, -3),
+                      fontsize=8)
+    ax_s.set_yticks(range(len(bars)), [b[0] for b in reversed(bars)])
+    ax_s.set_xlabel("seconds")
+    ax_s.set_title("a killed replica until all its models serve again;\neach replica of the big pool until its last serves")
+    _legend(ax_s, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    missing = [] if samples else ["the new models (data.warm.samples)"]
+    return missing + ([] if bars else ["the kills and the big pool (data.kill, data.big)"])
+
+
 DRAWERS: dict[str, Drawer] = {"gate": gate, "scale": scale, "autoscale": autoscale, "rollout": rollout,
                               "first_request": first_request, "batching": batching, "faults": faults, "pool": pool,
-                              "stale": stale, "pool_routing": pool_routing, "placement": placement}
+                              "stale": stale, "pool_routing": pool_routing, "placement": placement,
+                              "pool_speed": pool_speed}
 
 
 def drawer_for(name: str) -> Drawer | None:

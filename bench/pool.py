@@ -46,8 +46,8 @@ from triton_operator.api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL
 from triton_operator.api.timestamps import parse_rfc3339
 
 from .clients import by_client
-from .common import REPO, CpuMeter, Result, Row, log, ms, summary, write_result
-from .kubeenv import NODE, BackgroundWatch, BenchCluster, OperatorProcess, audit_requests, ensure_namespace, kubectl
+from .common import CpuMeter, Result, Row, log, ms, summary, write_result
+from .kubeenv import NODE, BackgroundWatch, BenchCluster, OperatorProcess, audit_requests, kubectl, own_netns, pool_bench
 from .pods import tree_rss_kb
 
 NAMESPACE = "bench-pool"
@@ -60,7 +60,6 @@ BIG_REPLICAS = int(os.environ.get("BENCH_POOL_REPLICAS", "4"))
 HEADROOM_MB = int(os.environ.get("BENCH_POOL_HEADROOM_MB", "6144"))
 #: The result's name (bench/results/<name>.json): another name keeps a comparison run beside the last `pool`.
 RESULT_NAME = os.environ.get("BENCH_POOL_NAME", "pool")
-POOL_CRD = REPO / "crds" / "tritonpools.yaml"
 MODEL_MEMORY = "128Mi"
 LOADED = re.compile(r"Loaded model into pool replica namespace=(\S+) pool=(\S+) pod=(\S+) model=(\S+) digest=(\S+) "
                     r"seconds=([0-9.]+)")
@@ -79,24 +78,12 @@ class TritonPythonModel:
 """
 
 
-def own_netns() -> bool:
-    """This process runs in a network namespace of its own (not the host's, where kube-proxy's chains are shared)."""
-    try:
-        return os.readlink("/proc/self/ns/net") != os.readlink("/proc/1/ns/net")
-    except OSError:  # in e2e/netns-python's namespace, /proc/1/ns is not ours to read: ask which interfaces we see
-        try:
-            lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
-        except OSError:
-            return False
-        return {ln.split(":", 1)[0].strip() for ln in lines} == {"lo"}
-
-
 class PoolCluster(BenchCluster):
     """The bench cluster with NODE_GPUS fake GPUs, and kube-proxy when in a network namespace of its own (requests
     then go through each model's ClusterIP; else to a ready endpoint of its Service's slices)."""
 
     def __init__(self) -> None:
-        super().__init__(Path(os.environ.get("BENCH_CLUSTER_ROOT", "/tmp/bench-cluster")))
+        super().__init__()
         self.gpus, self.kube_proxy = NODE_GPUS, own_netns()
 
 
@@ -431,17 +418,9 @@ def big_phase(kube: Kube, cluster: BenchCluster, op: OperatorProcess, per_model_
 def run() -> Path:
     started, meter = time.monotonic(), CpuMeter()
     cluster = PoolCluster()
-    kubeconfig = cluster.fresh()
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(POOL_CRD))
-    op: OperatorProcess | None = None
     data: dict[str, Any] = {"node_gpus": NODE_GPUS}
-    try:
-        cluster.start_agent()
-        kube = Kube(kubeconfig)
-        wait_for("TritonPool CRD served", lambda: kube.request(
-            "GET", "/apis/serving.triton-operator.dev/v1alpha1/tritonpools"), 60)
-        ensure_namespace(kube, NAMESPACE)
-        op = OperatorProcess.ours(kubeconfig, cluster.logs / "operator-pool.log").start()
+    with pool_bench(cluster, NAMESPACE, "operator-pool.log") as b:
+        kube, op = b.kube, b.op
         with Slices(kube, NAMESPACE) as slices:
             data["gpu"] = gpu_phase(kube, cluster)
             data["apply"] = apply_phase(kube, slices, op)
@@ -460,10 +439,6 @@ def run() -> Path:
         data["operator_memory_kb"] = op.memory()
         data["operator_failed_loads_logged"] = [ln for ln in op.log_path.read_text(errors="replace").splitlines()
                                                 if FAILED in ln][:20]
-    finally:
-        if op is not None:
-            op.stop()
-        cluster.down(quiet=True)  # flushes the audit log
     big = data["big"]
     t0, t1 = big.pop("window")
     audit = by_client(audit_requests(cluster.audit_log, t0, t1))

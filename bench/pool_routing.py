@@ -37,8 +37,8 @@ from e2e.load import ServiceLoad
 from e2e.pool import model_ready, placement, pool_doc, pooled_add_sub, replica_pods
 from triton_operator.api.pool import LABEL_POOL
 
-from .common import REPO, CpuMeter, Result, Row, log, write_result
-from .kubeenv import BenchCluster, OperatorProcess, ensure_namespace, kubectl
+from .common import CpuMeter, Result, Row, log, write_result
+from .kubeenv import BenchCluster, pool_bench
 
 NAMESPACE = "bench-pool-routing"
 POOL = "shared"
@@ -47,7 +47,6 @@ COPIES = 2
 MODEL = "placed"
 THREADS, RATE = 2, 25.0  # per load: two loads at once on two shared cores
 SETTLE = 10.0
-POOL_CRD = REPO / "crds" / "tritonpools.yaml"
 NOT_LOADED = "not loaded"
 NO_ENDPOINT = "no ready endpoint"
 OTHER = "other"
@@ -177,16 +176,8 @@ def run_phases(kube: Kube, loads: dict[str, ClassifiedLoad]) -> list[Phase]:
 def run() -> Path:
     started, meter = time.monotonic(), CpuMeter()
     cluster = BenchCluster()
-    kubeconfig = cluster.fresh()
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(POOL_CRD))
-    op: OperatorProcess | None = None
-    try:
-        cluster.start_agent()
-        kube = Kube(kubeconfig)
-        wait_for("TritonPool CRD served", lambda: kube.request(
-            "GET", "/apis/serving.triton-operator.dev/v1alpha1/tritonpools"), 60)
-        ensure_namespace(kube, NAMESPACE)
-        op = OperatorProcess.ours(kubeconfig, cluster.logs / "operator-pool-routing.log").start()
+    with pool_bench(cluster, NAMESPACE, "operator-pool-routing.log") as b:
+        kube, kubeconfig = b.kube, b.kubeconfig
         kube.create({**pool_doc(POOL, REPLICAS, "1Gi"), "metadata": {"name": POOL, "namespace": NAMESPACE}})
         wait_for(f"{REPLICAS} pool replicas Ready", lambda: sum(
             any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or ())
@@ -215,10 +206,6 @@ def run() -> Path:
                 load._halt.set()
         totals = {side: (load.tally().sent, load.tally().failed) for side, load in loads.items()}
         samples = {side: load.kind_samples for side, load in loads.items()}
-    finally:
-        if op is not None:
-            op.stop()
-        cluster.down(quiet=True)
     return write_result(result(phases, totals, samples), started, meter)
 
 
