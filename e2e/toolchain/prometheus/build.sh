@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds Prometheus from its Go module (go.mod here) into a cache keyed by the pins; prints the binary's path.
-# Only `make bench BENCH=autoscale` needs it: the peer it compares against scrapes Triton's metrics with Prometheus.
+# `make bench BENCH=autoscale` (the peer it compares against scrapes Triton's metrics with Prometheus) and
+# e2e/test_monitoring.py (the chart's alerts and dashboard, loaded and evaluated) need it; `make prebuild` builds it.
 #
 # Build tags: `remove_all_sd enable_kubernetes_sd` keep the discovery plugins to Kubernetes (and the always-built
 # file and http ones), Prometheus's own switch for trimming its build (plugins.yml); the bench discovers pods with
