@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from bench.promkeda import Prometheus
+from e2e.cluster import session_root
 from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import (
     RELEASE_NAMESPACE,
@@ -29,7 +30,6 @@ from e2e.operator_fixtures import (
     model_pods,
     wait_model,
 )
-from e2e.cluster import session_root
 from e2e.traffic import infer_add_sub
 from tests.chart_render import helm_or_reason, render
 from tests.monitoring import dashboard, panel_queries, rule_groups
@@ -126,9 +126,11 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         apply(kubeconfig, namespace, broken)
         wait_for("the broken model's replica gated False with ModelLoadFailed", lambda: any(
             gate(p).get("reason") == "ModelLoadFailed" for p in model_pods(kube, namespace, "broken")), 180)
-        firing = wait_for("TritonReplicaGateFailing firing", lambda: (
-            f if any(a.get("reason") == "ModelLoadFailed" for a in (f := _firing(prom)).get("TritonReplicaGateFailing", []))
-            else None), 120, 0.5)
+        def gate_failing() -> dict[str, list[dict[str, str]]] | None:
+            firing = _firing(prom)
+            return firing if any(a.get("reason") == "ModelLoadFailed"
+                                 for a in firing.get("TritonReplicaGateFailing", [])) else None
+        firing = wait_for("TritonReplicaGateFailing firing", gate_failing, 120, 0.5)
         # The operator is scraped up and led (its leader renews the Lease every second): those stay quiet.
         assert "TritonOperatorDown" not in firing and "TritonOperatorNoLeader" not in firing, firing
 

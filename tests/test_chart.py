@@ -11,10 +11,8 @@ import base64
 import json
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterable
-from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 

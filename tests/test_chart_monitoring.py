@@ -178,7 +178,8 @@ def test_the_dashboard_is_a_sidecar_configmap_whose_queries_name_only_metrics_th
 
 def test_the_dashboard_goes_where_the_sidecar_looks(helm: str) -> None:
     docs = render(helm, **{"monitoring.dashboard.enabled": True, "monitoring.dashboard.namespace": "monitoring",
-                           "monitoring.dashboard.labels": {"dashboards": "triton"},
+                           # Helm merges maps: a null drops the default label
+                           "monitoring.dashboard.labels": {"dashboards": "triton", "grafana_dashboard": None},
                            "monitoring.dashboard.annotations": {"grafana_folder": "Triton"}})
     (cm,) = [d for d in kinds(docs, "ConfigMap") if "triton-operator.json" in d.get("data", {})]
     assert cm["metadata"]["namespace"] == "monitoring"
