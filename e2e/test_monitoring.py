@@ -26,8 +26,8 @@ from e2e.operator_fixtures import (
     apply,
     gate,
     is_model_ready,
-    live_pods,
     model_pods,
+    one_ready_pod,
     wait_model,
 )
 from e2e.traffic import infer_add_sub
@@ -98,8 +98,7 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         f"class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError({FAILS!r})\n\n", 1)
     assert broken["spec"]["source"]["inline"]["model.py"] != model_py
     wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 180)
-    (pod,) = live_pods(kube, namespace, "add-sub")
-    ip = pod["status"]["podIP"]
+    ip = one_ready_pod(kube, namespace, "add-sub")["status"]["podIP"]
 
     state = session_root() / ".cluster" / "monitoring" / namespace
     state.mkdir(parents=True, exist_ok=True)
