@@ -1,22 +1,25 @@
-"""The chart's alerts and dashboard (issue 43) against the real Prometheus (built from its Go module, as the autoscale
-benchmark's) scraping the session's real operator (the chart's, two pods) and a real Triton replica.
+"""The chart's alerts and dashboard (issue 43) against the real Prometheus and promtool (built from Prometheus's Go
+module, as the autoscale benchmark's server is; `make prebuild` builds both).
 
-The rules are the chart's own render (`helm template` with monitoring.prometheusRule on, every `for` at 0s so a
-condition fires at the next evaluation): Prometheus refuses to start on a rule it cannot parse, and reports each
-rule's health after evaluating it. A TritonModel whose model cannot load makes TritonReplicaGateFailing fire (reason
-ModelLoadFailed), while the operator's up and led alerts stay quiet; every dashboard query evaluates, and those about a
-serving model and the operator return data. Waited on by condition, no sleeps.
+- `promtool check rules` passes on the rule groups the chart renders (`helm template`, monitoring.prometheusRule on).
+- `promtool test rules`: each alert fires when its condition is made true over input series (Prometheus's own rule
+  evaluation, the chart's default thresholds and `for` durations), and some stay quiet when it is false.
+- The real Prometheus scrapes the session's real operator (the chart's, two pods) and a real Triton replica, with the
+  chart's rules (every `for` at 0s): every rule evaluates without error; a TritonModel whose model cannot load makes
+  TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; every
+  dashboard query evaluates, and those about a serving model and the operator return data. Waited on by condition.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from bench.promkeda import Prometheus
+from bench.promkeda import Prometheus, build_prometheus
 from e2e.cluster import session_root
 from e2e.kube import Kube, wait_for
 from e2e.operator_fixtures import (
@@ -31,7 +34,7 @@ from e2e.operator_fixtures import (
     wait_model,
 )
 from e2e.traffic import infer_add_sub
-from tests.chart_render import helm_or_reason, render
+from tests.chart_render import RELEASE, RELEASE_NS, helm_or_reason, render
 from tests.monitoring import dashboard, panel_queries, rule_groups
 
 pytestmark = pytest.mark.cluster
@@ -44,13 +47,94 @@ MUST_HAVE_DATA = {"Request rate", "Request latency (mean)", "Queue time (mean)",
                   "Replicas scraped", "Reconciles", "API writes", "Gate latency", "Gate transitions"}
 
 
-def _chart_monitoring() -> list[dict[str, Any]]:
+def _chart_monitoring(**values: Any) -> list[dict[str, Any]]:
     helm, reason = helm_or_reason()
     assert helm is not None, reason
-    fors = {f"monitoring.prometheusRule.for.{k}": "0s"
-            for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors")}
-    return render(helm, **{"monitoring.prometheusRule.enabled": True, "monitoring.dashboard.enabled": True,
-                           "monitoring.prometheusRule.operatorJob": OPERATOR_JOB, **fors})
+    return render(helm, **{"monitoring.prometheusRule.enabled": True, "monitoring.dashboard.enabled": True, **values})
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    promtool = build_prometheus().parent / "promtool"
+    return subprocess.run([str(promtool), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_promtool_checks_the_charts_rules(tmp_path: Path) -> None:
+    """`promtool check rules` on the rule groups the chart renders (expressions, durations, annotation templates), and
+    on a copy with one broken expression, which it refuses."""
+    groups = rule_groups(_chart_monitoring())
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(groups, sort_keys=False))
+    proc = _promtool("check", "rules", str(rules))
+    count = sum(len(g["rules"]) for g in groups["groups"])
+    assert proc.returncode == 0 and f"SUCCESS: {count} rules found" in proc.stdout, proc.stdout + proc.stderr
+    groups["groups"][0]["rules"][0]["expr"] += " +"
+    rules.write_text(yaml.safe_dump(groups, sort_keys=False))
+    proc = _promtool("check", "rules", str(rules))
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+
+
+#: The operator's series as the chart's ServiceMonitor labels them.
+OP = f'job="{RELEASE}-triton-operator-metrics", namespace="{RELEASE_NS}"'
+#: (alert, input series (series, values), evaluation time, the labels of the alerts expected then): each alert's
+#: condition made true with the chart's default thresholds and `for` durations, and for some made false beside it.
+SCENARIOS: list[tuple[str, list[tuple[str, str]], str, list[dict[str, str]]]] = [
+    ("TritonOperatorDown", [(f"up{{{OP}, instance='a'}}", "0x20")], "10m", [{"severity": "critical"}]),
+    ("TritonOperatorDown", [(f"up{{{OP}, instance='a'}}", "1x20")], "10m", []),
+    ("TritonOperatorNoLeader", [(f"up{{{OP}, instance='a'}}", "1x20")], "10m", [{"severity": "critical"}]),
+    ("TritonOperatorNoLeader", [(f"up{{{OP}, instance='a'}}", "1x20"),
+                                (f"triton_operator_lease_writes_total{{{OP}, instance='a', verb='update'}}", "0+30x20")],
+     "10m", []),
+    ("TritonOperatorReconcileErrors", [(f"triton_operator_reconcile_errors_total{{{OP}, reason='ApiError'}}", "0+1x40")],
+     "30m", [{"severity": "warning", "reason": "ApiError"}]),
+    ("TritonOperatorWebhookErrors", [(f"triton_operator_admission_reviews_total{{{OP}, verdict='error'}}", "0+1x10"),
+                                     (f"triton_operator_admission_reviews_total{{{OP}, verdict='denied'}}", "0+1x10"),
+                                     (f"triton_operator_tls_connections_refused_total{{{OP}}}", "0+1x10")],
+     "5m", [{"severity": "warning", "verdict": "error"}, {"severity": "warning", "verdict": "refused"}]),
+    ("TritonReplicaGateFailing", [
+        (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelLoadFailed'}}", "0 1 1 1 1"),
+        (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelWarming'}}", "0 1 2 3 4")],
+     "4m", [{"severity": "warning", "reason": "ModelLoadFailed"}]),
+    ("TritonReplicaHealsRepeating", [(f"triton_operator_heals_total{{{OP}, action='delete', result='ok'}}", "0+1x60"),
+                                     (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2")],
+     "60m", [{"severity": "warning", "action": "delete"}]),
+    # 30 s of queue time a minute over 60 requests a minute: 500 ms a request, over the default 100 ms.
+    ("TritonQueueTimeHigh", [
+        ("nv_inference_queue_duration_us{namespace='team-a', tritonmodel='m', model='m', version='1', pod='m-0'}",
+         "0+30000000x30"),
+        ("nv_inference_request_success{namespace='team-a', tritonmodel='m', model='m', version='1', pod='m-0'}", "0+60x30"),
+        ("nv_inference_queue_duration_us{namespace='team-a', tritonmodel='n', model='n', version='1', pod='n-0'}",
+         "0+600000x30"),
+        ("nv_inference_request_success{namespace='team-a', tritonmodel='n', model='n', version='1', pod='n-0'}", "0+60x30")],
+     "20m", [{"severity": "warning", "namespace": "team-a", "tritonmodel": "m", "model": "m"}]),
+    ("TritonPoolLoadFailures", [(f"triton_operator_pool_loads_total{{{OP}, verb='load', result='error'}}", "0 1 1 1"),
+                                (f"triton_operator_pool_loads_total{{{OP}, verb='load', result='ok'}}", "0 5 9 12")],
+     "3m", [{"severity": "warning"}]),
+    ("TritonPoolRoundErrors", [(f"triton_operator_pool_rounds_total{{{OP}, result='error'}}", "0+1x30")],
+     "25m", [{"severity": "warning"}]),
+]
+
+
+def test_every_alert_fires_when_its_condition_is_made_true(tmp_path: Path) -> None:
+    """`promtool test rules`: Prometheus's own rule evaluation over input series, each alert's condition made true
+    (and, for some, false beside it) with the chart's defaults. The annotations are left out of this copy of the rules
+    (promtool compares them whole; `check rules` above parses their templates)."""
+    groups = rule_groups(_chart_monitoring())
+    for group in groups["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(groups, sort_keys=False))
+    shipped = {r["alert"] for g in groups["groups"] for r in g["rules"]}
+    assert {alert for alert, *_ in SCENARIOS} == shipped
+    tests = [{"interval": "1m", "input_series": [{"series": series.replace("'", '"'), "values": values}
+                                                  for series, values in inputs],
+              "alert_rule_test": [{"eval_time": at, "alertname": alert,
+                                   "exp_alerts": [{"exp_labels": labels} for labels in expected]}]}
+             for alert, inputs, at, expected in SCENARIOS]
+    spec = tmp_path / "alerts_test.yml"
+    spec.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": tests},
+                                   sort_keys=False))
+    proc = _promtool("test", "rules", str(spec))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def _config(rules: Path, operator_pods: list[dict], triton: list[tuple[str, str, str]]) -> dict[str, Any]:
@@ -88,7 +172,9 @@ def _result(prom: Prometheus, expr: str) -> list[Any] | str:
 
 def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_metrics(
         kube: Kube, kubeconfig: Path, namespace: str, operator: ChartOperator) -> None:
-    docs = _chart_monitoring()
+    fors = {f"monitoring.prometheusRule.for.{k}": "0s"
+            for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors")}
+    docs = _chart_monitoring(**{"monitoring.prometheusRule.operatorJob": OPERATOR_JOB, **fors})
     good = add_sub()
     apply(kubeconfig, namespace, good)
     broken = add_sub("broken")
