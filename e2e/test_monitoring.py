@@ -64,12 +64,12 @@ def test_promtool_checks_the_charts_rules(tmp_path: Path) -> None:
     groups = rule_groups(_chart_monitoring())
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(groups, sort_keys=False))
-    proc = _promtool("check", "rules", str(rules))
+    proc = _promtool("check", "rules", "--lint=all", "--lint-fatal", str(rules))
     count = sum(len(g["rules"]) for g in groups["groups"])
     assert proc.returncode == 0 and f"SUCCESS: {count} rules found" in proc.stdout, proc.stdout + proc.stderr
     groups["groups"][0]["rules"][0]["expr"] += " +"
     rules.write_text(yaml.safe_dump(groups, sort_keys=False))
-    proc = _promtool("check", "rules", str(rules))
+    proc = _promtool("check", "rules", "--lint=all", "--lint-fatal", str(rules))
     assert proc.returncode != 0, proc.stdout + proc.stderr
 
 
