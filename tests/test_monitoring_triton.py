@@ -4,12 +4,12 @@ cache counters exist only then): a name Triton renames or drops fails here, not 
 
 from __future__ import annotations
 
+import re
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.monitoring import TRITON_METRICS
 from tests.triton_helpers import EXAMPLES, load_models, serve, tensor
@@ -17,15 +17,22 @@ from triton_operator.api.v1alpha1 import quantity_bytes
 
 pytestmark = pytest.mark.triton
 
+#: A sample line: its name, then its labels (the `model` one captured), then its value.
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s")
+_MODEL = re.compile(r'[{,]model="([^"]*)"')
+
 
 def _sample_names(host: str, port: int) -> dict[str, set[str]]:
-    """Sample name -> the `model` labels it has samples for."""
+    """Sample name -> the `model` labels it has samples for, read from the text as Prometheus stores it (a counter's
+    name as written: prometheus-client's parser would add `_total` to Triton's counters)."""
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     out: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out.setdefault(sample.name, set()).add(sample.labels.get("model", ""))
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            model = _MODEL.search(m.group(2) or "")
+            out.setdefault(m.group(1), set()).add(model.group(1) if model else "")
     return out
 
 
