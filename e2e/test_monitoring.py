@@ -94,6 +94,18 @@ SCENARIOS: list[tuple[str, list[tuple[str, str]], str, list[dict[str, str]]]] = 
         (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelLoadFailed'}}", "0 1 1 1 1"),
         (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelWarming'}}", "0 1 2 3 4")],
      "4m", [{"severity": "warning", "reason": "ModelLoadFailed"}]),
+    # A counter's series appears at its first increment, already at 1 (the operator's labelled counters): no
+    # increase in it, yet it is a failure in the window; one that old is not.
+    ("TritonReplicaGateFailing", [
+        (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelFailing'}}", "_ _ 1 1 1")],
+     "4m", [{"severity": "warning", "reason": "ModelFailing"}]),
+    ("TritonReplicaGateFailing", [
+        (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelFailing'}}", "1x30")],
+     "25m", []),
+    ("TritonOperatorWebhookErrors", [(f"triton_operator_admission_reviews_total{{{OP}, verdict='malformed'}}", "_ 1 1")],
+     "2m", [{"severity": "warning", "verdict": "malformed"}]),
+    ("TritonPoolLoadFailures", [(f"triton_operator_pool_loads_total{{{OP}, verb='load', result='error'}}", "_ _ 1 1")],
+     "3m", [{"severity": "warning"}]),
     ("TritonReplicaHealsRepeating", [(f"triton_operator_heals_total{{{OP}, action='delete', result='ok'}}", "0+1x60"),
                                      (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2")],
      "60m", [{"severity": "warning", "action": "delete"}]),
