@@ -128,7 +128,7 @@ prebuild-cluster: $(STAMP)
 prebuild: $(STAMP)
 	@$(MAKE) --no-print-directory prebuild-cluster & cl=$$!; \
 	  { bash tools/kstatus/build.sh && bash e2e/toolchain/registry/build.sh && bash tools/objectstores/build.sh versitygw \
-	    && bash tools/objectstores/build.sh fake-gcs-server; } >/dev/null & tools=$$!; \
+	    && bash tools/objectstores/build.sh fake-gcs-server && bash e2e/toolchain/prometheus/build.sh; } >/dev/null & tools=$$!; \
 	  wait $$cl; c=$$?; wait $$tools; t=$$?; \
 	  if [ $$c -ne 0 ] || [ $$t -ne 0 ]; then echo "prebuild failed: cluster pieces exit $$c, test tools exit $$t" >&2; exit 1; fi
 

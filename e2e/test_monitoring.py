@@ -1,0 +1,258 @@
+"""The chart's alerts and dashboard (issue 43) against the real Prometheus and promtool (built from Prometheus's Go
+module, as the autoscale benchmark's server is; `make prebuild` builds both).
+
+- `promtool check rules` passes on the rule groups the chart renders (`helm template`, monitoring.prometheusRule on).
+- `promtool test rules`: each alert fires when its condition is made true over input series (Prometheus's own rule
+  evaluation, the chart's default thresholds and `for` durations), and some stay quiet when it is false.
+- The real Prometheus scrapes the session's real operator (the chart's, two pods) and a real Triton replica, with the
+  chart's rules (every `for` at 0s): every rule evaluates without error; a TritonModel whose model cannot load makes
+  TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; every
+  dashboard query evaluates, and those about a serving model and the operator return data. Waited on by condition.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.promkeda import Prometheus, build_prometheus
+from e2e.cluster import session_root
+from e2e.kube import Kube, wait_for
+from e2e.operator_fixtures import (
+    RELEASE_NAMESPACE,
+    ChartOperator,
+    add_sub,
+    apply,
+    gate,
+    is_model_ready,
+    model_pods,
+    one_ready_pod,
+    wait_model,
+)
+from e2e.traffic import infer_add_sub
+from tests.chart_render import RELEASE, RELEASE_NS, helm_or_reason, render
+from tests.monitoring import dashboard, panel_queries, rule_groups
+
+pytestmark = pytest.mark.cluster
+
+OPERATOR_JOB = "triton-operator-e2e"
+FAILS = "e2e-monitoring: this model cannot load"
+#: The panels that must show data with one serving model and the operator (the others need a pool, the response cache
+#: or heals, which this test does not make).
+MUST_HAVE_DATA = {"Request rate", "Request latency (mean)", "Queue time (mean)", "Batch size (mean)",
+                  "Replicas scraped", "Reconciles", "API writes", "Gate latency", "Gate transitions"}
+
+
+def _chart_monitoring(**values: Any) -> list[dict[str, Any]]:
+    helm, reason = helm_or_reason()
+    assert helm is not None, reason
+    return render(helm, **{"monitoring.prometheusRule.enabled": True, "monitoring.dashboard.enabled": True, **values})
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    promtool = build_prometheus().parent / "promtool"
+    return subprocess.run([str(promtool), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_promtool_checks_the_charts_rules(tmp_path: Path) -> None:
+    """`promtool check rules` on the rule groups the chart renders (expressions, durations, annotation templates), and
+    on a copy with one broken expression, which it refuses."""
+    groups = rule_groups(_chart_monitoring())
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(groups, sort_keys=False))
+    proc = _promtool("check", "rules", "--lint=all", "--lint-fatal", str(rules))
+    count = sum(len(g["rules"]) for g in groups["groups"])
+    assert proc.returncode == 0 and f"SUCCESS: {count} rules found" in proc.stdout, proc.stdout + proc.stderr
+    groups["groups"][0]["rules"][0]["expr"] += " +"
+    rules.write_text(yaml.safe_dump(groups, sort_keys=False))
+    proc = _promtool("check", "rules", "--lint=all", "--lint-fatal", str(rules))
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+
+
+#: The operator's series as the chart's ServiceMonitor labels them.
+OP = f'job="{RELEASE}-triton-operator-metrics", namespace="{RELEASE_NS}"'
+#: (alert, input series (series, values), evaluation time, the labels of the alerts expected then): each alert's
+#: condition made true with the chart's default thresholds and `for` durations, and for some made false beside it.
+SCENARIOS: list[tuple[str, list[tuple[str, str]], str, list[dict[str, str]]]] = [
+    ("TritonOperatorDown", [(f"up{{{OP}, instance='a'}}", "0x20")], "10m", [{"severity": "critical"}]),
+    ("TritonOperatorDown", [(f"up{{{OP}, instance='a'}}", "1x20")], "10m", []),
+    ("TritonOperatorNoLeader", [(f"up{{{OP}, instance='a'}}", "1x20")], "10m", [{"severity": "critical"}]),
+    ("TritonOperatorNoLeader", [(f"up{{{OP}, instance='a'}}", "1x20"),
+                                (f"triton_operator_lease_writes_total{{{OP}, instance='a', verb='update'}}", "0+30x20")],
+     "10m", []),
+    ("TritonOperatorReconcileErrors", [(f"triton_operator_reconcile_errors_total{{{OP}, reason='ApiError'}}", "0+1x40")],
+     "30m", [{"severity": "warning", "reason": "ApiError"}]),
+    ("TritonOperatorWebhookErrors", [(f"triton_operator_admission_reviews_total{{{OP}, verdict='error'}}", "0+1x10"),
+                                     (f"triton_operator_admission_reviews_total{{{OP}, verdict='denied'}}", "0+1x10"),
+                                     (f"triton_operator_tls_connections_refused_total{{{OP}}}", "0+1x10")],
+     "5m", [{"severity": "warning", "verdict": "error"}, {"severity": "warning", "verdict": "refused"}]),
+    ("TritonReplicaGateFailing", [
+        (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelLoadFailed'}}", "0 1 1 1 1"),
+        (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelWarming'}}", "0 1 2 3 4")],
+     "4m", [{"severity": "warning", "reason": "ModelLoadFailed"}]),
+    # A counter's series appears at its first increment, already at 1 (the operator's labelled counters): no
+    # increase in it, yet it is a failure in the window; one that old is not.
+    ("TritonReplicaGateFailing", [
+        (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelFailing'}}", "_ _ 1 1 1")],
+     "4m", [{"severity": "warning", "reason": "ModelFailing"}]),
+    ("TritonReplicaGateFailing", [
+        (f"triton_operator_gate_transitions_total{{{OP}, status='False', reason='ModelFailing'}}", "1x30")],
+     "25m", []),
+    ("TritonOperatorWebhookErrors", [(f"triton_operator_admission_reviews_total{{{OP}, verdict='malformed'}}", "_ 1 1")],
+     "2m", [{"severity": "warning", "verdict": "malformed"}]),
+    ("TritonPoolLoadFailures", [(f"triton_operator_pool_loads_total{{{OP}, verb='load', result='error'}}", "_ _ 1 1")],
+     "3m", [{"severity": "warning"}]),
+    ("TritonReplicaHealsRepeating", [(f"triton_operator_heals_total{{{OP}, action='delete', result='ok'}}", "0+1x60"),
+                                     (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2")],
+     "60m", [{"severity": "warning", "action": "delete"}]),
+    # 30 s of queue time a minute over 60 requests a minute: 500 ms a request, over the default 100 ms.
+    ("TritonQueueTimeHigh", [
+        ("nv_inference_queue_duration_us{namespace='team-a', tritonmodel='m', model='m', version='1', pod='m-0'}",
+         "0+30000000x30"),
+        ("nv_inference_request_success{namespace='team-a', tritonmodel='m', model='m', version='1', pod='m-0'}", "0+60x30"),
+        ("nv_inference_queue_duration_us{namespace='team-a', tritonmodel='n', model='n', version='1', pod='n-0'}",
+         "0+600000x30"),
+        ("nv_inference_request_success{namespace='team-a', tritonmodel='n', model='n', version='1', pod='n-0'}", "0+60x30")],
+     "20m", [{"severity": "warning", "namespace": "team-a", "tritonmodel": "m", "model": "m"}]),
+    ("TritonPoolLoadFailures", [(f"triton_operator_pool_loads_total{{{OP}, verb='load', result='error'}}", "0 1 1 1"),
+                                (f"triton_operator_pool_loads_total{{{OP}, verb='load', result='ok'}}", "0 5 9 12")],
+     "3m", [{"severity": "warning"}]),
+    ("TritonPoolRoundErrors", [(f"triton_operator_pool_rounds_total{{{OP}, result='error'}}", "0+1x30")],
+     "25m", [{"severity": "warning"}]),
+]
+
+
+def test_every_alert_fires_when_its_condition_is_made_true(tmp_path: Path) -> None:
+    """`promtool test rules`: Prometheus's own rule evaluation over input series, each alert's condition made true
+    (and, for some, false beside it) with the chart's defaults. The annotations are left out of this copy of the rules
+    (promtool compares them whole; `check rules` above parses their templates)."""
+    groups = rule_groups(_chart_monitoring())
+    for group in groups["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(groups, sort_keys=False))
+    shipped = {r["alert"] for g in groups["groups"] for r in g["rules"]}
+    assert {alert for alert, *_ in SCENARIOS} == shipped
+    tests = [{"interval": "1m", "input_series": [{"series": series.replace("'", '"'), "values": values}
+                                                  for series, values in inputs],
+              "alert_rule_test": [{"eval_time": at, "alertname": alert,
+                                   "exp_alerts": [{"exp_labels": labels} for labels in expected]}]}
+             for alert, inputs, at, expected in SCENARIOS]
+    spec = tmp_path / "alerts_test.yml"
+    spec.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": tests},
+                                   sort_keys=False))
+    proc = _promtool("test", "rules", str(spec))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _config(rules: Path, operator_pods: list[dict], triton: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """Static targets labelled as the chart's ServiceMonitor and PodMonitor label theirs: the operator's pods under
+    the rules' job in the release's namespace; Triton replicas (ip, namespace, TritonModel) under job `triton`."""
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [
+            {"job_name": OPERATOR_JOB, "static_configs": [{
+                "targets": [f"{p['status']['podIP']}:8081" for p in operator_pods],
+                "labels": {"namespace": RELEASE_NAMESPACE}}]},
+            {"job_name": "triton", "static_configs": [
+                {"targets": [f"{ip}:8002"], "labels": {"namespace": ns, "tritonmodel": model}} for ip, ns, model in triton]},
+        ],
+    }
+
+
+def _firing(prom: Prometheus) -> dict[str, list[dict[str, str]]]:
+    doc = prom.get("/api/v1/alerts") or {}
+    out: dict[str, list[dict[str, str]]] = {}
+    for alert in (doc.get("data") or {}).get("alerts", []):
+        if alert["state"] == "firing":
+            out.setdefault(alert["labels"]["alertname"], []).append(alert["labels"])
+    return out
+
+
+def _result(prom: Prometheus, expr: str) -> list[Any] | str:
+    """An instant query's series, or its error."""
+    doc = prom.get("/api/v1/query", query=expr)
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        return f"error: {doc}"
+    return list(doc["data"]["result"])
+
+
+def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_metrics(
+        kube: Kube, kubeconfig: Path, namespace: str, operator: ChartOperator) -> None:
+    fors = {f"monitoring.prometheusRule.for.{k}": "0s"
+            for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors")}
+    docs = _chart_monitoring(**{"monitoring.prometheusRule.operatorJob": OPERATOR_JOB, **fors})
+    good = add_sub()
+    apply(kubeconfig, namespace, good)
+    broken = add_sub("broken")
+    model_py = broken["spec"]["source"]["inline"]["model.py"]
+    broken["spec"]["source"]["inline"]["model.py"] = model_py.replace(
+        "class TritonPythonModel:\n",
+        f"class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError({FAILS!r})\n\n", 1)
+    assert broken["spec"]["source"]["inline"]["model.py"] != model_py
+    wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 180)
+    ip = one_ready_pod(kube, namespace, "add-sub")["status"]["podIP"]
+
+    state = session_root() / ".cluster" / "monitoring" / namespace
+    state.mkdir(parents=True, exist_ok=True)
+    rules = state / "rules.yml"
+    rules.write_text(yaml.safe_dump(rule_groups(docs), sort_keys=False))
+    prom = Prometheus(state, state, kubeconfig, 1.0)
+    prom.config = _config(rules, operator.pods(), [(ip, namespace, "add-sub")])
+    prom.start()
+    try:
+        # Every rule the chart ships loaded and evaluated without error.
+        def evaluated() -> list[dict[str, Any]] | None:
+            groups = ((prom.get("/api/v1/rules") or {}).get("data") or {}).get("groups", [])
+            found = [r for g in groups for r in g["rules"]]
+            never = [r for r in found if r.get("lastEvaluation", "0001").startswith("0001")]  # Go's zero time
+            return found if found and not never else None
+        def targets_up() -> bool:
+            targets = ((prom.get("/api/v1/targets") or {}).get("data") or {}).get("activeTargets", [])
+            return len(targets) == len(operator.pods()) + 1 and all(t["health"] == "up" for t in targets)
+        wait_for("the operator's pods and the replica scraped up", targets_up, 60, 0.5)
+        loaded = wait_for("every rule evaluated once", evaluated, 60, 0.5)
+        shipped = {r["alert"] for g in rule_groups(docs)["groups"] for r in g["rules"]}
+        assert {r["name"] for r in loaded} == shipped
+        assert all(r["health"] == "ok" for r in loaded), [(r["name"], r.get("lastError")) for r in loaded]
+
+        # Traffic for the dashboard, before the broken model's replica fails its gate.
+        for _ in range(8):
+            infer_add_sub(ip)
+        apply(kubeconfig, namespace, broken)
+        wait_for("the broken model's replica gated False with ModelLoadFailed", lambda: any(
+            gate(p).get("reason") == "ModelLoadFailed" for p in model_pods(kube, namespace, "broken")), 180)
+        def gate_failing() -> dict[str, list[dict[str, str]]] | None:
+            firing = _firing(prom)
+            return firing if any(a.get("reason") == "ModelLoadFailed"
+                                 for a in firing.get("TritonReplicaGateFailing", [])) else None
+        wait_for("TritonReplicaGateFailing firing", gate_failing, 120, 0.5)
+        # The operator is scraped up and led (its leader renews the Lease every second): once Prometheus has two
+        # scrapes of it (at its first evaluation it had none, and with `for: 0s` those fired), those are quiet.
+        quiet = {"TritonOperatorDown", "TritonOperatorNoLeader"}
+        wait_for("the operator's up and leader alerts quiet", lambda: not quiet & _firing(prom).keys(), 60, 0.5)
+
+        # Every dashboard query evaluates; those about a serving model and the operator return data.
+        board = dashboard(docs)
+        blank: set[str] = set()
+
+        def data_for_all() -> bool:
+            shown: dict[str, bool] = {}
+            for title, expr in panel_queries(board):
+                result = _result(prom, expr)
+                assert not isinstance(result, str), (title, expr, result)
+                shown[title] = shown.get(title, False) or bool(result)  # a panel shows data when one query has some
+            blank.clear()
+            blank.update(t for t, ok in shown.items() if not ok)
+            return not MUST_HAVE_DATA & blank
+        try:
+            wait_for("the dashboard's model and operator panels show data", data_for_all, 60, 1.0)
+        except TimeoutError as exc:
+            raise AssertionError(f"panels without data: {sorted(blank)}") from exc
+    finally:
+        prom.stop()
