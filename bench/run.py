@@ -3,9 +3,9 @@
 NAME is one of batching, scale, gate, first_request, rollout, autoscale, faults, pool, pool_speed, stale,
 pool_routing, placement (default: all, in that order: the two that run no pods first); `pool` runs `pool_speed` and
 `placement` (Spread against Pack) after it too (ALSO): issue 41's figures in one command. Each benchmark writes its
-own JSON as soon as it finishes, so an interrupted run keeps what it measured and `make bench BENCH=gate` redoes just one. Next to each JSON it draws
-`<name>.png` from that JSON (bench/plots.py); `--plots-only` redraws every picture from the JSON files and runs
-nothing.
+own JSON as soon as it finishes, so an interrupted run keeps what it measured and `make bench BENCH=gate` redoes just
+one. Next to each JSON it draws `<name>.png` from that JSON (bench/plots.py); `--plots-only` redraws every picture
+from the JSON files and runs nothing.
 """
 
 from __future__ import annotations
