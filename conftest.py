@@ -56,6 +56,7 @@ E2E_LONGEST_FIRST = (
     "e2e/test_operator_policies.py",  # 66
     "e2e/test_demo.py",  # 53
     "e2e/test_pool_features.py",  # ~45 (2026-11-29: one-file runs, not yet a rehearsal's figure)
+    "e2e/test_monitoring.py",  # ~46 (as above)
     "e2e/test_crd_upgrade.py",  # 43
     "e2e/test_pool_moves.py",  # ~40 (as above)
     "e2e/test_shm.py",  # 41
