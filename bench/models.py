@@ -21,6 +21,18 @@ from triton_operator.validate.rules import check_models
 from .common import REPO
 
 EXAMPLES = REPO / "examples"
+#: The pool benchmarks' small Python model: OUTPUT = INPUT * 2, inline (`source.inline`).
+DOUBLE_PY = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT", (pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() * 2).astype(np.float32))])
+            for r in requests]
+"""
 
 
 def example(name: str) -> dict[str, Any]:

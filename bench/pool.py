@@ -48,6 +48,7 @@ from triton_operator.api.timestamps import parse_rfc3339
 from .clients import by_client
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
 from .kubeenv import NODE, BackgroundWatch, BenchCluster, OperatorProcess, audit_requests, kubectl, own_netns, pool_bench
+from .models import DOUBLE_PY
 from .pods import tree_rss_kb
 
 NAMESPACE = "bench-pool"
@@ -65,17 +66,6 @@ LOADED = re.compile(r"Loaded model into pool replica namespace=(\S+) pool=(\S+) 
                     r"seconds=([0-9.]+)")
 FAILED = "Failed to load model into pool replica"
 
-MODEL_PY = """\
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUTPUT", (pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() * 2).astype(np.float32))])
-            for r in requests]
-"""
 
 
 class PoolCluster(BenchCluster):
@@ -94,7 +84,7 @@ def model(name: str, pool: str | None = None, gpus: int = 0) -> dict[str, Any]:
         "inputs": [{"name": "INPUT", "dataType": "FP32", "dims": [4]}],
         "outputs": [{"name": "OUTPUT", "dataType": "FP32", "dims": [4]}],
         "instanceGroups": [{"kind": "CPU", "count": 1}],
-        "source": {"inline": {"model.py": MODEL_PY}},
+        "source": {"inline": {"model.py": DOUBLE_PY}},
     }
     if pool:
         spec.update(pool=pool, memory=MODEL_MEMORY, replicas=1)

@@ -40,6 +40,7 @@ from triton_operator.api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL
 from . import pool_speed_math as psm
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
 from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, pool_bench
+from .models import DOUBLE_PY
 from .pods import tree_rss_kb
 
 NAMESPACE = "bench-pool-speed"
@@ -60,17 +61,6 @@ MODEL_MEMORY_MI = 64
 SERVICE_NAME = "kubernetes.io/service-name"
 MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 
-MODEL_PY = """\
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUTPUT", (pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() * 2).astype(np.float32))])
-            for r in requests]
-"""
 
 
 @dataclass
@@ -87,7 +77,7 @@ def model_doc(name: str, pool: str) -> dict[str, Any]:
             "spec": {"pool": pool, "memory": f"{MODEL_MEMORY_MI}Mi", "replicas": 1, "backend": "python",
                      "maxBatchSize": 8, "inputs": [{"name": "INPUT", "dataType": "FP32", "dims": [4]}],
                      "outputs": [{"name": "OUTPUT", "dataType": "FP32", "dims": [4]}],
-                     "instanceGroups": [{"kind": "CPU", "count": 1}], "source": {"inline": {"model.py": MODEL_PY}}}}
+                     "instanceGroups": [{"kind": "CPU", "count": 1}], "source": {"inline": {"model.py": DOUBLE_PY}}}}
 
 
 def pool_doc(name: str, replicas: int, models_per_replica: int) -> dict[str, Any]:
