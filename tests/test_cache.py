@@ -71,8 +71,8 @@ def test_the_answer_to_a_status_write_never_revives_a_model_deleted_meanwhile_no
     assert cache.answered_model(model("u1", "7", "Ready")), "our write's answer over what the watch delivered"
     assert cache.models["ns"]["m"]["status"] == {"phase": "Ready"}
     cache.put_model(model("u1", "9", "Loading"))  # the watch: someone's newer write
-    assert not cache.answered_model(model("u1", "8", "Ready")), "an answer older than the cached version"
-    assert cache.models["ns"]["m"]["status"] == {"phase": "Loading"}
+    assert cache.answered_model(model("u1", "8", "Ready")), "still there (its Events are posted)"
+    assert cache.models["ns"]["m"]["status"] == {"phase": "Loading"}, "an answer older than the cached version"
     cache.put_model(model("u1", "10", "Loading"), deleted=True)
     assert not cache.answered_model(model("u1", "9", "Ready")) and "m" not in cache.models["ns"], "revived"
     cache.put_model(model("u2", "12", "Pending"))  # made again under the same name

@@ -179,16 +179,19 @@ class Cache:
 
     def answered_model(self, body: Mapping[str, Any]) -> bool:
         """The API server's answer to our own write of a TritonModel (its status): kept over the same object as cached,
-        unless the cache holds a newer version; whether it was kept. An answer never brings back a model that is not
-        cached: the watch may have reported it deleted while the write was on its way (the answer came after the
-        DELETED event), and a model revived so stayed a member of its pool until the next resync, its Service and
-        slices applied again every round (seen in the pool's benchmark: 50 pooled models deleted, the rounds still
-        counted 51 models and applied 31 Services over 35 s, each taken again by the garbage collector)."""
+        unless the cache holds a newer version (the watch delivered a later write first). Returns whether the object
+        is still there: False when the cache no longer holds it (or holds another of its name). An answer never
+        brings back a model that is not cached: the watch may have reported it deleted while the write was on its
+        way (the answer came after the DELETED event), and a model revived so stayed a member of its pool until the
+        next resync, its Service and slices applied again every round (seen in the pool's benchmark: 50 pooled models
+        deleted, the rounds still counted 51 models and applied 31 Services over 35 s, each taken again by the
+        garbage collector)."""
         meta = body["metadata"]
         cached = self.model(meta["namespace"], meta["name"])
-        if cached is None or cached["metadata"].get("uid") != meta.get("uid") or _older(body, cached):
+        if cached is None or cached["metadata"].get("uid") != meta.get("uid"):
             return False
-        self.put_model(body)
+        if not _older(body, cached):
+            self.put_model(body)
         return True
 
     def prime_models(self, namespace: str, listed: list[dict[str, Any]]) -> None:
