@@ -205,3 +205,21 @@ def test_bodies_over_the_budget_together_get_503_at_once(server: RunningWebhook,
     while budget.used:  # given back once the first request ends (its body deadline, or its connection closed)
         assert time.monotonic() < deadline, f"{budget.used} bytes of the budget were never given back"
         time.sleep(0.05)
+
+
+def test_every_answer_closes_its_connection_so_the_api_server_never_reuses_one_the_server_is_closing(
+        server: RunningWebhook) -> None:
+    """A CI run (2026-11-29, e2e/test_pool.py): the API server sent an AdmissionReview on a kept-alive connection just
+    as the server's 5 s idle deadline closed it; Go's transport does not send a POST again, and `kubectl apply` failed
+    with "failed calling webhook ...: EOF". Each answer now says `Connection: close` and the server ends the
+    connection, so the client dials anew for its next review."""
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=server.context, timeout=20)
+    try:
+        conn.request("POST", PATH, body=_review({"uid": "u1"}), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.getheader("Connection", "").lower() == "close", resp.getheaders()
+        sock = conn.sock
+        assert sock is None or closed_within(sock, scaled(5)) is not None, "the server ended the connection"
+    finally:
+        conn.close()

@@ -74,6 +74,21 @@ BODY_BUDGET = 16 * 1024 * 1024
 BACKLOG = 1024
 
 
+async def _close_after(request: web.Request, response: web.StreamResponse) -> None:
+    response.force_close()  # the handler ends the connection after this answer
+    response.headers["Connection"] = "close"  # aiohttp has written its own headers by the time this signal runs
+
+
+def close_after_each_response(app: web.Application) -> None:
+    """Every answer of `app` says `Connection: close` and ends its connection: the client never sends a request on a
+    connection this server may be closing. The idle deadline (`IDLE_SECONDS`, also the header deadline) is far
+    shorter than the API server's own for its idle connections (90 s), so a kept-alive connection was closed by us
+    just as the API server sent its next AdmissionReview on it: a POST, which Go's transport does not send again,
+    and `kubectl apply` failed with "failed calling webhook ...: EOF" (a CI run, e2e/test_pool.py, 2026-11-29).
+    Each review dials anew (a TLS handshake, a few ms), as it did whenever the connection had idled 5 s."""
+    app.on_response_prepare.append(_close_after)
+
+
 def runner_options() -> dict[str, Any]:
     """aiohttp's request-handler settings for this server (`web.AppRunner(app, **runner_options())`)."""
     return {"access_log": None, "keepalive_timeout": IDLE_SECONDS, "lingering_time": LINGER_SECONDS}

@@ -233,6 +233,7 @@ class AdmissionWebhook:
             if self.custom_metrics is not None:
                 await self.custom_metrics.start(self._ssl)
                 self.custom_metrics.routes(app)
+            tls_server.close_after_each_response(app)
             runner = web.AppRunner(app, **tls_server.runner_options())
             await runner.setup()
             site = TlsSite(runner, self.address, self.port, self._ssl, max_connections=self.max_connections)
