@@ -47,7 +47,18 @@ from triton_operator.api.timestamps import parse_rfc3339
 
 from .clients import by_client
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
-from .kubeenv import NODE, BackgroundWatch, BenchCluster, OperatorProcess, audit_requests, kubectl, own_netns, pool_bench
+from .kubeenv import (
+    NODE,
+    BackgroundWatch,
+    BenchCluster,
+    OperatorProcess,
+    audit_requests,
+    create_all,
+    delete_all,
+    kubectl,
+    own_netns,
+    pool_bench,
+)
 from .models import DOUBLE_PY
 from .pods import tree_rss_kb
 
@@ -210,23 +221,6 @@ def wait_models(kube: Kube, names: list[str], timeout: float, what: str = "Ready
     return done
 
 
-def create_all(kube: Kube, docs: list[dict[str, Any]]) -> dict[str, float]:
-    created: dict[str, float] = {}
-
-    def create(doc: dict[str, Any]) -> None:
-        kube.create(doc)
-        created[doc["metadata"]["name"]] = time.time()
-
-    with ThreadPoolExecutor(8) as ex:
-        list(ex.map(create, docs))
-    return created
-
-
-def delete_all(kube: Kube, kind: str, names: list[str]) -> None:
-    with ThreadPoolExecutor(8) as ex:
-        list(ex.map(lambda n: kube.delete(kind, n, NAMESPACE), names))
-
-
 def gpu_pods(kube: Kube, selector: str) -> dict[str, Any]:
     """GPUs requested by the selected pods, by phase, and the pods unschedulable for want of nvidia.com/gpu."""
     running = pending_gpu = pending_other = 0
@@ -303,7 +297,7 @@ def gpu_phase(kube: Kube, cluster: BenchCluster) -> dict[str, Any]:
              lambda: settled(kube, selector, GPU_MODELS), 300 + 10 * GPU_MODELS, 1.0)
     dep_gpus = gpu_pods(kube, selector)
     log(f"Deployments: {dep_gpus} seconds={time.time() - t1:.0f}")
-    delete_all(kube, "TritonModel", dnames)
+    delete_all(kube, "TritonModel", dnames, NAMESPACE)
     wait_for("the Deployments' pods gone", lambda: not kube.items("Pod", NAMESPACE, labelSelector=selector),
              300, 1.0)
     return {"models": GPU_MODELS, "pool": pool_gpus, "deployments": dep_gpus, "pool_models_ready": len(done),
@@ -418,7 +412,7 @@ def run() -> Path:
             rss = data["gpu"]["pool_replica_rss_mb"]
             per_model = (sum(rss) / max(1, data["gpu"]["pool_models_ready"])) if rss else 100.0
             delete_all(kube, "TritonModel", data["gpu"].pop("pool_model_names")
-                       + [f"new-pool-{i}" for i in range(APPLY_REPEAT)])
+                       + [f"new-pool-{i}" for i in range(APPLY_REPEAT)], NAMESPACE)
             kube.delete("TritonPool", "gpu", NAMESPACE)
             wait_for("the GPU pool's pods gone", lambda: not kube.items(
                 "Pod", NAMESPACE, labelSelector=f"{LABEL_POOL}=gpu"), 300, 1.0)

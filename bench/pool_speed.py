@@ -29,7 +29,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from triton_operator.api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL
 
 from . import pool_speed_math as psm
 from .common import CpuMeter, Result, Row, log, ms, summary, write_result
-from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, pool_bench
+from .kubeenv import BackgroundWatch, BenchCluster, OperatorProcess, create_all, delete_all, pool_bench
 from .models import DOUBLE_PY
 from .pods import tree_rss_kb
 
@@ -178,24 +177,6 @@ class PodHistory(BackgroundWatch):
 # -- helpers ------------------------------------------------------------------------------------------------------
 
 
-def create_all(kube: Kube, docs: list[dict[str, Any]]) -> dict[str, float]:
-    created: dict[str, float] = {}
-
-    def create(doc: dict[str, Any]) -> None:
-        t = time.time()
-        kube.create(doc)
-        created[doc["metadata"]["name"]] = t
-
-    with ThreadPoolExecutor(8) as ex:
-        list(ex.map(create, docs))
-    return created
-
-
-def delete_all(kube: Kube, kind: str, names: list[str]) -> None:
-    with ThreadPoolExecutor(8) as ex:
-        list(ex.map(lambda n: kube.delete(kind, n, NAMESPACE), names))
-
-
 def wait_serving(slices: SliceHistory, names: list[str], after: float, timeout: float) -> dict[str, tuple[float, str]]:
     """Each model's first ready endpoint at or after `after` (time, address)."""
     def all_there() -> dict[str, tuple[float, str]] | None:
@@ -299,7 +280,7 @@ def down_to(b: Bench, keep: list[str], drop: list[str]) -> dict[str, Any]:
     kube, cluster = b.kube, b.cluster
     if drop:
         b.deleted.update(dict.fromkeys(drop, time.time()))
-        delete_all(kube, "TritonModel", drop)
+        delete_all(kube, "TritonModel", drop, NAMESPACE)
 
         def unloaded() -> bool:
             [pod] = replica_pods(kube, "warm")
@@ -429,7 +410,8 @@ def run() -> Path:
             data["kill"] = kill_phase(b, slices, pods, data["warm"])
             per_model = data["warm"]["replica_rss_mb"] / max(1, WARM + SAMPLES)
             left = [n for n in data["warm"].pop("names") + [s["model"] for s in data["warm"]["samples"]]]
-            delete_all(b.kube, "TritonModel", [n for n in left if b.kube.get_or_none("TritonModel", n, NAMESPACE)])
+            delete_all(b.kube, "TritonModel", [n for n in left if b.kube.get_or_none("TritonModel", n, NAMESPACE)],
+                       NAMESPACE)
             b.kube.delete("TritonPool", "warm", NAMESPACE)
             wait_for("the warm pool's pod gone", lambda: not replica_pods(b.kube, "warm"), 300, 1.0)
             if BIG > 0:
