@@ -106,3 +106,14 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTriton]:
     shared = SharedTriton(tmp_path_factory.mktemp("triton"))
     yield shared
     shared.discard()
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    """The helm binary built from its Go module (tests.chart_render), or the test skipped saying why."""
+    from tests.chart_render import helm_or_reason
+
+    path, reason = helm_or_reason()
+    if path is None:
+        pytest.skip(reason)
+    return path

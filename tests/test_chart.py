@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart_render import CHART, LOADER, RELEASE, RELEASE_NS, ROOT, helm_or_reason, kinds, one, render, render_error
+from tests.chart_render import CHART, LOADER, RELEASE, RELEASE_NS, ROOT, kinds, one, render, render_error
 from tests.chart_render import run as _run
 from tests.chart_render import sets as _sets
 from triton_operator import __version__
@@ -60,14 +60,6 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
 
 
 # -- tools -------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    path, reason = helm_or_reason()
-    if path is None:
-        pytest.skip(reason)
-    return path
 
 
 def tls_secret(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:

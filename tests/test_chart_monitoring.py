@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.chart_render import CHART, RELEASE, RELEASE_NS, helm_or_reason, kinds, one, render, render_error, run, sets
+from tests.chart_render import CHART, RELEASE, RELEASE_NS, kinds, one, render, render_error, run, sets
 from tests.monitoring import (
     SCRAPE_SERIES,
     TRITON_METRICS,
@@ -39,14 +39,6 @@ def _example(name: str) -> Any:
     loaded = check_documents(load_paths([EXAMPLES / name]))
     assert not loaded.errors, [str(e) for e in loaded.errors]
     return loaded
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    path, reason = helm_or_reason()
-    if path is None:
-        pytest.skip(reason)
-    return path
 
 
 def _known() -> frozenset[str]:
