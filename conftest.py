@@ -126,6 +126,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The time per tier and the longest files; then the time scale (at the end too, since `-q` shows no header):
     this process's factor, then each worker's."""
     if _PHASES:
+        _write_phases(terminalreporter.config.rootpath / PHASES_FILE)
         terminalreporter.write_sep("=", "time per tier")
         terminalreporter.write_line(summary_line(tier_totals(_PHASES)))
         terminalreporter.write_line(phase_line(_PHASES))
@@ -136,6 +137,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(timing.measurement().describe())
     for worker, scale in sorted(WORKER_SCALES.items()):
         terminalreporter.write_line(f"{worker}: {scale}")
+
+
+#: Where the controller writes every phase of the run (test id, tier, seconds, phase, worker), one JSON list per line,
+#: for a profile beyond the summary's (`.cluster/` is the run's own and ignored by git).
+PHASES_FILE = ".cluster/phases.jsonl"
+
+
+def _write_phases(path: Any) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for phase in _PHASES:
+            f.write(json.dumps(phase) + "\n")
 
 
 #: Each xdist worker's time scale, by worker id, as it reported it when it finished.
