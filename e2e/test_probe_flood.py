@@ -2,8 +2,8 @@
 
 The old probe server took 32 connections, a thread each, with its 5 s timeout per read: 32 clients sending a byte
 every 3 s filled it, the kubelet's readiness probe met EOF, and with `failureThreshold: 1` the replica left its
-Service. Here 32, then 1000, such clients (from the host, the kubelet's own address: the hardest case, since the
-probe server tells other pods' connections apart by address) hold the port for 60 s each while the replica's
+Service. Here 1000 such clients (from the host, the kubelet's own address: the hardest case, since the
+probe server tells other pods' connections apart by address) hold the port for 60 s while the replica's
 endpoint is sampled every second: it is ready in every sample, the kubelet records no failed probe, and the probe
 container is not restarted. Traffic goes only to the pod's own address in 198.18.0.0/15.
 """
@@ -94,9 +94,14 @@ def _probe_restarts(kube: Kube, namespace: str, name: str) -> int:
     return int((container_status(pod, PROBE_CONTAINER) or {}).get("restartCount", 0))
 
 
-@pytest.mark.parametrize("n", [32, 1000])
+#: 1000 slow clients, under the probe server's 1,024 (no eviction: tests/test_probe.py covers that). A run with 32,
+#: the old server's thread count, was a case of its own until issue 40; 1000 holds those 32 and more, on the same server.
+SLOW_CLIENTS = 1000
+
+
 def test_slow_connections_to_the_probe_port_leave_the_replica_ready(
-        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle, n: int) -> None:
+        kube: Kube, kubeconfig: Path, namespace: str, operator: OperatorHandle) -> None:
+    n = SLOW_CLIENTS
     apply(kubeconfig, namespace, add_sub())
     wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 120)
     pod = one_ready_pod(kube, namespace, "add-sub")
