@@ -127,7 +127,7 @@ def installed(kubeconfig: Path, kube: Kube, name: str, namespace: str, *sets: st
     finally:
         with contextlib.suppress(AssertionError):
             helm(kubeconfig, "uninstall", name, "--namespace", namespace, "--wait", "--timeout", "90s")
-        delete_namespace(kube, namespace)  # no operator or replica outlives its test
+        delete_namespace(kube, namespace, grace=1)  # no operator or replica outlives its test
 
 
 def service_account_kubeconfig(admin: Path, release: Release, path: Path) -> Path:

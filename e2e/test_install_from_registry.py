@@ -137,7 +137,7 @@ def installed_from(kubeconfig: Path, kube: Kube, chart: str, version: str, names
     finally:
         with contextlib.suppress(AssertionError):
             helm(kubeconfig, "uninstall", RELEASE, "--namespace", op_ns, "--wait", "--timeout", "90s")
-        delete_namespace(kube, op_ns)
+        delete_namespace(kube, op_ns, grace=1)
 
 
 def pull_events(kube: Kube, namespace: str, pod: str) -> list[str]:

@@ -208,7 +208,7 @@ def _release_namespace(kube: Kube, name: str) -> Iterator[str]:
     try:
         yield name
     finally:
-        delete_namespace(kube, name)  # no operator or replica outlives its test
+        delete_namespace(kube, name, grace=1)  # no operator or replica outlives its test
 
 
 def test_installing_the_chart_leaves_an_hpa_on_another_metrics_server_where_it_was(

@@ -225,5 +225,5 @@ def test_a_restarted_operator_keeps_its_key_and_a_new_master_key_rolls_the_repli
         record("repository master key changed", f"Secret {first_secret} -> {second_secret}; the replica rolled")
     finally:
         op.stop()
-        delete_namespace(kube, namespace)  # no operator or replica outlives its test
+        delete_namespace(kube, namespace)  # the operator stopped first
     assert repository_key_file(logs).exists()

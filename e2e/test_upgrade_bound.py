@@ -209,7 +209,7 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
         for load in loads:
             load.__exit__()
         op.stop()
-        delete_namespace(kube, namespace)  # no operator or replica outlives its test
+        delete_namespace(kube, namespace)  # the operator stopped first
 
     started = {name: sum(e["involvedObject"]["name"] == name for e in events) for name in MODELS}
     failed = sum(t.failed for t in tallies.values())

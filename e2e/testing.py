@@ -206,16 +206,22 @@ def wait_gone(kube: Kube, kind: str, namespace: str, name: str, timeout: float =
              timeout)
 
 
-def delete_namespace(kube: Kube, name: str, timeout: float = 120.0) -> None:
-    """Deletes a test's namespace and returns once its pods are gone, so no process outlives its test (nor holds a
-    GPU the next test's pods need). A terminating namespace admits no new pod, so its pods go at once, with a grace
-    period of 1 s: the kubelet cuts a replica's preStop sleep and tritonserver's drain short (~30 s otherwise). What a
-    replica does when deleted is checked by the tests about it, not here."""
+def delete_namespace(kube: Kube, name: str, timeout: float = 120.0, grace: int = 0) -> None:
+    """Deletes a test's namespace and returns once its pods are gone from the API, so none holds a GPU the next test's
+    pods need (the scheduler counts a pod's GPUs until its object is gone). A terminating namespace admits no new pod,
+    so its pods go at once: deleted with grace 0, a force deletion, the object goes at once and the kubelet stops the
+    containers after it (its minimum grace, 2 s), when the next test has begun. With a grace of 1 s, as until issue 40,
+    the wait lasted until the kubelet had stopped every container, torn the sandbox down and confirmed: 4 s a test at
+    the median, 14-27 s for some, about 460 of the cluster tier's 3,800 test-seconds; e2e/test_smoke.py took 148 s
+    with it and 84 s without. What a replica does when deleted is checked by the tests about it, not here.
+
+    `grace=1` waits for the kubelet to have stopped every container: for a namespace where an operator ran (a test's
+    own helm release), none of whose processes may go on after its test, even for the kubelet's 2 s."""
     with contextlib.suppress(ApiError):
         kube.delete("Namespace", name)
     with contextlib.suppress(ApiError):
         kube.request("DELETE", f"/api/v1/namespaces/{name}/pods",
-                     {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 1})
+                     {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace})
     wait_for(f"pods in {name} to be gone", lambda: not kube.items("Pod", name), timeout)
 
 
