@@ -31,7 +31,7 @@ def _unplaced(name: str, ns: str = NS) -> float | None:
     return REGISTRY.get_sample_value("triton_operator_pool_unplaced_bytes", {"object_namespace": ns, "tritonpool": name})
 
 
-def _model(name: str, uid: str, rv: str = "1", ready: str | None = None, target: dict[str, Any] | None = None) -> dict:
+def _model(name: str, uid: str, rv: str = "1", ready: str | None = None, target: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"kind": "TritonModel", "metadata": {"name": name, "namespace": NS, "uid": uid,
                                                                 "resourceVersion": rv}, "spec": {}}
     if target is not None:
@@ -75,7 +75,7 @@ def test_a_model_the_sweep_or_forget_drops_loses_its_series_and_a_late_answer_do
     cache.put_model(_model("kept", "uk", ready="True"))
     cache.put_model(_model("swept", "us", ready="True", target={"queueTimeMilliseconds": 10}))
     cache.put_model(_model("forgotten", "uf", ready="False"))
-    listed = {k.kind: set() for k in WATCHED} | {"TritonModel": {"uk", "uf"}}
+    listed: dict[str, set[str]] = {k.kind: set() for k in WATCHED} | {"TritonModel": {"uk", "uf"}}
     dropped = cache.sweep(NS, listed, time.monotonic())
     assert [d["metadata"]["name"] for d in dropped] == ["swept"]
     assert _ready("swept") is None and _target("swept") is None and _ready("kept") == 1.0
@@ -88,7 +88,7 @@ def test_a_model_the_sweep_or_forget_drops_loses_its_series_and_a_late_answer_do
 def test_a_pools_unplaced_gauge_follows_its_status_and_goes_with_the_pool() -> None:
     pools = PoolReconciler(object(), Cache())  # type: ignore[arg-type]  # put_pool talks to no API server
 
-    def pool(status: dict[str, Any] | None) -> dict:
+    def pool(status: dict[str, Any] | None) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": "TritonPool", "metadata": {"name": "p", "namespace": NS, "uid": "up"}}
         return body | ({"status": status} if status is not None else {})
 
