@@ -109,6 +109,30 @@ SCENARIOS: list[tuple[str, list[tuple[str, str]], str, list[dict[str, str]]]] = 
     ("TritonReplicaHealsRepeating", [(f"triton_operator_heals_total{{{OP}, action='delete', result='ok'}}", "0+1x60"),
                                      (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2")],
      "60m", [{"severity": "warning", "action": "delete"}]),
+    # The leader's gauge of each model's Ready condition (two replicas scraped with it during a handover: one series
+    # per model); a model Ready again within `for` is quiet.
+    ("TritonModelNotReady", [
+        (f"triton_operator_model_ready{{{OP}, instance='a', object_namespace='team-a', tritonmodel='m'}}", "0x20"),
+        (f"triton_operator_model_ready{{{OP}, instance='b', object_namespace='team-a', tritonmodel='m'}}", "_x10 0x10"),
+        (f"triton_operator_model_ready{{{OP}, instance='a', object_namespace='team-a', tritonmodel='n'}}", "1x20"),
+        (f"triton_operator_model_ready{{{OP}, instance='a', object_namespace='team-b', tritonmodel='o'}}", "0x10 1x10")],
+     "20m", [{"severity": "warning", "namespace": "team-a", "tritonmodel": "m"}]),
+    ("TritonPoolShortOfCapacity", [
+        (f"triton_operator_pool_unplaced_bytes{{{OP}, object_namespace='team-a', tritonpool='p'}}", "268435456x20"),
+        (f"triton_operator_pool_unplaced_bytes{{{OP}, object_namespace='team-a', tritonpool='q'}}", "0x20"),
+        (f"triton_operator_pool_unplaced_bytes{{{OP}, object_namespace='team-b', tritonpool='p'}}", "0x10 1024x10")],
+     "20m", [{"severity": "warning", "namespace": "team-a", "tritonpool": "p"}]),
+    # Held to the model's own autoscaling target when it autoscales on queue time: 500 ms a request (30 s of queue
+    # time a minute over 60 requests) is over m's 200 ms, not over q's 600 ms; 50 ms is over r's 10 ms, under the
+    # chart's 100 ms.
+    ("TritonQueueTimeHigh", [
+        *[(f"nv_inference_queue_duration_us{{namespace='team-a', tritonmodel='{m}', model='{m}', version='1', pod='{m}-0'}}",
+           f"0+{us}x30") for m, us in (("m", 30000000), ("q", 30000000), ("r", 3000000))],
+        *[(f"nv_inference_request_success{{namespace='team-a', tritonmodel='{m}', model='{m}', version='1', pod='{m}-0'}}",
+           "0+60x30") for m in ("m", "q", "r")],
+        *[(f"triton_operator_model_queue_time_target_seconds{{{OP}, object_namespace='team-a', tritonmodel='{m}'}}",
+           f"{target}x30") for m, target in (("m", 0.2), ("q", 0.6), ("r", 0.01))]],
+     "20m", [{"severity": "warning", "namespace": "team-a", "tritonmodel": m, "model": m} for m in ("m", "r")]),
     # 30 s of queue time a minute over 60 requests a minute: 500 ms a request, over the default 100 ms.
     ("TritonQueueTimeHigh", [
         ("nv_inference_queue_duration_us{namespace='team-a', tritonmodel='m', model='m', version='1', pod='m-0'}",
