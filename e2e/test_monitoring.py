@@ -6,8 +6,11 @@ module, as the autoscale benchmark's server is; `make prebuild` builds both).
   evaluation, the chart's default thresholds and `for` durations), and some stay quiet when it is false.
 - The real Prometheus scrapes the session's real operator (the chart's, two pods) and a real Triton replica, with the
   chart's rules (every `for` at 0s): every rule evaluates without error; a TritonModel whose model cannot load makes
-  TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; every
-  dashboard query evaluates, and those about a serving model and the operator return data. Waited on by condition.
+  TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; that
+  model and one on an overfilled pool (two copies, one replica) make TritonModelNotReady fire for each, and
+  TritonPoolShortOfCapacity for the pool (its unplaced 96Mi), while the Ready model stays quiet; the deleted model's
+  alert resolves (the leader's gauge goes with it); every dashboard query evaluates, and those about a serving model
+  and the operator return data. Waited on by condition.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from e2e.operator_fixtures import (
     apply,
     gate,
     is_model_ready,
+    kubectl,
     model_pods,
     one_ready_pod,
     wait_model,
 )
+from e2e.pool import pool_doc, pooled_add_sub
 from e2e.traffic import infer_add_sub
 from tests.chart_render import RELEASE, RELEASE_NS, helm_or_reason, render
 from tests.monitoring import dashboard, panel_queries, rule_groups
@@ -198,6 +203,16 @@ def _firing(prom: Prometheus) -> dict[str, list[dict[str, str]]]:
     return out
 
 
+def _objects_alerting(prom: Prometheus, namespace: str, need: bool = True) -> dict[str, set[str]] | None:
+    """The objects of `namespace` the alerts on the operator's object gauges fire for, by alert; with `need`, None
+    until broken and wide are not Ready and pool full is short of capacity."""
+    firing = _firing(prom)
+    out = {alert: {a.get(by, "") for a in firing.get(alert, []) if a.get("namespace") == namespace}
+           for alert, by in (("TritonModelNotReady", "tritonmodel"), ("TritonPoolShortOfCapacity", "tritonpool"))}
+    done = {"broken", "wide"} <= out["TritonModelNotReady"] and out["TritonPoolShortOfCapacity"] == {"full"}
+    return out if done or not need else None
+
+
 def _result(prom: Prometheus, expr: str) -> list[Any] | str:
     """An instant query's series, or its error."""
     doc = prom.get("/api/v1/query", query=expr)
@@ -209,7 +224,8 @@ def _result(prom: Prometheus, expr: str) -> list[Any] | str:
 def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_metrics(
         kube: Kube, kubeconfig: Path, namespace: str, operator: ChartOperator) -> None:
     fors = {f"monitoring.prometheusRule.for.{k}": "0s"
-            for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors")}
+            for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors", "modelNotReady",
+                      "poolShortOfCapacity")}
     docs = _chart_monitoring(**{"monitoring.prometheusRule.operatorJob": OPERATOR_JOB, **fors})
     good = add_sub()
     apply(kubeconfig, namespace, good)
@@ -248,9 +264,17 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         # Traffic for the dashboard, before the broken model's replica fails its gate.
         for _ in range(8):
             infer_add_sub(ip)
-        apply(kubeconfig, namespace, broken)
+        # A model that cannot load, and a pool overfilled: a model of two copies on a pool of one replica (copies go
+        # on distinct replicas: one is placed, the other's 96Mi fits nowhere).
+        apply(kubeconfig, namespace, broken, pool_doc("full", 1, "128Mi"), pooled_add_sub("wide", "full", 2, "96Mi"))
         wait_for("the broken model's replica gated False with ModelLoadFailed", lambda: any(
             gate(p).get("reason") == "ModelLoadFailed" for p in model_pods(kube, namespace, "broken")), 180)
+        firing = wait_for("TritonModelNotReady (broken, wide) and TritonPoolShortOfCapacity (full) firing",
+                          lambda: _objects_alerting(prom, namespace), 120, 0.5)
+        assert ("add-sub" not in firing["TritonModelNotReady"]), firing  # Ready: its gauge is 1
+        unplaced = _result(prom, f'triton_operator_pool_unplaced_bytes{{object_namespace="{namespace}"}}')
+        assert not isinstance(unplaced, str) and {s["metric"]["tritonpool"]: float(s["value"][1]) for s in unplaced} \
+            == {"full": 96 * 2**20}, unplaced
         def gate_failing() -> dict[str, list[dict[str, str]]] | None:
             firing = _firing(prom)
             return firing if any(a.get("reason") == "ModelLoadFailed"
@@ -278,5 +302,10 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
             wait_for("the dashboard's model and operator panels show data", data_for_all, 60, 1.0)
         except TimeoutError as exc:
             raise AssertionError(f"panels without data: {sorted(blank)}") from exc
+
+        # A deleted model's series goes with it (the leader's cache dropped it): its alert resolves.
+        kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel", "broken", "--wait=true")
+        wait_for("TritonModelNotReady resolved for the deleted model", lambda: "broken" not in (
+            _objects_alerting(prom, namespace, need=False) or {}).get("TritonModelNotReady", set()), 60, 0.5)
     finally:
         prom.stop()
