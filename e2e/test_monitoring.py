@@ -111,8 +111,10 @@ SCENARIOS: list[tuple[str, list[tuple[str, str]], str, list[dict[str, str]]]] = 
      "2m", [{"severity": "warning", "verdict": "malformed"}]),
     ("TritonPoolLoadFailures", [(f"triton_operator_pool_loads_total{{{OP}, verb='load', result='error'}}", "_ _ 1 1")],
      "3m", [{"severity": "warning"}]),
+    # A model that never loaded has its load retried with back-off (action retry): not a heal of a replica that served.
     ("TritonReplicaHealsRepeating", [(f"triton_operator_heals_total{{{OP}, action='delete', result='ok'}}", "0+1x60"),
-                                     (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2")],
+                                     (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2"),
+                                     (f"triton_operator_heals_total{{{OP}, action='retry', result='failed'}}", "0+1x60")],
      "60m", [{"severity": "warning", "action": "delete"}]),
     # The leader's gauge of each model's Ready condition (two replicas scraped with it during a handover: one series
     # per model); a model Ready again within `for` is quiet.
@@ -272,6 +274,16 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         firing = wait_for("TritonModelNotReady (broken, wide) and TritonPoolShortOfCapacity (full) firing",
                           lambda: _objects_alerting(prom, namespace), 120, 0.5)
         assert ("add-sub" not in firing["TritonModelNotReady"]), firing  # Ready: its gauge is 1
+        # The broken model's load, retried with back-off (0, 2, 4, 8 s ...), more often than healsPerHour (3): its
+        # replica never served, so these are not heals, and TritonReplicaHealsRepeating's expression finds none.
+        retried = 'sum(triton_operator_heals_total{action="retry"}) > 3'
+        wait_for("the broken model's load retried 4 times", lambda: isinstance(r := _result(prom, retried), list) and r,
+                 120, 0.5)
+        (heals,) = [r for g in rule_groups(docs)["groups"] for r in g["rules"]
+                    if r["alert"] == "TritonReplicaHealsRepeating"]
+        assert _result(prom, heals["expr"]) == [], heals["expr"]
+        counted_as_heals = heals["expr"].replace(', action!="retry"', "")  # as it was: then it fired
+        assert counted_as_heals != heals["expr"] and _result(prom, counted_as_heals), counted_as_heals
         unplaced = _result(prom, f'triton_operator_pool_unplaced_bytes{{object_namespace="{namespace}"}}')
         assert not isinstance(unplaced, str) and {s["metric"]["tritonpool"]: float(s["value"][1]) for s in unplaced} \
             == {"full": 96 * 2**20}, unplaced

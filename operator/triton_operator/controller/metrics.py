@@ -34,7 +34,8 @@ RELOADS = Counter(
 )
 HEALS = Counter(
     "triton_operator_heals_total",
-    "Replicas healed after they stopped serving: action reload (unload and load the broken models) or delete (the pod)",
+    "Replicas healed after they stopped serving: action reload (unload and load the broken models) or delete (the pod); "
+    "action retry: the models of a replica that never served (failed to load) loaded again, with back-off",
     ["action", "result"],
 )
 POOL_ROUNDS = Counter("triton_operator_pool_rounds_total", "TritonPool reconcile rounds", ["result"])
