@@ -8,8 +8,9 @@ module, as the autoscale benchmark's server is; `make prebuild` builds both).
   chart's rules (every `for` at 0s): every rule evaluates without error; a TritonModel whose model cannot load makes
   TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; that
   model and one on an overfilled pool (two copies, one replica) make TritonModelNotReady fire for each, and
-  TritonPoolShortOfCapacity for the pool (its unplaced 96Mi), while the Ready model stays quiet; the deleted model's
-  alert resolves (the leader's gauge goes with it); every dashboard query evaluates, and those about a serving model
+  TritonPoolShortOfCapacity for the pool (its unplaced 96Mi), while the Ready model stays quiet; the broken model's
+  load, retried 4 times, does not make TritonReplicaHealsRepeating fire; once the pooled model is deleted its alert
+  and its pool's resolve (the leader's gauges go with it); every dashboard query evaluates, and those about a serving model
   and the operator return data. Waited on by condition.
 """
 
@@ -315,9 +316,13 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         except TimeoutError as exc:
             raise AssertionError(f"panels without data: {sorted(blank)}") from exc
 
-        # A deleted model's series goes with it (the leader's cache dropped it): its alert resolves.
-        kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel", "broken", "--wait=true")
-        wait_for("TritonModelNotReady resolved for the deleted model", lambda: "broken" not in (
-            _objects_alerting(prom, namespace, need=False) or {}).get("TritonModelNotReady", set()), 60, 0.5)
+        # A deleted model's series goes with it (the leader's cache dropped it): its alert resolves, and so does its
+        # pool's, which has room for every copy left. The pooled model, not broken: it has no pod of its own, whose
+        # deletion (a preStop sleep and tritonserver's drain) the namespace's teardown would wait for.
+        kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel", "wide", "--wait=true")
+        def resolved() -> bool:
+            out = _objects_alerting(prom, namespace, need=False) or {}
+            return out.get("TritonModelNotReady") == {"broken"} and not out.get("TritonPoolShortOfCapacity")
+        wait_for("TritonModelNotReady (wide) and TritonPoolShortOfCapacity resolved", resolved, 60, 0.5)
     finally:
         prom.stop()
