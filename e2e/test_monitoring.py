@@ -6,8 +6,12 @@ module, as the autoscale benchmark's server is; `make prebuild` builds both).
   evaluation, the chart's default thresholds and `for` durations), and some stay quiet when it is false.
 - The real Prometheus scrapes the session's real operator (the chart's, two pods) and a real Triton replica, with the
   chart's rules (every `for` at 0s): every rule evaluates without error; a TritonModel whose model cannot load makes
-  TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; every
-  dashboard query evaluates, and those about a serving model and the operator return data. Waited on by condition.
+  TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; that
+  model and one on an overfilled pool (two copies, one replica) make TritonModelNotReady fire for each, and
+  TritonPoolShortOfCapacity for the pool (its unplaced 96Mi), while the Ready model stays quiet; the broken model's
+  load, retried 3 times, does not make TritonReplicaHealsRepeating fire; once the pooled model is deleted its alert
+  and its pool's resolve (the leader's gauges go with it); every dashboard query evaluates, and those about a serving model
+  and the operator return data. Waited on by condition.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from e2e.operator_fixtures import (
     apply,
     gate,
     is_model_ready,
+    kubectl,
     model_pods,
     one_ready_pod,
     wait_model,
 )
+from e2e.pool import pool_doc, pooled_add_sub
 from e2e.traffic import infer_add_sub
 from tests.chart_render import RELEASE, RELEASE_NS, helm_or_reason, render
 from tests.monitoring import dashboard, panel_queries, rule_groups
@@ -106,9 +112,35 @@ SCENARIOS: list[tuple[str, list[tuple[str, str]], str, list[dict[str, str]]]] = 
      "2m", [{"severity": "warning", "verdict": "malformed"}]),
     ("TritonPoolLoadFailures", [(f"triton_operator_pool_loads_total{{{OP}, verb='load', result='error'}}", "_ _ 1 1")],
      "3m", [{"severity": "warning"}]),
+    # A model that never loaded has its load retried with back-off (action retry): not a heal of a replica that served.
     ("TritonReplicaHealsRepeating", [(f"triton_operator_heals_total{{{OP}, action='delete', result='ok'}}", "0+1x60"),
-                                     (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2")],
+                                     (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2"),
+                                     (f"triton_operator_heals_total{{{OP}, action='retry', result='failed'}}", "0+1x60")],
      "60m", [{"severity": "warning", "action": "delete"}]),
+    # The leader's gauge of each model's Ready condition (two replicas scraped with it during a handover: one series
+    # per model); a model Ready again within `for` is quiet.
+    ("TritonModelNotReady", [
+        (f"triton_operator_model_ready{{{OP}, instance='a', object_namespace='team-a', tritonmodel='m'}}", "0x20"),
+        (f"triton_operator_model_ready{{{OP}, instance='b', object_namespace='team-a', tritonmodel='m'}}", "_x10 0x10"),
+        (f"triton_operator_model_ready{{{OP}, instance='a', object_namespace='team-a', tritonmodel='n'}}", "1x20"),
+        (f"triton_operator_model_ready{{{OP}, instance='a', object_namespace='team-b', tritonmodel='o'}}", "0x10 1x10")],
+     "20m", [{"severity": "warning", "namespace": "team-a", "tritonmodel": "m"}]),
+    ("TritonPoolShortOfCapacity", [
+        (f"triton_operator_pool_unplaced_bytes{{{OP}, object_namespace='team-a', tritonpool='p'}}", "268435456x20"),
+        (f"triton_operator_pool_unplaced_bytes{{{OP}, object_namespace='team-a', tritonpool='q'}}", "0x20"),
+        (f"triton_operator_pool_unplaced_bytes{{{OP}, object_namespace='team-b', tritonpool='p'}}", "0x10 1024x10")],
+     "20m", [{"severity": "warning", "namespace": "team-a", "tritonpool": "p"}]),
+    # Held to the model's own autoscaling target when it autoscales on queue time: 500 ms a request (30 s of queue
+    # time a minute over 60 requests) is over m's 200 ms, not over q's 600 ms; 50 ms is over r's 10 ms, under the
+    # chart's 100 ms.
+    ("TritonQueueTimeHigh", [
+        *[(f"nv_inference_queue_duration_us{{namespace='team-a', tritonmodel='{m}', model='{m}', version='1', pod='{m}-0'}}",
+           f"0+{us}x30") for m, us in (("m", 30000000), ("q", 30000000), ("r", 3000000))],
+        *[(f"nv_inference_request_success{{namespace='team-a', tritonmodel='{m}', model='{m}', version='1', pod='{m}-0'}}",
+           "0+60x30") for m in ("m", "q", "r")],
+        *[(f"triton_operator_model_queue_time_target_seconds{{{OP}, object_namespace='team-a', tritonmodel='{m}'}}",
+           f"{target}x30") for m, target in (("m", 0.2), ("q", 0.6), ("r", 0.01))]],
+     "20m", [{"severity": "warning", "namespace": "team-a", "tritonmodel": m, "model": m} for m in ("m", "r")]),
     # 30 s of queue time a minute over 60 requests a minute: 500 ms a request, over the default 100 ms.
     ("TritonQueueTimeHigh", [
         ("nv_inference_queue_duration_us{namespace='team-a', tritonmodel='m', model='m', version='1', pod='m-0'}",
@@ -174,6 +206,16 @@ def _firing(prom: Prometheus) -> dict[str, list[dict[str, str]]]:
     return out
 
 
+def _objects_alerting(prom: Prometheus, namespace: str, need: bool = True) -> dict[str, set[str]] | None:
+    """The objects of `namespace` the alerts on the operator's object gauges fire for, by alert; with `need`, None
+    until broken and wide are not Ready and pool full is short of capacity."""
+    firing = _firing(prom)
+    out = {alert: {a.get(by, "") for a in firing.get(alert, []) if a.get("namespace") == namespace}
+           for alert, by in (("TritonModelNotReady", "tritonmodel"), ("TritonPoolShortOfCapacity", "tritonpool"))}
+    done = {"broken", "wide"} <= out["TritonModelNotReady"] and out["TritonPoolShortOfCapacity"] == {"full"}
+    return out if done or not need else None
+
+
 def _result(prom: Prometheus, expr: str) -> list[Any] | str:
     """An instant query's series, or its error."""
     doc = prom.get("/api/v1/query", query=expr)
@@ -185,8 +227,11 @@ def _result(prom: Prometheus, expr: str) -> list[Any] | str:
 def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_metrics(
         kube: Kube, kubeconfig: Path, namespace: str, operator: ChartOperator) -> None:
     fors = {f"monitoring.prometheusRule.for.{k}": "0s"
-            for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors")}
-    docs = _chart_monitoring(**{"monitoring.prometheusRule.operatorJob": OPERATOR_JOB, **fors})
+            for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors", "modelNotReady",
+                      "poolShortOfCapacity")}
+    # healsPerHour 1: two retries of the broken model's load are over it (the third comes 6 s after the first).
+    docs = _chart_monitoring(**{"monitoring.prometheusRule.operatorJob": OPERATOR_JOB,
+                                "monitoring.prometheusRule.healsPerHour": 1, **fors})
     good = add_sub()
     apply(kubeconfig, namespace, good)
     broken = add_sub("broken")
@@ -224,9 +269,27 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         # Traffic for the dashboard, before the broken model's replica fails its gate.
         for _ in range(8):
             infer_add_sub(ip)
-        apply(kubeconfig, namespace, broken)
+        # A model that cannot load, and a pool overfilled: a model of two copies on a pool of one replica (copies go
+        # on distinct replicas: one is placed, the other's 96Mi fits nowhere).
+        apply(kubeconfig, namespace, broken, pool_doc("full", 1, "128Mi"), pooled_add_sub("wide", "full", 2, "96Mi"))
         wait_for("the broken model's replica gated False with ModelLoadFailed", lambda: any(
             gate(p).get("reason") == "ModelLoadFailed" for p in model_pods(kube, namespace, "broken")), 180)
+        firing = wait_for("TritonModelNotReady (broken, wide) and TritonPoolShortOfCapacity (full) firing",
+                          lambda: _objects_alerting(prom, namespace), 120, 0.5)
+        assert ("add-sub" not in firing["TritonModelNotReady"]), firing  # Ready: its gauge is 1
+        # The broken model's load, retried with back-off (0, 2, 4, 8 s ...), more often than healsPerHour (1): its
+        # replica never served, so these are not heals, and TritonReplicaHealsRepeating's expression finds none.
+        retried = 'sum(triton_operator_heals_total{action="retry"}) > 2'
+        wait_for("the broken model's load retried 3 times", lambda: isinstance(r := _result(prom, retried), list) and r,
+                 120, 0.5)
+        (heals,) = [r for g in rule_groups(docs)["groups"] for r in g["rules"]
+                    if r["alert"] == "TritonReplicaHealsRepeating"]
+        assert _result(prom, heals["expr"]) == [], heals["expr"]
+        counted_as_heals = heals["expr"].replace(', action!="retry"', "")  # as it was: then it fired
+        assert counted_as_heals != heals["expr"] and _result(prom, counted_as_heals), counted_as_heals
+        unplaced = _result(prom, f'triton_operator_pool_unplaced_bytes{{object_namespace="{namespace}"}}')
+        assert not isinstance(unplaced, str) and {s["metric"]["tritonpool"]: float(s["value"][1]) for s in unplaced} \
+            == {"full": 96 * 2**20}, unplaced
         def gate_failing() -> dict[str, list[dict[str, str]]] | None:
             firing = _firing(prom)
             return firing if any(a.get("reason") == "ModelLoadFailed"
@@ -254,5 +317,14 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
             wait_for("the dashboard's model and operator panels show data", data_for_all, 60, 1.0)
         except TimeoutError as exc:
             raise AssertionError(f"panels without data: {sorted(blank)}") from exc
+
+        # A deleted model's series goes with it (the leader's cache dropped it): its alert resolves, and so does its
+        # pool's, which has room for every copy left. The pooled model, not broken: it has no pod of its own, whose
+        # deletion (a preStop sleep and tritonserver's drain) the namespace's teardown would wait for.
+        kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel", "wide", "--wait=true")
+        def resolved() -> bool:
+            out = _objects_alerting(prom, namespace, need=False) or {}
+            return out.get("TritonModelNotReady") == {"broken"} and not out.get("TritonPoolShortOfCapacity")
+        wait_for("TritonModelNotReady (wide) and TritonPoolShortOfCapacity resolved", resolved, 60, 0.5)
     finally:
         prom.stop()

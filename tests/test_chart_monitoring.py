@@ -99,7 +99,7 @@ def test_the_pod_monitor_watches_only_the_watched_namespaces(helm: str) -> None:
 def test_every_alert_names_only_metrics_that_exist(helm: str) -> None:
     rules = alert_rules(render(helm, **ALL_ON))
     names = [r["alert"] for r in rules]
-    assert len(names) == len(set(names)) >= 9, names
+    assert len(names) == len(set(names)) >= 11, names
     known = _known()
     for rule in rules:
         used = metric_names(rule["expr"])
@@ -124,10 +124,30 @@ def test_the_operator_alerts_select_the_service_monitors_job_or_the_one_given(he
 def test_the_thresholds_are_values(helm: str) -> None:
     rules = {r["alert"]: r for r in alert_rules(render(helm, **{
         **ALL_ON, "monitoring.prometheusRule.queueTimeMilliseconds": 250, "monitoring.prometheusRule.healsPerHour": 7,
-        "monitoring.prometheusRule.for.queueTime": "3m"}))}
-    assert rules["TritonQueueTimeHigh"]["expr"].rstrip().endswith("> 250")
+        "monitoring.prometheusRule.for.queueTime": "3m", "monitoring.prometheusRule.for.modelNotReady": "4m",
+        "monitoring.prometheusRule.for.poolShortOfCapacity": "6m"}))}
+    assert "/ 1000 > 250) unless on (namespace, tritonmodel)" in rules["TritonQueueTimeHigh"]["expr"]
     assert rules["TritonQueueTimeHigh"]["for"] == "3m"
     assert rules["TritonReplicaHealsRepeating"]["expr"].rstrip().endswith("> 7")
+    assert rules["TritonModelNotReady"]["for"] == "4m" and rules["TritonPoolShortOfCapacity"]["for"] == "6m"
+
+
+@pytest.mark.parametrize(("alert", "gauge", "by"), [
+    ("TritonModelNotReady", "triton_operator_model_ready", "tritonmodel"),
+    ("TritonPoolShortOfCapacity", "triton_operator_pool_unplaced_bytes", "tritonpool"),
+    ("TritonQueueTimeHigh", "triton_operator_model_queue_time_target_seconds", "tritonmodel"),
+])
+def test_the_alerts_on_the_operators_object_gauges_name_the_objects_namespace_namespace(
+        helm: str, alert: str, gauge: str, by: str) -> None:
+    """The gauges label an object's namespace `object_namespace` (a scrape sets `namespace`: the operator's own); the
+    alert relabels it `namespace`, as the replicas' series have it, and keeps one series per object (`max by`)."""
+    (rule,) = [r for r in alert_rules(render(helm, **ALL_ON)) if r["alert"] == alert]
+    selected = f'{gauge}{{job="{OPERATOR_JOB}", namespace="{RELEASE_NS}"}}'
+    assert f'max by (namespace, {by}) (label_replace({selected}, "namespace", "$1", "object_namespace", "(.+)"))' \
+        in rule["expr"], rule["expr"]
+    from triton_operator.controller import metrics
+    labels = {g._name: g._labelnames for g in (metrics.MODEL_READY, metrics.MODEL_QUEUE_TARGET, metrics.POOL_UNPLACED)}
+    assert labels[gauge] == ("object_namespace", by)
 
 
 @pytest.mark.parametrize(("values", "absent"), [
@@ -189,6 +209,8 @@ def test_the_metric_name_reader_skips_functions_labels_and_durations() -> None:
 @pytest.mark.parametrize(("values", "message"), [
     ({"monitoring.podMonitor.enabled": "yes"}, "/monitoring/podMonitor/enabled"),
     ({"monitoring.prometheusRule.for.queueTime": "1.5m"}, "/monitoring/prometheusRule/for/queueTime"),
+    ({"monitoring.prometheusRule.for.modelNotReady": "soon"}, "/monitoring/prometheusRule/for/modelNotReady"),
+    ({"monitoring.prometheusRule.for.poolShortOfCapacity": 5}, "/monitoring/prometheusRule/for/poolShortOfCapacity"),
     ({"monitoring.prometheusRule.queueTimeMilliseconds": 0}, "/monitoring/prometheusRule/queueTimeMilliseconds"),
     ({"monitoring.prometheusRule.healsPerHour": -1}, "/monitoring/prometheusRule/healsPerHour"),
     ({"monitoring.prometheusRule.operatorJob": 'a"b'}, "/monitoring/prometheusRule/operatorJob"),

@@ -179,3 +179,47 @@ def test_a_not_loaded_from_the_probe_older_than_tritons_ready_is_not_a_break(mon
     unreachable = ReplicaVerdict(False, "TritonUnreachable", "no answer")
     out, broken = ask(unreachable, {"m": f"model m {NOT_LOADED}"})
     assert broken == {"m": f"model m {NOT_LOADED}"}, broken
+
+
+@pytest.mark.parametrize(("warmed", "counted"), [(False, "retry"), (True, "reload")])
+def test_a_replica_that_never_served_has_its_load_retried_and_counted_apart_from_heals(
+        monkeypatch: pytest.MonkeyPatch, warmed: bool, counted: str) -> None:
+    """A model that never loaded is retried with back-off, as a heal reloads a broken one, but its replica did not stop
+    serving: triton_operator_heals_total counts it under action `retry`, which the chart's TritonReplicaHealsRepeating
+    leaves out (a model that never loads made it fire within a minute: heals at 0, 2, 6 and 14 s). A replica that
+    served (its gate True once) and broke counts under `reload`."""
+    from prometheus_client import REGISTRY
+
+    from triton_operator.api.pod import WARMED_CONDITION
+    from triton_operator.controller import gate as gate_module
+    from triton_operator.controller.gate import WarmupGate, _PodGate
+    from triton_operator.controller.heal import Healed
+    from triton_operator.triton.replica import ReplicaVerdict
+
+    async def load_fails(*_: Any, **__: Any) -> Healed:
+        return Healed(False, ("ens",), "loading ens again failed: boom", 0.1)
+
+    async def no_event(*_: Any) -> None:
+        pass
+
+    def failed(action: str) -> float:
+        return REGISTRY.get_sample_value("triton_operator_heals_total", {"action": action, "result": "failed"}) or 0.0
+
+    monkeypatch.setattr(gate_module, "reload_models", load_fails)
+    before = {a: failed(a) for a in ("retry", "reload")}
+
+    async def scenario() -> None:
+        g = WarmupGate(kube=None)  # type: ignore[arg-type]
+        g._event = no_event  # type: ignore[method-assign]
+        pg = _PodGate("ns", "a", _gated("a", False))
+        pg.body["metadata"]["annotations"] = {ANNOTATION_TRITON_NAME: "ens"}
+        pg.body["status"]["conditions"].append({"type": WARMED_CONDITION, "status": "True" if warmed else "False"})
+        pg.broken = {"ens": "model ens is UNAVAILABLE: boom"}
+        g._heal(pg, ReplicaVerdict(False, "ModelLoadFailed", "model ens is UNAVAILABLE: boom"))
+        assert pg.heal is not None
+        await pg.heal
+        assert pg.heals == 1 and not pg.heal_ok and "heal 1 failed" in pg.heal_note
+
+    asyncio.run(scenario())
+    other = "reload" if counted == "retry" else "retry"
+    assert failed(counted) == before[counted] + 1 and failed(other) == before[other]

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from ..api.kinds import DEPLOYMENT, LABEL_MODEL
 from ..plan.upgrade import DeploymentKey, in_upgrade_rollout
+from . import metrics
 
 
 def lean(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,6 +167,7 @@ class Cache:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         self._observed(body, deleted)
         self.ensembles[ns].pop(name, None)
+        metrics.observe_model(body, deleted)  # the model's gauges follow what is cached, and go with it
         if deleted:
             self.models[ns].pop(name, None)
             if ns in self.models_listing:

@@ -141,6 +141,13 @@ KeyOf = Callable[[str, str], "str | None"]
 BudgetOf = Callable[[str, str], int]
 
 
+def heal_action(served: bool) -> str:
+    """The `action` a reload of broken models counts under in triton_operator_heals_total: `reload`, a heal of a
+    replica that served and broke; `retry`, the load of a replica that never served tried again (a model that failed
+    to load), which the chart's TritonReplicaHealsRepeating leaves out (TritonReplicaGateFailing says it)."""
+    return "reload" if served else "retry"
+
+
 class WarmupGate:
     def __init__(self, kube: Kube, poll_interval: float = 0.2, max_concurrent_checks: int = 32,
                  on_change: Any = None, key_of: KeyOf | None = None, budget_of: BudgetOf | None = None) -> None:
@@ -358,7 +365,9 @@ class WarmupGate:
             gate.healed_at = time.monotonic()
             gate.heal_ok = healed.ok
             result = "ok" if healed.ok else "failed"
-            metrics.HEALS.labels(action="reload", result=result).inc()
+            # A replica that never served did not stop serving: its model never loaded, and this is the load tried
+            # again with back-off (as the kubelet restarts a crashing container), not a heal (`heal_action`).
+            metrics.HEALS.labels(action=heal_action(gate.served), result=result).inc()
             gate.heal_note = (f"heal {gate.heals} reloaded {', '.join(names)} in {healed.seconds:.1f}s" if healed.ok
                               else f"heal {gate.heals} failed: {healed.message}")
             if healed.ok:

@@ -31,6 +31,7 @@ from ..platform.namespaces import has_patterns
 from ..render.kubernetes import Options
 from ..render.webhook import WebhookTarget
 from ..servers.webhook import AdmissionWebhook
+from . import metrics
 from .cache import Cache
 from .gate import WarmupGate
 from .namespaces import NamespaceSet
@@ -413,6 +414,7 @@ async def run_operator(
     globs = has_patterns(namespaces) and not clusterwide
     STATE.namespace_set = NamespaceSet(STATE.kube, namespaces) if globs else None
     STATE.cache = Cache()
+    metrics.forget_objects()  # the objects' gauges are the new cache's (empty until the watches deliver)
     STATE.reconciler = Reconciler(STATE.kube, STATE.cache, options, max_upgrade_rollouts=max_upgrade_rollouts)
     STATE.reconciler.upgrade_scopes = [None] if clusterwide or globs else list(namespaces)
     STATE.pools = PoolReconciler(STATE.kube, STATE.cache, options)

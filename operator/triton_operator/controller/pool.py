@@ -156,6 +156,7 @@ class PoolReconciler:
 
     def put_pool(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        metrics.observe_pool(body, deleted)  # the pool's gauge follows what is kept, and goes with it
         if deleted:
             self.pools.pop(key, None)
         else:
@@ -865,7 +866,7 @@ class PoolReconciler:
         if updated is None:
             return
         if key in self.pools:
-            self.pools[key] = lean(updated)
+            self.put_pool(updated)
         for c in write.changed:
             log.info("Changed TritonPool condition namespace=%s name=%s type=%s status=%s reason=%s",
                      rnd.namespace, rnd.pool.name, c["type"], c["status"], c.get("reason"))
