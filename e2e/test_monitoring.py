@@ -50,7 +50,8 @@ FAILS = "e2e-monitoring: this model cannot load"
 #: The panels that must show data with one serving model and the operator (the others need a pool, the response cache
 #: or heals, which this test does not make).
 MUST_HAVE_DATA = {"Request rate", "Request latency (mean)", "Queue time (mean)", "Batch size (mean)",
-                  "Replicas scraped", "Reconciles", "API writes", "Gate latency", "Gate transitions"}
+                  "Replicas scraped", "Reconciles", "API writes", "Gate latency", "Gate transitions",
+                  "TritonModels not Ready", "Pool memory unplaced"}
 
 
 def _chart_monitoring(**values: Any) -> list[dict[str, Any]]:

@@ -181,7 +181,8 @@ def test_the_dashboard_is_a_sidecar_configmap_whose_queries_name_only_metrics_th
     for metric in ("nv_inference_request_success", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
                    "nv_inference_exec_count", "nv_cache_num_hits_per_model", "triton_operator_reconciles_total",
                    "triton_operator_api_writes_total", "triton_operator_heals_total",
-                   "triton_operator_ready_to_gate_seconds_bucket", "triton_operator_pool_loads_total"):
+                   "triton_operator_ready_to_gate_seconds_bucket", "triton_operator_pool_loads_total",
+                   "triton_operator_model_ready", "triton_operator_pool_unplaced_bytes"):
         assert metric in used, metric
     panels = [p for p in board["panels"] if p["type"] != "row"]
     assert all(p["datasource"]["uid"] == "${datasource}" for p in panels)
