@@ -5,9 +5,10 @@ and kube-proxy on this machine picks the replica, exactly as for a client in the
 that need per-replica figures, `via="endpoints"` does kube-proxy's job in the client instead: the
 ready endpoints of the Service's EndpointSlices (an endpoint whose `conditions.ready` is unset counts
 as ready, as kube-proxy reads it; terminating endpoints are not ready), one picked at random per
-request. Either way one thread re-reads the EndpointSlices every `refresh` seconds and records every
-distinct ready set, and several threads send add-sub inferences (or, with `kind="sentiment"`, the sentiment
-ensemble's) over HTTP (`/v2/models/<m>/infer`, JSON) continuously, each at most `rate` per second.
+request. Either way one thread follows the Service's EndpointSlices as kube-proxy does, with a LIST and then a WATCH
+from its resourceVersion (each watch ends after `refresh` seconds, default 1, and the next resumes where it stopped; a
+410 Gone lists again), and records every distinct ready set, and several threads send add-sub inferences (or, with
+`kind="sentiment"`, the sentiment ensemble's) over HTTP (`/v2/models/<m>/infer`, JSON) continuously, each at most `rate` per second.
 
 Every request sent is counted, and so is every failure: a refused or reset connection, a
 timeout, a non-200 answer, a wrong result, or no ready endpoint at all (what kube-proxy would
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import Kube, wait_for
+from e2e.kube import ApiError, Kube, wait_for
 from e2e.testing import proxied_addresses
 from triton_operator.api.timestamps import rfc3339
 
@@ -65,7 +66,7 @@ class ServiceLoad:
     """Threads sending add-sub inferences to a Service's ready endpoints until `stop()`; use as a context manager."""
 
     def __init__(self, kubeconfig: Path, namespace: str, service: str, model: str = "add-sub", *,
-                 threads: int = 4, rate: float = 40.0, refresh: float = 0.1, port: str = "http",
+                 threads: int = 4, rate: float = 40.0, refresh: float = 1.0, port: str = "http",
                  timeout: float = 10.0, via: str = "cluster-ip", kind: str = "add-sub") -> None:
         if via not in ("cluster-ip", "endpoints"):
             raise ValueError(f"via: cluster-ip or endpoints, not {via!r}")
@@ -78,6 +79,8 @@ class ServiceLoad:
         self.namespace, self.service, self.model, self.port = namespace, service, model, port
         self.threads, self.rate, self.refresh, self.timeout = threads, rate, refresh, timeout
         self._ready: tuple[tuple[str, int], ...] = ()
+        self._slices: dict[str, dict[str, Any]] = {}  # the Service's EndpointSlices by name, as the last LIST and WATCH left them
+        self._version: str | None = None  # the resourceVersion the refresher's first watch starts from
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self._workers: list[threading.Thread] = []
@@ -106,7 +109,7 @@ class ServiceLoad:
             svc = self.kube.get("Service", self.service, self.namespace)["spec"]
             port = next(p["port"] for p in svc["ports"] if p.get("name") == self.port)
             self._cluster_ip = (svc["clusterIP"], int(port))
-        self._refresh_once()
+        self._version = self._refresh_once()
         if self.via == "cluster-ip" and self._ready:
             self._wait_proxied()
         self._started = time.monotonic()
@@ -125,7 +128,7 @@ class ServiceLoad:
         def synced() -> bool:
             proxied = proxied_addresses(self.namespace, self.service, self.port)
             if proxied is not None and not {a for a, _ in self._ready} <= proxied:
-                self._refresh_once()
+                self._version = self._refresh_once()
                 return False
             return True
         wait_for(f"kube-proxy sending {self.namespace}/{self.service}:{self.port} to its ready endpoints", synced, 60)
@@ -181,12 +184,19 @@ class ServiceLoad:
 
     # -- endpoints, as kube-proxy reads them ----------------------------------------------------
 
-    def _refresh_once(self) -> None:
-        slices = self.kube.items("EndpointSlice", self.namespace,
-                                 label_selector={"kubernetes.io/service-name": self.service})
+    def _refresh_once(self) -> str:
+        """LISTs the Service's EndpointSlices; returns the list's resourceVersion, where a watch goes on from."""
+        listed = self.kube.list("EndpointSlice", self.namespace,
+                                label_selector={"kubernetes.io/service-name": self.service})
+        self._slices = {s["metadata"]["name"]: s for s in listed["items"]}
+        self._update()
+        return str(listed["metadata"]["resourceVersion"])
+
+    def _update(self) -> None:
+        """The ready set and every endpoint's state from the slices held, recorded when they changed."""
         ready: list[tuple[str, int]] = []
         states: list[str] = []  # every endpoint, ready or not: "<address> <pod> ready|serving|terminating"
-        for s in slices:
+        for s in self._slices.values():
             port = next((p.get("port") for p in s.get("ports") or () if p.get("name") == self.port), None)
             if port is None:
                 continue
@@ -212,12 +222,37 @@ class ServiceLoad:
             self.refreshes += 1
 
     def _refresh_loop(self) -> None:
-        while not self._halt.wait(self.refresh):
+        """WATCHes the slices from the last resourceVersion seen (a bookmark moves it too) until halted; each watch ends
+        after `refresh` seconds (the halt is seen then) and the next resumes there. A watch that fails, or a 410 Gone
+        (the version compacted away), LISTs again; until then the last good set stays in use, as kube-proxy keeps its
+        rules."""
+        version: str | None = self._version
+        while not self._halt.is_set():
             try:
-                self._refresh_once()
+                if version is None:
+                    version = self._refresh_once()
+                for event in self.kube.watch("EndpointSlice", self.namespace, resource_version=version,
+                                             timeout_seconds=max(1, round(self.refresh)),
+                                             label_selector={"kubernetes.io/service-name": self.service}):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        raise ApiError(int(obj.get("code") or 0), str(obj.get("message")), "WATCH", "EndpointSlice")
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if event.get("type") == "BOOKMARK":
+                        continue
+                    name = obj["metadata"]["name"]
+                    if event.get("type") == "DELETED":
+                        self._slices.pop(name, None)
+                    else:
+                        self._slices[name] = obj
+                    self._update()
+                    if self._halt.is_set():
+                        break
             except Exception as e:  # noqa: BLE001 - the last good set stays in use, as kube-proxy keeps its rules
-                if len(self.refresh_errors) < SAMPLES:
+                version = None
+                if len(self.refresh_errors) < SAMPLES and not (isinstance(e, ApiError) and e.status == 410):
                     self.refresh_errors.append(repr(e))
+                self._halt.wait(0.1)
 
     # -- requests -------------------------------------------------------------------------------
 
