@@ -114,3 +114,29 @@ def test_a_new_cache_starts_without_series() -> None:
     families = {f.name for f in REGISTRY.collect()}
     assert {"triton_operator_model_ready", "triton_operator_model_queue_time_target_seconds",
             "triton_operator_pool_unplaced_bytes"} <= families, "the families are served empty"
+
+
+def test_a_pool_deleted_while_the_watch_was_down_is_forgotten_at_the_resync_with_its_gauge() -> None:
+    """`PoolReconciler.resync`: a pool the LIST no longer shows is dropped (its round requested: its models say
+    PoolNotFound) and its gauge goes; one the LIST shows stays, and so does one created while the LIST was under way."""
+    import asyncio
+
+    def pool(name: str) -> dict[str, Any]:
+        return {"kind": "TritonPool", "metadata": {"name": name, "namespace": NS, "uid": f"u-{name}"},
+                "status": {"unplaced": "64Mi"}}
+
+    class Kube:
+        def list_uids(self, api_version: str, kind: str, namespace: str, label_selector: str | None = None) -> set[str]:
+            assert (api_version, kind, namespace) == ("serving.triton-operator.dev/v1alpha1", "TritonPool", NS)
+            pools.put_pool(pool("new"))  # the watch delivers a new pool while this LIST is under way
+            return {"u-kept"}
+
+    pools = PoolReconciler(Kube(), Cache())  # type: ignore[arg-type]
+    requested: list[tuple[str, str]] = []
+    pools.request = lambda namespace, name: requested.append((namespace, name))  # type: ignore[method-assign]
+    pools.put_pool(pool("kept"))
+    pools.put_pool(pool("gone"))
+    asyncio.run(pools.resync())
+    assert sorted(name for _, name in pools.pools) == ["kept", "new"]
+    assert requested == [(NS, "gone")]
+    assert _unplaced("gone") is None and _unplaced("kept") == 64 * 2**20

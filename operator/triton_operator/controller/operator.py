@@ -246,6 +246,7 @@ async def _drift_loop(interval: float) -> None:
         try:
             for pod in await STATE.reconciler.resync():
                 STATE.gate.observe(pod, deleted=True)
+            await STATE.pools.resync()
         except Exception as exc:  # noqa: BLE001 - the API server may be away; the next round retries
             log.warning("Failed to resync the cache with the API error=%r", exc)
         for namespace, models in list(STATE.cache.models.items()):

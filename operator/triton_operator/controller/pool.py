@@ -126,6 +126,7 @@ class PoolReconciler:
         self.cache = cache
         self.options = options or Options()
         self.pools: dict[tuple[str, str], dict[str, Any]] = {}  # the watch's TritonPools
+        self._put_at: dict[tuple[str, str], float] = {}  # when each was last put (monotonic): `resync`'s race guard
         self._applied: dict[tuple[str, str, str], dict[str, Any]] = {}  # our last applies' answers
         self._held: dict[tuple[str, str, str, str, str], _Held] = {}  # (ns, pool, replica, model, digest)
         # One worker per pool, bursts of events coalesced into one round, a round coming back when it says; a failed
@@ -159,8 +160,25 @@ class PoolReconciler:
         metrics.observe_pool(body, deleted)  # the pool's gauge follows what is kept, and goes with it
         if deleted:
             self.pools.pop(key, None)
+            self._put_at.pop(key, None)
         else:
             self.pools[key] = lean(body)
+            self._put_at[key] = time.monotonic()
+
+    async def resync(self) -> None:
+        """Drops the TritonPools a LIST no longer shows: deleted while a watch was down (kopf lists again after a
+        restarted watch and reports what it finds, never what went; `Reconciler.resync` does the same for models).
+        Kept, such a pool's round would apply its garbage-collected Deployment and Services again, and its gauge would
+        stay. A pool put since its namespace's LIST began (created meanwhile) is kept."""
+        for namespace in sorted({ns for ns, _ in self.pools}):
+            since = time.monotonic()
+            uids = await asyncio.to_thread(self.kube.list_uids, TRITON_POOL.api_version, TRITON_POOL.kind, namespace)
+            for key, body in list(self.pools.items()):
+                if key[0] != namespace or body["metadata"].get("uid") in uids or self._put_at.get(key, 0.0) >= since:
+                    continue
+                log.info("Forgot TritonPool deleted while a watch was down namespace=%s name=%s", namespace, key[1])
+                self.put_pool(body, deleted=True)
+                self.request(namespace, key[1])  # its models say PoolNotFound; a pool no model names lets its worker go
 
     def request(self, namespace: str, name: str) -> None:
         self.queue.request(namespace, name)
