@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import re
 import shutil
+import subprocess
 import tomllib
 from importlib.metadata import version as installed_version
 from pathlib import Path
@@ -45,6 +46,22 @@ def test_the_chart_says_the_version_and_renders_its_image() -> None:
     # So the chart renders the operator's own default image (e2e/images.py tags the image it builds with the chart's
     # reference: e2e/test_images.py checks that one against Options).
     assert f"{image['repository']}:{chart['appVersion']}" == DEFAULT_OPERATOR_IMAGE
+
+
+def test_the_previous_release_is_the_commit_the_changelog_names_and_this_tree_comes_after_it() -> None:
+    """tools/release.py's PREVIOUS (what e2e/test_upgrade.py upgrades from, built from its commit by `make prebuild`) is
+    the tree CHANGELOG.md's section of that version names, whose package says that version; this tree's version is a
+    later one (a registry upgrade needs a version of its own to go to)."""
+    found = re.search(r'^PREVIOUS = \("([^"]+)", "([0-9a-f]{40})"\)$', (ROOT / "tools" / "release.py").read_text(), re.M)
+    assert found, "no PREVIOUS = (version, commit) in tools/release.py"
+    version, commit = found.groups()
+    section = (ROOT / "CHANGELOG.md").read_text().split(f"## [{version}]", 1)[1].split("\n## ", 1)[0]
+    assert f"the tree at {commit[:7]}" in section, f"CHANGELOG.md's [{version}] does not name {commit[:7]}"
+    init = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:operator/triton_operator/__init__.py"],
+                          capture_output=True, text=True, check=True).stdout
+    assert f'__version__ = "{version}"' in init
+    assert tuple(map(int, __version__.split("."))) > tuple(map(int, version.split("."))), (
+        f"this tree says {__version__}, not later than the previous release {version}: `make set-version`")
 
 
 def test_the_operator_runs_and_names_its_own_release() -> None:
