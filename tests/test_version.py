@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import re
 import shutil
-import subprocess
 import tomllib
 from importlib.metadata import version as installed_version
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tools.previous import PREVIOUS, previous_file
 from tools.set_version import set_version
 from triton_operator import DEFAULT_OPERATOR_IMAGE, OPERATOR_IMAGE_REPOSITORY, __version__
 from triton_operator.cli.main import main
@@ -49,16 +49,13 @@ def test_the_chart_says_the_version_and_renders_its_image() -> None:
 
 
 def test_the_previous_release_is_the_commit_the_changelog_names_and_this_tree_comes_after_it() -> None:
-    """tools/release.py's PREVIOUS (what e2e/test_upgrade.py upgrades from, built from its commit by `make prebuild`) is
+    """tools/previous.py's PREVIOUS (what e2e/test_upgrade.py upgrades from, built from its commit by `make prebuild`) is
     the tree CHANGELOG.md's section of that version names, whose package says that version; this tree's version is a
     later one (a registry upgrade needs a version of its own to go to)."""
-    found = re.search(r'^PREVIOUS = \("([^"]+)", "([0-9a-f]{40})"\)$', (ROOT / "tools" / "release.py").read_text(), re.M)
-    assert found, "no PREVIOUS = (version, commit) in tools/release.py"
-    version, commit = found.groups()
+    version, commit = PREVIOUS
     section = (ROOT / "CHANGELOG.md").read_text().split(f"## [{version}]", 1)[1].split("\n## ", 1)[0]
     assert f"the tree at {commit[:7]}" in section, f"CHANGELOG.md's [{version}] does not name {commit[:7]}"
-    init = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:operator/triton_operator/__init__.py"],
-                          capture_output=True, text=True, check=True).stdout
+    init = previous_file("operator/triton_operator/__init__.py")
     assert f'__version__ = "{version}"' in init
     assert tuple(map(int, __version__.split("."))) > tuple(map(int, version.split("."))), (
         f"this tree says {__version__}, not later than the previous release {version}: `make set-version`")

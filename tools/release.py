@@ -11,7 +11,7 @@
 - `triton-operator-<v>.spdx.json`: the image's SBOM (SPDX JSON) written by syft (e2e/toolchain/syft) from the archive;
 - `SHA256SUMS` over all of them (`sha256sum -c SHA256SUMS` checks them).
 
-`previous` builds the release before this tree's (`PREVIOUS`: CHANGELOG.md's [0.1.0], the tree at its commit) from
+`previous` builds the release before this tree's (tools/previous.py's `PREVIOUS`: CHANGELOG.md's [0.1.0], the tree at its commit) from
 that commit (`git archive`): its operator image as its own tree built it (`e2e.images.build_previous`) and its chart
 package (`helm package`), cached under `<cache>/releases/<version>-<key>/` (`previous_release`; the key hashes the
 commit and the build's inputs). `make prebuild` runs it, in the host's network namespace (the image's wheels come from
@@ -52,15 +52,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from e2e import images  # noqa: E402
+from tools.previous import PREVIOUS  # noqa: E402
 from tools.registry_layout import CHART_REPOSITORY, IMAGE_REPOSITORY  # noqa: E402
 
 CHART_DIR = ROOT / "charts" / "triton-operator"
 INIT = ROOT / "operator" / "triton_operator" / "__init__.py"
 TOOLCHAIN = ROOT / "e2e" / "toolchain"
-
-
-#: The release before this tree's: (version, the commit whose tree it is). CHANGELOG.md says which.
-PREVIOUS = ("0.1.0", "5795708da1fcc26c670b20c1e5c6d56aa4cd441f")
 
 
 class ReleaseError(RuntimeError):
