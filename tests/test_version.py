@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tools.previous import PREVIOUS, previous_file
-from tools.set_version import set_version
+from tools.set_version import VERSION, set_version
 from triton_operator import DEFAULT_OPERATOR_IMAGE, OPERATOR_IMAGE_REPOSITORY, __version__
 from triton_operator.cli.main import main
 from triton_operator.platform.kube import USER_AGENT
@@ -57,7 +57,8 @@ def test_the_previous_release_is_the_commit_the_changelog_names_and_this_tree_co
     assert f"the tree at {commit[:7]}" in section, f"CHANGELOG.md's [{version}] does not name {commit[:7]}"
     init = previous_file("operator/triton_operator/__init__.py")
     assert f'__version__ = "{version}"' in init
-    assert tuple(map(int, __version__.split("."))) > tuple(map(int, version.split("."))), (
+    ours, theirs = (tuple(int(n) for n in VERSION.fullmatch(v).groups()) for v in (__version__, version))  # type: ignore[union-attr]
+    assert ours > theirs, (
         f"this tree says {__version__}, not later than the previous release {version}: `make set-version`")
 
 
