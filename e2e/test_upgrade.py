@@ -47,9 +47,9 @@ from e2e.cluster import LocalCluster, session_root
 from e2e.images import TRITON_REF
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad, Tally
+from e2e.node_registry import forget_pulled, hosts_toml
 from e2e.operator_fixtures import add_sub, apply, helm, helm_binary, is_model_ready, record
 from e2e.pool import pool_doc, pooled_add_sub, pooled_ensemble
-from e2e.test_install_from_registry import forget_pulled, hosts_toml
 from e2e.testing import container_status, diagnostics
 from tools import release
 from triton_operator import LEGACY_TRITON_IMAGE
