@@ -124,11 +124,14 @@ prebuild-cluster: $(STAMP)
 	  if [ $$b -ne 0 ] || [ $$i -ne 0 ]; then echo "prebuild failed: binaries exit $$b, images exit $$i" >&2; exit 1; fi
 
 ## The cluster's pieces and the tests' Go tools (tools/kstatus, tools/objectstores, the local OCI registry), here in the host's network
-## namespace: `make test`'s workers run in namespaces with no route out, where no Go module can be fetched.
+## namespace: `make test`'s workers run in namespaces with no route out, where no Go module can be fetched. Also the
+## previous release (0.1.0: its operator image and chart, built from its commit once, cached by it; tools/release.py
+## `previous`), which e2e/test_upgrade.py upgrades from: its image's wheels come from the package index.
 prebuild: $(STAMP)
 	@$(MAKE) --no-print-directory prebuild-cluster & cl=$$!; \
 	  { bash tools/kstatus/build.sh && bash e2e/toolchain/registry/build.sh && bash tools/objectstores/build.sh versitygw \
-	    && bash tools/objectstores/build.sh fake-gcs-server && bash e2e/toolchain/prometheus/build.sh; } >/dev/null & tools=$$!; \
+	    && bash tools/objectstores/build.sh fake-gcs-server && bash e2e/toolchain/prometheus/build.sh \
+	    && $(BIN)/python tools/release.py previous; } >/dev/null & tools=$$!; \
 	  wait $$cl; c=$$?; wait $$tools; t=$$?; \
 	  if [ $$c -ne 0 ] || [ $$t -ne 0 ]; then echo "prebuild failed: cluster pieces exit $$c, test tools exit $$t" >&2; exit 1; fi
 

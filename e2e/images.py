@@ -298,11 +298,11 @@ def debian_sources(suite: str = DEBIAN_SUITE) -> list[str]:
     return lines
 
 
-def chart_operator_ref() -> str:
+def chart_operator_ref(root: Path = REPO_ROOT) -> str:
     """The operator image the Helm chart renders by default: values.yaml's image.repository and the
-    chart's appVersion (image.tag is empty by default)."""
-    chart = (REPO_ROOT / "charts" / "triton-operator" / "Chart.yaml").read_text()
-    values = (REPO_ROOT / "charts" / "triton-operator" / "values.yaml").read_text()
+    chart's appVersion (image.tag is empty by default); `root`: another tree's chart (an earlier release's)."""
+    chart = (root / "charts" / "triton-operator" / "Chart.yaml").read_text()
+    values = (root / "charts" / "triton-operator" / "values.yaml").read_text()
     app = re.search(r"^appVersion:\s*['\"]?([^'\"\s]+)", chart, re.M)
     image = re.search(r"^image:\s*\n((?:[ \t]+.*\n|\s*\n)*)", values, re.M)
     repo = re.search(r"^\s+repository:\s*['\"]?([^'\"\s]+)", image.group(1), re.M) if image else None
@@ -435,6 +435,28 @@ def pause_source() -> Path:
 
 def _gcc_version() -> str:
     return subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+
+
+def base_key(epoch: int | None = None, sources: list[str] | None = None) -> str:
+    """The base image's cache key: a hash of its inputs (`epoch`: the release's base, see `_Builder.base`)."""
+    inputs: dict[str, object] = {"recipe": "mmdebstrap-apt-1", "suite": DEBIAN_SUITE,
+                                 "packages": list(DEBIAN_PACKAGES), "excludes": list(DPKG_EXCLUDES),
+                                 "sources": debian_sources() if sources is None else sources}
+    if epoch is not None:  # only then: the test images' inputs, and so their cache keys, stay as they were
+        inputs |= {"source_date_epoch": epoch, "hooks": list(RELEASE_BASE_HOOKS)}
+    return _digest_inputs(inputs)
+
+
+#: How an earlier release's operator image is built (`build_previous`): part of its cache key, with the commit.
+PREVIOUS_RECIPE = "pip-wheel-1"
+
+
+def previous_key(commit: str) -> str:
+    """The cache key of the operator image of the release at `commit` (`build_previous`): the commit fixes every file
+    of its tree; the rest is how it is built here, the test base included. Cheap and offline: a test computes it to
+    find what `make prebuild` built."""
+    return _digest_inputs({"commit": commit, "recipe": PREVIOUS_RECIPE, "base": base_key(), "bud": BUD_FLAGS,
+                           "python": list(PYTHON_VERSION), "machine": os.uname().machine})
 
 
 # -- the builder ----------------------------------------------------------------------------------------
@@ -603,13 +625,8 @@ class _Builder:
         """The Debian base; with `epoch`, the release's (`build_release`): mmdebstrap's reproducible output for
         SOURCE_DATE_EPOCH=`epoch`, without the build host's /etc/hostname and /etc/resolv.conf."""
         sources = debian_sources()
-        inputs: dict[str, object] = {"recipe": "mmdebstrap-apt-1", "suite": DEBIAN_SUITE,
-                                     "packages": list(DEBIAN_PACKAGES), "excludes": list(DPKG_EXCLUDES),
-                                     "sources": sources}
         hooks = list(RELEASE_BASE_HOOKS) if epoch is not None else []
-        if epoch is not None:  # only then: the test images' inputs, and so their cache keys, stay as they were
-            inputs |= {"source_date_epoch": epoch, "hooks": hooks}
-        key = _digest_inputs(inputs)
+        key = base_key(epoch, sources)
         ref = f"{BASE_NAME}:{DEBIAN_SUITE}-{key}"
         image = Image(ref, (), self.archive("base", key))
         run = self.runner("base", key)
@@ -678,6 +695,33 @@ class _Builder:
                      f"{BASE_DIGEST_ANNOTATION}={archive_digest(base.archive)}"] if epoch is not None else []
             self.bud(name, key, ref, ctx, build_args, image.archive, flags=flags)
             self.built(name, ref, t0, image.archive)
+        return image
+
+    def previous_operator(self, tree: Path, commit: str, base: Image) -> Image:
+        """The operator image of an earlier release from its source tree (`build_previous`), as that tree's own
+        e2e/images.py built it: its Dockerfile, offline, from `pip wheel`s of its pyproject's dependencies, s3 and
+        gcs extras and build requirements (0.1.0 had no requirements.lock), on the test base. Its layers are not
+        kept as a layer cache: built once per commit."""
+        ref = chart_operator_ref(tree)
+        key = previous_key(commit)
+        image = Image(ref, (), self.archive("operator-previous", key))
+        if image.archive.exists():
+            return image
+        import tomllib
+
+        t0 = time.monotonic()
+        data = tomllib.loads((tree / "pyproject.toml").read_text())
+        extras = data["project"].get("optional-dependencies", {})
+        requirements = [*data["project"]["dependencies"], *(r for e in LOCK_EXTRAS for r in extras.get(e, [])),
+                        *data.get("build-system", {}).get("requires", [])]
+        wheels = self.wheels(f"operator-{commit[:12]}", requirements)
+        files = {"Dockerfile": tree / "Dockerfile", "pyproject.toml": tree / "pyproject.toml",
+                 "operator": tree / "operator"}
+        ctx = self.stage(f"operator-previous-{key}", files, [wheels])
+        self.bud("operator-previous", key, ref, ctx, {"BASE": base.ref, "PIP_NO_INDEX": "1"}, image.archive)
+        self.keep.pop("operator-previous", None)  # its steps are no layer cache: the next gc frees them
+        self.save_keep()
+        self.built("operator-previous", ref, t0, image.archive)
         return image
 
     def tritonserver(self, base: Image) -> Image:
@@ -830,6 +874,17 @@ def build_release(epoch: int, log: Log = print) -> Image:
         b = _Builder(log)
         b.clean_partial()
         image = b.operator(b.base(epoch), epoch)
+        os.utime(image.archive)
+    return image
+
+
+def build_previous(tree: Path, commit: str, log: Log = print) -> Image:
+    """The operator image of the release at `commit`, from its tree `tree` (`git archive`), built if the cache lacks
+    it (`_Builder.previous_operator`; the base too, the same as the test images'). tools/release.py `previous`."""
+    with _locked(images_dir() / "lock"):
+        b = _Builder(log)
+        b.clean_partial()
+        image = b.previous_operator(tree, commit, b.base())
         os.utime(image.archive)
     return image
 

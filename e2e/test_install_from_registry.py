@@ -29,7 +29,6 @@ that namespace), `crds.enabled=false`, as the chart README says for every releas
 from __future__ import annotations
 
 import contextlib
-import re
 import shutil
 import subprocess
 import time
@@ -44,6 +43,7 @@ import pytest
 from e2e import images
 from e2e.images import TRITON_REF
 from e2e.kube import Kube, wait_for
+from e2e.node_registry import forget_pulled, hosts_toml
 from e2e.operator_fixtures import add_sub, apply, ensure_crd, helm, is_model_ready, record, wait_model
 from e2e.testing import container_status, delete_namespace, ready_addresses, wait_gone
 from e2e.traffic import infer_add_sub
@@ -53,26 +53,6 @@ pytestmark = pytest.mark.cluster
 
 #: Not the session's `trop`: its own fullname, ServiceAccount, webhook configuration and admission policies.
 RELEASE = "trop-oci"
-
-
-def hosts_toml(registry: str) -> str:
-    """containerd's host configuration for `registry` (HOST:PORT): plain HTTP, for pulls and tag resolution only."""
-    return (f'server = "http://{registry}"\n\n[host."http://{registry}"]\n'
-            '  capabilities = ["pull", "resolve"]\n')
-
-
-#: What a session pulled from its local registry (any port: a killed session's too), in a node's containerd.
-PULLED = re.compile(rf"^127\.0\.0\.1:\d+/{release.IMAGE_REPOSITORY}[@:]")
-
-
-def forget_pulled(socket: str) -> None:
-    """Removes the references pulled from local registries from the containerd at `socket` (its root outlives the
-    session; their layers are the preloaded image's, shared, and stay); a failure says so."""
-    pulled = [r for r in images.containerd_images(socket) if PULLED.match(r)]
-    if pulled:
-        subprocess.run(["ctr", "--address", socket, "-n", "k8s.io", "images", "rm", *pulled],
-                       capture_output=True, check=True)
-        assert not [r for r in images.containerd_images(socket) if PULLED.match(r)], socket
 
 
 def distinct_copy(registry: str, tag: str) -> str:

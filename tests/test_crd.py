@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tools.previous import PREVIOUS, previous_file
 from triton_operator.api.crd import crd, crd_yaml, pool_crd
+from triton_operator.api.v1alpha1 import TritonModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,3 +175,20 @@ def test_bounds_are_openapi_v3s_exclusive_flags_not_json_schema_2020_numbers() -
     assert walk(schema, "") == []
     target = schema["properties"]["spec"]["properties"]["autoscaling"]["properties"]["target"]["properties"]
     assert (target["queueTimeMilliseconds"]["minimum"], target["queueTimeMilliseconds"]["exclusiveMinimum"]) == (0, True)
+
+
+def test_every_default_of_the_crd_is_on_a_field_the_previous_release_knows() -> None:
+    """The API server fills a CRD's defaults into every object it returns: a default on a field the previous release's
+    CRD lacks is in every TritonModel that release's operator reads after `helm rollback` (the CRDs stay, `keep`), and
+    it refuses fields it does not know: every model InvalidSpec (e2e/test_upgrade.py saw it). Such a field's default is
+    the operator's (`OPERATOR_DEFAULT`), said in its description; the operator still applies it."""
+    old = yaml.safe_load(previous_file("crds/tritonmodels.yaml"))["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    new = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    known = {path for path, _ in _walk(old)}
+    unknown = sorted(path for path, node in _walk(new) if "default" in node and path not in known)
+    assert not unknown, f"defaults in the CRD on fields {PREVIOUS[0]} does not know: {unknown}"
+    tmp = new["properties"]["spec"]["properties"]["server"]["properties"]["tmpSizeLimit"]
+    assert tmp["description"].endswith('Unset: "4Gi", the operator\'s default (the object keeps no value).')
+    model = TritonModel.model_validate(yaml.safe_load((ROOT / "examples" / "add-sub.yaml").read_text()))
+    assert (model.spec.server.tmp_size_limit, model.spec.server.automount_service_account_token,
+            model.spec.warmup_gate.failed_request_threshold, model.spec.server.fetch.max_files) == ("4Gi", False, 3, 100_000)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from tests.planner_world import NS, _Api, _body, _conditions, _settle, _world
+from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.controller.cache import Cache, Children
 from triton_operator.controller.reconcile import Reconciler
 from triton_operator.plan.planner import Plan, World, carried_out, plan
@@ -28,6 +29,7 @@ from triton_operator.plan.upgrade import (
     UPGRADE_STARTED,
     UPGRADE_WAITING,
     Upgrades,
+    draining,
     rollout_finished,
     source_digest,
     upgrade_rollouts,
@@ -406,3 +408,26 @@ def test_a_waiting_model_that_is_gone_is_asked_once_not_for_ever() -> None:
 
     asyncio.run(wake())
     assert rec._waiting == set()
+
+
+def test_a_finished_upgrade_rollout_keeps_its_slot_while_a_pod_it_replaced_terminates() -> None:
+    """The replaced pod holds its GPU until it is gone: freed at the rollout's end, the slot let the next model's surge
+    pod go Pending as Unschedulable on a node with one GPU for the bound (e2e/test_upgrade.py, two such pods). A user's
+    own rollout (no LABEL_STARTED) holds no slot, terminating pods or not."""
+    dep = _live(_settled())
+    marked = {**dep, "metadata": {**dep["metadata"], "namespace": NS,
+                                  "labels": {**dep["metadata"]["labels"], LABEL_STARTED: STARTED}}}
+    old = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "m-old", "namespace": NS, "uid": "u-old", "resourceVersion": "7", "labels": {LABEL_MODEL: "m"},
+        "deletionTimestamp": "2026-01-01T00:00:30Z"}}
+    cache = Cache()
+    cache.put_model(_settled().body)
+    cache.prime_pods(NS, "m", [])
+    cache.put_child(_finished(marked))
+    cache.put_pod(old)
+    rec = Reconciler(_Kube([], []), cache, NEW, max_upgrade_rollouts=1)  # type: ignore[arg-type]
+    assert cache.children.upgrading == set(), "the Deployment's rollout is finished"
+    assert rec._upgrades().rolling == {(NS, "m")}, "the replaced pod still terminates: the slot is held"
+    assert draining(marked, [old]) and not draining(dep, [old]) and not draining(marked, [])
+    cache.put_pod(old, deleted=True)
+    assert rec._upgrades().rolling == frozenset(), "the pod is gone: the slot frees"

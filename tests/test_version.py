@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.set_version import set_version
+from tools.previous import PREVIOUS, previous_file
+from tools.set_version import VERSION, set_version
 from triton_operator import DEFAULT_OPERATOR_IMAGE, OPERATOR_IMAGE_REPOSITORY, __version__
 from triton_operator.cli.main import main
 from triton_operator.platform.kube import USER_AGENT
@@ -45,6 +46,20 @@ def test_the_chart_says_the_version_and_renders_its_image() -> None:
     # So the chart renders the operator's own default image (e2e/images.py tags the image it builds with the chart's
     # reference: e2e/test_images.py checks that one against Options).
     assert f"{image['repository']}:{chart['appVersion']}" == DEFAULT_OPERATOR_IMAGE
+
+
+def test_the_previous_release_is_the_commit_the_changelog_names_and_this_tree_comes_after_it() -> None:
+    """tools/previous.py's PREVIOUS (what e2e/test_upgrade.py upgrades from, built from its commit by `make prebuild`) is
+    the tree CHANGELOG.md's section of that version names, whose package says that version; this tree's version is a
+    later one (a registry upgrade needs a version of its own to go to)."""
+    version, commit = PREVIOUS
+    section = (ROOT / "CHANGELOG.md").read_text().split(f"## [{version}]", 1)[1].split("\n## ", 1)[0]
+    assert f"the tree at {commit[:7]}" in section, f"CHANGELOG.md's [{version}] does not name {commit[:7]}"
+    init = previous_file("operator/triton_operator/__init__.py")
+    assert f'__version__ = "{version}"' in init
+    ours, theirs = (tuple(int(n) for n in VERSION.fullmatch(v).groups()) for v in (__version__, version))  # type: ignore[union-attr]
+    assert ours > theirs, (
+        f"this tree says {__version__}, not later than the previous release {version}: `make set-version`")
 
 
 def test_the_operator_runs_and_names_its_own_release() -> None:

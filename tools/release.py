@@ -11,6 +11,12 @@
 - `triton-operator-<v>.spdx.json`: the image's SBOM (SPDX JSON) written by syft (e2e/toolchain/syft) from the archive;
 - `SHA256SUMS` over all of them (`sha256sum -c SHA256SUMS` checks them).
 
+`previous` builds the release before this tree's (tools/previous.py's `PREVIOUS`: CHANGELOG.md's [0.1.0], the tree at its commit) from
+that commit (`git archive`): its operator image as its own tree built it (`e2e.images.build_previous`) and its chart
+package (`helm package`), cached under `<cache>/releases/<version>-<key>/` (`previous_release`; the key hashes the
+commit and the build's inputs). `make prebuild` runs it, in the host's network namespace (the image's wheels come from
+the package index); e2e/test_upgrade.py only reads the cache.
+
 `push` pushes the image by digest, tagged with the version, to `<registry>/triton-operator` (crane, from an OCI image
 layout: the registry gets the archive's very manifest), and the chart to `oci://<registry>/charts` (`helm push`),
 then reads both back from the registry. With no `--registry` it starts the local registry (e2e/toolchain/registry:
@@ -21,6 +27,7 @@ Every step logs what it does; a step that fails ends the run with one line namin
     python tools/release.py build [--dist DIR]
     python tools/release.py push [--dist DIR] [--registry HOST:PORT]
     python tools/release.py registry [--port N]        # the local registry, in the foreground
+    python tools/release.py previous                   # the previous release, built into the cache once
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from e2e import images  # noqa: E402
+from tools.previous import PREVIOUS  # noqa: E402
 from tools.registry_layout import CHART_REPOSITORY, IMAGE_REPOSITORY  # noqa: E402
 
 CHART_DIR = ROOT / "charts" / "triton-operator"
@@ -254,6 +262,43 @@ def build(dist: Path) -> Release:
     return release
 
 
+# -- the previous release ---------------------------------------------------------------------------------
+
+
+def previous_release(previous: tuple[str, str] = PREVIOUS) -> Release:
+    """Where `build_previous` keeps the previous release's image archive and chart package (they may not be there
+    yet: `make prebuild`)."""
+    version, commit = previous
+    return Release(version, images.cache_root() / "releases" / f"{version}-{images.previous_key(commit)}")
+
+
+def build_previous(previous: tuple[str, str] = PREVIOUS) -> Release:
+    """The previous release's operator image and chart from its commit, unless the cache has them; returns where."""
+    version, commit = previous
+    release = previous_release(previous)
+    if release.image.is_file() and release.chart.is_file():
+        log(f"Previous release cached version={version} commit={commit[:12]} dir={release.dist}")
+        return release
+    t0 = time.monotonic()
+    with step("previous"), tempfile.TemporaryDirectory(prefix="release-previous-") as tmp:
+        tree, dist = Path(tmp) / "tree", Path(tmp) / "dist"
+        tree.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        image = images.build_previous(tree, commit, log=lambda m: log(m.removeprefix("[images] ")))
+        staged = Release(version, dist)
+        dist.mkdir()
+        place(image.archive, staged.image)
+        build_chart(staged, tree / "charts" / "triton-operator")
+        release.dist.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(release.dist, ignore_errors=True)
+        os.rename(dist, release.dist)
+    log(f"Built previous release version={version} commit={commit[:12]} dir={release.dist} "
+        f"digest={images.archive_digest(release.image)} seconds={time.monotonic() - t0:.1f}")
+    return release
+
+
 # -- the registry and the push -----------------------------------------------------------------------------
 
 
@@ -367,6 +412,8 @@ def _dispatch(args: argparse.Namespace) -> None:
         build(args.dist)
     elif args.command == "registry":
         serve(args.port)
+    elif args.command == "previous":
+        print(build_previous().dist)
     elif args.registry:
         push(Release(version(), args.dist), args.registry)
     else:
@@ -384,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--dist", type=Path, default=ROOT / "dist")
     sub.choices["push"].add_argument("--registry", default="", help="HOST:PORT (default: a local one, for the push)")
     sub.add_parser("registry").add_argument("--port", type=int, default=5000)
+    sub.add_parser("previous", help="build the previous release (PREVIOUS) into the cache, once; print its dir")
     args = parser.parse_args(argv)
     try:
         _dispatch(args)

@@ -4,7 +4,7 @@
 #: the image tag below and the API client's user agent follow it. Helm cannot compute Chart.yaml, so the chart's
 #: `version` and `appVersion` are written there too, by `make set-version` (tools/set_version.py), and
 #: tests/test_version.py fails while they differ.
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: Where the operator's image is published. The chart's values.yaml names the same repository (image.repository).
 OPERATOR_IMAGE_REPOSITORY = "ghcr.io/triton-operator/triton-operator"

@@ -9,6 +9,7 @@ The output is deterministic, so `crds/` can be diffed in CI.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import yaml
@@ -59,6 +60,9 @@ def _structural(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     node = {k: _structural(v) for k, v in node.items()}
+    if node.pop(api.OPERATOR_DEFAULT, False) and "default" in node:  # the operator's default, not the CRD's
+        said = f"Unset: {json.dumps(node.pop('default'))}, the operator's default (the object keeps no value)."
+        node["description"] = f"{node['description']} {said}" if node.get("description") else said
     if "patternProperties" in node:  # dict keys with a pattern: the key rule lives in CEL or the validator
         (value,) = node.pop("patternProperties").values()
         node["additionalProperties"] = value

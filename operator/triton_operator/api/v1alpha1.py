@@ -781,6 +781,14 @@ class Resources(_Model):
 #: Said of each pod field: it is part of the pod template, which Triton cannot load into a running server.
 _NEW_PODS = " A change rolls new pods, under rollout.strategy InPlace too."
 
+#: The schema key (`json_schema_extra`) of a field whose default the operator applies and the CRD does not
+#: (`api.crd` drops the field's `default` there and says it in the description): every field with a default added
+#: after 0.1.0. The API server fills a CRD's defaults into every object it returns, so a default of a field the previous
+#: release lacks is in every model it reads after a `helm rollback` to it; 0.1.0's operator refuses a field it does not
+#: know, and every model went `InvalidSpec` (seen in e2e/test_upgrade.py). Unset, the field reads as before.
+OPERATOR_DEFAULT = "x-triton-operator-default"
+_OPERATOR_DEFAULT: JsonDict = {OPERATOR_DEFAULT: True}
+
 
 class FetchLimits(_Model):
     """What the `fetch` init step may cost a node: it stops, and the replica reports Degraded with reason
@@ -798,6 +806,7 @@ class FetchLimits(_Model):
     )
     max_files: int = Field(
         default=100_000,
+        json_schema_extra=_OPERATOR_DEFAULT,
         ge=1,
         le=10_000_000,
         description=(
@@ -807,6 +816,7 @@ class FetchLimits(_Model):
     )
     timeout_seconds: int = Field(
         default=3600,
+        json_schema_extra=_OPERATOR_DEFAULT,
         ge=10,
         le=86400,
         description=(
@@ -953,6 +963,7 @@ class Server(_Model):
     )
     repository_size_limit: QuantityStr = Field(
         default=REPOSITORY_SIZE_DEFAULT,
+        json_schema_extra=_OPERATOR_DEFAULT,
         description=(
             "The sizeLimit of the replica's repository volume: the emptyDir the `fetch` init step fills when a "
             "source is a uri (and tritonserver reads). The kubelet evicts a pod whose volume grows past it; fetch "
@@ -963,6 +974,7 @@ class Server(_Model):
     )
     tmp_size_limit: QuantityStr = Field(
         default=TMP_SIZE_DEFAULT,
+        json_schema_extra=_OPERATOR_DEFAULT,
         description=(
             "The sizeLimit of tritonserver's /tmp, an emptyDir (the root filesystem is read-only): the Python "
             "backend unpacks execution environments there, and libraries cache there (HOME is /tmp). The kubelet "
@@ -987,6 +999,7 @@ class Server(_Model):
     )
     automount_service_account_token: bool = Field(
         default=False,
+        json_schema_extra=_OPERATOR_DEFAULT,
         description=(
             "Mount a Kubernetes API token in the replicas. Off by default: tritonserver and the user's Python code "
             "never call the API server. The tokens IRSA and Azure Workload Identity inject are projected volumes of "
@@ -1086,6 +1099,7 @@ class WarmupGate(_Model):
     )
     failed_request_threshold: int = Field(
         default=3,
+        json_schema_extra=_OPERATOR_DEFAULT,
         ge=0,
         le=1000,
         description=(

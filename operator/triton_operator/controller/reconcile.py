@@ -34,7 +34,7 @@ from ..api.kinds import CONFIG_MAP, DEPLOYMENT, HPA, LABEL_MODEL, PDB, REPLICA_S
 from ..api.pool import LABEL_POOL
 from ..api.timestamps import utc_now
 from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
-from ..plan.upgrade import UPGRADE_STARTED, DeploymentKey, Upgrades
+from ..plan.upgrade import UPGRADE_STARTED, DeploymentKey, Upgrades, draining
 from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from . import metrics
@@ -187,7 +187,22 @@ class Reconciler:
         )
 
     def _upgrades(self) -> Upgrades:
-        return Upgrades(self.max_upgrade_rollouts, frozenset(self.cache.children.upgrading | self._reserved))
+        return Upgrades(self.max_upgrade_rollouts,
+                        frozenset(self.cache.children.upgrading | self._reserved | self._draining()))
+
+    def _draining(self) -> set[DeploymentKey]:
+        """The finished upgrade rollouts whose replaced pods still terminate (`plan.upgrade.draining`): they keep their
+        slot until the pods are gone (a pod's deletion reconciles its model, which wakes the waiting). Only the models
+        with a terminating pod have their Deployment decoded."""
+        if not self.max_upgrade_rollouts:
+            return set()
+        out = set()
+        for (namespace, model), pods in self.cache.pods.items():
+            key = (DEPLOYMENT.kind, namespace, model)
+            if any(p["metadata"].get("deletionTimestamp") for p in pods.values()) and key in self.cache.children \
+                    and draining(self.cache.children[key], pods.values()):
+                out.add((namespace, model))
+        return out
 
     def _wake_waiting(self) -> None:
         """Reconciles the models whose upgrade rollout waits, while the count is under the bound: a slot freed (a

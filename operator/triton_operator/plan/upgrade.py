@@ -28,7 +28,8 @@ changed while no operator ran: such a change waits its turn like an upgrade roll
 
 A Deployment is in an upgrade rollout from the apply that started one (LABEL_STARTED: when) until its rollout
 is finished (`rollout_finished`: the Deployment controller saw the template, and every replica is updated and
-available, as `kubectl rollout status` judges). The count is read back from the Deployments the operator sees
+available, as `kubectl rollout status` judges), and then while a pod of its model still terminates (`draining`: the
+GPU a replaced pod holds is not free before it is gone). The count is read back from the Deployments the operator sees
 (`upgrade_rollouts`), so a restarted operator counts what is still rolling. A rollout that never finishes (a new
 template whose pods cannot start) holds its slot: a broken operator version stops at `limit` models. A later change
 of the user's drops LABEL_STARTED (the plan leaves it out, and server-side apply removes what its field manager
@@ -114,6 +115,16 @@ def rollout_finished(deployment: Mapping[str, Any]) -> bool:
 def in_upgrade_rollout(deployment: Mapping[str, Any]) -> bool:
     """Whether the Deployment counts against the bound: an upgrade rollout of it started and has not finished."""
     return LABEL_STARTED in _labels(deployment) and not rollout_finished(deployment)
+
+
+def draining(deployment: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a Deployment whose upgrade rollout started (LABEL_STARTED) still holds its slot after its rollout
+    finished: a pod of the model is still terminating (its preStop drain, tritonserver's exit), and keeps what it was
+    given, its GPU included, until it is gone. Freed at the rollout's end, the slot let the next model's surge pod be
+    created while that GPU was still taken: on a node with one GPU for the bound's one surge, two surge pods went
+    Pending as Unschedulable in e2e/test_upgrade.py (the signal a cluster autoscaler adds nodes on)."""
+    return LABEL_STARTED in _labels(deployment) and any((p.get("metadata") or {}).get("deletionTimestamp")
+                                                        for p in pods)
 
 
 def upgrade_rollouts(deployments: Iterable[Mapping[str, Any]]) -> frozenset[DeploymentKey]:
