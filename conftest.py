@@ -29,43 +29,40 @@ from tests import timing
 from tests.tiers import file_totals, phase_line, summary_line, tier_of, tier_totals, worker_line
 
 #: e2e files, longest first: seconds per file (setup, call and teardown of its tests) in a warm `make test` with three
-#: workers on this project's 2-core machine, from the summary's "longest files" (a CI rehearsal at 6792e78: 5,576
-#: test-seconds in 1,957 s of wall time; the cluster tier 4,742). Files under ~25 s are left out: they fill in.
+#: workers on this project's 2-core machine, from the summary's "longest files" (a CI rehearsal at 20dd31b: 3,687
+#: test-seconds in 1,292 s of pytest; the cluster tier 2,870; the first file of each worker carries its cluster's start,
+#: ~55 s). Files under ~25 s are left out: they fill in.
 E2E_LONGEST_FIRST = (
-    "e2e/test_pool.py",  # 575
-    "e2e/test_faults.py",  # 537
-    "e2e/test_operator.py",  # 393
-    "e2e/test_heal.py",  # 369
-    "e2e/test_pool_autoscaling.py",  # 278
-    "e2e/test_inplace.py",  # 268
-    "e2e/test_pool_wiring.py",  # 249
-    "e2e/test_probe_flood.py",  # 219
-    "e2e/test_rollouts.py",  # 181
-    "e2e/test_autoscaling.py",  # 159
-    "e2e/test_upgrade.py",  # ~150 (2026-11-29: a one-file run, 14 s setup, 132 s call, 4 s teardown)
-    "e2e/test_nodes.py",  # 133
-    "e2e/test_defects.py",  # 131
-    "e2e/test_metrics_api.py",  # 116
-    "e2e/test_hostile_replica.py",  # 111
-    "e2e/test_smoke.py",  # 108
-    "e2e/test_repository_api.py",  # 102
-    "e2e/test_credentials.py",  # 100
-    "e2e/test_sources.py",  # 93
-    "e2e/test_helm.py",  # 87
-    "e2e/test_admission.py",  # 82
-    "e2e/test_availability.py",  # 69
-    "e2e/test_operator_policies.py",  # 66
-    "e2e/test_demo.py",  # 53
-    "e2e/test_pool_features.py",  # ~45 (2026-11-29: one-file runs, not yet a rehearsal's figure)
-    "e2e/test_monitoring.py",  # ~46 (as above)
-    "e2e/test_crd_upgrade.py",  # 43
-    "e2e/test_pool_moves.py",  # ~40 (as above)
-    "e2e/test_shm.py",  # 41
-    "e2e/test_pool_sources.py",  # 37
-    "e2e/test_pool_heal.py",  # 37
-    "e2e/test_sequence_affinity.py",  # ~35 (as above)
-    "e2e/test_install_order.py",  # 35
-    "e2e/test_pod_settings.py",  # 34
+    "e2e/test_faults.py",  # 291
+    "e2e/test_pool.py",  # 278
+    "e2e/test_operator.py",  # 275
+    "e2e/test_pool_autoscaling.py",  # 184
+    "e2e/test_inplace.py",  # 175
+    "e2e/test_heal.py",  # 163
+    "e2e/test_upgrade.py",  # ~150 (one-file runs: 14 s setup, 132 s call, 4 s teardown)
+    "e2e/test_pool_wiring.py",  # 128
+    "e2e/test_rollouts.py",  # 123
+    "e2e/test_autoscaling.py",  # 107
+    "e2e/test_nodes.py",  # 97
+    "e2e/test_credentials.py",  # 96
+    "e2e/test_smoke.py",  # 69
+    "e2e/test_hostile_replica.py",  # 69
+    "e2e/test_probe_flood.py",  # 67
+    "e2e/test_sources.py",  # 60
+    "e2e/test_admission.py",  # 60
+    "e2e/test_metrics_api.py",  # 53
+    "e2e/test_defects.py",  # 44
+    "e2e/test_crd_upgrade.py",  # 44
+    "e2e/test_availability.py",  # 44
+    "e2e/test_helm.py",  # 44
+    "e2e/test_upgrade_bound.py",  # 43
+    "e2e/test_repository_api.py",  # 42
+    "e2e/test_pool_features.py",  # 42
+    "e2e/test_pool_moves.py",  # 35
+    "e2e/test_install_order.py",  # 33
+    "e2e/test_demo.py",  # 33
+    "e2e/test_monitoring.py",  # 31
+    "e2e/test_reconciler.py",  # 28
 )
 
 
