@@ -540,3 +540,44 @@ def test_a_surge_pod_that_cannot_be_scheduled_is_said_on_the_status_not_held_in_
     # Scheduled: the condition goes.
     scheduled = plan(replace(full, pods=[_pod("m-old"), _pod("m-new")]))
     assert _conditions(scheduled)["Progressing"].reason != UPGRADE_UNSCHEDULABLE
+
+
+def test_no_upgrade_rollout_starts_while_another_cannot_schedule_its_new_pod() -> None:
+    """Below the bound too: a pod started now would wait for the same room, or take the GPU a no-surge replacement
+    waits for (the scheduler gives a freed GPU to the pod Pending first). Unbounded (0), nothing waits."""
+    settled = _settled(replicas=2)
+    stuck = replace(_upgraded(settled, "a", limit=3), upgrades=Upgrades(3, frozenset({(NS, "a")}), frozenset({(NS, "a")})))
+    decided = plan(stuck)
+    assert decided.upgrade is not None and not decided.upgrade.started
+    assert _deployment(decided) is None
+    progressing = _conditions(decided)["Progressing"]
+    assert progressing.reason == UPGRADE_WAITING and f"{NS}/a cannot schedule its new pod" in progressing.message
+    freed = plan(replace(stuck, upgrades=Upgrades(3, frozenset({(NS, "a")}))))
+    assert freed.upgrade is not None and freed.upgrade.started
+    unbounded = plan(replace(stuck, upgrades=Upgrades(0, frozenset({(NS, "a")}), frozenset({(NS, "a")}))))
+    assert unbounded.upgrade is not None and unbounded.upgrade.started
+    # Its own rollout goes on (a newer template, say): it holds its slot.
+    own = plan(replace(stuck, upgrades=Upgrades(3, frozenset({(NS, "m")}), frozenset({(NS, "m")}))))
+    assert own.upgrade is not None and own.upgrade.started
+
+
+def test_the_controller_counts_an_upgrade_rollout_whose_new_pod_cannot_be_scheduled_as_stuck() -> None:
+    dep = _rolling(_live(_settled()))
+    marked = {**dep, "metadata": {**dep["metadata"], "namespace": NS,
+                                  "labels": {**dep["metadata"]["labels"], LABEL_STARTED: STARTED}}}
+    pending = {**_pod("m-new", pending=NO_GPU), "metadata": {**_pod("m-new")["metadata"], "uid": "u-new",
+                                                             "resourceVersion": "8"}}
+    cache = Cache()
+    cache.put_model(_settled().body)
+    cache.prime_pods(NS, "m", [])
+    cache.put_child(marked)
+    cache.put_pod(pending)
+    rec = Reconciler(_Kube([], []), cache, NEW, max_upgrade_rollouts=2)  # type: ignore[arg-type]
+    assert rec._upgrades().stuck == {(NS, "m")}
+    rec._waiting.add((NS, "waiting"))
+    rec._wake_waiting()
+    assert rec._waiting == {(NS, "waiting")}, "not asked while the pod waits for room: it would wait again"
+    cache.put_pod({**pending, "metadata": {**pending["metadata"], "resourceVersion": "9"},
+                   "status": {"phase": "Running"}})
+    assert rec._upgrades().stuck == frozenset()
+    assert not Reconciler(_Kube([], []), cache, NEW, max_upgrade_rollouts=0)._upgrades().stuck  # type: ignore[arg-type]

@@ -64,7 +64,9 @@ from the old pod's drain until the new one is warm. If its surge pod cannot be s
 as Unschedulable, with no pod of the model terminating whose GPU it waits for), the model says so on its status
 (Progressing=True, reason UPGRADE_UNSCHEDULABLE, the scheduler's message naming what is missing) and keeps its slot:
 freed, the next model's pods would compete for the same GPU when one frees, and the one Pending first would still
-hold it. Its old replica keeps serving throughout.
+hold it. Its old replica keeps serving throughout. For the same reason, while an upgrade rollout cannot schedule
+its new pod (`Upgrades.stuck`), no other starts, below the bound too: its pod would wait for the same room, or take
+the GPU a no-surge replacement waits for (the scheduler gives a freed GPU to the pod Pending first).
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ class Upgrades:
 
     limit: int = 0  # at most this many upgrade rollouts at once, cluster-wide; 0: no bound
     rolling: frozenset[DeploymentKey] = frozenset()  # the Deployments in an unfinished upgrade rollout
+    # Those of `rolling` whose new pod cannot be scheduled (`unschedulable`): while any is, no other starts.
+    stuck: frozenset[DeploymentKey] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -249,7 +253,12 @@ def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None,
     key = (live["metadata"].get("namespace", ""), live["metadata"]["name"])
     others = upgrades.rolling - {key}
     bound = f"{len(others)} of at most {upgrades.limit} model Deployments are in an upgrade rollout"
-    if upgrades.limit and key not in upgrades.rolling and len(others) >= upgrades.limit:
+    blocked = sorted(upgrades.stuck - {key}) if upgrades.limit else []
+    if blocked:
+        bound = (f"the upgrade rollout of {', '.join(f'{ns}/{n}' for ns, n in blocked[:3])} cannot schedule its new "
+                 "pod (no room on the nodes: its status says what is missing), and none starts until it can (a pod "
+                 "started now would compete for the same room); " + bound)
+    if upgrades.limit and key not in upgrades.rolling and (len(others) >= upgrades.limit or blocked):
         # The live template, and the live record (whatever of it there is): written only if something else changed.
         out["spec"] = {**out["spec"], "template": copy.deepcopy(live["spec"]["template"])}
         for k in RECORD:
