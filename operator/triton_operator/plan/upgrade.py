@@ -175,9 +175,9 @@ def unschedulable(deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[s
                 and scheduled.get("reason") == "Unschedulable":
             replicas = _int((deployment.get("spec") or {}).get("replicas", 1))
             return (f"the upgrade rollout's new pod {p['metadata'].get('name', '')} cannot be scheduled: "
-                    f"{scheduled.get('message') or 'Unschedulable'}. The old replica{'s' if replicas != 1 else ''} "
-                    f"keep{'' if replicas != 1 else 's'} serving; the model holds its upgrade slot until there is "
-                    "room for it (a GPU freed, or a node added)")[:2000]
+                    f"{scheduled.get('message') or 'Unschedulable'}. "
+                    f"{'Its other replicas keep' if replicas > 1 else 'Its old replica keeps'} serving; the model "
+                    "holds its upgrade slot until there is room for it (a GPU freed, or a node added)")[:2000]
     return None
 
 
@@ -265,8 +265,9 @@ def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None,
             labels.pop(k, None)
             if k in _labels(live):
                 labels[k] = _labels(live)[k]
-        return upgrade_strategy(out, live), Upgrade(False, f"the operator renders another pod template for this unchanged model; {bound} "
-                                   "(--max-upgrade-rollouts): it waits for one to finish, its replicas keep serving")
+        return upgrade_strategy(out, live), Upgrade(
+            False, f"the operator renders another pod template for this unchanged model; {bound} "
+                   "(--max-upgrade-rollouts): it waits for one to finish, its replicas keep serving")
     # One under way that takes a newer template keeps its slot and its start.
     labels[LABEL_STARTED] = started if started is not None and in_upgrade_rollout(live) else str(int(now.timestamp()))
     limit = f"{bound} besides it" if upgrades.limit else "no bound on upgrade rollouts (--max-upgrade-rollouts 0)"
