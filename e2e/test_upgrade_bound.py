@@ -11,6 +11,11 @@ once more mid-way (one model rolling, another waiting), it must keep the bound: 
 A sampler thread LISTs the namespace's Deployments and TritonModels while the upgrade runs: a Deployment is in an
 upgrade rollout when its template names the new reference (or its labels carry the operator's `upgrade-rollout-started`
 record) and its rollout is not finished, as `kubectl rollout status` judges it.
+
+The second test fills a node's GPUs (pause pods of one GPU each, beside a 2-replica and a 1-replica model pinned to
+that node): the 2-replica model rolls without a surge pod (never more than its 2 pods not terminating), the
+1-replica one keeps its surge, which cannot be scheduled and says so (Progressing reason
+UpgradeRolloutUnschedulable, naming nvidia.com/gpu) until the test frees a GPU; no request fails.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from e2e.images import TRITON_REF
+from e2e.images import PAUSE_IMAGE, TRITON_REF
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad
 from e2e.operator_fixtures import (
@@ -40,7 +45,14 @@ from e2e.operator_fixtures import (
 from e2e.testing import delete_namespace
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.pod import TRITON_CONTAINER
-from triton_operator.plan.upgrade import LABEL_STARTED, RECORD, UPGRADE_STARTED, UPGRADE_WAITING
+from triton_operator.plan.upgrade import (
+    LABEL_STARTED,
+    NO_SURGE,
+    RECORD,
+    UPGRADE_STARTED,
+    UPGRADE_UNSCHEDULABLE,
+    UPGRADE_WAITING,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -229,3 +241,169 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
         assert t.sent - t.failed >= 20, f"{m}: the load did not really run: {t.summary()}"
     assert all(started.values()), f"{UPGRADE_STARTED} Events per model: {started}"
     assert not misplaced, misplaced
+
+
+GPU = "nvidia.com/gpu"
+FILLER = "gpu-filler"
+#: A container that asks nothing of the pod security admission (as e2e/test_metrics_api.py runs its pause pods).
+RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+              "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _gpus_of(pod: dict[str, Any]) -> int:
+    return sum(int(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0)
+                   or ((c.get("resources") or {}).get("requests") or {}).get(GPU, 0))
+               for c in pod["spec"].get("containers") or ())
+
+
+def _free_gpus(kube: Kube, node: str) -> int:
+    """The node's GPUs no pod holds: what the scheduler sees (a terminating pod holds its GPU until it is gone)."""
+    allocatable = int(kube.get("Node", node)["status"]["allocatable"].get(GPU, "0"))
+    held = sum(_gpus_of(p) for p in kube.items("Pod", None, fieldSelector=f"spec.nodeName={node}")
+               if p["status"].get("phase") not in ("Succeeded", "Failed"))
+    return allocatable - held
+
+
+def _fill(kube: Kube, namespace: str, node: str) -> None:
+    """Pause pods of one GPU each on `node` until none is free (each scheduled before the next is counted)."""
+    made = [0]
+
+    def full() -> bool:
+        fillers = kube.items("Pod", namespace, labelSelector=f"app={FILLER}")
+        if any(p["status"].get("phase") != "Running" for p in fillers):
+            return False
+        if _free_gpus(kube, node) <= 0:
+            return True
+        made[0] += 1
+        kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{FILLER}-{made[0]}",
+                                                                     "labels": {"app": FILLER}},
+                     "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "containers": [{
+                         "name": "pause", "image": PAUSE_IMAGE, "imagePullPolicy": "IfNotPresent",
+                         "securityContext": RESTRICTED, "resources": {"limits": {GPU: "1"}}}]}}, namespace)
+        return False
+
+    wait_for(f"every GPU of {node} in use", full, 120)
+
+
+def _unscheduled(pod: dict[str, Any]) -> bool:
+    return pod["status"].get("phase") == "Pending" and any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in pod["status"].get("conditions") or ())
+
+
+class _PodSampler(threading.Thread):
+    """LISTs the namespace's model pods and TritonModels until stopped: per model, the most pods not terminating
+    at once, the pods seen Pending as Unschedulable, and the Progressing reasons seen."""
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        super().__init__(name="full-gpus-sampler", daemon=True)
+        self.kube, self.namespace = Kube(kubeconfig, timeout=5), namespace
+        self.most: dict[str, int] = {}
+        self.unscheduled: dict[str, set[str]] = {}
+        self.reasons: dict[str, dict[str, str]] = {}  # model -> Progressing reason -> its last message
+        self.samples = 0
+        self.errors: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                pods = self.kube.items("Pod", self.namespace, labelSelector=LABEL_MODEL)
+                by_model: dict[str, list[dict[str, Any]]] = {}
+                for pod in pods:
+                    by_model.setdefault(pod["metadata"]["labels"][LABEL_MODEL], []).append(pod)
+                for model, its in by_model.items():
+                    alive = [p for p in its if not p["metadata"].get("deletionTimestamp")]
+                    self.most[model] = max(self.most.get(model, 0), len(alive))
+                    self.unscheduled.setdefault(model, set()).update(p["metadata"]["name"] for p in alive
+                                                                     if _unscheduled(p))
+                for tm in self.kube.items("TritonModel", self.namespace):
+                    c = model_condition(tm, "Progressing")
+                    self.reasons.setdefault(tm["metadata"]["name"], {})[c.get("reason", "")] = c.get("message", "")
+                self.samples += 1
+            except Exception as exc:  # noqa: BLE001 - a transient API error is one sample lost, reported at the end
+                self.errors.append(repr(exc)[:200])
+            self.halt.wait(0.2)  # the sampling period, not a wait for a condition
+
+
+def _on_new_ref(kube: Kube, namespace: str, name: str, replicas: int) -> bool:
+    dep = kube.items("Deployment", namespace, labelSelector=f"{LABEL_MODEL}={name}")
+    pods = live_pods(kube, namespace, name)
+    return (is_model_ready(kube.get("TritonModel", name, namespace)) and len(dep) == 1 and _image(dep[0]) == NEW_REF
+            and _finished(dep[0]) and len(pods) == replicas and all(_image(p) == NEW_REF for p in pods))
+
+
+def test_on_a_node_whose_gpus_are_all_in_use_an_upgrade_rolls_a_2_replica_model_without_a_surge_pod(
+        kube: Kube, kubeconfig: Path, cluster: Any, nodes: Any, tmp_path: Path) -> None:
+    prefix = f"ug{uuid.uuid4().hex[:4]}"
+    namespace = f"{prefix}-models"
+    node = nodes.node
+    _tag_new_ref(cluster)
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": namespace, "labels": {"e2e.triton-operator.io/test": "true"}}})
+    op = start_operator(kubeconfig, kube, cluster.logs or tmp_path, pattern=f"{prefix}-*",
+                        log_name=f"operator-{prefix}.log", webhook=False, args=("--max-upgrade-rollouts", "1"))
+    models = {"two": 2, "one": 1}
+    loads: list[ServiceLoad] = []
+    sampler = _PodSampler(kubeconfig, namespace)
+    try:
+        wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
+        docs = []
+        for name, replicas in models.items():
+            doc = add_sub(name)
+            doc["spec"]["replicas"] = replicas
+            doc["spec"]["server"] = {"gpus": 1, "nodeSelector": {"kubernetes.io/hostname": node}}
+            docs.append(doc)
+        apply(kubeconfig, namespace, *docs)
+        for name in models:
+            wait_model(kube, namespace, name, is_model_ready, "Ready", 300)
+        _fill(kube, namespace, node)
+        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start()
+                 for name in models]
+        for load in loads:
+            wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
+        warmup = {load.model: load.tally() for load in loads}
+
+        sampler.start()
+        op.stop()
+        op.argv[op.argv.index("--default-triton-image") + 1] = NEW_REF
+        op.start()
+        # Either order: "two" rolls first (no surge), then "one", whose surge waits; or "one" first, "two" waiting.
+        wait_for(f"one saying {UPGRADE_UNSCHEDULABLE}", lambda: UPGRADE_UNSCHEDULABLE in sampler.reasons.get("one", {}),
+                 600)
+        # A GPU freed: the surge pod takes it, and the rest of the upgrade goes on.
+        freed = kube.items("Pod", namespace, labelSelector=f"app={FILLER}")[0]["metadata"]["name"]
+        kube.delete("Pod", freed, namespace)
+        for name, replicas in models.items():
+            wait_for(f"{name} Ready on {NEW_REF}", lambda name=name, replicas=replicas: _on_new_ref(
+                kube, namespace, name, replicas), 600)
+        sampler.halt.set()
+        sampler.join(15)
+        tallies = {load.model: load.stop() - warmup[load.model] for load in loads}
+        strategy = {d["metadata"]["name"]: d["spec"]["strategy"]
+                    for d in kube.items("Deployment", namespace, labelSelector=LABEL_MODEL)}
+        fillers = kube.items("Pod", namespace, labelSelector=f"app={FILLER}")
+    finally:
+        sampler.halt.set()
+        for load in loads:
+            load.__exit__()
+        op.stop()
+        delete_namespace(kube, namespace)
+
+    record("full GPUs: most model pods not terminating at once", sampler.most)
+    record("full GPUs: pods seen Pending as Unschedulable", {m: sorted(p) for m, p in sampler.unscheduled.items()})
+    record("full GPUs: Progressing reasons seen", {m: sorted(r) for m, r in sampler.reasons.items()})
+    record("full GPUs: requests during the upgrade", "; ".join(f"{m}: {t.summary()}" for m, t in tallies.items()))
+    assert sampler.samples > 10 * len(sampler.errors), f"too many samples lost: {sampler.errors[:5]}"
+    assert sampler.most.get("two") == 2, f"the 2-replica model had a surge pod: {sampler.most}"
+    assert strategy["two"] == NO_SURGE, strategy
+    assert sampler.most.get("one") == 2, f"the 1-replica model rolled without its surge pod: {sampler.most}"
+    said = sampler.reasons.get("one", {}).get(UPGRADE_UNSCHEDULABLE, "")
+    assert GPU in said, f"{UPGRADE_UNSCHEDULABLE}: {said!r}"
+    assert UPGRADE_UNSCHEDULABLE not in sampler.reasons.get("two", {}), sampler.reasons["two"]
+    assert all(p["status"].get("phase") == "Running" for p in fillers), "a filler lost its GPU"
+    failed = sum(t.failed for t in tallies.values())
+    assert failed == 0, "; ".join(f"{load.model}: {tallies[load.model].summary()}, first failures {load.samples}"
+                                  for load in loads)
+    for m, t in tallies.items():
+        assert t.sent - t.failed >= 20, f"{m}: the load did not really run: {t.summary()}"

@@ -25,8 +25,10 @@ from triton_operator.plan.upgrade import (
     LABEL_GENERATION,
     LABEL_SOURCE,
     LABEL_STARTED,
+    NO_SURGE,
     RECORD,
     UPGRADE_STARTED,
+    UPGRADE_UNSCHEDULABLE,
     UPGRADE_WAITING,
     Upgrades,
     draining,
@@ -431,3 +433,151 @@ def test_a_finished_upgrade_rollout_keeps_its_slot_while_a_pod_it_replaced_termi
     assert draining(marked, [old]) and not draining(dep, [old]) and not draining(marked, [])
     cache.put_pod(old, deleted=True)
     assert rec._upgrades().rolling == frozenset(), "the pod is gone: the slot frees"
+
+
+#: The strategy every model Deployment is rendered with: a surge pod first, no replica down.
+SURGE = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+
+
+def _marked(world: World, dep: Mapping[str, Any]) -> World:
+    """`world` with its Deployment `dep`, in NS."""
+    dep = {**dep, "metadata": {**dep["metadata"], "namespace": NS}}
+    return replace(world, children={**world.children, ("Deployment", dep["metadata"]["name"]): dep})
+
+
+def test_an_upgrade_rollout_of_two_replicas_or_more_replaces_one_at_a_time_without_a_surge_pod() -> None:
+    """On a cluster whose GPUs are all in use, a surge pod stays Pending: an upgrade rollout of a model that has a
+    replica to spare rolls in the GPUs it holds. The strategy stays while the record's start does (no write at the
+    rollout's end), a scale to 1 replica takes the surge back, and the user's own change rolls with the surge."""
+    settled = _settled(replicas=2)
+    assert _live(settled)["spec"]["strategy"] == SURGE, "as rendered"
+    world = _upgraded(settled, limit=2)
+    decided = plan(world)
+    dep = _deployment(decided)
+    assert dep is not None and decided.upgrade is not None and decided.upgrade.started
+    assert dep["spec"]["strategy"] == NO_SURGE
+    assert "one replica at a time, without a surge pod" in decided.upgrade.message
+    assert dep["spec"]["template"] != _live(world)["spec"]["template"], "the new template, in the same write"
+    # Carried out, mid-rollout and finished: the strategy stays, the Deployment is not written again.
+    carried = carried_out(world, decided)
+    applied = _live(carried)
+    assert applied["spec"]["strategy"] == NO_SURGE
+    for dep_now in (_rolling(applied), _finished(applied)):
+        assert _deployment(plan(_marked(carried, dep_now))) is None
+    # Scaled to 1 mid-rollout: maxUnavailable 1 would take its only replica down; the surge is back.
+    scaled = plan(_changed(_marked(carried, _rolling(applied)), replicas=1))
+    down = _deployment(scaled)
+    assert down is not None and down["spec"]["replicas"] == 1 and down["spec"]["strategy"] == SURGE
+    assert down["metadata"]["labels"][LABEL_STARTED] == applied["metadata"]["labels"][LABEL_STARTED]
+    # The user's own change: rendered as ever (a surge), the start dropped.
+    mine = _deployment(plan(_changed(_marked(carried, _finished(applied)), server={"args": ["--log-verbose=1"]})))
+    assert mine is not None and mine["spec"]["strategy"] == SURGE and LABEL_STARTED not in mine["metadata"]["labels"]
+
+
+def test_an_upgrade_rollout_of_one_replica_keeps_the_surge() -> None:
+    """Without the surge, a 1-replica model would serve nothing from its old pod's drain until the new one is warm."""
+    decided = plan(_upgraded(_settled(), limit=2))
+    dep = _deployment(decided)
+    assert dep is not None and decided.upgrade is not None and decided.upgrade.started
+    assert dep["spec"]["strategy"] == SURGE
+    assert "with a surge pod" in decided.upgrade.message
+
+
+def test_a_marked_deployment_takes_the_strategy_alone_which_rolls_no_pod() -> None:
+    """A Deployment whose upgrade rollout an operator from before this rule started (with the surge): the next plan
+    writes its strategy alone. The strategy is not in the pod template, whose hash names the ReplicaSet: no pod
+    rolls for it (the render goldens, tests/golden/children.json, hold it under the Deployment's spec)."""
+    settled = _settled(replicas=3)
+    live = _live(settled)
+    marked = _finished({**live, "metadata": {**live["metadata"], "labels": {**live["metadata"]["labels"],
+                                                                          LABEL_STARTED: STARTED}}})
+    dep = _deployment(plan(_marked(settled, marked)))
+    assert dep is not None and dep["spec"]["strategy"] == NO_SURGE
+    assert dep["spec"]["template"] == marked["spec"]["template"], "the same pod template: no new ReplicaSet"
+    assert {k: v for k, v in dep["spec"].items() if k != "strategy"} == \
+        {k: v for k, v in marked["spec"].items() if k != "strategy"}
+
+
+def _pod(name: str, *, pending: str | None = None, terminating: bool = False) -> dict[str, Any]:
+    """A pod of model m: running, or Pending with the scheduler's message `pending`, or terminating."""
+    meta: dict[str, Any] = {"name": name, "namespace": NS, "labels": {LABEL_MODEL: "m"}}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:05:00Z"
+    status: dict[str, Any] = {"phase": "Running"}
+    if pending is not None:
+        status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                      "reason": "Unschedulable", "message": pending}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {}, "status": status}
+
+
+NO_GPU = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available."
+
+
+def test_a_surge_pod_that_cannot_be_scheduled_is_said_on_the_status_not_held_in_silence() -> None:
+    """A 1-replica model's upgrade rollout on a full cluster: its surge pod Pending as Unschedulable. Progressing says
+    so, with the scheduler's words, and an Event; the model still serves on its old pod. Not while the Pending pod
+    waits for the GPU a pod of its own model gives back (a no-surge replacement), nor in a user's own rollout."""
+    settled = _settled()
+    world = _upgraded(settled, limit=2)
+    decided = plan(world)
+    carried = carried_out(world, decided)
+    rolling = _rolling(_live(carried))
+    full = replace(_marked(carried, rolling), pods=[_pod("m-old"), _pod("m-new", pending=NO_GPU)])
+    said = plan(full)
+    progressing = _conditions(said)["Progressing"]
+    assert (progressing.status, progressing.reason) == ("True", UPGRADE_UNSCHEDULABLE)
+    assert "m-new" in progressing.message and "Insufficient nvidia.com/gpu" in progressing.message
+    assert UPGRADE_UNSCHEDULABLE in [e.reason for e in said.events]
+    # The GPU it waits for is on its way back: a pod of the model terminates.
+    on_its_way = plan(replace(full, pods=[*full.pods, _pod("m-older", terminating=True)]))
+    assert _conditions(on_its_way)["Progressing"].reason != UPGRADE_UNSCHEDULABLE
+    # The same Pending pod in a user's own rollout (no LABEL_STARTED): not an upgrade rollout.
+    user = dict(rolling)
+    user["metadata"] = {**rolling["metadata"], "labels": {k: v for k, v in rolling["metadata"]["labels"].items()
+                                                          if k != LABEL_STARTED}}
+    assert _conditions(plan(replace(full, children={**full.children, ("Deployment", "m"): user})))[
+        "Progressing"].reason != UPGRADE_UNSCHEDULABLE
+    # Scheduled: the condition goes.
+    scheduled = plan(replace(full, pods=[_pod("m-old"), _pod("m-new")]))
+    assert _conditions(scheduled)["Progressing"].reason != UPGRADE_UNSCHEDULABLE
+
+
+def test_no_upgrade_rollout_starts_while_another_cannot_schedule_its_new_pod() -> None:
+    """Below the bound too: a pod started now would wait for the same room, or take the GPU a no-surge replacement
+    waits for (the scheduler gives a freed GPU to the pod Pending first). Unbounded (0), nothing waits."""
+    settled = _settled(replicas=2)
+    stuck = replace(_upgraded(settled, "a", limit=3), upgrades=Upgrades(3, frozenset({(NS, "a")}), frozenset({(NS, "a")})))
+    decided = plan(stuck)
+    assert decided.upgrade is not None and not decided.upgrade.started
+    assert _deployment(decided) is None
+    progressing = _conditions(decided)["Progressing"]
+    assert progressing.reason == UPGRADE_WAITING and f"{NS}/a cannot schedule its new pod" in progressing.message
+    freed = plan(replace(stuck, upgrades=Upgrades(3, frozenset({(NS, "a")}))))
+    assert freed.upgrade is not None and freed.upgrade.started
+    unbounded = plan(replace(stuck, upgrades=Upgrades(0, frozenset({(NS, "a")}), frozenset({(NS, "a")}))))
+    assert unbounded.upgrade is not None and unbounded.upgrade.started
+    # Its own rollout goes on (a newer template, say): it holds its slot.
+    own = plan(replace(stuck, upgrades=Upgrades(3, frozenset({(NS, "m")}), frozenset({(NS, "m")}))))
+    assert own.upgrade is not None and own.upgrade.started
+
+
+def test_the_controller_counts_an_upgrade_rollout_whose_new_pod_cannot_be_scheduled_as_stuck() -> None:
+    dep = _rolling(_live(_settled()))
+    marked = {**dep, "metadata": {**dep["metadata"], "namespace": NS,
+                                  "labels": {**dep["metadata"]["labels"], LABEL_STARTED: STARTED}}}
+    pending = {**_pod("m-new", pending=NO_GPU), "metadata": {**_pod("m-new")["metadata"], "uid": "u-new",
+                                                             "resourceVersion": "8"}}
+    cache = Cache()
+    cache.put_model(_settled().body)
+    cache.prime_pods(NS, "m", [])
+    cache.put_child(marked)
+    cache.put_pod(pending)
+    rec = Reconciler(_Kube([], []), cache, NEW, max_upgrade_rollouts=2)  # type: ignore[arg-type]
+    assert rec._upgrades().stuck == {(NS, "m")}
+    rec._waiting.add((NS, "waiting"))
+    rec._wake_waiting()
+    assert rec._waiting == {(NS, "waiting")}, "not asked while the pod waits for room: it would wait again"
+    cache.put_pod({**pending, "metadata": {**pending["metadata"], "resourceVersion": "9"},
+                   "status": {"phase": "Running"}})
+    assert rec._upgrades().stuck == frozenset()
+    assert not Reconciler(_Kube([], []), cache, NEW, max_upgrade_rollouts=0)._upgrades().stuck  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from ..api.kinds import CONFIG_MAP, DEPLOYMENT, HPA, LABEL_MODEL, PDB, REPLICA_S
 from ..api.pool import LABEL_POOL
 from ..api.timestamps import utc_now
 from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
-from ..plan.upgrade import UPGRADE_STARTED, DeploymentKey, Upgrades, draining
+from ..plan.upgrade import UPGRADE_STARTED, DeploymentKey, Upgrades, draining, unschedulable
 from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from . import metrics
@@ -188,7 +188,17 @@ class Reconciler:
 
     def _upgrades(self) -> Upgrades:
         return Upgrades(self.max_upgrade_rollouts,
-                        frozenset(self.cache.children.upgrading | self._reserved | self._draining()))
+                        frozenset(self.cache.children.upgrading | self._reserved | self._draining()), self._stuck())
+
+    def _stuck(self) -> frozenset[DeploymentKey]:
+        """The unfinished upgrade rollouts whose new pod cannot be scheduled (`plan.upgrade.unschedulable`): while
+        one is, no other starts. Only the Deployments in an upgrade rollout are decoded."""
+        if not self.max_upgrade_rollouts:
+            return frozenset()
+        return frozenset(key for key in self.cache.children.upgrading
+                         if (DEPLOYMENT.kind, *key) in self.cache.children
+                         and unschedulable(self.cache.children[(DEPLOYMENT.kind, *key)],
+                                           self.cache.pods.get(key, {}).values()))
 
     def _draining(self) -> set[DeploymentKey]:
         """The finished upgrade rollouts whose replaced pods still terminate (`plan.upgrade.draining`): they keep their
@@ -206,8 +216,10 @@ class Reconciler:
 
     def _wake_waiting(self) -> None:
         """Reconciles the models whose upgrade rollout waits, while the count is under the bound: a slot freed (a
-        rollout finished, a Deployment went). Those that find no slot wait again."""
-        if self._waiting and len(self._upgrades().rolling) < self.max_upgrade_rollouts:
+        rollout finished, a Deployment went), and no upgrade rollout's new pod waits for room (`_stuck`: its pod's
+        scheduling reconciles its model, which wakes them). Those that find no slot wait again."""
+        upgrades = self._upgrades() if self._waiting else None
+        if upgrades is not None and len(upgrades.rolling) < self.max_upgrade_rollouts and not upgrades.stuck:
             # Each asked once: its next plan says whether it waits again (`_bounded`). Kept, they would be asked
             # again by every reconcile, their own included, and one that is gone would be asked for ever.
             waiting, self._waiting = self._waiting, set()

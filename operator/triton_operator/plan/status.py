@@ -27,7 +27,7 @@ from ..api.pod import (
 from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import Condition, ReplicaState, TritonModelStatus
 from ..uris import redact
-from .upgrade import UPGRADE_WAITING
+from .upgrade import UPGRADE_UNSCHEDULABLE, UPGRADE_WAITING, unschedulable
 
 #: The gate's reasons for a replica that does not serve what it loaded: it failed to load, loaded another config, or
 #: stopped serving (the probe found a model broken, or tritonserver does not answer); the message says how the
@@ -411,6 +411,13 @@ def upgrade_waiting(s: Seen) -> dict[str, Any] | None:
     return condition("Progressing", True, UPGRADE_WAITING, waiting[:2000], s.g) if waiting else None
 
 
+def upgrade_unschedulable(s: Seen) -> dict[str, Any] | None:
+    """An upgrade rollout's new pod waits for room no node has (a surge GPU on a full cluster, `plan.upgrade`): still
+    on its way, its old replicas serving, but said, with the scheduler's words, rather than a silent RollingOut."""
+    why = unschedulable(s.obs.deployment, s.obs.pods)
+    return condition("Progressing", True, UPGRADE_UNSCHEDULABLE, why, s.g) if why else None
+
+
 def rolling_out(s: Seen) -> dict[str, Any] | None:
     if not s.rolling or s.failed or s.refused:
         return None
@@ -450,8 +457,8 @@ def complete(s: Seen) -> dict[str, Any]:
 
 
 PROGRESSING: tuple[Policy, ...] = (
-    progressing_spec_problem, upgrade_waiting, stalled_rollout_stopped, rolling_out, stalled_replica_failed, stalled_pods_refused,
-    complete_at_zero, complete_with_failures, complete,
+    progressing_spec_problem, upgrade_waiting, stalled_rollout_stopped, upgrade_unschedulable, rolling_out,
+    stalled_replica_failed, stalled_pods_refused, complete_at_zero, complete_with_failures, complete,
 )
 
 

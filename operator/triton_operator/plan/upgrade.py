@@ -42,6 +42,31 @@ which the webhook on the operator's own writes (`validate.operator_writes`) refu
 replica may use (the default tritonserver image, the repository key's Secret, the token's automount). The model then
 says Degraded, reason ApiError, and takes the new replica count when its turn comes. Its record is not rewritten
 while it waits: it still says what the live template was rendered from.
+
+How an upgrade rollout replaces replicas (`upgrade_strategy`). A model's Deployment rolls with maxSurge 1,
+maxUnavailable 0 as rendered: a new replica is created and warmed before an old one goes, which needs one GPU more
+than the model holds. On a cluster whose GPUs are all in use that surge pod stays Pending (Unschedulable) and the
+rollout, with the slot it holds, waits until a GPU frees. So an upgrade rollout of a Deployment with 2 replicas or
+more replaces them one at a time without a surge (maxSurge 0, maxUnavailable 1), as Strimzi rolls its brokers and
+CloudNativePG its instances, one member at a time in the room the members already hold: an old replica leaves the
+Service (its preStop drain), and its replacement takes the GPU it frees and joins the Service once its warm-up gate
+passes, only then the next. The cost: the model serves on one replica fewer (n-1 of n) for the whole rollout, about
+n times a replica's drain, start, load and warm-up; never more than n pods, so no GPU beyond its own. The
+replacement is created as the old pod starts terminating, and the scheduler counts that pod's GPU until it is gone:
+the replacement is Pending for that time, waiting for its own model's GPU, not for a spare one. The strategy stays
+while the record's LABEL_STARTED does (until the user's next change, which renders the surge strategy again):
+changing a Deployment's strategy rolls no pod (it is not in its pod template), and a strategy that flipped back at
+the rollout's end would be a write per model and a start of the next upgrade's rollout with a surge. A user's own
+change always rolls with the surge: it is the user's to pay for, and it keeps every replica serving.
+
+A Deployment of 1 replica keeps the surge during an upgrade rollout: without it the model would serve nothing
+from the old pod's drain until the new one is warm. If its surge pod cannot be scheduled (`unschedulable`: Pending
+as Unschedulable, with no pod of the model terminating whose GPU it waits for), the model says so on its status
+(Progressing=True, reason UPGRADE_UNSCHEDULABLE, the scheduler's message naming what is missing) and keeps its slot:
+freed, the next model's pods would compete for the same GPU when one frees, and the one Pending first would still
+hold it. Its old replica keeps serving throughout. For the same reason, while an upgrade rollout cannot schedule
+its new pod (`Upgrades.stuck`), no other starts, below the bound too: its pod would wait for the same room, or take
+the GPU a no-surge replacement waits for (the scheduler gives a freed GPU to the pod Pending first).
 """
 
 from __future__ import annotations
@@ -73,6 +98,11 @@ RECORD = (LABEL_SOURCE, LABEL_GENERATION, LABEL_STARTED)
 #: The Progressing reason of a model whose upgrade rollout waits for a slot; the Event's reason when one starts.
 UPGRADE_WAITING = "UpgradeRolloutWaiting"
 UPGRADE_STARTED = "UpgradeRolloutStarted"
+#: The Progressing reason of a model whose upgrade rollout's new pod cannot be scheduled (no GPU free for the surge).
+UPGRADE_UNSCHEDULABLE = "UpgradeRolloutUnschedulable"
+
+#: The strategy of an upgrade rollout of a Deployment of 2 replicas or more: one replica at a time, no surge pod.
+NO_SURGE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 DeploymentKey = tuple[str, str]  # (namespace, name)
 
@@ -83,6 +113,8 @@ class Upgrades:
 
     limit: int = 0  # at most this many upgrade rollouts at once, cluster-wide; 0: no bound
     rolling: frozenset[DeploymentKey] = frozenset()  # the Deployments in an unfinished upgrade rollout
+    # Those of `rolling` whose new pod cannot be scheduled (`unschedulable`): while any is, no other starts.
+    stuck: frozenset[DeploymentKey] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -125,6 +157,37 @@ def draining(deployment: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -
     Pending as Unschedulable in e2e/test_upgrade.py (the signal a cluster autoscaler adds nodes on)."""
     return LABEL_STARTED in _labels(deployment) and any((p.get("metadata") or {}).get("deletionTimestamp")
                                                         for p in pods)
+
+
+def unschedulable(deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """Why an upgrade rollout of `deployment` (LABEL_STARTED, unfinished) does not move, if it waits for room: a pod
+    of the model Pending as Unschedulable (the scheduler's message: which resource no node has free), while no pod
+    of the model terminates (a replacement waits for the GPU its own replaced pod is giving back: on its way)."""
+    if deployment is None or not in_upgrade_rollout(deployment):
+        return None
+    pods = list(pods)
+    if any((p.get("metadata") or {}).get("deletionTimestamp") for p in pods):
+        return None
+    for p in pods:
+        status = p.get("status") or {}
+        scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
+        if status.get("phase") == "Pending" and scheduled.get("status") == "False" \
+                and scheduled.get("reason") == "Unschedulable":
+            replicas = _int((deployment.get("spec") or {}).get("replicas", 1))
+            return (f"the upgrade rollout's new pod {p['metadata'].get('name', '')} cannot be scheduled: "
+                    f"{scheduled.get('message') or 'Unschedulable'}. "
+                    f"{'Its other replicas keep' if replicas > 1 else 'Its old replica keeps'} serving; the model "
+                    "holds its upgrade slot until there is room for it (a GPU freed, or a node added)")[:2000]
+    return None
+
+
+def upgrade_strategy(out: dict[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """`out` with the strategy an upgrade rollout takes: while its record holds LABEL_STARTED and it has 2 replicas
+    or more (those it is applied with, else the live ones), NO_SURGE; otherwise the rendered strategy (a surge)."""
+    replicas = (out.get("spec") or {}).get("replicas", (live.get("spec") or {}).get("replicas", 1))
+    if LABEL_STARTED in _labels(out) and _int(replicas) >= 2:
+        out["spec"] = {**out["spec"], "strategy": copy.deepcopy(NO_SURGE)}
+    return out
 
 
 def upgrade_rollouts(deployments: Iterable[Mapping[str, Any]]) -> frozenset[DeploymentKey]:
@@ -184,23 +247,32 @@ def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None,
     if not _template_differs(live, out):
         if started is not None:  # still counted until it finishes: keep it (an apply leaving it out removes it)
             labels[LABEL_STARTED] = started
-        return out, None
+        return upgrade_strategy(out, live), None
     if not _same_source(live, body, source) or _int((live.get("spec") or {}).get("replicas", 1)) == 0:
         return out, None
     key = (live["metadata"].get("namespace", ""), live["metadata"]["name"])
     others = upgrades.rolling - {key}
     bound = f"{len(others)} of at most {upgrades.limit} model Deployments are in an upgrade rollout"
-    if upgrades.limit and key not in upgrades.rolling and len(others) >= upgrades.limit:
+    blocked = sorted(upgrades.stuck - {key}) if upgrades.limit else []
+    if blocked:
+        bound = (f"the upgrade rollout of {', '.join(f'{ns}/{n}' for ns, n in blocked[:3])} cannot schedule its new "
+                 "pod (no room on the nodes: its status says what is missing), and none starts until it can (a pod "
+                 "started now would compete for the same room); " + bound)
+    if upgrades.limit and key not in upgrades.rolling and (len(others) >= upgrades.limit or blocked):
         # The live template, and the live record (whatever of it there is): written only if something else changed.
         out["spec"] = {**out["spec"], "template": copy.deepcopy(live["spec"]["template"])}
         for k in RECORD:
             labels.pop(k, None)
             if k in _labels(live):
                 labels[k] = _labels(live)[k]
-        return out, Upgrade(False, f"the operator renders another pod template for this unchanged model; {bound} "
-                                   "(--max-upgrade-rollouts): it waits for one to finish, its replicas keep serving")
+        return upgrade_strategy(out, live), Upgrade(
+            False, f"the operator renders another pod template for this unchanged model; {bound} "
+                   "(--max-upgrade-rollouts): it waits for one to finish, its replicas keep serving")
     # One under way that takes a newer template keeps its slot and its start.
     labels[LABEL_STARTED] = started if started is not None and in_upgrade_rollout(live) else str(int(now.timestamp()))
     limit = f"{bound} besides it" if upgrades.limit else "no bound on upgrade rollouts (--max-upgrade-rollouts 0)"
+    out = upgrade_strategy(out, live)
+    how = ("one replica at a time, without a surge pod" if out["spec"].get("strategy") == NO_SURGE
+           else "with a surge pod (its one replica serves until the new one is warm)")
     return out, Upgrade(True, f"the operator renders another pod template for this unchanged model: its Deployment "
-                              f"rolls to it now; {limit}")
+                              f"rolls to it now, {how}; {limit}")
