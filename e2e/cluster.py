@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -24,6 +25,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -254,6 +256,7 @@ class LocalCluster:
         self.node_names = tuple(nodes)
         self.gpus = gpus
         self.kube_proxy = kube_proxy
+        self._pids_lock = threading.Lock()
 
     # -- binaries -----------------------------------------------------------------------------
 
@@ -293,7 +296,8 @@ class LocalCluster:
         return pids
 
     def _write_pids(self, pids: dict[str, int]) -> None:
-        self.pids_file.write_text("".join(f"{n} {p}\n" for n, p in pids.items()))
+        with self._pids_lock:  # the nodes start in threads of their own
+            self.pids_file.write_text("".join(f"{n} {p}\n" for n, p in list(pids.items())))
 
     def _state(self) -> dict:
         return json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
@@ -427,8 +431,11 @@ class LocalCluster:
             )
             pids["kube-scheduler"] = self._spawn("kube-scheduler", bins["kube-scheduler"], self._scheduler_args(ports))
             self._write_pids(pids)
-            for n in nodes:
-                self._start_node(n, bins, built, pids, timeout)
+            # The nodes start side by side (containerd's start and the image check are most of each): one node's
+            # start took about 10 s of a worker's cluster start, the second waiting for the first.
+            with concurrent.futures.ThreadPoolExecutor(max(1, len(nodes))) as starting:
+                for started in [starting.submit(self._start_node, n, bins, built, pids, timeout) for n in nodes]:
+                    started.result()
             if self.kube_proxy and nodes:
                 pids["kube-proxy"] = self._spawn("kube-proxy", bins["kube-proxy"], self._kube_proxy_args(ports, nodes[0]))
                 self._write_pids(pids)
