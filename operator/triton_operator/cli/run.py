@@ -237,9 +237,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     r.add_argument("--max-upgrade-rollouts", type=_whole, default=2, metavar="N",
                    help="at most N model Deployments roll at once because this operator renders another pod template "
                         "for a TritonModel nobody changed (an operator upgrade); the others keep their pods and wait, "
-                        "with Progressing reason UpgradeRolloutWaiting. A model of 2 replicas or more rolls one "
-                        "replica at a time without a surge pod (no spare GPU needed). A change of a model's own spec "
-                        "rolls at once, as always. 0: no bound (the chart's upgrade.maxModelsRolling). Default: 2")
+                        "with Progressing reason UpgradeRolloutWaiting; one of 2+ replicas rolls a replica at a time, "
+                        "with no surge pod. A change of a model's own spec rolls at once. 0: no bound. Default: 2")
     r.add_argument("--drift-interval", type=float, default=60.0, help="seconds between drift-correcting reconciles")
     r.add_argument("--log-level", default="info")
     r.add_argument("--log-format", choices=("text", "json"), default="text", help="text lines, or one JSON object a "

@@ -170,7 +170,8 @@ def unschedulable(deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[s
         return None
     for p in pods:
         status = p.get("status") or {}
-        scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
+        scheduled: Mapping[str, Any] = next(
+            (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
         if status.get("phase") == "Pending" and scheduled.get("status") == "False" \
                 and scheduled.get("reason") == "Unschedulable":
             replicas = _int((deployment.get("spec") or {}).get("replicas", 1))
