@@ -15,13 +15,18 @@ PYTEST_ARGS ?=
 ## start, API servers answering "Handler timeout", two tests failed; stopped 23 min into pytest), where 3 workers took
 ## 1,267-1,274 s in three runs in a row. e2e/node.py gives at most 5 workers subnet blocks of their own.
 TEST_WORKERS ?= 3
+## LIGHT_WORKERS more workers start no cluster and take only the files outside e2e/ (the unit tier and the tests
+## against a real tritonserver; tests/schedule.py): the CPU the three clusters leave idle, without a fourth cluster.
+LIGHT_WORKERS ?= 1
 ifneq ($(strip $(KUBECONFIG)),)
 TEST_WORKERS := 0
 endif
 ifeq ($(TEST_WORKERS),0)
 XDIST :=
 else
-XDIST := --tx $(TEST_WORKERS)*popen//python=$(CURDIR)/e2e/netns-python --dist loadfile --no-loadscope-reorder
+XDIST := --tx $(shell echo $$(( $(TEST_WORKERS) + $(LIGHT_WORKERS) )))*popen//python=$(CURDIR)/e2e/netns-python \
+	--dist loadfile --no-loadscope-reorder
+export TEST_CLUSTER_WORKERS := $(TEST_WORKERS)
 endif
 
 .PHONY: all venv test unit triton e2e crd docs lint cluster-bin prebuild prebuild-cluster cluster cluster-down demo clean

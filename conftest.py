@@ -2,7 +2,8 @@
 
 Each worker runs in a network namespace of its own with a local cluster of its own (`e2e/netns-python`,
 `e2e.cluster.session_root`), and takes a whole test file at a time (`--dist loadfile`), in collection order, whenever
-it has fewer than two files left. So the order below is the schedule: the longest files start first and the short
+it has fewer than two files left; the Makefile's LIGHT_WORKERS more start no cluster and take only files outside e2e/
+(tests/schedule.py). So the order below is the schedule: the longest files start first and the short
 ones fill in at the end, which keeps the workers busy until close to the finish. The e2e files go by their measured
 length (`--durations=0` of a `make test` run on this machine kind), then the files with tests against a real
 tritonserver, then the rest. A file missing from the list runs after the listed ones; nothing depends on the order
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests import timing
+from tests import schedule, timing
 from tests.tiers import file_totals, phase_line, summary_line, tier_of, tier_totals, worker_line
 
 #: e2e files, longest first: seconds per file (setup, call and teardown of its tests) in a warm `make test` with three
@@ -71,6 +72,11 @@ def _rank(item: pytest.Item, triton_files: set[str]) -> int:
     if path in E2E_LONGEST_FIRST:
         return E2E_LONGEST_FIRST.index(path)
     return len(E2E_LONGEST_FIRST) + (0 if path in triton_files else 1)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return schedule.make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
