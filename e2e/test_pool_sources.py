@@ -32,6 +32,7 @@ from e2e.kube import Kube, wait_for
 from e2e.objectstores import S3Server
 from e2e.operator_fixtures import OperatorHandle, apply, kubectl, model_condition, record
 from e2e.pool import PoolAudit, model_ready, pool_doc, pooled_add_sub, replica_pods, served_digest
+from e2e.testing import routed
 from e2e.traffic import infer_add_sub
 from tests.https_server import serve
 from triton_operator.api.pod import FETCH_SERVER_PORT, KEY_HEADER
@@ -112,13 +113,13 @@ def test_a_pooled_https_model_is_fetched_swapped_in_place_refused_on_a_wrong_pin
             apply(kubeconfig, namespace, _model(https.url("/one.tgz"), hashlib.sha256(one).hexdigest()), s3_doc)
             tm = _ready(kube, namespace, MODEL, 240)
             _ready(kube, namespace, S3_MODEL, 120)
-            s3_service = kube.get("Service", S3_MODEL, namespace)["spec"]["clusterIP"]
+            s3_service = routed(kube, namespace, S3_MODEL)
             np.testing.assert_array_equal(infer_add_sub(s3_service, S3_MODEL), np.array([[11, 22, 33, 44]], np.float32))
             first = tm["status"]["configDigest"]
             [pod] = replica_pods(kube, namespace, POOL)
             ip = pod["status"]["podIP"]
             assert served_digest(ip, MODEL) == first
-            service = kube.get("Service", MODEL, namespace)["spec"]["clusterIP"]
+            service = routed(kube, namespace, MODEL)
             np.testing.assert_array_equal(infer_add_sub(service, MODEL), np.array([[11, 22, 33, 44]], np.float32))
             assert _sidecar_holds(kube, namespace, pod)[MODEL]["digest"] == first
             assert "/one.tgz" in https.requests

@@ -29,7 +29,7 @@ from e2e.operator_fixtures import (
     wait_model,
     wait_writes_settle,
 )
-from e2e.testing import wait_for
+from e2e.testing import routed, wait_for
 from e2e.traffic import admin_not_refused, infer_add_sub, loaded_digest
 from triton_operator.api.pool import ENDPOINTSLICE_MANAGER
 from triton_operator.api.v1alpha1 import quantity_bytes
@@ -99,7 +99,7 @@ def test_a_pool_places_loads_and_gates_each_model(kube: Kube, kubeconfig: Path, 
             assert s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] == ENDPOINTSLICE_MANAGER
         svc = kube.get("Service", "pool-add-sub", namespace)
         assert "selector" not in svc["spec"]
-        out = infer_add_sub(svc["spec"]["clusterIP"], "pool-add-sub")
+        out = infer_add_sub(routed(kube, namespace, "pool-add-sub"), "pool-add-sub")
         assert out.tolist() == [[11, 22, 33, 44]]
         # Triton's admin APIs (shared memory, logging, trace) answer no client of a pooled model's Service without the
         # pool's key (issue 39); the operator's own loads, reloads and heals below still work with it.

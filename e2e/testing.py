@@ -189,6 +189,22 @@ def proxied_addresses(namespace: str, service: str, port: str = "http") -> set[s
             if line.startswith("-A KUBE-SVC-") and tag in line}
 
 
+def routed(kube: Kube, namespace: str, service: str, port: str = "grpc", timeout: float = 60.0) -> str:
+    """The Service's ClusterIP, once kube-proxy sends its `port` to every ready endpoint of its EndpointSlices (and
+    to nothing else): a model's status says Ready as soon as its slices do, and kube-proxy's rule sync lags them on a
+    busy machine, when a connection to the ClusterIP is refused (seen in e2e/test_pool_sources.py with four xdist
+    workers on two cores). Where no kube-proxy writes rules here, once the slices have a ready endpoint."""
+    ip = str(kube.get("Service", service, namespace)["spec"]["clusterIP"])
+
+    def synced() -> bool:
+        ready = ready_addresses(kube, namespace, service)
+        proxied = proxied_addresses(namespace, service, port)
+        return bool(ready) and proxied in (ready, None)
+
+    wait_for(f"kube-proxy sending {namespace}/{service}:{port} to its ready endpoints", synced, timeout, 0.2)
+    return ip
+
+
 def consistently(what: str, check: Callable[[], Any], duration: float, interval: float = 0.5) -> None:
     """Asserts `check()` stays truthy for `duration` seconds (polled), e.g. a pod that must stay unready."""
     import time
