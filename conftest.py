@@ -30,40 +30,40 @@ from tests import schedule, timing
 from tests.tiers import file_totals, phase_line, summary_line, tier_of, tier_totals, worker_line
 
 #: e2e files, longest first: seconds per file (setup, call and teardown of its tests) in a warm `make test` with three
-#: workers on this project's 2-core machine, from the summary's "longest files" (a CI rehearsal at 20dd31b: 3,687
-#: test-seconds in 1,292 s of pytest; the cluster tier 2,870; the first file of each worker carries its cluster's start,
-#: ~55 s). Files under ~25 s are left out: they fill in.
+#: cluster workers and one light one on this project's 2-core machine, from the summary's "longest files" (the mean of
+#: two quiet CI rehearsals at f1c3e8f: 1,114 s and 1,123 s of pytest; the cluster tier 3,138 and 3,187 test-seconds;
+#: the first file of each worker carries its cluster's start, ~55 s). Files under ~25 s are left out: they fill in.
 E2E_LONGEST_FIRST = (
-    "e2e/test_faults.py",  # 291
-    "e2e/test_pool.py",  # 278
-    "e2e/test_operator.py",  # 275
-    "e2e/test_pool_autoscaling.py",  # 184
-    "e2e/test_inplace.py",  # 175
+    "e2e/test_operator.py",  # 232
+    "e2e/test_faults.py",  # 227
+    "e2e/test_pool.py",  # 207
+    "e2e/test_upgrade.py",  # 193
+    "e2e/test_upgrade_bound.py",  # 192
+    "e2e/test_inplace.py",  # 166
     "e2e/test_heal.py",  # 163
-    "e2e/test_upgrade.py",  # ~150 (one-file runs: 14 s setup, 132 s call, 4 s teardown)
-    "e2e/test_pool_wiring.py",  # 128
-    "e2e/test_rollouts.py",  # 123
-    "e2e/test_autoscaling.py",  # 107
-    "e2e/test_nodes.py",  # 97
-    "e2e/test_credentials.py",  # 96
-    "e2e/test_smoke.py",  # 69
+    "e2e/test_pool_wiring.py",  # 150
+    "e2e/test_pool_autoscaling.py",  # 142
+    "e2e/test_autoscaling.py",  # 135
+    "e2e/test_rollouts.py",  # 128
+    "e2e/test_credentials.py",  # 119
+    "e2e/test_nodes.py",  # 96
+    "e2e/test_admission.py",  # 76
+    "e2e/test_smoke.py",  # 72
+    "e2e/test_sources.py",  # 72
     "e2e/test_hostile_replica.py",  # 69
-    "e2e/test_probe_flood.py",  # 67
-    "e2e/test_sources.py",  # 60
-    "e2e/test_admission.py",  # 60
-    "e2e/test_metrics_api.py",  # 53
-    "e2e/test_defects.py",  # 44
-    "e2e/test_crd_upgrade.py",  # 44
-    "e2e/test_availability.py",  # 44
-    "e2e/test_helm.py",  # 44
-    "e2e/test_upgrade_bound.py",  # 43
-    "e2e/test_repository_api.py",  # 42
-    "e2e/test_pool_features.py",  # 42
-    "e2e/test_pool_moves.py",  # 35
-    "e2e/test_install_order.py",  # 33
-    "e2e/test_demo.py",  # 33
-    "e2e/test_monitoring.py",  # 31
-    "e2e/test_reconciler.py",  # 28
+    "e2e/test_probe_flood.py",  # 66
+    "e2e/test_helm.py",  # 64
+    "e2e/test_defects.py",  # 57
+    "e2e/test_crd_upgrade.py",  # 56
+    "e2e/test_metrics_api.py",  # 55
+    "e2e/test_repository_api.py",  # 54
+    "e2e/test_availability.py",  # 51
+    "e2e/test_monitoring.py",  # 35
+    "e2e/test_pool_features.py",  # 35
+    "e2e/test_pool_moves.py",  # 34
+    "e2e/test_install_order.py",  # 34
+    "e2e/test_demo.py",  # 27
+    "e2e/test_pool_sources.py",  # 26
 )
 
 
