@@ -313,7 +313,7 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         assert ("add-sub" not in firing["TritonModelNotReady"]), firing  # Ready: its gauge is 1
         errors = wait_for("TritonOperatorReconcileErrors firing", lambda: _firing(prom).get(
             "TritonOperatorReconcileErrors"), 60, 0.5)
-        assert {a.get("reason") for a in errors} == {"ApiCallError"}, errors  # the API server's refusal
+        assert "ApiCallError" in {a.get("reason") for a in errors}, errors  # the API server's refusal
         # The broken model's load, retried with back-off (0, 2, 4, 8 s ...), more often than healsPerHour (1): its
         # replica never served, so these are not heals, and TritonReplicaHealsRepeating's expression finds none.
         retried = 'sum(triton_operator_heals_total{action="retry"}) > 2'
