@@ -28,7 +28,7 @@ import yaml
 
 from bench.promkeda import Prometheus, build_prometheus
 from e2e.cluster import session_root
-from e2e.kube import Kube, wait_for
+from e2e.kube import Kube, condition, wait_for
 from e2e.operator_fixtures import (
     RELEASE_NAMESPACE,
     ChartOperator,
@@ -311,6 +311,10 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         firing = wait_for("TritonModelNotReady (broken, wide) and TritonPoolShortOfCapacity (full) firing",
                           lambda: _objects_alerting(prom, namespace), 120, 0.5)
         assert ("add-sub" not in firing["TritonModelNotReady"]), firing  # Ready: its gauge is 1
+        def refused() -> dict[str, Any] | None:
+            c = condition(kube.get("TritonModel", "denied", namespace), "Degraded") or {}
+            return c if c.get("reason") == "ApiError" and "no-configmaps" in c.get("message", "") else None
+        wait_for("denied Degraded: the quota refused its ConfigMap", refused, 60, 0.5)
         errors = wait_for("TritonOperatorReconcileErrors firing", lambda: _firing(prom).get(
             "TritonOperatorReconcileErrors"), 60, 0.5)
         assert "ApiCallError" in {a.get("reason") for a in errors}, errors  # the API server's refusal
