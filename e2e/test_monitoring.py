@@ -304,9 +304,8 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
             gate(p).get("reason") == "ModelLoadFailed" for p in model_pods(kube, namespace, "broken")), 180)
         # A reconcile that fails: a ResourceQuota of no more ConfigMaps (every model's and the pool's are made by now:
         # the quota counts creates), then a model whose ConfigMap it refuses; its reconcile is retried with back-off.
-        kube.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-configmaps",
-                                                                              "namespace": namespace},
-                     "spec": {"hard": {"count/configmaps": "0"}}})
+        apply(kubeconfig, namespace, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-configmaps"},
+                                      "spec": {"hard": {"count/configmaps": "0"}}})
         apply(kubeconfig, namespace, add_sub("denied"))
         firing = wait_for("TritonModelNotReady (broken, wide) and TritonPoolShortOfCapacity (full) firing",
                           lambda: _objects_alerting(prom, namespace), 120, 0.5)
