@@ -4,14 +4,17 @@ module, as the autoscale benchmark's server is; `make prebuild` builds both).
 - `promtool check rules` passes on the rule groups the chart renders (`helm template`, monitoring.prometheusRule on).
 - `promtool test rules`: each alert fires when its condition is made true over input series (Prometheus's own rule
   evaluation, the chart's default thresholds and `for` durations), and some stay quiet when it is false.
-- The real Prometheus scrapes the session's real operator (the chart's, two pods) and a real Triton replica, with the
-  chart's rules (every `for` at 0s): every rule evaluates without error; a TritonModel whose model cannot load makes
+- The real Prometheus scrapes the session's real operator (the chart's, two pods), a real Triton replica of a model
+  with the response cache and a real pool replica, labelled as the chart's PodMonitor labels them, with the chart's
+  rules (every `for` at 0s): every rule evaluates without error; a TritonModel whose model cannot load makes
   TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; that
   model and one on an overfilled pool (two copies, one replica) make TritonModelNotReady fire for each, and
-  TritonPoolShortOfCapacity for the pool (its unplaced 96Mi), while the Ready model stays quiet; the broken model's
-  load, retried 3 times, does not make TritonReplicaHealsRepeating fire; once the pooled model is deleted its alert
-  and its pool's resolve (the leader's gauges go with it); every dashboard query evaluates, and those about a serving model
-  and the operator return data. Waited on by condition.
+  TritonPoolShortOfCapacity for the pool (its unplaced 96Mi), while the Ready model stays quiet; a model whose
+  ConfigMap a ResourceQuota refuses makes TritonOperatorReconcileErrors fire; the broken model's load, retried 3
+  times, does not make TritonReplicaHealsRepeating fire; once the pooled model is deleted its alert and its pool's
+  resolve (the leader's gauges go with it). Every query of every dashboard panel returns data: the serving model's
+  (its identical requests hit the response cache), the pool's (its replica, the model placed on it, its load) and the
+  operator's (reconciles and their errors, writes, heals, the gate, admission). Waited on by condition.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import yaml
 
 from bench.promkeda import Prometheus, build_prometheus
 from e2e.cluster import session_root
-from e2e.kube import Kube, wait_for
+from e2e.kube import Kube, condition, wait_for
 from e2e.operator_fixtures import (
     RELEASE_NAMESPACE,
     ChartOperator,
@@ -38,20 +41,21 @@ from e2e.operator_fixtures import (
     one_ready_pod,
     wait_model,
 )
-from e2e.pool import pool_doc, pooled_add_sub
+from e2e.pool import Unanswered, pool_doc, pooled_add_sub, ready_on, replica_pods
+from e2e.testing import is_ready
 from e2e.traffic import infer_add_sub
 from tests.chart_render import RELEASE, RELEASE_NS, helm_or_reason, render
 from tests.monitoring import dashboard, panel_queries, rule_groups
+from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.api.pool import LABEL_POOL
 
 pytestmark = pytest.mark.cluster
 
 OPERATOR_JOB = "triton-operator-e2e"
 FAILS = "e2e-monitoring: this model cannot load"
-#: The panels that must show data with one serving model and the operator (the others need a pool, the response cache
-#: or heals, which this test does not make).
-MUST_HAVE_DATA = {"Request rate", "Request latency (mean)", "Queue time (mean)", "Batch size (mean)",
-                  "Replicas scraped", "Reconciles", "API writes", "Gate latency", "Gate transitions",
-                  "TritonModels not Ready", "Pool memory unplaced"}
+#: The Triton replicas' scrape job, named as the chart's PodMonitor names it (its jobLabel, the pods'
+#: app.kubernetes.io/name).
+TRITON_JOB = "triton"
 
 
 def _chart_monitoring(**values: Any) -> list[dict[str, Any]]:
@@ -182,9 +186,19 @@ def test_every_alert_fires_when_its_condition_is_made_true(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _config(rules: Path, operator_pods: list[dict], triton: list[tuple[str, str, str]]) -> dict[str, Any]:
+def _replica_target(pod: dict[str, Any]) -> dict[str, Any]:
+    """A Triton replica's metrics port, labelled as the chart's PodMonitor labels it: the pod's namespace and name,
+    and its TritonModel and TritonPool labels as `tritonmodel` and `tritonpool` (a pool replica has no model's)."""
+    labels = pod["metadata"].get("labels") or {}
+    target = {"namespace": pod["metadata"]["namespace"], "pod": pod["metadata"]["name"]}
+    target |= {name: labels[key] for name, key in (("tritonmodel", LABEL_MODEL), ("tritonpool", LABEL_POOL))
+               if labels.get(key)}
+    return {"targets": [f"{pod['status']['podIP']}:8002"], "labels": target}
+
+
+def _config(rules: Path, operator_pods: list[dict[str, Any]], replicas: list[dict[str, Any]]) -> dict[str, Any]:
     """Static targets labelled as the chart's ServiceMonitor and PodMonitor label theirs: the operator's pods under
-    the rules' job in the release's namespace; Triton replicas (ip, namespace, TritonModel) under job `triton`."""
+    the rules' job in the release's namespace; Triton replicas (pods) under job `triton`."""
     return {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
@@ -192,8 +206,7 @@ def _config(rules: Path, operator_pods: list[dict], triton: list[tuple[str, str,
             {"job_name": OPERATOR_JOB, "static_configs": [{
                 "targets": [f"{p['status']['podIP']}:8081" for p in operator_pods],
                 "labels": {"namespace": RELEASE_NAMESPACE}}]},
-            {"job_name": "triton", "static_configs": [
-                {"targets": [f"{ip}:8002"], "labels": {"namespace": ns, "tritonmodel": model}} for ip, ns, model in triton]},
+            {"job_name": TRITON_JOB, "static_configs": [_replica_target(p) for p in replicas]},
         ],
     }
 
@@ -209,7 +222,7 @@ def _firing(prom: Prometheus) -> dict[str, list[dict[str, str]]]:
 
 def _objects_alerting(prom: Prometheus, namespace: str, need: bool = True) -> dict[str, set[str]] | None:
     """The objects of `namespace` the alerts on the operator's object gauges fire for, by alert; with `need`, None
-    until broken and wide are not Ready and pool full is short of capacity."""
+    until broken and wide (at least) are not Ready and pool full is short of capacity."""
     firing = _firing(prom)
     out = {alert: {a.get(by, "") for a in firing.get(alert, []) if a.get("namespace") == namespace}
            for alert, by in (("TritonModelNotReady", "tritonmodel"), ("TritonPoolShortOfCapacity", "tritonpool"))}
@@ -225,6 +238,13 @@ def _result(prom: Prometheus, expr: str) -> list[Any] | str:
     return list(doc["data"]["result"])
 
 
+def _serving(ip: str, model: str) -> bool:
+    try:
+        return bool(ready_on(ip, [model]))
+    except Unanswered:
+        return False
+
+
 def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_metrics(
         kube: Kube, kubeconfig: Path, namespace: str, operator: ChartOperator) -> None:
     fors = {f"monitoring.prometheusRule.for.{k}": "0s"
@@ -233,8 +253,12 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
     # healsPerHour 1: two retries of the broken model's load are over it (the third comes 6 s after the first).
     docs = _chart_monitoring(**{"monitoring.prometheusRule.operatorJob": OPERATOR_JOB,
                                 "monitoring.prometheusRule.healsPerHour": 1, **fors})
+    # The serving model with the response cache (the server's, 64Mi by default): its identical requests hit it.
     good = add_sub()
-    apply(kubeconfig, namespace, good)
+    good["spec"]["responseCache"] = True
+    # A pool overfilled, beside it from the start (its replica starts while add-sub's does, and is scraped): a model of
+    # two copies on a pool of one replica (copies go on distinct replicas: one is placed, the other's 96Mi fits nowhere).
+    apply(kubeconfig, namespace, good, pool_doc("full", 1, "128Mi"), pooled_add_sub("wide", "full", 2, "96Mi"))
     broken = add_sub("broken")
     model_py = broken["spec"]["source"]["inline"]["model.py"]
     broken["spec"]["source"]["inline"]["model.py"] = model_py.replace(
@@ -242,14 +266,18 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         f"class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError({FAILS!r})\n\n", 1)
     assert broken["spec"]["source"]["inline"]["model.py"] != model_py
     wait_model(kube, namespace, "add-sub", is_model_ready, "Ready", 180)
-    ip = one_ready_pod(kube, namespace, "add-sub")["status"]["podIP"]
+    serving = one_ready_pod(kube, namespace, "add-sub")
+    ip = serving["status"]["podIP"]
+    pool_replica = wait_for("the pool's replica serving its copy of wide", lambda: next(
+        (p for p in replica_pods(kube, namespace, "full") if is_ready(p) and _serving(p["status"]["podIP"], "wide")),
+        None), 180)
 
     state = session_root() / ".cluster" / "monitoring" / namespace
     state.mkdir(parents=True, exist_ok=True)
     rules = state / "rules.yml"
     rules.write_text(yaml.safe_dump(rule_groups(docs), sort_keys=False))
     prom = Prometheus(state, state, kubeconfig, 1.0)
-    prom.config = _config(rules, operator.pods(), [(ip, namespace, "add-sub")])
+    prom.config = _config(rules, operator.pods(), [serving, pool_replica])
     prom.start()
     try:
         # Every rule the chart ships loaded and evaluated without error.
@@ -260,24 +288,35 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
             return found if found and not never else None
         def targets_up() -> bool:
             targets = ((prom.get("/api/v1/targets") or {}).get("data") or {}).get("activeTargets", [])
-            return len(targets) == len(operator.pods()) + 1 and all(t["health"] == "up" for t in targets)
-        wait_for("the operator's pods and the replica scraped up", targets_up, 60, 0.5)
+            return len(targets) == len(operator.pods()) + 2 and all(t["health"] == "up" for t in targets)
+        wait_for("the operator's pods, the model's replica and the pool's scraped up", targets_up, 60, 0.5)
         loaded = wait_for("every rule evaluated once", evaluated, 60, 0.5)
         shipped = {r["alert"] for g in rule_groups(docs)["groups"] for r in g["rules"]}
         assert {r["name"] for r in loaded} == shipped
         assert all(r["health"] == "ok" for r in loaded), [(r["name"], r.get("lastError")) for r in loaded]
 
-        # Traffic for the dashboard, before the broken model's replica fails its gate.
+        # Traffic for the dashboard, before the broken model's replica fails its gate: 8 identical requests, the first
+        # a miss of the response cache, the others hits.
         for _ in range(8):
             infer_add_sub(ip)
-        # A model that cannot load, and a pool overfilled: a model of two copies on a pool of one replica (copies go
-        # on distinct replicas: one is placed, the other's 96Mi fits nowhere).
-        apply(kubeconfig, namespace, broken, pool_doc("full", 1, "128Mi"), pooled_add_sub("wide", "full", 2, "96Mi"))
+        apply(kubeconfig, namespace, broken)
         wait_for("the broken model's replica gated False with ModelLoadFailed", lambda: any(
             gate(p).get("reason") == "ModelLoadFailed" for p in model_pods(kube, namespace, "broken")), 180)
+        # A reconcile that fails: a ResourceQuota of no more ConfigMaps (every model's and the pool's are made by now:
+        # the quota counts creates), then a model whose ConfigMap it refuses; its reconcile is retried with back-off.
+        apply(kubeconfig, namespace, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-configmaps"},
+                                      "spec": {"hard": {"count/configmaps": "0"}}})
+        apply(kubeconfig, namespace, add_sub("denied"))
         firing = wait_for("TritonModelNotReady (broken, wide) and TritonPoolShortOfCapacity (full) firing",
                           lambda: _objects_alerting(prom, namespace), 120, 0.5)
         assert ("add-sub" not in firing["TritonModelNotReady"]), firing  # Ready: its gauge is 1
+        def refused() -> dict[str, Any] | None:
+            c = condition(kube.get("TritonModel", "denied", namespace), "Degraded") or {}
+            return c if c.get("reason") == "ApiError" and "no-configmaps" in c.get("message", "") else None
+        wait_for("denied Degraded: the quota refused its ConfigMap", refused, 60, 0.5)
+        errors = wait_for("TritonOperatorReconcileErrors firing", lambda: _firing(prom).get(
+            "TritonOperatorReconcileErrors"), 60, 0.5)
+        assert "ApiCallError" in {a.get("reason") for a in errors}, errors  # the API server's refusal
         # The broken model's load, retried with back-off (0, 2, 4, 8 s ...), more often than healsPerHour (1): its
         # replica never served, so these are not heals, and TritonReplicaHealsRepeating's expression finds none.
         retried = 'sum(triton_operator_heals_total{action="retry"}) > 2'
@@ -286,6 +325,29 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         (heals,) = [r for g in rule_groups(docs)["groups"] for r in g["rules"]
                     if r["alert"] == "TritonReplicaHealsRepeating"]
         assert _result(prom, heals["expr"]) == [], heals["expr"]
+
+        # Every query of every dashboard panel returns data (Grafana's variables at All, its $__rate_interval 1m).
+        board = dashboard(docs)
+        blank: list[tuple[str, str]] = []
+
+        def data_for_all() -> bool:
+            blank.clear()
+            for title, expr in panel_queries(board):
+                result = _result(prom, expr)
+                assert not isinstance(result, str), (title, expr, result)
+                if not result:
+                    blank.append((title, expr))
+            return not blank
+        try:
+            wait_for("every dashboard query with data", data_for_all, 60, 1.0)
+        except TimeoutError as exc:
+            raise AssertionError(f"dashboard queries without data: {blank}") from exc
+        # The cache panel's data is add-sub's: 7 of its 8 identical requests answered from the cache (its warm-up's
+        # random samples are misses, if the cache sees them).
+        cached = {name: prom.query(f'sum(nv_cache_num_{name}_per_model{{namespace="{namespace}", tritonmodel="add-sub"}})')
+                  for name in ("hits", "misses")}
+        assert (cached["hits"] or 0) >= 7 and (cached["misses"] or 0) >= 1, cached
+
         counted_as_heals = heals["expr"].replace(', action!="retry"', "")  # as it was: then it fired
         assert counted_as_heals != heals["expr"], counted_as_heals
         # Waited on, not read once: increase() counts only what rose between Prometheus's samples, and a first scrape
@@ -306,31 +368,13 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         quiet = {"TritonOperatorDown", "TritonOperatorNoLeader"}
         wait_for("the operator's up and leader alerts quiet", lambda: not quiet & _firing(prom).keys(), 60, 0.5)
 
-        # Every dashboard query evaluates; those about a serving model and the operator return data.
-        board = dashboard(docs)
-        blank: set[str] = set()
-
-        def data_for_all() -> bool:
-            shown: dict[str, bool] = {}
-            for title, expr in panel_queries(board):
-                result = _result(prom, expr)
-                assert not isinstance(result, str), (title, expr, result)
-                shown[title] = shown.get(title, False) or bool(result)  # a panel shows data when one query has some
-            blank.clear()
-            blank.update(t for t, ok in shown.items() if not ok)
-            return not MUST_HAVE_DATA & blank
-        try:
-            wait_for("the dashboard's model and operator panels show data", data_for_all, 60, 1.0)
-        except TimeoutError as exc:
-            raise AssertionError(f"panels without data: {sorted(blank)}") from exc
-
         # A deleted model's series goes with it (the leader's cache dropped it): its alert resolves, and so does its
         # pool's, which has room for every copy left. The pooled model, not broken: it has no pod of its own, whose
         # deletion (a preStop sleep and tritonserver's drain) the namespace's teardown would wait for.
         kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel", "wide", "--wait=true")
         def resolved() -> bool:
             out = _objects_alerting(prom, namespace, need=False) or {}
-            return out.get("TritonModelNotReady") == {"broken"} and not out.get("TritonPoolShortOfCapacity")
+            return out.get("TritonModelNotReady") == {"broken", "denied"} and not out.get("TritonPoolShortOfCapacity")
         wait_for("TritonModelNotReady (wide) and TritonPoolShortOfCapacity resolved", resolved, 60, 0.5)
     finally:
         prom.stop()
