@@ -83,6 +83,7 @@ class Variant:
     bound: int
     namespace: str = ""
     helm_seconds: float = 0.0  # `helm upgrade --wait`: the operator's own Deployment rolled out
+    offset: float = 0.0  # the helm upgrade's start, in the sampler's seconds (its timeline and spans count from it)
     seconds: float = 0.0  # helm upgrade started -> every model serving on the new image
     load: dict[str, dict[str, Any]] = field(default_factory=dict)  # model -> sent, failed, samples
     record: Record = field(default_factory=Record)
@@ -174,6 +175,7 @@ def run_variant(local: LocalCluster, kube: Kube, kubeconfig: Path, v: Variant) -
         wait_for("the sampler's first sample", lambda: sampler.record.samples, 30, 0.05)
         log(f"Variant {v.key}: helm upgrade to image.tag={new_tag}")
         t0 = time.monotonic()
+        v.offset = t0 - sampler.started
         v.helm_seconds = _helm_upgrade(kubeconfig, local, new_tag, v.bound)
         for name in MODELS:
             wait_for(f"{name} serving on {new}", lambda name=name: _serving_on(kube, v.namespace, name, new), 900, 0.2)
@@ -278,7 +280,10 @@ def _result(variants: list[Variant], old: str, new: str) -> Result:
             "reasons": {k: sorted(s) for k, s in v.record.reasons.items()}, "pending": sorted(v.record.pending),
             "restarts": v.record.restarts, "new_pods": {k: len(s) for k, s in v.record.new_pods.items()},
             "started_events": v.started_events, "load": v.load, "samples": v.record.samples,
-            "lost_samples": len(v.record.errors), "timeline": v.record.timeline, "spans": v.record.spans,
+            "lost_samples": len(v.record.errors),
+            # seconds since the helm upgrade started: (at, rolling, waiting, pending) and model -> [rolling, rolled]
+            "timeline": [(round(t - v.offset, 2), *rest) for t, *rest in v.record.timeline],
+            "spans": {k: [round(t - v.offset, 2) for t in span] for k, span in v.record.spans.items()},
         } for v in variants},
     }
     return result

@@ -160,12 +160,13 @@ class Sampler:
         self.read, self.period, self.on_change = read, period, on_change
         self.record = Record(bound=bound, waiting_reason=waiting_reason)
         self.last: Snapshot | None = None
-        self._t0 = time.monotonic()
+        #: time.monotonic() at start(): a Snapshot's `at` counts from it
+        self.started = time.monotonic()
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="upgrade-sampler", daemon=True)
 
     def sample(self) -> Snapshot:
-        s = snapshot(time.monotonic() - self._t0, *self.read())
+        s = snapshot(time.monotonic() - self.started, *self.read())
         self.record.add(s)
         if self.on_change is not None and (lines := changes(self.last, s)):
             self.on_change(s.at, lines)
@@ -173,7 +174,7 @@ class Sampler:
         return s
 
     def start(self) -> Sampler:
-        self._t0 = time.monotonic()
+        self.started = time.monotonic()
         self._thread.start()
         return self
 
