@@ -204,7 +204,8 @@ def run_variant(local: LocalCluster, kube: Kube, kubeconfig: Path, v: Variant) -
 def run() -> Path:
     started, meter = time.monotonic(), CpuMeter()
     old, new = _refs()
-    local = LocalCluster(ROOT, nodes=(NODE,), gpus=GPUS, kube_proxy=False)
+    # A root of its own beside the other benchmarks' (its node has GPUS GPUs, theirs 16).
+    local = LocalCluster(ROOT.with_name(f"{ROOT.name}-upgrade"), nodes=(NODE,), gpus=GPUS, kube_proxy=False)
     variants = [Variant(key, title, bound) for key, title, bound in VARIANTS]
     with local.running_fresh() as kubeconfig:
         local.node(NODE).ctr("images", "tag", "--force", old, new)
