@@ -716,7 +716,7 @@ def upgrade(fig: Figure, d: Json) -> list[str]:
 DRAWERS: dict[str, Drawer] = {"gate": gate, "scale": scale, "autoscale": autoscale, "rollout": rollout,
                               "first_request": first_request, "batching": batching, "faults": faults, "pool": pool,
                               "stale": stale, "pool_routing": pool_routing, "placement": placement,
-                              "pool_speed": pool_speed}
+                              "pool_speed": pool_speed, "upgrade": upgrade}
 
 
 def drawer_for(name: str) -> Drawer | None:
