@@ -156,6 +156,14 @@ demo: prereqs-demo
 	@$(MAKE) --no-print-directory prebuild-cluster
 	$(BIN)/python -m e2e.demo
 
+## `make demo`, then an operator upgrade to watch (`e2e.demo --upgrade`): a `helm upgrade` to the operator's image
+## under a new tag, which changes every model's pod template; each model rolling or waiting (its Progressing reason)
+## is printed as it happens, under client load, then the end state. bench/upgrade.py measures the same upgrade.
+.PHONY: demo-upgrade
+demo-upgrade: prereqs-demo
+	@$(MAKE) --no-print-directory prebuild-cluster
+	$(BIN)/python -m e2e.demo --upgrade
+
 ## Every test: unit, real tritonserver, real control plane. Exit code 5 (nothing collected) is a failure.
 test: prereqs-test
 	@$(MAKE) --no-print-directory prebuild lint

@@ -24,7 +24,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 ORDER = ("gate", "first_request", "stale", "scale", "batching", "rollout", "autoscale", "faults", "pool", "pool_speed",
-         "pool_routing", "placement")
+         "pool_routing", "placement", "upgrade")
 
 
 def log(msg: str) -> None:

@@ -672,10 +672,51 @@ def pool_speed(fig: Figure, d: Json) -> list[str]:
     return missing + ([] if bars else ["the kills and the big pool (data.kill, data.big)"])
 
 
+def upgrade(fig: Figure, d: Json) -> list[str]:
+    """Per variant (the chart's bound, no bound): when each model's Deployment rolled, and how many rolled, waited for a
+    slot and had a pod Pending for a GPU, from the helm upgrade's start to every model serving on the new image."""
+    variants = (d.get("data") or {}).get("variants") or {}
+    colors = {"bounded": OURS, "plain": BASELINE}
+    axes = fig.subplots(2, max(len(variants), 1), sharex=True, sharey="row", squeeze=False)
+    missing: list[str] = []
+    models = sorted({m for v in variants.values() for m in v.get("spans") or {}})
+    for col, (key, v) in enumerate(variants.items()):
+        ax_g, ax_n = axes[0][col], axes[1][col]
+        for model, span in (v.get("spans") or {}).items():
+            start, end = _num(span[0]) if span else None, _num(span[1]) if len(span) > 1 else None
+            if start is not None and end is not None:
+                ax_g.barh(models.index(model), end - start, left=start, color=colors.get(key, BASELINE_ALT), height=0.6)
+        done = _num(v.get("seconds"))
+        for ax in (ax_g, ax_n):
+            if done is not None:
+                ax.axvline(done, color="black", linestyle="--", linewidth=1)
+        load = v.get("load") or {}
+        failed, sent = (sum(int(m.get(k) or 0) for m in load.values()) for k in ("failed", "sent"))
+        ax_g.set_title(f"{v.get('title', key)}: done at {done:.1f} s, {failed} of {sent} requests failed"
+                       if done is not None else str(v.get("title", key)))
+        timeline = [p for p in v.get("timeline") or () if len(p) == 4]
+        if not timeline:
+            missing.append(f"{key}: its timeline")
+        end = max(done or 0.0, *(float(p[0]) for p in timeline)) if timeline else 0.0
+        for index, label, style in ((1, "rolling", "-"), (2, "waiting for a slot", "--"), (3, "pods Pending for a GPU", ":")):
+            xs = [float(p[0]) for p in timeline] + ([end] if timeline else [])
+            ys = [int(p[index]) for p in timeline] + ([int(timeline[-1][index])] if timeline else [])
+            ax_n.step(xs, ys, where="post", linestyle=style, color=colors.get(key, BASELINE_ALT), label=label)
+        ax_n.set_xlabel("seconds since helm upgrade")
+    axes[0][0].set_yticks(range(len(models)), models)
+    axes[0][0].set_ylabel("model (its Deployment rolling)")
+    axes[1][0].set_ylabel("models (pods Pending)")
+    axes[1][0].set_ylim(bottom=0)
+    axes[0][0].plot([], [], "k--", linewidth=1, label="every model serving on the new image")
+    _legend(axes[0][0], loc="lower right", fontsize=8)
+    _legend(axes[1][0], loc="upper right", fontsize=8)
+    return missing
+
+
 DRAWERS: dict[str, Drawer] = {"gate": gate, "scale": scale, "autoscale": autoscale, "rollout": rollout,
                               "first_request": first_request, "batching": batching, "faults": faults, "pool": pool,
                               "stale": stale, "pool_routing": pool_routing, "placement": placement,
-                              "pool_speed": pool_speed}
+                              "pool_speed": pool_speed, "upgrade": upgrade}
 
 
 def drawer_for(name: str) -> Drawer | None:

@@ -57,6 +57,8 @@ COLUMNS = {
     "stale": ("TritonModel in place (Swap), done per its status", "Triton poll mode on a ConfigMap, done per `kubectl rollout status`"),
     "placement": ("`Spread`", "`Pack`"),
     "pool_routing": ("the model's Service (the operator's EndpointSlices)", "a Service selecting the pool's pods by readiness"),
+    "upgrade": ("the chart's bound (`upgrade.maxModelsRolling`, its default)",
+                "no bound (`upgrade.maxModelsRolling=0`): a plain `helm upgrade`"),
 }
 #: The size a `scale`-like row (`100: …; 1000: …`) shows in the summary when its target names none.
 SUMMARY_SIZE = "1000"

@@ -1,7 +1,7 @@
 """`python -m bench.run [NAME ...]` (`make bench [BENCH=NAME]`): run benchmarks, write bench/results/.
 
 NAME is one of batching, scale, gate, first_request, rollout, autoscale, faults, pool, pool_speed, stale,
-pool_routing, placement (default: all, in that order: the two that run no pods first); `pool` runs `pool_speed` and
+pool_routing, placement, upgrade (default: all, in that order: the two that run no pods first); `pool` runs `pool_speed` and
 `placement` (Spread against Pack) after it too (ALSO): issue 41's figures in one command. Each benchmark writes its
 own JSON as soon as it finishes, so an interrupted run keeps what it measured and `make bench BENCH=gate` redoes just
 one. Next to each JSON it draws `<name>.png` from that JSON (bench/plots.py); `--plots-only` redraws every picture
@@ -20,9 +20,9 @@ from pathlib import Path
 from .common import log, other_e2e, write_markdown
 
 BENCHMARKS = ("batching", "scale", "gate", "first_request", "rollout", "autoscale", "faults", "pool", "pool_speed",
-              "stale", "pool_routing", "placement")
+              "stale", "pool_routing", "placement", "upgrade")
 RUNS_PODS = ("gate", "first_request", "rollout", "autoscale", "faults", "pool", "pool_speed", "stale", "pool_routing",
-             "placement")
+             "placement", "upgrade")
 #: Benchmarks that run after another when it is named (`make bench BENCH=pool` reports item 6 of issue 41 too).
 ALSO = {"pool": ("pool_speed", "placement")}
 #: A benchmark's module under bench/ where it is not its name (`gate.py` would be the third gate.py in the tree).

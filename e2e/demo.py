@@ -9,7 +9,16 @@ several models, one an ensemble), prints live progress of the TritonModels and t
 (Loading -> Warming -> Ready, gated in) and where each pooled model is placed, then sends a sample
 inference to each through its Service's ClusterIP (kube-proxy). The cluster is left running.
 
-    python -m e2e.demo [--kubeconfig PATH] [--namespace demo] [--timeout 300]
+With `--upgrade` (`make demo-upgrade`), then an operator upgrade to watch: a `helm upgrade` of the release that
+changes only the operator's image tag, to the same image under another tag (tagged on every node), so that the new
+operator renders another pod template for every model nobody changed (its image is every replica's `fetch` and
+`probe` container), as a new operator version does; bench/upgrade.py measures the same upgrade. Under client load
+through the Services of add-sub, sentiment and pool-add-sub, it prints each change as it happens
+(e2e/upgrade_sampler.py): which Deployments roll, which models wait and why (their Progressing reason:
+UpgradeRolloutWaiting while `upgrade.maxModelsRolling` others roll), pods Pending for want of a GPU, and the end
+state: every model Ready on the new image, the most rolling at once, the requests failed.
+
+    python -m e2e.demo [--kubeconfig PATH] [--namespace demo] [--timeout 300] [--upgrade]
 """
 
 from __future__ import annotations
@@ -303,12 +312,103 @@ def pooled_inference(kubeconfig: Path, namespace: str) -> None:
         say(f"[demo] {name} via Service {name} {addr}:8001: {' , '.join(str(v) for v in values)} -> {got} ({took})")
 
 
+#: The models whose Services carry client load through the upgrade: (Service and model, ServiceLoad kind).
+UPGRADE_LOAD = (("add-sub", "add-sub"), ("sentiment", "sentiment"), ("pool-add-sub", "add-sub"))
+
+
+def upgrade_operator(kubeconfig: Path, namespace: str, timeout: float) -> None:
+    """`helm upgrade` of the operator to its image under a new tag, watched: the changes of the namespace's
+    Deployments, pods and Progressing reasons as they happen, then the end state (`--upgrade`)."""
+    from e2e import images
+    from e2e.cluster import LocalCluster
+    from e2e.kube import Kube
+    from e2e.load import ServiceLoad
+    from e2e.upgrade_sampler import Sampler
+    from triton_operator.api.kinds import LABEL_MANAGED_BY, MANAGED_BY
+    from triton_operator.api.v1alpha1 import GROUP
+    from triton_operator.plan.upgrade import UPGRADE_WAITING, rollout_finished
+
+    old = images.chart_operator_ref()
+    new = f"{old}-demo-upgrade"
+    for node in LocalCluster(REPO).nodes():
+        node.ctr("images", "tag", "--force", old, new)
+    kube = Kube(kubeconfig, timeout=5)
+
+    def custom(plural: str) -> list[dict[str, Any]]:
+        return list(kube.request("GET", f"/apis/{GROUP}/v1alpha1/namespaces/{namespace}/{plural}")["items"])
+
+    def read() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        owned = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+        return (kube.items("Deployment", namespace, labelSelector=owned), kube.items("Pod", namespace, labelSelector=owned),
+                custom("tritonmodels") + custom("tritonpools"))
+
+    def upgraded() -> bool:
+        """Every Deployment's template on the new image and rolled out, every pod (terminating ones too) on it, every
+        TritonModel Ready."""
+        deployments, pods, _ = read()
+        return (all(new in {c["image"] for c in d["spec"]["template"]["spec"]["containers"]} and rollout_finished(d)
+                    for d in deployments)
+                and all(new in {c["image"] for c in p["spec"]["containers"]} for p in pods)
+                and all(any(c["type"] == "Ready" and c["status"] == "True"
+                            for c in (m.get("status") or {}).get("conditions") or ()) for m in custom("tritonmodels")))
+
+    loads = [ServiceLoad(kubeconfig, namespace, service, service, threads=1, rate=2.0, kind=kind)
+             for service, kind in UPGRADE_LOAD]
+    t0 = time.monotonic()
+
+    def show(at: float, lines: list[str]) -> None:
+        for line in lines:
+            say(f"  {time.monotonic() - t0:6.1f}s  {line}")
+
+    sampler = Sampler(read, waiting_reason=UPGRADE_WAITING, period=0.5, on_change=show)
+    say(f"[demo] Upgrading the operator: helm upgrade {RELEASE} charts/triton-operator --reuse-values "
+        f"--set image.tag={new.rsplit(':', 1)[1]}")
+    say("[demo]   the same image under a new tag: it is also every replica's fetch and probe container, so the new "
+        "operator renders another pod template for every model, as a new operator version would. At most "
+        "upgrade.maxModelsRolling of them roll at once; the others wait (Progressing reason "
+        f"{UPGRADE_WAITING}) on their old pods. Client load meanwhile through the Services of "
+        f"{', '.join(s for s, _ in UPGRADE_LOAD)}.")
+    try:
+        for load in loads:
+            load.start()
+        sampler.start()
+        subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", RELEASE,
+                        str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+                        "--set", f"image.tag={new.rsplit(':', 1)[1]}", "--wait", "--timeout", f"{int(timeout)}s"],
+                       check=True, capture_output=True, text=True)
+        say(f"  {time.monotonic() - t0:6.1f}s  helm upgrade done: the operator's own pods run {new}")
+        deadline = time.monotonic() + 3 * timeout
+        while not upgraded():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the models did not all roll to {new} within {3 * timeout:.0f}s; see "
+                                   f"`kubectl get tritonmodels,deployments,pods -n {namespace}`")
+            time.sleep(0.5)
+        took = time.monotonic() - t0
+    finally:
+        record = sampler.stop()
+        tallies = {load.service: load.stop() for load in loads}
+    bound = next((a.split("=", 1)[1] for a in get_json(kubeconfig, "deployment", RELEASE, "-n", RELEASE_NAMESPACE)[
+        "spec"]["template"]["spec"]["containers"][0].get("args") or () if a.startswith("--max-upgrade-rollouts=")), "?")
+    say(f"[demo] Upgraded in {took:.0f}s: every Deployment rolled out on {new}, every TritonModel Ready")
+    say(f"  most Deployments rolling at once: {record.max_rolling} {record.most} (upgrade.maxModelsRolling={bound})")
+    say(f"  waited for a slot ({UPGRADE_WAITING}): {', '.join(record.waited(UPGRADE_WAITING)) or 'none'}")
+    say(f"  pods Pending for want of room: {len(record.pending)}; container restarts: "
+        f"{sum(record.restarts.values())}; new pods: {sum(len(u) for u in record.new_pods.values())}")
+    for service, tally in tallies.items():
+        say(f"  requests through Service {service}: {tally.failed} failed of {tally.sent}")
+    kubectl(kubeconfig, "get", "tritonmodels,tritonpools", "-n", namespace, capture=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m e2e.demo")
     p.add_argument("--kubeconfig", help="use this cluster (with an operator running) instead of the local one")
     p.add_argument("--namespace", default="demo")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--upgrade", action="store_true",
+                   help="then upgrade the operator (helm upgrade to its image under a new tag) and watch the models roll")
     args = p.parse_args(argv)
+    if args.upgrade and args.kubeconfig:
+        p.error("--upgrade tags the operator's image on the local cluster's nodes: not with --kubeconfig")
     t0 = time.monotonic()
     say("[demo] Bringing up the local cluster (control plane, two GPU nodes, images) and the operator…")
     kubeconfig = bring_up(args)
@@ -337,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"[demo] Applied {EXAMPLES[2].relative_to(REPO)}: a TritonPool of 3 replicas and the models placed on it")
     pool_placement(kubeconfig, args.namespace, args.timeout)
     pooled_inference(kubeconfig, args.namespace)
+    if args.upgrade:
+        upgrade_operator(kubeconfig, args.namespace, args.timeout)
     say(f"[demo] Done in {time.monotonic() - t0:.0f}s. The cluster keeps running:")
     say(f"  export KUBECONFIG={kubeconfig}")
     say(f"  .venv/bin/kubectl get tritonmodels,tritonpools,pods,endpointslices -n {args.namespace}")
