@@ -361,7 +361,7 @@ def upgrade_operator(kubeconfig: Path, namespace: str, timeout: float) -> None:
             say(f"  {time.monotonic() - t0:6.1f}s  {line}")
 
     sampler = Sampler(read, waiting_reason=UPGRADE_WAITING, period=0.5, on_change=show)
-    say(f"[demo] Upgrading the operator: helm upgrade {RELEASE} charts/triton-operator --reuse-values "
+    say(f"[demo] Upgrading the operator: helm upgrade {RELEASE} charts/triton-operator --reset-then-reuse-values "
         f"--set image.tag={new.rsplit(':', 1)[1]}")
     say("[demo]   the same image under a new tag: it is also every replica's fetch and probe container, so the new "
         "operator renders another pod template for every model, as a new operator version would. At most "
@@ -373,7 +373,7 @@ def upgrade_operator(kubeconfig: Path, namespace: str, timeout: float) -> None:
             load.start()
         sampler.start()
         subprocess.run([helm_binary(), "--kubeconfig", str(kubeconfig), "upgrade", RELEASE,
-                        str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+                        str(REPO / "charts" / "triton-operator"), "--namespace", RELEASE_NAMESPACE, "--reset-then-reuse-values",
                         "--set", f"image.tag={new.rsplit(':', 1)[1]}", "--wait", "--timeout", f"{int(timeout)}s"],
                        check=True, capture_output=True, text=True)
         say(f"  {time.monotonic() - t0:6.1f}s  helm upgrade done: the operator's own pods run {new}")
