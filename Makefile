@@ -171,9 +171,12 @@ test: prereqs-test
 
 ## The fast tests: no tritonserver, no cluster, in UNIT_WORKERS pytest-xdist processes (0: one process). Most of their
 ## time is spent waiting out the deadlines they check, so more workers than the 2 cores still shorten the run.
+## --dist worksteal: an idle worker takes tests queued on another (with xdist's default `load`, one worker ended 97
+## test-seconds busy beside three at 71-76, and the run took 122-128 s; with worksteal 72-74 each, 101 s; issue 40).
 UNIT_WORKERS ?= 4
 unit: $(STAMP)
-	$(BIN)/python -m pytest -m "not triton and not cluster" $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS)) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not triton and not cluster" \
+	  $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 
 ## The tests against a real tritonserver (no cluster).
 triton: $(STAMP)
