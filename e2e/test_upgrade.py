@@ -51,6 +51,7 @@ from e2e.node_registry import forget_pulled, hosts_toml
 from e2e.operator_fixtures import add_sub, apply, helm, helm_binary, is_model_ready, record
 from e2e.pool import pool_doc, pooled_add_sub, pooled_ensemble
 from e2e.testing import container_status, diagnostics
+from e2e.upgrade_sampler import unschedulable
 from tools import release
 from triton_operator import LEGACY_TRITON_IMAGE
 from triton_operator.api.kinds import LABEL_MODEL
@@ -153,12 +154,6 @@ def _finished(dep: dict[str, Any]) -> bool:
             and status.get("replicas", 0) == updated and status.get("availableReplicas", 0) >= updated)
 
 
-def _unschedulable(pod: dict[str, Any]) -> bool:
-    return pod["status"].get("phase") == "Pending" and any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-        for c in pod["status"].get("conditions") or ())
-
-
 @dataclass
 class Phase:
     """What the sampler saw in one phase (the upgrade, the rollback)."""
@@ -209,7 +204,7 @@ class Sampler:
                 continue
             phase.hashes.setdefault(model, set()).add(pod["metadata"]["labels"].get("pod-template-hash", "?"))
             phase.uids.setdefault(model, set()).add(pod["metadata"]["uid"])
-            if _unschedulable(pod):
+            if unschedulable(pod):
                 phase.unschedulable.add(pod["metadata"]["name"])
             for c in pod["status"].get("containerStatuses") or ():
                 if c.get("restartCount", 0):
