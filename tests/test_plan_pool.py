@@ -288,11 +288,24 @@ def test_each_replica_costs_what_its_copies_take_so_a_scale_down_removes_the_emp
     (where,) = placement.copies["a"]
     other = "r2" if where == "r1" else "r1"
     pods = [_pod(where), _pod(other)]
+    cost = pp.POD_DELETION_COST
     costs = pp.deletion_costs(placement, pods)
-    assert costs == {where: "1024", other: "0"}, costs
-    pods[0]["metadata"]["annotations"] = {pp.POD_DELETION_COST: "1024"}
-    assert pp.deletion_costs(placement, pods) == {other: "0"}, "written once: only a change is written"
+    assert costs == {where: {cost: "1024"}, other: {cost: "0"}}, costs
+    pods[0]["metadata"]["annotations"] = {cost: "1024"}
+    assert pp.deletion_costs(placement, pods) == {other: {cost: "0"}}, "written once: only a change is written"
     assert pp.deletion_costs(placement, [_pod("not-placed-anywhere")]) == {}
+
+
+def test_a_leaving_replica_is_marked_at_the_lowest_cost_and_the_mark_comes_off_when_it_no_longer_leaves() -> None:
+    _, _, _, placement = _world(copies=1)
+    (where,) = placement.copies["a"]
+    other = "r2" if where == "r1" else "r1"
+    cost, mark = pp.POD_DELETION_COST, pp.ANNOTATION_LEAVING
+    pods = [_pod(where), _pod(other)]
+    assert pp.deletion_costs(placement, pods, {where}) == {where: {cost: "-1", mark: "true"}, other: {cost: "0"}}
+    pods[0]["metadata"]["annotations"] = {cost: "-1", mark: "true"}
+    assert pp.deletion_costs(placement, pods, {where}) == {other: {cost: "0"}}, "marked once"
+    assert pp.deletion_costs(placement, pods) == {where: {cost: "1024", mark: None}, other: {cost: "0"}}
 
 
 def test_a_pooled_models_status_restates_its_hpas_scaling_active() -> None:

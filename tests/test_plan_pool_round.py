@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.documents import pool_document, python_model
+from triton_operator.api import pool as pp_api
 from triton_operator.api.pool import TritonPool
 from triton_operator.plan import pool as pp
 
@@ -68,7 +69,8 @@ def test_a_round_derives_its_ready_replicas_placement_graph_and_deletion_costs_f
     rnd = pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, members, pods, "k")
     assert [r.name for r in rnd.live] == ["r1", "r2", "r3"] and list(rnd.ready) == ["r1"], "Ready with an IP"
     assert len(rnd.placement.copies["a"]) == 2 and rnd.graph.found("a") == ("a",)
-    assert rnd.costs == {r: "1024" if r in rnd.placement.copies["a"] else "0" for r in ("r1", "r2", "r3")}, \
+    assert rnd.costs == {r: {pp.POD_DELETION_COST: "1024" if r in rnd.placement.copies["a"] else "0"}
+                         for r in ("r1", "r2", "r3")}, \
         "the MiB each replica's copies take"
     assert rnd.address("r1") == "198.18.0.1:8000" and rnd.coming == 0
 
@@ -405,3 +407,105 @@ def test_a_round_carried_out_leaves_a_world_whose_next_round_loads_nothing_and_w
     final = pp.plan_pool(world)
     assert not final.busy and final.model_writes == {} and final.pool_write is None, (case, rounds)
     assert final.settled and final.serving["a"] == {"r1", "r2"} and rounds <= 3, case
+
+
+# -- a rollout of the pool's pod template (`plan.pool.rollout`): a replica leaves only once its copies serve elsewhere
+
+NEW, OLD = "new-template", "old-template"
+
+
+def _replica(name: str, ip: str, template: str, node: str = "n1", up: bool = True, handed_over: bool = False,
+             leaving: bool = False) -> dict[str, Any]:
+    """A pool pod of `template`: its containers Ready when `up`, Ready only once its handover gate is open (a pod of
+    an older template, NEW's only carry the gate: OLD's are Ready when up)."""
+    gated = template == NEW
+    ready = up and (handed_over or not gated)
+    conditions = [{"type": "ContainersReady", "status": str(up)}, {"type": "Ready", "status": str(ready)}]
+    if handed_over:
+        conditions.append({"type": pp_api.HANDOVER_CONDITION, "status": "True"})
+    meta: dict[str, Any] = {"name": name, "uid": f"u-{name}", "labels": {pp_api.LABEL_POOL_TEMPLATE: template}}
+    if leaving:
+        meta["annotations"] = {pp_api.ANNOTATION_LEAVING: "true", pp.POD_DELETION_COST: "-1"}
+    return {"metadata": meta, "spec": {"nodeName": node},
+            "status": {"phase": "Running", "podIP": ip, "conditions": conditions}}
+
+
+def _rolling(*pods: dict[str, Any], placed: dict[str, list[str]], records: dict[str, dict[str, str]] | None = None,
+             replicas: int = 2) -> pp.PoolRound:
+    """Models a, b (1 copy of 1Gi each, placed as `placed` says) on pool p of `replicas` whose Deployment's template
+    is NEW, with `pods`."""
+    docs = {}
+    for n in ("a", "b"):
+        doc = _body(python_model(n, pool="p", memory="1Gi", replicas=1))
+        doc["status"] = {"placement": placed.get(n, [])}
+        docs[n] = doc
+    pool_body = _body(pool_document("p", replicas=replicas))
+    pool_body["status"] = {"replicaModels": [{"pod": r, "loaded": loaded} for r, loaded in (records or {}).items()]}
+    return pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, pp.members("p", docs), list(pods),
+                       None, NEW)
+
+
+def _seen_on(rnd: pp.PoolRound, *where: tuple[str, str]) -> dict[str, Any]:
+    """The world where each (replica, model) of `where` is READY at the model's desired digest."""
+    seen = {(r, n): pp.Seen(True, rnd.members[n].digest) for r, n in where}
+    records: dict[str, dict[str, str]] = {}
+    for r, n in where:
+        records.setdefault(r, {})[n] = rnd.members[n].digest or ""
+    return {"seen": seen, "records": records}
+
+
+def test_a_new_replica_up_beside_old_ones_marks_the_emptiest_leaving_and_its_gate_waits_a_round() -> None:
+    rnd = _rolling(_replica("r1", "198.18.0.1", OLD), _replica("r2", "198.18.0.2", OLD, node="n2"),
+                   _replica("r3", "198.18.0.3", NEW), placed={"a": ["r1"], "b": ["r2"]},
+                   records={"r1": {"a": "d"}, "r2": {"b": "d", "c": "d"}})
+    assert rnd.rollout.leaving == {"r1"} and rnd.rollout.mark == "r1", "r1 has loaded least, by the pool's record"
+    assert rnd.rollout.waiting == ("r3",)
+    assert rnd.costs["r1"] == {pp.POD_DELETION_COST: "-1", pp.ANNOTATION_LEAVING: "true"}, \
+        "the Deployment deletes the lowest cost first: the leaving replica, and no other"
+    assert rnd.placement.copies["a"][0] == "r1" and len(rnd.placement.copies["a"]) == 2, \
+        "a's copy stays on r1, serving until r1 goes, and is placed once more elsewhere"
+    assert rnd.placement.copies["b"] == ("r2",), "a model on a replica that stays is not moved"
+    assert list(rnd.ready) == ["r1", "r2", "r3"], "r3 takes loads before it is Ready: its tritonserver answers"
+    plan = pp.plan_pool(_world(rnd, **_seen_on(rnd, ("r1", "a"), ("r2", "b"), (rnd.placement.copies["a"][1], "a"))))
+    assert plan.handovers == (), "not in the round that marks r1: its mark is written first"
+
+
+def test_the_gate_opens_once_every_copy_of_the_leaving_replica_serves_elsewhere() -> None:
+    pods = (_replica("r1", "198.18.0.1", OLD, leaving=True), _replica("r2", "198.18.0.2", OLD, node="n2"),
+            _replica("r3", "198.18.0.3", NEW, node="n2"))
+    rnd = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]})
+    assert rnd.rollout.leaving == {"r1"} and rnd.rollout.mark is None, "the mark read back from the pod"
+    moved = rnd.placement.copies["a"][1]
+    assert moved == "r3", "spread: the emptiest replica, off r1's node"
+    plan = pp.plan_pool(_world(rnd, **_seen_on(rnd, ("r1", "a"), ("r2", "b"))))
+    assert [ld.member for ld in plan.work[moved].load] == ["a"], "a loads on its new replica"
+    assert plan.handovers == (), "a serves on r1 alone: r1 may not go yet"
+    after = pp.plan_pool(_world(rnd, carried=pp.Carried(True, False),
+                                **_seen_on(rnd, ("r1", "a"), ("r2", "b"), (moved, "a"))))
+    assert after.handovers == ("r3",), "a serves elsewhere now: r3 turns Ready, and the Deployment deletes r1"
+    assert after.serving["a"] == {"r1"}, "r3's copy takes traffic once r3 is Ready, not before"
+
+
+def test_a_copy_that_failed_elsewhere_does_not_hold_the_gate_but_a_model_must_serve_somewhere_else() -> None:
+    pods = (_replica("r1", "198.18.0.1", OLD, leaving=True), _replica("r2", "198.18.0.2", OLD, node="n2"),
+            _replica("r3", "198.18.0.3", NEW, node="n2"))
+    rnd = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]})
+    moved = rnd.placement.copies["a"][1]
+    failed = {"a": {moved: "load failed: boom"}}
+    plan = pp.plan_pool(_world(rnd, carried=pp.Carried(True, False), failures=failed,
+                               **_seen_on(rnd, ("r1", "a"), ("r2", "b"))))
+    assert plan.handovers == (), "a would serve nowhere once r1 goes"
+
+
+def test_with_no_replica_of_an_older_template_a_new_replica_is_handed_over_at_once() -> None:
+    rnd = _rolling(_replica("r1", "198.18.0.1", NEW, handed_over=True), _replica("r2", "198.18.0.2", NEW),
+                   placed={"a": ["r1"], "b": ["r2"]})
+    assert rnd.rollout.leaving == frozenset() and rnd.rollout.waiting == ("r2",)
+    assert pp.plan_pool(_world(rnd)).handovers == ("r2",), "a scale-up, a replaced pod: nothing to hand over"
+
+
+def test_a_replica_of_the_new_template_not_up_yet_marks_nothing() -> None:
+    rnd = _rolling(_replica("r1", "198.18.0.1", OLD), _replica("r2", "198.18.0.2", OLD),
+                   _replica("r3", "198.18.0.3", NEW, up=False), placed={"a": ["r1"], "b": ["r2"]})
+    assert rnd.rollout == pp.Rollout(frozenset(), None, ()), "its tritonserver does not answer yet: no copy to move"
+    assert rnd.placement.copies == {"a": ("r1",), "b": ("r2",)}

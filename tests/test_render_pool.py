@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from triton_operator.api.pool import ENDPOINTSLICE_MANAGER, TritonPool
+from triton_operator.api.pool import ENDPOINTSLICE_MANAGER, HANDOVER_CONDITION, LABEL_POOL_TEMPLATE, TritonPool
 from triton_operator.api.v1alpha1 import TritonModel
 from triton_operator.files import load_paths
 from triton_operator.plan.placement import PoolReplica, place
@@ -25,6 +25,7 @@ from triton_operator.render.pool import (
     render_model_service,
     render_pool_children,
     render_pool_deployment,
+    template_digest,
 )
 from triton_operator.render.repository_key import RepositoryKeys
 from triton_operator.validate import check_documents
@@ -87,7 +88,14 @@ def test_a_pool_replica_starts_tritonserver_with_no_model_in_explicit_mode() -> 
     assert "--strict-readiness=false" in args, "one model loading must not make the replica unready for the others"
     assert any(a.startswith("--http-restricted-api=model-repository,shared-memory,logging,trace:") for a in args), \
         "the repository and admin APIs are keyed"
-    assert "readinessGates" not in spec, "readiness is per model, in the slices"
+    assert spec["readinessGates"] == [{"conditionType": HANDOVER_CONDITION}], \
+        "readiness is per model, in the slices; the pod's gate is its handover in a rollout (plan.pool.rollout)"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    template = {**deployment["spec"]["template"], "metadata": {
+        **deployment["spec"]["template"]["metadata"],
+        "labels": {k: v for k, v in labels.items() if k != LABEL_POOL_TEMPLATE}}}
+    assert labels[LABEL_POOL_TEMPLATE] == template_digest(template), "the label is a digest of the rest of the template"
+    assert LABEL_POOL_TEMPLATE not in deployment["spec"]["selector"]["matchLabels"], "never in the selector"
     assert probe["name"] == "probe" and "--model" not in probe["args"]
     # The probe holds the pool's key, from the Secret tritonserver reads it from: its /status answers only the
     # operator (issue 39).

@@ -46,6 +46,14 @@ KUBERNETES_SLICE_MANAGERS = ("endpointslice-controller.k8s.io", "endpointslicemi
 LABEL_ENDPOINTS_MANAGED_BY, ENDPOINTS_CONTROLLER = "endpoints.kubernetes.io/managed-by", "endpoint-controller"
 #: The label every pool replica and every pooled model's Service carries: the pool's name.
 LABEL_POOL = f"{GROUP}/pool"
+#: A pool pod template's label: a digest of the rest of its template. A pod whose label is not the Deployment's is a
+#: replica of an older template, which the rollout replaces (`plan.pool.rollout`).
+LABEL_POOL_TEMPLATE = f"{GROUP}/pool-template"
+#: A pool pod's readiness gate: the operator sets it once the replica may take traffic, that is once every copy of the
+#: replica it replaces in a rollout serves elsewhere (at once when it replaces none).
+HANDOVER_CONDITION = f"{GROUP}/handover"
+#: A pool pod's annotation: the replica the rollout replaces next; its copies are placed elsewhere as well.
+ANNOTATION_LEAVING = f"{GROUP}/leaving"
 POOL_NAME_RULE = MODEL_NAME_RULE.replace("the model's Service and labels its pods", "the pool's Deployment and "
                                          "labels its pods")
 

@@ -50,8 +50,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -60,12 +60,14 @@ from ..api.kinds import ENDPOINT_SLICE, ENDPOINTS, HPA, LABEL_MODEL, TRITON_MODE
 from ..api.pod import PROBE_PORT
 from ..api.pool import (
     ENDPOINTS_CONTROLLER,
+    HANDOVER_CONDITION,
     KUBERNETES_SLICE_MANAGERS,
     LABEL_ENDPOINTS_MANAGED_BY,
     LABEL_POOL,
+    LABEL_POOL_TEMPLATE,
     TritonPool,
 )
-from ..api.timestamps import utc_now
+from ..api.timestamps import rfc3339, utc_now
 from ..api.v1alpha1 import TritonModel, quantity_bytes
 from ..plan import pool as pool_plan
 from ..plan.planner import differs
@@ -118,6 +120,7 @@ class _Live:
     records: dict[str, dict[str, str]]
     seen: dict[tuple[str, str], pool_plan.Seen]
     draining: frozenset[tuple[str, str]]
+    handed: set[str] = field(default_factory=set)  # the replicas whose handover gate this round opened
 
 
 class PoolReconciler:
@@ -250,9 +253,13 @@ class PoolReconciler:
             log.warning("Skipped invalid TritonPool namespace=%s name=%s error=%s", namespace, name, exc)
             return None
         uid = body["metadata"]["uid"]
-        await self._apply_children(namespace, pool, uid)
+        template = await self._apply_children(namespace, pool, uid)
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
-        rnd = pool_plan.round_of(namespace, pool, body, members, pods, pool_key(pool, uid, namespace, self.options))
+        rnd = pool_plan.round_of(namespace, pool, body, members, pods, pool_key(pool, uid, namespace, self.options),
+                                 template)
+        if rnd.rollout.mark is not None:
+            log.info("Rollout: replica leaves next pool=%s/%s pod=%s replacedBy=%s", namespace, name,
+                     rnd.rollout.mark, ",".join(rnd.rollout.waiting))
         # Beside the round, not before it: a new model's placement changes its replica's cost, and that write held
         # the model's load back.
         costs = asyncio.ensure_future(self._deletion_costs(namespace, rnd.costs))
@@ -264,14 +271,33 @@ class PoolReconciler:
             self._live.pop((namespace, name), None)
             await costs
 
-    async def _deletion_costs(self, namespace: str, costs: Mapping[str, str]) -> None:
-        """Each replica's pod-deletion-cost: what its placed copies take, so a scale-down removes the emptiest."""
-        for name, cost in costs.items():
+    async def _deletion_costs(self, namespace: str, costs: Mapping[str, Mapping[str, str | None]]) -> None:
+        """Each replica's pod-deletion-cost (what its placed copies take, so a scale-down removes the emptiest) and
+        leaving mark (`plan.pool.rollout`)."""
+        for name, wanted in costs.items():
             try:
-                await asyncio.to_thread(self.kube.patch_pod_annotations, namespace, name,
-                                        {pool_plan.POD_DELETION_COST: cost})
+                await asyncio.to_thread(self.kube.patch_pod_annotations, namespace, name, wanted)
             except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next round writes it again
-                log.warning("Failed to set pod-deletion-cost pod=%s/%s error=%r", namespace, name, exc)
+                log.warning("Failed to annotate pod=%s/%s annotations=%s error=%r", namespace, name, dict(wanted), exc)
+
+    async def _hand_over(self, rnd: pool_plan.PoolRound, st: _Live, replicas: Sequence[str]) -> None:
+        """Opens the handover gate of `replicas` (`plan.pool.handovers`): their pods turn Ready, and in a rollout the
+        Deployment deletes the leaving replica, whose copies serve elsewhere now."""
+        for r in replicas:
+            if r in st.handed:
+                continue
+            leaving = sorted(rnd.rollout.leaving)
+            message = (f"the copies of {', '.join(leaving)}, which it replaces, serve elsewhere" if leaving
+                       else "it replaces no replica that serves copies")
+            cond = {"type": HANDOVER_CONDITION, "status": "True", "reason": "HandedOver", "message": message,
+                    "lastTransitionTime": rfc3339(utc_now())}
+            try:
+                await asyncio.to_thread(self.kube.patch_pod_condition, rnd.namespace, r, cond)
+            except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next round opens it again
+                log.warning("Failed to open the handover gate pod=%s/%s error=%r", rnd.namespace, r, exc)
+                continue
+            st.handed.add(r)
+            log.info("Handover gate opened pool=%s/%s pod=%s reason=%r", rnd.namespace, rnd.pool.name, r, message)
 
     async def _round(self, rnd: pool_plan.PoolRound, st: _Live) -> float:
         """Gather, plan (`plan.pool.plan_pool`), carry out; then gather and plan again for the statuses and the
@@ -285,6 +311,7 @@ class PoolReconciler:
         unfetched, fetching = await self._fetch_phase(rnd, ready, st.records, st.seen)
         plan = pool_plan.plan_pool(self._world(rnd, st, in_flight=in_flight, heard=heard,
                                                unfetched=frozenset(unfetched), fetching=fetching))
+        await self._hand_over(rnd, st, plan.handovers)
         # The placement and the slices without what is about to be drained or unloaded, and the loads about to be
         # sent (a restarted operator waits for them), before any load.
         st.draining = plan.draining
@@ -301,6 +328,7 @@ class PoolReconciler:
         after = pool_plan.plan_pool(self._world(rnd, st, in_flight=in_flight, heard=heard, fetching=fetching,
                                                 carried=pool_plan.Carried(bool(busy), any(cut))))
         await self._publish(rnd, after)
+        await self._hand_over(rnd, st, after.handovers)
         self._sent = {k for k in self._sent if k[:2] != (rnd.namespace, rnd.pool.name)}  # answered, and unrecorded
         return after.wake
 
@@ -403,8 +431,9 @@ class PoolReconciler:
         self._applied.pop(key, None)
         log.info("Deleted %s namespace=%s name=%s reason=%r", *key, why)
 
-    async def _apply_children(self, namespace: str, pool: TritonPool, uid: str) -> None:
-        """The pool's own objects as `plan.pool.pool_children` says."""
+    async def _apply_children(self, namespace: str, pool: TritonPool, uid: str) -> str:
+        """The pool's own objects as `plan.pool.pool_children` says; returns the LABEL_POOL_TEMPLATE of the pod
+        template its Deployment has now."""
         want = pool_plan.pool_children(pool, uid, namespace, self.options)
         secret = want.secret
         if secret is not None and ("Secret", namespace, secret["metadata"]["name"]) not in self._applied:
@@ -417,6 +446,8 @@ class PoolReconciler:
             await self._apply(child)
         for kind, name, why in want.delete:
             await self._delete(kind, namespace, name, why)
+        return next((str(child["spec"]["template"]["metadata"]["labels"].get(LABEL_POOL_TEMPLATE, ""))
+                     for child in want.apply if child["kind"] == "Deployment"), "")
 
     def _held_now(self, rnd: pool_plan.PoolRound) -> dict[tuple[str, str], bool]:
         now = time.monotonic()

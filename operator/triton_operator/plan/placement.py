@@ -196,9 +196,11 @@ class Placement:
 class _State:
     """The placement being built: what each replica loads and what that takes."""
 
-    def __init__(self, capacity: int, replicas: Sequence[PoolReplica], strategy: PlacementStrategy) -> None:
+    def __init__(self, capacity: int, replicas: Sequence[PoolReplica], strategy: PlacementStrategy,
+                 leaving: frozenset[str] = frozenset()) -> None:
         self.capacity = capacity
         self.strategy = strategy
+        self.leaving = leaving
         self.replicas = {r.name: r for r in replicas}
         self.loaded: dict[str, set[str]] = {r.name: set() for r in replicas}
         self.used: dict[str, int] = dict.fromkeys(self.replicas, 0)
@@ -213,6 +215,10 @@ class _State:
         return replica not in self.copies.get(demand.name, ()) and \
             self.used[replica] + self.new_bytes(replica, demand) <= self.capacity
 
+    def staying(self, model: str) -> int:
+        """The copies of `model` placed so far on replicas that are not leaving: those its `copies` count."""
+        return sum(1 for r in self.copies.get(model, ()) if r not in self.leaving)
+
     def put(self, replica: str, demand: Demand) -> None:
         self.used[replica] += self.new_bytes(replica, demand)
         self.loaded[replica].update(demand.closure)
@@ -224,7 +230,7 @@ class _State:
         per_domain: dict[str, int] = {}
         for name in here:
             per_domain[self.replicas[name].domain] = per_domain.get(self.replicas[name].domain, 0) + 1
-        candidates = [name for name in self.replicas if self.fits(name, demand)]
+        candidates = [name for name in self.replicas if name not in self.leaving and self.fits(name, demand)]
         if not candidates:
             return None
         return min(candidates, key=lambda name: (
@@ -244,27 +250,33 @@ class _State:
     def shortfall(self, demand: Demand) -> Shortfall:
         here = set(self.copies.get(demand.name, ()))
         room = [self.capacity - self.used[name] for name in self.replicas if name not in here]
-        return Shortfall(demand.name, demand.copies, len(here), demand.size, max(room, default=0), len(self.replicas))
+        return Shortfall(demand.name, demand.copies, self.staying(demand.name), demand.size, max(room, default=0),
+                         len(self.replicas) - len(self.leaving))
 
 
 def place_demands(capacity: int, replicas: Sequence[PoolReplica], demands: Iterable[Demand],
-                  previous: Mapping[str, Sequence[str]], strategy: PlacementStrategy = "Pack") -> Placement:
+                  previous: Mapping[str, Sequence[str]], strategy: PlacementStrategy = "Pack",
+                  leaving: frozenset[str] = frozenset()) -> Placement:
     """The placement of `demands` on `replicas` of `capacity` bytes each, keeping `previous` where it still holds:
     first every recorded copy whose replica exists and that still fits there (by model name, each model's copies in
     their recorded order, up to its copies), then the copies still missing, largest closure first, each on the best
     replica (node spread, fewest new bytes, then by `strategy`: Spread, fewest models then least used; Pack, best
-    fit; then name)."""
-    state = _State(capacity, replicas, strategy)
+    fit; then name).
+
+    `leaving`: replicas about to go (a pool's rollout, `plan.pool.rollout`). A recorded copy on one stays there, and
+    serves until its pod goes, but does not count: each model gets its `copies` on the other replicas as well, and no
+    new copy goes on a leaving replica. So a model on a leaving replica holds one copy more until it goes."""
+    state = _State(capacity, replicas, strategy, leaving)
     ordered = sorted(demands, key=lambda d: d.name)
     for demand in ordered:
         for name in previous.get(demand.name, ()):
-            if len(state.copies.get(demand.name, ())) >= demand.copies:
-                break
-            if name in state.replicas and state.fits(name, demand):
+            if name not in state.replicas or not state.fits(name, demand):
+                continue
+            if name in leaving or state.staying(demand.name) < demand.copies:
                 state.put(name, demand)
     shortfalls: dict[str, Shortfall] = {}
     for demand in sorted(ordered, key=lambda d: (-d.size, d.name)):
-        while len(state.copies.get(demand.name, ())) < demand.copies:
+        while state.staying(demand.name) < demand.copies:
             target = state.best(demand)
             if target is None:
                 shortfalls[demand.name] = state.shortfall(demand)
@@ -288,11 +300,12 @@ def demands(pool: str, models: Iterable[TritonModel]) -> list[Demand]:
 
 
 def place(pool: TritonPool, replicas: Sequence[PoolReplica], models: Iterable[TritonModel],
-          previous: Mapping[str, Sequence[str]]) -> Placement:
+          previous: Mapping[str, Sequence[str]], leaving: frozenset[str] = frozenset()) -> Placement:
     """Where the models on `pool` go (`models`: the pool's namespace's, others are steps or ignored) on its
-    `replicas`, keeping `previous` (each model's status.placement) where it still holds, by the pool's strategy."""
+    `replicas`, keeping `previous` (each model's status.placement) where it still holds, by the pool's strategy;
+    `leaving`: see `place_demands`."""
     return place_demands(pool.spec.replica_bytes, replicas, demands(pool.name, models), previous,
-                         pool.spec.placement_strategy)
+                         pool.spec.placement_strategy, leaving)
 
 
 def replica_status(placement: Placement, replicas: Sequence[PoolReplica]) -> list[dict[str, object]]:

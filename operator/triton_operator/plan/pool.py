@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from ..api import steps as step_graph
 from ..api.kinds import HPA, LABEL_MODEL, PDB, Kind
 from ..api.pod import GRPC_PORT, HTTP_PORT
-from ..api.pool import TritonPool, format_bytes
+from ..api.pool import ANNOTATION_LEAVING, TritonPool, format_bytes
 from ..api.timestamps import parse_rfc3339, rfc3339
 from ..api.v1alpha1 import Condition, TritonModel, TritonModelStatus
 from ..render.kubernetes import Options
@@ -314,25 +314,100 @@ def awaited(placement: Placement, members: Mapping[str, Member], in_flight: Mapp
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
-def deletion_costs(placement: Placement, pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """The pool pods whose pod-deletion-cost should change, with the cost: the MiB their placed copies take, so that
-    scaling the pool down removes the replica that holds least (its copies are placed again elsewhere)."""
-    out: dict[str, str] = {}
+def deletion_costs(placement: Placement, pods: Sequence[Mapping[str, Any]],
+                   leaving: Collection[str] = frozenset()) -> dict[str, dict[str, str | None]]:
+    """The pool pods whose annotations should change, with them: the pod-deletion-cost, the MiB their placed copies
+    take, so that scaling the pool down removes the replica that holds least (its copies are placed again
+    elsewhere); a `leaving` replica (`rollout`) marked ANNOTATION_LEAVING, at cost -1, below every other, so that the
+    Deployment's rollout removes it and no other; the mark taken off a replica no longer leaving."""
+    out: dict[str, dict[str, str | None]] = {}
     for pod in pods:
         name = str(pod["metadata"]["name"])
-        if name not in placement.used:
-            continue
-        cost = str(min(placement.used[name] // 2**20, 2**31 - 1))
-        if ((pod["metadata"].get("annotations") or {}).get(POD_DELETION_COST)) != cost:
-            out[name] = cost
+        annotations = pod["metadata"].get("annotations") or {}
+        want: dict[str, str | None] = {}
+        if name in leaving:
+            want = {POD_DELETION_COST: "-1", ANNOTATION_LEAVING: "true"}
+        else:
+            if name in placement.used:
+                want[POD_DELETION_COST] = str(min(placement.used[name] // 2**20, 2**31 - 1))
+            if ANNOTATION_LEAVING in annotations:
+                want[ANNOTATION_LEAVING] = None
+        if want := {k: v for k, v in want.items() if annotations.get(k) != v}:
+            out[name] = want
     return out
 
 
-def placement_of(pool: TritonPool, live: Sequence[PoolReplica], members: Mapping[str, Member]) -> Placement:
-    """Where the loadable members go, keeping each model's recorded `status.placement` where it still holds."""
+def placement_of(pool: TritonPool, live: Sequence[PoolReplica], members: Mapping[str, Member],
+                 leaving: frozenset[str] = frozenset()) -> Placement:
+    """Where the loadable members go, keeping each model's recorded `status.placement` where it still holds; the
+    copies on `leaving` replicas placed elsewhere as well (`placement.place_demands`)."""
     models = [m.model for m in members.values() if m.model is not None and m.problem is None]
     previous = {m.name: list(((m.body.get("status") or {}).get("placement")) or ()) for m in members.values()}
-    return place(pool, live, models, previous)
+    return place(pool, live, models, previous, leaving)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Where the pool's Deployment is in a rollout of a new pod template, as its pods show it (`rollout`)."""
+
+    # Replicas of an older template marked (or marked this round) to go next: their copies are placed elsewhere too.
+    leaving: frozenset[str] = frozenset()
+    mark: str | None = None  # the replica marked leaving this round (none was): its copies are placed now
+    # Replicas of the current template, up, whose handover is not done: their gate opens once no leaving replica
+    # serves a copy that does not serve elsewhere (`handovers`).
+    waiting: tuple[str, ...] = ()
+
+
+def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], template: str,
+            records: Mapping[str, Mapping[str, str]]) -> Rollout:
+    """The rollout's state. The Deployment rolls with maxSurge 1 and maxUnavailable 0: it creates a replica of the new
+    template (LABEL_POOL_TEMPLATE `template`), waits until that pod is Ready, then deletes a replica of an older
+    one, the one of lowest pod-deletion-cost, and so on. A pool pod's readiness gate (HANDOVER_CONDITION) holds
+    it: while a replica of the new template is up (its tritonserver answers) and not handed over, and an older one
+    is left, one older replica is marked leaving (the one that has least loaded, by the pool's record, then by
+    name); its copies are placed on the other replicas as well, the new one among them, and loaded; once they
+    serve there, the gate opens, the new pod turns Ready and the Deployment deletes the leaving one (cost -1).
+    Every pooled model keeps a ready copy throughout, and its copies never drop below its `replicas` while the old
+    replica drains. The mark is read back from the pods (ANNOTATION_LEAVING): a restarted operator goes on."""
+    if not template:  # the Deployment's template is not known: no rollout is told
+        return Rollout()
+    old = [r.name for r in live if pods[r.name].template != template]
+    waiting = tuple(r.name for r in live if pods[r.name].template == template and pods[r.name].up
+                    and pods[r.name].ip and not pods[r.name].handed_over)
+    leaving = frozenset(r for r in old if pods[r].leaving)
+    if leaving or not old or not waiting:
+        return Rollout(leaving, None, waiting)
+    mark = min(old, key=lambda r: (len(records.get(r, {})), r))
+    return Rollout(frozenset({mark}), mark, waiting)
+
+
+def handovers(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
+              broken: Collection[tuple[str, str]], failures: Mapping[str, Mapping[str, str]]) -> tuple[str, ...]:
+    """The replicas whose handover gate opens now (`rollout`): every waiting one once no leaving replica serves a
+    model whose copies elsewhere do not serve yet. A leaving replica marked this round waits for the next (its mark
+    is written first: the Deployment must delete that one and no other). A copy elsewhere does not hold the gate
+    where it cannot serve soon: its load failed, the replica's probe finds it broken, or its replica is not up; but
+    each model served on a leaving replica must serve on one other at least."""
+    ro = rnd.rollout
+    if not ro.waiting:
+        return ()
+    if not ro.leaving:
+        return ro.waiting
+    if ro.mark is not None:
+        return ()
+    up = serving(rnd.placement, rnd.members, rnd.pods, records, seen, graph=rnd.graph, admitted=lambda p: p.up)
+    for n, m in rnd.members.items():
+        if m.model is None:
+            continue
+        placed = rnd.placement.copies.get(n, ())
+        if not any(r in ro.leaving and r in up[n] for r in placed):
+            continue
+        staying = [r for r in placed if r not in ro.leaving]
+        expected = [r for r in staying if r not in failures.get(n, {}) and (r, n) not in broken
+                    and (pod := rnd.pods.get(r)) is not None and pod.up]
+        if not any(r in up[n] for r in staying) or not all(r in up[n] for r in expected):
+            return ()
+    return ro.waiting
 
 
 @dataclass(frozen=True)
@@ -509,15 +584,17 @@ def work(placement: Placement, members: Mapping[str, Member], ready: Sequence[st
 def serving(placement: Placement, members: Mapping[str, Member], pods: Mapping[str, ReplicaPod],
             records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
             draining: frozenset[tuple[str, str]] = frozenset(),
-            broken: Collection[tuple[str, str]] = frozenset(), graph: StepGraph | None = None) -> dict[str, set[str]]:
-    """Per model, the replicas of its placement where it serves: the pod Ready, the model and every step it reaches
-    served there (`serves`), and none of them drained this round nor found broken by the replica's probe."""
+            broken: Collection[tuple[str, str]] = frozenset(), graph: StepGraph | None = None,
+            admitted: Callable[[ReplicaPod], bool] = lambda pod: pod.ready) -> dict[str, set[str]]:
+    """Per model, the replicas of its placement where it serves: the pod Ready (`admitted`), the model and every step
+    it reaches served there (`serves`), and none of them drained this round nor found broken by the replica's
+    probe."""
     graph = graph_of(members) if graph is None else graph
     out: dict[str, set[str]] = {}
     for n in members:
         found, missing = graph.reached.get(n) or ((), ())
         reached = [*found, *missing] or [n]
-        out[n] = {r for r in placement.copies.get(n, ()) if (pod := pods.get(r)) is not None and pod.ready
+        out[n] = {r for r in placement.copies.get(n, ()) if (pod := pods.get(r)) is not None and admitted(pod)
                   and all(k in members and (r, k) not in draining and (r, k) not in broken
                           and serves(members[k], seen.get((r, k)), records.get(r, {})) for k in reached)}
     return out
@@ -930,11 +1007,15 @@ class PoolRound:
     pods: dict[str, ReplicaPod]
     live: Sequence[PoolReplica]
     placement: Placement
-    ready: Sequence[str]  # live replicas whose pod is Ready, with an IP: as the round started
+    # Live replicas whose tritonserver answers (`ReplicaPod.up`), with an IP, as the round started: those asked and
+    # given loads. Their models' traffic goes by the pod's Ready, which a handover gate may still hold (`rollout`).
+    ready: Sequence[str]
     coming: int  # replicas the pool may still get soon (`coming`)
     graph: StepGraph
     key: str | None  # the pool's key, for the replicas' restricted APIs
-    costs: Mapping[str, str] = field(default_factory=dict)  # pod -> its new pod-deletion-cost (`deletion_costs`)
+    # pod -> the annotations to change: its pod-deletion-cost, its leaving mark (`deletion_costs`)
+    costs: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    rollout: Rollout = field(default_factory=Rollout)
 
     def address(self, replica: str) -> str:
         return f"{self.pods[replica].ip}:{HTTP_PORT}"
@@ -945,13 +1026,16 @@ class PoolRound:
 
 
 def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members: Mapping[str, Member],
-             pods: Sequence[Mapping[str, Any]], key: str | None) -> PoolRound:
-    """The round's basis, from the pool's pods as listed."""
+             pods: Sequence[Mapping[str, Any]], key: str | None, template: str = "") -> PoolRound:
+    """The round's basis, from the pool's pods as listed; `template`: the LABEL_POOL_TEMPLATE of the pod template
+    the pool's Deployment has (`rollout`)."""
     live, views = replicas(pods)
-    placement = placement_of(pool, live, members)
-    ready = [r.name for r in live if views[r.name].ready and views[r.name].ip]
+    ro = rollout(live, views, template, recorded(body))
+    placement = placement_of(pool, live, members, ro.leaving)
+    ready = [r.name for r in live if views[r.name].up and views[r.name].ip]
     return PoolRound(namespace, pool, body, members, views, live, placement, ready,
-                     coming(pods, pool.spec.replicas), graph_of(members), key, deletion_costs(placement, pods))
+                     coming(pods, pool.spec.replicas), graph_of(members), key,
+                     deletion_costs(placement, pods, ro.leaving), ro)
 
 
 def triton_asks(rnd: PoolRound, ready: Sequence[str]) -> dict[str, list[str]]:
@@ -1060,6 +1144,7 @@ class PoolPlan:
     pool_write: StatusWrite | None  # the pool's, if it changes
     settled: bool  # every placed copy serves at its desired digest and no load failed
     wake: float  # seconds until the next round, unless something changes first
+    handovers: tuple[str, ...] = ()  # the replicas whose handover gate opens now (`handovers`)
 
     @property
     def busy(self) -> bool:
@@ -1232,9 +1317,12 @@ def plan_pool(world: PoolWorld) -> PoolPlan:
     loading = loading_records(rnd.members, waiting, sending)
     out = _published(world, draining, loading)
     carried = world.carried or Carried(busy=any(w.load or w.unload for w in todo.values()), cut=False)
+    handed = handovers(rnd, world.records, world.seen, world.broken, world.failures)
+    # A rollout not done keeps the pool coming back: the Deployment's next pod, the next leaving replica.
+    rolling = bool(rnd.rollout.leaving)
     return PoolPlan(todo, waiting, frozenset(healing), draining, drains, loading, out.serving, out.services_only,
                     out.statuses, out.pool_status, out.model_writes, out.pool_write, out.settled,
-                    wake_after(out.settled, carried, world.fetching, bool(waiting)))
+                    wake_after(out.settled and not rolling, carried, world.fetching, bool(waiting)), handed)
 
 
 # -- a uri model's files on a replica: what its fetch-server sidecar is asked, and what to do with its answer

@@ -22,6 +22,8 @@ No client, no I/O: the controller applies what these return.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +38,15 @@ from ..api.pod import (
     HTTP_PORT,
     TRITON_CONTAINER,
 )
-from ..api.pool import ENDPOINTSLICE_MANAGER, LABEL_POOL, POOL_KIND, TritonPool
+from ..api.pool import (
+    ANNOTATION_LEAVING,
+    ENDPOINTSLICE_MANAGER,
+    HANDOVER_CONDITION,
+    LABEL_POOL,
+    LABEL_POOL_TEMPLATE,
+    POOL_KIND,
+    TritonPool,
+)
 from ..api.v1alpha1 import (
     API_VERSION,
     KIND,
@@ -176,6 +186,9 @@ def _pool_pod_spec(pool: TritonPool, triton: dict[str, Any], fetcher: dict[str, 
         # The probe sees the Python backend's stubs in the pod's shared process namespace.
         "shareProcessNamespace": True,
         "volumes": [models_volume(server), tmp_volume(server), shm_volume(server)],
+        # Ready only once the operator says so: at once, but in a rollout only once the copies of the replica this
+        # one replaces serve elsewhere (`plan.pool.rollout`).
+        "readinessGates": [{"conditionType": HANDOVER_CONDITION}],
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": termination_grace_period(triton["args"], options),
         **pod_settings(server, pool_selector(pool)),
@@ -217,6 +230,9 @@ def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: 
     labels = {**(pool.spec.server.pod_labels or {}), **pool_labels(pool)}
     annotations = {**(pool.spec.server.pod_annotations or {}),
                    "kubectl.kubernetes.io/default-container": TRITON_CONTAINER}
+    template: dict[str, Any] = {"metadata": {"labels": labels, "annotations": annotations},
+                                "spec": _pool_pod_spec(pool, triton, fetcher, key_secret, options)}
+    labels[LABEL_POOL_TEMPLATE] = template_digest(template)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -224,11 +240,17 @@ def render_pool_deployment(pool: TritonPool, uid: str, namespace: str, options: 
         "spec": {
             "replicas": pool.spec.replicas,
             "selector": {"matchLabels": pool_selector(pool)},
+            # One new replica at a time, and an old one goes only once the new one is Ready, which its handover gate
+            # holds until the old one's copies serve elsewhere (`plan.pool.rollout`).
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": labels, "annotations": annotations},
-                         "spec": _pool_pod_spec(pool, triton, fetcher, key_secret, options)},
+            "template": template,
         },
     }
+
+
+def template_digest(template: Mapping[str, Any]) -> str:
+    """A digest of a pod template (16 hex digits): what LABEL_POOL_TEMPLATE says of the template it labels."""
+    return hashlib.sha256(json.dumps(template, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def _model_meta(model: TritonModel, name: str, uid: str, namespace: str) -> dict[str, Any]:
@@ -302,16 +324,30 @@ class ReplicaPod:
     ready: bool  # the pod's Ready condition
     terminating: bool  # metadata.deletionTimestamp is set
     triton: str = ""  # the running tritonserver container's ID: another one after each restart ("" while none runs)
+    # Its ContainersReady condition. `ready` adds the pod's readiness gates: a pod of this operator's template is
+    # Ready once its handover is done too (`plan.pool.rollout`).
+    containers_ready: bool = False
+    handed_over: bool = False  # its HANDOVER_CONDITION is True
+    template: str = ""  # its LABEL_POOL_TEMPLATE ("" for a pod of a template without it)
+    leaving: bool = False  # ANNOTATION_LEAVING is set: the rollout replaces it next
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> ReplicaPod:
         """From a Pod object as the API server returns it."""
         meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+        conditions = {str(c.get("type")): c.get("status") == "True" for c in status.get("conditions") or ()}
         triton = next((str(c.get("containerID") or "") for c in status.get("containerStatuses") or ()
                        if c.get("name") == TRITON_CONTAINER and "running" in (c.get("state") or {})), "")
         return cls(str(meta.get("name")), str(meta.get("uid") or ""), status.get("podIP") or None,
-                   spec.get("nodeName") or None, ready, bool(meta.get("deletionTimestamp")), triton)
+                   spec.get("nodeName") or None, conditions.get("Ready", False), bool(meta.get("deletionTimestamp")),
+                   triton, conditions.get("ContainersReady", False), conditions.get(HANDOVER_CONDITION, False),
+                   str((meta.get("labels") or {}).get(LABEL_POOL_TEMPLATE) or ""),
+                   ANNOTATION_LEAVING in (meta.get("annotations") or {}))
+
+    @property
+    def up(self) -> bool:
+        """Whether tritonserver answers (its containers are Ready): the replica takes loads, Ready or not yet."""
+        return self.ready or self.containers_ready
 
 
 def _endpoint(pod: ReplicaPod, namespace: str, serves: bool) -> dict[str, Any]:
