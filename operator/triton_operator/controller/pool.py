@@ -51,7 +51,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -280,6 +280,20 @@ class PoolReconciler:
             except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next round writes it again
                 log.warning("Failed to annotate pod=%s/%s annotations=%s error=%r", namespace, name, dict(wanted), exc)
 
+    @staticmethod
+    def _handing_over(rnd: pool_plan.PoolRound, world: pool_plan.PoolWorld) -> pool_plan.PoolPlan:
+        """The round's plan, where it opens handover gates planned again with those replicas Ready: their copies are
+        in the slices it publishes before the gates open. Published after, the Deployment deleted the leaving replica
+        (a moment after the new one turned Ready) before the slices listed the new one: a model on the leaving
+        replica alone had no ready endpoint for 30 ms (e2e/test_pool_rollout.py)."""
+        plan = pool_plan.plan_pool(world)
+        if not plan.handovers:
+            return plan
+        for r in plan.handovers:
+            view = rnd.pods[r]
+            rnd.pods[r] = replace(view, ready=view.up, handed_over=True)
+        return pool_plan.plan_pool(world)
+
     async def _hand_over(self, rnd: pool_plan.PoolRound, st: _Live, replicas: Sequence[str]) -> None:
         """Opens the handover gate of `replicas` (`plan.pool.handovers`): their pods turn Ready, and in a rollout the
         Deployment deletes the leaving replica, whose copies serve elsewhere now."""
@@ -309,13 +323,13 @@ class PoolReconciler:
         # A uri model's files on the replica's disk first (its sidecar fetches them meanwhile): until they are, its
         # load there waits, as a held one does, and its served copy is neither drained nor unloaded.
         unfetched, fetching = await self._fetch_phase(rnd, ready, st.records, st.seen)
-        plan = pool_plan.plan_pool(self._world(rnd, st, in_flight=in_flight, heard=heard,
-                                               unfetched=frozenset(unfetched), fetching=fetching))
-        await self._hand_over(rnd, st, plan.handovers)
+        plan = self._handing_over(rnd, self._world(rnd, st, in_flight=in_flight, heard=heard,
+                                                   unfetched=frozenset(unfetched), fetching=fetching))
         # The placement and the slices without what is about to be drained or unloaded, and the loads about to be
         # sent (a restarted operator waits for them), before any load.
         st.draining = plan.draining
         await self._publish(rnd, plan)
+        await self._hand_over(rnd, st, plan.handovers)
         if plan.drains:
             await self._drain(rnd, plan.drains)
         busy = [w for w in plan.work.values() if w.load or w.unload]
@@ -325,8 +339,8 @@ class PoolReconciler:
             st.seen = await self._observe(rnd, ready, st.records)
         st.records = pool_plan.records_after(rnd, st.records, st.seen)
         st.draining = frozenset()
-        after = pool_plan.plan_pool(self._world(rnd, st, in_flight=in_flight, heard=heard, fetching=fetching,
-                                                carried=pool_plan.Carried(bool(busy), any(cut))))
+        after = self._handing_over(rnd, self._world(rnd, st, in_flight=in_flight, heard=heard, fetching=fetching,
+                                                    carried=pool_plan.Carried(bool(busy), any(cut))))
         await self._publish(rnd, after)
         await self._hand_over(rnd, st, after.handovers)
         self._sent = {k for k in self._sent if k[:2] != (rnd.namespace, rnd.pool.name)}  # answered, and unrecorded

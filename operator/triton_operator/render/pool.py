@@ -338,9 +338,13 @@ class ReplicaPod:
         conditions = {str(c.get("type")): c.get("status") == "True" for c in status.get("conditions") or ()}
         triton = next((str(c.get("containerID") or "") for c in status.get("containerStatuses") or ()
                        if c.get("name") == TRITON_CONTAINER and "running" in (c.get("state") or {})), "")
+        containers, handed_over = conditions.get("ContainersReady", False), conditions.get(HANDOVER_CONDITION, False)
+        # Ready as the kubelet will say once it has seen its gate open (its status sync lags the operator's write):
+        # the slices list a replica handed over at once, and a pod event in between does not take it out again.
+        ready = conditions.get("Ready", False) or (containers and handed_over)
         return cls(str(meta.get("name")), str(meta.get("uid") or ""), status.get("podIP") or None,
-                   spec.get("nodeName") or None, conditions.get("Ready", False), bool(meta.get("deletionTimestamp")),
-                   triton, conditions.get("ContainersReady", False), conditions.get(HANDOVER_CONDITION, False),
+                   spec.get("nodeName") or None, ready, bool(meta.get("deletionTimestamp")),
+                   triton, containers, handed_over,
                    str((meta.get("labels") or {}).get(LABEL_POOL_TEMPLATE) or ""),
                    ANNOTATION_LEAVING in (meta.get("annotations") or {}))
 
