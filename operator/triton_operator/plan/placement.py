@@ -48,7 +48,9 @@ is READY there at the desired config digest and warm.
 
 Triton's `/v2/health/ready` is per server, so it can say nothing per model. A pool pod is Ready when its tritonserver
 process is up and answers (its HTTP port, through the probe sidecar), nothing more: "it can take loads and requests".
-A pool pod has no readiness gate (a gate is per pod, and readiness is now per model). Pod readiness still matters:
+A pool pod's one readiness gate is its handover in a rollout (`plan.pool.rollout`: open at once for a replica that
+replaces none; otherwise once the copies of the replica it replaces serve elsewhere), never a model's: readiness is
+per model, in the slices. Pod readiness still matters:
 a pod that is not Ready is `ready: false` at once in every model's EndpointSlice (so a dead or stalled replica leaves
 every model), and the Deployment's rollout and the pool's PodDisruptionBudget count Ready pods.
 
