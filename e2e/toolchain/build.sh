@@ -33,7 +33,7 @@ ETCD_VERSION=$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
 [[ $KUBE_VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+ ]] || { echo "[cluster-bin] cannot read k8s.io/kubernetes version from $kube_dir/go.mod" >&2; exit 1; }
 [[ $ETCD_VERSION =~ ^v[0-9]+\. ]] || { echo "[cluster-bin] cannot read etcd version from etcd/go.mod" >&2; exit 1; }
 
-pins=$(cat "$here/build.sh" "$kube_dir/go.mod" "$kube_dir/go.sum" "$kube_dir/cmd/fake-gpu-plugin/main.go" \
+pins=$(cat "$here/build.sh" "$kube_dir/go.mod" "$kube_dir/go.sum" "$kube_dir"/cmd/fake-gpu-plugin/*.go \
   "$here/etcd/go.mod" "$here/etcd/go.sum" | sha256sum | cut -c1-16)
 cache_root=${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/triton-operator}
 out="$cache_root/bin/$pins"
