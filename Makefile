@@ -178,6 +178,19 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not triton and not cluster" \
 	  $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 
+## The oldest Kubernetes the chart claims (its kubeVersion), K8S_OLDEST=1.30: every Kubernetes binary and the fake-GPU
+## plugin built from e2e/toolchain/kube-$(K8S_OLDEST)/go.mod (TROP_KUBE_MINOR, cached apart from 1.35's), and the
+## subset K8S_OLDEST_TESTS run on it: the platform (smoke), the operator's apply, gate, rollout and delete, the chart's
+## install, a pool. Not part of `make test` (which runs 1.35 only).
+K8S_OLDEST ?= 1.30
+K8S_OLDEST_TESTS ?= e2e/test_smoke.py e2e/test_operator.py e2e/test_helm.py \
+	e2e/test_pool_wiring.py::test_a_pool_places_loads_and_gates_each_model
+.PHONY: test-k8s-oldest
+test-k8s-oldest: export TROP_KUBE_MINOR := $(K8S_OLDEST)
+test-k8s-oldest: prereqs-test
+	@$(MAKE) --no-print-directory prebuild
+	$(BIN)/python -m pytest $(XDIST) $(K8S_OLDEST_TESTS) $(PYTEST_ARGS)
+
 ## The tests against a real tritonserver (no cluster).
 triton: $(STAMP)
 	$(BIN)/python -m pytest -m "triton and not cluster" $(PYTEST_ARGS)

@@ -9,7 +9,10 @@ CLI), the admin kubeconfig in `.cluster/kubeconfig`, and the state in `.cluster/
 process, mount, cgroup, bridge, route or KUBE-* chain behind; `restart` (or `stop_components` +
 `start_components`) stops and starts control-plane components on the same ports, certificates and
 etcd data while everything else keeps running. Binaries come from `e2e/toolchain/build.sh` (cached
-by pins; `KUBEBUILDER_ASSETS` wins for etcd and kube-apiserver); images from `e2e/images.py`.
+by pins; `KUBEBUILDER_ASSETS` wins for etcd and kube-apiserver); images from `e2e/images.py`. The Kubernetes release
+is the one every test runs (`e2e/toolchain/kube/go.mod`), or another the project claims with `TROP_KUBE_MINOR=X.Y`
+(or `LocalCluster(kube_minor=...)`, `up --kube-minor`): `kube-X.Y/go.mod`, e.g. 1.30, the oldest (`make
+test-k8s-oldest`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -40,6 +44,8 @@ from tests.timing import scaled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "toolchain" / "build.sh"
+#: Selects the Kubernetes release to build and run: X.Y, a module e2e/toolchain/kube-X.Y/ (build.sh reads it too).
+KUBE_MINOR_ENV = "TROP_KUBE_MINOR"
 
 #: Reserved benchmarking range (RFC 2544): node bridges and pods in 198.18.0.0/16, Services in 198.19.0.0/16.
 SERVICE_CIDR = node_mod.SERVICE_CIDR
@@ -50,6 +56,34 @@ NODE_BINARIES = ("kubelet", "kube-proxy", "fake-gpu-plugin")
 #: The nodes `up` starts by default: two GPU nodes with 4 (fake) GPUs each.
 DEFAULT_NODES = ("gpu-node-1", "gpu-node-2")
 DEFAULT_GPUS = 4
+
+
+def kube_module_dir(minor: str | None = None) -> Path:
+    """The Go module the Kubernetes binaries of `minor` (X.Y; default: $TROP_KUBE_MINOR, else the release every test
+    runs) are built from, chosen as `e2e/toolchain/build.sh` chooses it: kube/, or kube-X.Y/ for another minor."""
+    minor = minor or os.environ.get(KUBE_MINOR_ENV) or None
+    default = BUILD_SCRIPT.parent / "kube"
+    if minor is None or pinned_kubernetes(default).removeprefix("v").rsplit(".", 1)[0] == minor:
+        return default
+    other = BUILD_SCRIPT.parent / f"kube-{minor}"
+    if not (other / "go.mod").is_file():
+        raise FileNotFoundError(f"{KUBE_MINOR_ENV}={minor}: no Go module {other}/go.mod pins Kubernetes {minor}")
+    return other
+
+
+def pinned_kubernetes(module_dir: Path | None = None) -> str:
+    """The `k8s.io/kubernetes` version (vX.Y.Z) a toolchain module pins (default: `kube_module_dir()`)."""
+    go_mod = (module_dir or kube_module_dir()) / "go.mod"
+    found = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\d+\.\d+\.\d+\S*)", go_mod.read_text(), re.M)
+    if not found:
+        raise ValueError(f"{go_mod} requires no k8s.io/kubernetes version")
+    return found.group(1)
+
+
+def binary_version(binary: Path) -> str:
+    """What a Kubernetes binary says it is (`kubelet --version`: "Kubernetes v1.30.14" gives "v1.30.14")."""
+    out = subprocess.run([str(binary), "--version"], check=True, capture_output=True, text=True, timeout=30).stdout
+    return out.split()[-1]
 
 
 def session_root() -> Path:
@@ -244,7 +278,8 @@ class LocalCluster:
     """
 
     def __init__(self, root: Path | str = REPO_ROOT, bin_dir: Path | None = None,
-                 nodes: tuple[str, ...] = DEFAULT_NODES, gpus: int = DEFAULT_GPUS, kube_proxy: bool = True) -> None:
+                 nodes: tuple[str, ...] = DEFAULT_NODES, gpus: int = DEFAULT_GPUS, kube_proxy: bool = True,
+                 kube_minor: str | None = None) -> None:
         self.root = Path(root)
         self.dir = self.root / ".cluster"
         self.logs = self.dir / "logs"
@@ -256,6 +291,8 @@ class LocalCluster:
         self.node_names = tuple(nodes)
         self.gpus = gpus
         self.kube_proxy = kube_proxy
+        #: The Kubernetes minor to build and run (X.Y), None for the release every test runs; see `kube_module_dir`.
+        self.kube_minor = kube_minor or os.environ.get(KUBE_MINOR_ENV) or None
         self._pids_lock = threading.Lock()
 
     # -- binaries -----------------------------------------------------------------------------
@@ -268,8 +305,9 @@ class LocalCluster:
             if env_dir:
                 bin_dir = Path(env_dir)
             else:
+                env = {**os.environ, **({KUBE_MINOR_ENV: self.kube_minor} if self.kube_minor else {})}
                 out = subprocess.run(
-                    ["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True
+                    ["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True, env=env
                 )
                 bin_dir = Path(out.stdout.strip().splitlines()[-1])
             self._bin_dir = bin_dir
@@ -318,7 +356,8 @@ class LocalCluster:
         ports = Ports(**state["ports"])
         cid = node_mod.short_id(self.dir)
         return [Node(name, NodeNetwork(cid, i + 1, state["block"] + i), state.get("gpus", self.gpus), self.dir,
-                     *ports.nodes[name]) for i, name in enumerate(state.get("nodes", []))]
+                     *ports.nodes[name], kubernetes=state.get("kubernetes", ""))
+                for i, name in enumerate(state.get("nodes", []))]
 
     def node(self, name: str) -> Node:
         for n in self.nodes():
@@ -351,11 +390,20 @@ class LocalCluster:
             return False
         return self._get("/readyz") == 200
 
+    def reusable(self) -> bool:
+        """Healthy, and running the Kubernetes release this cluster is asked for (a cluster started with another
+        `kube_minor` is not it)."""
+        if not self.healthy():
+            return False
+        running = self._state().get("kubernetes")
+        return running is None or running == binary_version(self.binaries()["kubelet"])
+
     def status(self) -> dict[str, object]:
         running = self.running()
         return {
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.exists() else None,
             "server": self.server(),
+            "kubernetes": self._state().get("kubernetes"),
             "components": {n: {"pid": p, "running": n in running} for n, p in self.read_pids().items()},
             "nodes": [{"name": n.name, "ip": n.ip, "gpus": n.gpus, "containerd": n.containerd_address}
                       for n in self.nodes()],
@@ -387,13 +435,15 @@ class LocalCluster:
     def up(self, timeout: float = 180.0) -> Path:
         """Starts the control plane and the nodes unless they already run healthy; returns the kubeconfig path."""
         t0 = time.monotonic()
-        if self.healthy():
+        if self.reusable():
             log(f"Cluster already running and healthy server={self.server()} kubeconfig={self.kubeconfig}")
             return self.kubeconfig
         if self.running() or self.nodes():
-            log("Found a partially running cluster; stopping it before a fresh start")
+            log("Found a partially running cluster (or one of another Kubernetes release); stopping it before a "
+                "fresh start")
             self.down(quiet=True)
         bins = self.binaries()
+        kubernetes = binary_version(bins["kubelet"])
         if self.node_names:
             check_free_space()
             raise_inotify_instances()
@@ -409,7 +459,8 @@ class LocalCluster:
         ports = Ports.allocate(self.node_names)
         block = node_mod.pick_block()
         self.state_file.write_text(json.dumps({"ports": ports.__dict__, "block": block, "nodes": list(self.node_names),
-                                               "gpus": self.gpus, "kube_proxy": self.kube_proxy}, indent=2) + "\n")
+                                               "gpus": self.gpus, "kube_proxy": self.kube_proxy,
+                                               "kubernetes": kubernetes}, indent=2) + "\n")
         server = f"https://127.0.0.1:{ports.apiserver}"
         self.certs.kubeconfig(server, "admin", self.kubeconfig)
         self.certs.kubeconfig(server, "kube-controller-manager", self.dir / "kube-controller-manager.kubeconfig")
@@ -465,7 +516,8 @@ class LocalCluster:
             self.down(quiet=True)
             raise
         kind = "cold" if cold else "warm"
-        log(f"Cluster ready start={kind} nodes={len(nodes)} seconds={time.monotonic() - t0:.1f} server={server}")
+        log(f"Cluster ready start={kind} kubernetes={kubernetes} nodes={len(nodes)} "
+            f"seconds={time.monotonic() - t0:.1f} server={server}")
         log(f"Wrote kubeconfig path={self.kubeconfig}  (export KUBECONFIG={self.kubeconfig})")
         return self.kubeconfig
 
@@ -857,6 +909,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a node to start (repeatable; default: {', '.join(DEFAULT_NODES)})")
     parser.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="fake GPUs per node")
     parser.add_argument("--no-kube-proxy", action="store_true", help="no kube-proxy (another cluster runs one)")
+    parser.add_argument("--kube-minor", default=None,
+                        help=f"the Kubernetes minor X.Y to build and run (a module e2e/toolchain/kube-X.Y; default: "
+                             f"${KUBE_MINOR_ENV}, else the release every test runs)")
     parser.add_argument("--idle-days", type=float, default=7.0,
                         help="gc: only state no node has started from for this long (0: any whose directory is gone)")
     args = parser.parse_args(argv)
@@ -865,7 +920,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"Removed the node state of a cluster whose directory is gone path={gone}")
         return 0
     cluster = LocalCluster(Path(args.root), nodes=tuple(args.node) or DEFAULT_NODES, gpus=args.gpus,
-                           kube_proxy=not args.no_kube_proxy)
+                           kube_proxy=not args.no_kube_proxy, kube_minor=args.kube_minor)
     if args.command == "up":
         cluster.up(timeout=args.timeout)
         return 0

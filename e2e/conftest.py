@@ -107,7 +107,7 @@ def cluster() -> Iterator[ClusterHandle]:
             return
         yield ClusterHandle(Path(env), None, None)
         return
-    started = not local.healthy()
+    started = not local.reusable()
     kubeconfig = local.up()
     try:
         yield ClusterHandle(kubeconfig, local.logs, local)

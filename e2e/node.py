@@ -263,6 +263,9 @@ class Node:
     cluster_dir: Path
     kubelet_port: int
     healthz_port: int
+    #: The kubelet's version (vX.Y.Z, from `kubelet --version`); empty: the release every test runs. Its config
+    #: leaves out what that release does not know.
+    kubernetes: str = ""
 
     # -- paths ------------------------------------------------------------------------------------
 
@@ -303,6 +306,13 @@ class Node:
         overlayfs mounts the image's layers read-only under a per-container upper directory, as real nodes do.
         """
         return "overlayfs" if overlay_supported(self.root) else "native"
+
+    def kube_at_least(self, major: int, minor: int) -> bool:
+        """The node's kubelet is release major.minor or newer (the release every test runs, when unknown)."""
+        if not self.kubernetes:
+            return True
+        have = tuple(int(x) for x in self.kubernetes.removeprefix("v").split(".")[:2])
+        return have >= (major, minor)
 
     # -- configuration ------------------------------------------------------------------------------
 
@@ -410,7 +420,8 @@ oom_score = 0
             "authorization": {"mode": "Webhook"},
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": f"/{self.cgroup_name}",
-            "failCgroupV1": False,
+            # cgroup v1 here: from 1.31 the kubelet refuses it unless told (the field is new in 1.31).
+            **({"failCgroupV1": False} if self.kube_at_least(1, 31) else {}),
             "failSwapOn": False,
             "containerRuntimeEndpoint": f"unix://{self.containerd_address}",
             "podLogsDir": str(self.pod_logs_dir),

@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from e2e.cluster import REPO_ROOT
+from e2e.cluster import REPO_ROOT, kube_module_dir, pinned_kubernetes
 from e2e.kube import Kube, condition, wait_for
 from e2e.node import LogFollower
 from e2e.operator_fixtures import record
@@ -59,18 +59,24 @@ def infer_add_one(address: str, values: list[float]) -> np.ndarray:
         client.close()
 
 
-def test_kubectl_shows_real_gpu_nodes(kubeconfig: Path, nodes) -> None:
-    """`kubectl get nodes`: kubelets on containerd, GPUs advertised by the device plugin, GPU feature labels."""
+def test_kubectl_shows_real_gpu_nodes(kube: Kube, kubeconfig: Path, nodes) -> None:
+    """`kubectl get nodes`: kubelets on containerd, GPUs advertised by the device plugin, GPU feature labels; on our
+    own cluster, the API server and every kubelet are the release its toolchain module pins (`TROP_KUBE_MINOR=1.30`:
+    e2e/toolchain/kube-1.30/go.mod, so that a run of `make test-k8s-oldest` cannot pass on 1.35)."""
     kubectl = str(REPO_ROOT / ".venv" / "bin" / "kubectl")
     out = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"],
                          check=True, capture_output=True, text=True, timeout=60).stdout
     listed = {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
     assert len(nodes.names) >= 2 or nodes.local is None, f"expected two GPU nodes, got {nodes.names}"
+    pinned = pinned_kubernetes(kube_module_dir(nodes.local.kube_minor)) if nodes.local is not None else None
+    if pinned is not None:
+        assert kube.request("GET", "/version")["gitVersion"] == pinned
     for name in nodes.names:
         node = listed[name]
         info = node["status"]["nodeInfo"]
         assert info["containerRuntimeVersion"].startswith("containerd://"), info
         assert info["kubeletVersion"].startswith("v1."), info
+        assert pinned is None or info["kubeletVersion"] == pinned, info
         assert node["status"]["capacity"]["nvidia.com/gpu"] == str(nodes.gpus[name])
         assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(nodes.gpus[name])
         labels = node["metadata"]["labels"]
@@ -340,7 +346,8 @@ def test_deleted_pod_runs_prestop_hooks_and_serves_until_sigterm(kube: Kube, nam
         },
     }
     created = kube.create(pod)
-    # kube-apiserver 1.35 keeps the sleep action (a disabled feature gate would drop it silently).
+    # The API server keeps the sleep action (PodLifecycleSleepAction: beta and on from 1.30; a disabled gate would
+    # drop it silently).
     assert created["spec"]["containers"][0]["lifecycle"]["preStop"] == {"sleep": {"seconds": sleep}}
     kube.create({**service(namespace, "draining", labels),
                  "spec": {"selector": labels, "ports": [{"name": "http", "port": 8080, "targetPort": 8080}]}})

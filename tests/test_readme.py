@@ -130,6 +130,15 @@ def test_the_supported_versions_are_the_tested_and_required_ones() -> None:
     floor = yaml.safe_load((ROOT / "charts" / "triton-operator" / "Chart.yaml").read_text())["kubeVersion"]
     minor = re.fullmatch(r">=(\d+\.\d+)\.0-0", floor)
     assert minor and f"The chart requires {minor.group(1)} " in section
+    # The floor is tested: `make test-k8s-oldest` builds it from e2e/toolchain/kube-X.Y/go.mod, and the README names
+    # the release that module pins.
+    oldest_mod = ROOT / "e2e" / "toolchain" / f"kube-{minor.group(1)}" / "go.mod"
+    assert oldest_mod.is_file(), f"the chart's floor {minor.group(1)} has no toolchain module {oldest_mod}"
+    oldest = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes v(\d+\.\d+\.\d+)", oldest_mod.read_text(), re.M)
+    assert oldest and oldest.group(1).startswith(f"{minor.group(1)}.") and "test-k8s-oldest` runs" in section
+    assert f"on {oldest.group(1)}" in section
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^K8S_OLDEST \?= {re.escape(minor.group(1))}$", makefile, re.M)
 
 
 # ---------------------------------------------------------------- every figure of the README has a source

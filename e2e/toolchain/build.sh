@@ -5,6 +5,10 @@
 #   e2e/toolchain/build.sh            print the directory holding the binaries
 #   e2e/toolchain/build.sh helm       the same, building helm alone (what `make lint` needs: no Kubernetes binary)
 #
+# The Kubernetes binaries (and the fake-GPU plugin, against that release's device-plugin API) come from the module in
+# kube/ (the release every test runs), or, with TROP_KUBE_MINOR=X.Y, from kube-X.Y/ (another release the project
+# claims, e.g. 1.30, the oldest: `make test-k8s-oldest`). Each module's binaries have a cache directory of their own.
+#
 # Honours KUBEBUILDER_ASSETS: when it names a directory with envtest's layout
 # (etcd, kube-apiserver), nothing is built and that directory is used for them.
 set -euo pipefail
@@ -14,14 +18,22 @@ export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 
 # The module is listed inside a `require ( ... )` block (or on a one-line require).
 modver() { awk -v m="$2" '($1=="require" && $2==m) {print $3; exit} ($1==m && $2 ~ /^v/) {print $2; exit}' "$1"; }
-KUBE_VERSION=$(modver "$here/kube/go.mod" k8s.io/kubernetes)
+# The module directory: kube/, or kube-X.Y/ for TROP_KUBE_MINOR=X.Y (kube/ itself when it pins that minor).
+kube_dir=$here/kube
+minor_of() { local v; v=$(modver "$1/go.mod" k8s.io/kubernetes); v=${v#v}; echo "${v%.*}"; }
+if [ -n "${TROP_KUBE_MINOR:-}" ] && [ "$(minor_of "$kube_dir")" != "$TROP_KUBE_MINOR" ]; then
+  kube_dir=$here/kube-$TROP_KUBE_MINOR
+  [ -f "$kube_dir/go.mod" ] || { echo "[cluster-bin] TROP_KUBE_MINOR=$TROP_KUBE_MINOR: no module $kube_dir/go.mod" \
+    "(have: kube/ = $(minor_of "$here/kube")$(cd "$here" && for d in kube-*/; do printf ', %s' "${d%/}"; done))" >&2; exit 1; }
+fi
+KUBE_VERSION=$(modver "$kube_dir/go.mod" k8s.io/kubernetes)
 HELM_VERSION=v3.21.4
 ETCD_VERSION=$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
 # An empty version would be stamped into the binaries (component-base parses it at start-up).
-[[ $KUBE_VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+ ]] || { echo "[cluster-bin] cannot read k8s.io/kubernetes version from kube/go.mod" >&2; exit 1; }
+[[ $KUBE_VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+ ]] || { echo "[cluster-bin] cannot read k8s.io/kubernetes version from $kube_dir/go.mod" >&2; exit 1; }
 [[ $ETCD_VERSION =~ ^v[0-9]+\. ]] || { echo "[cluster-bin] cannot read etcd version from etcd/go.mod" >&2; exit 1; }
 
-pins=$(cat "$here/build.sh" "$here/kube/go.mod" "$here/kube/go.sum" "$here/kube/cmd/fake-gpu-plugin/main.go" \
+pins=$(cat "$here/build.sh" "$kube_dir/go.mod" "$kube_dir/go.sum" "$kube_dir"/cmd/fake-gpu-plugin/*.go \
   "$here/etcd/go.mod" "$here/etcd/go.sum" | sha256sum | cut -c1-16)
 cache_root=${TRITON_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/triton-operator}
 out="$cache_root/bin/$pins"
@@ -42,14 +54,14 @@ build_kube() {
     flags+=" -X $pkg.gitCommit=0000000000000000000000000000000000000000 -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   done
   log "building $name $KUBE_VERSION"
-  (cd "$here/kube" && go build -ldflags "$flags" -o "$out/$name.tmp.$$" "k8s.io/kubernetes/cmd/$name")
+  (cd "$kube_dir" && go build -ldflags "$flags" -o "$out/$name.tmp.$$" "k8s.io/kubernetes/cmd/$name")
   mv "$out/$name.tmp.$$" "$out/$name"
 }
 
 # Our device plugin: advertises fake nvidia.com/gpu devices through the kubelet's device-plugin API.
 build_plugin() {
   log "building fake-gpu-plugin"
-  (cd "$here/kube" && go build -ldflags "-s -w" -o "$out/fake-gpu-plugin.tmp.$$" ./cmd/fake-gpu-plugin)
+  (cd "$kube_dir" && go build -ldflags "-s -w" -o "$out/fake-gpu-plugin.tmp.$$" ./cmd/fake-gpu-plugin)
   mv "$out/fake-gpu-plugin.tmp.$$" "$out/fake-gpu-plugin"
 }
 

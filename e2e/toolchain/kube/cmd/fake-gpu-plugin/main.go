@@ -70,9 +70,9 @@ func (p *plugin) ListAndWatch(_ *dp.Empty, stream dp.DevicePlugin_ListAndWatchSe
 func (p *plugin) Allocate(_ context.Context, req *dp.AllocateRequest) (*dp.AllocateResponse, error) {
 	resp := &dp.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
-		log.Printf("Allocated devices=%s", strings.Join(c.DevicesIds, ","))
+		log.Printf("Allocated devices=%s", strings.Join(deviceIDs(c), ","))
 		resp.ContainerResponses = append(resp.ContainerResponses, &dp.ContainerAllocateResponse{
-			Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(c.DevicesIds, ",")},
+			Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(deviceIDs(c), ",")},
 		})
 	}
 	return resp, nil

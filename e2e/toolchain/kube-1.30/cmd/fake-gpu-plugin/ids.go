@@ -1,0 +1,7 @@
+package main
+
+import dp "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+// deviceIDs: the devices a container asks for. The generated field is named DevicesIDs in k8s.io/kubelet v0.30
+// (each toolchain module has its own copy of this file; main.go is shared).
+func deviceIDs(c *dp.ContainerAllocateRequest) []string { return c.DevicesIDs }

@@ -1,0 +1,1 @@
+../../../kube/cmd/fake-gpu-plugin/main.go
