@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.documents import pool_document, python_model
-from triton_operator.api.pool import TritonPool
+from triton_operator.api.pool import ANNOTATION_LEAVING, TritonPool
 from triton_operator.plan import pool as pp
 from triton_operator.plan.placement import Placement, PoolReplica, Shortfall
 
@@ -300,7 +300,7 @@ def test_a_leaving_replica_is_marked_at_the_lowest_cost_and_the_mark_comes_off_w
     _, _, _, placement = _world(copies=1)
     (where,) = placement.copies["a"]
     other = "r2" if where == "r1" else "r1"
-    cost, mark = pp.POD_DELETION_COST, pp.ANNOTATION_LEAVING
+    cost, mark = pp.POD_DELETION_COST, ANNOTATION_LEAVING
     pods = [_pod(where), _pod(other)]
     assert pp.deletion_costs(placement, pods, {where}) == {where: {cost: "-1", mark: "true"}, other: {cost: "0"}}
     pods[0]["metadata"]["annotations"] = {cost: "-1", mark: "true"}

@@ -14,6 +14,7 @@ from tests.documents import pool_document, python_model
 from triton_operator.api import pool as pp_api
 from triton_operator.api.pool import TritonPool
 from triton_operator.plan import pool as pp
+from triton_operator.plan.upgrade import UPGRADE_WAITING, Upgrade
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 
@@ -460,7 +461,7 @@ def test_a_new_replica_up_beside_old_ones_marks_the_emptiest_leaving_and_its_gat
                    records={"r1": {"a": "d"}, "r2": {"b": "d", "c": "d"}})
     assert rnd.rollout.leaving == {"r1"} and rnd.rollout.mark == "r1", "r1 has loaded least, by the pool's record"
     assert rnd.rollout.waiting == ("r3",)
-    assert rnd.costs["r1"] == {pp.POD_DELETION_COST: "-1", pp.ANNOTATION_LEAVING: "true"}, \
+    assert rnd.costs["r1"] == {pp.POD_DELETION_COST: "-1", pp_api.ANNOTATION_LEAVING: "true"}, \
         "the Deployment deletes the lowest cost first: the leaving replica, and no other"
     assert rnd.placement.copies["a"][0] == "r1" and len(rnd.placement.copies["a"]) == 2, \
         "a's copy stays on r1, serving until r1 goes, and is placed once more elsewhere"
@@ -509,3 +510,17 @@ def test_a_replica_of_the_new_template_not_up_yet_marks_nothing() -> None:
                    _replica("r3", "198.18.0.3", NEW, up=False), placed={"a": ["r1"], "b": ["r2"]})
     assert rnd.rollout == pp.Rollout(frozenset(), None, ()), "its tritonserver does not answer yet: no copy to move"
     assert rnd.placement.copies == {"a": ("r1",), "b": ("r2",)}
+
+
+def test_a_pool_waiting_for_an_upgrade_slot_and_a_pool_rolling_say_so_on_progressing() -> None:
+    rnd = replace(_round(), upgrade=Upgrade(False, "2 of at most 2 Deployments are in an upgrade rollout"))
+    plan = pp.plan_pool(_world(rnd, **_serves(rnd)))
+    progressing = next(c for c in plan.pool_status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", UPGRADE_WAITING), progressing
+    assert "2 of at most 2" in progressing["message"]
+    rolling = _rolling(_replica("r1", "198.18.0.1", OLD, leaving=True), _replica("r2", "198.18.0.2", OLD, node="n2"),
+                       _replica("r3", "198.18.0.3", NEW, node="n2"), placed={"a": ["r1"], "b": ["r2"]})
+    plan = pp.plan_pool(_world(rolling))
+    progressing = next(c for c in plan.pool_status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", pp.ROLLING_REPLICAS), progressing
+    assert "r1 leaves once its copies serve elsewhere, replaced by r3" in progressing["message"]

@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from tests.documents import pool_document
 from tests.planner_world import NS, _Api, _body, _conditions, _settle, _world
 from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.api.pool import TritonPool
 from triton_operator.controller.cache import Cache, Children
 from triton_operator.controller.reconcile import Reconciler
 from triton_operator.plan.planner import Plan, World, carried_out, plan
@@ -31,12 +33,14 @@ from triton_operator.plan.upgrade import (
     UPGRADE_UNSCHEDULABLE,
     UPGRADE_WAITING,
     Upgrades,
+    bound_deployment,
     draining,
     rollout_finished,
     source_digest,
     upgrade_rollouts,
 )
 from triton_operator.render.kubernetes import Options
+from triton_operator.render.pool import render_pool_deployment
 
 OLD = Options()
 STARTED = "1767225600"  # a record's start: 2026-01-01T00:00:00Z in Unix seconds
@@ -581,3 +585,45 @@ def test_the_controller_counts_an_upgrade_rollout_whose_new_pod_cannot_be_schedu
                    "status": {"phase": "Running"}})
     assert rec._upgrades().stuck == frozenset()
     assert not Reconciler(_Kube([], []), cache, NEW, max_upgrade_rollouts=0)._upgrades().stuck  # type: ignore[arg-type]
+
+
+# -- a TritonPool's Deployment: the same bound, with its surge pod kept (its replicas hand their copies over to it)
+
+def _pool_body() -> dict[str, Any]:
+    body = pool_document("p", replicas=2)
+    body["metadata"] = {**body["metadata"], "namespace": NS, "uid": "uid-p", "generation": 1}
+    body["status"] = {"observedGeneration": 1}
+    return body
+
+
+def _pool_deployment(options: Options) -> dict[str, Any]:
+    return render_pool_deployment(TritonPool.model_validate(_pool_body()), "uid-p", NS, options)
+
+
+def test_a_pools_deployment_counts_against_the_same_bound_and_rolls_with_its_surge_pod() -> None:
+    body, now = _pool_body(), dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
+    source = source_digest(body, {})
+    first, upgrade = bound_deployment(_pool_deployment(OLD), None, body, source, Upgrades(2), now, no_surge=False)
+    assert upgrade is None and first["metadata"]["labels"][LABEL_SOURCE] == source, "a new Deployment: recorded"
+    live = _finished(first)
+    desired = _pool_deployment(NEW)
+    assert desired["spec"]["template"] != live["spec"]["template"], "the new operator renders another template"
+
+    held, upgrade = bound_deployment(desired, live, body, source, Upgrades(2, frozenset({(NS, "a"), (NS, "b")})),
+                                     now, no_surge=False)
+    assert upgrade is not None and not upgrade.started and "unchanged pool" in upgrade.message, upgrade
+    assert held["spec"]["template"] == live["spec"]["template"], "at the bound: the live template, nothing rolls"
+
+    out, upgrade = bound_deployment(desired, live, body, source, Upgrades(2, frozenset({(NS, "a")})), now,
+                                    no_surge=False)
+    assert upgrade is not None and upgrade.started and out["spec"]["template"] == desired["spec"]["template"]
+    assert out["metadata"]["labels"][LABEL_STARTED] == str(int(now.timestamp()))
+    assert out["spec"]["strategy"] == desired["spec"]["strategy"] != NO_SURGE, \
+        "a pool keeps maxSurge 1: the leaving replica's copies go to the surge pod first (plan.pool.rollout)"
+    assert "copies serve elsewhere" in upgrade.message
+
+    changed = {**body, "spec": {**body["spec"], "server": {"podAnnotations": {"a": "b"}}},
+               "metadata": {**body["metadata"], "generation": 2}}
+    _, upgrade = bound_deployment(desired, live, changed, source_digest(changed, {}),
+                                  Upgrades(2, frozenset({(NS, "a"), (NS, "b")})), now, no_surge=False)
+    assert upgrade is None, "the user's own change to the pool rolls at once, as a model's does"

@@ -420,6 +420,7 @@ async def run_operator(
     STATE.reconciler.upgrade_scopes = [None] if clusterwide or globs else list(namespaces)
     STATE.pools = PoolReconciler(STATE.kube, STATE.cache, options)
     STATE.reconciler.on_pooled = STATE.pools.request
+    STATE.pools.slots = STATE.reconciler  # a pool's Deployment counts against the same bound on upgrade rollouts
     STATE.reconciler.on_unpooled = STATE.pools.unpooled
     STATE.webhook = _admission_webhook(webhook, namespaces, clusterwide, options)
     elector = None if election is None else LeaderElection(STATE.kube, election)

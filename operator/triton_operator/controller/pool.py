@@ -52,11 +52,11 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from ..api.kinds import ENDPOINT_SLICE, ENDPOINTS, HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
+from ..api.kinds import DEPLOYMENT, ENDPOINT_SLICE, ENDPOINTS, HPA, LABEL_MODEL, TRITON_MODEL, TRITON_POOL, Kind
 from ..api.pod import PROBE_PORT
 from ..api.pool import (
     ENDPOINTS_CONTROLLER,
@@ -72,6 +72,7 @@ from ..api.v1alpha1 import TritonModel, quantity_bytes
 from ..plan import pool as pool_plan
 from ..plan.planner import differs
 from ..plan.pool import FETCH_FAILED_PREFIX
+from ..plan.upgrade import UPGRADE_STARTED, DeploymentKey, Upgrade, Upgrades, bound_deployment, source_digest
 from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from ..render.pool import (
@@ -105,6 +106,15 @@ PUBLISH_CONCURRENCY = 8
 HEALTH_WAIT_SECONDS = 3.0
 
 
+class UpgradeSlots(Protocol):
+    """The bound on upgrade rollouts, kept by the TritonModels' reconciler (`controller.reconcile`), which a pool's
+    Deployment shares."""
+
+    def upgrade_slots(self) -> Upgrades: ...
+    def reserve_upgrade(self, key: DeploymentKey) -> None: ...
+    def release_upgrade(self, key: DeploymentKey) -> None: ...
+
+
 @dataclass
 class _Held:
     failures: int
@@ -131,6 +141,7 @@ class PoolReconciler:
         self.pools: dict[tuple[str, str], dict[str, Any]] = {}  # the watch's TritonPools
         self._put_at: dict[tuple[str, str], float] = {}  # when each was last put (monotonic): `resync`'s race guard
         self._applied: dict[tuple[str, str, str], dict[str, Any]] = {}  # our last applies' answers
+        self.slots: UpgradeSlots | None = None  # the bound on upgrade rollouts (`_bounded`); None: no bound
         self._held: dict[tuple[str, str, str, str, str], _Held] = {}  # (ns, pool, replica, model, digest)
         # One worker per pool, bursts of events coalesced into one round, a round coming back when it says; a failed
         # one backs off, cut short by any request; a pool neither known nor named by a model lets its worker go.
@@ -253,10 +264,10 @@ class PoolReconciler:
             log.warning("Skipped invalid TritonPool namespace=%s name=%s error=%s", namespace, name, exc)
             return None
         uid = body["metadata"]["uid"]
-        template = await self._apply_children(namespace, pool, uid)
+        template, upgrade = await self._apply_children(namespace, pool, uid, body)
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
         rnd = pool_plan.round_of(namespace, pool, body, members, pods, pool_key(pool, uid, namespace, self.options),
-                                 template)
+                                 template, upgrade)
         if rnd.rollout.mark is not None:
             log.info("Rollout: replica leaves next pool=%s/%s pod=%s replacedBy=%s", namespace, name,
                      rnd.rollout.mark, ",".join(rnd.rollout.waiting))
@@ -429,12 +440,14 @@ class PoolReconciler:
             log.info("Deleted EndpointSlice namespace=%s name=%s owner=TritonModel/%s reason=%r", namespace, key[2],
                      model, "the model is on no pool")
 
-    async def _apply(self, obj: dict[str, Any]) -> None:
+    async def _apply(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Applies `obj` unless it is as last applied; returns the API server's answer (None: nothing applied)."""
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         if not differs(self._applied.get(key), obj):
-            return
-        self._applied[key] = lean(await asyncio.to_thread(self.kube.apply, obj))
+            return None
+        answer = self._applied[key] = lean(await asyncio.to_thread(self.kube.apply, obj))
         log.info("Applied %s namespace=%s name=%s", *key)
+        return answer
 
     async def _delete(self, kind: Kind, namespace: str, name: str, why: str) -> None:
         """Deletes an object of ours the rounds applied or the watch reported (an HPA whose autoscaling is unset)."""
@@ -445,9 +458,11 @@ class PoolReconciler:
         self._applied.pop(key, None)
         log.info("Deleted %s namespace=%s name=%s reason=%r", *key, why)
 
-    async def _apply_children(self, namespace: str, pool: TritonPool, uid: str) -> str:
-        """The pool's own objects as `plan.pool.pool_children` says; returns the LABEL_POOL_TEMPLATE of the pod
-        template its Deployment has now."""
+    async def _apply_children(self, namespace: str, pool: TritonPool, uid: str,
+                              body: Mapping[str, Any]) -> tuple[str, Upgrade | None]:
+        """The pool's own objects as `plan.pool.pool_children` says, its Deployment under the bound on upgrade rollouts
+        (`_bounded`); returns the LABEL_POOL_TEMPLATE of the pod template its Deployment has now, and what the bound
+        decided."""
         want = pool_plan.pool_children(pool, uid, namespace, self.options)
         secret = want.secret
         if secret is not None and ("Secret", namespace, secret["metadata"]["name"]) not in self._applied:
@@ -456,12 +471,47 @@ class PoolReconciler:
             if created:
                 log.info("Created Secret namespace=%s name=%s owner=TritonPool/%s", namespace,
                          secret["metadata"]["name"], pool.name)
+        upgrade: Upgrade | None = None
+        template = ""
         for child in want.apply:
-            await self._apply(child)
+            if child["kind"] == DEPLOYMENT.kind:
+                child, upgrade = await self._bounded(child, body)
+                template = str(child["spec"]["template"]["metadata"]["labels"].get(LABEL_POOL_TEMPLATE, ""))
+            else:
+                await self._apply(child)
         for kind, name, why in want.delete:
             await self._delete(kind, namespace, name, why)
-        return next((str(child["spec"]["template"]["metadata"]["labels"].get(LABEL_POOL_TEMPLATE, ""))
-                     for child in want.apply if child["kind"] == "Deployment"), "")
+        return template, upgrade
+
+    async def _bounded(self, desired: dict[str, Any], body: Mapping[str, Any]) -> tuple[dict[str, Any], Upgrade | None]:
+        """Applies the pool's Deployment as `plan.upgrade.bound_deployment` says: a new pod template for a pool whose
+        spec did not change (an operator upgrade) is an upgrade rollout, counted with the TritonModels' against
+        the bound (`slots`, the models' reconciler), or waits for a slot with the live template. It keeps its surge
+        pod: its replicas hand their copies over to it (`plan.pool.rollout`). A waiting pool is asked again every
+        round (every SETTLED_SECONDS at least). Returns the Deployment as applied, and what the bound decided."""
+        meta = desired["metadata"]
+        key = (meta["namespace"], meta["name"])
+        live = self.cache.children.get((DEPLOYMENT.kind, *key))
+        upgrades = self.slots.upgrade_slots() if self.slots is not None else Upgrades()
+        out, upgrade = bound_deployment(desired, live, body, source_digest(body, {}), upgrades, utc_now(),
+                                        no_surge=False)
+        started = upgrade is not None and upgrade.started
+        if started and self.slots is not None:
+            self.slots.reserve_upgrade(key)  # no await since the count was read: the check and the reservation are one
+        try:
+            answer = await self._apply(out)
+            if answer is not None:
+                self.cache.put_child(answer)  # counted from the cache at once, not when the watch delivers it
+        finally:
+            if started and self.slots is not None:
+                self.slots.release_upgrade(key)
+        if started:
+            assert upgrade is not None
+            log.info("Started upgrade rollout of Deployment namespace=%s name=%s owner=TritonPool/%s", *key,
+                     body["metadata"]["name"])
+            metrics.UPGRADE_STARTS.inc()
+            await asyncio.to_thread(self.kube.event, dict(body), UPGRADE_STARTED, upgrade.message, "Normal")
+        return out, upgrade
 
     def _held_now(self, rnd: pool_plan.PoolRound) -> dict[tuple[str, str], bool]:
         now = time.monotonic()

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..api import steps as step_graph
-from ..api.kinds import CONFIG_MAP, DEPLOYMENT, HPA, LABEL_MODEL, PDB, REPLICA_SET, TRITON_MODEL, WATCHED
+from ..api.kinds import CONFIG_MAP, DEPLOYMENT, HPA, LABEL_MODEL, OWNED_SELECTOR, PDB, REPLICA_SET, TRITON_MODEL, WATCHED
 from ..api.pool import LABEL_POOL
 from ..api.timestamps import utc_now
 from ..plan.planner import ApiFailure, Plan, World, differs, plan, steps_to_revisit
@@ -186,6 +186,18 @@ class Reconciler:
             upgrades=self._upgrades(),
         )
 
+    # The bound shared with the pools' Deployments (`controller.pool.UpgradeSlots`).
+
+    def upgrade_slots(self) -> Upgrades:
+        return self._upgrades()
+
+    def reserve_upgrade(self, key: DeploymentKey) -> None:
+        self._reserved.add(key)
+
+    def release_upgrade(self, key: DeploymentKey) -> None:
+        self._reserved.discard(key)
+        self._wake_waiting()
+
     def _upgrades(self) -> Upgrades:
         return Upgrades(self.max_upgrade_rollouts,
                         frozenset(self.cache.children.upgrading | self._reserved | self._draining()), self._stuck())
@@ -234,7 +246,7 @@ class Reconciler:
                 return
             for scope in self.upgrade_scopes:
                 listed, _ = await asyncio.to_thread(self.kube.list_versioned, DEPLOYMENT.api_version, DEPLOYMENT.kind,
-                                                    scope, f"{LABEL_MODEL},!{LABEL_POOL}")
+                                                    scope, OWNED_SELECTOR)  # models' and pools' Deployments
                 for dep in listed:
                     meta = dep["metadata"]
                     self.cache.children.setdefault((DEPLOYMENT.kind, meta["namespace"], meta["name"]), lean(dep))

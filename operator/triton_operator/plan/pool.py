@@ -54,8 +54,11 @@ from .status import (
     status_changed,
     transitions,
 )
+from .upgrade import UPGRADE_WAITING, Upgrade
 
 POOL_NOT_FOUND = "PoolNotFound"
+#: The pool's Progressing reason while its Deployment rolls its pods to a new template (`rollout`).
+ROLLING_REPLICAS = "RollingReplicas"
 ALL_COPIES_WARMED = "AllCopiesWarmed"
 COPIES_LOADING = "CopiesLoading"
 COPIES_UPDATING = "CopiesUpdating"
@@ -356,6 +359,15 @@ class Rollout:
     # Replicas of the current template, up, whose handover is not done: their gate opens once no leaving replica
     # serves a copy that does not serve elsewhere (`handovers`).
     waiting: tuple[str, ...] = ()
+
+    def says(self) -> str:
+        """The rollout in a sentence for the pool's Progressing condition ("" when none is under way)."""
+        if self.leaving:
+            return (f"rolling its pods to a new template: {', '.join(sorted(self.leaving))} leaves once its copies "
+                    f"serve elsewhere, replaced by {', '.join(self.waiting) or 'a new replica'}")
+        if self.waiting:
+            return f"new replica {', '.join(self.waiting)} handed over once it is up"
+        return ""
 
 
 def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], template: str,
@@ -881,6 +893,10 @@ class Replicas:
     short: int
     why: str
     g: int
+    # The pool's Deployment in a rollout (`rollout`): what it does, "" when none is under way.
+    rolling: str = ""
+    # The pool's Deployment waits for an upgrade slot (`plan.upgrade`): why, "" when it does not.
+    upgrade_waiting: str = ""
 
     @property
     def serving(self) -> bool:
@@ -897,6 +913,17 @@ def pool_all_serving(r: Replicas) -> dict[str, Any] | None:
 
 def pool_not_all_serving(r: Replicas) -> dict[str, Any]:
     return condition("Ready", False, "NotAllServing", r.why, r.g)
+
+
+def pool_upgrade_waiting(r: Replicas) -> dict[str, Any] | None:
+    """A new operator renders another pod template for this unchanged pool, and the bound on upgrade rollouts holds
+    it: its replicas keep the template they run (a model's Deployment says the same, `plan.upgrade`)."""
+    return condition("Progressing", True, UPGRADE_WAITING, f"{r.why}; {r.upgrade_waiting}", r.g) \
+        if r.upgrade_waiting else None
+
+
+def pool_rolling(r: Replicas) -> dict[str, Any] | None:
+    return condition("Progressing", True, ROLLING_REPLICAS, f"{r.why}; {r.rolling}", r.g) if r.rolling else None
 
 
 def pool_settled(r: Replicas) -> dict[str, Any] | None:
@@ -925,14 +952,16 @@ def pool_as_expected(r: Replicas) -> dict[str, Any]:
 
 
 POOL_READY: tuple[ReplicasPolicy, ...] = (pool_all_serving, pool_not_all_serving)
-POOL_PROGRESSING: tuple[ReplicasPolicy, ...] = (pool_settled, pool_stuck, pool_loading)
+POOL_PROGRESSING: tuple[ReplicasPolicy, ...] = (pool_upgrade_waiting, pool_rolling, pool_settled, pool_stuck,
+                                                 pool_loading)
 POOL_DEGRADED: tuple[ReplicasPolicy, ...] = (pool_short_of_capacity, pool_load_failed, pool_as_expected)
 
 
 def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolReplica],
                 pods: Mapping[str, ReplicaPod], placement: Placement, records: Mapping[str, Mapping[str, str]],
                 behind: int, failed: int, selector: str, now: dt.datetime,
-                loading: Mapping[str, Mapping[str, InFlight]] | None = None) -> dict[str, Any]:
+                loading: Mapping[str, Mapping[str, InFlight]] | None = None, rolling: str = "",
+                upgrade_waiting: str = "") -> dict[str, Any]:
     """The pool's status: its replicas, what each carries and has loaded, capacity used and free, and conditions.
     `behind`: copies placed that do not serve yet; `failed`: models whose loads failed; `loading`: the loads in flight
     (`recorded_loading` reads them back)."""
@@ -956,7 +985,7 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
     short = len(placement.shortfalls)
     why = (f"{ready}/{pool.spec.replicas} replicas Ready; {len(set(placement.copies) - set(placement.shortfalls))} "
            f"models placed, {behind} copies loading, {failed} failing, {short} short of capacity")
-    seen = Replicas(ready, pool.spec.replicas, behind, failed, short, why, g)
+    seen = Replicas(ready, pool.spec.replicas, behind, failed, short, why, g, rolling, upgrade_waiting)
     progressing, degraded = _first(POOL_PROGRESSING, seen), _first(POOL_DEGRADED, seen)
     conds = [_first(POOL_READY, seen), progressing, degraded, *kstatus_conditions(progressing, degraded, g)]
     if pool.spec.server.unrestricted_apis:
@@ -1016,6 +1045,7 @@ class PoolRound:
     # pod -> the annotations to change: its pod-deletion-cost, its leaving mark (`deletion_costs`)
     costs: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
     rollout: Rollout = field(default_factory=Rollout)
+    upgrade: Upgrade | None = None  # what the bound on upgrade rollouts decided for the pool's Deployment this round
 
     def address(self, replica: str) -> str:
         return f"{self.pods[replica].ip}:{HTTP_PORT}"
@@ -1026,16 +1056,17 @@ class PoolRound:
 
 
 def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members: Mapping[str, Member],
-             pods: Sequence[Mapping[str, Any]], key: str | None, template: str = "") -> PoolRound:
+             pods: Sequence[Mapping[str, Any]], key: str | None, template: str = "",
+             upgrade: Upgrade | None = None) -> PoolRound:
     """The round's basis, from the pool's pods as listed; `template`: the LABEL_POOL_TEMPLATE of the pod template
-    the pool's Deployment has (`rollout`)."""
+    the pool's Deployment has (`rollout`); `upgrade`: what the bound on upgrade rollouts decided for it."""
     live, views = replicas(pods)
     ro = rollout(live, views, template, recorded(body))
     placement = placement_of(pool, live, members, ro.leaving)
     ready = [r.name for r in live if views[r.name].up and views[r.name].ip]
     return PoolRound(namespace, pool, body, members, views, live, placement, ready,
                      coming(pods, pool.spec.replicas), graph_of(members), key,
-                     deletion_costs(placement, pods, ro.leaving), ro)
+                     deletion_costs(placement, pods, ro.leaving), ro, upgrade)
 
 
 def triton_asks(rnd: PoolRound, ready: Sequence[str]) -> dict[str, list[str]]:
@@ -1280,7 +1311,8 @@ def _published(world: PoolWorld, draining: frozenset[tuple[str, str]],
                                       failing_copies(rnd.placement, rnd.members, name, world.broken, rnd.graph))
     selector = ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items())
     status = pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, world.records, behind, failed,
-                         selector, world.now, loading)
+                         selector, world.now, loading, rnd.rollout.says(),
+                         rnd.upgrade.message if rnd.upgrade is not None and not rnd.upgrade.started else "")
     writes = {n: w for n, s in statuses.items() if (w := model_write(
         world.stored.get(n, rnd.members[n].body.get("status") or {}), s)) is not None}
     pool_stored = world.pool_stored if world.pool_stored is not None else rnd.body.get("status") or {}

@@ -182,11 +182,13 @@ def unschedulable(deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[s
     return None
 
 
-def upgrade_strategy(out: dict[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+def upgrade_strategy(out: dict[str, Any], live: Mapping[str, Any], no_surge: bool = True) -> dict[str, Any]:
     """`out` with the strategy an upgrade rollout takes: while its record holds LABEL_STARTED and it has 2 replicas
-    or more (those it is applied with, else the live ones), NO_SURGE; otherwise the rendered strategy (a surge)."""
+    or more (those it is applied with, else the live ones), NO_SURGE; otherwise the rendered strategy (a surge).
+    Not with `no_surge` False: a TritonPool's replicas hand their copies over to the surge pod before they go
+    (`plan.pool.rollout`); without one, a replica would go before its copies serve elsewhere."""
     replicas = (out.get("spec") or {}).get("replicas", (live.get("spec") or {}).get("replicas", 1))
-    if LABEL_STARTED in _labels(out) and _int(replicas) >= 2:
+    if no_surge and LABEL_STARTED in _labels(out) and _int(replicas) >= 2:
         out["spec"] = {**out["spec"], "strategy": copy.deepcopy(NO_SURGE)}
     return out
 
@@ -232,10 +234,12 @@ def _template_differs(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bo
 
 
 def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None, body: Mapping[str, Any],
-                     source: str, upgrades: Upgrades, now: dt.datetime) -> tuple[dict[str, Any], Upgrade | None]:
+                     source: str, upgrades: Upgrades, now: dt.datetime,
+                     no_surge: bool = True) -> tuple[dict[str, Any], Upgrade | None]:
     """The Deployment to apply, with its record (labels LABEL_SOURCE, LABEL_GENERATION), and what the bound decided:
     None when this is no upgrade rollout (nothing to roll, a new Deployment, or the user's own change). Only the
-    Deployment's own labels take the record: its annotations, selector and pod template stay as rendered."""
+    Deployment's own labels take the record: its annotations, selector and pod template stay as rendered. `body`:
+    the TritonModel, or the TritonPool whose Deployment it is (`no_surge` False: see `upgrade_strategy`)."""
     out = copy.deepcopy(dict(desired))
     meta = out["metadata"] = dict(out["metadata"])
     labels = meta["labels"] = dict(meta.get("labels") or {})
@@ -248,12 +252,13 @@ def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None,
     if not _template_differs(live, out):
         if started is not None:  # still counted until it finishes: keep it (an apply leaving it out removes it)
             labels[LABEL_STARTED] = started
-        return upgrade_strategy(out, live), None
+        return upgrade_strategy(out, live, no_surge), None
     if not _same_source(live, body, source) or _int((live.get("spec") or {}).get("replicas", 1)) == 0:
         return out, None
     key = (live["metadata"].get("namespace", ""), live["metadata"]["name"])
+    what = "pool" if body.get("kind") == "TritonPool" else "model"
     others = upgrades.rolling - {key}
-    bound = f"{len(others)} of at most {upgrades.limit} model Deployments are in an upgrade rollout"
+    bound = f"{len(others)} of at most {upgrades.limit} Deployments are in an upgrade rollout"
     blocked = sorted(upgrades.stuck - {key}) if upgrades.limit else []
     if blocked:
         bound = (f"the upgrade rollout of {', '.join(f'{ns}/{n}' for ns, n in blocked[:3])} cannot schedule its new "
@@ -266,14 +271,15 @@ def bound_deployment(desired: Mapping[str, Any], live: Mapping[str, Any] | None,
             labels.pop(k, None)
             if k in _labels(live):
                 labels[k] = _labels(live)[k]
-        return upgrade_strategy(out, live), Upgrade(
-            False, f"the operator renders another pod template for this unchanged model; {bound} "
+        return upgrade_strategy(out, live, no_surge), Upgrade(
+            False, f"the operator renders another pod template for this unchanged {what}; {bound} "
                    "(--max-upgrade-rollouts): it waits for one to finish, its replicas keep serving")
     # One under way that takes a newer template keeps its slot and its start.
     labels[LABEL_STARTED] = started if started is not None and in_upgrade_rollout(live) else str(int(now.timestamp()))
     limit = f"{bound} besides it" if upgrades.limit else "no bound on upgrade rollouts (--max-upgrade-rollouts 0)"
-    out = upgrade_strategy(out, live)
+    out = upgrade_strategy(out, live, no_surge)
     how = ("one replica at a time, without a surge pod" if out["spec"].get("strategy") == NO_SURGE
-           else "with a surge pod (its one replica serves until the new one is warm)")
-    return out, Upgrade(True, f"the operator renders another pod template for this unchanged model: its Deployment "
+           else "with a surge pod (its one replica serves until the new one is warm)" if no_surge
+           else "one replica at a time with a surge pod, each old one going once its copies serve elsewhere")
+    return out, Upgrade(True, f"the operator renders another pod template for this unchanged {what}: its Deployment "
                               f"rolls to it now, {how}; {limit}")
