@@ -7,6 +7,8 @@ The upgrade: the test's own host-process operator, run with `--max-upgrade-rollo
 with another `--default-triton-image`, which names the same tritonserver image under another tag (tagged with `ctr`
 on every node: no pull), as a new operator version with a new default image would; the models name no image. Restarted
 once more mid-way (one model rolling, another waiting), it must keep the bound: it counts again from the Deployments.
+A TritonPool of one replica with one pooled model is upgraded in the same bound: its Deployment counts as one, and
+its replica hands the model over to the new one before it goes, so the pooled model's Service fails no request either.
 
 A sampler thread LISTs the namespace's Deployments and TritonModels while the upgrade runs: a Deployment is in an
 upgrade rollout when its template names the new reference (or its labels carry the operator's `upgrade-rollout-started`
@@ -42,9 +44,11 @@ from e2e.operator_fixtures import (
     start_operator,
     wait_model,
 )
+from e2e.pool import pool_doc, pooled_add_sub
 from e2e.testing import delete_namespace
 from triton_operator.api.kinds import LABEL_MODEL
 from triton_operator.api.pod import TRITON_CONTAINER
+from triton_operator.api.pool import LABEL_POOL
 from triton_operator.plan.upgrade import (
     LABEL_STARTED,
     NO_SURGE,
@@ -60,6 +64,10 @@ pytestmark = pytest.mark.cluster
 NEW_REF = "localhost/triton-operator/tritonserver:upgrade-bound"
 MODELS = ("ub-a", "ub-b", "ub-c")
 LIMIT = 1
+#: A pool of one replica with one pooled model: its Deployment counts against the same bound, and its replica hands
+#: the model over to the new one before it goes (`plan.pool.rollout`).
+POOL, POOLED = "ubpool", "ub-p"
+OWNED_SELECTOR = "app.kubernetes.io/managed-by=triton-operator"
 
 
 def _image(obj: dict[str, Any]) -> str | None:
@@ -109,8 +117,8 @@ class _Sampler:
             self._thread.join(15)
 
     def _sample(self) -> None:
-        deps = self.kube.items("Deployment", self.namespace, labelSelector=LABEL_MODEL)
-        models = self.kube.items("TritonModel", self.namespace)
+        deps = self.kube.items("Deployment", self.namespace, labelSelector=OWNED_SELECTOR)  # the models' and pool's
+        models = self.kube.items("TritonModel", self.namespace) + self.kube.items("TritonPool", self.namespace)
         rolling = _rolling(deps)
         waiting = {m["metadata"]["name"] for m in models
                    if model_condition(m, "Progressing").get("reason") == UPGRADE_WAITING}
@@ -136,6 +144,16 @@ def _upgraded(kube: Kube, namespace: str, name: str) -> bool:
     pods = live_pods(kube, namespace, name)
     return (is_model_ready(kube.get("TritonModel", name, namespace)) and len(dep) == 1 and _image(dep[0]) == NEW_REF
             and _finished(dep[0]) and len(pods) == 1 and _image(pods[0]) == NEW_REF)
+
+
+def _pool_upgraded(kube: Kube, namespace: str) -> bool:
+    """The pooled model Ready, the pool's Deployment on the new reference with its rollout finished, its one live
+    replica on it."""
+    dep = kube.get("Deployment", f"{POOL}-pool", namespace)
+    pods = [p for p in kube.items("Pod", namespace, labelSelector=f"{LABEL_POOL}={POOL}")
+            if not p["metadata"].get("deletionTimestamp")]
+    return (is_model_ready(kube.get("TritonModel", POOLED, namespace)) and _image(dep) == NEW_REF and _finished(dep)
+            and len(pods) == 1 and _image(pods[0]) == NEW_REF)
 
 
 def _misplaced_records(kube: Kube, namespace: str) -> list[str]:
@@ -194,12 +212,14 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
     sampler = _Sampler(kubeconfig, namespace)
     try:
         wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
-        apply(kubeconfig, namespace, *(add_sub(name) for name in MODELS))
-        for name in MODELS:
+        apply(kubeconfig, namespace, *(add_sub(name) for name in MODELS), pool_doc(POOL, 1, "256Mi"),
+              pooled_add_sub(POOLED, POOL))
+        for name in (*MODELS, POOLED):
             wait_model(kube, namespace, name, is_model_ready, "Ready", 300)
-        for d in kube.items("Deployment", namespace, labelSelector=LABEL_MODEL):
+        for d in kube.items("Deployment", namespace, labelSelector=OWNED_SELECTOR):
             assert _image(d) == TRITON_REF, d["metadata"]["name"]
-        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start() for name in MODELS]
+        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start()
+                 for name in (*MODELS, POOLED)]
         for load in loads:
             wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
         # From here on: before, kube-proxy may not have the new Services' endpoints yet (a refused connection).
@@ -211,6 +231,8 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
         for name in MODELS:
             wait_for(f"{name} Ready on {NEW_REF}, its rollout finished", lambda name=name: _upgraded(kube, namespace, name),
                      600)
+        wait_for(f"pool {POOL} on {NEW_REF}, its rollout finished, {POOLED} Ready",
+                 lambda: _pool_upgraded(kube, namespace), 600)
         took = time.monotonic() - t0
         sampler.stop()
         tallies = {load.model: load.stop() - warmup[load.model] for load in loads}
@@ -223,9 +245,9 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
         op.stop()
         delete_namespace(kube, namespace)  # the operator stopped first
 
-    started = {name: sum(e["involvedObject"]["name"] == name for e in events) for name in MODELS}
+    started = {name: sum(e["involvedObject"]["name"] == name for e in events) for name in (*MODELS, POOL)}
     failed = sum(t.failed for t in tallies.values())
-    record("upgrade bound: 3 unchanged models, --max-upgrade-rollouts 1, upgrade took", f"{took:.1f}s")
+    record("upgrade bound: 3 unchanged models and a pool, --max-upgrade-rollouts 1, upgrade took", f"{took:.1f}s")
     record("upgrade bound: most in an upgrade rollout at once",
            f"{sampler.max_rolling} in {sampler.samples} samples; waited: {sorted(sampler.waiting)}; "
            f"restart mid-way: {restarted}")
@@ -239,7 +261,7 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
                                   f"first failures {load.samples}" for load in loads)
     for m, t in tallies.items():
         assert t.sent - t.failed >= 20, f"{m}: the load did not really run: {t.summary()}"
-    assert all(started.values()), f"{UPGRADE_STARTED} Events per model: {started}"
+    assert all(started.values()), f"{UPGRADE_STARTED} Events per model and pool: {started}"
     assert not misplaced, misplaced
 
 
