@@ -12,14 +12,22 @@ module, as the autoscale benchmark's server is; `make prebuild` builds both).
   TritonPoolShortOfCapacity for the pool (its unplaced 96Mi), while the Ready model stays quiet; a model whose
   ConfigMap a ResourceQuota refuses makes TritonOperatorReconcileErrors fire; the broken model's load, retried 3
   times, does not make TritonReplicaHealsRepeating fire; once the pooled model is deleted its alert and its pool's
-  resolve (the leader's gauges go with it). Every query of every dashboard panel returns data: the serving model's
+  resolve (the leader's gauges go with it). A pooled model whose load fails makes TritonPoolLoadFailures fire; a pool
+  round a ResourceQuota of Services refuses, TritonPoolRoundErrors; a request to the webhook that is not an
+  AdmissionReview, TritonOperatorWebhookErrors (verdict malformed); every operator replica hung (SIGSTOP),
+  TritonOperatorDown. Not fired here: TritonOperatorNoLeader (it needs 2 minutes without a Lease write while a
+  replica is scraped up) and TritonQueueTimeHigh (a model's queue over its target under load): only in `promtool test
+  rules`. Every query of every dashboard panel returns data: the serving model's
   (its identical requests hit the response cache), the pool's (its replica, the model placed on it, its load) and the
   operator's (reconciles and their errors, writes, heals, the gate, admission). Waited on by condition.
 """
 
 from __future__ import annotations
 
+import ssl
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +60,8 @@ from triton_operator.api.pool import LABEL_POOL
 pytestmark = pytest.mark.cluster
 
 OPERATOR_JOB = "triton-operator-e2e"
+#: The chart's webhook.port: where each operator pod serves its admission webhook.
+WEBHOOK_PORT = 9443
 FAILS = "e2e-monitoring: this model cannot load"
 #: The Triton replicas' scrape job, named as the chart's PodMonitor names it (its jobLabel, the pods'
 #: app.kubernetes.io/name).
@@ -211,6 +221,21 @@ def _config(rules: Path, operator_pods: list[dict[str, Any]], replicas: list[dic
     }
 
 
+def _post_to_webhook(ip: str, body: bytes) -> int:
+    """POSTs `body` to an operator pod's webhook (the chart's port, TLS with the chart's own CA, not verified here:
+    the pod is addressed by IP); returns the HTTP status."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(f"https://{ip}:{WEBHOOK_PORT}/validate-tritonmodels", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as resp:  # noqa: S310 - https to our pod
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
 def _firing(prom: Prometheus) -> dict[str, list[dict[str, str]]]:
     doc = prom.get("/api/v1/alerts") or {}
     out: dict[str, list[dict[str, str]]] = {}
@@ -368,6 +393,28 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         quiet = {"TritonOperatorDown", "TritonOperatorNoLeader"}
         wait_for("the operator's up and leader alerts quiet", lambda: not quiet & _firing(prom).keys(), 60, 0.5)
 
+        # A pooled model whose every load fails (its initialize raises): TritonPoolLoadFailures, which fires on any
+        # failed load in 15 minutes (no `for`). 16Mi: it fits beside wide's one placed copy (96Mi of 128Mi).
+        bad_pooled = pooled_add_sub("bad-pooled", "full", 1, "16Mi")
+        bad_pooled["spec"]["source"]["inline"]["model.py"] = broken["spec"]["source"]["inline"]["model.py"]
+        apply(kubeconfig, namespace, bad_pooled)
+        wait_for("TritonPoolLoadFailures firing", lambda: _firing(prom).get("TritonPoolLoadFailures"), 120, 0.5)
+        # A pool round that fails: a ResourceQuota of no more Services (every model's is made by now), then a pooled
+        # model whose Service it refuses; the round is retried with back-off until the quota goes.
+        apply(kubeconfig, namespace, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-services"},
+                                      "spec": {"hard": {"count/services": "0"}}})
+        apply(kubeconfig, namespace, pooled_add_sub("unserved", "full", 1, "8Mi"))
+        wait_for("TritonPoolRoundErrors firing", lambda: _firing(prom).get("TritonPoolRoundErrors"), 120, 0.5)
+        kubectl(kubeconfig, "delete", "-n", namespace, "resourcequota", "no-services", "--wait=true")
+        kubectl(kubeconfig, "delete", "-n", namespace, "tritonmodel", "unserved", "bad-pooled", "--wait=true")
+        # A request to the webhook that is not an AdmissionReview (anyone who reaches its port can send one):
+        # answered 400 and counted malformed, and TritonOperatorWebhookErrors fires (any in 10 minutes, no `for`).
+        for pod in operator.pods():
+            assert _post_to_webhook(pod["status"]["podIP"], b'{"kind": "NotAReview"}') == 400
+        errors = wait_for("TritonOperatorWebhookErrors firing", lambda: _firing(prom).get(
+            "TritonOperatorWebhookErrors"), 60, 0.5)
+        assert {a.get("verdict") for a in errors} == {"malformed"}, errors
+
         # A deleted model's series goes with it (the leader's cache dropped it): its alert resolves, and so does its
         # pool's, which has room for every copy left. The pooled model, not broken: it has no pod of its own, whose
         # deletion (a preStop sleep and tritonserver's drain) the namespace's teardown would wait for.
@@ -376,5 +423,13 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
             out = _objects_alerting(prom, namespace, need=False) or {}
             return out.get("TritonModelNotReady") == {"broken", "denied"} and not out.get("TritonPoolShortOfCapacity")
         wait_for("TritonModelNotReady (wide) and TritonPoolShortOfCapacity resolved", resolved, 60, 0.5)
+
+        # Every replica of the operator hung (SIGSTOP): Prometheus scrapes none up, and TritonOperatorDown fires.
+        operator.freeze()
+        try:
+            wait_for("TritonOperatorDown firing", lambda: _firing(prom).get("TritonOperatorDown"), 60, 0.5)
+        finally:
+            operator.thaw()
+            operator.start()
     finally:
         prom.stop()
