@@ -198,6 +198,9 @@ class Reconciler:
         self._reserved.discard(key)
         self._wake_waiting()
 
+    async def list_upgrades(self) -> None:
+        await self._list_upgrades()
+
     def _upgrades(self) -> Upgrades:
         return Upgrades(self.max_upgrade_rollouts,
                         frozenset(self.cache.children.upgrading | self._reserved | self._draining()), self._stuck())
