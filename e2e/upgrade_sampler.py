@@ -64,7 +64,11 @@ def snapshot(at: float, deployments: Iterable[Obj], pods: Iterable[Obj], objects
         uids.setdefault(owner(p), set()).add(str(p["metadata"].get("uid", p["metadata"].get("name"))))
     return Snapshot(
         at=at,
-        rolling=frozenset(d["metadata"]["name"] for d in deployments if not rollout_finished(d)),
+        # A Deployment of 0 replicas (an ensemble's step, served by its ensembles) replaces no pod: its new template
+        # is seen "not finished" for the moment its controller takes to observe it, and it counted as rolling beside
+        # the bound (the demo's summary said 3 at a bound of 2: add-sub and two such steps).
+        rolling=frozenset(d["metadata"]["name"] for d in deployments
+                          if not rollout_finished(d) and (d.get("spec") or {}).get("replicas", 1) != 0),
         reasons={o["metadata"]["name"]: progressing(o) for o in objects},
         pending=frozenset(p["metadata"]["name"] for p in pods if unschedulable(p)),
         restarts={f"{p['metadata']['name']}/{c['name']}": int(c.get("restartCount") or 0)

@@ -75,6 +75,13 @@ def test_a_deployment_whose_controller_has_not_seen_its_spec_is_rolling() -> Non
     assert snapshot(0, [d], [], []).rolling == {"a"}
 
 
+def test_a_deployment_of_no_replica_replaces_no_pod_and_does_not_count_as_rolling() -> None:
+    step = dep("step")
+    step["spec"]["replicas"] = 0
+    step["metadata"]["generation"] = 3  # its new template, not observed yet: it rolls nothing
+    assert snapshot(0, [step], [], []).rolling == frozenset()
+
+
 def test_a_record_counts_from_its_first_sample() -> None:
     r = Record(bound=1, waiting_reason=UPGRADE_WAITING)
     before = snapshot(0, [dep("a"), dep("b")], [pod("a-1", "a", restarts=1), pod("b-1", "b")], [model("a"), model("b")])
