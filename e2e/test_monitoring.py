@@ -15,11 +15,12 @@ module, as the autoscale benchmark's server is; `make prebuild` builds both).
   resolve (the leader's gauges go with it). A pooled model whose load fails makes TritonPoolLoadFailures fire; a pool
   round a ResourceQuota of Services refuses, TritonPoolRoundErrors; a request to the webhook that is not an
   AdmissionReview, TritonOperatorWebhookErrors (verdict malformed); every operator replica hung (SIGSTOP),
-  TritonOperatorDown. Not fired here: TritonOperatorNoLeader (it needs 2 minutes without a Lease write while a
-  replica is scraped up) and TritonQueueTimeHigh (a model's queue over its target under load): only in `promtool test
-  rules`. Every query of every dashboard panel returns data: the serving model's
-  (its identical requests hit the response cache), the pool's (its replica, the model placed on it, its load) and the
-  operator's (reconciles and their errors, writes, heals, the gate, admission). Waited on by condition.
+  TritonOperatorDown; the serving model's requests, which wait in Triton's queue longer than the 1 µs this test sets
+  as `queueTimeMilliseconds`, TritonQueueTimeHigh. Not fired here: TritonOperatorNoLeader (it needs 2 minutes without
+  a Lease write while a replica is scraped up): only in `promtool test rules`. Every query of every dashboard panel
+  returns data: the serving model's (its identical requests hit the response cache), the pool's (its replica, the
+  model placed on it, its load) and the operator's (reconciles and their errors, writes, heals, the gate, admission).
+  Waited on by condition.
 """
 
 from __future__ import annotations
@@ -276,8 +277,11 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
             for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors", "modelNotReady",
                       "poolShortOfCapacity")}
     # healsPerHour 1: two retries of the broken model's load are over it (the third comes 6 s after the first).
+    # queueTimeMilliseconds 0.001 (1 µs, the schema's floor is above 0): a request that waited in Triton's queue at all
+    # is over it, so the serving model's own requests make TritonQueueTimeHigh's condition true.
     docs = _chart_monitoring(**{"monitoring.prometheusRule.operatorJob": OPERATOR_JOB,
-                                "monitoring.prometheusRule.healsPerHour": 1, **fors})
+                                "monitoring.prometheusRule.healsPerHour": 1,
+                                "monitoring.prometheusRule.queueTimeMilliseconds": 0.001, **fors})
     # The serving model with the response cache (the server's, 64Mi by default): its identical requests hit it.
     good = add_sub()
     good["spec"]["responseCache"] = True
@@ -372,6 +376,11 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         cached = {name: prom.query(f'sum(nv_cache_num_{name}_per_model{{namespace="{namespace}", tritonmodel="add-sub"}})')
                   for name in ("hits", "misses")}
         assert (cached["hits"] or 0) >= 7 and (cached["misses"] or 0) >= 1, cached
+        # The serving model's requests waited in Triton's queue longer than 1 µs on average: TritonQueueTimeHigh fires
+        # for it, by the chart's threshold (add-sub does not autoscale on queue time).
+        wait_for("TritonQueueTimeHigh firing for add-sub", lambda: [
+            a for a in _firing(prom).get("TritonQueueTimeHigh", []) if a.get("tritonmodel") == "add-sub"
+            and a.get("namespace") == namespace], 60, 0.5)
 
         counted_as_heals = heals["expr"].replace(', action!="retry"', "")  # as it was: then it fired
         assert counted_as_heals != heals["expr"], counted_as_heals
