@@ -15,9 +15,9 @@ module, as the autoscale benchmark's server is; `make prebuild` builds both).
   resolve (the leader's gauges go with it). A pooled model whose load fails makes TritonPoolLoadFailures fire; a pool
   round a ResourceQuota of Services refuses, TritonPoolRoundErrors; a request to the webhook that is not an
   AdmissionReview, TritonOperatorWebhookErrors (verdict malformed); every operator replica hung (SIGSTOP),
-  TritonOperatorDown; the serving model's requests, which wait in Triton's queue longer than the 1 µs this test sets
-  as `queueTimeMilliseconds`, TritonQueueTimeHigh. Not fired here: TritonOperatorNoLeader (it needs 2 minutes without
-  a Lease write while a replica is scraped up): only in `promtool test rules`. Every query of every dashboard panel
+  TritonOperatorDown; an admission policy refusing every write of the operator's Lease while its replicas run,
+  TritonOperatorNoLeader (its window set to 15 s); the serving model's requests, which wait in Triton's queue longer
+  than the 1 µs this test sets as `queueTimeMilliseconds`, TritonQueueTimeHigh. Every query of every dashboard panel
   returns data: the serving model's (its identical requests hit the response cache), the pool's (its replica, the
   model placed on it, its load) and the operator's (reconciles and their errors, writes, heals, the gate, admission).
   Waited on by condition.
@@ -222,6 +222,23 @@ def _config(rules: Path, operator_pods: list[dict[str, Any]], replicas: list[dic
     }
 
 
+def _lease_refusal(lease: str) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy and its binding that refuse every create and update of the operator's Lease
+    (`<release namespace>/<lease>`), and nothing else."""
+    name = f"e2e-refuse-lease-{lease}"
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": {"name": name},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
+                                                          "operations": ["CREATE", "UPDATE"], "resources": ["leases"]}]},
+                  "matchConditions": [{"name": "the-operators-lease", "expression":
+                                       f"request.namespace == '{RELEASE_NAMESPACE}' && request.name == '{lease}'"}],
+                  "validations": [{"expression": "false", "message": "e2e/test_monitoring: no Lease writes"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]}},
+    ]
+
+
 def _post_to_webhook(ip: str, body: bytes) -> int:
     """POSTs `body` to an operator pod's webhook (the chart's port, TLS with the chart's own CA, not verified here:
     the pod is addressed by IP); returns the HTTP status."""
@@ -281,7 +298,8 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
     # is over it, so the serving model's own requests make TritonQueueTimeHigh's condition true.
     docs = _chart_monitoring(**{"monitoring.prometheusRule.operatorJob": OPERATOR_JOB,
                                 "monitoring.prometheusRule.healsPerHour": 1,
-                                "monitoring.prometheusRule.queueTimeMilliseconds": 0.001, **fors})
+                                "monitoring.prometheusRule.queueTimeMilliseconds": 0.001,
+                                "monitoring.prometheusRule.noLeaderWindow": "15s", **fors})
     # The serving model with the response cache (the server's, 64Mi by default): its identical requests hit it.
     good = add_sub()
     good["spec"]["responseCache"] = True
@@ -439,6 +457,20 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
             wait_for("TritonOperatorDown firing", lambda: _firing(prom).get("TritonOperatorDown"), 60, 0.5)
         finally:
             operator.thaw()
+            operator.start()
+
+        # Replicas up, but no write of the leader Lease succeeds (an admission policy refuses them, as a missing RBAC
+        # rule would): the leader cannot renew it and stops leading, no follower can take it. TritonOperatorNoLeader
+        # fires once noLeaderWindow (15 s here) has passed with none.
+        wait_for("the operator's up and leader alerts quiet again", lambda: not quiet & _firing(prom).keys(), 60, 0.5)
+        refusal = _lease_refusal(operator.fullname)
+        apply(kubeconfig, namespace, *refusal)
+        try:
+            wait_for("TritonOperatorNoLeader firing", lambda: _firing(prom).get("TritonOperatorNoLeader"), 90, 0.5)
+            assert "TritonOperatorDown" not in _firing(prom), "the replicas are up: only the leader is missing"
+        finally:
+            for doc in reversed(refusal):
+                kubectl(kubeconfig, "delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found")
             operator.start()
     finally:
         prom.stop()

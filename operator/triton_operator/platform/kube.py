@@ -267,6 +267,7 @@ class Kube:
         created: dict[str, Any] = self._call("POST", self.path(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj,
                                              query=[("fieldManager", FIELD_MANAGER)],
                                              what=("create", obj["kind"], meta["namespace"], meta["name"]))
+        _count_lease_write(obj["kind"], "create")
         return created
 
     def create_if_absent(self, obj: dict[str, Any]) -> bool:
@@ -287,6 +288,7 @@ class Kube:
         replaced: dict[str, Any] = self._call(
             "PUT", self.path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]), body=obj,
             query=[("fieldManager", FIELD_MANAGER)], what=("update", obj["kind"], meta["namespace"], meta["name"]))
+        _count_lease_write(obj["kind"], "update")
         return replaced
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
@@ -430,8 +432,15 @@ def _message(data: bytes) -> str:
 
 
 def _count_write(kind: str, verb: str) -> None:
-    """The Lease's renewals (one every retry period, even when idle) are counted apart from the reconcile's writes."""
+    """A write sent (the Lease's are counted apart, once they succeed: `_count_lease_write`)."""
+    if kind != LEASE.kind:
+        metrics.API_WRITES.labels(kind=kind, verb=verb).inc()
+
+
+def _count_lease_write(kind: str, verb: str) -> None:
+    """A write of the Lease that succeeded (one every retry period while leading, even when idle). Counted once it
+    succeeds, not when sent: the chart's TritonOperatorNoLeader fires when none succeeds for a while, and replicas
+    whose writes are refused (RBAC, an admission policy) try again every retry period: counted when sent, those
+    refusals kept it quiet in the one case it is for."""
     if kind == LEASE.kind:
         metrics.LEASE_WRITES.labels(verb=verb).inc()
-    else:
-        metrics.API_WRITES.labels(kind=kind, verb=verb).inc()

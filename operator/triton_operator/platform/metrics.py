@@ -7,4 +7,5 @@ from prometheus_client import Counter
 API_WRITES = Counter("triton_operator_api_writes_total", "Writes the operator sent to the API server (the leader Lease's "
                      "apart: triton_operator_lease_writes_total)", ["kind", "verb"])
 LEASE_WRITES = Counter("triton_operator_lease_writes_total",
-                       "Writes of the leader-election Lease: taking it, renewing it every retry period, releasing it", ["verb"])
+                       "Writes of the leader-election Lease that succeeded: taking it, renewing it every retry period, "
+                       "releasing it", ["verb"])
