@@ -14,7 +14,7 @@ from tests.documents import pool_document, python_model
 from triton_operator.api import pool as pp_api
 from triton_operator.api.pool import TritonPool
 from triton_operator.plan import pool as pp
-from triton_operator.plan.upgrade import UPGRADE_WAITING, Upgrade
+from triton_operator.plan.upgrade import UPGRADE_UNSCHEDULABLE, UPGRADE_WAITING, Upgrade
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 
@@ -524,3 +524,13 @@ def test_a_pool_waiting_for_an_upgrade_slot_and_a_pool_rolling_say_so_on_progres
     progressing = next(c for c in plan.pool_status["conditions"] if c["type"] == "Progressing")
     assert (progressing["status"], progressing["reason"]) == ("True", pp.ROLLING_REPLICAS), progressing
     assert "r1 leaves once its copies serve elsewhere, replaced by r3" in progressing["message"]
+
+
+def test_a_pool_whose_upgrade_rollout_cannot_schedule_its_surge_pod_says_so_on_progressing() -> None:
+    why = ("the upgrade rollout's new pod p-pool-x cannot be scheduled: 0/2 nodes are available: 2 Insufficient "
+           "nvidia.com/gpu. Its other replicas keep serving; the model holds its upgrade slot until there is room")
+    rnd = replace(_round(), unschedulable=why)
+    progressing = next(c for c in pp.plan_pool(_world(rnd, **_serves(rnd))).pool_status["conditions"]
+                       if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", UPGRADE_UNSCHEDULABLE), progressing
+    assert "Insufficient nvidia.com/gpu" in progressing["message"] and "the pool holds" in progressing["message"]

@@ -627,3 +627,17 @@ def test_a_pools_deployment_counts_against_the_same_bound_and_rolls_with_its_sur
     _, upgrade = bound_deployment(desired, live, changed, source_digest(changed, {}),
                                   Upgrades(2, frozenset({(NS, "a"), (NS, "b")})), now, no_surge=False)
     assert upgrade is None, "the user's own change to the pool rolls at once, as a model's does"
+
+
+def test_a_pools_upgrade_rollout_that_cannot_schedule_its_surge_pod_or_still_drains_holds_the_bound() -> None:
+    """The pools' rounds list their pods and tell the models' reconciler (`report_pool`), whose cache holds no pool
+    pod: a pool's surge pod Pending for room stops any other upgrade rollout from starting, as a model's does, and
+    its replaced replicas still terminating keep its slot."""
+    rec = Reconciler(_Kube([], []), Cache(), NEW, max_upgrade_rollouts=2)  # type: ignore[arg-type]
+    key = (NS, "p-pool")
+    rec.report_pool(key, stuck=True, drains=False)
+    assert rec.upgrade_slots().stuck == {key} and rec.upgrade_slots().rolling == set()
+    rec.report_pool(key, stuck=False, drains=True)
+    assert rec.upgrade_slots().stuck == set() and rec.upgrade_slots().rolling == {key}
+    rec.report_pool(key, stuck=False, drains=False)
+    assert rec.upgrade_slots() == Upgrades(2, frozenset(), frozenset()), "both told over: the slot is free"

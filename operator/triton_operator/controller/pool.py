@@ -72,13 +72,24 @@ from ..api.v1alpha1 import TritonModel, quantity_bytes
 from ..plan import pool as pool_plan
 from ..plan.planner import differs
 from ..plan.pool import FETCH_FAILED_PREFIX
-from ..plan.upgrade import UPGRADE_STARTED, DeploymentKey, Upgrade, Upgrades, bound_deployment, source_digest
+from ..plan.upgrade import (
+    UPGRADE_STARTED,
+    DeploymentKey,
+    Upgrade,
+    Upgrades,
+    bound_deployment,
+    draining,
+    source_digest,
+    unschedulable,
+)
 from ..platform.kube import Kube
 from ..render.kubernetes import Options
 from ..render.pool import (
     LABEL_SERVICE_NAME,
     LABEL_SLICE_MANAGED_BY,
+    POOL_DEPLOYMENT_SUFFIX,
     ReplicaPod,
+    pool_deployment_name,
     pool_key,
     render_endpoint_slices,
     render_model_hpa,
@@ -114,6 +125,7 @@ class UpgradeSlots(Protocol):
     def reserve_upgrade(self, key: DeploymentKey) -> None: ...
     def release_upgrade(self, key: DeploymentKey) -> None: ...
     async def list_upgrades(self) -> None: ...
+    def report_pool(self, key: DeploymentKey, stuck: bool, drains: bool) -> None: ...
 
 
 @dataclass
@@ -257,6 +269,8 @@ class PoolReconciler:
             if body is not None:
                 self.put_pool(body)
         if body is None:
+            if self.slots is not None:  # a pool deleted mid-rollout holds no slot
+                self.slots.report_pool((namespace, f"{name}{POOL_DEPLOYMENT_SUFFIX}"), False, False)
             await self._orphans(namespace, name, members)
             return None
         try:
@@ -267,8 +281,9 @@ class PoolReconciler:
         uid = body["metadata"]["uid"]
         template, upgrade = await self._apply_children(namespace, pool, uid, body)
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
+        unscheduled = self._report_upgrade(namespace, pool, pods)
         rnd = pool_plan.round_of(namespace, pool, body, members, pods, pool_key(pool, uid, namespace, self.options),
-                                 template, upgrade)
+                                 template, upgrade, unscheduled)
         if rnd.rollout.mark is not None:
             log.info("Rollout: replica leaves next pool=%s/%s pod=%s replacedBy=%s", namespace, name,
                      rnd.rollout.mark, ",".join(rnd.rollout.waiting))
@@ -291,6 +306,18 @@ class PoolReconciler:
                 await asyncio.to_thread(self.kube.patch_pod_annotations, namespace, name, wanted)
             except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next round writes it again
                 log.warning("Failed to annotate pod=%s/%s annotations=%s error=%r", namespace, name, dict(wanted), exc)
+
+    def _report_upgrade(self, namespace: str, pool: TritonPool, pods: list[dict[str, Any]]) -> str | None:
+        """Tells the bound on upgrade rollouts (`slots`) whether the pool's Deployment, in an upgrade rollout, cannot
+        schedule its surge pod (then no other upgrade rollout starts: its pods would wait for the same room) or still
+        has replaced pods terminating (it keeps its slot until they are gone), as a model's Deployment does
+        (`plan.upgrade.unschedulable`, `draining`); returns why it cannot schedule, if it cannot."""
+        key = (namespace, pool_deployment_name(pool))
+        deployment = self.cache.children.get((DEPLOYMENT.kind, *key))
+        why = unschedulable(deployment, pods)
+        if self.slots is not None:
+            self.slots.report_pool(key, why is not None, deployment is not None and draining(deployment, pods))
+        return why
 
     @staticmethod
     def _handing_over(rnd: pool_plan.PoolRound, world: pool_plan.PoolWorld) -> pool_plan.PoolPlan:

@@ -65,6 +65,11 @@ class Reconciler:
         self._upgrades_listed = False
         self._listing = asyncio.Lock()
         self._reserved: set[DeploymentKey] = set()
+        # The pools' Deployments whose upgrade rollout cannot schedule its surge pod, or whose replaced pods still
+        # terminate: what `_stuck` and `_draining` find for a model's, told by the pools' rounds (`report_pool`), which
+        # list their pods (this cache holds none of a pool's).
+        self.pools_stuck: frozenset[DeploymentKey] = frozenset()
+        self.pools_draining: frozenset[DeploymentKey] = frozenset()
         self._waiting: set[DeploymentKey] = set()
         #: One worker per model, bursts of events coalesced into one reconcile, at most `max_concurrent` at once; a
         #: failed one backs off, cut short only by a new generation or the model's deletion (`_generation`).
@@ -201,9 +206,19 @@ class Reconciler:
     async def list_upgrades(self) -> None:
         await self._list_upgrades()
 
+    def report_pool(self, key: DeploymentKey, stuck: bool, drains: bool) -> None:
+        """A pool's round found its Deployment's upgrade rollout unable to schedule its surge pod (`stuck`), or its
+        replaced pods still terminating (`drains`); a change wakes the models waiting for a slot."""
+        before = (self.pools_stuck, self.pools_draining)
+        self.pools_stuck = self.pools_stuck - {key} | ({key} if stuck else set())
+        self.pools_draining = self.pools_draining - {key} | ({key} if drains else set())
+        if (self.pools_stuck, self.pools_draining) != before:
+            self._wake_waiting()
+
     def _upgrades(self) -> Upgrades:
         return Upgrades(self.max_upgrade_rollouts,
-                        frozenset(self.cache.children.upgrading | self._reserved | self._draining()), self._stuck())
+                        frozenset(self.cache.children.upgrading | self._reserved | self._draining()
+                                  | self.pools_draining), self._stuck() | self.pools_stuck)
 
     def _stuck(self) -> frozenset[DeploymentKey]:
         """The unfinished upgrade rollouts whose new pod cannot be scheduled (`plan.upgrade.unschedulable`): while

@@ -54,7 +54,7 @@ from .status import (
     status_changed,
     transitions,
 )
-from .upgrade import UPGRADE_WAITING, Upgrade
+from .upgrade import UPGRADE_UNSCHEDULABLE, UPGRADE_WAITING, Upgrade
 
 POOL_NOT_FOUND = "PoolNotFound"
 #: The pool's Progressing reason while its Deployment rolls its pods to a new template (`rollout`).
@@ -897,6 +897,8 @@ class Replicas:
     rolling: str = ""
     # The pool's Deployment waits for an upgrade slot (`plan.upgrade`): why, "" when it does not.
     upgrade_waiting: str = ""
+    # Its upgrade rollout cannot schedule its surge pod: the scheduler's message, "" when it can.
+    upgrade_unschedulable: str = ""
 
     @property
     def serving(self) -> bool:
@@ -920,6 +922,12 @@ def pool_upgrade_waiting(r: Replicas) -> dict[str, Any] | None:
     it: its replicas keep the template they run (a model's Deployment says the same, `plan.upgrade`)."""
     return condition("Progressing", True, UPGRADE_WAITING, f"{r.why}; {r.upgrade_waiting}", r.g) \
         if r.upgrade_waiting else None
+
+
+def pool_upgrade_unschedulable(r: Replicas) -> dict[str, Any] | None:
+    """Its upgrade rollout's surge pod waits for room (a GPU): its replicas keep serving, and it holds its slot."""
+    return condition("Progressing", True, UPGRADE_UNSCHEDULABLE, f"{r.why}; {r.upgrade_unschedulable}", r.g) \
+        if r.upgrade_unschedulable else None
 
 
 def pool_rolling(r: Replicas) -> dict[str, Any] | None:
@@ -952,8 +960,8 @@ def pool_as_expected(r: Replicas) -> dict[str, Any]:
 
 
 POOL_READY: tuple[ReplicasPolicy, ...] = (pool_all_serving, pool_not_all_serving)
-POOL_PROGRESSING: tuple[ReplicasPolicy, ...] = (pool_upgrade_waiting, pool_rolling, pool_settled, pool_stuck,
-                                                 pool_loading)
+POOL_PROGRESSING: tuple[ReplicasPolicy, ...] = (pool_upgrade_waiting, pool_upgrade_unschedulable, pool_rolling,
+                                                 pool_settled, pool_stuck, pool_loading)
 POOL_DEGRADED: tuple[ReplicasPolicy, ...] = (pool_short_of_capacity, pool_load_failed, pool_as_expected)
 
 
@@ -961,7 +969,7 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
                 pods: Mapping[str, ReplicaPod], placement: Placement, records: Mapping[str, Mapping[str, str]],
                 behind: int, failed: int, selector: str, now: dt.datetime,
                 loading: Mapping[str, Mapping[str, InFlight]] | None = None, rolling: str = "",
-                upgrade_waiting: str = "") -> dict[str, Any]:
+                upgrade_waiting: str = "", upgrade_unschedulable: str = "") -> dict[str, Any]:
     """The pool's status: its replicas, what each carries and has loaded, capacity used and free, and conditions.
     `behind`: copies placed that do not serve yet; `failed`: models whose loads failed; `loading`: the loads in flight
     (`recorded_loading` reads them back)."""
@@ -985,7 +993,8 @@ def pool_status(pool: TritonPool, body: Mapping[str, Any], live: Sequence[PoolRe
     short = len(placement.shortfalls)
     why = (f"{ready}/{pool.spec.replicas} replicas Ready; {len(set(placement.copies) - set(placement.shortfalls))} "
            f"models placed, {behind} copies loading, {failed} failing, {short} short of capacity")
-    seen = Replicas(ready, pool.spec.replicas, behind, failed, short, why, g, rolling, upgrade_waiting)
+    seen = Replicas(ready, pool.spec.replicas, behind, failed, short, why, g, rolling, upgrade_waiting,
+                    upgrade_unschedulable)
     progressing, degraded = _first(POOL_PROGRESSING, seen), _first(POOL_DEGRADED, seen)
     conds = [_first(POOL_READY, seen), progressing, degraded, *kstatus_conditions(progressing, degraded, g)]
     if pool.spec.server.unrestricted_apis:
@@ -1046,6 +1055,8 @@ class PoolRound:
     costs: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
     rollout: Rollout = field(default_factory=Rollout)
     upgrade: Upgrade | None = None  # what the bound on upgrade rollouts decided for the pool's Deployment this round
+    # Why the pool's upgrade rollout cannot schedule its surge pod (`plan.upgrade.unschedulable`), if it cannot.
+    unschedulable: str | None = None
 
     def address(self, replica: str) -> str:
         return f"{self.pods[replica].ip}:{HTTP_PORT}"
@@ -1057,7 +1068,7 @@ class PoolRound:
 
 def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members: Mapping[str, Member],
              pods: Sequence[Mapping[str, Any]], key: str | None, template: str = "",
-             upgrade: Upgrade | None = None) -> PoolRound:
+             upgrade: Upgrade | None = None, unschedulable: str | None = None) -> PoolRound:
     """The round's basis, from the pool's pods as listed; `template`: the LABEL_POOL_TEMPLATE of the pod template
     the pool's Deployment has (`rollout`); `upgrade`: what the bound on upgrade rollouts decided for it."""
     live, views = replicas(pods)
@@ -1066,7 +1077,7 @@ def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members:
     ready = [r.name for r in live if views[r.name].up and views[r.name].ip]
     return PoolRound(namespace, pool, body, members, views, live, placement, ready,
                      coming(pods, pool.spec.replicas), graph_of(members), key,
-                     deletion_costs(placement, pods, ro.leaving), ro, upgrade)
+                     deletion_costs(placement, pods, ro.leaving), ro, upgrade, unschedulable)
 
 
 def triton_asks(rnd: PoolRound, ready: Sequence[str]) -> dict[str, list[str]]:
@@ -1312,7 +1323,8 @@ def _published(world: PoolWorld, draining: frozenset[tuple[str, str]],
     selector = ",".join(f"{k}={v}" for k, v in pool_selector(rnd.pool).items())
     status = pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, world.records, behind, failed,
                          selector, world.now, loading, rnd.rollout.says(),
-                         rnd.upgrade.message if rnd.upgrade is not None and not rnd.upgrade.started else "")
+                         rnd.upgrade.message if rnd.upgrade is not None and not rnd.upgrade.started else "",
+                         (rnd.unschedulable or "").replace("the model holds", "the pool holds"))
     writes = {n: w for n, s in statuses.items() if (w := model_write(
         world.stored.get(n, rnd.members[n].body.get("status") or {}), s)) is not None}
     pool_stored = world.pool_stored if world.pool_stored is not None else rnd.body.get("status") or {}

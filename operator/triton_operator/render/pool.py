@@ -102,9 +102,13 @@ def pool_owner_reference(pool: TritonPool, uid: str) -> dict[str, Any]:
             "blockOwnerDeletion": True}
 
 
+#: What a pool's Deployment is named after the pool (`pool_deployment_name`).
+POOL_DEPLOYMENT_SUFFIX = "-pool"
+
+
 def pool_deployment_name(pool: TritonPool) -> str:
     """The pool's Deployment: `<pool>-pool`, apart from a TritonModel's own Deployment of the pool's name."""
-    return f"{pool.name}-pool"
+    return f"{pool.name}{POOL_DEPLOYMENT_SUFFIX}"
 
 
 def pool_key_secret_name(pool: TritonPool, key: str | None) -> str:
