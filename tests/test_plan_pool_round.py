@@ -528,7 +528,7 @@ def test_a_pool_waiting_for_an_upgrade_slot_and_a_pool_rolling_say_so_on_progres
 
 def test_a_pool_whose_upgrade_rollout_cannot_schedule_its_surge_pod_says_so_on_progressing() -> None:
     why = ("the upgrade rollout's new pod p-pool-x cannot be scheduled: 0/2 nodes are available: 2 Insufficient "
-           "nvidia.com/gpu. Its other replicas keep serving; the model holds its upgrade slot until there is room")
+           "nvidia.com/gpu. Its other replicas keep serving; the pool holds its upgrade slot until there is room")
     rnd = replace(_round(), unschedulable=why)
     progressing = next(c for c in pp.plan_pool(_world(rnd, **_serves(rnd))).pool_status["conditions"]
                        if c["type"] == "Progressing")

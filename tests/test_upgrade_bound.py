@@ -37,6 +37,7 @@ from triton_operator.plan.upgrade import (
     draining,
     rollout_finished,
     source_digest,
+    unschedulable,
     upgrade_rollouts,
 )
 from triton_operator.render.kubernetes import Options
@@ -531,6 +532,10 @@ def test_a_surge_pod_that_cannot_be_scheduled_is_said_on_the_status_not_held_in_
     progressing = _conditions(said)["Progressing"]
     assert (progressing.status, progressing.reason) == ("True", UPGRADE_UNSCHEDULABLE)
     assert "m-new" in progressing.message and "Insufficient nvidia.com/gpu" in progressing.message
+    assert "the model holds its upgrade slot" in progressing.message
+    pods = [_pod("m-old"), _pod("m-new", pending=NO_GPU)]
+    assert "the pool holds its upgrade slot" in (unschedulable(rolling, pods, owner="pool") or ""), \
+        "a pool's Deployment (controller.pool) says whose slot it is"
     assert UPGRADE_UNSCHEDULABLE in [e.reason for e in said.events]
     # The GPU it waits for is on its way back: a pod of the model terminates.
     on_its_way = plan(replace(full, pods=[*full.pods, _pod("m-older", terminating=True)]))

@@ -314,7 +314,7 @@ class PoolReconciler:
         (`plan.upgrade.unschedulable`, `draining`); returns why it cannot schedule, if it cannot."""
         key = (namespace, pool_deployment_name(pool))
         deployment = self.cache.children.get((DEPLOYMENT.kind, *key))
-        why = unschedulable(deployment, pods)
+        why = unschedulable(deployment, pods, owner="pool")
         if self.slots is not None:
             self.slots.report_pool(key, why is not None, deployment is not None and draining(deployment, pods))
         return why

@@ -1324,7 +1324,7 @@ def _published(world: PoolWorld, draining: frozenset[tuple[str, str]],
     status = pool_status(rnd.pool, rnd.body, rnd.live, rnd.pods, rnd.placement, world.records, behind, failed,
                          selector, world.now, loading, rnd.rollout.says(),
                          rnd.upgrade.message if rnd.upgrade is not None and not rnd.upgrade.started else "",
-                         (rnd.unschedulable or "").replace("the model holds", "the pool holds"))
+                         rnd.unschedulable or "")
     writes = {n: w for n, s in statuses.items() if (w := model_write(
         world.stored.get(n, rnd.members[n].body.get("status") or {}), s)) is not None}
     pool_stored = world.pool_stored if world.pool_stored is not None else rnd.body.get("status") or {}

@@ -159,10 +159,12 @@ def draining(deployment: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -
                                                         for p in pods)
 
 
-def unschedulable(deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> str | None:
+def unschedulable(deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
+                  owner: str = "model") -> str | None:
     """Why an upgrade rollout of `deployment` (LABEL_STARTED, unfinished) does not move, if it waits for room: a pod
     of the model Pending as Unschedulable (the scheduler's message: which resource no node has free), while no pod
-    of the model terminates (a replacement waits for the GPU its own replaced pod is giving back: on its way)."""
+    of the model terminates (a replacement waits for the GPU its own replaced pod is giving back: on its way).
+    `owner`: what the message says holds the slot ("model", or "pool" for a TritonPool's Deployment)."""
     if deployment is None or not in_upgrade_rollout(deployment):
         return None
     pods = list(pods)
@@ -177,7 +179,7 @@ def unschedulable(deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[s
             replicas = _int((deployment.get("spec") or {}).get("replicas", 1))
             return (f"the upgrade rollout's new pod {p['metadata'].get('name', '')} cannot be scheduled: "
                     f"{scheduled.get('message') or 'Unschedulable'}. "
-                    f"{'Its other replicas keep' if replicas > 1 else 'Its old replica keeps'} serving; the model "
+                    f"{'Its other replicas keep' if replicas > 1 else 'Its old replica keeps'} serving; the {owner} "
                     "holds its upgrade slot until there is room for it (a GPU freed, or a node added)")[:2000]
     return None
 
