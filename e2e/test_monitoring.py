@@ -7,24 +7,29 @@ module, as the autoscale benchmark's server is; `make prebuild` builds both).
 - The real Prometheus scrapes the session's real operator (the chart's, two pods), a real Triton replica of a model
   with the response cache and a real pool replica, labelled as the chart's PodMonitor labels them, with the chart's
   rules (every `for` at 0s): every rule evaluates without error; a TritonModel whose model cannot load makes
-  TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; that
-  model and one on an overfilled pool (two copies, one replica) make TritonModelNotReady fire for each, and
+  TritonReplicaGateFailing fire (reason ModelLoadFailed) while the operator's up and led alerts stay quiet; that model
+  and one on an overfilled pool (two copies, one replica) make TritonModelNotReady fire for each, and
   TritonPoolShortOfCapacity for the pool (its unplaced 96Mi), while the Ready model stays quiet; a model whose
   ConfigMap a ResourceQuota refuses makes TritonOperatorReconcileErrors fire; the broken model's load, retried 3
-  times, does not make TritonReplicaHealsRepeating fire; once the pooled model is deleted its alert and its pool's
-  resolve (the leader's gauges go with it). A pooled model whose load fails makes TritonPoolLoadFailures fire; a pool
-  round a ResourceQuota of Services refuses, TritonPoolRoundErrors; a request to the webhook that is not an
-  AdmissionReview, TritonOperatorWebhookErrors (verdict malformed); every operator replica hung (SIGSTOP),
-  TritonOperatorDown; an admission policy refusing every write of the operator's Lease while its replicas run,
-  TritonOperatorNoLeader (its window set to 15 s); the serving model's requests, which wait in Triton's queue longer
-  than the 1 µs this test sets as `queueTimeMilliseconds`, TritonQueueTimeHigh. Every query of every dashboard panel
-  returns data: the serving model's (its identical requests hit the response cache), the pool's (its replica, the
-  model placed on it, its load) and the operator's (reconciles and their errors, writes, heals, the gate, admission).
+  times, does not make TritonReplicaHealsRepeating fire, but two replicas that served and broke (the model's and the
+  pool's, their Python stubs killed), each healed by a reload, do (healsPerHour 1); once the pooled model is deleted
+  its alert and its pool's resolve (the leader's gauges go with it). A pooled model whose load fails makes
+  TritonPoolLoadFailures fire; a pool round a ResourceQuota of Services refuses, TritonPoolRoundErrors; a request to
+  the webhook that is not an AdmissionReview, TritonOperatorWebhookErrors (verdict malformed); every operator replica
+  hung (SIGSTOP), TritonOperatorDown; an admission policy refusing every write of the operator's Lease while its
+  replicas run, TritonOperatorNoLeader (its window set to 15 s); the serving model's requests, which wait in Triton's
+  queue longer than the 1 µs this test sets as `queueTimeMilliseconds`, TritonQueueTimeHigh. Every query of every
+  dashboard panel returns a number, not NaN, right after the heals: the serving model's (requests sent while it is
+  read; its identical requests hit the response cache), the pool's (its replica, the model placed on it, its load: the
+  heal's) and the operator's (reconciles and their errors, writes, heals, the gate: the healed replica's, admission).
   Waited on by condition.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import signal
 import ssl
 import subprocess
 import urllib.error
@@ -37,6 +42,7 @@ import yaml
 
 from bench.promkeda import Prometheus, build_prometheus
 from e2e.cluster import session_root
+from e2e.healing import event_names, stubs_of
 from e2e.kube import Kube, condition, wait_for
 from e2e.operator_fixtures import (
     RELEASE_NAMESPACE,
@@ -133,6 +139,10 @@ SCENARIOS: list[tuple[str, list[tuple[str, str]], str, list[dict[str, str]]]] = 
                                      (f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 2"),
                                      (f"triton_operator_heals_total{{{OP}, action='retry', result='failed'}}", "0+1x60")],
      "60m", [{"severity": "warning", "action": "delete"}]),
+    # Four reloads in an hour, over the default 3, counted from the 0 the operator exposes before its first heal (a
+    # series first scraped at 1 loses that heal but for increase()'s extrapolation, at most half a scrape interval).
+    ("TritonReplicaHealsRepeating", [(f"triton_operator_heals_total{{{OP}, action='reload', result='ok'}}", "0 1 2 3 4")],
+     "4m", [{"severity": "warning", "action": "reload"}]),
     # The leader's gauge of each model's Ready condition (two replicas scraped with it during a handover: one series
     # per model); a model Ready again within `for` is quiet.
     ("TritonModelNotReady", [
@@ -281,6 +291,15 @@ def _result(prom: Prometheus, expr: str) -> list[Any] | str:
     return list(doc["data"]["result"])
 
 
+def _answers(ip: str) -> bool:
+    """Whether add-sub's replica at `ip` answered one request."""
+    try:
+        infer_add_sub(ip)
+    except Exception:  # noqa: BLE001 - not answering yet (a heal): asked again
+        return False
+    return True
+
+
 def _serving(ip: str, model: str) -> bool:
     try:
         return bool(ready_on(ip, [model]))
@@ -289,7 +308,7 @@ def _serving(ip: str, model: str) -> bool:
 
 
 def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_metrics(
-        kube: Kube, kubeconfig: Path, namespace: str, operator: ChartOperator) -> None:
+        kube: Kube, kubeconfig: Path, namespace: str, operator: ChartOperator, nodes: Any) -> None:
     fors = {f"monitoring.prometheusRule.for.{k}": "0s"
             for k in ("operatorDown", "noLeader", "reconcileErrors", "queueTime", "poolRoundErrors", "modelNotReady",
                       "poolShortOfCapacity")}
@@ -373,22 +392,6 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
                     if r["alert"] == "TritonReplicaHealsRepeating"]
         assert _result(prom, heals["expr"]) == [], heals["expr"]
 
-        # Every query of every dashboard panel returns data (Grafana's variables at All, its $__rate_interval 1m).
-        board = dashboard(docs)
-        blank: list[tuple[str, str]] = []
-
-        def data_for_all() -> bool:
-            blank.clear()
-            for title, expr in panel_queries(board):
-                result = _result(prom, expr)
-                assert not isinstance(result, str), (title, expr, result)
-                if not result:
-                    blank.append((title, expr))
-            return not blank
-        try:
-            wait_for("every dashboard query with data", data_for_all, 60, 1.0)
-        except TimeoutError as exc:
-            raise AssertionError(f"dashboard queries without data: {blank}") from exc
         # The cache panel's data is add-sub's: 7 of its 8 identical requests answered from the cache (its warm-up's
         # random samples are misses, if the cache sees them).
         cached = {name: prom.query(f'sum(nv_cache_num_{name}_per_model{{namespace="{namespace}", tritonmodel="add-sub"}})')
@@ -419,6 +422,48 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         # scrapes of it (at its first evaluation it had none, and with `for: 0s` those fired), those are quiet.
         quiet = {"TritonOperatorDown", "TritonOperatorNoLeader"}
         wait_for("the operator's up and leader alerts quiet", lambda: not quiet & _firing(prom).keys(), 60, 0.5)
+
+        # Two replicas that served and broke (their Python stubs killed): the model's own, healed by a reload there,
+        # and the pool's, whose copy of wide the pool reloads. Two heals in the hour are over healsPerHour (1):
+        # TritonReplicaHealsRepeating fires for action reload. The operator exposes each action's count at 0 from its
+        # start: a series first scraped at 1 showed no increase for the first heal, and one heal would have been seen.
+        earlier = event_names(kube, namespace)
+        for pod, model in ((serving, "add-sub"), (pool_replica, "wide")):
+            stubs = stubs_of(nodes, pod, model)
+            assert stubs, f"no Python stub of {model} in {pod['metadata']['name']}"
+            for pid in stubs:
+                os.kill(pid, signal.SIGKILL)
+        healed_on = {serving["metadata"]["name"], "wide"}  # a replica's heal is an Event on its pod, a copy's on its model
+
+        def healed() -> set[str] | None:
+            done = {(e.get("involvedObject") or {}).get("name") for e in kube.items("Event", namespace)
+                    if e["metadata"]["name"] not in earlier and e.get("reason") == "Healed"}
+            return done if healed_on <= done else None
+        wait_for("add-sub's replica and wide's pooled copy healed (Events Healed)", healed, 120, 0.5)
+        wait_for("add-sub answering again", lambda: _answers(ip), 60, 0.5)
+
+        # Every query of every dashboard panel returns a number (Grafana's variables at All, its $__rate_interval 1m),
+        # not NaN: the ratios and quantiles of rates over the last minute need requests (sent here, one each poll), a
+        # gate turning True (add-sub's, healed) and a pool load (wide's, healed) in that minute, as on a busy cluster.
+        board = dashboard(docs)
+        blank: list[tuple[str, str, Any]] = []
+
+        def data_for_all() -> bool:
+            _answers(ip)
+            blank.clear()
+            for title, expr in panel_queries(board):
+                result = _result(prom, expr)
+                assert not isinstance(result, str), (title, expr, result)
+                if not any(not math.isnan(float(series["value"][1])) for series in result):
+                    blank.append((title, expr, [series["value"][1] for series in result]))
+            return not blank
+        try:
+            wait_for("every dashboard query with a number", data_for_all, 45, 1.0)
+        except TimeoutError as exc:
+            raise AssertionError(f"dashboard queries without a number (values listed): {blank}") from exc
+        firing = wait_for("TritonReplicaHealsRepeating firing for action reload", lambda: [
+            a for a in _firing(prom).get("TritonReplicaHealsRepeating", []) if a.get("action") == "reload"], 60, 0.5)
+        assert {a.get("action") for a in firing} == {"reload"}, firing  # the broken model's retries are not heals
 
         # A pooled model whose every load fails (its initialize raises): TritonPoolLoadFailures, which fires on any
         # failed load in 15 minutes (no `for`). 16Mi: it fits beside wide's one placed copy (96Mi of 128Mi).

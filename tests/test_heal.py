@@ -223,3 +223,28 @@ def test_a_replica_that_never_served_has_its_load_retried_and_counted_apart_from
     asyncio.run(scenario())
     other = "reload" if counted == "retry" else "retry"
     assert failed(counted) == before[counted] + 1 and failed(other) == before[other]
+
+
+def test_every_heal_action_is_exposed_at_zero_before_the_first_heal() -> None:
+    """A fresh operator process serves triton_operator_heals_total (and the pool's load and round counters) for every
+    action and result at 0: the chart's TritonReplicaHealsRepeating takes increase() of it, and a series that first
+    appeared at 1 showed no increase for that heal, so each action's first heal after a start went uncounted. Read in
+    a new interpreter: this process's registry has counted the other tests' heals."""
+    import subprocess
+    import sys
+
+    code = ("import triton_operator.controller.metrics\n"
+            "from prometheus_client import REGISTRY\n"
+            "for m in REGISTRY.collect():\n"
+            "    for s in m.samples:\n"
+            "        if s.name in ('triton_operator_heals_total', 'triton_operator_pool_loads_total',\n"
+            "                      'triton_operator_pool_rounds_total'):\n"
+            "            print(s.name, ','.join(f'{k}={v}' for k, v in sorted(s.labels.items())), s.value)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    heals = {line.split()[1] for line in out if line.startswith("triton_operator_heals_total ")}
+    assert heals == {f"action={a},result={r}" for a in ("reload", "delete", "retry") for r in ("ok", "failed")}, out
+    assert {line.split()[1] for line in out if line.startswith("triton_operator_pool_loads_total ")} == {
+        f"result={r},verb={v}" for v in ("load", "unload") for r in ("ok", "error")}, out
+    assert {line.split()[1] for line in out if line.startswith("triton_operator_pool_rounds_total ")} == {
+        "result=ok", "result=error"}, out
+    assert all(line.endswith(" 0.0") for line in out), out

@@ -59,6 +59,18 @@ UPGRADE_WAITING = Gauge(
 )
 UPGRADE_STARTS = Counter("triton_operator_upgrade_rollouts_started_total", "Upgrade rollouts started")
 
+# Every label set the operator counts under, at 0 from the start (Prometheus's "avoid missing metrics"): the chart's
+# alerts take increase() of these, and a series whose first sample is already 1 shows no increase for that step, so
+# an operator's first heal (of each action) after it started was never counted by TritonReplicaHealsRepeating.
+for _action in ("reload", "delete", "retry"):
+    for _result in ("ok", "failed"):
+        HEALS.labels(action=_action, result=_result)
+for _verb in ("load", "unload"):
+    for _result in ("ok", "error"):
+        POOL_LOADS.labels(verb=_verb, result=_result)
+for _result in ("ok", "error"):
+    POOL_ROUNDS.labels(result=_result)
+
 # -- the objects, as the leader's cache holds them (kube-state-metrics' way: one series per object, gone with it) --
 # Set by `Cache.put_model` and `PoolReconciler.put_pool` on every body the cache takes (a watch event, the answer to
 # the operator's own write, a LIST) and removed when it drops one (a DELETED event, the resync's sweep), so a deleted
