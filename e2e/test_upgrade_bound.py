@@ -18,6 +18,10 @@ The second test fills a node's GPUs (pause pods of one GPU each, beside a 2-repl
 that node): the 2-replica model rolls without a surge pod (never more than its 2 pods not terminating), the
 1-replica one keeps its surge, which cannot be scheduled and says so (Progressing reason
 UpgradeRolloutUnschedulable, naming nvidia.com/gpu) until the test frees a GPU; no request fails.
+
+The third fills the node's GPUs beside a GPU pool of 2 replicas: the pool's surge pod cannot be scheduled, so an old
+replica hands its copy over to the other and goes first, its GPU going to the new pod (the rollout goes on without a
+surge pod); no pod is left Pending, and the pooled models' Services fail no request.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from triton_operator.plan.upgrade import (
     LABEL_STARTED,
     NO_SURGE,
     RECORD,
+    ROLLING_WITHOUT_SURGE,
     UPGRADE_STARTED,
     UPGRADE_UNSCHEDULABLE,
     UPGRADE_WAITING,
@@ -429,3 +434,107 @@ def test_on_a_node_whose_gpus_are_all_in_use_an_upgrade_rolls_a_2_replica_model_
                                   for load in loads)
     for m, t in tallies.items():
         assert t.sent - t.failed >= 20, f"{m}: the load did not really run: {t.summary()}"
+
+
+def test_on_a_node_whose_gpus_are_all_in_use_a_pools_upgrade_goes_on_without_its_surge_pod(
+        kube: Kube, kubeconfig: Path, cluster: Any, nodes: Any, tmp_path: Path) -> None:
+    """A GPU pool of 2 replicas (one GPU each) with two 1-copy pooled models, on a node whose other GPUs pause pods
+    hold. The upgrade's surge pod cannot be scheduled (Progressing reason UpgradeRolloutUnschedulable); an old
+    replica is marked leaving and its copy placed on the other one; once it serves there, the Deployment rolls
+    without a surge pod (Event UpgradeRolloutWithoutSurge), deletes the leaving replica and gives its GPU to the new
+    pod, then hands the other over as usual. No pod is left Pending, no filler loses its GPU, and the pooled models'
+    Services fail no request."""
+    prefix = f"ug{uuid.uuid4().hex[:4]}"
+    namespace = f"{prefix}-pool"
+    node = nodes.node
+    pool, pooled = "gp", ("gp-a", "gp-b")
+    _tag_new_ref(cluster)
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": namespace, "labels": {"e2e.triton-operator.io/test": "true"}}})
+    op = start_operator(kubeconfig, kube, cluster.logs or tmp_path, pattern=f"{prefix}-*",
+                        log_name=f"operator-{prefix}.log", webhook=False, args=("--max-upgrade-rollouts", "1"))
+    loads: list[ServiceLoad] = []
+    halt = threading.Event()
+    seen: dict[str, Any] = {"most": 0, "pending": set(), "reasons": {}, "samples": 0, "errors": []}
+
+    def sample() -> None:
+        sampler_kube = Kube(kubeconfig, timeout=5)
+        while not halt.is_set():
+            try:
+                pods = [p for p in sampler_kube.items("Pod", namespace, labelSelector=f"{LABEL_POOL}={pool}")
+                        if not p["metadata"].get("deletionTimestamp")]
+                seen["most"] = max(seen["most"], len(pods))
+                seen["pending"].update(p["metadata"]["name"] for p in pods if _unscheduled(p))
+                body = sampler_kube.get("TritonPool", pool, namespace)
+                c = model_condition(body, "Progressing")
+                seen["reasons"][c.get("reason", "")] = c.get("message", "")
+                seen["samples"] += 1
+            except Exception as exc:  # noqa: BLE001 - a transient API error is one sample lost, reported at the end
+                seen["errors"].append(repr(exc)[:200])
+            halt.wait(0.2)  # the sampling period, not a wait for a condition
+    sampler = threading.Thread(target=sample, name="pool-full-gpus-sampler", daemon=True)
+    try:
+        wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
+        doc = pool_doc(pool, 2, "256Mi")
+        doc["spec"]["capacity"] = {"memoryPerGpu": "256Mi"}
+        doc["spec"]["server"] |= {"gpus": 1, "nodeSelector": {"kubernetes.io/hostname": node}}
+        apply(kubeconfig, namespace, doc, *(pooled_add_sub(name, pool) for name in pooled))
+        for name in pooled:
+            wait_model(kube, namespace, name, is_model_ready, "Ready", 300)
+        _fill(kube, namespace, node)
+        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start()
+                 for name in pooled]
+        for load in loads:
+            wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
+        warmup = {load.model: load.tally() for load in loads}
+
+        sampler.start()
+        t0 = time.monotonic()
+        op.stop()
+        op.argv[op.argv.index("--default-triton-image") + 1] = NEW_REF
+        op.start()
+
+        def upgraded() -> bool:
+            dep = kube.get("Deployment", f"{pool}-pool", namespace)
+            pods = [p for p in kube.items("Pod", namespace, labelSelector=f"{LABEL_POOL}={pool}")
+                    if not p["metadata"].get("deletionTimestamp")]
+            return (_image(dep) == NEW_REF and _finished(dep) and len(pods) == 2
+                    and all(_image(p) == NEW_REF for p in pods)
+                    and all(is_model_ready(kube.get("TritonModel", name, namespace)) for name in pooled))
+        wait_for(f"pool {pool} on {NEW_REF}, its rollout finished, {', '.join(pooled)} Ready", upgraded, 600)
+        took = time.monotonic() - t0
+        halt.set()
+        sampler.join(15)
+        tallies = {load.model: load.stop() - warmup[load.model] for load in loads}
+        events = [f"{e.get('reason')}: {e.get('message')}" for e in kube.items("Event", namespace)
+                  if (e.get("involvedObject") or {}).get("name") == pool]
+        fillers = kube.items("Pod", namespace, labelSelector=f"app={FILLER}")
+        pending = [p["metadata"]["name"] for p in kube.items("Pod", namespace, labelSelector=f"{LABEL_POOL}={pool}")
+                   if p["status"].get("phase") == "Pending"]
+        strategy = kube.get("Deployment", f"{pool}-pool", namespace)["spec"]["strategy"]
+    finally:
+        halt.set()
+        for load in loads:
+            load.__exit__()
+        op.stop()
+        delete_namespace(kube, namespace)
+
+    record("full GPUs, a pool of 2: upgrade took", f"{took:.1f}s; most pool pods not terminating at once {seen['most']}")
+    record("full GPUs, a pool of 2: Progressing reasons seen", sorted(seen["reasons"]))
+    record("full GPUs, a pool of 2: requests during the upgrade", "; ".join(f"{m}: {t.summary()}"
+                                                                           for m, t in tallies.items()))
+    assert seen["samples"] > 10 * len(seen["errors"]), f"too many samples lost: {seen['errors'][:5]}"
+    assert UPGRADE_UNSCHEDULABLE in seen["reasons"], f"the surge pod was never seen unschedulable: {seen['reasons']}"
+    assert GPU in seen["reasons"][UPGRADE_UNSCHEDULABLE], seen["reasons"][UPGRADE_UNSCHEDULABLE]
+    without = [e for e in events if e.startswith(f"{ROLLING_WITHOUT_SURGE}: ")]
+    record("full GPUs, a pool of 2: the pool's Events", events)
+    assert without, f"no {ROLLING_WITHOUT_SURGE} Event on the pool: {events}"
+    assert seen["most"] <= 3, f"more than the 2 replicas and the one surge pod at once: {seen['most']}"
+    assert not pending, f"pool pods left Pending: {pending}"
+    assert strategy != NO_SURGE, f"the pool kept the upgrade's strategy after the rollout: {strategy}"
+    assert all(p["status"].get("phase") == "Running" for p in fillers), "a filler lost its GPU"
+    failed = sum(t.failed for t in tallies.values())
+    assert failed == 0, "; ".join(f"{load.model}: {tallies[load.model].summary()}, first failures {load.samples}"
+                                  for load in loads)
+    for m, t in tallies.items():
+        assert t.sent - t.failed >= 10, f"{m}: the load did not really run: {t.summary()}"

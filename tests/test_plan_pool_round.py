@@ -432,7 +432,7 @@ def _replica(name: str, ip: str, template: str, node: str = "n1", up: bool = Tru
 
 
 def _rolling(*pods: dict[str, Any], placed: dict[str, list[str]], records: dict[str, dict[str, str]] | None = None,
-             replicas: int = 2) -> pp.PoolRound:
+             replicas: int = 2, stuck: str | None = None) -> pp.PoolRound:
     """Models a, b (1 copy of 1Gi each, placed as `placed` says) on pool p of `replicas` whose Deployment's template
     is NEW, with `pods`."""
     docs = {}
@@ -443,7 +443,7 @@ def _rolling(*pods: dict[str, Any], placed: dict[str, list[str]], records: dict[
     pool_body = _body(pool_document("p", replicas=replicas))
     pool_body["status"] = {"replicaModels": [{"pod": r, "loaded": loaded} for r, loaded in (records or {}).items()]}
     return pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, pp.members("p", docs), list(pods),
-                       None, NEW)
+                       None, NEW, unschedulable=stuck)
 
 
 def _seen_on(rnd: pp.PoolRound, *where: tuple[str, str]) -> dict[str, Any]:
@@ -534,3 +534,39 @@ def test_a_pool_whose_upgrade_rollout_cannot_schedule_its_surge_pod_says_so_on_p
                        if c["type"] == "Progressing")
     assert (progressing["status"], progressing["reason"]) == ("True", UPGRADE_UNSCHEDULABLE), progressing
     assert "Insufficient nvidia.com/gpu" in progressing["message"] and "the pool holds" in progressing["message"]
+
+
+STUCK = "the upgrade rollout's new pod p-pool-x cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
+
+
+def test_a_surge_pod_that_cannot_be_scheduled_marks_an_old_replica_leaving_with_no_new_one_up() -> None:
+    rnd = _rolling(_replica("r1", "198.18.0.1", OLD), _replica("r2", "198.18.0.2", OLD, node="n2"),
+                   placed={"a": ["r1"], "b": ["r2"]}, records={"r1": {"a": "d"}, "r2": {"b": "d", "c": "d"}},
+                   stuck=STUCK)
+    assert rnd.rollout == pp.Rollout(frozenset({"r1"}), "r1", ()), "r1 has loaded least: it goes first"
+    assert rnd.costs["r1"] == {pp.POD_DELETION_COST: "-1", pp_api.ANNOTATION_LEAVING: "true"}
+    assert rnd.placement.copies["a"] == ("r1", "r2"), "a's copy is placed on r2 too, the one replica that stays"
+    world = _seen_on(rnd, ("r1", "a"), ("r2", "b"), ("r2", "a"))
+    assert not pp.plan_pool(_world(rnd, **world)).no_surge, "not in the round that marks r1: its mark is written first"
+
+
+def test_once_the_leaving_replicas_copies_serve_elsewhere_the_rollout_goes_on_without_its_surge_pod() -> None:
+    pods = (_replica("r1", "198.18.0.1", OLD, leaving=True), _replica("r2", "198.18.0.2", OLD, node="n2"))
+    rnd = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]}, stuck=STUCK)
+    assert rnd.rollout == pp.Rollout(frozenset({"r1"}), None, ()), "the mark read back from the pod"
+    plan = pp.plan_pool(_world(rnd, **_seen_on(rnd, ("r1", "a"), ("r2", "b"))))
+    assert [ld.member for ld in plan.work["r2"].load] == ["a"], "a loads on r2"
+    assert not plan.no_surge, "a serves on r1 alone: r1 may not go yet"
+    after = pp.plan_pool(_world(rnd, carried=pp.Carried(True, False),
+                                **_seen_on(rnd, ("r1", "a"), ("r2", "b"), ("r2", "a"))))
+    assert after.no_surge, "a serves on r2 too: the Deployment may delete r1 and give its GPU to the new pod"
+    assert after.handovers == (), "no new replica to hand over to yet"
+    scheduled = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]})
+    assert not pp.plan_pool(_world(scheduled, carried=pp.Carried(True, False), **_seen_on(
+        scheduled, ("r1", "a"), ("r2", "b"), ("r2", "a")))).no_surge, "a surge pod that can be scheduled is kept"
+
+
+def test_a_pool_of_one_old_replica_keeps_waiting_for_room_for_its_surge_pod() -> None:
+    rnd = _rolling(_replica("r1", "198.18.0.1", OLD), placed={"a": ["r1"], "b": ["r1"]}, replicas=1, stuck=STUCK)
+    assert rnd.rollout == pp.Rollout(frozenset(), None, ()), "its copies would have nowhere else to serve"
+    assert not pp.plan_pool(_world(rnd, **_seen_on(rnd, ("r1", "a"), ("r1", "b")))).no_surge

@@ -73,12 +73,15 @@ from ..plan import pool as pool_plan
 from ..plan.planner import differs
 from ..plan.pool import FETCH_FAILED_PREFIX
 from ..plan.upgrade import (
+    NO_SURGE,
+    ROLLING_WITHOUT_SURGE,
     UPGRADE_STARTED,
     DeploymentKey,
     Upgrade,
     Upgrades,
     bound_deployment,
     draining,
+    in_upgrade_rollout,
     source_digest,
     unschedulable,
 )
@@ -333,6 +336,23 @@ class PoolReconciler:
             rnd.pods[r] = replace(view, ready=view.up, handed_over=True)
         return pool_plan.plan_pool(world)
 
+    async def _without_surge(self, rnd: pool_plan.PoolRound) -> None:
+        """The upgrade rollout goes on without its surge pod (`plan.pool.no_surge`): the Deployment applied again
+        with maxSurge 0 and maxUnavailable 1, once (the live strategy is read back after that)."""
+        key = (DEPLOYMENT.kind, rnd.namespace, pool_deployment_name(rnd.pool))
+        live = self.cache.children.get(key)
+        if live is None or (live.get("spec") or {}).get("strategy") == NO_SURGE:
+            return
+        await self._apply_children(rnd.namespace, rnd.pool, rnd.body["metadata"]["uid"], rnd.body, no_surge=True)
+        if (self.cache.children.get(key) or {}).get("spec", {}).get("strategy") != NO_SURGE:
+            return  # not an upgrade rollout of two replicas or more any more: the rendered strategy stays
+        leaving = ", ".join(sorted(rnd.rollout.leaving))
+        message = (f"the upgrade rollout's surge pod cannot be scheduled ({rnd.unschedulable}); {leaving}, whose "
+                   "copies serve on the other replicas now, goes first and its GPU goes to the new pod: the rollout "
+                   "goes on one replica at a time without a surge pod")[:1024]
+        log.info("Rolling without a surge pod pool=%s/%s leaving=%s", rnd.namespace, rnd.pool.name, leaving)
+        await asyncio.to_thread(self.kube.event, dict(rnd.body), ROLLING_WITHOUT_SURGE, message, "Normal")
+
     async def _hand_over(self, rnd: pool_plan.PoolRound, st: _Live, replicas: Sequence[str]) -> None:
         """Opens the handover gate of `replicas` (`plan.pool.handovers`): their pods turn Ready, and in a rollout the
         Deployment deletes the leaving replica, whose copies serve elsewhere now."""
@@ -382,6 +402,8 @@ class PoolReconciler:
                                                     carried=pool_plan.Carried(bool(busy), any(cut))))
         await self._publish(rnd, after)
         await self._hand_over(rnd, st, after.handovers)
+        if after.no_surge:
+            await self._without_surge(rnd)
         self._sent = {k for k in self._sent if k[:2] != (rnd.namespace, rnd.pool.name)}  # answered, and unrecorded
         return after.wake
 
@@ -486,8 +508,8 @@ class PoolReconciler:
         self._applied.pop(key, None)
         log.info("Deleted %s namespace=%s name=%s reason=%r", *key, why)
 
-    async def _apply_children(self, namespace: str, pool: TritonPool, uid: str,
-                              body: Mapping[str, Any]) -> tuple[str, Upgrade | None]:
+    async def _apply_children(self, namespace: str, pool: TritonPool, uid: str, body: Mapping[str, Any],
+                              no_surge: bool = False) -> tuple[str, Upgrade | None]:
         """The pool's own objects as `plan.pool.pool_children` says, its Deployment under the bound on upgrade rollouts
         (`_bounded`); returns the LABEL_POOL_TEMPLATE of the pod template its Deployment has now, and what the bound
         decided."""
@@ -503,7 +525,7 @@ class PoolReconciler:
         template = ""
         for child in want.apply:
             if child["kind"] == DEPLOYMENT.kind:
-                child, upgrade = await self._bounded(child, body)
+                child, upgrade = await self._bounded(child, body, no_surge)
                 template = str(child["spec"]["template"]["metadata"]["labels"].get(LABEL_POOL_TEMPLATE, ""))
             else:
                 await self._apply(child)
@@ -511,11 +533,14 @@ class PoolReconciler:
             await self._delete(kind, namespace, name, why)
         return template, upgrade
 
-    async def _bounded(self, desired: dict[str, Any], body: Mapping[str, Any]) -> tuple[dict[str, Any], Upgrade | None]:
+    async def _bounded(self, desired: dict[str, Any], body: Mapping[str, Any],
+                       no_surge: bool = False) -> tuple[dict[str, Any], Upgrade | None]:
         """Applies the pool's Deployment as `plan.upgrade.bound_deployment` says: a new pod template for a pool whose
         spec did not change (an operator upgrade) is an upgrade rollout, counted with the TritonModels' against
         the bound (`slots`, the models' reconciler), or waits for a slot with the live template. It keeps its surge
-        pod: its replicas hand their copies over to it (`plan.pool.rollout`). A waiting pool is asked again every
+        pod (its replicas hand their copies over to it, `plan.pool.rollout`) unless `no_surge` (`plan.pool.no_surge`:
+        the surge pod cannot be scheduled, and a leaving replica's copies serve elsewhere), or its live Deployment
+        rolls without one already: read back from it, until the rollout ends. A waiting pool is asked again every
         round (every SETTLED_SECONDS at least). Returns the Deployment as applied, and what the bound decided."""
         meta = desired["metadata"]
         key = (meta["namespace"], meta["name"])
@@ -530,8 +555,10 @@ class PoolReconciler:
 
         def decide() -> tuple[dict[str, Any], Upgrade | None]:
             upgrades = self.slots.upgrade_slots() if self.slots is not None else Upgrades()
-            return bound_deployment(desired, self.cache.children.get((DEPLOYMENT.kind, *key)), body, source, upgrades,
-                                    utc_now(), no_surge=False)
+            live = self.cache.children.get((DEPLOYMENT.kind, *key))
+            without = no_surge or (live is not None and (live.get("spec") or {}).get("strategy") == NO_SURGE
+                                   and in_upgrade_rollout(live))
+            return bound_deployment(desired, live, body, source, upgrades, utc_now(), no_surge=without)
 
         out, upgrade = decide()
         if upgrade is not None and upgrade.started and self.slots is not None:

@@ -371,7 +371,7 @@ class Rollout:
 
 
 def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], template: str,
-            records: Mapping[str, Mapping[str, str]]) -> Rollout:
+            records: Mapping[str, Mapping[str, str]], stuck: bool = False) -> Rollout:
     """The rollout's state. The Deployment rolls with maxSurge 1 and maxUnavailable 0: it creates a replica of the new
     template (LABEL_POOL_TEMPLATE `template`), waits until that pod is Ready, then deletes a replica of an older
     one, the one of lowest pod-deletion-cost, and so on. A pool pod's readiness gate (HANDOVER_CONDITION) holds
@@ -380,14 +380,18 @@ def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], templat
     name); its copies are placed on the other replicas as well, the new one among them, and loaded; once they
     serve there, the gate opens, the new pod turns Ready and the Deployment deletes the leaving one (cost -1).
     Every pooled model keeps a ready copy throughout, and its copies never drop below its `replicas` while the old
-    replica drains. The mark is read back from the pods (ANNOTATION_LEAVING): a restarted operator goes on."""
+    replica drains. The mark is read back from the pods (ANNOTATION_LEAVING): a restarted operator goes on.
+
+    `stuck`: the upgrade rollout's surge pod cannot be scheduled (every GPU in use). With two old replicas or more,
+    one is marked leaving without a new one to wait for: once its copies serve on the others (`no_surge`), the
+    Deployment rolls without a surge pod, deleting it first; its GPU goes to the new pod."""
     if not template:  # the Deployment's template is not known: no rollout is told
         return Rollout()
     old = [r.name for r in live if pods[r.name].template != template]
     waiting = tuple(r.name for r in live if pods[r.name].template == template and pods[r.name].up
                     and pods[r.name].ip and not pods[r.name].handed_over)
     leaving = frozenset(r for r in old if pods[r].leaving)
-    if leaving or not old or not waiting:
+    if leaving or not old or not (waiting or (stuck and len(old) >= 2)):
         return Rollout(leaving, None, waiting)
     mark = min(old, key=lambda r: (len(records.get(r, {})), r))
     return Rollout(frozenset({mark}), mark, waiting)
@@ -407,6 +411,26 @@ def handovers(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Ma
         return ro.waiting
     if ro.mark is not None:
         return ()
+    return ro.waiting if _served_elsewhere(rnd, records, seen, broken, failures) else ()
+
+
+def no_surge(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
+             broken: Collection[tuple[str, str]], failures: Mapping[str, Mapping[str, str]]) -> bool:
+    """Whether the pool's upgrade rollout goes on without its surge pod now: the surge pod cannot be scheduled
+    (`rnd.unschedulable`: every GPU in use), an old replica was marked leaving in an earlier round with no new one
+    up (`rollout`, `stuck`), and each of its models serves on another replica. The Deployment then rolls with
+    maxSurge 0 and maxUnavailable 1: it deletes the leaving replica (pod-deletion-cost -1), whose GPU the new pod
+    takes, and each later old replica once a new one is handed over (the gate holds it Unready until then)."""
+    ro = rnd.rollout
+    return (rnd.unschedulable is not None and bool(ro.leaving) and ro.mark is None and not ro.waiting
+            and _served_elsewhere(rnd, records, seen, broken, failures))
+
+
+def _served_elsewhere(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
+                      broken: Collection[tuple[str, str]], failures: Mapping[str, Mapping[str, str]]) -> bool:
+    """Whether every model served on a leaving replica serves on another one too, as do its other copies that can
+    serve soon (`handovers`)."""
+    ro = rnd.rollout
     up = serving(rnd.placement, rnd.members, rnd.pods, records, seen, graph=rnd.graph, admitted=lambda p: p.up)
     for n, m in rnd.members.items():
         if m.model is None:
@@ -418,8 +442,8 @@ def handovers(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Ma
         expected = [r for r in staying if r not in failures.get(n, {}) and (r, n) not in broken
                     and (pod := rnd.pods.get(r)) is not None and pod.up]
         if not any(r in up[n] for r in staying) or not all(r in up[n] for r in expected):
-            return ()
-    return ro.waiting
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -1072,7 +1096,7 @@ def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members:
     """The round's basis, from the pool's pods as listed; `template`: the LABEL_POOL_TEMPLATE of the pod template
     the pool's Deployment has (`rollout`); `upgrade`: what the bound on upgrade rollouts decided for it."""
     live, views = replicas(pods)
-    ro = rollout(live, views, template, recorded(body))
+    ro = rollout(live, views, template, recorded(body), stuck=unschedulable is not None)
     placement = placement_of(pool, live, members, ro.leaving)
     ready = [r.name for r in live if views[r.name].up and views[r.name].ip]
     return PoolRound(namespace, pool, body, members, views, live, placement, ready,
@@ -1187,6 +1211,7 @@ class PoolPlan:
     settled: bool  # every placed copy serves at its desired digest and no load failed
     wake: float  # seconds until the next round, unless something changes first
     handovers: tuple[str, ...] = ()  # the replicas whose handover gate opens now (`handovers`)
+    no_surge: bool = False  # the upgrade rollout goes on without its surge pod, which cannot be scheduled (`no_surge`)
 
     @property
     def busy(self) -> bool:
@@ -1366,7 +1391,8 @@ def plan_pool(world: PoolWorld) -> PoolPlan:
     rolling = bool(rnd.rollout.leaving)
     return PoolPlan(todo, waiting, frozenset(healing), draining, drains, loading, out.serving, out.services_only,
                     out.statuses, out.pool_status, out.model_writes, out.pool_write, out.settled,
-                    wake_after(out.settled and not rolling, carried, world.fetching, bool(waiting)), handed)
+                    wake_after(out.settled and not rolling, carried, world.fetching, bool(waiting)), handed,
+                    no_surge(rnd, world.records, world.seen, world.broken, world.failures))
 
 
 # -- a uri model's files on a replica: what its fetch-server sidecar is asked, and what to do with its answer

@@ -100,6 +100,8 @@ UPGRADE_WAITING = "UpgradeRolloutWaiting"
 UPGRADE_STARTED = "UpgradeRolloutStarted"
 #: The Progressing reason of a model whose upgrade rollout's new pod cannot be scheduled (no GPU free for the surge).
 UPGRADE_UNSCHEDULABLE = "UpgradeRolloutUnschedulable"
+#: The Event's reason when a TritonPool's upgrade rollout goes on without the surge pod it could not schedule.
+ROLLING_WITHOUT_SURGE = "UpgradeRolloutWithoutSurge"
 
 #: The strategy of an upgrade rollout of a Deployment of 2 replicas or more: one replica at a time, no surge pod.
 NO_SURGE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
