@@ -4,9 +4,10 @@ the chart documents as no bound: every model rolls at once). Issue 42: an operat
 once, with a surge GPU per model.
 
 What is compared, on our own cluster (a control plane and one real node, containerd + kubelet, with `GPUS` fake GPUs:
-one per model and `BOUND` more, the room the bound's surge pods need and no more; no kube-proxy): the operator
+one per model and per pool replica and `BOUND` more, the room the bound's surge pods need and no more; no kube-proxy): the operator
 installed as users install it, by its chart (`helm upgrade --install` of charts/triton-operator, two operator replicas,
-the image preloaded on the node), serving `len(MODELS)` add-sub models of one replica and one GPU each. The upgrade
+the image preloaded on the node), serving `len(MODELS)` add-sub models of one replica and one GPU each, and a GPU
+TritonPool of `POOL_REPLICAS` replicas (one GPU each) with `len(POOLED)` pooled add-sub models of one copy. The upgrade
 is a `helm upgrade` of that release that changes only the operator's image tag, to the same image under another tag
 (`ctr images tag` on the node: no pull), as the issue measured it: the operator's image is also every replica's
 `fetch` init container and `probe` container, so the new operator renders another pod template for every model nobody
@@ -48,10 +49,12 @@ from e2e.images import TRITON_REF
 from e2e.kube import Kube, wait_for
 from e2e.load import ServiceLoad, Tally
 from e2e.operator_fixtures import add_sub, as_stream, helm, is_model_ready, kubectl
+from e2e.pool import pool_doc, pooled_add_sub
 from e2e.testing import delete_namespace, diagnostics
 from e2e.upgrade_sampler import Record, Sampler
-from triton_operator.api.kinds import LABEL_MODEL
+from triton_operator.api.kinds import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from triton_operator.api.pod import TRITON_CONTAINER
+from triton_operator.api.pool import LABEL_POOL
 from triton_operator.plan.upgrade import UPGRADE_STARTED, UPGRADE_WAITING, rollout_finished
 
 from .common import REPO, CpuMeter, Result, Row, log, write_result
@@ -60,9 +63,14 @@ from .kubeenv import NODE, ROOT, ensure_namespace
 CHART = REPO / "charts" / "triton-operator"
 RELEASE, OPERATOR_NAMESPACE = "triton-operator", "triton-system"
 MODELS = tuple(f"up-{i}" for i in range(1, 6))
+#: A GPU pool and its pooled models (one copy each): its Deployment counts against the bound as a model's does.
+POOL, POOL_REPLICAS, POOLED = "up-pool", 2, ("up-p1", "up-p2")
+#: Every Deployment the upgrade rolls: the models' and the pool's (`<pool>-pool`).
+DEPLOYMENTS = (*MODELS, f"{POOL}-pool")
 #: The chart's default bound (values.yaml's upgrade.maxModelsRolling): what a user who sets nothing gets.
 BOUND = int(yaml.safe_load((CHART / "values.yaml").read_text())["upgrade"]["maxModelsRolling"])
-GPUS = len(MODELS) + BOUND
+GPUS = len(MODELS) + POOL_REPLICAS + BOUND
+OWNED = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 #: (result key, title, upgrade.maxModelsRolling)
 VARIANTS = (("bounded", f"upgrade.maxModelsRolling={BOUND} (the chart's default)", BOUND),
             ("plain", "upgrade.maxModelsRolling=0 (no bound: a plain helm upgrade)", 0))
@@ -135,6 +143,16 @@ def _serving_on(kube: Kube, namespace: str, name: str, image: str) -> bool:
             and image in containers.values() and TRITON_CONTAINER in containers)
 
 
+def _pool_on(kube: Kube, namespace: str, image: str) -> bool:
+    """The pool's Deployment rolled out with its POOL_REPLICAS live pods running `image` (the operator's: the fetch
+    server) beside tritonserver, and every pooled model Ready."""
+    pods = [p for p in kube.items("Pod", namespace, labelSelector=f"{LABEL_POOL}={POOL}")
+            if not p["metadata"].get("deletionTimestamp")]
+    return (rollout_finished(kube.get("Deployment", f"{POOL}-pool", namespace)) and len(pods) == POOL_REPLICAS
+            and all(image in {c["image"] for c in p["spec"]["containers"]} for p in pods)
+            and all(is_model_ready(kube.get("TritonModel", name, namespace)) for name in POOLED))
+
+
 def _models() -> list[dict[str, Any]]:
     docs = []
     for name in MODELS:
@@ -142,7 +160,10 @@ def _models() -> list[dict[str, Any]]:
         doc["spec"]["replicas"] = 1
         doc["spec"]["server"] = {"gpus": 1}
         docs.append(doc)
-    return docs
+    pool = pool_doc(POOL, POOL_REPLICAS, "256Mi")
+    pool["spec"]["capacity"] = {"memoryPerGpu": "256Mi"}
+    pool["spec"]["server"]["gpus"] = 1
+    return [*docs, pool, *(pooled_add_sub(name, POOL) for name in POOLED)]
 
 
 def run_variant(local: LocalCluster, kube: Kube, kubeconfig: Path, v: Variant) -> None:
@@ -158,12 +179,14 @@ def run_variant(local: LocalCluster, kube: Kube, kubeconfig: Path, v: Variant) -
         kubeconfig, "apply", "-n", v.namespace, "-f", "-", stdin=stream, check=False).returncode == 0, 120, 1.0)
     for name in MODELS:
         wait_for(f"{name} serving on {old}", lambda name=name: _serving_on(kube, v.namespace, name, old), 600, 0.5)
+    wait_for(f"pool {POOL} serving on {old}", lambda: _pool_on(kube, v.namespace, old), 600, 0.5)
     loads = {name: ServiceLoad(kubeconfig, v.namespace, name, name, threads=1, rate=RATE, refresh=0.2,
-                               via="endpoints") for name in MODELS}
+                               via="endpoints") for name in (*MODELS, *POOLED)}
     lister = Kube(kubeconfig, timeout=5)
-    sampler = Sampler(lambda: (lister.items("Deployment", v.namespace, labelSelector=LABEL_MODEL),
-                               lister.items("Pod", v.namespace, labelSelector=LABEL_MODEL),
-                               lister.items("TritonModel", v.namespace)),
+    sampler = Sampler(lambda: (lister.items("Deployment", v.namespace, labelSelector=OWNED),
+                               lister.items("Pod", v.namespace, labelSelector=OWNED),
+                               lister.items("TritonModel", v.namespace)
+                               + lister.items("TritonPool", v.namespace)),
                       bound=v.bound, waiting_reason=UPGRADE_WAITING)
     try:
         for load in loads.values():
@@ -179,6 +202,7 @@ def run_variant(local: LocalCluster, kube: Kube, kubeconfig: Path, v: Variant) -
         v.helm_seconds = _helm_upgrade(kubeconfig, local, new_tag, v.bound)
         for name in MODELS:
             wait_for(f"{name} serving on {new}", lambda name=name: _serving_on(kube, v.namespace, name, new), 900, 0.2)
+        wait_for(f"pool {POOL} serving on {new}", lambda: _pool_on(kube, v.namespace, new), 900, 0.2)
         v.seconds = time.monotonic() - t0
         v.record = sampler.stop()
         for name, load in loads.items():
@@ -186,7 +210,7 @@ def run_variant(local: LocalCluster, kube: Kube, kubeconfig: Path, v: Variant) -
             v.load[name] = {"sent": t.sent, "failed": t.failed, "seconds": round(t.seconds, 1),
                             "failure_samples": list(load.samples)}
         v.started_events = {name: sum(e["involvedObject"]["name"] == name for e in kube.items("Event", v.namespace)
-                                      if e.get("reason") == UPGRADE_STARTED) for name in MODELS}
+                                      if e.get("reason") == UPGRADE_STARTED) for name in (*MODELS, POOL)}
     except BaseException:
         print(diagnostics(kube, v.namespace, local.logs))
         raise
@@ -223,23 +247,27 @@ def _result(variants: list[Variant], old: str, new: str) -> Result:
     ours, plain = variants
     result = Result(
         name="upgrade",
-        title=f"Operator upgrade under load, {len(MODELS)} models: the chart's bound vs a plain helm upgrade",
+        title=f"Operator upgrade under load, {len(MODELS)} models and a pool: the chart's bound vs a plain helm upgrade",
         method=(
             "Our own cluster: a control plane and one real node (containerd + kubelet) with "
-            f"{GPUS} fake GPUs, one per model and {BOUND} more (the room the bound's surge pods need); no kube-proxy. "
-            "The operator installed by its chart (helm upgrade --install of charts/triton-operator: two replicas, "
-            f"the image preloaded), {len(MODELS)} add-sub TritonModels of one replica and one GPU each. The upgrade: "
+            f"{GPUS} fake GPUs, one per model and per pool replica and {BOUND} more (the room the bound's surge pods "
+            "need); no kube-proxy. The operator installed by its chart (helm upgrade --install of "
+            f"charts/triton-operator: two replicas, the image preloaded), {len(MODELS)} add-sub TritonModels of one "
+            f"replica and one GPU each, and a TritonPool of {POOL_REPLICAS} replicas of one GPU each with "
+            f"{len(POOLED)} pooled add-sub models of one copy. The upgrade: "
             f"a helm upgrade of that release changing only image.tag, {old.rsplit(':', 1)[1]} -> "
             f"{new.rsplit(':', 1)[1]}, the same image under another tag (tagged on the node, no pull), as issue 42 "
-            "measured it: the operator's image is also every replica's fetch and probe container, so every model's "
-            "pod template changes with nobody changing a model, as with a new operator version. Run twice, on the "
+            "measured it: the operator's image is also every replica's fetch and probe container (a pool replica's "
+            "fetch server), so every model's and the pool's pod template changes with nobody changing them, as with "
+            "a new operator version. Run twice, on the "
             "same cluster, each time on fresh models in a namespace of their own: with upgrade.maxModelsRolling="
             f"{BOUND} (the chart's default) and with upgrade.maxModelsRolling=0 (no bound: a plain helm upgrade, "
             "every model at once). Client load throughout: e2e.load.ServiceLoad through every model's Service, "
-            f"1 thread x {RATE:.0f} requests/s each, to a ready endpoint of its EndpointSlices picked per request "
-            "(as kube-proxy routes). A sampler LISTs the model Deployments, Pods and TritonModels every 0.2 s. "
-            "Duration: helm upgrade started -> every model Ready, its rollout finished and its one live pod on the new "
-            "image. Rolling: a Deployment whose rollout is unfinished as kubectl rollout status judges."
+            f"1 thread x {RATE:.0f} requests/s each (the pooled models' too), to a ready endpoint of its "
+            "EndpointSlices picked per request (as kube-proxy routes). A sampler LISTs the operator's Deployments, "
+            "Pods, TritonModels and TritonPools every 0.2 s. Duration: helm upgrade started -> every model Ready, its "
+            "rollout finished and its one live pod on the new image, and the pool's rollout finished with its "
+            "replicas on it. Rolling: a Deployment whose rollout is unfinished as kubectl rollout status judges."
         ),
     )
 
@@ -247,19 +275,20 @@ def _result(variants: list[Variant], old: str, new: str) -> Result:
         return f(ours), f(plain)
 
     result.rows = [
-        Row("helm upgrade -> every model Ready on the new operator image", *both(lambda v: _s(v.seconds))),
+        Row("helm upgrade -> every model and the pool Ready on the new operator image", *both(lambda v: _s(v.seconds))),
         Row("helm upgrade --wait itself (the operator's own Deployment)", *both(lambda v: _s(v.helm_seconds))),
-        Row("model Deployments rolling at once, most seen",
+        Row("Deployments (models' and the pool's) rolling at once, most seen",
             f"{ours.record.max_rolling} (bound {BOUND})", f"{plain.record.max_rolling} (no bound)",
             f"<= {BOUND}", 1 <= ours.record.max_rolling <= BOUND and not ours.record.over),
-        Row(f"models seen waiting for a slot ({UPGRADE_WAITING})",
-            *both(lambda v: f"{len(v.record.waited(UPGRADE_WAITING))} of {len(MODELS)}")),
+        Row(f"models and pools seen waiting for a slot ({UPGRADE_WAITING})",
+            *both(lambda v: f"{len(v.record.waited(UPGRADE_WAITING))} of {len(MODELS) + 1}")),
         Row("pods seen Pending for a GPU (Unschedulable)", *both(lambda v: str(len(v.record.pending)))),
         Row("requests failed / sent during the upgrade", *both(lambda v: f"{v.failed} / {v.sent}"), "0 failed",
             ours.failed == 0),
         Row("tritonserver container restarts", *both(lambda v: str(v.restarts(True))), "0", ours.restarts(True) == 0),
         Row("other container restarts", *both(lambda v: str(v.restarts(False)))),
-        Row("new model pods (each a tritonserver cold start; one per model needed)", *both(lambda v: str(v.new_pods()))),
+        Row("new pods (each a tritonserver cold start; one per model and per pool replica needed, "
+            f"{len(MODELS) + POOL_REPLICAS})", *both(lambda v: str(v.new_pods()))),
     ]
     for v in variants:
         if v.failed:
@@ -271,9 +300,12 @@ def _result(variants: list[Variant], old: str, new: str) -> Result:
     result.notes.append(
         "Each model rolls with a surge pod (maxSurge 1, maxUnavailable 0: one replica each), which needs a GPU of "
         f"its own: the node has {BOUND} spare. Without the bound the surge pods beyond those stay Pending until a "
-        "rolled model's old pod is gone and gives its GPU back.")
+        "rolled model's old pod is gone and gives its GPU back. The pool rolls one replica at a time, each old "
+        "replica going once its copies serve elsewhere (with its surge pod, or without it when that pod cannot be "
+        "scheduled).")
     result.data = {
-        "models": list(MODELS), "gpus": GPUS, "bound": BOUND, "rate_per_model": RATE, "from": old, "to": new,
+        "models": list(MODELS), "pool": {"name": POOL, "replicas": POOL_REPLICAS, "pooled": list(POOLED)},
+        "gpus": GPUS, "bound": BOUND, "rate_per_model": RATE, "from": old, "to": new,
         "variants": {v.key: {
             "title": v.title, "bound": v.bound, "namespace": v.namespace, "seconds": round(v.seconds, 1),
             "helm_seconds": round(v.helm_seconds, 1), "max_rolling": v.record.max_rolling, "most": v.record.most,
