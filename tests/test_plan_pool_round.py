@@ -416,7 +416,7 @@ NEW, OLD = "new-template", "old-template"
 
 
 def _replica(name: str, ip: str, template: str, node: str = "n1", up: bool = True, handed_over: bool = False,
-             leaving: bool = False) -> dict[str, Any]:
+             leaving: bool = False, replica_set: str = "") -> dict[str, Any]:
     """A pool pod of `template`: its containers Ready when `up`, Ready only once its handover gate is open (a pod of
     an older template, NEW's only carry the gate: OLD's are Ready when up)."""
     gated = template == NEW
@@ -427,12 +427,15 @@ def _replica(name: str, ip: str, template: str, node: str = "n1", up: bool = Tru
     meta: dict[str, Any] = {"name": name, "uid": f"u-{name}", "labels": {pp_api.LABEL_POOL_TEMPLATE: template}}
     if leaving:
         meta["annotations"] = {pp_api.ANNOTATION_LEAVING: "true", pp.POD_DELETION_COST: "-1"}
+    if replica_set:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": replica_set,
+                                    "uid": f"u-{replica_set}", "controller": True}]
     return {"metadata": meta, "spec": {"nodeName": node},
             "status": {"phase": "Running", "podIP": ip, "conditions": conditions}}
 
 
 def _rolling(*pods: dict[str, Any], placed: dict[str, list[str]], records: dict[str, dict[str, str]] | None = None,
-             replicas: int = 2, stuck: str | None = None) -> pp.PoolRound:
+             replicas: int = 2, stuck: str | None = None, replica_sets: dict[str, str] | None = None) -> pp.PoolRound:
     """Models a, b (1 copy of 1Gi each, placed as `placed` says) on pool p of `replicas` whose Deployment's template
     is NEW, with `pods`."""
     docs = {}
@@ -443,7 +446,7 @@ def _rolling(*pods: dict[str, Any], placed: dict[str, list[str]], records: dict[
     pool_body = _body(pool_document("p", replicas=replicas))
     pool_body["status"] = {"replicaModels": [{"pod": r, "loaded": loaded} for r, loaded in (records or {}).items()]}
     return pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, pp.members("p", docs), list(pods),
-                       None, NEW, unschedulable=stuck)
+                       None, NEW, unschedulable=stuck, replica_sets=replica_sets)
 
 
 def _seen_on(rnd: pp.PoolRound, *where: tuple[str, str]) -> dict[str, Any]:
@@ -570,3 +573,19 @@ def test_a_pool_of_one_old_replica_keeps_waiting_for_room_for_its_surge_pod() ->
     rnd = _rolling(_replica("r1", "198.18.0.1", OLD), placed={"a": ["r1"], "b": ["r1"]}, replicas=1, stuck=STUCK)
     assert rnd.rollout == pp.Rollout(frozenset(), None, ()), "its copies would have nowhere else to serve"
     assert not pp.plan_pool(_world(rnd, **_seen_on(rnd, ("r1", "a"), ("r1", "b")))).no_surge
+
+
+def test_with_two_older_templates_the_leaving_replica_is_one_of_the_oldest_replicasets() -> None:
+    """The Deployment scales its oldest ReplicaSet down first, whatever the pods' deletion costs: r2 has loaded
+    least, but r1's ReplicaSet is older, so r1 leaves; a mark left on r2 by an earlier round is taken off."""
+    ages = {"p-pool-a": "2026-11-30T01:00:00Z", "p-pool-b": "2026-11-30T02:00:00Z", "p-pool-c": "2026-11-30T03:00:00Z"}
+    pods = (_replica("r1", "198.18.0.1", OLD, replica_set="p-pool-a"),
+            _replica("r2", "198.18.0.2", "older-too", node="n2", leaving=True, replica_set="p-pool-b"),
+            _replica("r3", "198.18.0.3", NEW, replica_set="p-pool-c"))
+    rnd = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]}, records={"r1": {"a": "d", "c": "d"}, "r2": {"b": "d"}},
+                   replica_sets=ages)
+    assert rnd.rollout == pp.Rollout(frozenset({"r1"}), "r1", ("r3",)), rnd.rollout
+    assert rnd.costs["r1"] == {pp.POD_DELETION_COST: "-1", pp_api.ANNOTATION_LEAVING: "true"}
+    assert rnd.costs["r2"].get(pp_api.ANNOTATION_LEAVING, "kept") is None, "r2's mark is taken off"
+    unknown = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]}, records={"r1": {"a": "d", "c": "d"}, "r2": {"b": "d"}})
+    assert unknown.rollout.leaving == {"r2"}, "the ReplicaSets' ages unknown: any old replica's mark holds, as before"

@@ -286,7 +286,7 @@ class PoolReconciler:
         pods = await asyncio.to_thread(self.kube.list, "v1", "Pod", namespace, f"{LABEL_POOL}={name}")
         unscheduled = self._report_upgrade(namespace, pool, pods)
         rnd = pool_plan.round_of(namespace, pool, body, members, pods, pool_key(pool, uid, namespace, self.options),
-                                 template, upgrade, unscheduled)
+                                 template, upgrade, unscheduled, await self._replica_sets(namespace, name, pods, template))
         if rnd.rollout.mark is not None:
             log.info("Rollout: replica leaves next pool=%s/%s pod=%s replacedBy=%s", namespace, name,
                      rnd.rollout.mark, ",".join(rnd.rollout.waiting))
@@ -300,6 +300,23 @@ class PoolReconciler:
         finally:
             self._live.pop((namespace, name), None)
             await costs
+
+    async def _replica_sets(self, namespace: str, name: str, pods: list[dict[str, Any]],
+                            template: str) -> dict[str, str]:
+        """The creationTimestamp of each ReplicaSet of the pool's, read only while its live pods of an older template
+        than `template` (the Deployment's) belong to more than one (`plan.pool.oldest_first`): the Deployment scales
+        the oldest down first, and a rollout's leaving replica must be one of its pods."""
+        owners = {o.get("name") for p in pods if not p["metadata"].get("deletionTimestamp")
+                  and (p["metadata"].get("labels") or {}).get(LABEL_POOL_TEMPLATE) != template
+                  for o in p["metadata"].get("ownerReferences") or () if o.get("kind") == "ReplicaSet"}
+        if not template or len(owners) < 2:
+            return {}
+        try:
+            listed = await asyncio.to_thread(self.kube.list, "apps/v1", "ReplicaSet", namespace, f"{LABEL_POOL}={name}")
+        except Exception as exc:  # noqa: BLE001 - without them any old replica may be marked, as before
+            log.warning("Failed to list ReplicaSets pool=%s/%s error=%r", namespace, name, exc)
+            return {}
+        return {str(rs["metadata"]["name"]): str(rs["metadata"].get("creationTimestamp") or "") for rs in listed}
 
     async def _deletion_costs(self, namespace: str, costs: Mapping[str, Mapping[str, str | None]]) -> None:
         """Each replica's pod-deletion-cost (what its placed copies take, so a scale-down removes the emptiest) and

@@ -371,7 +371,8 @@ class Rollout:
 
 
 def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], template: str,
-            records: Mapping[str, Mapping[str, str]], stuck: bool = False) -> Rollout:
+            records: Mapping[str, Mapping[str, str]], stuck: bool = False,
+            replica_sets: Mapping[str, str] | None = None) -> Rollout:
     """The rollout's state. The Deployment rolls with maxSurge 1 and maxUnavailable 0: it creates a replica of the new
     template (LABEL_POOL_TEMPLATE `template`), waits until that pod is Ready, then deletes a replica of an older
     one, the one of lowest pod-deletion-cost, and so on. A pool pod's readiness gate (HANDOVER_CONDITION) holds
@@ -384,10 +385,14 @@ def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], templat
 
     `stuck`: the upgrade rollout's surge pod cannot be scheduled (every GPU in use). With two old replicas or more,
     one is marked leaving without a new one to wait for: once its copies serve on the others (`no_surge`), the
-    Deployment rolls without a surge pod, deleting it first; its GPU goes to the new pod."""
+    Deployment rolls without a surge pod, deleting it first; its GPU goes to the new pod.
+
+    With old replicas of more than one older template (a template changed again mid-rollout), the Deployment scales
+    the oldest ReplicaSet down first (by its creationTimestamp, `replica_sets`: name -> creationTimestamp), whatever
+    the pods' deletion costs: the leaving replica is one of that ReplicaSet's, and a mark on another is taken off."""
     if not template:  # the Deployment's template is not known: no rollout is told
         return Rollout()
-    old = [r.name for r in live if pods[r.name].template != template]
+    old = oldest_first([r.name for r in live if pods[r.name].template != template], pods, replica_sets or {})
     waiting = tuple(r.name for r in live if pods[r.name].template == template and pods[r.name].up
                     and pods[r.name].ip and not pods[r.name].handed_over)
     leaving = frozenset(r for r in old if pods[r].leaving)
@@ -395,6 +400,16 @@ def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], templat
         return Rollout(leaving, None, waiting)
     mark = min(old, key=lambda r: (len(records.get(r, {})), r))
     return Rollout(frozenset({mark}), mark, waiting)
+
+
+def oldest_first(old: Sequence[str], pods: Mapping[str, ReplicaPod], replica_sets: Mapping[str, str]) -> list[str]:
+    """The replicas of `old` that the Deployment removes first: those of the oldest ReplicaSet among theirs (by
+    creationTimestamp, then name), when they belong to more than one and each one's age is known; else all of them."""
+    owners = {pods[r].replica_set for r in old}
+    if len(owners) < 2 or not all(o in replica_sets for o in owners):
+        return list(old)
+    oldest = min(owners, key=lambda o: (replica_sets[o], o))
+    return [r for r in old if pods[r].replica_set == oldest]
 
 
 def handovers(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
@@ -1092,11 +1107,13 @@ class PoolRound:
 
 def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members: Mapping[str, Member],
              pods: Sequence[Mapping[str, Any]], key: str | None, template: str = "",
-             upgrade: Upgrade | None = None, unschedulable: str | None = None) -> PoolRound:
+             upgrade: Upgrade | None = None, unschedulable: str | None = None,
+             replica_sets: Mapping[str, str] | None = None) -> PoolRound:
     """The round's basis, from the pool's pods as listed; `template`: the LABEL_POOL_TEMPLATE of the pod template
-    the pool's Deployment has (`rollout`); `upgrade`: what the bound on upgrade rollouts decided for it."""
+    the pool's Deployment has (`rollout`); `upgrade`: what the bound on upgrade rollouts decided for it;
+    `replica_sets`: the creationTimestamp of the ReplicaSets owning its pods, when they are more than one."""
     live, views = replicas(pods)
-    ro = rollout(live, views, template, recorded(body), stuck=unschedulable is not None)
+    ro = rollout(live, views, template, recorded(body), stuck=unschedulable is not None, replica_sets=replica_sets)
     placement = placement_of(pool, live, members, ro.leaving)
     ready = [r.name for r in live if views[r.name].up and views[r.name].ip]
     return PoolRound(namespace, pool, body, members, views, live, placement, ready,

@@ -334,6 +334,7 @@ class ReplicaPod:
     handed_over: bool = False  # its HANDOVER_CONDITION is True
     template: str = ""  # its LABEL_POOL_TEMPLATE ("" for a pod of a template without it)
     leaving: bool = False  # ANNOTATION_LEAVING is set: the rollout replaces it next
+    replica_set: str = ""  # the ReplicaSet that owns it (ownerReferences): a rollout scales the oldest one down first
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> ReplicaPod:
@@ -350,7 +351,9 @@ class ReplicaPod:
                    spec.get("nodeName") or None, ready, bool(meta.get("deletionTimestamp")),
                    triton, containers, handed_over,
                    str((meta.get("labels") or {}).get(LABEL_POOL_TEMPLATE) or ""),
-                   ANNOTATION_LEAVING in (meta.get("annotations") or {}))
+                   ANNOTATION_LEAVING in (meta.get("annotations") or {}),
+                   next((str(o.get("name") or "") for o in meta.get("ownerReferences") or ()
+                         if o.get("kind") == "ReplicaSet"), ""))
 
     @property
     def up(self) -> bool:
