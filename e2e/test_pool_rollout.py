@@ -137,3 +137,56 @@ def test_a_pool_rollout_moves_each_replicas_copies_before_it_goes_and_fails_no_r
     for m in MODELS:
         tm = kube.get("TritonModel", m, namespace)
         assert len(placement(tm)) == 1 and placement(tm)[0] in after, (m, placement(tm), after)
+
+
+def test_a_pool_scaled_down_moves_the_leaving_replicas_copies_first_and_fails_no_request(
+        operator: OperatorHandle, kube: Kube, kubeconfig: Path, namespace: str) -> None:
+    """A pool of 3 replicas, three 1-copy models spread one per replica, scaled to 2: the replica that goes is marked
+    leaving, its model loaded on another replica, and only then does the Deployment take 2 replicas and remove it.
+    No model is ever without a ready endpoint, and no request fails."""
+    apply(kubeconfig, namespace, pool_doc(POOL, 3, "256Mi"), *(pooled_add_sub(m, POOL) for m in MODELS))
+    for m in MODELS:
+        wait_for(f"{m} Ready on pool {POOL}", lambda m=m: is_model_ready(kube.get("TritonModel", m, namespace)), 240)
+    before = _templates(kube, namespace)
+    assert len(before) == 3, before
+    alone = {m: placement(kube.get("TritonModel", m, namespace)) for m in MODELS}
+    assert sorted(r for p in alone.values() for r in p) == sorted(before), f"spread one per replica: {alone}"
+
+    loads = {m: ServiceLoad(kubeconfig, namespace, m, m, threads=1, rate=5.0, refresh=0.2, via="endpoints")
+             for m in MODELS}
+    with PoolAudit(kube, namespace, min_samples=10) as audit, PodSampler(kube, namespace) as pods:
+        for load in loads.values():
+            load.start()
+        try:
+            for m, load in loads.items():
+                wait_for(f"{m} answering", lambda load=load: load.tally().sent - load.tally().failed >= 3, 60)
+            kube.patch("TritonPool", POOL, {"spec": {"replicas": 2}}, namespace, type="merge")
+            started = time.monotonic()
+
+            def shrunk() -> dict[str, str] | None:
+                now = _templates(kube, namespace)
+                deployment = kube.get("Deployment", f"{POOL}-pool", namespace)
+                done = (len(now) == 2 and deployment["spec"]["replicas"] == 2
+                        and all(is_model_ready(kube.get("TritonModel", m, namespace)) for m in MODELS))
+                return now if done else None
+
+            after = wait_for("the pool at 2 replicas, every model Ready", shrunk, 240)
+            took = time.monotonic() - started
+            for m, load in loads.items():  # a few seconds on the 2 replicas left
+                sent = load.tally().sent
+                wait_for(f"{m} answering after the scale-down", lambda load=load, sent=sent: load.tally().sent >= sent + 5,
+                         30)
+        finally:
+            tallies = {m: load.stop() for m, load in loads.items()}
+    (gone,) = set(before) - set(after)
+    moved = next(m for m, p in alone.items() if p == [gone])
+    record("pool scale-down 3 -> 2", f"{took:.1f}s; marked leaving {sorted(pods.leaving)}; {moved} moved off {gone}")
+    for m, load in loads.items():
+        record(f"pool scale-down: {m}", f"{tallies[m].summary()}; ready endpoints {load.ready_history}")
+    for m, load in loads.items():
+        assert tallies[m].failed == 0 and tallies[m].sent >= 10, f"{m}: {tallies[m].summary()}"
+        first = next(i for i, s in enumerate(load.ready_sets) if s)
+        assert all(load.ready_sets[first:]), f"{m} had no ready endpoint at a moment: {load.ready_history}"
+    assert not audit.violations, audit.violations
+    assert gone in pods.leaving, f"{gone} went without being marked leaving: {pods.leaving}"
+    assert placement(kube.get("TritonModel", moved, namespace))[0] in after

@@ -435,7 +435,8 @@ def _replica(name: str, ip: str, template: str, node: str = "n1", up: bool = Tru
 
 
 def _rolling(*pods: dict[str, Any], placed: dict[str, list[str]], records: dict[str, dict[str, str]] | None = None,
-             replicas: int = 2, stuck: str | None = None, replica_sets: dict[str, str] | None = None) -> pp.PoolRound:
+             replicas: int = 2, stuck: str | None = None, replica_sets: dict[str, str] | None = None,
+             per_replica: str = "4Gi") -> pp.PoolRound:
     """Models a, b (1 copy of 1Gi each, placed as `placed` says) on pool p of `replicas` whose Deployment's template
     is NEW, with `pods`."""
     docs = {}
@@ -443,7 +444,7 @@ def _rolling(*pods: dict[str, Any], placed: dict[str, list[str]], records: dict[
         doc = _body(python_model(n, pool="p", memory="1Gi", replicas=1))
         doc["status"] = {"placement": placed.get(n, [])}
         docs[n] = doc
-    pool_body = _body(pool_document("p", replicas=replicas))
+    pool_body = _body(pool_document("p", replicas=replicas, capacity={"memoryPerReplica": per_replica}))
     pool_body["status"] = {"replicaModels": [{"pod": r, "loaded": loaded} for r, loaded in (records or {}).items()]}
     return pp.round_of("ns", TritonPool.model_validate(pool_body), pool_body, pp.members("p", docs), list(pods),
                        None, NEW, unschedulable=stuck, replica_sets=replica_sets)
@@ -589,3 +590,43 @@ def test_with_two_older_templates_the_leaving_replica_is_one_of_the_oldest_repli
     assert rnd.costs["r2"].get(pp_api.ANNOTATION_LEAVING, "kept") is None, "r2's mark is taken off"
     unknown = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]}, records={"r1": {"a": "d", "c": "d"}, "r2": {"b": "d"}})
     assert unknown.rollout.leaving == {"r2"}, "the ReplicaSets' ages unknown: any old replica's mark holds, as before"
+
+
+def test_a_scale_down_marks_the_replica_that_loaded_least_and_goes_on_once_its_copies_serve_elsewhere() -> None:
+    """Three replicas of the current template, the pool scaled to 2: r1 (a's copy only) is marked leaving; its copy
+    is placed on another replica too; the Deployment takes the lower count only in a later round (the mark written
+    first) and once a serves elsewhere."""
+    pods = (_replica("r1", "198.18.0.1", NEW, handed_over=True), _replica("r2", "198.18.0.2", NEW, handed_over=True),
+            _replica("r3", "198.18.0.3", NEW, node="n2", handed_over=True))
+    records = {"r1": {"a": "d"}, "r2": {"b": "d", "c": "d"}, "r3": {"b": "d", "c": "d"}}
+    rnd = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]}, records=records)
+    assert rnd.rollout == pp.Rollout(frozenset({"r1"}), "r1", (), shrinking=True), rnd.rollout
+    assert rnd.costs["r1"] == {pp.POD_DELETION_COST: "-1", pp_api.ANNOTATION_LEAVING: "true"}
+    assert "r1" in rnd.placement.copies["a"] and len(rnd.placement.copies["a"]) == 2, rnd.placement.copies
+    moved = next(r for r in rnd.placement.copies["a"] if r != "r1")
+    served = _seen_on(rnd, ("r1", "a"), ("r2", "b"), (moved, "a"))
+    assert not pp.plan_pool(_world(rnd, **served)).shrink, "not in the round that marks r1: its cost is written first"
+    marked = _rolling(_replica("r1", "198.18.0.1", NEW, handed_over=True, leaving=True), *pods[1:],
+                      placed={"a": ["r1"], "b": ["r2"]}, records=records)
+    assert marked.rollout == pp.Rollout(frozenset({"r1"}), None, (), shrinking=True), "the mark read back"
+    plan = pp.plan_pool(_world(marked, **_seen_on(marked, ("r1", "a"), ("r2", "b"))))
+    assert not plan.shrink, "a serves on r1 alone: the Deployment keeps its 3 replicas"
+    assert "scaling down: r1 leaves once its copies serve elsewhere" in next(
+        c for c in plan.pool_status["conditions"] if c["type"] == "Progressing")["message"]
+    moved = next(r for r in marked.placement.copies["a"] if r != "r1")
+    after = pp.plan_pool(_world(marked, carried=pp.Carried(True, False),
+                                **_seen_on(marked, ("r1", "a"), ("r2", "b"), (moved, "a"))))
+    assert after.shrink, "a serves elsewhere: the Deployment may take 2 replicas and remove r1"
+
+
+def test_a_scale_down_is_not_held_by_a_copy_with_no_room_elsewhere_and_a_pool_at_its_size_marks_nothing() -> None:
+    pods = (_replica("r1", "198.18.0.1", NEW, handed_over=True, leaving=True),
+            _replica("r2", "198.18.0.2", NEW, handed_over=True))
+    rnd = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]}, replicas=1, per_replica="1Gi")
+    assert rnd.rollout.shrinking and rnd.rollout.leaving == {"r1"}
+    assert rnd.placement.copies["a"] == ("r1",), "r2 (1Gi of 1Gi used by b) has no room for a"
+    assert pp.plan_pool(_world(rnd, **_seen_on(rnd, ("r1", "a"), ("r2", "b")))).shrink, \
+        "a fits nowhere else: its copy goes with r1, as before, rather than the scale-down waiting for ever"
+    steady = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]}, replicas=2)
+    assert steady.rollout == pp.Rollout(), "as many replicas as wanted: nothing leaves"
+    assert steady.costs["r1"].get(pp_api.ANNOTATION_LEAVING, "kept") is None, "an old mark is taken off"

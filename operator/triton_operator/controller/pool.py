@@ -421,6 +421,10 @@ class PoolReconciler:
         await self._hand_over(rnd, st, after.handovers)
         if after.no_surge:
             await self._without_surge(rnd)
+        if after.shrink:
+            log.info("Scaling down: replicas handed over pool=%s/%s leaving=%s replicas=%d", rnd.namespace,
+                     rnd.pool.name, ",".join(sorted(rnd.rollout.leaving)), rnd.pool.spec.replicas)
+            await self._apply_children(rnd.namespace, rnd.pool, rnd.body["metadata"]["uid"], rnd.body, shrink=True)
         self._sent = {k for k in self._sent if k[:2] != (rnd.namespace, rnd.pool.name)}  # answered, and unrecorded
         return after.wake
 
@@ -526,7 +530,7 @@ class PoolReconciler:
         log.info("Deleted %s namespace=%s name=%s reason=%r", *key, why)
 
     async def _apply_children(self, namespace: str, pool: TritonPool, uid: str, body: Mapping[str, Any],
-                              no_surge: bool = False) -> tuple[str, Upgrade | None]:
+                              no_surge: bool = False, shrink: bool = False) -> tuple[str, Upgrade | None]:
         """The pool's own objects as `plan.pool.pool_children` says, its Deployment under the bound on upgrade rollouts
         (`_bounded`); returns the LABEL_POOL_TEMPLATE of the pod template its Deployment has now, and what the bound
         decided."""
@@ -542,7 +546,7 @@ class PoolReconciler:
         template = ""
         for child in want.apply:
             if child["kind"] == DEPLOYMENT.kind:
-                child, upgrade = await self._bounded(child, body, no_surge)
+                child, upgrade = await self._bounded(child, body, no_surge, shrink)
                 template = str(child["spec"]["template"]["metadata"]["labels"].get(LABEL_POOL_TEMPLATE, ""))
             else:
                 await self._apply(child)
@@ -551,14 +555,16 @@ class PoolReconciler:
         return template, upgrade
 
     async def _bounded(self, desired: dict[str, Any], body: Mapping[str, Any],
-                       no_surge: bool = False) -> tuple[dict[str, Any], Upgrade | None]:
+                       no_surge: bool = False, shrink: bool = False) -> tuple[dict[str, Any], Upgrade | None]:
         """Applies the pool's Deployment as `plan.upgrade.bound_deployment` says: a new pod template for a pool whose
         spec did not change (an operator upgrade) is an upgrade rollout, counted with the TritonModels' against
         the bound (`slots`, the models' reconciler), or waits for a slot with the live template. It keeps its surge
         pod (its replicas hand their copies over to it, `plan.pool.rollout`) unless `no_surge` (`plan.pool.no_surge`:
         the surge pod cannot be scheduled, and a leaving replica's copies serve elsewhere), or its live Deployment
-        rolls without one already: read back from it, until the rollout ends. A waiting pool is asked again every
-        round (every SETTLED_SECONDS at least). Returns the Deployment as applied, and what the bound decided."""
+        rolls without one already: read back from it, until the rollout ends. A scale-down (fewer replicas than the
+        live Deployment's, its template unchanged) keeps the live replicas until `shrink` (`plan.pool.shrink`: the
+        replicas that go hand their copies over first). A waiting pool is asked again every round (every
+        SETTLED_SECONDS at least). Returns the Deployment as applied, and what the bound decided."""
         meta = desired["metadata"]
         key = (meta["namespace"], meta["name"])
         source = source_digest(body, {})
@@ -578,11 +584,16 @@ class PoolReconciler:
             return bound_deployment(desired, live, body, source, upgrades, utc_now(), no_surge=without)
 
         out, upgrade = decide()
+        live = self.cache.children.get((DEPLOYMENT.kind, *key))
+        if not shrink and live is not None and _held_replicas(live, out) is not None:
+            out["spec"] = {**out["spec"], "replicas": _held_replicas(live, out)}
         if upgrade is not None and upgrade.started and self.slots is not None:
             # Decided again over every Deployment listed once (a restarted operator's watch may not have delivered
             # them all: counted short, the pool started beside a model's rollout at the bound, e2e/test_upgrade_bound).
             await self.slots.list_upgrades()
             out, upgrade = decide()
+            if not shrink and live is not None and _held_replicas(live, out) is not None:
+                out["spec"] = {**out["spec"], "replicas": _held_replicas(live, out)}
         started = upgrade is not None and upgrade.started
         if started and self.slots is not None:
             self.slots.reserve_upgrade(key)  # no await since the count was read: the check and the reservation are one
@@ -1084,3 +1095,18 @@ def is_pooled(model: TritonModel | Mapping[str, Any]) -> bool:
     if isinstance(model, TritonModel):
         return model.spec.pool is not None
     return pool_of(model) is not None
+
+
+def _held_replicas(live: Mapping[str, Any], out: Mapping[str, Any]) -> int | None:
+    """The live Deployment's replicas, when the pool asks for fewer with the same pod template (a scale-down, not a
+    rollout): kept until the replicas that go have handed their copies over (`plan.pool.shrink`); else None."""
+    held, wanted = (live.get("spec") or {}).get("replicas"), (out.get("spec") or {}).get("replicas")
+    if not isinstance(held, int) or not isinstance(wanted, int) or held <= wanted:
+        return None
+    return held if _template_label(live) == _template_label(out) else None
+
+
+def _template_label(deployment: Mapping[str, Any]) -> str | None:
+    """The LABEL_POOL_TEMPLATE of a pool Deployment's pod template."""
+    template = (deployment.get("spec") or {}).get("template") or {}
+    return ((template.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL_TEMPLATE)

@@ -359,9 +359,15 @@ class Rollout:
     # Replicas of the current template, up, whose handover is not done: their gate opens once no leaving replica
     # serves a copy that does not serve elsewhere (`handovers`).
     waiting: tuple[str, ...] = ()
+    # A scale-down, not a new template: the Deployment keeps its replicas until the leaving ones' copies serve
+    # elsewhere (`shrink`), then takes the pool's, and removes them (pod-deletion-cost -1).
+    shrinking: bool = False
 
     def says(self) -> str:
         """The rollout in a sentence for the pool's Progressing condition ("" when none is under way)."""
+        if self.shrinking:
+            return (f"scaling down: {', '.join(sorted(self.leaving))} "
+                    f"{'leaves' if len(self.leaving) == 1 else 'leave'} once its copies serve elsewhere")
         if self.leaving:
             return (f"rolling its pods to a new template: {', '.join(sorted(self.leaving))} leaves once its copies "
                     f"serve elsewhere, replaced by {', '.join(self.waiting) or 'a new replica'}")
@@ -372,7 +378,7 @@ class Rollout:
 
 def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], template: str,
             records: Mapping[str, Mapping[str, str]], stuck: bool = False,
-            replica_sets: Mapping[str, str] | None = None) -> Rollout:
+            replica_sets: Mapping[str, str] | None = None, wanted: int | None = None) -> Rollout:
     """The rollout's state. The Deployment rolls with maxSurge 1 and maxUnavailable 0: it creates a replica of the new
     template (LABEL_POOL_TEMPLATE `template`), waits until that pod is Ready, then deletes a replica of an older
     one, the one of lowest pod-deletion-cost, and so on. A pool pod's readiness gate (HANDOVER_CONDITION) holds
@@ -389,9 +395,18 @@ def rollout(live: Sequence[PoolReplica], pods: Mapping[str, ReplicaPod], templat
 
     With old replicas of more than one older template (a template changed again mid-rollout), the Deployment scales
     the oldest ReplicaSet down first (by its creationTimestamp, `replica_sets`: name -> creationTimestamp), whatever
-    the pods' deletion costs: the leaving replica is one of that ReplicaSet's, and a mark on another is taken off."""
+    the pods' deletion costs: the leaving replica is one of that ReplicaSet's, and a mark on another is taken off.
+
+    A scale-down hands over too: with every replica on the current template and more of them than `wanted` (the
+    pool's spec.replicas), the ones the ReplicaSet will remove are marked leaving (those not Ready first, as it ranks
+    them, then those that loaded least; a mark already written is kept), `shrinking`."""
     if not template:  # the Deployment's template is not known: no rollout is told
         return Rollout()
+    if wanted is not None and len(live) > wanted and all(pods[r.name].template == template for r in live):
+        rank = sorted((r.name for r in live), key=lambda r: (not pods[r].leaving, pods[r].ready,
+                                                              len(records.get(r, {})), r))
+        going = rank[:len(live) - wanted]
+        return Rollout(frozenset(going), next((r for r in going if not pods[r].leaving), None), (), shrinking=True)
     old = oldest_first([r.name for r in live if pods[r.name].template != template], pods, replica_sets or {})
     waiting = tuple(r.name for r in live if pods[r.name].template == template and pods[r.name].up
                     and pods[r.name].ip and not pods[r.name].handed_over)
@@ -429,6 +444,17 @@ def handovers(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Ma
     return ro.waiting if _served_elsewhere(rnd, records, seen, broken, failures) else ()
 
 
+def shrink(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
+           broken: Collection[tuple[str, str]], failures: Mapping[str, Mapping[str, str]]) -> bool:
+    """Whether the pool's Deployment takes its lower spec.replicas now (`rollout`, `shrinking`): the leaving replicas
+    were marked in an earlier round (their cost -1 written: the ReplicaSet removes them and no other), and each model
+    they serve serves on another replica too; a model with no copy placed elsewhere (no room on the others) does not
+    hold the scale-down: its copy goes with the replica, as it went before."""
+    ro = rnd.rollout
+    return ro.shrinking and ro.mark is None and _served_elsewhere(rnd, records, seen, broken, failures,
+                                                                   unplaced_hold=False)
+
+
 def no_surge(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
              broken: Collection[tuple[str, str]], failures: Mapping[str, Mapping[str, str]]) -> bool:
     """Whether the pool's upgrade rollout goes on without its surge pod now: the surge pod cannot be scheduled
@@ -442,9 +468,10 @@ def no_surge(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Map
 
 
 def _served_elsewhere(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], seen: Mapping[tuple[str, str], Seen],
-                      broken: Collection[tuple[str, str]], failures: Mapping[str, Mapping[str, str]]) -> bool:
+                      broken: Collection[tuple[str, str]], failures: Mapping[str, Mapping[str, str]],
+                      unplaced_hold: bool = True) -> bool:
     """Whether every model served on a leaving replica serves on another one too, as do its other copies that can
-    serve soon (`handovers`)."""
+    serve soon (`handovers`); with `unplaced_hold` False, a model placed on no other replica is passed over."""
     ro = rnd.rollout
     up = serving(rnd.placement, rnd.members, rnd.pods, records, seen, graph=rnd.graph, admitted=lambda p: p.up)
     for n, m in rnd.members.items():
@@ -454,6 +481,8 @@ def _served_elsewhere(rnd: PoolRound, records: Mapping[str, Mapping[str, str]], 
         if not any(r in ro.leaving and r in up[n] for r in placed):
             continue
         staying = [r for r in placed if r not in ro.leaving]
+        if not staying and not unplaced_hold:
+            continue
         expected = [r for r in staying if r not in failures.get(n, {}) and (r, n) not in broken
                     and (pod := rnd.pods.get(r)) is not None and pod.up]
         if not any(r in up[n] for r in staying) or not all(r in up[n] for r in expected):
@@ -1113,7 +1142,8 @@ def round_of(namespace: str, pool: TritonPool, body: Mapping[str, Any], members:
     the pool's Deployment has (`rollout`); `upgrade`: what the bound on upgrade rollouts decided for it;
     `replica_sets`: the creationTimestamp of the ReplicaSets owning its pods, when they are more than one."""
     live, views = replicas(pods)
-    ro = rollout(live, views, template, recorded(body), stuck=unschedulable is not None, replica_sets=replica_sets)
+    ro = rollout(live, views, template, recorded(body), stuck=unschedulable is not None, replica_sets=replica_sets,
+                 wanted=pool.spec.replicas)
     placement = placement_of(pool, live, members, ro.leaving)
     ready = [r.name for r in live if views[r.name].up and views[r.name].ip]
     return PoolRound(namespace, pool, body, members, views, live, placement, ready,
@@ -1229,6 +1259,7 @@ class PoolPlan:
     wake: float  # seconds until the next round, unless something changes first
     handovers: tuple[str, ...] = ()  # the replicas whose handover gate opens now (`handovers`)
     no_surge: bool = False  # the upgrade rollout goes on without its surge pod, which cannot be scheduled (`no_surge`)
+    shrink: bool = False  # the Deployment takes the pool's lower spec.replicas now: the leaving replicas handed over
 
     @property
     def busy(self) -> bool:
@@ -1409,7 +1440,8 @@ def plan_pool(world: PoolWorld) -> PoolPlan:
     return PoolPlan(todo, waiting, frozenset(healing), draining, drains, loading, out.serving, out.services_only,
                     out.statuses, out.pool_status, out.model_writes, out.pool_write, out.settled,
                     wake_after(out.settled and not rolling, carried, world.fetching, bool(waiting)), handed,
-                    no_surge(rnd, world.records, world.seen, world.broken, world.failures))
+                    no_surge(rnd, world.records, world.seen, world.broken, world.failures),
+                    shrink(rnd, world.records, world.seen, world.broken, world.failures))
 
 
 # -- a uri model's files on a replica: what its fetch-server sidecar is asked, and what to do with its answer
