@@ -630,3 +630,15 @@ def test_a_scale_down_is_not_held_by_a_copy_with_no_room_elsewhere_and_a_pool_at
     steady = _rolling(*pods, placed={"a": ["r1"], "b": ["r2"]}, replicas=2)
     assert steady.rollout == pp.Rollout(), "as many replicas as wanted: nothing leaves"
     assert steady.costs["r1"].get(pp_api.ANNOTATION_LEAVING, "kept") is None, "an old mark is taken off"
+
+
+def test_a_pool_deployment_keeps_its_replicas_through_a_scale_down_only_with_an_unchanged_template() -> None:
+    from triton_operator.controller.pool import _held_replicas
+
+    def deployment(replicas: int, template: str) -> dict[str, Any]:
+        return {"spec": {"replicas": replicas, "template": {"metadata": {"labels": {
+            pp_api.LABEL_POOL_TEMPLATE: template}}}}}
+    assert _held_replicas(deployment(3, NEW), deployment(2, NEW)) == 3, "a scale-down: held until handed over"
+    assert _held_replicas(deployment(3, OLD), deployment(2, NEW)) is None, "a new template: the rollout scales it"
+    assert _held_replicas(deployment(2, NEW), deployment(3, NEW)) is None, "a scale-up: at once"
+    assert _held_replicas(deployment(2, NEW), deployment(2, NEW)) is None

@@ -353,6 +353,12 @@ class PoolReconciler:
             rnd.pods[r] = replace(view, ready=view.up, handed_over=True)
         return pool_plan.plan_pool(world)
 
+    def _holding(self, rnd: pool_plan.PoolRound) -> bool:
+        """Whether the pool's Deployment, as last seen, keeps more replicas than the pool asks for (`_bounded`)."""
+        live = self.cache.children.get((DEPLOYMENT.kind, rnd.namespace, pool_deployment_name(rnd.pool)))
+        replicas = (live or {}).get("spec", {}).get("replicas")
+        return isinstance(replicas, int) and replicas > rnd.pool.spec.replicas
+
     async def _without_surge(self, rnd: pool_plan.PoolRound) -> None:
         """The upgrade rollout goes on without its surge pod (`plan.pool.no_surge`): the Deployment applied again
         with maxSurge 0 and maxUnavailable 1, once (the live strategy is read back after that)."""
@@ -421,9 +427,11 @@ class PoolReconciler:
         await self._hand_over(rnd, st, after.handovers)
         if after.no_surge:
             await self._without_surge(rnd)
-        if after.shrink:
-            log.info("Scaling down: replicas handed over pool=%s/%s leaving=%s replicas=%d", rnd.namespace,
-                     rnd.pool.name, ",".join(sorted(rnd.rollout.leaving)), rnd.pool.spec.replicas)
+        if after.shrink or (not rnd.rollout.shrinking and self._holding(rnd)):
+            # Handed over, or nothing to hand over (the replicas beyond the count not running yet, a rollout under
+            # way): the Deployment takes the pool's count.
+            log.info("Scaling down pool=%s/%s leaving=%s replicas=%d", rnd.namespace, rnd.pool.name,
+                     ",".join(sorted(rnd.rollout.leaving)) or "-", rnd.pool.spec.replicas)
             await self._apply_children(rnd.namespace, rnd.pool, rnd.body["metadata"]["uid"], rnd.body, shrink=True)
         self._sent = {k for k in self._sent if k[:2] != (rnd.namespace, rnd.pool.name)}  # answered, and unrecorded
         return after.wake
