@@ -735,10 +735,10 @@ def serve(listen: tuple[str, int], target: tuple[str, int], hold: float, head_st
                           broken=health.why if health is not None and not every else None)
     stop_health = threading.Event()
     server = ProbeServer(listen, _route(readiness, health, settle, key), max_connections=max_connections)
-    threading.Thread(target=server.serve_forever, daemon=True, name="probe-server").start()
-    if key is None:
+    if key is None:  # said before the first answer (tests/test_probe.py read it after one: a race under load)
         print(f"probe: warning: no {REPOSITORY_KEY_ENV} in the environment: GET {STATUS_PATH} and POST {GATE_PATH} are refused",
               file=sys.stderr, flush=True)
+    threading.Thread(target=server.serve_forever, daemon=True, name="probe-server").start()
     if health is not None:
         threading.Thread(target=watch_health, args=(health, target, check_interval, readiness.poke, stop_health, repository,
                                                     confirm_timeout), daemon=True, name="health").start()
