@@ -5,6 +5,7 @@ listening, so tritonserver's bind fails with "Address already in use" and it exi
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -37,7 +38,10 @@ def test_a_server_that_exits_before_it_listens_is_started_again_on_fresh_ports(
         with socket.create_connection(("127.0.0.1", server.grpc_port), 2):
             pass
         warned = [r.getMessage() for r in caplog.records]
-        assert len(warned) == 1 and "exited with code 1 before it listened (start 1 of 2)" in warned[0], warned
+        # Its exit code is tritonserver's: 1, or -6 when gRPC's poller aborts on the way out (a rehearsal at 828d844:
+        # "epoll_wait error: Bad file descriptor", SIGABRT); either way the start is tried again.
+        assert len(warned) == 1 and re.search(r"exited with code (1|-6) before it listened \(start 1 of 2\)",
+                                              warned[0]), warned
         # Both starts' output is kept: the first's bind failure, then the second's header and its gRPC service. The
         # port answers a moment before tritonserver's line about it reaches the file (CI read the file in between).
         started = f"Started GRPCInferenceService at 127.0.0.1:{server.grpc_port}"
