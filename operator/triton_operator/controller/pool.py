@@ -306,9 +306,8 @@ class PoolReconciler:
         """The creationTimestamp of each ReplicaSet of the pool's, read only while its live pods of an older template
         than `template` (the Deployment's) belong to more than one (`plan.pool.oldest_first`): the Deployment scales
         the oldest down first, and a rollout's leaving replica must be one of its pods."""
-        owners = {o.get("name") for p in pods if not p["metadata"].get("deletionTimestamp")
-                  and (p["metadata"].get("labels") or {}).get(LABEL_POOL_TEMPLATE) != template
-                  for o in p["metadata"].get("ownerReferences") or () if o.get("kind") == "ReplicaSet"}
+        views = [ReplicaPod.of(p) for p in pods]
+        owners = {v.replica_set for v in views if v.replica_set and not v.terminating and v.template != template}
         if not template or len(owners) < 2:
             return {}
         try:
@@ -589,19 +588,18 @@ class PoolReconciler:
             live = self.cache.children.get((DEPLOYMENT.kind, *key))
             without = no_surge or (live is not None and (live.get("spec") or {}).get("strategy") == NO_SURGE
                                    and in_upgrade_rollout(live))
-            return bound_deployment(desired, live, body, source, upgrades, utc_now(), no_surge=without)
+            out, upgrade = bound_deployment(desired, live, body, source, upgrades, utc_now(), no_surge=without)
+            held = None if shrink or live is None else _held_replicas(live, out)
+            if held is not None:
+                out["spec"] = {**out["spec"], "replicas": held}
+            return out, upgrade
 
         out, upgrade = decide()
-        live = self.cache.children.get((DEPLOYMENT.kind, *key))
-        if not shrink and live is not None and _held_replicas(live, out) is not None:
-            out["spec"] = {**out["spec"], "replicas": _held_replicas(live, out)}
         if upgrade is not None and upgrade.started and self.slots is not None:
             # Decided again over every Deployment listed once (a restarted operator's watch may not have delivered
             # them all: counted short, the pool started beside a model's rollout at the bound, e2e/test_upgrade_bound).
             await self.slots.list_upgrades()
             out, upgrade = decide()
-            if not shrink and live is not None and _held_replicas(live, out) is not None:
-                out["spec"] = {**out["spec"], "replicas": _held_replicas(live, out)}
         started = upgrade is not None and upgrade.started
         if started and self.slots is not None:
             self.slots.reserve_upgrade(key)  # no await since the count was read: the check and the reservation are one
