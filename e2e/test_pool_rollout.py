@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from e2e.kube import Kube, wait_for
-from e2e.load import ServiceLoad
+from e2e.load import ServiceLoad, Tally
 from e2e.operator_fixtures import OperatorHandle, apply, is_model_ready, record
 from e2e.pool import PoolAudit, placement, pool_doc, pooled_add_sub, replica_pods
 from triton_operator.api.pool import ANNOTATION_LEAVING, HANDOVER_CONDITION, LABEL_POOL, LABEL_POOL_TEMPLATE
@@ -80,6 +80,46 @@ def _handed_over(pod: dict) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or ())
 
 
+class Loads:
+    """Client load through each model's Service (1 thread x 5 requests/s, to its ready endpoints refreshed from its
+    EndpointSlices), started and answering on entry, stopped on exit (`tallies`)."""
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        self.loads = {m: ServiceLoad(kubeconfig, namespace, m, m, threads=1, rate=5.0, refresh=0.2, via="endpoints")
+                      for m in MODELS}
+        self.tallies: dict[str, Tally] = {}
+
+    def __enter__(self) -> Loads:
+        for load in self.loads.values():
+            load.start()
+        try:
+            for m, load in self.loads.items():
+                wait_for(f"{m} answering", lambda load=load: load.tally().sent - load.tally().failed >= 3, 60)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.tallies = {m: load.stop() for m, load in self.loads.items()}
+
+    def answering_after(self, what: str) -> None:
+        """Each model answered 5 requests more (a few seconds on the replicas left after `what`)."""
+        for m, load in self.loads.items():
+            sent = load.tally().sent
+            wait_for(f"{m} answering after {what}", lambda load=load, sent=sent: load.tally().sent >= sent + 5, 30)
+
+    def served_throughout(self, label: str) -> None:
+        """Recorded under `label`; asserted: no request failed, and once a model had a ready endpoint it never had
+        none."""
+        for m, load in self.loads.items():
+            record(f"{label}: {m}", f"{self.tallies[m].summary()}; ready endpoints {load.ready_history}")
+        for m, load in self.loads.items():
+            assert self.tallies[m].failed == 0 and self.tallies[m].sent >= 10, f"{m}: {self.tallies[m].summary()}"
+            first = next(i for i, s in enumerate(load.ready_sets) if s)
+            assert all(load.ready_sets[first:]), f"{m} had no ready endpoint at a moment: {load.ready_history}"
+
+
 def test_a_pool_rollout_moves_each_replicas_copies_before_it_goes_and_fails_no_request(
         operator: OperatorHandle, kube: Kube, kubeconfig: Path, namespace: str) -> None:
     apply(kubeconfig, namespace, pool_doc(POOL, 2, "256Mi"), *(pooled_add_sub(m, POOL) for m in MODELS))
@@ -90,43 +130,26 @@ def test_a_pool_rollout_moves_each_replicas_copies_before_it_goes_and_fails_no_r
     assert all(_handed_over(p) for p in replica_pods(kube, namespace, POOL)), \
         "a replica that replaces none is handed over at once (its gate holds its Ready)"
 
-    loads = {m: ServiceLoad(kubeconfig, namespace, m, m, threads=1, rate=5.0, refresh=0.2, via="endpoints")
-             for m in MODELS}
-    with PoolAudit(kube, namespace, min_samples=20) as audit, PodSampler(kube, namespace) as pods:
-        for load in loads.values():
-            load.start()
-        try:
-            for m, load in loads.items():
-                wait_for(f"{m} answering", lambda load=load: load.tally().sent - load.tally().failed >= 3, 60)
-            # A change of the pod template: the pool's Deployment rolls.
-            kube.patch("TritonPool", POOL, {"spec": {"server": {"podAnnotations": {"rollout": "2"}}}}, namespace,
-                       type="merge")
-            started = time.monotonic()
+    with PoolAudit(kube, namespace, min_samples=20) as audit, PodSampler(kube, namespace) as pods, \
+            Loads(kubeconfig, namespace) as loads:
+        # A change of the pod template: the pool's Deployment rolls.
+        kube.patch("TritonPool", POOL, {"spec": {"server": {"podAnnotations": {"rollout": "2"}}}}, namespace,
+                   type="merge")
+        started = time.monotonic()
 
-            def rolled() -> dict[str, str] | None:
-                now = _templates(kube, namespace)
-                new = set(now.values()) - set(before.values())
-                done = len(now) == 2 and len(new) == 1 and not set(now) & set(before) and all(
-                    is_model_ready(kube.get("TritonModel", m, namespace)) for m in MODELS)
-                return now if done else None
+        def rolled() -> dict[str, str] | None:
+            now = _templates(kube, namespace)
+            new = set(now.values()) - set(before.values())
+            done = len(now) == 2 and len(new) == 1 and not set(now) & set(before) and all(
+                is_model_ready(kube.get("TritonModel", m, namespace)) for m in MODELS)
+            return now if done else None
 
-            after = wait_for("both replicas replaced, every model Ready", rolled, 420)
-            took = time.monotonic() - started
-            for m, load in loads.items():  # a few seconds on the new replicas alone
-                sent = load.tally().sent
-                wait_for(f"{m} answering after the rollout", lambda load=load, sent=sent: load.tally().sent >= sent + 5,
-                         30)
-        finally:
-            tallies = {m: load.stop() for m, load in loads.items()}
+        after = wait_for("both replicas replaced, every model Ready", rolled, 420)
+        took = time.monotonic() - started
+        loads.answering_after("the rollout")
     record("pool rollout: 2 replicas replaced, every model Ready", f"{took:.1f}s; most pool pods at once "
            f"{pods.most}; marked leaving {sorted(pods.leaving)}")
-    for m, load in loads.items():
-        record(f"pool rollout: {m}", f"{tallies[m].summary()}; ready endpoints {load.ready_history}")
-
-    for m, load in loads.items():
-        assert tallies[m].failed == 0 and tallies[m].sent >= 10, f"{m}: {tallies[m].summary()}"
-        first = next(i for i, s in enumerate(load.ready_sets) if s)
-        assert all(load.ready_sets[first:]), f"{m} had no ready endpoint at a moment: {load.ready_history}"
+    loads.served_throughout("pool rollout")
     assert not audit.violations, audit.violations
     assert pods.samples >= 10, pods.errors[-3:]
     assert pods.most <= 3, f"{pods.most} pool pods at once: one surge pod at most"
@@ -158,41 +181,25 @@ def test_a_pool_scaled_down_moves_the_leaving_replicas_copies_first_and_fails_no
     alone = {m: placement(kube.get("TritonModel", m, namespace)) for m in MODELS}
     assert sorted(r for p in alone.values() for r in p) == sorted(before), f"spread one per replica: {alone}"
 
-    loads = {m: ServiceLoad(kubeconfig, namespace, m, m, threads=1, rate=5.0, refresh=0.2, via="endpoints")
-             for m in MODELS}
-    with PoolAudit(kube, namespace, min_samples=10) as audit, PodSampler(kube, namespace) as pods:
-        for load in loads.values():
-            load.start()
-        try:
-            for m, load in loads.items():
-                wait_for(f"{m} answering", lambda load=load: load.tally().sent - load.tally().failed >= 3, 60)
-            kube.patch("TritonPool", POOL, {"spec": {"replicas": 2}}, namespace, type="merge")
-            started = time.monotonic()
+    with PoolAudit(kube, namespace, min_samples=10) as audit, PodSampler(kube, namespace) as pods, \
+            Loads(kubeconfig, namespace) as loads:
+        kube.patch("TritonPool", POOL, {"spec": {"replicas": 2}}, namespace, type="merge")
+        started = time.monotonic()
 
-            def shrunk() -> dict[str, str] | None:
-                now = _templates(kube, namespace)
-                deployment = kube.get("Deployment", f"{POOL}-pool", namespace)
-                done = (len(now) == 2 and deployment["spec"]["replicas"] == 2
-                        and all(is_model_ready(kube.get("TritonModel", m, namespace)) for m in MODELS))
-                return now if done else None
+        def shrunk() -> dict[str, str] | None:
+            now = _templates(kube, namespace)
+            deployment = kube.get("Deployment", f"{POOL}-pool", namespace)
+            done = (len(now) == 2 and deployment["spec"]["replicas"] == 2
+                    and all(is_model_ready(kube.get("TritonModel", m, namespace)) for m in MODELS))
+            return now if done else None
 
-            after = wait_for("the pool at 2 replicas, every model Ready", shrunk, 240)
-            took = time.monotonic() - started
-            for m, load in loads.items():  # a few seconds on the 2 replicas left
-                sent = load.tally().sent
-                wait_for(f"{m} answering after the scale-down", lambda load=load, sent=sent: load.tally().sent >= sent + 5,
-                         30)
-        finally:
-            tallies = {m: load.stop() for m, load in loads.items()}
+        after = wait_for("the pool at 2 replicas, every model Ready", shrunk, 240)
+        took = time.monotonic() - started
+        loads.answering_after("the scale-down")
     (gone,) = set(before) - set(after)
     moved = next(m for m, p in alone.items() if p == [gone])
     record("pool scale-down 3 -> 2", f"{took:.1f}s; marked leaving {sorted(pods.leaving)}; {moved} moved off {gone}")
-    for m, load in loads.items():
-        record(f"pool scale-down: {m}", f"{tallies[m].summary()}; ready endpoints {load.ready_history}")
-    for m, load in loads.items():
-        assert tallies[m].failed == 0 and tallies[m].sent >= 10, f"{m}: {tallies[m].summary()}"
-        first = next(i for i, s in enumerate(load.ready_sets) if s)
-        assert all(load.ready_sets[first:]), f"{m} had no ready endpoint at a moment: {load.ready_history}"
+    loads.served_throughout("pool scale-down")
     assert not audit.violations, audit.violations
     assert gone in pods.leaving, f"{gone} went without being marked leaving: {pods.leaving}"
     assert placement(kube.get("TritonModel", moved, namespace))[0] in after
