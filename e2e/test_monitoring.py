@@ -42,7 +42,7 @@ import yaml
 
 from bench.promkeda import Prometheus, build_prometheus
 from e2e.cluster import session_root
-from e2e.healing import event_names, stubs_of
+from e2e.healing import answers, event_names, stubs_of
 from e2e.kube import Kube, condition, wait_for
 from e2e.operator_fixtures import (
     RELEASE_NAMESPACE,
@@ -291,15 +291,6 @@ def _result(prom: Prometheus, expr: str) -> list[Any] | str:
     return list(doc["data"]["result"])
 
 
-def _answers(ip: str) -> bool:
-    """Whether add-sub's replica at `ip` answered one request."""
-    try:
-        infer_add_sub(ip)
-    except Exception:  # noqa: BLE001 - not answering yet (a heal): asked again
-        return False
-    return True
-
-
 def _serving(ip: str, model: str) -> bool:
     try:
         return bool(ready_on(ip, [model]))
@@ -440,7 +431,7 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
                     if e["metadata"]["name"] not in earlier and e.get("reason") == "Healed"}
             return done if healed_on <= done else None
         wait_for("add-sub's replica and wide's pooled copy healed (Events Healed)", healed, 120, 0.5)
-        wait_for("add-sub answering again", lambda: _answers(ip), 60, 0.5)
+        wait_for("add-sub answering again", lambda: answers(ip, "add-sub"), 60, 0.5)
 
         # Every query of every dashboard panel returns a number (Grafana's variables at All, its $__rate_interval 1m),
         # not NaN: the ratios and quantiles of rates over the last minute need requests (sent here, one each poll), a
@@ -449,7 +440,7 @@ def test_alerts_fire_on_a_model_that_cannot_load_and_the_dashboard_reads_real_me
         blank: list[tuple[str, str, Any]] = []
 
         def data_for_all() -> bool:
-            _answers(ip)
+            answers(ip, "add-sub")
             blank.clear()
             for title, expr in panel_queries(board):
                 result = _result(prom, expr)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ import pytest
 
 from e2e.images import PAUSE_IMAGE, TRITON_REF
 from e2e.kube import Kube, wait_for
-from e2e.load import ServiceLoad
+from e2e.load import ServiceLoad, Tally
 from e2e.operator_fixtures import (
     OperatorHandle,
     add_sub,
@@ -182,6 +183,17 @@ def _misplaced_records(kube: Kube, namespace: str) -> list[str]:
     return out
 
 
+def _start_loads(kubeconfig: Path, namespace: str, names: Iterable[str], loads: list[ServiceLoad]) -> dict[str, Tally]:
+    """A load through each model's Service (1 thread x 5 requests/s), added to `loads` as it starts (the caller's
+    `finally` stops them), until each has answered 10 times; returns their tallies then, which the upgrade's requests
+    are counted from: before, kube-proxy may not have the new Services' endpoints yet (a refused connection)."""
+    for name in names:
+        loads.append(ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start())
+    for load in loads:
+        wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
+    return {load.model: load.tally() for load in loads}
+
+
 def _tag_new_ref(cluster: Any) -> None:
     if cluster.local is None:
         pytest.skip("needs this project's own local cluster (ctr on the nodes' containerd)")
@@ -223,12 +235,7 @@ def test_an_operator_upgrade_rolls_at_most_the_bound_of_unchanged_models(
             wait_model(kube, namespace, name, is_model_ready, "Ready", 300)
         for d in kube.items("Deployment", namespace, labelSelector=OWNED_SELECTOR):
             assert _image(d) == TRITON_REF, d["metadata"]["name"]
-        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start()
-                 for name in (*MODELS, POOLED)]
-        for load in loads:
-            wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
-        # From here on: before, kube-proxy may not have the new Services' endpoints yet (a refused connection).
-        warmup = {load.model: load.tally() for load in loads}
+        warmup = _start_loads(kubeconfig, namespace, (*MODELS, POOLED), loads)
 
         sampler.start()
         t0 = time.monotonic()
@@ -299,6 +306,11 @@ def _fill(kube: Kube, namespace: str, node: str) -> None:
         fillers = kube.items("Pod", namespace, labelSelector=f"app={FILLER}")
         if any(p["status"].get("phase") != "Running" for p in fillers):
             return False
+        # A terminating pod's GPU (an earlier test's namespace going) is free a moment later: filled around it, the
+        # node had a GPU free by the upgrade (a rehearsal's pool surge pod was scheduled, at eaf47d1).
+        if any(p["metadata"].get("deletionTimestamp") and _gpus_of(p)
+               for p in kube.items("Pod", None, fieldSelector=f"spec.nodeName={node}")):
+            return False
         if _free_gpus(kube, node) <= 0:
             return True
         made[0] += 1
@@ -319,12 +331,14 @@ def _unscheduled(pod: dict[str, Any]) -> bool:
 
 
 class _PodSampler(threading.Thread):
-    """LISTs the namespace's model pods and TritonModels until stopped: per model, the most pods not terminating
-    at once, the pods seen Pending as Unschedulable, and the Progressing reasons seen."""
+    """LISTs the namespace's model pods and TritonModels until stopped (or, with `label` LABEL_POOL and `kind`
+    TritonPool, its pool pods and TritonPools): per model (pool), the most pods not terminating at once, the pods
+    seen Pending as Unschedulable, and the Progressing reasons seen."""
 
-    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, label: str = LABEL_MODEL, kind: str = "TritonModel") -> None:
         super().__init__(name="full-gpus-sampler", daemon=True)
         self.kube, self.namespace = Kube(kubeconfig, timeout=5), namespace
+        self.label, self.kind = label, kind
         self.most: dict[str, int] = {}
         self.unscheduled: dict[str, set[str]] = {}
         self.reasons: dict[str, dict[str, str]] = {}  # model -> Progressing reason -> its last message
@@ -335,16 +349,16 @@ class _PodSampler(threading.Thread):
     def run(self) -> None:
         while not self.halt.is_set():
             try:
-                pods = self.kube.items("Pod", self.namespace, labelSelector=LABEL_MODEL)
+                pods = self.kube.items("Pod", self.namespace, labelSelector=self.label)
                 by_model: dict[str, list[dict[str, Any]]] = {}
                 for pod in pods:
-                    by_model.setdefault(pod["metadata"]["labels"][LABEL_MODEL], []).append(pod)
+                    by_model.setdefault(pod["metadata"]["labels"][self.label], []).append(pod)
                 for model, its in by_model.items():
                     alive = [p for p in its if not p["metadata"].get("deletionTimestamp")]
                     self.most[model] = max(self.most.get(model, 0), len(alive))
                     self.unscheduled.setdefault(model, set()).update(p["metadata"]["name"] for p in alive
                                                                      if _unscheduled(p))
-                for tm in self.kube.items("TritonModel", self.namespace):
+                for tm in self.kube.items(self.kind, self.namespace):
                     c = model_condition(tm, "Progressing")
                     self.reasons.setdefault(tm["metadata"]["name"], {})[c.get("reason", "")] = c.get("message", "")
                 self.samples += 1
@@ -385,11 +399,7 @@ def test_on_a_node_whose_gpus_are_all_in_use_an_upgrade_rolls_a_2_replica_model_
         for name in models:
             wait_model(kube, namespace, name, is_model_ready, "Ready", 300)
         _fill(kube, namespace, node)
-        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start()
-                 for name in models]
-        for load in loads:
-            wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
-        warmup = {load.model: load.tally() for load in loads}
+        warmup = _start_loads(kubeconfig, namespace, models, loads)
 
         sampler.start()
         op.stop()
@@ -454,25 +464,7 @@ def test_on_a_node_whose_gpus_are_all_in_use_a_pools_upgrade_goes_on_without_its
     op = start_operator(kubeconfig, kube, cluster.logs or tmp_path, pattern=f"{prefix}-*",
                         log_name=f"operator-{prefix}.log", webhook=False, args=("--max-upgrade-rollouts", "1"))
     loads: list[ServiceLoad] = []
-    halt = threading.Event()
-    seen: dict[str, Any] = {"most": 0, "pending": set(), "reasons": {}, "samples": 0, "errors": []}
-
-    def sample() -> None:
-        sampler_kube = Kube(kubeconfig, timeout=5)
-        while not halt.is_set():
-            try:
-                pods = [p for p in sampler_kube.items("Pod", namespace, labelSelector=f"{LABEL_POOL}={pool}")
-                        if not p["metadata"].get("deletionTimestamp")]
-                seen["most"] = max(seen["most"], len(pods))
-                seen["pending"].update(p["metadata"]["name"] for p in pods if _unscheduled(p))
-                body = sampler_kube.get("TritonPool", pool, namespace)
-                c = model_condition(body, "Progressing")
-                seen["reasons"][c.get("reason", "")] = c.get("message", "")
-                seen["samples"] += 1
-            except Exception as exc:  # noqa: BLE001 - a transient API error is one sample lost, reported at the end
-                seen["errors"].append(repr(exc)[:200])
-            halt.wait(0.2)  # the sampling period, not a wait for a condition
-    sampler = threading.Thread(target=sample, name="pool-full-gpus-sampler", daemon=True)
+    sampler = _PodSampler(kubeconfig, namespace, LABEL_POOL, "TritonPool")
     try:
         wait_for("the default ServiceAccount", lambda: kube.get_or_none("ServiceAccount", "default", namespace), 30)
         doc = pool_doc(pool, 2, "256Mi")
@@ -482,11 +474,7 @@ def test_on_a_node_whose_gpus_are_all_in_use_a_pools_upgrade_goes_on_without_its
         for name in pooled:
             wait_model(kube, namespace, name, is_model_ready, "Ready", 300)
         _fill(kube, namespace, node)
-        loads = [ServiceLoad(kubeconfig, namespace, name, name, threads=1, rate=5.0, refresh=0.5).start()
-                 for name in pooled]
-        for load in loads:
-            wait_for(f"{load.model} answering the load", lambda load=load: load.tally().sent - load.tally().failed >= 10, 60)
-        warmup = {load.model: load.tally() for load in loads}
+        warmup = _start_loads(kubeconfig, namespace, pooled, loads)
 
         sampler.start()
         t0 = time.monotonic()
@@ -503,7 +491,7 @@ def test_on_a_node_whose_gpus_are_all_in_use_a_pools_upgrade_goes_on_without_its
                     and all(is_model_ready(kube.get("TritonModel", name, namespace)) for name in pooled))
         wait_for(f"pool {pool} on {NEW_REF}, its rollout finished, {', '.join(pooled)} Ready", upgraded, 600)
         took = time.monotonic() - t0
-        halt.set()
+        sampler.halt.set()
         sampler.join(15)
         tallies = {load.model: load.stop() - warmup[load.model] for load in loads}
         events = [f"{e.get('reason')}: {e.get('message')}" for e in kube.items("Event", namespace)
@@ -513,23 +501,24 @@ def test_on_a_node_whose_gpus_are_all_in_use_a_pools_upgrade_goes_on_without_its
                    if p["status"].get("phase") == "Pending"]
         strategy = kube.get("Deployment", f"{pool}-pool", namespace)["spec"]["strategy"]
     finally:
-        halt.set()
+        sampler.halt.set()
         for load in loads:
             load.__exit__()
         op.stop()
         delete_namespace(kube, namespace)
 
-    record("full GPUs, a pool of 2: upgrade took", f"{took:.1f}s; most pool pods not terminating at once {seen['most']}")
-    record("full GPUs, a pool of 2: Progressing reasons seen", sorted(seen["reasons"]))
+    most, reasons = sampler.most.get(pool, 0), sampler.reasons.get(pool, {})
+    record("full GPUs, a pool of 2: upgrade took", f"{took:.1f}s; most pool pods not terminating at once {most}")
+    record("full GPUs, a pool of 2: Progressing reasons seen", sorted(reasons))
     record("full GPUs, a pool of 2: requests during the upgrade", "; ".join(f"{m}: {t.summary()}"
                                                                            for m, t in tallies.items()))
-    assert seen["samples"] > 10 * len(seen["errors"]), f"too many samples lost: {seen['errors'][:5]}"
-    assert UPGRADE_UNSCHEDULABLE in seen["reasons"], f"the surge pod was never seen unschedulable: {seen['reasons']}"
-    assert GPU in seen["reasons"][UPGRADE_UNSCHEDULABLE], seen["reasons"][UPGRADE_UNSCHEDULABLE]
+    assert sampler.samples > 10 * len(sampler.errors), f"too many samples lost: {sampler.errors[:5]}"
+    assert UPGRADE_UNSCHEDULABLE in reasons, f"the surge pod was never seen unschedulable: {reasons}"
+    assert GPU in reasons[UPGRADE_UNSCHEDULABLE], reasons[UPGRADE_UNSCHEDULABLE]
     without = [e for e in events if e.startswith(f"{ROLLING_WITHOUT_SURGE}: ")]
     record("full GPUs, a pool of 2: the pool's Events", events)
     assert without, f"no {ROLLING_WITHOUT_SURGE} Event on the pool: {events}"
-    assert seen["most"] <= 3, f"more than the 2 replicas and the one surge pod at once: {seen['most']}"
+    assert most <= 3, f"more than the 2 replicas and the one surge pod at once: {most}"
     assert not pending, f"pool pods left Pending: {pending}"
     assert strategy != NO_SURGE, f"the pool kept the upgrade's strategy after the rollout: {strategy}"
     assert all(p["status"].get("phase") == "Running" for p in fillers), "a filler lost its GPU"
