@@ -28,6 +28,10 @@ XDIST := --tx $(shell echo $$(( $(TEST_WORKERS) + $(LIGHT_WORKERS) )))*popen//py
 	--dist loadfile --no-loadscope-reorder
 export TEST_CLUSTER_WORKERS := $(TEST_WORKERS)
 endif
+## Before the tests start their clusters: the node state of clusters whose checkout is gone is collected and the disk
+## is checked to hold this run's clusters (e2e/cluster.py preflight), failing in seconds with the space and the largest
+## node states named, instead of every worker failing on images it cannot unpack (a CI run on a full disk: 109 errors).
+PREFLIGHT = $(BIN)/python -m e2e.cluster preflight --workers $(TEST_WORKERS)
 
 .PHONY: all venv test unit triton e2e crd docs lint cluster-bin prebuild prebuild-cluster cluster cluster-down demo clean
 
@@ -167,6 +171,7 @@ demo-upgrade: prereqs-demo
 ## Every test: unit, real tritonserver, real control plane. Exit code 5 (nothing collected) is a failure.
 test: prereqs-test
 	@$(MAKE) --no-print-directory prebuild lint
+	$(PREFLIGHT)
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## The fast tests: no tritonserver, no cluster, in UNIT_WORKERS pytest-xdist processes (0: one process). Most of their
@@ -189,6 +194,7 @@ K8S_OLDEST_TESTS ?= e2e/test_smoke.py e2e/test_operator.py e2e/test_helm.py \
 test-k8s-oldest: export TROP_KUBE_MINOR := $(K8S_OLDEST)
 test-k8s-oldest: prereqs-test
 	@$(MAKE) --no-print-directory prebuild
+	$(PREFLIGHT)
 	$(BIN)/python -m pytest $(XDIST) $(K8S_OLDEST_TESTS) $(PYTEST_ARGS)
 
 ## The tests against a real tritonserver (no cluster).
@@ -198,6 +204,7 @@ triton: $(STAMP)
 ## The tests against the local cluster: control plane, real nodes, the operator from its image and chart.
 e2e: prereqs-test
 	@$(MAKE) --no-print-directory prebuild
+	$(BIN)/python -m e2e.cluster preflight --workers 0
 	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
 
 clean:

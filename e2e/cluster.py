@@ -141,6 +141,56 @@ def check_free_space(minimum: int = MIN_FREE_BYTES) -> None:
             f"clusters whose directory is gone (du -sh {node_mod.STATE_BASE}/* shows them)")
 
 
+#: What one test worker's clusters take on the disk when their node state is cold: its cluster's two nodes' image
+#: stores (the images' layers and their unpacked snapshots, about 3 GB a node), its pods' files and logs, and the
+#: short-lived second cluster some of its tests start. Warm (its state root there already), the images are in place.
+#: Measured in `preflight`'s CI runs (`.ci/run` logs the run's state roots at its end).
+WORKER_COLD_BYTES = 8 << 30
+WORKER_WARM_BYTES = 2 << 30
+#: `preflight` collects the state of clusters whose directory is gone once no node has started from it for this long
+#: (a crashed CI run's, a deleted rehearsal clone's), never sooner: a clone at the same path may be starting.
+PREFLIGHT_IDLE_DAYS = 1 / 24
+
+
+def worker_cluster_dirs(workers: int, repo: Path = REPO_ROOT) -> list[Path]:
+    """The cluster directories `make test`'s workers use (`session_root`): .cluster/gw<N>/.cluster, or .cluster."""
+    if workers == 0:
+        return [repo / ".cluster"]
+    return [repo / ".cluster" / f"gw{i}" / ".cluster" for i in range(workers)]
+
+
+def preflight(workers: int, repo: Path = REPO_ROOT) -> None:
+    """Before a test run starts its clusters: collects the node state left by clusters whose directory is gone
+    (never this checkout's), then refuses to start when the disk cannot hold the run's clusters, naming the space,
+    the largest state roots and what frees them. Every worker checks 4 GiB for itself at `up`; all of them starting
+    together on 10 GiB passed that check and then filled the disk importing images (a CI run: 109 errors)."""
+    for gone in node_mod.gc_state_roots(idle_days=PREFLIGHT_IDLE_DAYS, keep_under=repo):
+        log(f"Removed the node state of a cluster whose directory is gone path={gone}")
+    dirs = worker_cluster_dirs(workers, repo)
+    warm = sum(node_mod.state_root(d).is_dir() for d in dirs)
+    need = warm * WORKER_WARM_BYTES + (len(dirs) - warm) * WORKER_COLD_BYTES
+    where = node_mod.STATE_BASE if node_mod.STATE_BASE.exists() else node_mod.STATE_BASE.parent
+    free = shutil.disk_usage(where).free
+    log(f"Disk free={free / 2**30:.1f}GiB need={need / 2**30:.0f}GiB workers={len(dirs)} warm={warm} "
+        f"filesystem-of={where}")
+    if free >= need:
+        return
+    roots = []
+    for root in sorted(node_mod.STATE_BASE.iterdir()) if node_mod.STATE_BASE.is_dir() else []:
+        owner = root / node_mod.OWNER_FILE
+        roots.append((node_mod.disk_usage(root), root,
+                      owner.read_text().strip() if owner.exists() else "(no owner file)"))
+    largest = "\n".join(f"  {size / 2**30:5.1f} GiB {root} cluster directory {owner}"
+                         for size, root, owner in sorted(roots, reverse=True)[:8])
+    raise RuntimeError(
+        f"only {free / 2**30:.1f} GiB free on the filesystem of {where}; this run's {len(dirs)} clusters need about "
+        f"{need >> 30} GiB ({len(dirs) - warm} cold at {WORKER_COLD_BYTES >> 30} GiB, {warm} warm at "
+        f"{WORKER_WARM_BYTES >> 30} GiB). The largest node states:\n{largest or '  (none)'}\n"
+        f"`python -m e2e.cluster gc --idle-days 0` removes those whose cluster directory is gone; "
+        f"`python -m e2e.cluster gc --owned-by DIR` those of a checkout DIR whose clusters are stopped; "
+        f"TEST_WORKERS=N runs fewer clusters")
+
+
 #: inotify instances a user may hold. Each node takes about ten (the kubelet's cAdvisor, certificate and plugin
 #: watchers, containerd's CNI watcher), and the kernel's default, 128, ran out with seven clusters on one machine
 #: (three test workers, their short-lived second clusters, a demo): "inotify_init: too many open files", and the
@@ -901,8 +951,9 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "restart", "status", "gc"],
-                        help="gc: remove the node state of clusters whose directory is gone (see e2e.node.gc_state_roots)")
+    parser.add_argument("command", choices=["up", "down", "restart", "status", "gc", "preflight"],
+                        help="gc: remove the node state of clusters whose directory is gone (see "
+                             "e2e.node.gc_state_roots); preflight: gc, then check the disk holds a test run's clusters")
     parser.add_argument("--root", default=str(REPO_ROOT), help="directory holding .cluster/ (default: repo root)")
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--node", action="append", default=[],
@@ -914,10 +965,30 @@ def main(argv: list[str] | None = None) -> int:
                              f"${KUBE_MINOR_ENV}, else the release every test runs)")
     parser.add_argument("--idle-days", type=float, default=7.0,
                         help="gc: only state no node has started from for this long (0: any whose directory is gone)")
+    parser.add_argument("--owned-by", default=None, metavar="DIR",
+                        help="gc: instead, the node state of every stopped cluster whose directory is under DIR")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="preflight: the test run's cluster workers (0: one cluster on .cluster/)")
     args = parser.parse_args(argv)
     if args.command == "gc":
-        for gone in node_mod.gc_state_roots(idle_days=args.idle_days):
-            log(f"Removed the node state of a cluster whose directory is gone path={gone}")
+        owned_under = Path(args.owned_by) if args.owned_by else None
+        if owned_under is not None:  # what a run's clusters took, for WORKER_COLD_BYTES
+            sizes = {d: node_mod.disk_usage(r) for d, r in node_mod.state_roots_owned_under(owned_under).items()}
+            for d, size in sizes.items():
+                log(f"Node state size={size / 2**30:.2f}GiB cluster-directory={d}")
+            log(f"Node state total={sum(sizes.values()) / 2**30:.2f}GiB clusters={len(sizes)}")
+        for gone in node_mod.gc_state_roots(idle_days=args.idle_days, owned_under=owned_under):
+            log(f"Removed the node state of a cluster path={gone} cluster-directory-gone={owned_under is None}")
+        return 0
+    if args.command == "preflight":
+        if os.environ.get("KUBECONFIG"):
+            log("Disk check skipped: KUBECONFIG names a cluster of your own")
+            return 0
+        try:
+            preflight(args.workers, Path(args.root))
+        except RuntimeError as e:
+            print(f"[cluster] {e}", file=sys.stderr, flush=True)
+            return 1
         return 0
     cluster = LocalCluster(Path(args.root), nodes=tuple(args.node) or DEFAULT_NODES, gpus=args.gpus,
                            kube_proxy=not args.no_kube_proxy, kube_minor=args.kube_minor)

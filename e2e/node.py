@@ -108,16 +108,22 @@ def _entered_netns() -> set[int]:
     return inodes
 
 
-def gc_state_roots(idle_days: float = 7.0) -> list[Path]:
+def gc_state_roots(idle_days: float = 7.0, *, keep_under: Path | None = None,
+                   owned_under: Path | None = None) -> list[Path]:
     """Removes the node state of clusters whose directory is gone (a deleted checkout, a temporary root) and which no
-    node has started from for `idle_days`: mostly each node's containerd image store, about 1.2 GB a node, kept
-    between runs of a cluster so that its next start imports nothing. A state root its cluster still uses (anything
-    `leftovers` finds: a process, a mount, a bridge, a cgroup), or without an owner file (made before there was one),
-    stays.
+    node has started from for `idle_days`: mostly each node's containerd image store, about 3 GB a node (the images'
+    layers and their unpacked snapshots), kept between runs of a cluster so that its next start imports nothing. A
+    state root its cluster still uses (anything `leftovers` finds: a process, a mount, a bridge, a cgroup), or without
+    an owner file (made before there was one), stays.
 
-    Run by hand (`python -m e2e.cluster gc`), never by `up`: a fresh clone at a path used before (a CI checkout)
-    has no cluster directory until its cluster starts, and a collection racing that start removed the image store
-    under a running containerd (seen in a CI rehearsal with three workers). The idle time keeps such a root."""
+    `keep_under`: a root whose cluster directory lies under it stays too (`preflight` keeps its own checkout's, which
+    its clusters are about to reuse). `owned_under`: instead, every root whose cluster directory lies under it goes,
+    whether that directory is still there or not, however recently used (the end of a CI run, whose checkout is thrown
+    away: its clusters' state could only serve a later clone at the very same path).
+
+    Never run by `up`: a fresh clone at a path used before (a CI checkout) has no cluster directory until its cluster
+    starts, and a collection racing that start removed the image store under a running containerd (seen in a CI
+    rehearsal with three workers). The idle time keeps such a root."""
     removed: list[Path] = []
     for root in sorted(STATE_BASE.iterdir()) if STATE_BASE.is_dir() else []:
         marker = root / OWNER_FILE
@@ -126,11 +132,36 @@ def gc_state_roots(idle_days: float = 7.0) -> list[Path]:
             idle = time.time() - marker.stat().st_mtime
         except OSError:
             continue
-        if owner.exists() or idle < idle_days * 86400 or state_root(owner) != root or leftovers(owner):
+        if state_root(owner) != root or leftovers(owner):
+            continue
+        if owned_under is not None:
+            if not owner.is_relative_to(owned_under.resolve()):
+                continue
+        elif owner.exists() or idle < idle_days * 86400 or (
+                keep_under is not None and owner.is_relative_to(keep_under.resolve())):
             continue
         shutil.rmtree(root, ignore_errors=True)
         removed.append(root)
     return removed
+
+
+def state_roots_owned_under(directory: Path) -> dict[Path, Path]:
+    """The state roots whose cluster directory lies under `directory`, by cluster directory."""
+    found: dict[Path, Path] = {}
+    for root in sorted(STATE_BASE.iterdir()) if STATE_BASE.is_dir() else []:
+        with contextlib.suppress(OSError):
+            owner = Path((root / OWNER_FILE).read_text().strip())
+            if owner.is_relative_to(directory.resolve()) and state_root(owner) == root:
+                found[owner] = root
+    return found
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes allocated under `path`, as `du -sx` counts them (hard links once)."""
+    proc = subprocess.run(["du", "-sxB1", str(path)], capture_output=True, text=True, check=False)
+    with contextlib.suppress(ValueError, IndexError):
+        return int(proc.stdout.split()[0])
+    return 0
 
 
 def _used_blocks() -> set[int]:

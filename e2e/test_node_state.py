@@ -83,3 +83,49 @@ def test_a_node_records_its_cluster_directory(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(node, "overlay_supported", lambda d: False)
     n.prepare(tmp_path / "pki", "pause:1")
     assert (node.state_root(cluster_dir) / node.OWNER_FILE).read_text().strip() == str(cluster_dir.resolve())
+
+
+def test_a_checkouts_own_state_is_kept_by_preflight_and_removed_at_its_end(base: Path, tmp_path: Path) -> None:
+    checkout = tmp_path / "ci-checkout"
+    # Its worker's cluster directory not made yet (a fresh clone at a path used before): the preflight keeps it.
+    own = _root(base, checkout / ".cluster" / "gw0" / ".cluster")
+    own_second = _root(base, checkout / ".cluster" / "gw0" / ".cluster" / "upgrade" / ".cluster", idle_days=0)
+    other = _root(base, tmp_path / "other-deleted" / ".cluster")
+    other_live_dir = tmp_path / "other-live" / ".cluster"
+    other_live_dir.mkdir(parents=True)
+    other_live = _root(base, other_live_dir, idle_days=0)
+
+    assert node.gc_state_roots(idle_days=1 / 24, keep_under=checkout) == [other]
+    assert own.exists() and own_second.exists() and other_live.exists()
+
+    checkout.mkdir()
+    # The end of the CI run: its own roots go, recent or not, its directory there or not; another checkout's stay.
+    assert sorted(node.gc_state_roots(owned_under=checkout)) == sorted([own, own_second])
+    assert other_live.exists()
+    assert node.gc_state_roots(owned_under=checkout) == []
+
+
+def test_preflight_refuses_a_disk_that_cannot_hold_the_runs_clusters(base: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2e import cluster
+
+    checkout = tmp_path / "checkout"
+    warm = _root(base, cluster.worker_cluster_dirs(2, checkout)[0], idle_days=0)
+    big = _root(base, tmp_path / "someone-elses" / ".cluster", idle_days=0)
+    (big / "gpu-node-1" / "containerd" / "root" / "layer").write_bytes(b"y" * (1 << 20))
+    free = cluster.shutil.disk_usage(base).free
+
+    monkeypatch.setattr(cluster, "WORKER_WARM_BYTES", 0)
+    monkeypatch.setattr(cluster, "WORKER_COLD_BYTES", free + (1 << 40))  # the one cold worker cannot fit
+    with pytest.raises(RuntimeError) as refused:
+        cluster.preflight(2, checkout)
+    message = str(refused.value)
+    assert "GiB free on the filesystem of" in message and "1 cold" in message and "1 warm" in message, message
+    # The largest node state first, with the cluster directory it belongs to.
+    assert message.index(str(big)) < message.index(str(warm)), message
+    assert f"cluster directory {tmp_path / 'someone-elses' / '.cluster'}" in message, message
+    assert "gc --idle-days 0" in message and "TEST_WORKERS" in message, message
+
+    monkeypatch.setattr(cluster, "WORKER_COLD_BYTES", 0)
+    cluster.preflight(2, checkout)  # fits: no error
+    assert warm.exists() and big.exists(), "preflight removed state whose cluster may still use it"
