@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +154,7 @@ def start_served(
     on_start: Callable[[LocalTritonServer], None] | None = None,
     key: str | None = None,
     opened: Iterable[str] = (),
+    extra_args: Sequence[str] = (),
 ) -> Served:
     """Render `models` into `repo`, start tritonserver (explicit mode) and load models; the caller stops it.
 
@@ -161,7 +162,7 @@ def start_served(
     `cache_size` defaults to what the models' spec.server.cacheSize asks for (see `cache_size_for`).
     `on_start` gets the server as soon as it runs, so the caller can stop it even if a load fails.
     `key`: the server restricts its repository and admin APIs to this key, as replicas do (`restricted_args`), but
-    for the categories `opened`.
+    for the categories `opened`. `extra_args`: more tritonserver flags.
     """
     rendered = render_repository(models)
     write_repository(rendered, repo)
@@ -170,7 +171,7 @@ def start_served(
         model_control_mode="explicit",
         cache_size=cache_size if cache_size is not None else cache_size_for(models),
         log_path=repo.parent / f"{repo.name}-tritonserver.log",
-        extra_args=restricted_args(key, opened) if key else (),
+        extra_args=(*(restricted_args(key, opened) if key else ()), *extra_args),
     )
     server.start(scaled(120))
     if on_start is not None:
