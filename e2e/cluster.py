@@ -142,10 +142,12 @@ def check_free_space(minimum: int = MIN_FREE_BYTES) -> None:
 
 
 #: What one test worker's clusters take on the disk when their node state is cold: its cluster's two nodes' image
-#: stores (the images' layers and their unpacked snapshots, about 3 GB a node), its pods' files and logs, and the
+#: stores (the images' layers and their unpacked snapshots, 1.2 to 2.1 GB a node), its pods' files and logs, and the
 #: short-lived second cluster some of its tests start. Warm (its state root there already), the images are in place.
-#: Measured in `preflight`'s CI runs (`.ci/run` logs the run's state roots at its end).
-WORKER_COLD_BYTES = 8 << 30
+#: Measured (`.ci/run` logs each cluster's state at its end): a run from a fresh clone with every node state cold left
+#: 11.7 GiB in 6 clusters, the most for one worker 4.75 GiB (its cluster 2.37, two second clusters 1.19 each); with
+#: room for the layers being unpacked and the pods' files while they run:
+WORKER_COLD_BYTES = 6 << 30
 WORKER_WARM_BYTES = 2 << 30
 #: `preflight` collects the state of clusters whose directory is gone once no node has started from it for this long
 #: (a crashed CI run's, a deleted rehearsal clone's), never sooner: a clone at the same path may be starting.

@@ -936,10 +936,12 @@ def import_into(images: Sequence[Image], address: str, log: Log = print, snapsho
     `snapshotter`) and tag its aliases. Idempotent: an image whose ref already has the archive's digest
     there is skipped, an alias already on that digest is left alone."""
     have = containerd_images(address)
+    replaced = False
     for image in images:
         t0 = time.monotonic()
         digest = archive_digest(image.archive)
         if have.get(image.ref) != digest:
+            replaced = replaced or image.ref in have
             # --base-name: the archive's ref is a full reference; without it ctr drops the name.
             base_name = image.ref.rsplit(":", 1)[0]
             _ctr(address, "images", "import", "--snapshotter", snapshotter, "--base-name", base_name,
@@ -954,6 +956,40 @@ def import_into(images: Sequence[Image], address: str, log: Log = print, snapsho
             if have.get(alias) != digest:
                 _ctr(address, "images", "tag", "--force", image.ref, alias)
                 log(f"[images] Tagged image ref={image.ref} alias={alias}")
+    if replaced or orphaned_ids(have):
+        collect_garbage(address, log)
+
+
+#: A tag `collect_garbage` puts on an image only to delete it again, when there is nothing else to delete.
+GC_TAG = "localhost/triton-operator/gc:remove-me"
+
+
+def orphaned_ids(refs: dict[str, str]) -> list[str]:
+    """The image-ID references (`sha256:<config>`, which the CRI plugin adds beside each image's name) of images no
+    name points to any more: an import moved the name to a newer build."""
+    named = {digest for ref, digest in refs.items() if not ref.startswith("sha256:")}
+    return sorted(ref for ref, digest in refs.items() if ref.startswith("sha256:") and digest not in named)
+
+
+def collect_garbage(address: str, log: Log = print) -> None:
+    """Has containerd remove what no image or container uses any more: the layers and unpacked snapshots of a build
+    an import moved its name away from. That build keeps the ID reference the CRI plugin gave it, and containerd
+    collects garbage only every 100 changes or when an image is deleted with --sync: without this a node kept every
+    build it was ever given (a node's store had grown to 2.9 GB beside 1.2 GB fresh). The orphaned ID references are
+    deleted with --sync (a throwaway tag when there is none, so that the collection still runs); a running container
+    keeps its own snapshots."""
+    t0 = time.monotonic()
+    refs = containerd_images(address)
+    doomed = orphaned_ids(refs)
+    if not doomed:
+        named = [ref for ref in refs if not ref.startswith("sha256:")]
+        if not named:
+            return
+        _ctr(address, "images", "tag", "--force", named[0], GC_TAG)
+        doomed = [GC_TAG]
+    _ctr(address, "images", "rm", "--sync", *doomed)
+    log(f"[images] Collected unused content address={address} orphaned-builds={len(doomed) - (GC_TAG in doomed)} "
+        f"seconds={time.monotonic() - t0:.1f}")
 
 
 # -- CLI --------------------------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ def _entered_netns() -> set[int]:
 def gc_state_roots(idle_days: float = 7.0, *, keep_under: Path | None = None,
                    owned_under: Path | None = None) -> list[Path]:
     """Removes the node state of clusters whose directory is gone (a deleted checkout, a temporary root) and which no
-    node has started from for `idle_days`: mostly each node's containerd image store, about 3 GB a node (the images'
+    node has started from for `idle_days`: mostly each node's containerd image store, 1.2 to 2.1 GB a node (the images'
     layers and their unpacked snapshots), kept between runs of a cluster so that its next start imports nothing. A
     state root its cluster still uses (anything `leftovers` finds: a process, a mount, a bridge, a cgroup), or without
     an owner file (made before there was one), stays.

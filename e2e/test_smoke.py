@@ -8,11 +8,15 @@ hooks and then SIGTERM.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import ipaddress
 import json
 import subprocess
+import tarfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from e2e import images
 from e2e.cluster import REPO_ROOT, kube_module_dir, pinned_kubernetes
 from e2e.kube import Kube, condition, wait_for
 from e2e.node import LogFollower
@@ -556,3 +561,76 @@ def test_operator_image_has_no_numpy_and_every_package_its_commands_need(
                 missing.append(f"{dist} needs {line}")
     assert not missing, missing
     assert len(names) > 20, sorted(names)
+
+
+def _tiny_oci_archive(path: Path, ref: str, content: bytes) -> str:
+    """An oci-archive of a one-layer image named `ref` whose one file holds `content`; returns its layer's digest."""
+    def blob(data: bytes) -> tuple[str, int, bytes]:
+        return f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), data
+
+    layer_buf = io.BytesIO()
+    with tarfile.open(fileobj=layer_buf, mode="w") as tar:
+        info = tarfile.TarInfo("payload")
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    layer = blob(layer_buf.getvalue())
+    config = blob(json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                              "rootfs": {"type": "layers", "diff_ids": [layer[0]]}}).encode())
+    manifest = blob(json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config[0], "size": config[1]},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer[0],
+                    "size": layer[1]}]}).encode())
+    index = {"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest[0], "size": manifest[1],
+        "annotations": {"org.opencontainers.image.ref.name": ref}}]}
+    with tarfile.open(path, "w") as tar:
+        files = {"oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
+                 "index.json": json.dumps(index).encode()}
+        files |= {f"blobs/sha256/{d.split(':')[1]}": data for d, _, data in (layer, config, manifest)}
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return layer[0]
+
+
+def test_an_import_over_an_older_build_leaves_no_unused_layer_on_the_node(nodes, tmp_path: Path) -> None:
+    """A warm node is given a new build of an image under the same ref (each code change makes a new operator
+    image): the old build's layers go from the node's containerd at once, not at its 100th change (a node's store
+    grew to 2.9 GB beside 1.2 GB fresh). Two tiny images under one ref, imported in turn into a real node's
+    containerd; what the node runs is not touched."""
+
+    node = nodes.real(nodes.names[0])
+    address, snapshotter = node.containerd_address, node.snapshotter
+    ref = f"localhost/triton-operator/e2e-gc-{uuid.uuid4().hex[:6]}:1"
+    old_archive, new_archive = tmp_path / "old.oci.tar", tmp_path / "new.oci.tar"
+    old_layer = _tiny_oci_archive(old_archive, ref, b"old build " + uuid.uuid4().bytes)
+    new_layer = _tiny_oci_archive(new_archive, ref, b"new build " + uuid.uuid4().bytes)
+
+    def content() -> set[str]:
+        out = subprocess.run(["ctr", "--address", address, "-n", "k8s.io", "content", "ls", "-q"],
+                             capture_output=True, text=True, check=True).stdout
+        return set(out.split())
+
+    def named() -> dict[str, str]:
+        return {r: d for r, d in images.containerd_images(address).items() if not r.startswith("sha256:")}
+
+    try:
+        images.import_into([images.Image(ref, (), old_archive)], address, log=print, snapshotter=snapshotter)
+        assert old_layer in content(), "the first build's layer was never imported"
+        before = named()
+        images.import_into([images.Image(ref, (), new_archive)], address, log=print, snapshotter=snapshotter)
+        after = named()
+        assert after[ref] == images.archive_digest(new_archive) and new_layer in content()
+        assert old_layer not in content(), (
+            f"the replaced build's layer is still in the node's content store; references: "
+            f"{images.containerd_images(address)}")
+        assert not images.orphaned_ids(images.containerd_images(address)), images.containerd_images(address)
+        assert images.GC_TAG not in after, "the throwaway tag stayed"
+        assert {r: d for r, d in after.items() if r != ref} == {r: d for r, d in before.items() if r != ref}, (
+            "another image's name moved or went")
+    finally:
+        subprocess.run(["ctr", "--address", address, "-n", "k8s.io", "images", "rm", ref],
+                       capture_output=True, check=False)
+        images.collect_garbage(address, log=print)  # the CRI plugin's ID reference of the new build
