@@ -155,3 +155,19 @@ def test_gc_keeps_this_builds_archives_and_any_used_within_a_day(tmp_path: Path)
         os.utime(path, (now - age, now - age))
     assert images.stale_archives([mine, theirs, old, older_mine], [mine], now) == [old, older_mine]
     assert images.stale_archives([mine, theirs], [mine, theirs], now) == []
+
+
+def test_an_id_reference_is_orphaned_only_when_no_name_points_at_its_image() -> None:
+    """The CRI plugin gives every image an ID reference (`sha256:<config>`) beside its names; once an import moves
+    the names to a new build, the old build's ID reference is all that keeps it on the node."""
+    refs = {
+        "localhost/triton-operator/triton-operator:dev": "sha256:new",
+        "ghcr.io/triton-operator/triton-operator:0.2.0": "sha256:new",
+        "sha256:config-of-new": "sha256:new",
+        "sha256:config-of-old": "sha256:old",
+        "localhost/triton-operator/pause:3.10": "sha256:pause",
+        "sha256:config-of-pause": "sha256:pause",
+    }
+    assert images.orphaned_ids(refs) == ["sha256:config-of-old"]
+    assert images.orphaned_ids({"sha256:a": "sha256:x"}) == ["sha256:a"]
+    assert images.orphaned_ids({"localhost/x:1": "sha256:x"}) == []
