@@ -129,10 +129,15 @@ def pid_cmdline(pid: int) -> list[str]:
 MIN_FREE_BYTES = 4 << 30
 
 
+def _state_filesystem() -> Path:
+    """Where node state goes (`node.STATE_BASE`, or its parent before the first node made it): its free space."""
+    return node_mod.STATE_BASE if node_mod.STATE_BASE.exists() else node_mod.STATE_BASE.parent
+
+
 def check_free_space(minimum: int = MIN_FREE_BYTES) -> None:
     """Refuses to start nodes on a nearly full disk, naming the space and what frees it, instead of failing later
     on images the kubelet cannot pull (there is no registry here)."""
-    where = node_mod.STATE_BASE if node_mod.STATE_BASE.exists() else node_mod.STATE_BASE.parent
+    where = _state_filesystem()
     free = shutil.disk_usage(where).free
     if free < minimum:
         raise RuntimeError(
@@ -171,17 +176,13 @@ def preflight(workers: int, repo: Path = REPO_ROOT) -> None:
     dirs = worker_cluster_dirs(workers, repo)
     warm = sum(node_mod.state_root(d).is_dir() for d in dirs)
     need = warm * WORKER_WARM_BYTES + (len(dirs) - warm) * WORKER_COLD_BYTES
-    where = node_mod.STATE_BASE if node_mod.STATE_BASE.exists() else node_mod.STATE_BASE.parent
+    where = _state_filesystem()
     free = shutil.disk_usage(where).free
     log(f"Disk free={free / 2**30:.1f}GiB need={need / 2**30:.0f}GiB workers={len(dirs)} warm={warm} "
         f"filesystem-of={where}")
     if free >= need:
         return
-    roots = []
-    for root in sorted(node_mod.STATE_BASE.iterdir()) if node_mod.STATE_BASE.is_dir() else []:
-        owner = root / node_mod.OWNER_FILE
-        roots.append((node_mod.disk_usage(root), root,
-                      owner.read_text().strip() if owner.exists() else "(no owner file)"))
+    roots = [(node_mod.disk_usage(root), root, owner or "(no owner file)") for root, owner in node_mod.state_roots()]
     largest = "\n".join(f"  {size / 2**30:5.1f} GiB {root} cluster directory {owner}"
                          for size, root, owner in sorted(roots, reverse=True)[:8])
     raise RuntimeError(

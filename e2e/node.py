@@ -125,35 +125,43 @@ def gc_state_roots(idle_days: float = 7.0, *, keep_under: Path | None = None,
     starts, and a collection racing that start removed the image store under a running containerd (seen in a CI
     rehearsal with three workers). The idle time keeps such a root."""
     removed: list[Path] = []
-    for root in sorted(STATE_BASE.iterdir()) if STATE_BASE.is_dir() else []:
-        marker = root / OWNER_FILE
+    owned_under = owned_under.resolve() if owned_under is not None else None
+    keep_under = keep_under.resolve() if keep_under is not None else None
+    for root, owner in state_roots():
         try:
-            owner = Path(marker.read_text().strip())
-            idle = time.time() - marker.stat().st_mtime
+            idle = time.time() - (root / OWNER_FILE).stat().st_mtime
         except OSError:
             continue
-        if state_root(owner) != root or leftovers(owner):
+        if owner is None or state_root(owner) != root:
             continue
         if owned_under is not None:
-            if not owner.is_relative_to(owned_under.resolve()):
+            if not owner.is_relative_to(owned_under):
                 continue
-        elif owner.exists() or idle < idle_days * 86400 or (
-                keep_under is not None and owner.is_relative_to(keep_under.resolve())):
+        elif owner.exists() or idle < idle_days * 86400 or (keep_under is not None and owner.is_relative_to(keep_under)):
+            continue
+        if leftovers(owner):  # last: it reads every process's command line
             continue
         shutil.rmtree(root, ignore_errors=True)
         removed.append(root)
     return removed
 
 
+def state_roots() -> list[tuple[Path, Path | None]]:
+    """Every state root, with the cluster directory its owner file names (None: it has none)."""
+    found: list[tuple[Path, Path | None]] = []
+    for root in sorted(STATE_BASE.iterdir()) if STATE_BASE.is_dir() else []:
+        try:
+            found.append((root, Path((root / OWNER_FILE).read_text().strip())))
+        except OSError:
+            found.append((root, None))
+    return found
+
+
 def state_roots_owned_under(directory: Path) -> dict[Path, Path]:
     """The state roots whose cluster directory lies under `directory`, by cluster directory."""
-    found: dict[Path, Path] = {}
-    for root in sorted(STATE_BASE.iterdir()) if STATE_BASE.is_dir() else []:
-        with contextlib.suppress(OSError):
-            owner = Path((root / OWNER_FILE).read_text().strip())
-            if owner.is_relative_to(directory.resolve()) and state_root(owner) == root:
-                found[owner] = root
-    return found
+    directory = directory.resolve()
+    return {owner: root for root, owner in state_roots()
+            if owner is not None and owner.is_relative_to(directory) and state_root(owner) == root}
 
 
 def disk_usage(path: Path) -> int:

@@ -609,9 +609,7 @@ def test_an_import_over_an_older_build_leaves_no_unused_layer_on_the_node(nodes,
     new_layer = _tiny_oci_archive(new_archive, ref, b"new build " + uuid.uuid4().bytes)
 
     def content() -> set[str]:
-        out = subprocess.run(["ctr", "--address", address, "-n", "k8s.io", "content", "ls", "-q"],
-                             capture_output=True, text=True, check=True).stdout
-        return set(out.split())
+        return set(node.ctr("content", "ls", "-q").split())
 
     def named() -> dict[str, str]:
         return {r: d for r, d in images.containerd_images(address).items() if not r.startswith("sha256:")}
@@ -631,6 +629,5 @@ def test_an_import_over_an_older_build_leaves_no_unused_layer_on_the_node(nodes,
         assert {r: d for r, d in after.items() if r != ref} == {r: d for r, d in before.items() if r != ref}, (
             "another image's name moved or went")
     finally:
-        subprocess.run(["ctr", "--address", address, "-n", "k8s.io", "images", "rm", ref],
-                       capture_output=True, check=False)
+        node.ctr("images", "rm", ref, check=False)
         images.collect_garbage(address, log=print)  # the CRI plugin's ID reference of the new build
